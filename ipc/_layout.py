@@ -1,0 +1,104 @@
+"""Byte layout of an arena file. One place, so writer, reader and tools agree.
+
+::
+
+    [ header 4 KiB | status block 8 KiB | slot 0 | slot 1 | ... ]
+    slot = [ control 256 B | data (ring_capacity bytes) ]
+
+All integers are little-endian unsigned 64-bit words at 8-byte aligned offsets, so a
+``memoryview.cast("Q")`` element store publishes each of them in one instruction on
+x86-64 (see docs/ipc.md for ARM64). Fields that one side changes on every record live on
+their own 64-byte cache line so the writer and the reader do not false-share.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+MAGIC: Final = 0x314E5241504D5753  # b"SWMPARN1" read as a little-endian u64
+LAYOUT_VERSION: Final = 1
+
+HEADER_SIZE: Final = 4096
+STATUS_SIZE: Final = 8192
+SLOTS_OFFSET: Final = HEADER_SIZE + STATUS_SIZE
+CONTROL_SIZE: Final = 256
+META_OFFSET: Final = 128  # opaque owner-supplied bytes (the agent stores JSON here)
+META_MAX: Final = HEADER_SIZE - META_OFFSET
+
+# Header words (index into the header viewed as u64).
+H_MAGIC: Final = 0
+H_VERSION: Final = 1
+H_SLOTS: Final = 2
+H_CAPACITY: Final = 3
+H_OWNER_PID: Final = 4
+H_OWNER_START: Final = 5  # owner's start time in clock ticks since boot (guards pid reuse)
+H_CREATED_NS: Final = 6
+H_META_LEN: Final = 7
+H_UID: Final = 8
+
+# Status block words (index into the status block viewed as u64).
+S_SEQ: Final = 0  # seqlock sequence: odd while the document is being rewritten
+S_REPORTER_PID: Final = 1
+S_HEARTBEAT_NS: Final = 2
+S_REPORTER_STARTED_NS: Final = 3
+S_REPORTER_STARTS: Final = 4
+S_DOC_LEN: Final = 5
+S_SLEEPING: Final = 8  # own cache line: writers read it after every record
+S_WAKEUPS: Final = 9
+DOC_OFFSET: Final = 128
+DOC_MAX: Final = STATUS_SIZE - DOC_OFFSET
+
+# Slot control words (index into the control block viewed as u64).
+C_OWNER_PID: Final = 0
+C_OWNER_START: Final = 1
+C_CLAIMS: Final = 2
+C_CLAIMED_NS: Final = 3
+# writer cache line
+C_TAIL: Final = 8
+C_WRITTEN_RECORDS: Final = 9
+C_DROPPED_RECORDS: Final = 10
+C_DROPPED_BYTES: Final = 11
+C_HIGH_WATER: Final = 12
+C_OVERSIZE: Final = 13
+# reader cache line
+C_HEAD: Final = 16
+C_READ_RECORDS: Final = 17
+C_READ_BYTES: Final = 18
+C_CORRUPT: Final = 19
+C_SKIPPED_BYTES: Final = 20
+
+# Record header: u32 payload length, u16 type, u16 check. The check lets the reader tell a
+# real header from garbage without a checksum over the payload.
+RECORD_HEADER: Final = struct.Struct("<IHH")
+RECORD_HEADER_SIZE: Final = 8
+PAD_TYPE: Final = 0xFFFF
+CHECK_SALT: Final = 0xA5C3
+
+
+def check_word(length: int, rtype: int) -> int:
+    return (length ^ (length >> 16) ^ rtype ^ CHECK_SALT) & 0xFFFF
+
+
+def record_span(length: int) -> int:
+    """Ring bytes one record of ``length`` payload bytes occupies (header + 8-byte padding)."""
+    return (length + RECORD_HEADER_SIZE + 7) & ~7
+
+
+def slot_stride(capacity: int) -> int:
+    return CONTROL_SIZE + capacity
+
+
+def file_size(slots: int, capacity: int) -> int:
+    return SLOTS_OFFSET + slots * slot_stride(capacity)
+
+
+# Byte-range locks live far past the end of the file: POSIX locks may cover any offset, and
+# keeping them away from mapped bytes keeps the two mechanisms independent.
+LOCK_BASE: Final = 1 << 40
+LOCK_REPORTER: Final = LOCK_BASE
+LOCK_CREATOR: Final = LOCK_BASE + 1
+
+
+def slot_lock_offset(slot: int) -> int:
+    return LOCK_BASE + 16 + slot

@@ -1,0 +1,102 @@
+"""Waking a sleeping reader from writers in other processes.
+
+A named FIFO beside the arena file is the doorbell: unrelated processes (uWSGI lazy-apps
+workers, a restarted reporter) can all open it by path, which an inherited eventfd would
+not allow. Writers ring it only while the reader has said it is asleep, so a busy reader
+costs writers nothing; a lost ring (the store/load race between "tail published" and
+"reader going to sleep" is not fenced in pure Python) costs only the reader's bounded poll
+interval, never data.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+
+def fifo_path(arena_path: str) -> str:
+    return arena_path + ".wake"
+
+
+def create_fifo(arena_path: str) -> None:
+    path = fifo_path(arena_path)
+    try:
+        os.mkfifo(path, 0o600)
+    except FileExistsError:
+        pass
+
+
+class Doorbell:
+    """Writer side. Opens the FIFO lazily and never blocks; failures are silent by design."""
+
+    RETRY_OPEN_S = 1.0
+
+    def __init__(self, arena_path: str) -> None:
+        self._path = fifo_path(arena_path)
+        self._fd = -1
+        self._pid = 0
+        self._next_open = 0.0
+        self.rings = 0
+
+    def __call__(self) -> None:
+        pid = os.getpid()
+        if self._pid != pid:  # inherited across fork: open our own
+            self._fd = -1
+            self._pid = pid
+        if self._fd < 0:
+            now = time.monotonic()
+            if now < self._next_open:
+                return
+            try:
+                self._fd = os.open(self._path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:  # ENXIO: no reader has it open; ENOENT: no arena
+                self._next_open = now + self.RETRY_OPEN_S
+                return
+        try:
+            os.write(self._fd, b"\x01")
+            self.rings += 1
+        except BlockingIOError:
+            pass  # the FIFO is full: the reader has plenty of wake-ups pending
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:  # the reader went away; reopen later
+                self.close()
+                self._next_open = time.monotonic() + self.RETRY_OPEN_S
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = -1
+
+
+class DoorbellListener:
+    """Reader side: a descriptor to wait on (``select``, ``loop.add_reader``) and drain."""
+
+    def __init__(self, arena_path: str) -> None:
+        create_fifo(arena_path)
+        # O_RDWR keeps a writer end open ourselves, so the FIFO never reports EOF in a loop.
+        self._fd = os.open(fifo_path(arena_path), os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def drain(self) -> int:
+        total = 0
+        while True:
+            try:
+                chunk = os.read(self._fd, 4096)
+            except BlockingIOError:
+                return total
+            except OSError:
+                return total
+            if not chunk:
+                return total
+            total += len(chunk)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -1,0 +1,49 @@
+"""What the reporter needs to know, as one plain value.
+
+The in-application agent owns configuration (every ``SW_*`` variable is declared in
+``swmp.config``) and hands the reporter this dataclass. Keeping it free of the agent's
+config machinery means the reporter never imports the instrumentation side and tests can
+build one in a line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ReporterSettings:
+    service: str = "python-service"
+    namespace: str = ""
+    protocol: str = "grpc"  # grpc | http | kafka
+    # host:port entries; several mean fail-over, tried in order.
+    backends: tuple[str, ...] = ("127.0.0.1:11800",)
+    authentication: str = ""
+    force_tls: bool = False
+    # Kafka
+    kafka_bootstrap_servers: tuple[str, ...] = ("127.0.0.1:9092",)
+    kafka_topic_segment: str = "skywalking-segments"
+    kafka_topic_log: str = "skywalking-logs"
+    kafka_topic_meter: str = "skywalking-meters"
+    kafka_topic_management: str = "skywalking-managements"
+    kafka_compression: str = ""  # "", gzip, snappy, lz4, zstd
+    kafka_extra: dict[str, str] = field(default_factory=dict)  # SW_KAFKA_REPORTER_CONFIG_*
+    # Batching and timing
+    batch_max_records: int = 1000
+    flush_interval_s: float = 0.2
+    poll_interval_s: float = 0.05
+    keepalive_interval_s: float = 30.0
+    properties_every_n_keepalives: int = 10
+    send_timeout_s: float = 10.0
+    retry_max_attempts: int = 5
+    retry_backoff_base_s: float = 0.5
+    retry_backoff_max_s: float = 30.0
+    max_pending_bytes: int = 64 * 1024 * 1024
+    shutdown_deadline_s: float = 5.0
+    # Features
+    profile_enabled: bool = True
+    meter_enabled: bool = True
+    log_enabled: bool = True
+    # Spool (disk buffer during long outages); empty dir = off
+    spool_dir: str = ""
+    spool_max_bytes: int = 256 * 1024 * 1024

@@ -1,0 +1,58 @@
+"""Where finished telemetry goes: the seam between the tracing core and the transport.
+
+The tracing core calls ``get_sink().write(record_type, payload)`` once per finished
+segment / log / meter report. In production the sink is the worker's shared-memory ring
+(installed by the agent at start and re-installed after fork); tests install a
+:class:`MemorySink`. ``write`` never raises and never blocks: it returns False when the
+record was dropped (and the sink counted it).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+
+class Sink(Protocol):
+    def write(self, rtype: int, payload: bytes) -> bool: ...
+
+
+class NullSink:
+    """Before the agent starts (or after it stopped): count and discard."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
+
+    def write(self, rtype: int, payload: bytes) -> bool:
+        self.dropped += 1
+        return False
+
+
+class MemorySink:
+    """Keeps every record in a list; for tests and for benchmarks' baselines."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[int, bytes]] = []
+        self._lock = threading.Lock()
+
+    def write(self, rtype: int, payload: bytes) -> bool:
+        with self._lock:
+            self.records.append((rtype, payload))
+        return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self.records.clear()
+
+
+_null = NullSink()
+_sink: Sink = _null
+
+
+def get_sink() -> Sink:
+    return _sink
+
+
+def set_sink(sink: Sink | None) -> None:
+    global _sink
+    _sink = _null if sink is None else sink
