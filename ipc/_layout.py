@@ -17,7 +17,7 @@ import struct
 from typing import Final
 
 MAGIC: Final = 0x314E5241504D5753  # b"SWMPARN1" read as a little-endian u64
-LAYOUT_VERSION: Final = 1
+LAYOUT_VERSION: Final = 2  # 2: the record check word covers the record's position
 
 HEADER_SIZE: Final = 4096
 STATUS_SIZE: Final = 8192
@@ -68,16 +68,29 @@ C_READ_BYTES: Final = 18
 C_CORRUPT: Final = 19
 C_SKIPPED_BYTES: Final = 20
 
-# Record header: u32 payload length, u16 type, u16 check. The check lets the reader tell a
-# real header from garbage without a checksum over the payload.
+# Record header, one little-endian u64 word: payload length (bits 0-31), type (bits 32-47),
+# check (bits 48-63). The writer stores it as one word; the reader loads it as one word.
 RECORD_HEADER: Final = struct.Struct("<IHH")
 RECORD_HEADER_SIZE: Final = 8
 PAD_TYPE: Final = 0xFFFF
 CHECK_SALT: Final = 0xA5C3
+# Positions stay below this; a reset that would pass it starts again from 0. Unreachable
+# in practice (2**62 bytes is a century at 1 GB/s) but it keeps garbage from overflowing u64.
+POSITION_LIMIT: Final = 1 << 62
 
 
-def check_word(length: int, rtype: int) -> int:
-    return (length ^ (length >> 16) ^ rtype ^ CHECK_SALT) & 0xFFFF
+def check_word(length: int, rtype: int, position: int) -> int:
+    """16-bit check of a record header written at ring ``position``.
+
+    Folding the position in (bits 3..34, which covers every lap of every allowed capacity)
+    means bytes left over from an earlier lap, or a record read at the wrong position,
+    fail the check: a stale or misplaced header is garbage, never a duplicate record.
+    """
+    return (length ^ (length >> 16) ^ rtype ^ (position >> 3) ^ (position >> 19) ^ CHECK_SALT) & 0xFFFF
+
+
+def header_word(length: int, rtype: int, position: int) -> int:
+    return length | rtype << 32 | check_word(length, rtype, position) << 48
 
 
 def record_span(length: int) -> int:

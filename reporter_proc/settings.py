@@ -47,3 +47,14 @@ class ReporterSettings:
     # Spool (disk buffer during long outages); empty dir = off
     spool_dir: str = ""
     spool_max_bytes: int = 256 * 1024 * 1024
+    spool_segment_bytes: int = 4 * 1024 * 1024  # one spool file is sealed at this size
+    # Reporter process lifecycle
+    supervise: bool = True  # a tiny supervisor restarts a reporter that died abnormally
+    restart_backoff_base_s: float = 0.5
+    restart_backoff_max_s: float = 30.0
+    restart_stable_s: float = 60.0  # a reporter that ran this long resets the backoff
+    status_interval_s: float = 0.5  # heartbeat + status document period (must stay <= 1 s)
+    status_max_instances: int = 16  # instances listed in the status document (8 KiB cap)
+    # protocol="memory" (tests, benchmarks): JSON lines of every accepted call go here
+    memory_path: str = ""
+    memory_fail_first: int = 0  # the memory sender fails its first N calls (retry tests)

@@ -1,0 +1,62 @@
+"""Exec entry: ``python -m reporter_proc --arena PATH [--owner-pid PID] [--settings JSON]``.
+
+For launchers that prefer exec to fork (a clean interpreter without the application's
+modules). Runs the supervisor in this process (``--no-supervise``: the reporter itself);
+the exit status follows the reporter's rules (0, or 70 and up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ipc import Arena, ArenaError
+from reporter_proc.process import (
+    reset_signals,
+    run_reporter_process,
+    run_supervisor,
+    settings_from_json,
+)
+from reporter_proc.settings import ReporterSettings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reporter_proc", description=__doc__)
+    parser.add_argument("--arena", required=True, help="path of the arena file to drain")
+    parser.add_argument("--owner-pid", type=int, default=0, help="default: the owner recorded in the arena")
+    parser.add_argument("--settings", default="", help="ReporterSettings as a JSON object")
+    parser.add_argument("--settings-file", default="", help="file holding that JSON object")
+    parser.add_argument("--no-supervise", action="store_true", help="run the reporter without a supervisor")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
+    )
+    reset_signals()
+    try:
+        if args.settings_file:
+            with open(args.settings_file, "rb") as f:
+                settings = settings_from_json(f.read())
+        elif args.settings:
+            settings = settings_from_json(args.settings)
+        else:
+            settings = ReporterSettings()
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"bad reporter settings: {exc}", file=sys.stderr)
+        return 78
+    owner = args.owner_pid
+    if owner <= 0:
+        try:
+            with Arena.open(args.arena) as arena:
+                owner = arena.info().owner_pid
+        except (OSError, ArenaError) as exc:
+            print(f"cannot open {args.arena}: {exc}", file=sys.stderr)
+            return 70
+    if args.no_supervise:
+        return run_reporter_process(args.arena, settings, owner)
+    return run_supervisor(args.arena, settings, owner)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,535 @@
+"""Starting and keeping the reporter alive: fork, signals, titles, supervision, thread mode.
+
+Process tree (``spawn_reporter`` called in the application's master)::
+
+    master (owner of the arena)
+     `- swmp-supervisor   forked from the master's main thread; no event loop, no grpc
+         `- swmp-reporter forked by the supervisor; asyncio loop + sender created here
+
+Why a supervisor instead of the master restarting the reporter: the master belongs to the
+application server (Gunicorn reaps every child with ``waitpid(-1)``, uWSGI re-execs itself
+on reload), so the agent cannot wait for its own child there. The supervisor is a plain
+process that only forks, waits on pidfds and forwards signals; when the reporter dies
+abnormally it forks a new one (exponential backoff, capped, reset after a stable run), and
+the new reporter re-reads whatever the dead one had not committed.
+
+Everything forked from the application ends in ``os._exit``: never return into the
+application's code, never run its atexit handlers. Exit statuses are 0 or >= 70; never 3
+or 4 (Gunicorn <= 23 halts the server when a child exits with those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, NoReturn
+
+import orjson
+
+from ipc import Arena, ArenaError, process_alive
+from reporter_proc.loop import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, Reporter
+from reporter_proc.senders.base import Sender
+from reporter_proc.settings import ReporterSettings
+
+log = logging.getLogger("swmp.reporter")
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+
+_forking = False
+_in_reporter = False
+
+
+def forking_reporter() -> bool:
+    """True while ``spawn_reporter`` forks: the application's at-fork hooks run in the new
+    child before it gets control, and should not treat it as a worker (claim a ring slot...)."""
+    return _forking
+
+
+def in_reporter_process() -> bool:
+    """True in the supervisor and reporter processes (the agent must not trace there)."""
+    return _in_reporter
+
+
+# -- process plumbing --------------------------------------------------------------------------
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def set_pdeathsig(sig: int) -> bool:
+    """Ask the kernel to send ``sig`` when the thread that forked us dies (Linux)."""
+    try:
+        return bool(_libc().prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def set_process_title(title: str) -> None:
+    """What ``ps`` shows (else a forked child looks like ``uwsgi --master``)."""
+    try:
+        import setproctitle  # noqa: PLC0415  (optional dependency)
+
+        setproctitle.setproctitle(title)
+    except ImportError:
+        pass
+    try:  # the kernel's short name (top, /proc/PID/comm), 15 bytes at most
+        name = title.split(" ", 1)[0].encode()[:15]
+        _libc().prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def reset_signals() -> None:
+    """Undo the signal state inherited from the application server.
+
+    uWSGI children inherit HUP, INT, QUIT, PIPE, TERM and XFSZ as *ignored* (a plain
+    ``kill`` would do nothing), Gunicorn's arbiter leaves its Python handlers and its
+    wake-up fd behind; none of that may apply here. Everything goes back to the default,
+    PIPE stays ignored (Python's own convention: sockets report EPIPE instead), and the
+    blocked mask is cleared.
+    """
+    with contextlib.suppress(ValueError, OSError):
+        signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        target = signal.SIG_IGN if sig == signal.SIGPIPE else signal.SIG_DFL
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            signal.signal(sig, target)
+    with contextlib.suppress(OSError, ValueError):
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
+    """Run ``coro`` on a new plain selector loop (whatever policy the application set)."""
+    loop = asyncio.SelectorEventLoop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        with contextlib.suppress(Exception):
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+# -- settings across exec ----------------------------------------------------------------------
+def settings_to_json(settings: ReporterSettings) -> str:
+    return orjson.dumps(dataclasses.asdict(settings)).decode()
+
+
+def settings_from_json(text: str | bytes) -> ReporterSettings:
+    data = orjson.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("reporter settings must be a JSON object")
+    known = {f.name: f for f in dataclasses.fields(ReporterSettings)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        f = known.get(key)
+        if f is None:
+            log.warning("ignoring unknown reporter setting %r", key)
+            continue
+        kwargs[key] = tuple(value) if isinstance(value, list) else value
+    return ReporterSettings(**kwargs)
+
+
+# -- the reporter process ----------------------------------------------------------------------
+def run_reporter_process(
+    arena_path: str, settings: ReporterSettings, owner_pid: int, restarts: int = 0
+) -> int:
+    """Body of the reporter process: open the arena, run the loop, return the exit status."""
+    global _in_reporter
+    _in_reporter = True
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a terminal hang-up is not ours to act on
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    set_process_title(f"swmp-reporter [{settings.service}] arena={arena_path}")
+    try:
+        arena = Arena.open(arena_path)
+    except (OSError, ArenaError) as exc:
+        if owner_pid > 0 and not process_alive(owner_pid, 0):
+            return EXIT_OK  # the application is gone and took its arena along
+        log.error("reporter cannot open %s: %s", arena_path, exc)
+        return EXIT_ERROR
+    try:
+        reporter = Reporter(arena, settings, mode="process", owner_pid=owner_pid, restarts=restarts)
+        return _run_loop(reporter.run())
+    finally:
+        arena.close()
+
+
+def _fork_reporter(
+    arena_path: str, settings: ReporterSettings, owner_pid: int, restarts: int, close_fds: tuple[int, ...]
+) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    _reporter_child(arena_path, settings, owner_pid, restarts, close_fds)
+
+
+def _reporter_child(
+    arena_path: str, settings: ReporterSettings, owner_pid: int, restarts: int, close_fds: tuple[int, ...]
+) -> NoReturn:
+    code = EXIT_ERROR
+    try:
+        reset_signals()
+        for fd in close_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        code = run_reporter_process(arena_path, settings, owner_pid, restarts)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            log.exception("reporter process failed")
+    finally:
+        _flush_std()
+        os._exit(code)
+
+
+# -- the supervisor ----------------------------------------------------------------------------
+class _Supervisor:
+    def __init__(self, arena_path: str, settings: ReporterSettings, owner_pid: int) -> None:
+        self.arena_path = arena_path
+        self.settings = settings
+        self.owner_pid = owner_pid
+        self.stop_signal = 0
+        self.owner_dead = False
+        self.restarts = 0
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._owner_fd = -1
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.stop_signal = signum
+
+    def run(self) -> int:
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.set_wakeup_fd(self._wake_w)  # a signal wakes select()
+        try:
+            self._owner_fd = os.pidfd_open(self.owner_pid)
+        except ProcessLookupError:
+            self.owner_dead = True
+        except OSError:
+            self._owner_fd = -1  # no pidfd: poll the owner below
+        s = self.settings
+        delay = s.restart_backoff_base_s
+        while True:
+            if self.stop_signal:
+                return EXIT_OK
+            started = time.monotonic()
+            pid = _fork_reporter(
+                self.arena_path, s, self.owner_pid, self.restarts, (self._wake_r, self._wake_w)
+            )
+            code = self._wait(pid)
+            if self.stop_signal or self.owner_dead or not self._owner_alive():
+                return EXIT_OK
+            if code == EXIT_OK:
+                return EXIT_OK  # it finished on purpose (another reporter owns the arena...)
+            if code == EXIT_CONFIG:
+                log.error("reporter cannot run with these settings; not restarting it")
+                return EXIT_CONFIG
+            if time.monotonic() - started >= s.restart_stable_s:
+                delay = s.restart_backoff_base_s
+            self.restarts += 1
+            log.warning(
+                "reporter %d died (%s); restart %d in %.1f s", pid, _describe(code), self.restarts, delay
+            )
+            self._pause(delay)
+            delay = min(s.restart_backoff_max_s, delay * 2)
+
+    def _owner_alive(self) -> bool:
+        return process_alive(self.owner_pid, 0)
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(OSError):
+            while os.read(self._wake_r, 512):
+                pass
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep, but wake for a stop signal or the owner's death."""
+        end = time.monotonic() + seconds
+        while not self.stop_signal and not self.owner_dead:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            fds = [self._wake_r] + ([self._owner_fd] if self._owner_fd >= 0 else [])
+            ready, _, _ = select.select(fds, [], [], min(left, 1.0))
+            self._drain_wake()
+            if self._owner_fd in ready or (self._owner_fd < 0 and not self._owner_alive()):
+                self.owner_dead = True
+
+    def _wait(self, pid: int) -> int:
+        """Wait for the reporter to exit, forwarding stop signals; returns its exit code
+        (negative: killed by that signal)."""
+        try:
+            child_fd = os.pidfd_open(pid)
+        except OSError:
+            child_fd = -1
+        grace = self.settings.shutdown_deadline_s + 3.0
+        kill_at = 0.0
+        forwarded = False
+        try:
+            while True:
+                fds = [self._wake_r]
+                if child_fd >= 0:
+                    fds.append(child_fd)
+                if self._owner_fd >= 0 and not self.owner_dead:
+                    fds.append(self._owner_fd)
+                timeout = 1.0 if child_fd < 0 else None
+                if kill_at:
+                    timeout = max(0.0, min(timeout or 1.0, kill_at - time.monotonic()))
+                try:
+                    ready, _, _ = select.select(fds, [], [], timeout)
+                except InterruptedError:
+                    ready = []
+                self._drain_wake()
+                if self.stop_signal and not forwarded:
+                    forwarded = True
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
+                    kill_at = time.monotonic() + grace
+                if not self.owner_dead and (
+                    (self._owner_fd >= 0 and self._owner_fd in ready)
+                    or (self._owner_fd < 0 and not self._owner_alive())
+                ):
+                    # The reporter watches the owner too and is draining; give it its deadline.
+                    self.owner_dead = True
+                    kill_at = kill_at or time.monotonic() + grace
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    return os.waitstatus_to_exitcode(status)
+                if kill_at and time.monotonic() >= kill_at:
+                    log.error("reporter %d missed its shutdown deadline; killing it", pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    kill_at = 0.0
+                    _, status = os.waitpid(pid, 0)
+                    return os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            return EXIT_ERROR
+        finally:
+            if child_fd >= 0:
+                os.close(child_fd)
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def run_supervisor(arena_path: str, settings: ReporterSettings, owner_pid: int) -> int:
+    """Body of the supervisor process (also what ``python -m reporter_proc`` runs)."""
+    global _in_reporter
+    _in_reporter = True
+    set_process_title(f"swmp-supervisor [{settings.service}] arena={arena_path}")
+    return _Supervisor(arena_path, settings, owner_pid).run()
+
+
+# -- spawning from the application -------------------------------------------------------------
+def spawn_reporter(
+    arena_path: str, settings: ReporterSettings, owner_pid: int, *, detach: bool = False
+) -> int:
+    """Fork the reporter (through its supervisor) from the application's master.
+
+    Call it before the master has threads, event loops or network clients, from the main
+    thread. Returns the pid of the forked process (the supervisor, or the reporter itself
+    with ``settings.supervise=False``), or -1 if it could not be started (logged).
+
+    ``detach=True`` (uWSGI lazy-apps, where the calling worker may die) double-forks into a
+    new session, so the reporter belongs to no worker; the owner is watched by pidfd only.
+    """
+    global _forking
+    main_thread = threading.current_thread() is threading.main_thread()
+    if not main_thread and not detach:
+        # PR_SET_PDEATHSIG follows the forking *thread*: it would fire when this thread ends.
+        log.warning("spawn_reporter called off the main thread; relying on the pidfd watch only")
+    parent = os.getpid()
+    rfd, wfd = os.pipe2(os.O_CLOEXEC) if detach else (-1, -1)
+    _forking = True
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        _forking = False
+        log.error("cannot fork the reporter: %s", exc)
+        if detach:
+            os.close(rfd)
+            os.close(wfd)
+        return -1
+    if pid == 0:
+        _child_main(arena_path, settings, owner_pid, parent, detach, main_thread, rfd, wfd)
+    _forking = False
+    if not detach:
+        return pid
+    os.close(wfd)
+    try:
+        with os.fdopen(rfd, "rb") as r:
+            data = r.read()
+    finally:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)  # the intermediate exits at once (an application reaper may beat us)
+    try:
+        return int(data)
+    except ValueError:
+        log.error("the detached reporter did not start")
+        return -1
+
+
+def _child_main(
+    arena_path: str,
+    settings: ReporterSettings,
+    owner_pid: int,
+    parent: int,
+    detach: bool,
+    main_thread: bool,
+    rfd: int,
+    wfd: int,
+) -> NoReturn:
+    """Never returns: the end of every code path is ``os._exit``."""
+    global _forking, _in_reporter
+    code = EXIT_ERROR
+    try:
+        _forking = False
+        _in_reporter = True
+        reset_signals()
+        if detach:
+            os.close(rfd)
+            os.setsid()
+            grandchild = os.fork()
+            if grandchild:
+                os.write(wfd, str(grandchild).encode())
+                os._exit(EXIT_OK)
+            os.close(wfd)
+            with contextlib.suppress(OSError):
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.close(devnull)
+        elif main_thread:
+            set_pdeathsig(signal.SIGTERM)
+            # The owner may have died before prctl took effect: the pidfd watch (opened
+            # next, in the supervisor and the reporter) notices at once either way.
+            if os.getppid() != parent:
+                log.info("owner %d died while the reporter was starting", owner_pid)
+        if settings.supervise:
+            code = run_supervisor(arena_path, settings, owner_pid)
+        else:
+            code = run_reporter_process(arena_path, settings, owner_pid)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            log.exception("reporter start-up failed")
+    finally:
+        _flush_std()
+        os._exit(code)
+
+
+# -- thread mode -------------------------------------------------------------------------------
+class ReporterThread:
+    """Handle on a reporter running on a daemon thread of the application process."""
+
+    def __init__(
+        self,
+        arena_path: str,
+        settings: ReporterSettings,
+        *,
+        arena: Arena | None = None,
+        sender: Sender | None = None,
+    ) -> None:
+        self.arena_path = arena_path
+        self.settings = settings
+        self.reporter: Reporter | None = None
+        self.exit_code: int | None = None
+        self._arena = arena
+        self._sender = sender
+        self._created = threading.Event()
+        self._stop_reason = ""
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._main, name="swmp-reporter", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._created.wait(5.0)
+
+    def _main(self) -> None:
+        try:
+            arena = self._arena
+            if arena is None:
+                # Deliberately never closed: closing any descriptor of the arena file would
+                # drop this process's POSIX locks, including the ring slot its app holds.
+                arena = Arena.open(self.arena_path)
+            reporter = Reporter(arena, self.settings, sender=self._sender, mode="thread")
+            with self._lock:
+                self.reporter = reporter
+                if self._stop_reason:
+                    reporter.stop_threadsafe(self._stop_reason)
+        except Exception as exc:
+            log.error("reporter thread cannot start: %s", exc)
+            self.exit_code = EXIT_ERROR
+            self._created.set()
+            return
+        self._created.set()
+        try:
+            self.exit_code = _run_loop(reporter.run())
+        except Exception:
+            log.exception("reporter thread failed")
+            self.exit_code = EXIT_ERROR
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Flush and stop; True when the thread ended within ``timeout`` (default: the
+        shutdown deadline plus a second)."""
+        with self._lock:
+            self._stop_reason = "stop"
+            if self.reporter is not None:
+                self.reporter.stop_threadsafe("stop")
+        if timeout is None:
+            timeout = self.settings.shutdown_deadline_s + 1.0
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _at_exit(self) -> None:
+        if self._thread.is_alive():
+            self.stop(self.settings.shutdown_deadline_s + 1.0)
+
+
+def start_reporter_thread(
+    arena_path: str,
+    settings: ReporterSettings,
+    *,
+    arena: Arena | None = None,
+    sender: Sender | None = None,
+) -> ReporterThread:
+    """Run the reporter on a daemon thread with its own event loop (no fork).
+
+    Flushes at interpreter exit (atexit) within the shutdown deadline. ``arena`` lets the
+    caller share its own Arena object; ``sender`` overrides the protocol (tests).
+    """
+    handle = ReporterThread(arena_path, settings, arena=arena, sender=sender)
+    handle.start()
+    atexit.register(handle._at_exit)
+    return handle

@@ -1,0 +1,172 @@
+"""An in-memory :class:`Sender` for tests and benchmarks.
+
+It keeps every call it got, can be told to fail the next N calls (with :class:`SendError`
+or :class:`FatalSendError`), to block until released, or to add a delay. With a ``path``
+it also appends one JSON line per accepted call to that file, which is how a test observes
+what a reporter running in *another process* delivered (``protocol="memory"`` plus
+``ReporterSettings.memory_path``).
+
+Nothing here imports a network client, so the reporter package stays import-light.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import Any
+
+import orjson
+
+from reporter_proc.senders.base import (
+    KINDS,
+    FatalSendError,
+    Record,
+    Sender,
+    SendError,
+    UnsupportedError,
+)
+
+
+class MemorySender(Sender):
+    name = "memory"
+
+    def __init__(
+        self,
+        *,
+        path: str = "",
+        fail_next: int = 0,
+        fatal: bool = False,
+        delay_s: float = 0.0,
+        supports: frozenset[str] = KINDS,
+        address: str = "memory",
+    ) -> None:
+        self.supports = supports
+        self.address = address
+        self.path = path
+        self.delay_s = delay_s
+        self.segments: list[Record] = []
+        self.logs: list[Record] = []
+        self.meters: list[Record] = []
+        self.snapshots: list[Record] = []
+        self.finishes: list[Record] = []
+        self.properties: list[tuple[str, str, list[tuple[str, str]], str]] = []
+        self.keepalives: list[tuple[str, str, str]] = []
+        self.calls = 0  # every call, failed or not
+        self.failures = 0  # calls answered with an error
+        self.started = False
+        self.closed = False
+        self._fail_next = fail_next
+        self._fatal = fatal
+        self._lock = threading.Lock()  # tests poke at the sender from other threads
+        self._gate = threading.Event()
+        self._gate.set()
+        self._fd = -1
+
+    # -- test controls (thread-safe) -------------------------------------------------------
+    def fail_next(self, n: int, fatal: bool = False) -> None:
+        """Answer the next ``n`` calls with an error instead of keeping their data."""
+        with self._lock:
+            self._fail_next = n
+            self._fatal = fatal
+
+    def block(self) -> None:
+        """Make every call wait (without keeping its data yet) until :meth:`unblock`."""
+        self._gate.clear()
+
+    def unblock(self) -> None:
+        self._gate.set()
+
+    @property
+    def total_records(self) -> int:
+        with self._lock:
+            return len(self.segments) + len(self.logs) + len(self.meters) + len(self.snapshots)
+
+    # -- Sender API ------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.path:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.started = True
+
+    async def send_segments(self, records: list[Record]) -> None:
+        await self._accept("segment", "segment", records, self.segments)
+
+    async def send_logs(self, records: list[Record]) -> None:
+        await self._accept("log", "log", records, self.logs)
+
+    async def send_meters(self, records: list[Record]) -> None:
+        await self._accept("meter", "meter", records, self.meters)
+
+    async def send_snapshots(self, records: list[Record]) -> None:
+        await self._accept("profile", "profile_snapshot", records, self.snapshots)
+
+    async def report_finish(self, record: Record) -> None:
+        await self._accept("profile", "profile_finish", [record], self.finishes)
+
+    async def report_properties(
+        self, service: str, instance: str, properties: list[tuple[str, str]], layer: str = ""
+    ) -> None:
+        await self._enter("management")
+        with self._lock:
+            self.properties.append((service, instance, list(properties), layer))
+        self._log_line("properties", [[service, instance, [list(p) for p in properties], layer]])
+
+    async def keep_alive(self, service: str, instance: str, layer: str = "") -> None:
+        await self._enter("management")
+        with self._lock:
+            self.keepalives.append((service, instance, layer))
+        self._log_line("keepalive", [[service, instance, layer]])
+
+    async def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.closed = True
+
+    # -- internals -------------------------------------------------------------------------
+    async def _enter(self, kind: str) -> None:
+        with self._lock:
+            self.calls += 1
+        if kind not in self.supports:
+            with self._lock:
+                self.failures += 1
+            raise UnsupportedError(f"memory sender configured without {kind}")
+        while not self._gate.is_set():
+            await asyncio.sleep(0.005)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        with self._lock:
+            if self._fail_next > 0:
+                self._fail_next -= 1
+                self.failures += 1
+                fatal = self._fatal
+            else:
+                return
+        if fatal:
+            raise FatalSendError("memory sender: told to refuse")
+        raise SendError("memory sender: told to fail")
+
+    async def _accept(self, kind: str, name: str, records: list[Record], into: list[Record]) -> None:
+        await self._enter(kind)
+        with self._lock:
+            into.extend(records)
+        self._log_line(name, records)
+
+    def _log_line(self, name: str, records: list[Any]) -> None:
+        if self._fd >= 0:
+            # One write per call with O_APPEND: a reader in another process sees whole lines.
+            os.write(self._fd, orjson.dumps({"kind": name, "records": records}) + b"\n")
+
+
+def read_memory_file(path: str) -> list[dict[str, Any]]:
+    """Parse a file written by a MemorySender (``path=``): one dict per accepted call."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in data.splitlines():
+        if line.strip():
+            out.append(orjson.loads(line))
+    return out

@@ -1,0 +1,250 @@
+"""Disk spool: where records go when the backend stays down longer than memory allows.
+
+Layout: a directory of append-only segment files ``<seq:012d>.spool``. Each file starts
+with an 8-byte magic word; each record is ``u32 length, u16 type, u16 zero, u32 crc32``
+followed by the record's original ring payload (the orjson bytes a worker wrote), so the
+spool holds exactly what the rings held and replay decodes it with the same code.
+
+Crash safety is "enough" on purpose: no fsync (the page cache survives a crashed
+process, which is the failure that matters here), and a reader stops at the first record
+whose header is short, whose length runs past the end, or whose crc does not match, so a
+torn tail costs only that tail. A new reporter never appends to an old file; it indexes
+what is there and starts a new one.
+
+The cap (``max_bytes``) is enforced by deleting the oldest files, whose unreplayed records
+are counted in :attr:`Spool.dropped_records`: a long outage loses the oldest data, never
+the newest, and never silently.
+
+One reporter per directory: an ``flock`` on ``.lock`` guards it (two applications
+configured with the same spool directory would otherwise replay each other's files twice).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+log = logging.getLogger("swmp.reporter")
+
+MAGIC = b"SWMPSPL1"
+_REC = struct.Struct("<IHHI")
+_REC_SIZE = _REC.size
+_MAX_RECORD = 1 << 30
+
+
+class SpoolBusy(Exception):
+    """Another live process holds this spool directory."""
+
+
+@dataclass
+class SpoolFile:
+    seq: int
+    path: str
+    size: int  # bytes on disk (valid part)
+    records: int  # records in the valid part
+    offset: int = len(MAGIC)  # replay progress (in memory; a restart replays the file again)
+    replayed: int = 0
+    sealed: bool = True
+
+
+class Spool:
+    def __init__(self, directory: str, max_bytes: int, segment_bytes: int = 4 * 1024 * 1024) -> None:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.directory = directory
+        self.max_bytes = max(1, max_bytes)
+        # Several files under the cap, so dropping the oldest loses a fraction, not all.
+        self.segment_bytes = max(4096, min(segment_bytes, self.max_bytes // 4 or 1))
+        self._lock_fd = os.open(
+            os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise SpoolBusy(f"spool directory {directory} is in use by another process") from exc
+        self.files: list[SpoolFile] = []
+        self.dropped_records = 0
+        self.torn_tails = 0
+        self._active: SpoolFile | None = None
+        self._fd = -1
+        self._index()
+
+    # -- bookkeeping -----------------------------------------------------------------------
+    def _index(self) -> None:
+        for name in sorted(os.listdir(self.directory)):
+            if not name.endswith(".spool"):
+                continue
+            try:
+                seq = int(name[: -len(".spool")])
+            except ValueError:
+                continue
+            path = os.path.join(self.directory, name)
+            size, records, torn = _scan(path)
+            if torn:
+                self.torn_tails += 1
+            if records == 0:
+                _unlink(path)
+                continue
+            self.files.append(SpoolFile(seq, path, size, records))
+        self.files.sort(key=lambda f: f.seq)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size - (f.offset - len(MAGIC)) for f in self.files)
+
+    @property
+    def total_records(self) -> int:
+        return sum(f.records - f.replayed for f in self.files)
+
+    def __bool__(self) -> bool:
+        return any(f.records > f.replayed for f in self.files)
+
+    # -- writing ---------------------------------------------------------------------------
+    def append(self, items: Iterable[tuple[int, bytes]]) -> int:
+        """Append records; returns how many were written. Raises OSError on disk trouble."""
+        buf = bytearray()
+        n = 0
+        for rtype, payload in items:
+            buf += _REC.pack(len(payload), rtype, 0, zlib.crc32(payload))
+            buf += payload
+            n += 1
+        if not n:
+            return 0
+        active = self._active
+        if active is None or active.size >= self.segment_bytes:
+            active = self._open_new()
+        # One write per call: a crash leaves at most this call's tail torn.
+        os.write(self._fd, buf)
+        active.size += len(buf)
+        active.records += n
+        self._enforce_cap()
+        return n
+
+    def _open_new(self) -> SpoolFile:
+        self.seal()
+        seq = (self.files[-1].seq + 1) if self.files else 1
+        path = os.path.join(self.directory, f"{seq:012d}.spool")
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        os.write(self._fd, MAGIC)
+        f = SpoolFile(seq, path, len(MAGIC), 0, sealed=False)
+        self.files.append(f)
+        self._active = f
+        return f
+
+    def seal(self) -> None:
+        """Close the file being appended to; the next append starts a new one."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._active is not None:
+            self._active.sealed = True
+            self._active = None
+
+    def _enforce_cap(self) -> None:
+        while self.files and self.total_bytes > self.max_bytes:
+            oldest = self.files[0]
+            if oldest is self._active:
+                self.seal()
+            lost = oldest.records - oldest.replayed
+            self.dropped_records += lost
+            self._remove(oldest)
+            log.warning(
+                "spool over its cap of %d bytes: dropped its oldest file (%d records)", self.max_bytes, lost
+            )
+
+    # -- replay ----------------------------------------------------------------------------
+    def oldest(self) -> SpoolFile | None:
+        """The file to replay next (sealing the active one if it is the only one left)."""
+        while self.files:
+            f = self.files[0]
+            if f.replayed >= f.records:
+                if f is self._active:
+                    return None  # nothing new since; keep appending to it
+                self._remove(f)
+                continue
+            if f is self._active:
+                self.seal()
+            return f
+        return None
+
+    def read(self, f: SpoolFile, max_records: int) -> tuple[list[tuple[int, bytes]], int]:
+        """Up to ``max_records`` records of ``f`` from its replay offset, and the end offset."""
+        out: list[tuple[int, bytes]] = []
+        try:
+            with open(f.path, "rb") as fh:
+                fh.seek(f.offset)
+                pos = f.offset
+                while len(out) < max_records and pos < f.size:
+                    head = fh.read(_REC_SIZE)
+                    if len(head) < _REC_SIZE:
+                        break
+                    n, rtype, _zero, crc = _REC.unpack(head)
+                    payload = fh.read(n)
+                    if len(payload) < n or zlib.crc32(payload) != crc:
+                        break
+                    out.append((rtype, payload))
+                    pos += _REC_SIZE + n
+        except FileNotFoundError:
+            pos = f.size
+        if not out:
+            pos = f.size  # nothing readable left: let ack() retire the file
+        return out, pos
+
+    def ack(self, f: SpoolFile, offset: int, count: int) -> None:
+        """Records of ``f`` up to ``offset`` were delivered."""
+        f.offset = max(f.offset, offset)
+        f.replayed = min(f.records, f.replayed + count)
+        if f.offset >= f.size:
+            f.replayed = f.records
+            self._remove(f)
+
+    def _remove(self, f: SpoolFile) -> None:
+        _unlink(f.path)
+        try:
+            self.files.remove(f)
+        except ValueError:
+            pass
+
+    def close(self) -> None:
+        self.seal()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+
+
+def _scan(path: str) -> tuple[int, int, bool]:
+    """(valid bytes, records, torn tail?) of a spool file, walking headers and checking crcs."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(len(MAGIC)) != MAGIC:
+                return 0, 0, True
+            pos = len(MAGIC)
+            records = 0
+            while True:
+                head = fh.read(_REC_SIZE)
+                if not head:
+                    return pos, records, False
+                if len(head) < _REC_SIZE:
+                    return pos, records, True
+                n, _rtype, _zero, crc = _REC.unpack(head)
+                if n > _MAX_RECORD:
+                    return pos, records, True
+                payload = fh.read(n)
+                if len(payload) < n or zlib.crc32(payload) != crc:
+                    return pos, records, True
+                pos += _REC_SIZE + n
+                records += 1
+    except OSError:
+        return 0, 0, True
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# start_kafka.sh: run a real single-node Apache Kafka broker (KRaft mode, no ZooKeeper)
+# on 127.0.0.1 for tests and demos.
+#
+# The broker is the plain upstream server: its jars (org.apache.kafka:kafka_2.13 plus a
+# logging binding) are resolved once from Maven Central into $REALPEERS_CACHE and started
+# with the machine's Java 17. The script returns when the broker logged its start-up line
+# AND accepts connections on its port; it prints the pid as the last line of stdout and
+# writes RUN_DIR/kafka.pid. Everything (config, data, kafka.log) lives in RUN_DIR.
+#
+# Environment:
+#   KAFKA_PORT (9092)  KAFKA_CONTROLLER_PORT (19093)   the caller picks free ports
+#   RUN_DIR (a new temp dir)  KAFKA_VERSION (3.9.1)  KAFKA_HEAP (512m)
+#   KAFKA_READY_TIMEOUT (90 s)  REALPEERS_CACHE (~/.cache/realpeers)
+#   REALPEERS_OWNER_PID  if set, the broker is stopped when that process exits
+# Stop it with: scripts/realpeers/stop_pid.sh RUN_DIR/kafka.pid
+set -euo pipefail
+
+log() { echo "[start_kafka] $*" >&2; }
+# shellcheck source=scripts/realpeers/_lib.sh
+. "$(dirname "$0")/_lib.sh"
+
+KAFKA_VERSION=${KAFKA_VERSION:-3.9.1}
+PORT=${KAFKA_PORT:-9092}
+CPORT=${KAFKA_CONTROLLER_PORT:-19093}
+RUN_DIR=${RUN_DIR:-$(mktemp -d -t kafka-run.XXXXXX)}
+HEAP=${KAFKA_HEAP:-512m}
+READY_TIMEOUT=${KAFKA_READY_TIMEOUT:-90}
+LIBS=$REALPEERS_CACHE/kafka-$KAFKA_VERSION/libs
+
+need_java
+
+# 1. Jars. Kafka 3.x logs through slf4j 1 (reload4j binding); 4.x moved to log4j2.
+case "$KAFKA_VERSION" in
+  3.*) BINDING='<dependency><groupId>org.slf4j</groupId><artifactId>slf4j-reload4j</artifactId><version>1.7.36</version></dependency>' ;;
+  *)   BINDING='<dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>2.24.3</version></dependency>' ;;
+esac
+fetch_jars "kafka-$KAFKA_VERSION" "<project xmlns=\"http://maven.apache.org/POM/4.0.0\"><modelVersion>4.0.0</modelVersion>
+  <groupId>local.realpeers</groupId><artifactId>kafka-libs</artifactId><version>1</version><packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$KAFKA_VERSION</version></dependency>
+    $BINDING
+  </dependencies>
+</project>"
+[ "${REALPEERS_FETCH_ONLY:-}" = 1 ] && { log "jars cached in $LIBS"; exit 0; }
+
+# 2. Config: one process is both controller and broker; every internal topic has a single
+# replica, otherwise consumer groups and transactions never become available.
+mkdir -p "$RUN_DIR/data"
+cat > "$RUN_DIR/server.properties" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$CPORT
+listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CPORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$RUN_DIR/data
+num.partitions=1
+default.replication.factor=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+log.segment.bytes=16777216
+EOF
+# Console logging at INFO for both logging backends (only one is on the classpath).
+cat > "$RUN_DIR/log4j.properties" <<'EOF'
+log4j.rootLogger=INFO, out
+log4j.appender.out=org.apache.log4j.ConsoleAppender
+log4j.appender.out.layout=org.apache.log4j.PatternLayout
+log4j.appender.out.layout.ConversionPattern=[%d] %p %m (%c)%n
+EOF
+cat > "$RUN_DIR/log4j2.xml" <<'EOF'
+<Configuration status="WARN">
+  <Appenders><Console name="OUT" target="SYSTEM_OUT"><PatternLayout pattern="[%d] %p %m (%c)%n"/></Console></Appenders>
+  <Loggers><Root level="INFO"><AppenderRef ref="OUT"/></Root></Loggers>
+</Configuration>
+EOF
+JLOG=(-Dlog4j.configuration="file:$RUN_DIR/log4j.properties" -Dlog4j2.configurationFile="$RUN_DIR/log4j2.xml")
+
+for p in "$PORT" "$CPORT"; do
+  if port_busy "$p"; then log "port $p is already in use"; exit 3; fi
+done
+
+# 3. KRaft needs its storage formatted with a cluster id before the first start.
+CLUSTER_ID=$(java "${JLOG[@]}" -cp "$LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)
+if ! java "${JLOG[@]}" -cp "$LIBS/*" kafka.tools.StorageTool format -t "$CLUSTER_ID" \
+       -c "$RUN_DIR/server.properties" > "$RUN_DIR/format.log" 2>&1; then
+  log "storage format failed:"; cat "$RUN_DIR/format.log" >&2; exit 1
+fi
+
+T0=$(now_ms)
+java -Xms128m "-Xmx$HEAP" -XX:+UseSerialGC "${JLOG[@]}" -cp "$LIBS/*" kafka.Kafka "$RUN_DIR/server.properties" \
+     </dev/null > "$RUN_DIR/kafka.log" 2>&1 &
+PID=$!
+echo "$PID" > "$RUN_DIR/kafka.pid"
+start_watchdog "${REALPEERS_OWNER_PID:-}" "$PID"
+
+# 4. Ready = the broker said so in its log and its listener accepts connections.
+DEADLINE=$(( T0 + READY_TIMEOUT * 1000 ))
+while [ "$(now_ms)" -lt "$DEADLINE" ]; do
+  if ! kill -0 "$PID" 2>/dev/null; then
+    log "broker exited during start-up; last lines of $RUN_DIR/kafka.log:"; tail -30 "$RUN_DIR/kafka.log" >&2; exit 1
+  fi
+  if grep -q 'Kafka Server started' "$RUN_DIR/kafka.log" 2>/dev/null && port_busy "$PORT"; then
+    log "ready in $(( ($(now_ms) - T0) ))ms pid=$PID bootstrap=127.0.0.1:$PORT run_dir=$RUN_DIR"
+    echo "$PID"
+    exit 0
+  fi
+  sleep 0.2
+done
+log "not ready after ${READY_TIMEOUT}s; stopping pid $PID (log: $RUN_DIR/kafka.log)"
+kill "$PID" 2>/dev/null || true
+exit 1

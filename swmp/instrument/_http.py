@@ -1,0 +1,39 @@
+"""Small helpers shared by the HTTP instrumentations."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from swmp.tracing.constants import TAG_HTTP_STATUS
+
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def peer_of(scheme: str, host: str | None, port: int | None) -> str:
+    """``host:port`` as SkyWalking expects it for a peer (default port filled in)."""
+    if not host:
+        return ""
+    if port is None:
+        port = _DEFAULT_PORTS.get(scheme, 80)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6 literal
+    return f"{host}:{port}"
+
+
+def split_url(url: str) -> tuple[str, str, str]:
+    """``(peer, path, url without query)`` of an absolute URL; never raises."""
+    try:
+        p = urlsplit(url)
+        peer = peer_of(p.scheme, p.hostname, p.port)
+        path = p.path or "/"
+        return peer, path, f"{p.scheme}://{p.netloc}{path}" if p.netloc else path
+    except (ValueError, TypeError):
+        return "", "/", str(url)
+
+
+def record_status(span: Any, status: int) -> None:
+    """Tag the status code; 4xx/5xx mark the span as an error (as the SkyWalking agents do)."""
+    span.tag(TAG_HTTP_STATUS, status)
+    if status >= 400:
+        span.error()

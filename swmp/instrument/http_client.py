@@ -1,0 +1,100 @@
+"""http.client (and so ``urllib.request``): exit span from ``HTTPConnection.request`` to
+``getresponse`` with ``sw8`` injected (component Python, 7000).
+
+The request and the response are separate calls, so the span is started without being made
+current and kept on the connection; it finishes when the response arrives, when the
+connection is closed or reused for another request, whichever comes first. Under urllib3
+or requests the outer library's exit span is current and nothing is recorded here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument._http import peer_of, record_status
+from swmp.instrument._patch import patch, restore
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.span import Span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "http.client"
+PACKAGE = None  # standard library
+SUPPORTED = ("", "")
+_ATTR = "_swmp_span"
+
+
+def _pending(conn: Any) -> Any:
+    return conn.__dict__.pop(_ATTR, None)
+
+
+def install(config: Config) -> None:
+    from http.client import HTTPConnection  # noqa: PLC0415
+
+    def make_request(orig: Any) -> Any:
+        def request(self: Any, method: str, url: str, body: Any = None, headers: Any = None, **kw: Any) -> Any:
+            old = _pending(self)
+            if old is not None:
+                old.finish()
+            scheme = "https" if self.default_port == 443 else "http"
+            peer = peer_of(scheme, self.host, self.port)
+            path = url.split("?", 1)[0]
+            if "://" in path:
+                path = "/" + path.split("://", 1)[1].partition("/")[2]
+            span = _ctx.new_exit_span(path or "/", peer, Component.PYTHON, Layer.HTTP)
+            if span.__class__ is Span:
+                span.tag(TAG_HTTP_METHOD, method)
+                span.tag(TAG_HTTP_URL, f"{scheme}://{peer}{path}")
+                merged = dict(headers) if headers else {}
+                merged.update(span.inject())
+                headers = merged
+                self.__dict__[_ATTR] = span
+            try:
+                return orig(self, method, url, body, headers if headers is not None else {}, **kw)
+            except BaseException as e:
+                if span.__class__ is Span:
+                    _pending(self)
+                    span.error(e)
+                    span.finish()
+                raise
+
+        return request
+
+    def make_getresponse(orig: Any) -> Any:
+        def getresponse(self: Any) -> Any:
+            span = _pending(self)
+            if span is None:
+                return orig(self)
+            try:
+                resp = orig(self)
+                record_status(span, resp.status)
+                return resp
+            except BaseException as e:
+                span.error(e)
+                raise
+            finally:
+                span.finish()
+
+        return getresponse
+
+    def make_close(orig: Any) -> Any:
+        def close(self: Any) -> Any:
+            span = _pending(self)
+            if span is not None:
+                span.finish()
+            return orig(self)
+
+        return close
+
+    patch(HTTPConnection, "request", make_request)
+    patch(HTTPConnection, "getresponse", make_getresponse)
+    patch(HTTPConnection, "close", make_close)
+
+
+def uninstall() -> None:
+    from http.client import HTTPConnection  # noqa: PLC0415
+
+    for name in ("request", "getresponse", "close"):
+        restore(HTTPConnection, name)

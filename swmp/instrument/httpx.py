@@ -1,0 +1,71 @@
+"""httpx: exit span per ``Client.send`` / ``AsyncClient.send`` with ``sw8`` injected
+(component HTTPX, 7019). With ``stream=True`` the span covers the call up to the response
+headers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument._http import peer_of, record_status
+from swmp.instrument._patch import patch, restore
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.span import NOOP, NoopSpan, Span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "httpx"
+PACKAGE = "httpx"
+SUPPORTED = ("0.23", "1")
+
+
+def _start(request: Any) -> Span | NoopSpan:
+    u = request.url
+    path = u.path or "/"
+    peer = peer_of(u.scheme, u.host, u.port)
+    span = _ctx.new_exit_span(path, peer, Component.HTTPX, Layer.HTTP)
+    if span.__class__ is Span:
+        span.tag(TAG_HTTP_METHOD, request.method)
+        span.tag(TAG_HTTP_URL, f"{u.scheme}://{peer}{path}")
+        request.headers.update(span.inject())
+    return span
+
+
+def install(config: Config) -> None:
+    import httpx  # noqa: PLC0415
+
+    def make_sync(orig: Any) -> Any:
+        def send(self: Any, request: Any, **kwargs: Any) -> Any:
+            span = _start(request)
+            if span is NOOP:
+                return orig(self, request, **kwargs)
+            with span:
+                resp = orig(self, request, **kwargs)
+                record_status(span, resp.status_code)
+                return resp
+
+        return send
+
+    def make_async(orig: Any) -> Any:
+        async def send(self: Any, request: Any, **kwargs: Any) -> Any:
+            span = _start(request)
+            if span is NOOP:
+                return await orig(self, request, **kwargs)
+            with span:
+                resp = await orig(self, request, **kwargs)
+                record_status(span, resp.status_code)
+                return resp
+
+        return send
+
+    patch(httpx.Client, "send", make_sync)
+    patch(httpx.AsyncClient, "send", make_async)
+
+
+def uninstall() -> None:
+    import httpx  # noqa: PLC0415
+
+    restore(httpx.Client, "send")
+    restore(httpx.AsyncClient, "send")

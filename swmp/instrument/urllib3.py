@@ -1,0 +1,62 @@
+"""urllib3: exit span per ``HTTPConnectionPool.urlopen`` with ``sw8`` injected
+(component Urllib3, 7006). Retries and redirects re-enter ``urlopen`` inside the span and
+are not recorded twice.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument._http import peer_of, record_status
+from swmp.instrument._patch import patch, restore
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.span import NOOP
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "urllib3"
+PACKAGE = "urllib3"
+SUPPORTED = ("1.26", "3")
+
+
+def install(config: Config) -> None:
+    from urllib3.connectionpool import HTTPConnectionPool  # noqa: PLC0415
+
+    def make(orig: Any) -> Any:
+        def urlopen(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            peer = peer_of(self.scheme, self.host, self.port)
+            path = url.split("?", 1)[0] if url.startswith("/") else url
+            if "://" in path:
+                path = "/" + path.split("://", 1)[1].partition("/")[2]
+            span = _ctx.new_exit_span(path or "/", peer, Component.URLLIB3, Layer.HTTP)
+            if span is NOOP:
+                return orig(self, method, url, *args, **kwargs)
+            with span:
+                if span.recording:
+                    span.tag(TAG_HTTP_METHOD, method)
+                    span.tag(TAG_HTTP_URL, f"{self.scheme}://{peer}{path}")
+                    # headers is urlopen's 4th parameter: positional after body, or a keyword.
+                    # None means "the pool's default headers": keep them.
+                    if len(args) >= 2:
+                        base = args[1] if args[1] is not None else self.headers
+                        args = (args[0], {**base, **span.inject()}, *args[2:])
+                    else:
+                        headers = kwargs.get("headers")
+                        base = headers if headers is not None else self.headers
+                        kwargs["headers"] = {**base, **span.inject()}
+                resp = orig(self, method, url, *args, **kwargs)
+                if span.recording:
+                    record_status(span, resp.status)
+                return resp
+
+        return urlopen
+
+    patch(HTTPConnectionPool, "urlopen", make)
+
+
+def uninstall() -> None:
+    from urllib3.connectionpool import HTTPConnectionPool  # noqa: PLC0415
+
+    restore(HTTPConnectionPool, "urlopen")

@@ -1,0 +1,147 @@
+"""WSGI: one entry span per request.
+
+Use directly (``app = WSGIMiddleware(app)``) or through the framework instrumentations,
+which call :func:`trace_wsgi` from the framework's own WSGI entry point. The span starts
+when the application is called and finishes when the server closes the response iterable
+(PEP 3333 requires ``close()``), so streamed bodies are inside the request's span. The
+span is the current span only while the application callable runs; the body is produced
+after that, in the server's own context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from swmp.instrument._http import record_status
+from swmp.propagation import from_headers
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_PARAMS, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.limits import limits
+from swmp.tracing.span import NOOP, Span, current_span
+
+NAME = "wsgi"
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class _Body:
+    """The response iterable, finishing the span when the server closes it."""
+
+    __slots__ = ("_it", "_span")
+
+    def __init__(self, it: Iterable[bytes], span: Span) -> None:
+        self._it = it
+        self._span = span
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._it
+        except BaseException as e:
+            self._span.error(e)
+            raise
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._it, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._span.finish()
+
+
+def _url(environ: dict[str, Any], path: str) -> str:
+    host = environ.get("HTTP_HOST") or f"{environ.get('SERVER_NAME', '')}:{environ.get('SERVER_PORT', '')}"
+    return f"{environ.get('wsgi.url_scheme', 'http')}://{host}{environ.get('SCRIPT_NAME', '')}{path}"
+
+
+def trace_wsgi(
+    app: WSGIApp,
+    environ: dict[str, Any],
+    start_response: Callable[..., Any],
+    component: int = Component.PYTHON,
+    collect_params: bool = False,
+    params_limit: int = 1024,
+) -> Iterable[bytes]:
+    method = environ.get("REQUEST_METHOD") or "GET"
+    pol = _ctx.policy
+    if pol.rules.ignore_method(method):
+        return app(environ, start_response)
+    path = environ.get("PATH_INFO") or "/"
+    sw8 = environ.get("HTTP_SW8")
+    carrier = (
+        from_headers(
+            sw8,
+            environ.get("HTTP_SW8_CORRELATION"),
+            environ.get("HTTP_SW8_X"),
+            limits.correlation_max_elements,
+            limits.correlation_max_value_length,
+        )
+        if sw8 is not None
+        else None
+    )
+    span = _ctx.new_entry_span(path, carrier, component, Layer.HTTP)
+    if span is NOOP:
+        return app(environ, start_response)
+    if span.__class__ is not Span:
+        with span:  # not recorded: only keeps nested instrumentation quiet
+            return app(environ, start_response)
+    assert isinstance(span, Span)
+    prev = current_span.get()
+    span.__enter__()
+    try:
+        span.tag(TAG_HTTP_METHOD, method)
+        span.tag(TAG_HTTP_URL, _url(environ, path))
+        remote = environ.get("REMOTE_ADDR")
+        if remote:
+            span.peer = f"{remote}:{environ.get('REMOTE_PORT', '')}" if environ.get("REMOTE_PORT") else remote
+        if collect_params:
+            qs = environ.get("QUERY_STRING")
+            if qs:
+                span.tag(TAG_HTTP_PARAMS, qs[:params_limit] if params_limit >= 0 else qs)
+    except Exception:
+        pass
+
+    def _start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
+        try:
+            record_status(span, int(status[:3]))
+        except (ValueError, TypeError):
+            pass
+        if exc_info is None:
+            return start_response(status, headers)
+        return start_response(status, headers, exc_info)
+
+    try:
+        result = app(environ, _start_response)
+    except BaseException as e:
+        span.error(e)
+        span.finish()
+        raise
+    # The body runs outside the application call: leave the span open until close(), but
+    # give the context back now.
+    if current_span.get() is span:
+        current_span.set(prev)
+    if isinstance(result, (list, tuple)):
+        span.finish()
+        return result
+    return _Body(result, span)
+
+
+class WSGIMiddleware:
+    """Wrap a WSGI application so every request gets an entry span."""
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        component: int = Component.PYTHON,
+        collect_params: bool = False,
+        params_limit: int = 1024,
+    ) -> None:
+        self.app = app
+        self.component = component
+        self.collect_params = collect_params
+        self.params_limit = params_limit
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        return trace_wsgi(self.app, environ, start_response, self.component, self.collect_params,
+                          self.params_limit)

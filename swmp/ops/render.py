@@ -1,0 +1,177 @@
+"""Text output for ``swmp health`` and ``swmp status``, built from the JSON documents.
+
+Every line fits in :data:`fmt.WIDTH` columns: long values are clipped (the JSON output has
+them whole) and prose (notes, errors) is wrapped.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from swmp.ops import fmt
+
+W = fmt.WIDTH
+_LABEL = 10  # width of the left-hand labels in the status block
+
+
+def wrap(text: str, indent: str = "", width: int = W) -> list[str]:
+    # Never break at hyphens: paths and names must stay copyable. Only a single word longer
+    # than the line (a very long path) is cut, to keep the 80-column promise.
+    lines = textwrap.wrap(
+        fmt.clip(text, 10 * width),
+        width=width,
+        initial_indent=indent,
+        subsequent_indent=indent + "  ",
+        break_on_hyphens=False,
+    )
+    return lines or [indent.rstrip()]
+
+
+def _who(agent: dict[str, Any]) -> str:
+    service = agent.get("service") or "?"
+    return f"service {service}, pid {agent.get('owner_pid')}"
+
+
+# -- health -------------------------------------------------------------------------------
+def health_text(report: dict[str, Any], verbose: bool = False) -> list[str]:
+    """stdout lines: a verdict per agent, then one line per failed (or, verbose, every) check."""
+    out: list[str] = []
+    mode = report["mode"]
+    for agent in report["agents"]:
+        selected = [c for c in agent["checks"] if c["selected"]]
+        failed = [c for c in selected if c["status"] == "fail"]
+        if failed:
+            out.append(fmt.line(f"UNHEALTHY ({mode}): {_who(agent)}: {len(failed)} check(s) failed"))
+        else:
+            ok = sum(1 for c in selected if c["status"] == "ok")
+            skipped = len(selected) - ok
+            tail = f", {skipped} skipped" if skipped else ""
+            out.append(fmt.line(f"healthy ({mode}): {_who(agent)}: {ok} check(s) ok{tail}"))
+        for c in selected if verbose else failed:
+            out.append(fmt.line(f"  {c['status'].upper():<4} {c['name']}: {c['message']}"))
+    return out
+
+
+def problems_text(command: str, report: dict[str, Any], verbose: bool = True) -> list[str]:
+    """stderr lines: why nothing was found, and arenas that were skipped."""
+    out: list[str] = []
+    if report.get("error"):
+        out.extend(wrap(f"swmp {command}: {report['error']}"))
+    if verbose or report.get("error"):
+        for note in report.get("notes", []):
+            out.extend(wrap(f"note: {note}", "  "))
+    return out
+
+
+# -- status -------------------------------------------------------------------------------
+def _row(label: str, text: str) -> str:
+    return fmt.line(f"{label:<{_LABEL}}{text}")
+
+
+def _join(*parts: str) -> str:
+    return "  ".join(p for p in parts if p)
+
+
+SLOT_HEADER = (
+    f"{'SLOT':>4} {'PID':<9} {'INSTANCE':<23} {'WRITTEN':>11} {'DROPPED':>9} {'FILL':>6} {'REC/S':>8}"
+)
+
+
+def _slot_row(sl: dict[str, Any]) -> str:
+    # A slot whose worker is gone shows the last pid in parentheses.
+    pid = str(sl["pid"]) if sl["alive"] else (f"({sl['last_pid']})" if sl.get("last_pid") else "-")
+    instance = fmt.clip(sl.get("instance") or "-", 23)
+    return (
+        f"{sl['slot']:>4} {fmt.clip(pid, 9):<9} {instance:<23} {fmt.clip(fmt.count(sl['written']), 11):>11} "
+        f"{fmt.clip(fmt.count(sl['dropped']), 9):>9} {fmt.percent(sl['fill_ratio']):>6} "
+        f"{fmt.clip(fmt.rate(sl['records_per_s']), 8):>8}"
+    )
+
+
+def status_agent_text(a: dict[str, Any]) -> list[str]:
+    out = []
+    ns = f"(namespace {a['namespace']})" if a.get("namespace") else ""
+    out.append(
+        _row(
+            "service",
+            _join(
+                a.get("service") or "?",
+                ns,
+                a.get("protocol") or "",
+                f"{a['mode']} mode" if a.get("mode") else "",
+                f"owner pid {a['owner_pid']}" + ("" if a["owner_alive"] else " (gone)"),
+            ),
+        )
+    )
+
+    b = a["backend"]
+    address = b.get("address") or ", ".join(a.get("backends") or []) or "?"
+    failures = f"{b['consecutive_failures']} failures" if b["consecutive_failures"] else ""
+    out.append(
+        _row(
+            "backend",
+            _join(address, b["state"], f"last success {fmt.ago(b['last_success_age_s'])}", failures),
+        )
+    )
+    if b.get("last_error"):
+        out.append(_row("", f"last error {fmt.ago(b['last_error_age_s'])}: {b['last_error']}"))
+
+    r = a["reporter"]
+    if r["alive"]:
+        restarts = r["restarts"] if r["restarts"] is not None else max(0, r["starts"] - 1)
+        reporter = _join(
+            f"pid {r['pid']}",
+            f"up {fmt.duration(r['uptime_s'])}",
+            f"restarts {restarts}",
+            f"heartbeat {fmt.ago(r['heartbeat_age_s'])}",
+        )
+    else:
+        last = f" (last pid {r['last_pid']})" if r.get("last_pid") else ""
+        reporter = f"NOT RUNNING{last}  heartbeat {fmt.ago(r['heartbeat_age_s'])}"
+    out.append(_row("reporter", reporter))
+
+    t = a["totals"]
+    out.append(
+        _row(
+            "totals",
+            _join(
+                f"sent {fmt.count(t['sent'])}",
+                f"retried {fmt.count(t['retried'])}",
+                f"failed {fmt.count(t['failed'])}",
+                f"spooled {fmt.count(t['spooled'])}",
+                f"dropped {fmt.count(t['ring_dropped'] + t['reporter_dropped'])}",
+            ),
+        )
+    )
+    rates = a["rates"]
+    sp = a["spool"]
+    spool = f"spool {fmt.size(sp['bytes'])} of {fmt.size(sp['cap'])}" if sp["enabled"] else "no spool"
+    out.append(
+        _row(
+            "",
+            _join(
+                f"written {fmt.rate(rates['written_per_s'])}/s",
+                f"read {fmt.rate(rates['read_per_s'])}/s",
+                f"sent {fmt.rate(rates['sent_per_s'])}/s",
+                f"pending {fmt.size(a['pending_bytes'])}",
+                spool,
+            ),
+        )
+    )
+    out.append(SLOT_HEADER)
+    out.extend(_slot_row(sl) for sl in a["slots"])
+    if not a["slots"]:
+        out.append("   (no worker has claimed a slot yet)")
+    if a.get("idle_slots"):
+        out.append(f"   + {a['idle_slots']} free slot(s)")
+    return out
+
+
+def status_text(report: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for i, agent in enumerate(report["agents"]):
+        if i:
+            out.append("")
+        out.extend(status_agent_text(agent))
+    return out

@@ -1,0 +1,279 @@
+"""Cross-process headers: ``sw8``, ``sw8-correlation`` and ``sw8-x``.
+
+Formats (protocol.md):
+
+* ``sw8``: ``sample-b64(traceId)-b64(parentSegmentId)-parentSpanId-b64(parentService)-
+  b64(parentInstance)-b64(parentEndpoint)-b64(addressUsedAtClient)``, exactly 8 fields.
+* ``sw8-correlation``: ``b64(key):b64(value)`` pairs joined by commas.
+* ``sw8-x``: ``tracingMode-timestamp``; tracing mode ``1`` means "skip analysis".
+
+Headers arrive from the network, so decoding treats them as hostile: anything malformed
+(wrong field count, bad base64, non-UTF-8, absurd sizes, a span id that is not a small
+non-negative integer) yields ``None`` and the request simply starts a fresh trace. Nothing
+here raises into the application; work per header is bounded by the size caps below.
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+SW8 = "sw8"
+SW8_CORRELATION = "sw8-correlation"
+SW8_X = "sw8-x"
+
+# Caps on what we are willing to look at: generous for real traffic, small enough that a
+# hostile header costs microseconds.
+MAX_SW8_LENGTH = 4096
+MAX_CORRELATION_HEADER = 8192
+MAX_SW8X_LENGTH = 64
+_MAX_SPAN_ID = 2**31 - 1
+
+_b2a = binascii.b2a_base64
+_a2b = binascii.a2b_base64
+_B64_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+
+
+def b64(s: str) -> str:
+    """Standard base64 (with padding) of the UTF-8 bytes of ``s``."""
+    return _b2a(s.encode("utf-8", "replace"), newline=False).decode("ascii")
+
+
+def unb64(s: str) -> str | None:
+    """Decode standard base64 to text; None when it is not valid base64 of UTF-8 text."""
+    if not s.isascii() or not _B64_ALPHABET.issuperset(s):
+        return None
+    pad = len(s) % 4
+    if pad:
+        # Tolerate senders that strip the padding; a lone extra character is never valid.
+        if pad == 1 or "=" in s:
+            return None
+        s += "=" * (4 - pad)
+    try:
+        return _a2b(s).decode("utf-8")
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        return None
+
+
+class ContextCarrier:
+    """What an incoming request tells us about its caller (the decoded headers)."""
+
+    __slots__ = (
+        "address",
+        "correlation",
+        "endpoint",
+        "instance",
+        "sampled",
+        "segment_id",
+        "service",
+        "skip_analysis",
+        "span_id",
+        "trace_id",
+    )
+
+    def __init__(
+        self,
+        trace_id: str,
+        segment_id: str,
+        span_id: int,
+        service: str,
+        instance: str,
+        endpoint: str,
+        address: str,
+        sampled: bool = True,
+        correlation: dict[str, str] | None = None,
+        skip_analysis: bool = False,
+    ) -> None:
+        self.sampled = sampled
+        self.trace_id = trace_id
+        self.segment_id = segment_id
+        self.span_id = span_id
+        self.service = service
+        self.instance = instance
+        self.endpoint = endpoint
+        self.address = address
+        self.correlation = correlation if correlation is not None else {}
+        self.skip_analysis = skip_analysis
+
+    def __repr__(self) -> str:
+        return (
+            f"ContextCarrier(trace_id={self.trace_id!r}, segment_id={self.segment_id!r}, "
+            f"span_id={self.span_id}, service={self.service!r}, instance={self.instance!r}, "
+            f"endpoint={self.endpoint!r}, address={self.address!r}, sampled={self.sampled})"
+        )
+
+    def to_sw8(self) -> str:
+        return encode_sw8(
+            self.trace_id,
+            self.segment_id,
+            self.span_id,
+            b64(self.service),
+            b64(self.instance),
+            self.endpoint,
+            self.address,
+            self.sampled,
+        )
+
+
+# -- sw8 -----------------------------------------------------------------------------------
+
+
+def encode_sw8(
+    trace_id: str,
+    segment_id: str,
+    span_id: int,
+    service_b64: str,
+    instance_b64: str,
+    endpoint: str,
+    address: str,
+    sampled: bool = True,
+) -> str:
+    """Build an ``sw8`` value; service and instance come pre-encoded (they are constant)."""
+    return "-".join(
+        (
+            "1" if sampled else "0",
+            b64(trace_id),
+            b64(segment_id),
+            str(span_id),
+            service_b64,
+            instance_b64,
+            b64(endpoint),
+            b64(address),
+        )
+    )
+
+
+def decode_sw8(value: Any) -> ContextCarrier | None:
+    """Parse an ``sw8`` value; None if it is malformed in any way."""
+    try:
+        if isinstance(value, (bytes, bytearray)):
+            value = bytes(value).decode("ascii")
+        if not isinstance(value, str) or len(value) > MAX_SW8_LENGTH:
+            return None
+        parts = value.strip().split("-")
+        if len(parts) != 8:
+            return None
+        flag, tid, sid, span, svc, inst, ep, addr = parts
+        if flag not in ("0", "1"):
+            return None
+        if not (span.isascii() and span.isdigit() and len(span) <= 10):
+            return None
+        span_id = int(span)
+        if span_id > _MAX_SPAN_ID:
+            return None
+        trace_id = unb64(tid)
+        segment_id = unb64(sid)
+        service = unb64(svc)
+        instance = unb64(inst)
+        endpoint = unb64(ep)
+        address = unb64(addr)
+        if (
+            not trace_id
+            or not segment_id
+            or not service
+            or not instance
+            or endpoint is None
+            or address is None
+        ):
+            return None
+        return ContextCarrier(trace_id, segment_id, span_id, service, instance, endpoint, address, flag == "1")
+    except Exception:
+        # Defensive: decoding must never raise into the request, whatever the input type.
+        return None
+
+
+# -- sw8-correlation -----------------------------------------------------------------------
+
+
+def encode_correlation(correlation: Mapping[str, str]) -> str:
+    return ",".join(f"{b64(k)}:{b64(v)}" for k, v in correlation.items())
+
+
+def decode_correlation(value: Any, max_elements: int = 3, max_value_length: int = 128) -> dict[str, str]:
+    """Parse ``sw8-correlation``; malformed entries are skipped, extra entries ignored."""
+    out: dict[str, str] = {}
+    try:
+        if isinstance(value, (bytes, bytearray)):
+            value = bytes(value).decode("ascii")
+        if not isinstance(value, str) or not value or len(value) > MAX_CORRELATION_HEADER or max_elements <= 0:
+            return out
+        # A base64 value of n characters decodes to at most 3n/4 bytes: skip entries whose
+        # encoded form is already too long before decoding them.
+        max_encoded = (max_value_length * 4 + 2) // 3 + 4
+        for entry in value.split(",", max_elements * 4)[: max_elements * 4]:
+            if len(out) >= max_elements:
+                break
+            kv = entry.strip().split(":")
+            if len(kv) != 2 or len(kv[1]) > max_encoded:
+                continue
+            k = unb64(kv[0])
+            v = unb64(kv[1])
+            if not k or v is None or len(v) > max_value_length:
+                continue
+            out[k] = v
+    except Exception:
+        return {}
+    return out
+
+
+# -- sw8-x ---------------------------------------------------------------------------------
+
+
+def encode_sw8x(skip_analysis: bool, timestamp_ms: int | None = None) -> str:
+    mode = "1" if skip_analysis else "0"
+    return mode if timestamp_ms is None else f"{mode}-{timestamp_ms}"
+
+
+def decode_sw8x(value: Any) -> bool:
+    """True when the extension header asks to skip analysis (tracing mode 1)."""
+    try:
+        if isinstance(value, (bytes, bytearray)):
+            value = bytes(value).decode("ascii")
+        if not isinstance(value, str) or len(value) > MAX_SW8X_LENGTH:
+            return False
+        return value.strip().split("-", 1)[0] == "1"
+    except Exception:
+        return False
+
+
+# -- carriers from request headers ---------------------------------------------------------
+
+
+def from_headers(
+    sw8: Any, correlation: Any = None, sw8x: Any = None, max_elements: int = 3, max_value_length: int = 128
+) -> ContextCarrier | None:
+    """Decode the three headers (any may be None); None when ``sw8`` is absent or bad."""
+    if sw8 is None:
+        return None
+    carrier = decode_sw8(sw8)
+    if carrier is None:
+        return None
+    if correlation is not None:
+        carrier.correlation = decode_correlation(correlation, max_elements, max_value_length)
+    if sw8x is not None:
+        carrier.skip_analysis = decode_sw8x(sw8x)
+    return carrier
+
+
+def header_lookup(headers: Any, name: str) -> Any:
+    """Case-insensitive ``headers[name]`` over a mapping or ``(name, value)`` pairs; None if absent."""
+    try:
+        if isinstance(headers, Mapping) or hasattr(headers, "get"):
+            v = headers.get(name)
+            if v is not None:
+                return v
+            if isinstance(headers, dict):
+                for k, val in headers.items():
+                    if isinstance(k, str) and k.lower() == name:
+                        return val
+            return None
+        if isinstance(headers, Iterable):
+            bname = name.encode("ascii")
+            for pair in headers:
+                k = pair[0]
+                if (k.lower() == bname) if isinstance(k, (bytes, bytearray)) else (str(k).lower() == name):
+                    return pair[1]
+    except Exception:
+        return None
+    return None

@@ -1,0 +1,47 @@
+"""SkyWalking enums and component ids, as plain ints (what the record format carries).
+
+Component ids are the ones registered in Apache SkyWalking's ``component-libraries.yml``
+for Python (the same the SkyWalking Python agent reports), so the OAP shows the right
+names and icons. Unknown means "use ``UNKNOWN``": the backend accepts it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from reporter_proc import records as _r
+
+
+class Kind:
+    ENTRY: Final = _r.SPAN_TYPE_ENTRY
+    EXIT: Final = _r.SPAN_TYPE_EXIT
+    LOCAL: Final = _r.SPAN_TYPE_LOCAL
+
+
+class Layer:
+    UNKNOWN: Final = _r.LAYER_UNKNOWN
+    DATABASE: Final = _r.LAYER_DATABASE
+    RPC_FRAMEWORK: Final = _r.LAYER_RPC_FRAMEWORK
+    HTTP: Final = _r.LAYER_HTTP
+    MQ: Final = _r.LAYER_MQ
+    CACHE: Final = _r.LAYER_CACHE
+    FAAS: Final = _r.LAYER_FAAS
+
+
+class Component:
+    UNKNOWN: Final = 0
+    PYTHON: Final = 7000  # "Python": built-in modules (http.client, plain WSGI/ASGI, manual spans)
+    FLASK: Final = 7001
+    REQUESTS: Final = 7002
+    DJANGO: Final = 7004
+    URLLIB3: Final = 7006
+    AIOHTTP: Final = 7008
+    FASTAPI: Final = 7014  # also used for plain Starlette, which has no id of its own
+    HTTPX: Final = 7019
+
+
+# Tag keys the OAP understands (same as the SkyWalking Python agent).
+TAG_HTTP_METHOD: Final = "http.method"
+TAG_HTTP_URL: Final = "http.url"
+TAG_HTTP_STATUS: Final = "http.status_code"
+TAG_HTTP_PARAMS: Final = "http.params"

@@ -1,0 +1,200 @@
+"""Creating spans in the right place: the current context decides the parent.
+
+* No current span: a new segment starts. An entry span with a carrier (decoded ``sw8``)
+  joins the caller's trace; otherwise ignore rules and sampling decide whether the trace
+  is recorded at all. A trace that is not recorded gets an :class:`IgnoredSpan`, and
+  everything nested in it gets the shared :data:`NOOP`: a non-sampled request does one
+  decision and allocates one tiny object.
+* A current span: the new span is its child in the same segment, except that an entry
+  span directly inside an entry span, or an exit span directly inside an exit span, is
+  :data:`NOOP`. That is what keeps ``requests`` -> ``urllib3`` -> ``http.client`` to one
+  exit span (the outermost library records and injects the headers), and a framework
+  hook inside the WSGI middleware to one entry span.
+* A :class:`Snapshot` taken with :func:`capture` continues a trace in another thread
+  or task as a new segment with a cross-thread reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swmp.propagation import ContextCarrier
+from swmp.tracing.constants import Component, Kind, Layer
+from swmp.tracing.ignore import rules as _rules_holder
+from swmp.tracing.limits import stats
+from swmp.tracing.sampling import sampler as _sampler_holder
+from swmp.tracing.segment import Segment, cross_process_ref, cross_thread_ref
+from swmp.tracing.span import NOOP, IgnoredSpan, NoopSpan, Span, current_span
+
+_get_current = current_span.get
+_ENTRY = Kind.ENTRY
+_EXIT = Kind.EXIT
+_LOCAL = Kind.LOCAL
+
+
+class _Policy:
+    """The ignore rules and sampler in force (replaced as a whole by ``configure``)."""
+
+    __slots__ = ("rules", "sampler")
+
+    def __init__(self) -> None:
+        self.rules = _rules_holder
+        self.sampler = _sampler_holder
+
+
+policy = _Policy()
+
+
+class Snapshot:
+    """Where a trace is, captured to continue it in another thread or task."""
+
+    __slots__ = ("correlation", "endpoint", "segment_id", "skip_analysis", "span_id", "trace_id")
+
+    def __init__(self, span: Span) -> None:
+        seg = span.segment
+        self.trace_id = seg.trace_id
+        self.segment_id = seg.segment_id
+        self.span_id = span.span_id
+        self.endpoint = seg.endpoint
+        self.correlation = dict(seg.correlation)
+        self.skip_analysis = seg.skip_analysis
+
+
+def active_span() -> Span | None:
+    """The innermost open recorded span of this context, or None."""
+    s = _get_current()
+    while s is not None and s.end:
+        s = s._prev
+    return s if s.__class__ is Span else None
+
+
+def capture() -> Snapshot | None:
+    """A snapshot of the current span to continue the trace elsewhere (None outside a trace)."""
+    s = active_span()
+    return Snapshot(s) if s is not None else None
+
+
+def _parent() -> Any:
+    """The current span if still open; else its nearest open ancestor; else the last one seen."""
+    s = _get_current()
+    if s is None or not s.end:
+        return s
+    last = s
+    while s is not None and s.end:
+        last = s
+        s = s._prev
+    # All of this context's spans are finished (it outlived them, e.g. a task that kept
+    # running after the request returned): continue their trace rather than start a new one.
+    return s if s is not None else _Late(last)
+
+
+class _Late:
+    """Marks a finished span that a new span would have had as parent."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+
+
+def _start_trace(
+    kind: int, op: str, layer: int, component: int, peer: str, carrier: Any
+) -> Span | NoopSpan:
+    """First span of a new segment, if the trace is to be recorded."""
+    pol = policy
+    if pol.rules.ignore_operation(op):
+        stats.ignored += 1
+        return IgnoredSpan()
+    if carrier is None:
+        if not pol.sampler.allow():
+            stats.sampled_out += 1
+            return IgnoredSpan()
+        seg = Segment()
+        return seg.start_span(-1, op, kind, layer, component, peer)
+    if carrier.__class__ is Snapshot:
+        seg = Segment(carrier.trace_id)
+        seg.correlation = carrier.correlation
+        seg.skip_analysis = carrier.skip_analysis
+        span = seg.start_span(-1, op, kind, layer, component, peer)
+        if span.__class__ is Span:
+            span.add_ref(cross_thread_ref(carrier.trace_id, carrier.segment_id, carrier.span_id, carrier.endpoint))
+        return span
+    if not carrier.sampled:
+        stats.sampled_out += 1
+        return IgnoredSpan()
+    seg = Segment(carrier.trace_id)
+    seg.correlation = carrier.correlation
+    seg.skip_analysis = carrier.skip_analysis
+    span = seg.start_span(-1, op, kind, layer, component, peer)
+    if kind == _ENTRY and span.__class__ is Span:
+        span.add_ref(cross_process_ref(carrier))
+    return span
+
+
+def _late(late: _Late, kind: int, op: str, layer: int, component: int, peer: str) -> Span | NoopSpan:
+    parent = late.span
+    if parent.__class__ is not Span:
+        return _start_trace(kind, op, layer, component, peer, None)
+    return parent.segment.start_span(parent.span_id, op, kind, layer, component, peer)
+
+
+def new_entry_span(
+    op: str,
+    carrier: ContextCarrier | Snapshot | None = None,
+    component: int = Component.PYTHON,
+    layer: int = Layer.HTTP,
+) -> Span | NoopSpan:
+    parent = _get_current()
+    if parent is not None and parent.end:
+        parent = _parent()
+    if parent is None:
+        return _start_trace(_ENTRY, op, layer, component, "", carrier)
+    if parent.__class__ is not Span:
+        return NOOP if parent.__class__ is IgnoredSpan else _late(parent, _ENTRY, op, layer, component, "")
+    if parent.kind == _ENTRY:
+        return NOOP
+    span = parent.segment.start_span(parent.span_id, op, _ENTRY, layer, component, "")
+    if carrier is not None and carrier.__class__ is ContextCarrier and span.__class__ is Span:
+        span.add_ref(cross_process_ref(carrier))
+    return span
+
+
+def new_exit_span(
+    op: str,
+    peer: str,
+    component: int = Component.PYTHON,
+    layer: int = Layer.HTTP,
+    carrier: Snapshot | None = None,
+) -> Span | NoopSpan:
+    parent = _get_current()
+    if parent is not None and parent.end:
+        parent = _parent()
+    if parent is None:
+        return _start_trace(_EXIT, op, layer, component, peer, carrier)
+    if parent.__class__ is not Span:
+        return NOOP if parent.__class__ is IgnoredSpan else _late(parent, _EXIT, op, layer, component, peer)
+    if parent.kind == _EXIT:
+        return NOOP
+    return parent.segment.start_span(parent.span_id, op, _EXIT, layer, component, peer)
+
+
+def new_local_span(
+    op: str,
+    component: int = Component.PYTHON,
+    layer: int = Layer.UNKNOWN,
+    carrier: Snapshot | None = None,
+) -> Span | NoopSpan:
+    parent = _get_current()
+    if parent is not None and parent.end:
+        parent = _parent()
+    if parent is None:
+        return _start_trace(_LOCAL, op, layer, component, "", carrier)
+    if parent.__class__ is not Span:
+        return NOOP if parent.__class__ is IgnoredSpan else _late(parent, _LOCAL, op, layer, component, "")
+    return parent.segment.start_span(parent.span_id, op, _LOCAL, layer, component, "")
+
+
+def trace_id() -> str:
+    """The current trace id, or "" outside a recorded trace."""
+    s = active_span()
+    return s.segment.trace_id if s is not None else ""

@@ -1,0 +1,61 @@
+"""Run-time knobs of the tracing core and the counters it keeps.
+
+Both are plain objects with ``__slots__`` read on the hot path; ``swmp.tracing.configure``
+fills :data:`limits` from the Config. Counters are approximate under threads (``+=`` is
+not atomic) and exact in the single-threaded case; they are for "how much did we drop",
+not accounting.
+"""
+
+from __future__ import annotations
+
+
+class Limits:
+    __slots__ = (
+        "correlation_max_elements",
+        "correlation_max_value_length",
+        "exception_depth",
+        "log_value_max",
+        "span_limit",
+        "tag_value_max",
+    )
+
+    def __init__(self) -> None:
+        self.span_limit = 300
+        self.tag_value_max = 1024
+        self.log_value_max = 8192
+        self.exception_depth = 10
+        self.correlation_max_elements = 3
+        self.correlation_max_value_length = 128
+
+
+class Stats:
+    """What the tracing core dropped, truncated or skipped since start (or since reset)."""
+
+    __slots__ = (
+        "ignored",
+        "sampled_out",
+        "segments_dropped",
+        "segments_written",
+        "serialize_errors",
+        "spans_over_limit",
+        "values_truncated",
+    )
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.segments_written = 0
+        self.segments_dropped = 0  # the sink (ring) refused the record: full or oversize
+        self.serialize_errors = 0
+        self.spans_over_limit = 0
+        self.values_truncated = 0
+        self.sampled_out = 0
+        self.ignored = 0
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+limits = Limits()
+stats = Stats()

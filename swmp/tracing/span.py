@@ -1,0 +1,319 @@
+"""Spans: what one operation recorded, and the no-op stand-ins used when nothing is recorded.
+
+A :class:`Span` keeps its fields in ``__slots__`` in the order of the record format, with
+tags, logs and refs as flat lists created on first use (a shared empty tuple until then),
+so serializing it is one list display and no per-span dict is ever built.
+
+Activation is separate from creation: ``with span:`` makes it the current span of this
+context (thread / asyncio task) and finishes it on exit, while a span that is only
+created and later ``finish()``-ed never touches the context (exit spans of clients whose
+request and response are separate calls).
+
+When a span finishes while it is current, the current span becomes the nearest ancestor
+that is still open. A span finished from another task or thread, or out of order, only
+updates its own fields and the segment's bookkeeping (under the segment's lock), so the
+segment is still emitted exactly once, when its last open span finishes.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from swmp.propagation import b64, encode_correlation
+from swmp.tracing.identity import identity
+from swmp.tracing.limits import limits, stats
+
+if TYPE_CHECKING:
+    from swmp.tracing.segment import Segment
+
+_time_ns = time.time_ns
+_EMPTY: tuple[()] = ()
+
+# The span the code running in this context is inside of (None outside any span).
+current_span: ContextVar[Any] = ContextVar("swmp_current_span", default=None)
+_get_current = current_span.get
+_set_current = current_span.set
+
+# Base64 of peer addresses: a worker talks to a handful of peers, so cache them (bounded).
+_peer_b64: dict[str, str] = {}
+
+
+def _peer_encoded(peer: str) -> str:
+    v = _peer_b64.get(peer)
+    if v is None:
+        if len(_peer_b64) >= 1024:
+            _peer_b64.clear()
+        v = _peer_b64[peer] = b64(peer)
+    return v
+
+
+def _clip(value: Any, limit: int, seg: Segment) -> str:
+    if value.__class__ is not str:
+        try:
+            value = str(value)
+        except Exception:
+            value = "<unprintable>"
+    if len(value) > limit:
+        value = value[:limit]
+        seg.size_limited = True
+        stats.values_truncated += 1
+    return value
+
+
+class Span:
+    """One recorded operation. Create spans through ``swmp.tracing.context`` (or the API)."""
+
+    __slots__ = (
+        "_prev",
+        "component",
+        "end",
+        "is_error",
+        "kind",
+        "layer",
+        "logs",
+        "op",
+        "parent_id",
+        "peer",
+        "refs",
+        "segment",
+        "span_id",
+        "start",
+        "tags",
+    )
+
+    recording = True
+
+    def __init__(
+        self,
+        segment: Segment,
+        span_id: int,
+        parent_id: int,
+        op: str,
+        kind: int,
+        layer: int,
+        component: int,
+        peer: str,
+    ) -> None:
+        self.segment = segment
+        self.span_id = span_id
+        self.parent_id = parent_id
+        self.start = _time_ns() // 1_000_000
+        self.end = 0
+        self.op = op
+        self.peer = peer
+        self.kind = kind
+        self.layer = layer
+        self.component = component
+        self.is_error = False
+        self.tags: Any = _EMPTY
+        self.logs: Any = _EMPTY
+        self.refs: Any = _EMPTY
+        self._prev: Any = None
+
+    # -- context ---------------------------------------------------------------------------
+    def __enter__(self) -> Span:
+        self._prev = _get_current()
+        _set_current(self)
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        if ev is not None:
+            self.error(ev)
+        self.finish()
+
+    def finish(self, end_ms: int | None = None) -> None:
+        """Finish the span (idempotent). Never raises."""
+        if self.end:
+            return
+        if _get_current() is self:
+            prev = self._prev
+            while prev is not None and prev.end:
+                prev = prev._prev
+            _set_current(prev)
+        self.segment.finish_span(self, end_ms or _time_ns() // 1_000_000)
+
+    # -- data ------------------------------------------------------------------------------
+    def tag(self, key: str, value: Any) -> Span:
+        value = _clip(value, limits.tag_value_max, self.segment)
+        tags = self.tags
+        if tags is _EMPTY:
+            self.tags = [key, value]
+        else:
+            tags.append(key)
+            tags.append(value)
+        return self
+
+    def log(self, message: Any = None, **fields: Any) -> Span:
+        """Attach a timestamped log: ``span.log("retrying", attempt=2)``."""
+        data: list[str] = []
+        if message is not None:
+            fields = {"message": message, **fields}
+        lim = limits.log_value_max
+        seg = self.segment
+        for k, v in fields.items():
+            data.append(k)
+            data.append(_clip(v, lim, seg))
+        entry = [_time_ns() // 1_000_000, data]
+        if self.logs is _EMPTY:
+            self.logs = [entry]
+        else:
+            self.logs.append(entry)
+        return self
+
+    def error(self, exc: BaseException | None = None) -> Span:
+        """Mark the span as failed; with an exception, log its kind, message and stack."""
+        self.is_error = True
+        if exc is not None:
+            try:
+                stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__,
+                                                           limit=limits.exception_depth))
+            except Exception:
+                stack = ""
+            self.log(**{"event": "error", "error.kind": type(exc).__name__, "message": str(exc), "stack": stack})
+        return self
+
+    def set_operation(self, op: str) -> Span:
+        self.op = op
+        return self
+
+    def set_peer(self, peer: str) -> Span:
+        self.peer = peer
+        return self
+
+    def set_component(self, component: int) -> Span:
+        self.component = component
+        return self
+
+    def set_layer(self, layer: int) -> Span:
+        self.layer = layer
+        return self
+
+    def add_ref(self, ref: list[Any]) -> None:
+        if self.refs is _EMPTY:
+            self.refs = [ref]
+        else:
+            self.refs.append(ref)
+
+    # -- propagation -----------------------------------------------------------------------
+    def inject(self) -> dict[str, str]:
+        """Headers that make a downstream service continue this trace with this span as parent."""
+        seg = self.segment
+        enc = seg.encoded
+        if enc is None:
+            enc = seg.encode_ids()
+        headers = {
+            "sw8": "1-"
+            + enc[0]
+            + "-"
+            + enc[1]
+            + "-"
+            + str(self.span_id)
+            + "-"
+            + identity.service_b64
+            + "-"
+            + identity.instance_b64
+            + "-"
+            + enc[2]
+            + "-"
+            + _peer_encoded(self.peer)
+        }
+        if seg.correlation:
+            headers["sw8-correlation"] = encode_correlation(seg.correlation)
+        if seg.skip_analysis:
+            headers["sw8-x"] = "1"
+        return headers
+
+    @property
+    def trace_id(self) -> str:
+        return self.segment.trace_id
+
+    def __repr__(self) -> str:
+        return f"<Span {self.span_id} {self.op!r} kind={self.kind} segment={self.segment.segment_id}>"
+
+
+class NoopSpan:
+    """Stands in for a span that is not recorded (nested duplicate, not sampled, over limit).
+
+    Every method of :class:`Span` exists and does nothing, so instrumentation never has to
+    check. The shared instance :data:`NOOP` does not touch the context at all.
+    """
+
+    __slots__ = ()
+
+    recording = False
+    end = 0
+    span_id = -1
+    op = ""
+    peer = ""
+    trace_id = ""
+
+    def __enter__(self) -> NoopSpan:
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        return None
+
+    def finish(self, end_ms: int | None = None) -> None:
+        return None
+
+    def tag(self, key: str, value: Any) -> NoopSpan:
+        return self
+
+    def log(self, message: Any = None, **fields: Any) -> NoopSpan:
+        return self
+
+    def error(self, exc: BaseException | None = None) -> NoopSpan:
+        return self
+
+    def set_operation(self, op: str) -> NoopSpan:
+        return self
+
+    def set_peer(self, peer: str) -> NoopSpan:
+        return self
+
+    def set_component(self, component: int) -> NoopSpan:
+        return self
+
+    def set_layer(self, layer: int) -> NoopSpan:
+        return self
+
+    def inject(self) -> dict[str, str]:
+        return {}
+
+
+class IgnoredSpan(NoopSpan):
+    """Root of work that is not traced: while it is current, nested spans are :data:`NOOP`.
+
+    One tiny object per ignored request; it is the only work a non-sampled request does
+    besides the sampling/ignore decision itself.
+    """
+
+    __slots__ = ("_prev", "end")  # type: ignore[assignment]
+
+    def __init__(self) -> None:
+        self._prev: Any = None
+        self.end = 0
+
+    def __enter__(self) -> IgnoredSpan:
+        self._prev = _get_current()
+        _set_current(self)
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        self.finish()
+
+    def finish(self, end_ms: int | None = None) -> None:
+        if self.end:
+            return
+        self.end = 1
+        if _get_current() is self:
+            prev = self._prev
+            while prev is not None and prev.end:
+                prev = prev._prev
+            _set_current(prev)
+
+
+NOOP = NoopSpan()
