@@ -25,21 +25,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import google.protobuf  # noqa: E402
+import google.protobuf
 
-from reporter_proc import encode  # noqa: E402
-from reporter_proc.protocol.generated import tracing_pb2  # noqa: E402
+from reporter_proc import encode
+from reporter_proc.protocol.generated import tracing_pb2
 
 
 def make_segment(i: int, n_spans: int) -> list[Any]:
     t0 = 1_700_000_000_000 + i
     spans = [[0, -1, t0, t0 + 25, "GET /api/users/{id}", "", 0, 3, 7000, False, False,
-              ["http.method", "GET", "url", f"http://svc.local:8000/api/users/{i}", "http.status_code", "200"],
+              ["http.method", "GET", "url", f"http://svc.local:8000/api/users/{i}",
+               "http.status_code", "200"],
               [], [[0, f"trace-{i:08x}-parent", f"seg-{i:08x}-parent", 2, "frontend", "frontend-0@host",
                     "/checkout", "svc.local:8000"]]]]
     for s in range(1, n_spans):
         spans.append([s, 0, t0 + s, t0 + s + 3, "/db/query", "db.local:5432", 1, 1, 7001, False, False,
-                      ["db.type", "sql", "db.instance", "users", "db.statement", f"SELECT * FROM u WHERE id={i}"],
+                      ["db.type", "sql", "db.instance", "users",
+                       "db.statement", f"SELECT * FROM u WHERE id={i}"],
                       [], []])
     return [f"{i:032x}", f"{i:032x}.1.{i}", "python-service", "python-service-0@host", False, spans]
 
@@ -82,14 +84,16 @@ def via_hand_each(recs: list[list[Any]]) -> list[bytes]:
     return [encode.segment(r) for r in recs]
 
 
-def best_us_per_span(fn: Callable[[list[list[Any]]], object], recs: list[list[Any]], spans: int,
-                     repeats: int) -> float:
-    best = float("inf")
+def best_us_per_span(fns: dict[str, Callable[[list[list[Any]]], object]], recs: list[list[Any]],
+                     spans: int, repeats: int) -> dict[str, float]:
+    """Best time of each alternative; rounds interleave them so load bursts hit all alike."""
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn(recs)
-        best = min(best, time.perf_counter() - t)
-    return best / spans * 1e6
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn(recs)
+            best[name] = min(best[name], time.perf_counter() - t)
+    return {name: b / spans * 1e6 for name, b in best.items()}
 
 
 def main() -> None:
@@ -97,7 +101,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny run (smoke test)")
     ap.add_argument("--json", metavar="PATH", help="write results as JSON")
     args = ap.parse_args()
-    n_segments, repeats = (50, 2) if args.quick else (2000, 7)
+    n_segments, repeats = (50, 2) if args.quick else (2000, 15)
 
     rows = []
     for n_spans in (1, 3, 10):
@@ -105,12 +109,11 @@ def main() -> None:
         # same bytes both ways, or the comparison means nothing
         assert via_hand(recs) == via_pb(recs), "encoders disagree"
         spans = n_segments * n_spans
-        row = {"spans_per_segment": n_spans, "segments": n_segments,
-               "pb_objects_us": best_us_per_span(via_pb_each, recs, spans, repeats),
-               "hand_us": best_us_per_span(via_hand_each, recs, spans, repeats),
-               "pb_collection_us": best_us_per_span(via_pb, recs, spans, repeats),
-               "hand_collection_us": best_us_per_span(via_hand, recs, spans, repeats),
-               "bytes_per_span": len(via_hand(recs)) / spans}
+        row: dict[str, Any] = {"spans_per_segment": n_spans, "segments": n_segments}
+        row.update(best_us_per_span({"pb_objects_us": via_pb_each, "hand_us": via_hand_each,
+                                     "pb_collection_us": via_pb, "hand_collection_us": via_hand},
+                                    recs, spans, repeats))
+        row["bytes_per_span"] = len(via_hand(recs)) / spans
         row["speedup"] = row["pb_collection_us"] / row["hand_collection_us"]
         rows.append(row)
 

@@ -74,23 +74,32 @@ RECORD_HEADER: Final = struct.Struct("<IHH")
 RECORD_HEADER_SIZE: Final = 8
 PAD_TYPE: Final = 0xFFFF
 CHECK_SALT: Final = 0xA5C3
+# Cached per payload length by writers: one ``pack_into`` stores header and payload.
+RECORD_PACKER_CACHE: Final = 4096
 # Positions stay below this; a reset that would pass it starts again from 0. Unreachable
 # in practice (2**62 bytes is a century at 1 GB/s) but it keeps garbage from overflowing u64.
 POSITION_LIMIT: Final = 1 << 62
 
 
-def check_word(length: int, rtype: int, position: int) -> int:
+def lap_tag(position: int, capacity: int) -> int:
+    """The per-lap half of a record's check word: changes every time the ring wraps."""
+    return ((position // capacity) ^ CHECK_SALT) & 0xFFFF
+
+
+def check_word(length: int, rtype: int, position: int, capacity: int) -> int:
     """16-bit check of a record header written at ring ``position``.
 
-    Folding the position in (bits 3..34, which covers every lap of every allowed capacity)
-    means bytes left over from an earlier lap, or a record read at the wrong position,
-    fail the check: a stale or misplaced header is garbage, never a duplicate record.
+    Garbage passes it with probability 2**-16. Folding in the lap number means bytes left
+    over from an earlier lap fail it too: every offset of the current lap is written at
+    exactly one position, so a header that checks out at the reader's position is the one
+    written there, never a stale one (the reader can therefore not return a duplicate when
+    a position word is garbage).
     """
-    return (length ^ (length >> 16) ^ rtype ^ (position >> 3) ^ (position >> 19) ^ CHECK_SALT) & 0xFFFF
+    return (length ^ rtype ^ lap_tag(position, capacity)) & 0xFFFF
 
 
-def header_word(length: int, rtype: int, position: int) -> int:
-    return length | rtype << 32 | check_word(length, rtype, position) << 48
+def header_word(length: int, rtype: int, position: int, capacity: int) -> int:
+    return length | rtype << 32 | check_word(length, rtype, position, capacity) << 48
 
 
 def record_span(length: int) -> int:

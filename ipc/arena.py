@@ -26,7 +26,7 @@ import glob
 import mmap
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 from ipc import _layout as L
@@ -257,8 +257,9 @@ class Arena:
                 out[slot] = pid
         return out
 
-    def reader(self, slot: int) -> RingReader:
-        return RingReader(slot, self._control(slot), self._data(slot))
+    def reader(self, slot: int, types: Collection[int] | None = None) -> RingReader:
+        base = L.SLOTS_OFFSET + slot * L.slot_stride(self.ring_capacity) + L.CONTROL_SIZE
+        return RingReader(slot, self._control(slot), self._data(slot), mapping=self._mm, base=base, types=types)
 
     def ring_stats(self, slot: int) -> RingStats:
         return read_stats(slot, self._control(slot), self.ring_capacity)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import struct
 import threading
 import weakref
 from collections.abc import Callable, Collection
@@ -192,6 +193,23 @@ class RingWriter:
         self.write = refuse
 
 
+def _no_wake() -> None:
+    pass
+
+
+class _Packers(dict[int, Callable[..., None]]):
+    """``pack_into`` of ``Struct("<IHH{n}s")`` per payload length ``n``, made on first use.
+
+    Bounded: past the limit a generic (two-step) packer is returned and nothing is cached.
+    """
+
+    def __missing__(self, n: int) -> Callable[..., None]:
+        packer = struct.Struct(f"<IHH{n}s").pack_into
+        if len(self) < L.RECORD_PACKER_CACHE:
+            self[n] = packer
+        return packer
+
+
 def _make_write(
     slot: int,
     control: memoryview,
@@ -200,21 +218,28 @@ def _make_write(
     wake: Callable[[], None] | None,
     cap: int,
 ) -> Callable[[int, bytes], bool]:
-    """Build the writer's hot path as a closure over locals (see :class:`RingWriter`)."""
-    words = data.cast("Q")  # header words are stored through this view
+    """Build the writer's hot path as a closure over locals (see :class:`RingWriter`).
+
+    Measured choices (docs/performance.md): one cached ``Struct("<IHH{n}s").pack_into``
+    stores header and payload in a single call; the check word needs only the lap tag,
+    which changes when the ring wraps, so it is recomputed on the slow path only (the fast
+    path refuses a record that would end exactly at the end of the data area).
+    """
     mask = cap - 1
     max_payload = cap // 2 - L.RECORD_HEADER_SIZE
     limit = L.POSITION_LIMIT
-    salt = L.CHECK_SALT
     pad = L.PAD_TYPE
     C_HEAD, C_TAIL, C_WRITTEN, C_HW = L.C_HEAD, L.C_TAIL, L.C_WRITTEN_RECORDS, L.C_HIGH_WATER
     S_SLEEPING = L.S_SLEEPING
+    packers = _Packers()
+    wake = wake if wake is not None else _no_wake
     lock = threading.Lock()
     acquire = lock.acquire
     release = lock.release
     # The writer is the only one that moves the tail, so it keeps its own copy and carries
     # on from whatever the previous owner of the slot published.
     tail = int(control[C_TAIL])
+    tag = L.lap_tag(tail, cap)
     written = int(control[C_WRITTEN])
     high_water = int(control[C_HW])
     problem_logged = False
@@ -225,13 +250,15 @@ def _make_write(
         if oversize:
             control[L.C_OVERSIZE] += 1
 
-    def slow(rtype: int, payload: bytes, n: int, span: int) -> str | bool:
-        """Everything off the fast path: padding, full ring, bad input, resync.
+    def slow(rtype: int, payload: bytes) -> str | bool:
+        """Everything off the fast path: padding, wrap, full ring, bad input, resync.
 
         Called with the lock held. Returns True/False (written/dropped) or a message to log
         (after the lock is released: a log handler may itself write to this ring).
         """
-        nonlocal tail, written, high_water
+        nonlocal tail, tag, written, high_water
+        n = len(payload)
+        span = (n + 15) & -8
         if not 0 < rtype < pad:
             drop(n, False)
             return f"record type {rtype!r} is outside 1..65534"
@@ -245,7 +272,7 @@ def _make_write(
             # reset the ring after corruption (it then puts the head past anything we could
             # have written) or the word is garbage. Continue from the head, which is where
             # the reader will look next; if it is garbage the reader resets again.
-            head = control[C_HEAD]
+            head = int(control[C_HEAD])
             if head >= limit:
                 drop(n, False)
                 return False
@@ -257,17 +284,19 @@ def _make_write(
         if used + extra + span > cap:
             drop(n, False)
             tail = t  # a resync is kept even when this record does not fit
+            tag = L.lap_tag(t, cap)
             return False
         if extra:
             # The record would straddle the end: fill the rest with a padding record.
-            words[offset >> 3] = L.header_word(room - 8, pad, t)
+            data[offset : offset + 8] = L.header_word(room - 8, pad, t, cap).to_bytes(8, "little")
             t += room
             offset = 0
-        words[offset >> 3] = L.header_word(n, rtype, t)
+        data[offset : offset + 8] = L.header_word(n, rtype, t, cap).to_bytes(8, "little")
         data[offset + 8 : offset + 8 + n] = payload
         t += span
         control[C_TAIL] = t  # publish: one aligned 8-byte store, after the bytes
         tail = t
+        tag = L.lap_tag(t, cap)
         written += 1
         control[C_WRITTEN] = written
         used += extra + span
@@ -278,45 +307,43 @@ def _make_write(
 
     def write(rtype: int, payload: bytes) -> bool:
         """Append one record; False (counted as dropped) when it does not fit right now."""
-        nonlocal tail, written, high_water, problem_logged
+        nonlocal tail, written, problem_logged
         acquire()
         try:
             n = len(payload)
-            span = (n + 15) & -8
             t = tail
-            used = t - control[C_HEAD]
             offset = t & mask
-            if span <= cap - offset and 0 <= used <= cap - span and n <= max_payload and 0 < rtype < 65535:
-                # Header: length | type << 32 | check << 48, stored as one word. The check
-                # folds in the position so stale bytes from an earlier lap never pass.
-                words[offset >> 3] = (
-                    n | rtype << 32 | ((n ^ n >> 16 ^ rtype ^ t >> 3 ^ t >> 19 ^ salt) & 0xFFFF) << 48
-                )
-                data[offset + 8 : offset + 8 + n] = payload
-                t += span
-                control[C_TAIL] = t  # publish: one aligned 8-byte store, after the bytes
-                tail = t
+            span = (n + 15) & -8
+            # Fast path: the record ends before the end of the data area (so the lap and
+            # its tag do not change) and fits behind the head. Everything else is slow().
+            if span < cap - offset and 0 <= t - control[C_HEAD] <= cap - span:
+                # Header (u32 length, u16 type, u16 check) and payload in one call. A type
+                # outside 0..65535 makes it raise (see below); 0 and 65535 are skipped and
+                # counted by the reader.
+                packers[n](data, offset, n, rtype, (n ^ rtype ^ tag) & 0xFFFF, payload)
+                control[C_TAIL] = tail = t + span  # publish: one aligned 8-byte store
                 written += 1
                 control[C_WRITTEN] = written
-                used += span
-                if used > high_water:
-                    high_water = used
-                    control[C_HW] = used
                 outcome: str | bool = True
             else:
-                outcome = slow(rtype, payload, n, span)
-        except Exception as exc:  # bad payload type, a torn-down mapping...: drop, never raise
-            outcome = f"write failed: {exc!r}"
+                outcome = slow(rtype, payload)
+        except Exception as exc:
+            # A payload struct does not take (memoryview...) goes the generic way; anything
+            # else (a str payload, a torn-down mapping) is dropped, never raised.
             try:
-                drop(0, False)
+                outcome = slow(rtype, payload)
             except Exception:
-                pass
+                outcome = f"write failed: {exc!r}"
+                try:
+                    drop(0, False)
+                except Exception:
+                    pass
         finally:
             # The lock release is an atomic read-modify-write (a full barrier on x86-64), so
             # the tail store above is visible before the sleeping flag is loaded below.
             release()
         if outcome is True:
-            if status[S_SLEEPING] and wake is not None:
+            if status[S_SLEEPING]:
                 wake()
             return True
         if outcome is not False and not problem_logged:
@@ -446,6 +473,7 @@ class RingReader:
         source = self._source
         base = self._base + 8
         mask = cap - 1
+        shift = cap.bit_length() - 1
         salt = L.CHECK_SALT
         types = self._types
         out: list[tuple[int, bytes]] = []
@@ -457,7 +485,7 @@ class RingReader:
             word = words[offset >> 3]
             n = word & 0xFFFFFFFF
             rtype = (word >> 32) & 0xFFFF
-            if word >> 48 != (n ^ n >> 16 ^ rtype ^ cursor >> 3 ^ cursor >> 19 ^ salt) & 0xFFFF:
+            if word >> 48 != (n ^ rtype ^ (cursor >> shift) ^ salt) & 0xFFFF:
                 self._finish(cursor, count, nbytes)
                 self._reset(tail, f"bad record header at {cursor} (length={n}, type={rtype})")
                 return out

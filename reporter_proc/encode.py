@@ -102,7 +102,7 @@ def _int32(n: int) -> bytes:
         return _V14[n]
     if n == -1:
         return _MINUS_ONE
-    if not _INT32_MIN <= n <= _INT32_MAX or n.__class__ is not int and not isinstance(n, int):
+    if not _INT32_MIN <= n <= _INT32_MAX or (n.__class__ is not int and not isinstance(n, int)):
         raise EncodeError(f"not an int32: {n!r}")
     return _uvarint(n + _TWO64 if n < 0 else n)
 
@@ -114,7 +114,7 @@ def _int64(n: int) -> bytes:
         if n < 0x10000000:
             return _LO14[n & 0x3FFF] + _V14[n >> 14]
         return _LO14[n & 0x3FFF] + _LO14[n >> 14 & 0x3FFF] + _V14[n >> 28]
-    if not _INT64_MIN <= n <= _INT64_MAX or n.__class__ is not int and not isinstance(n, int):
+    if not _INT64_MIN <= n <= _INT64_MAX or (n.__class__ is not int and not isinstance(n, int)):
         raise EncodeError(f"not an int64: {n!r}")
     return _uvarint(n + _TWO64 if n < 0 else n)
 
@@ -200,10 +200,6 @@ def clear_caches() -> None:
 _SEG_SERVICE = _string_cache(b"\x22")  # SegmentObject.service = 4
 _SEG_INSTANCE = _string_cache(b"\x2a")  # SegmentObject.serviceInstance = 5
 _KV_KEY = _string_cache(b"\x0a")  # KeyStringValuePair.key = 1
-_REF_SERVICE = _string_cache(b"\x2a")  # SegmentReference.parentService = 5
-_REF_INSTANCE = _string_cache(b"\x32")  # SegmentReference.parentServiceInstance = 6
-_REF_ENDPOINT = _string_cache(b"\x3a")  # SegmentReference.parentEndpoint = 7
-_REF_ADDRESS = _string_cache(b"\x42")  # SegmentReference.networkAddressUsedAtPeer = 8
 _F1 = _string_cache(b"\x0a")  # string fields 1..4 of small messages (names, services...)
 _F2 = _string_cache(b"\x12")
 _F3 = _string_cache(b"\x1a")
@@ -222,7 +218,8 @@ def _pair_cache(tag: bytes) -> _Cache:
 
 def _span_ids(ids: tuple[int, int]) -> bytes:
     span_id, parent_id = ids
-    return (b"\x08" + _int32(span_id) if span_id else b"") + (b"\x10" + _int32(parent_id) if parent_id else b"")
+    return ((b"\x08" + _int32(span_id) if span_id else b"")
+            + (b"\x10" + _int32(parent_id) if parent_id else b""))
 
 
 def _span_static(key: tuple[str, str, int, int, int]) -> bytes:
@@ -244,11 +241,11 @@ _KV_F2 = _pair_cache(b"\x12")  # Log.data = 2
 
 def _kv_pairs(pairs: _Cache, flat: Sequence[str]) -> bytes:
     """A flat ``[k, v, k, v]`` list as repeated KeyStringValuePair (field tag of ``pairs``)."""
-    if flat.__class__ is not list and not isinstance(flat, (list, tuple)) or len(flat) & 1:
+    if (flat.__class__ is not list and not isinstance(flat, (list, tuple))) or len(flat) & 1:
         raise EncodeError(f"not a flat key/value list: {flat!r}")
     out = []
     it = iter(flat)
-    for k, v in zip(it, it):
+    for k, v in zip(it, it):  # noqa: B905 (even length checked above)
         if len(v) <= SHORT_VALUE:
             out.append(pairs[(k, v)])
         else:  # long values (urls, statements) rarely repeat: do not let them evict the rest
@@ -272,28 +269,24 @@ def _labels(flat: Sequence[str]) -> bytes:
 
 
 # --------------------------------------------------------------------------- segments
+def _ref_static(key: tuple[str, str, str, str]) -> bytes:
+    # parentService(5) .. networkAddressUsedAtPeer(8): the same for every call from one caller
+    service, instance, endpoint, address = key
+    return ((_str(b"\x2a", service) if service else b"") + (_str(b"\x32", instance) if instance else b"")
+            + (_str(b"\x3a", endpoint) if endpoint else b"") + (_str(b"\x42", address) if address else b""))
+
+
+_REF_STATIC = _cache(_ref_static)
+
+
 def _ref(ref: Record) -> bytes:
     ref_type, trace_id, parent_segment, parent_span, service, instance, endpoint, address = ref
-    b = bytearray()
-    if ref_type:
-        b += b"\x08"
-        b += _int32(ref_type)
-    if trace_id:
-        b += _str(b"\x12", trace_id)
-    if parent_segment:
-        b += _str(b"\x1a", parent_segment)
-    if parent_span:
-        b += b"\x20"
-        b += _int32(parent_span)
-    if service:
-        b += _REF_SERVICE[service]
-    if instance:
-        b += _REF_INSTANCE[instance]
-    if endpoint:
-        b += _REF_ENDPOINT[endpoint]
-    if address:
-        b += _REF_ADDRESS[address]
-    return _msg(b"\x2a", b)  # SpanObject.refs = 5
+    body = ((b"\x08" + _int32(ref_type) if ref_type else b"")
+            + (_str(b"\x12", trace_id) if trace_id else b"")
+            + (_str(b"\x1a", parent_segment) if parent_segment else b"")
+            + (b"\x20" + _int32(parent_span) if parent_span else b"")
+            + _REF_STATIC[(service, instance, endpoint, address)])
+    return b"\x2a" + _uvarint(len(body)) + body  # SpanObject.refs = 5
 
 
 def _span_log(entry: Record) -> bytes:
@@ -304,30 +297,45 @@ def _span_log(entry: Record) -> bytes:
     return _msg(b"\x6a", body)  # SpanObject.logs = 13
 
 
+def _times(start: int, end: int) -> bytes:
+    """startTime(3) and endTime(4) in one go: every span has both, both near "now"."""
+    if start.__class__ is int and end.__class__ is int and 0x10000000 <= start < 0x40000000000 \
+            and 0x10000000 <= end < 0x40000000000:
+        return (b"\x18" + _LO14[start & 0x3FFF] + _LO14[start >> 14 & 0x3FFF] + _V14[start >> 28]
+                + b"\x20" + _LO14[end & 0x3FFF] + _LO14[end >> 14 & 0x3FFF] + _V14[end >> 28])
+    return (b"\x18" + _int64(start) if start else b"") + (b"\x20" + _int64(end) if end else b"")
+
+
 def _span(span: Record) -> bytes:
     (span_id, parent_id, start, end, operation, peer, span_type, layer, component,
      is_error, skip_analysis, tags, logs, refs) = span
     # Written in field-number order, which is also the order upb serializes in.
-    parts = [_SPAN_IDS[(span_id, parent_id)]]
-    if start:
-        parts.append(b"\x18" + _int64(start))
-    if end:
-        parts.append(b"\x20" + _int64(end))
+    parts = [_SPAN_IDS[(span_id, parent_id)], _times(start, end)]
     if refs:
         for ref in refs:
             parts.append(_ref(ref))
     parts.append(_SPAN_STATIC[(operation, peer, span_type, layer, component)])
     if is_error is not False:
         parts.append(_bool(b"\x58", is_error))
-    if tags:
-        parts.append(_kv_pairs(_SPAN_TAGS, tags))
+    if tags:  # _kv_pairs inlined: the hottest loop of the encoder
+        if (tags.__class__ is not list and not isinstance(tags, (list, tuple))) or len(tags) & 1:
+            raise EncodeError(f"not a flat key/value list: {tags!r}")
+        it = iter(tags)
+        for k, v in zip(it, it):  # noqa: B905 (even length checked above)
+            if len(v) <= SHORT_VALUE:
+                parts.append(_SPAN_TAGS[(k, v)])
+            else:
+                raw = v.encode()
+                pair = (_KV_KEY[k] if k else b"") + b"\x12" + _uvarint(len(raw)) + raw
+                parts.append(b"\x62" + _uvarint(len(pair)) + pair)
     if logs:
         for entry in logs:
             parts.append(_span_log(entry))
     if skip_analysis is not False:
         parts.append(_bool(b"\x70", skip_analysis))
     body = b"".join(parts)
-    return b"\x1a" + _uvarint(len(body)) + body  # SegmentObject.spans = 3
+    n = len(body)
+    return (b"\x1a" + _V14[n] if n < 0x4000 else b"\x1a" + _uvarint(n)) + body  # SegmentObject.spans = 3
 
 
 def _segment(rec: Record) -> bytes:

@@ -26,6 +26,7 @@ import os
 import platform
 import random
 import re
+import select
 import signal
 import socket
 import time
@@ -78,7 +79,11 @@ _MIN_LEN: dict[int, int] = {
     R.WORKER_START: 7,
     R.WORKER_STOP: 2,
 }
-_READ_CHUNK = 512  # records taken from one ring before looking at the next
+_READ_CHUNK = 256  # records taken from one ring before looking at the next
+# Records one drain pass may take before it yields to the event loop. A 20-span segment
+# decodes in ~25 us, so a pass stays in the tens of milliseconds: sends, keep-alives and
+# the heartbeat (at least once a second) never wait long behind a busy drain.
+_PASS_BUDGET = 1024
 
 
 def make_sender(settings: ReporterSettings) -> Sender:
@@ -106,7 +111,7 @@ class _Chunk:
 
 
 class _Batch:
-    __slots__ = ("born", "chunks", "kind", "nbytes", "records")
+    __slots__ = ("born", "chunks", "kind", "nbytes", "records", "spilled")
 
     def __init__(self, kind: str, born: float) -> None:
         self.kind = kind
@@ -114,6 +119,7 @@ class _Batch:
         self.chunks: dict[_Chunk, int] = {}
         self.nbytes = 0
         self.born = born
+        self.spilled = False  # already copied to the spool (and resolved)
 
 
 @dataclass
@@ -166,6 +172,7 @@ class Reporter:
 
         self._read_counts: dict[int, int] = {}
         self._readers: list[RingReader] = []
+        self._next_reader = 0  # round-robin start of the next drain pass
         self._chunks: dict[int, deque[_Chunk]] = {}
         self._open: dict[str, _Batch] = {}
         self._queues: dict[str, deque[_Batch]] = {k: deque() for k in _TYPE_OF}
@@ -443,30 +450,54 @@ class Reporter:
 
     def _drain_pass(self) -> int:
         limit = self.settings.max_pending_bytes
-        full = self.pending_bytes >= limit
-        if full and self.spool is None:
-            return 0
+        if self.pending_bytes >= limit:
+            if self.spool is None:
+                return 0
+            self._spill()
         total = 0
         chunks = self._chunks
-        for reader in self._readers:
+        readers = self._readers
+        count = len(readers)
+        start = self._next_reader
+        for i in range(count):
+            reader = readers[(start + i) % count]
             if not reader.pending():
                 continue
-            recs = reader.read(_READ_CHUNK)
+            if total >= _PASS_BUDGET:
+                # Yield to the senders and the status task; carry on from this ring next pass.
+                self._next_reader = reader.slot
+                break
+            # Bounded by bytes too, so the memory cap is overshot by one record at most.
+            recs = reader.read(_READ_CHUNK, limit - self.pending_bytes)
             chunk = _Chunk(reader.slot, reader.cursor)
             chunks[reader.slot].append(chunk)
             if recs:
                 total += len(recs)
-                if full:
-                    self._spool_direct(recs)
-                else:
-                    self._dispatch(recs, chunk)
+                self._dispatch(recs, chunk)
             if chunk.left == 0:
                 self._advance(reader.slot)
-            if not full and self.pending_bytes >= limit:
-                full = True
+            if self.pending_bytes >= limit:
                 if self.spool is None:
                     break
+                self._spill()
         return total
+
+    def _spill(self) -> None:
+        """Memory is full and a spool is set: move every unsent batch to disk.
+
+        Their records count as resolved, so the rings move on. A batch whose send is in
+        progress is copied too: if that send succeeds after all, replay sends it again
+        (at-least-once, as documented).
+        """
+        for kind in list(self._open):
+            self._seal(kind)
+        for queue in self._queues.values():
+            for batch in queue:
+                if not batch.spilled and batch.records:
+                    batch.spilled = True
+                    self._to_spool([(_TYPE_OF[batch.kind], orjson.dumps(r)) for r in batch.records])
+                    self._resolve(batch)
+        self._log_once("spill", logging.WARNING, "reporter memory full: spilling unsent records to the spool")
 
     def _dispatch(self, recs: list[tuple[int, bytes]], chunk: _Chunk) -> None:
         loads = orjson.loads
@@ -508,35 +539,6 @@ class Reporter:
             chunk.left += 1
             if len(batch.records) >= batch_max:
                 self._seal(kind)
-
-    def _spool_direct(self, recs: list[tuple[int, bytes]]) -> None:
-        """Memory is full and a spool is set: records go to disk undecoded and are done."""
-        spool = self.spool
-        assert spool is not None
-        counts = self._read_counts
-        items = []
-        for rtype, payload in recs:
-            counts[rtype] = counts.get(rtype, 0) + 1
-            kind = _KIND_OF.get(rtype)
-            if kind is None:
-                if rtype in (R.WORKER_START, R.WORKER_STOP):
-                    try:
-                        rec = orjson.loads(payload)
-                    except orjson.JSONDecodeError:
-                        rec = None
-                    if type(rec) is list and len(rec) >= _MIN_LEN[rtype]:
-                        self._worker_record(rtype, rec)
-                    else:
-                        self._invalid(f"record of type {rtype} does not have the layout of records.py")
-                else:
-                    self._invalid(f"unknown record type {rtype}")
-                continue
-            reason = self._drop_kinds.get(kind)
-            if reason is not None:
-                self.counters.add(self.counters.dropped, reason)
-                continue
-            items.append((rtype, payload))
-        self._to_spool(items)
 
     def _to_spool(self, items: list[tuple[int, bytes]]) -> bool:
         spool = self.spool
@@ -709,6 +711,9 @@ class Reporter:
         c = self.counters
         n = len(batch.records)
         c.failed += 1
+        if batch.spilled:  # its copy waits in the spool already
+            batch.records = []
+            return
         if self.spool is not None:
             rtype = _TYPE_OF[batch.kind]
             self._to_spool([(rtype, orjson.dumps(r)) for r in batch.records])
@@ -739,8 +744,6 @@ class Reporter:
             delay = 0.2
             if self._stopping or not spool or self.pending_bytes > s.max_pending_bytes // 2:
                 continue
-            if c.backend_state == "failing" and failures == 0 and c.consecutive_failures:
-                failures = 1  # live traffic is failing: probe gently
             f = spool.oldest()
             if f is None:
                 continue
@@ -1003,6 +1006,8 @@ class Reporter:
         for queue in self._queues.values():
             while queue:
                 batch = queue.popleft()
+                if batch.spilled:
+                    continue
                 if self.spool is not None and batch.records:
                     self._to_spool([(_TYPE_OF[batch.kind], orjson.dumps(r)) for r in batch.records])
                     self._resolve(batch)
@@ -1029,26 +1034,26 @@ class Reporter:
                 loop.remove_reader(self._listener.fileno())
             self._listener.close()
             self._listener = None
-        if self._owner_fd >= 0:
-            if loop is not None:
-                loop.remove_reader(self._owner_fd)
-            os.close(self._owner_fd)
-            self._owner_fd = -1
         if self.mode == "process" and loop is not None:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
                 loop.remove_signal_handler(sig)
         self.ready = False
         self._publish()
-        arena = self.arena
         if self.spool is not None:
             self.spool.close()
         last_out = (
             self.mode == "process"
             and self.owner_pid > 0
-            and (self.owner_dead or not process_alive(self.owner_pid, 0))
+            and self._owner_gone()
             and not self._live_slots()
             and all(r.backlog() == 0 for r in self._readers)
         )
+        if self._owner_fd >= 0:
+            if loop is not None:
+                loop.remove_reader(self._owner_fd)
+            os.close(self._owner_fd)
+            self._owner_fd = -1
+        arena = self.arena
         arena.status.set_sleeping(False)
         arena.release_reporter()
         if last_out:
@@ -1058,6 +1063,35 @@ class Reporter:
                 os.unlink(self._instances_path)
             except OSError:
                 pass
+
+    def _owner_gone(self) -> bool:
+        """Is the owner dead (or dying)? Decides whether we are the last one out.
+
+        When the owner dies, the kernel sends our supervisor its PDEATHSIG (forwarded to
+        us as SIGTERM) a moment *before* the owner turns into a zombie and its pidfd fires;
+        on a busy machine this reporter can finish its flush inside that moment. If our
+        process chain no longer leads to the owner, it is dying: wait for the pidfd briefly.
+        """
+        if self.owner_dead:
+            return True
+        if self._owner_fd >= 0:
+            wait = 1.0 if self._chain_broken() else 0.0
+            ready, _, _ = select.select([self._owner_fd], [], [], wait)
+            return bool(ready)
+        return not process_alive(self.owner_pid, 0)
+
+    def _chain_broken(self) -> bool:
+        ppid = os.getppid()
+        return ppid != self.owner_pid and _parent_of(ppid) != self.owner_pid
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -1,18 +1,32 @@
-"""The worker's end of the pipe: a sink that writes into this process's ring slot.
+"""The worker's end of the pipe: sinks that write into this process's ring.
 
-Each process that produces telemetry owns one ring slot of the application's arena. The
-slot is claimed lazily in the process that writes, never inherited: after ``fork()`` the
-child must not write into its parent's ring (one producer per ring is what makes the ring
-safe). Fork is noticed three ways, cheapest first to fire:
+Every process that produces telemetry owns one ring and is one service instance, named
+after a *slot* of the application's arena (``<base>-w<slot>``): the lowest free slot is
+claimed, so a restarted worker takes back its predecessor's name. A slot is claimed in the
+process that writes, never inherited: after ``fork()`` the child must not write into its
+parent's ring (one producer per ring is what makes the ring safe). Fork is noticed three
+ways, cheapest first to fire:
 
 * ``os.register_at_fork(after_in_child=...)`` (Gunicorn, multiprocessing, plain fork);
 * ``uwsgidecorators.postfork`` under uWSGI, which skips Python's at-fork hooks unless
-  ``--py-call-osafterfork`` is set (see docs/servers.md);
+  ``--py-call-osafterfork`` is set (``swmp run`` sets it; see docs/servers.md);
 * a pid comparison on every write, the backstop that needs no cooperation from the server.
   ``os.getpid()`` is one cheap syscall per finished segment, not per span.
 
 When the backstop is what noticed, the record in hand was built with the parent's instance
 name; it is re-stamped with this worker's instance before it is written.
+
+Two sinks, one per reporter mode:
+
+* :class:`ArenaSink` (``SW_AGENT_REPORTER_PROCESS=true``): the slot's ring *is* the
+  transport; the reporter process drains every slot of the shared arena.
+* :class:`ThreadSink` (``false``): a slot of the shared arena is claimed for the name only;
+  records go into a private one-slot arena drained by a reporter thread this process starts
+  for itself (no thread, event loop or channel ever crosses a fork).
+
+The master of a prefork server (Gunicorn's arbiter, uWSGI's master) serves no requests; it
+never claims a slot, so worker names are ``-w0`` ... ``-w<N-1>`` and, in thread mode, no
+reporter thread (with its gRPC channel) runs in a process that forks workers.
 """
 
 from __future__ import annotations
@@ -22,12 +36,15 @@ import os
 import socket
 import sys
 import threading
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from ipc import Arena, RingWriter
 from reporter_proc import records as R
+from reporter_proc.settings import ReporterSettings
 from swmp.tracing.identity import identity
 
 log = logging.getLogger("swmp.agent")
@@ -49,35 +66,57 @@ def host_ipv4s() -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
-class ArenaSink:
-    """Writes records into the ring slot this process owns; claims one on first need.
+def prefork_master(owner_pid: int) -> bool:
+    """True in the master process of a prefork server we know (it serves no requests)."""
+    pid = os.getpid()
+    if pid != owner_pid:
+        return False
+    uwsgi = sys.modules.get("uwsgi")
+    if uwsgi is not None:
+        try:
+            return int(uwsgi.masterpid()) == pid and int(uwsgi.worker_id()) == 0
+        except Exception:
+            return False
+    # The arbiter module is imported by the gunicorn command itself, never by workers'
+    # applications; in the owner process it means "this is the arbiter".
+    return "gunicorn.arbiter" in sys.modules
 
-    Never raises and never blocks: an unavailable slot or a full ring drops the record and
-    counts it (the ring counts its own drops; ``dropped_no_slot`` counts the rest).
+
+class ProcessSink:
+    """What both sinks share: one claim per process, the announce, the re-stamp, the leave.
+
+    ``write`` never raises and never blocks on anything but the in-process ring lock: an
+    unavailable slot drops the record and counts it (a full ring counts its own drops).
     """
 
     def __init__(
         self,
-        arena: Arena,
         service: str,
         instance_base: str,
+        *,
         namespace: str = "",
         properties: dict[str, str] | None = None,
+        owner_pid: int = 0,
     ) -> None:
-        self.arena = arena
         self.service = service
         self.instance_base = instance_base
         self.namespace = namespace
         self.properties = dict(properties or {})
-        self.dropped_no_slot = 0
+        self.owner_pid = owner_pid or os.getpid()
+        self.dropped_no_slot = 0  # records dropped because this process has no ring
+        self.role = ""  # "worker" | "master" | "unavailable", for this process
         self._writer: RingWriter | None = None
+        self._slot: int | None = None
         self._pid = -1  # nobody has claimed yet: the first write (in any process) claims
-        self._lock = threading.Lock()
-        self._warned_full = False
+        # One claim lock per pid, created with setdefault (atomic under the GIL): a lock
+        # inherited from a parent may have been held by one of its threads at fork time.
+        self._claim_locks: dict[int, threading.Lock] = {}
+        self._warned: set[str] = set()
 
+    # -- writing ---------------------------------------------------------------------------
     @property
     def slot(self) -> int | None:
-        return self._writer.slot if self._writer is not None and self._pid == os.getpid() else None
+        return self._slot if self._pid == os.getpid() else None
 
     def write(self, rtype: int, payload: bytes) -> bool:
         try:
@@ -93,34 +132,40 @@ class ArenaSink:
             return writer.write(rtype, payload)
         except Exception:  # the host application must never see our failure
             self.dropped_no_slot += 1
-            log.debug("dropping a record after an internal error", exc_info=True)
+            self._warn_once("write", "swmp: dropping a record after an internal error", exc_info=True)
             return False
 
     def rebind(self) -> None:
-        """Claim a slot for the current process (after fork, or on first use)."""
-        with self._lock:
-            pid = os.getpid()
+        """Take this process's ring and name (after fork, or on first use). Idempotent."""
+        pid = os.getpid()
+        lock = self._claim_locks.setdefault(pid, threading.Lock())
+        with lock:
             if self._pid == pid:
                 return
-            self._pid = pid
-            self._writer = self.arena.claim_slot()
-            if self._writer is None:
-                if not self._warned_full:
-                    self._warned_full = True
-                    log.error(
-                        "swmp: all %d ring slots of %s are taken; telemetry of process %d is dropped "
-                        "(raise SW_AGENT_ARENA_SLOTS)",
-                        self.arena.slots,
-                        self.arena.path,
-                        pid,
-                    )
-                return
-            slot = self._writer.slot
-            instance = worker_instance_name(self.instance_base, slot)
-            identity.set(service=self.service, instance=instance)
-            self._announce(pid, slot, instance)
+            self._writer = None
+            self._slot = None
+            try:
+                if prefork_master(self.owner_pid):
+                    self.role = "master"
+                    return
+                self.role = "unavailable"
+                claimed = self._attach(pid)
+                if claimed is not None:
+                    self._writer, self._slot = claimed
+                    self.role = "worker"
+            except Exception:
+                self._warn_once("attach", "swmp: process %d cannot report", pid, exc_info=True)
+            finally:
+                self._pid = pid
 
-    def _announce(self, pid: int, slot: int, instance: str) -> None:
+    def _attach(self, pid: int) -> tuple[RingWriter, int] | None:
+        raise NotImplementedError
+
+    def _name_and_announce(self, writer: RingWriter, pid: int, slot: int) -> None:
+        instance = (
+            worker_instance_name(self.instance_base, slot) if slot >= 0 else f"{self.instance_base}-p{pid}"
+        )
+        identity.set(service=self.service, instance=instance)
         props = {
             "Process No.": str(pid),
             "slot": str(slot),
@@ -137,8 +182,7 @@ class ArenaSink:
         flat: list[str] = []
         for k, v in props.items():
             flat += (k, v)
-        assert self._writer is not None
-        self._writer.write(
+        writer.write(
             R.WORKER_START, orjson.dumps([pid, slot, self.service, instance, flat, "", self.namespace])
         )
 
@@ -150,13 +194,149 @@ class ArenaSink:
         rec[index] = identity.instance
         return orjson.dumps(rec)
 
-    def leave(self) -> None:
-        """Clean exit of this worker: say goodbye and free the slot for the next one."""
-        if self._writer is None or self._pid != os.getpid():
+    def _warn_once(self, key: str, message: str, *args: object, exc_info: bool = False) -> None:
+        if key in self._warned:
             return
+        self._warned.add(key)
+        log.error(message, *args, exc_info=exc_info)
+
+    # -- leaving ---------------------------------------------------------------------------
+    def owns_ring(self) -> bool:
+        return self._writer is not None and self._pid == os.getpid()
+
+    def leave(self, timeout: float = 5.0) -> None:
+        """Clean exit of this process: say goodbye and free the slot for the next one."""
+        if not self.owns_ring():
+            return
+        writer = self._writer
+        assert writer is not None
         try:
-            self._writer.write(R.WORKER_STOP, orjson.dumps([self._pid, self._writer.slot]))
+            writer.write(R.WORKER_STOP, orjson.dumps([self._pid, self._slot]))
         finally:
-            self.arena.release_slot()
+            self._release(timeout)
             self._writer = None
+            self._slot = None
             self._pid = -1
+
+    def _release(self, timeout: float) -> None:
+        raise NotImplementedError
+
+
+class ArenaSink(ProcessSink):
+    """Process mode: writes into the slot this process claimed in the shared arena."""
+
+    def __init__(
+        self,
+        arena: Arena,
+        service: str,
+        instance_base: str,
+        *,
+        namespace: str = "",
+        properties: dict[str, str] | None = None,
+        owner_pid: int = 0,
+    ) -> None:
+        super().__init__(
+            service, instance_base, namespace=namespace, properties=properties, owner_pid=owner_pid
+        )
+        self.arena = arena
+
+    def _attach(self, pid: int) -> tuple[RingWriter, int] | None:
+        writer = self.arena.claim_slot()
+        if writer is None:
+            self._warn_once(
+                "full",
+                "swmp: all %d ring slots of %s are taken; telemetry of process %d is dropped "
+                "(raise SW_AGENT_ARENA_SLOTS)",
+                self.arena.slots,
+                self.arena.path,
+                pid,
+            )
+            return None
+        self._name_and_announce(writer, pid, writer.slot)
+        return writer, writer.slot
+
+    def _release(self, timeout: float) -> None:
+        self.arena.release_slot()
+
+
+ThreadStarter = Callable[[str, ReporterSettings, Arena], Any]
+
+
+class ThreadSink(ProcessSink):
+    """Thread mode: a private one-slot arena and a reporter thread per process.
+
+    ``registry`` is the application's shared arena, used only for its slot locks (the
+    instance name); its rings stay empty. ``start_thread(path, settings, arena)`` returns a
+    handle with ``stop(timeout)`` (``reporter_proc.process.start_reporter_thread``).
+    """
+
+    def __init__(
+        self,
+        registry: Arena | None,
+        settings: ReporterSettings,
+        start_thread: ThreadStarter,
+        *,
+        arena_dir: str,
+        ring_capacity: int,
+        meta: bytes,
+        service: str,
+        instance_base: str,
+        namespace: str = "",
+        properties: dict[str, str] | None = None,
+        owner_pid: int = 0,
+    ) -> None:
+        super().__init__(
+            service, instance_base, namespace=namespace, properties=properties, owner_pid=owner_pid
+        )
+        self.registry = registry
+        self.settings = settings
+        self._start_thread = start_thread
+        self._arena_dir = arena_dir
+        self._ring_capacity = ring_capacity
+        self._meta = meta
+        self.private: Arena | None = None
+        self.handle: Any = None
+        self._private_pid = -1
+
+    def _attach(self, pid: int) -> tuple[RingWriter, int] | None:
+        slot = -1
+        if self.registry is not None:
+            name_writer = self.registry.claim_slot()  # held for the name; never written
+            if name_writer is not None:
+                slot = name_writer.slot
+            else:
+                self._warn_once(
+                    "full",
+                    "swmp: no free name slot in %s; process %d is named by its pid",
+                    self.registry.path,
+                    pid,
+                )
+        # A fresh name per process: a pid can come back (uWSGI re-exec keeps the master's).
+        base = os.path.join(self._arena_dir, f"swmp-{os.getuid()}-{pid}-t{uuid.uuid4().hex[:8]}.arena")
+        arena = Arena.create(base, slots=1, ring_capacity=self._ring_capacity, meta=self._meta, owner_pid=pid)
+        writer = arena.claim_slot()
+        if writer is None:  # cannot happen on a fresh one-slot arena; be explicit anyway
+            arena.close()
+            arena.unlink()
+            return None
+        self.private = arena
+        self._private_pid = pid
+        # The reporter shares our Arena object: a second descriptor of the file, once
+        # closed, would drop this process's lock on the slot.
+        self.handle = self._start_thread(base, self.settings, arena)
+        self._name_and_announce(writer, pid, slot)
+        return writer, slot
+
+    def _release(self, timeout: float) -> None:
+        handle, arena = self.handle, self.private
+        self.handle = None
+        self.private = None
+        if handle is not None and self._private_pid == os.getpid():
+            try:
+                handle.stop(timeout)  # flushes what is in the ring, WORKER_STOP included
+            except Exception:
+                log.debug("reporter thread stop failed", exc_info=True)
+        if arena is not None:
+            arena.unlink()
+        if self.registry is not None:
+            self.registry.release_slot()

@@ -4,15 +4,16 @@ Order matters and is the point of this module. In the process that owns the appl
 (the prefork master, or a single-process app):
 
 1. load config (done by the caller) and clean up arenas left by dead applications;
-2. create the arena, or attach to the one this master already has (uWSGI reloads re-exec
-   the master with the same pid; ``lazy-apps`` imports the app in every worker);
+2. create the arena, or attach to the one this application already has (uWSGI reloads
+   re-exec the master with the same pid; ``lazy-apps`` and Gunicorn without ``--preload``
+   import the app - and so start the agent - in every worker);
 3. fork the reporter - before this process has any thread, event loop or network client,
    and only if no live reporter already holds the arena's reporter lock;
 4. install the ring sink, instrumentation and fork hooks.
 
-Workers never run any of this again after fork: they inherit the agent and claim a ring
-slot (``swmp._runtime``). With ``SW_AGENT_REPORTER_PROCESS=false`` step 3 becomes a reporter
-thread in this process, and each forked child starts its own (no thread crosses a fork).
+Workers inherit the agent and take their own ring after fork (``swmp._runtime``). With
+``SW_AGENT_REPORTER_PROCESS=false`` there is no reporter process: every process that
+reports starts a reporter thread for itself, after fork, never in a prefork master.
 """
 
 from __future__ import annotations
@@ -23,36 +24,43 @@ import os
 import socket
 import sys
 import threading
-import uuid
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 import ipc
-from swmp import _sink
-from swmp._runtime import ArenaSink
+from reporter_proc.process import forking_reporter, in_reporter_process, spawn_reporter, start_reporter_thread
+from swmp import _sink, tracing
+from swmp._runtime import ArenaSink, ProcessSink, ThreadSink
 from swmp.config import Config, parse_instance_properties
 
 log = logging.getLogger("swmp.agent")
 
 _state_lock = threading.Lock()
 
+# A reporter starting in another process (the arena's creator) takes this long at most to
+# take the reporter lock; an attacher waits that long before it starts one itself.
+_REPORTER_START_GRACE_S = 3.0
+_ARBITER_FILE = os.path.join("gunicorn", "arbiter.py")
+
 
 @dataclass
 class _Running:
     config: Config
-    arena: ipc.Arena
-    sink: ArenaSink
+    arena: ipc.Arena | None  # process mode: the drained arena; thread mode: the name registry
+    sink: ProcessSink
     mode: str  # "process" | "thread"
     owner_pid: int
     started_pid: int
+    arena_path: str = ""
     reporter_pid: int | None = None
-    thread_handle: Any = None
 
 
 _running: _Running | None = None
 _hooks_registered = False
+_exit_registered = False
 
 
 def running() -> bool:
@@ -63,37 +71,50 @@ def current() -> _Running | None:
     return _running
 
 
-def _server_position() -> tuple[int, bool]:
+# -- where are we ------------------------------------------------------------------------------
+def server_position() -> tuple[int, bool]:
     """``(owner pid, started inside a worker)`` for the server we run in.
 
     The owner is the process whose life bounds the application: the prefork master. When
-    the agent starts inside a worker (uWSGI ``lazy-apps``, or an explicit start in a module
-    that only workers import), the owner is the master and the reporter must be detached
-    from the worker that happened to start it.
+    the agent starts inside a worker (uWSGI ``lazy-apps``, Gunicorn without ``--preload``
+    and a start call in the application module), the owner is the master and the reporter
+    must be detached from the worker that happened to start it.
     """
     uwsgi = sys.modules.get("uwsgi")
     if uwsgi is not None:
         try:
             worker_id = int(uwsgi.worker_id())
-            master = int(uwsgi.masterpid()) or os.getpid()
-            return master, worker_id > 0
+            master = int(uwsgi.masterpid())
+            if master > 0 and master != os.getpid():
+                return master, True
+            return os.getpid(), worker_id > 0 and master <= 0
         except Exception:
             pass
-    if "gunicorn" in sys.modules and _in_gunicorn_worker():
-        # Without --preload a gunicorn worker imports the application itself: the agent
-        # starts in the worker and the master is its parent.
-        return os.getppid(), True
+    master = _gunicorn_master_of_this_worker()
+    if master:
+        return master, True
     return os.getpid(), False
 
 
-def _in_gunicorn_worker() -> bool:
-    """True when the call stack runs inside a gunicorn worker's init (app import)."""
-    frame = sys._getframe()
+def _gunicorn_master_of_this_worker() -> int:
+    """The arbiter's pid when this process is a Gunicorn worker (0 otherwise).
+
+    A worker runs its whole life inside ``Arbiter.spawn_worker`` (the post_fork hook, the
+    application import without ``--preload``, the request loop), and the arbiter object on
+    that frame still holds the master's pid.
+    """
+    if "gunicorn.arbiter" not in sys.modules:
+        return 0
+    frame: Any = sys._getframe()
     while frame is not None:
-        if frame.f_code.co_name in ("init_process", "load_wsgi") and "gunicorn" in frame.f_code.co_filename:
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
+        code = frame.f_code
+        if code.co_name == "spawn_worker" and code.co_filename.endswith(_ARBITER_FILE):
+            pid = getattr(frame.f_locals.get("self"), "pid", 0)
+            if isinstance(pid, int) and pid > 0 and pid != os.getpid():
+                return pid
+            return os.getppid()
+        frame = frame.f_back
+    return 0
 
 
 def _instance_base(config: Config, owner_pid: int) -> str:
@@ -121,9 +142,12 @@ def _meta(config: Config, owner_pid: int, base: str, mode: str) -> bytes:
     )
 
 
+# -- start ---------------------------------------------------------------------------------
 def start(config: Config) -> None:
     """Start the agent in this process. Idempotent; never raises into the application."""
     global _running
+    if in_reporter_process():
+        return  # the reporter is forked from an application that runs the agent
     with _state_lock:
         if _running is not None:
             return
@@ -135,65 +159,83 @@ def start(config: Config) -> None:
 
 
 def _start(config: Config) -> _Running:
-    import swmp.tracing as tracing
-
     tracing.configure(config)
     use_process = config.agent_reporter_process and hasattr(os, "fork")
-    owner_pid, in_worker = _server_position() if use_process else (os.getpid(), False)
     mode = "process" if use_process else "thread"
+    owner_pid, in_worker = server_position()
     base = _instance_base(config, owner_pid)
     directory = config.agent_arena_dir
     os.makedirs(directory, exist_ok=True)
-    try:
-        ipc.cleanup_stale(directory)
-    except OSError:
-        log.debug("stale arena cleanup failed", exc_info=True)
-
+    if not in_worker:
+        # Only before this process holds any lock on an arena: cleanup opens and closes
+        # arena files, and closing a descriptor drops the process's locks on that file.
+        try:
+            ipc.cleanup_stale(directory)
+        except OSError:
+            log.debug("stale arena cleanup failed", exc_info=True)
+    props = parse_instance_properties(config)
+    settings = config.to_reporter_settings()
     if use_process:
         path = ipc.arena_path(owner_pid, directory)
-    else:
-        # One private arena per process: the reporter thread drains only this process.
-        path = ipc.arena_path(os.getpid(), directory).replace(".arena", f"-{uuid.uuid4().hex[:8]}.arena")
-    arena = ipc.Arena.create_or_open(
-        path,
-        slots=config.agent_arena_slots if use_process else 1,
-        ring_capacity=config.agent_ring_size,
-        meta=_meta(config, owner_pid, base, mode),
-        owner_pid=owner_pid,
-    )
-    settings = config.to_reporter_settings()
-    run = _Running(
-        config=config,
-        arena=arena,
-        sink=ArenaSink(
+        arena = ipc.Arena.create_or_open(
+            path,
+            slots=config.agent_arena_slots,
+            ring_capacity=config.agent_ring_size,
+            meta=_meta(config, owner_pid, base, mode),
+            owner_pid=owner_pid,
+        )
+        sink: ProcessSink = ArenaSink(
             arena,
             config.service_name,
             base,
-            config.agent_namespace,
-            parse_instance_properties(config),
-        ),
-        mode=mode,
-        owner_pid=owner_pid,
-        started_pid=os.getpid(),
-    )
-    if use_process:
-        from reporter_proc.process import spawn_reporter
-
-        if arena.reporter_pid() is None:
-            run.reporter_pid = spawn_reporter(path, settings, owner_pid, detach=in_worker)
+            namespace=config.agent_namespace,
+            properties=props,
+            owner_pid=owner_pid,
+        )
+        run = _Running(config, arena, sink, mode, owner_pid, os.getpid(), arena_path=path)
+        if _needs_reporter(arena):
+            pid = spawn_reporter(path, settings, owner_pid, detach=in_worker)
+            run.reporter_pid = pid if pid > 0 else None
         else:
-            log.info("swmp: a reporter already serves %s; attaching to it", path)
+            run.reporter_pid = arena.reporter_pid()
+            log.info("swmp: reporter %s already serves %s; attaching to it", run.reporter_pid, path)
     else:
-        from reporter_proc.process import start_reporter_thread
+        # The shared arena only names the processes (its slot locks); each process drains
+        # its own private arena on its own thread. Tiny rings: nothing is written there.
+        path = ipc.arena_path(owner_pid, directory).replace(".arena", "-names.arena")
+        registry: ipc.Arena | None
+        try:
+            registry = ipc.Arena.create_or_open(
+                path, slots=config.agent_arena_slots, ring_capacity=4096, owner_pid=owner_pid
+            )
+        except (OSError, ipc.ArenaError) as exc:
+            log.warning("swmp: no instance-name registry (%s); processes are named by pid", exc)
+            registry = None
 
-        run.thread_handle = start_reporter_thread(path, settings)
+        def start_thread(arena_path: str, s: Any, arena: ipc.Arena) -> Any:
+            return start_reporter_thread(arena_path, s, arena=arena)
+
+        sink = ThreadSink(
+            registry,
+            settings,
+            start_thread,
+            arena_dir=directory,
+            ring_capacity=config.agent_ring_size,
+            meta=_meta(config, owner_pid, base, mode),
+            service=config.service_name,
+            instance_base=base,
+            namespace=config.agent_namespace,
+            properties=props,
+            owner_pid=owner_pid,
+        )
+        run = _Running(config, registry, sink, mode, owner_pid, os.getpid(), arena_path=path)
 
     _sink.set_sink(run.sink)
-    if not use_process or in_worker or owner_pid != os.getpid():
-        run.sink.rebind()  # this process writes right away (and names its instance)
+    if in_worker or (not use_process and os.getpid() != owner_pid):
+        run.sink.rebind()  # this process reports from now on (and is named now)
     _install_instrumentation(config)
     _register_fork_hooks()
-    atexit.register(_at_exit)
+    _register_exit()
     log.info(
         "swmp: agent started (service=%s, mode=%s, protocol=%s, arena=%s)",
         config.service_name,
@@ -204,25 +246,37 @@ def _start(config: Config) -> _Running:
     return run
 
 
+def _needs_reporter(arena: ipc.Arena) -> bool:
+    """Should this process start the reporter for ``arena``?
+
+    The creator always does. An attacher does only when no live process holds the reporter
+    lock, after giving a reporter that the creator is starting right now (uWSGI lazy-apps:
+    workers race) time to take it. Should two start anyway, the second finds the lock taken
+    and exits; exactly one drains.
+    """
+    if arena.created:
+        return True
+    if arena.reporter_pid() is not None:
+        return False
+    created_ns = arena.info().created_ns
+    deadline = created_ns / 1e9 + _REPORTER_START_GRACE_S
+    while time.time() < deadline:
+        time.sleep(0.02)
+        if arena.reporter_pid() is not None:
+            return False
+    return arena.reporter_pid() is None
+
+
 def _install_instrumentation(config: Config) -> None:
     try:
-        from swmp.instrument import install_all
+        from swmp.instrument import install_all  # noqa: PLC0415 (imports instrumented libraries)
 
         install_all(config)
     except Exception:
         log.exception("swmp: installing instrumentation failed; tracing continues without it")
-    if config.agent_log_reporter_active:
-        try:
-            from swmp.logs import install_log_reporter
-
-            install_log_reporter(config)
-        except ImportError:
-            pass
-        except Exception:
-            log.exception("swmp: the log reporter could not be installed")
     if config.agent_meter_reporter_active:
         try:
-            from swmp.meters import start_meter_reporter
+            from swmp.meters import start_meter_reporter  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
             start_meter_reporter(config)
         except ImportError:
@@ -231,30 +285,20 @@ def _install_instrumentation(config: Config) -> None:
             log.exception("swmp: the meter reporter could not be started")
 
 
+# -- fork --------------------------------------------------------------------------------------
 def _after_fork_in_child() -> None:
-    """A new process: claim our own slot (process mode) or start our own reporter (thread mode)."""
+    """A new process: take our own ring now rather than on the first record."""
+    global _state_lock
+    _state_lock = threading.Lock()  # another thread of the parent may have held it
+    if forking_reporter() or in_reporter_process():
+        return  # the reporter (or its supervisor) is not a worker
     run = _running
     if run is None:
         return
     try:
-        if run.mode == "process":
-            run.sink.rebind()
-        else:
-            _restart_thread_mode_in_child(run)
+        run.sink.rebind()
     except Exception:
         log.exception("swmp: after-fork setup failed in pid %d", os.getpid())
-
-
-def _restart_thread_mode_in_child(run: _Running) -> None:
-    """Thread mode: the parent's reporter thread did not cross the fork; start ours."""
-    global _running
-    _running = None
-    try:
-        run.arena.close()
-    except Exception:
-        pass
-    _sink.set_sink(None)
-    start(run.config)
 
 
 def _register_fork_hooks() -> None:
@@ -265,36 +309,41 @@ def _register_fork_hooks() -> None:
     os.register_at_fork(after_in_child=_after_fork_in_child)
     if "uwsgi" in sys.modules:
         try:
-            import uwsgidecorators
+            import uwsgidecorators  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
             uwsgidecorators.postfork(_after_fork_in_child)
         except Exception:
-            # Without uwsgidecorators the per-write pid check still notices the fork.
+            # Without it the per-write pid check still notices the fork.
             log.debug("uwsgidecorators.postfork unavailable", exc_info=True)
 
 
+# -- exit ----------------------------------------------------------------------------------
+def _register_exit() -> None:
+    global _exit_registered
+    if not _exit_registered:
+        _exit_registered = True
+        atexit.register(_at_exit)
+
+
 def _at_exit() -> None:
+    """Interpreter exit (a worker recycled or stopped, the app ending): leave cleanly.
+
+    Runs in every process that inherited the agent. The reporter process is not told
+    anything: it watches the owner and drains what is left when the owner is gone.
+    """
     run = _running
     if run is None:
         return
     try:
-        _flush_in_process_reporters()
-        if run.mode == "process":
-            run.sink.leave()
-            if os.getpid() == run.owner_pid and run.started_pid == os.getpid():
-                # The owner leaves: the reporter notices through its pidfd, drains and
-                # unlinks the arena. Nothing to wait for here.
-                pass
-        else:
-            run.sink.leave()
-            if run.thread_handle is not None and os.getpid() == run.started_pid:
-                run.thread_handle.stop(run.config.agent_reporter_shutdown_timeout)
-                run.arena.unlink()
+        _flush_in_process_producers()
+        run.sink.leave(run.config.agent_reporter_shutdown_timeout)
     except Exception:
         log.debug("swmp: exit hook failed", exc_info=True)
+    if run.mode == "thread" and run.arena is not None and os.getpid() == run.owner_pid:
+        run.arena.unlink()  # the name registry; process mode: the reporter unlinks
 
 
-def _flush_in_process_reporters() -> None:
+def _flush_in_process_producers() -> None:
     """Give periodic in-process producers (meters) a chance to write their last report."""
     meters = sys.modules.get("swmp.meters")
     flush = getattr(meters, "flush", None)
@@ -306,8 +355,12 @@ def _flush_in_process_reporters() -> None:
 
 
 def stop() -> None:
-    """Stop the agent in this process (tests, notebooks). The reporter process stays for the
-    application's other processes; in thread mode the reporter thread flushes and stops."""
+    """Stop the agent in this process (tests, notebooks).
+
+    This process leaves (its instance goes away, in thread mode its reporter thread
+    flushes and stops); a reporter process stays for the application's other processes
+    and ends with the owner.
+    """
     global _running
     with _state_lock:
         run = _running
@@ -316,9 +369,6 @@ def stop() -> None:
         _running = None
         _sink.set_sink(None)
         try:
-            run.sink.leave()
-            if run.mode == "thread" and run.thread_handle is not None:
-                run.thread_handle.stop(run.config.agent_reporter_shutdown_timeout)
-                run.arena.unlink()
+            run.sink.leave(run.config.agent_reporter_shutdown_timeout)
         except Exception:
             log.debug("swmp: stop failed", exc_info=True)

@@ -211,7 +211,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not command:
         print("swmp run: error: nothing to run (usage: swmp run -- COMMAND [ARGS...])", file=sys.stderr)
         return EXIT_USAGE
-    args.command = command
     try:
         # Imported only here: the launcher pulls in the agent, which health and status
         # (run by probes every few seconds) have no use for.
@@ -219,7 +218,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"swmp run: not available in this installation ({exc})", file=sys.stderr)
         return EXIT_USAGE
-    return int(launcher.run(args))  # the launcher gets the namespace; .command is the argv
+    return int(launcher.run(command))  # replaces this process; returns only on failure
 
 
 # -- health -------------------------------------------------------------------------------

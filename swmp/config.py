@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -106,7 +107,7 @@ class Config:
     agent_instance_name: str = _opt(
         "",
         "SW_AGENT_INSTANCE_NAME",
-        "Instance name prefix; each worker reports `<name>-<slot>`. Empty: derived from the host name.",
+        "Instance name prefix; each worker reports `<name>-w<slot>`. Empty: `<hostname>-<master pid>`.",
         CORE,
     )
     agent_namespace: str = _opt(
@@ -119,19 +120,30 @@ class Config:
         CORE,
     )
     agent_protocol: str = _opt(
-        "grpc", "SW_AGENT_PROTOCOL", "Transport to the backend: `grpc`, `http` or `kafka`.", CORE,
+        "grpc",
+        "SW_AGENT_PROTOCOL",
+        "Transport to the backend: `grpc`, `http` or `kafka`.",
+        CORE,
         check=_one_of(PROTOCOLS),
     )
     agent_authentication: str = _opt(
         "", "SW_AGENT_AUTHENTICATION", "Authentication token sent to the OAP (gRPC metadata).", CORE
     )
-    agent_force_tls: bool = _opt(False, "SW_AGENT_FORCE_TLS", "Use TLS to the backend (no client cert).", CORE)
+    agent_force_tls: bool = _opt(
+        False, "SW_AGENT_FORCE_TLS", "Use TLS to the backend (no client cert).", CORE
+    )
     agent_logging_level: str = _opt(
-        "INFO", "SW_AGENT_LOGGING_LEVEL", "Level of the agent's own loggers (`swmp`, `ipc`).", CORE,
+        "INFO",
+        "SW_AGENT_LOGGING_LEVEL",
+        "Level of the agent's own loggers (`swmp`, `ipc`).",
+        CORE,
         check=_log_level,
     )
     agent_collector_heartbeat_period: float = _opt(
-        30.0, "SW_AGENT_COLLECTOR_HEARTBEAT_PERIOD", "Seconds between instance keep-alives.", CORE,
+        30.0,
+        "SW_AGENT_COLLECTOR_HEARTBEAT_PERIOD",
+        "Seconds between instance keep-alives.",
+        CORE,
         check=_at_least(1),
     )
     agent_collector_properties_report_period_factor: int = _opt(
@@ -142,7 +154,9 @@ class Config:
         check=_at_least(1),
     )
     agent_instance_properties_json: str = _opt(
-        "", "SW_AGENT_INSTANCE_PROPERTIES_JSON", 'Extra instance properties as a JSON object, e.g. `{"k": "v"}`.',
+        "",
+        "SW_AGENT_INSTANCE_PROPERTIES_JSON",
+        'Extra instance properties as a JSON object, e.g. `{"k": "v"}`.',
         CORE,
     )
 
@@ -151,24 +165,40 @@ class Config:
         "localhost:9092", "SW_KAFKA_BOOTSTRAP_SERVERS", "Kafka brokers, `host:port[,host:port]`.", KAFKA
     )
     kafka_namespace: str = _opt(
-        "", "SW_KAFKA_NAMESPACE", "Prefix (`<namespace>-`) for the topic names, as the OAP's SW_NAMESPACE.", KAFKA
+        "",
+        "SW_KAFKA_NAMESPACE",
+        "Prefix (`<namespace>-`) for the topic names, as the OAP's SW_NAMESPACE.",
+        KAFKA,
     )
     kafka_topic_management: str = _opt(
-        "skywalking-managements", "SW_KAFKA_TOPIC_MANAGEMENT", "Topic for instance properties and pings.", KAFKA,
+        "skywalking-managements",
+        "SW_KAFKA_TOPIC_MANAGEMENT",
+        "Topic for instance properties and pings.",
+        KAFKA,
         aliases=("SW_KAFKA_REPORTER_TOPIC_MANAGEMENT",),
     )
     kafka_topic_segment: str = _opt(
-        "skywalking-segments", "SW_KAFKA_TOPIC_SEGMENT", "Topic for trace segments.", KAFKA,
+        "skywalking-segments",
+        "SW_KAFKA_TOPIC_SEGMENT",
+        "Topic for trace segments.",
+        KAFKA,
         aliases=("SW_KAFKA_REPORTER_TOPIC_SEGMENT",),
     )
     kafka_topic_log: str = _opt(
-        "skywalking-logs", "SW_KAFKA_TOPIC_LOG", "Topic for logs.", KAFKA, aliases=("SW_KAFKA_REPORTER_TOPIC_LOG",)
+        "skywalking-logs",
+        "SW_KAFKA_TOPIC_LOG",
+        "Topic for logs.",
+        KAFKA,
+        aliases=("SW_KAFKA_REPORTER_TOPIC_LOG",),
     )
     kafka_topic_meter: str = _opt(
-        "skywalking-meters", "SW_KAFKA_TOPIC_METER", "Topic for meters.", KAFKA,
+        "skywalking-meters",
+        "SW_KAFKA_TOPIC_METER",
+        "Topic for meters.",
+        KAFKA,
         aliases=("SW_KAFKA_REPORTER_TOPIC_METER",),
     )
-    kafka_reporter_config: dict[str, str] = _opt(
+    kafka_reporter_config: dict[str, str] = _opt(  # noqa: RUF009 (a default_factory field)
         {},
         "SW_KAFKA_REPORTER_CONFIG_*",
         "Producer options: `SW_KAFKA_REPORTER_CONFIG_<KEY>=value` sets `<key>` (e.g. `..._ACKS=all`, "
@@ -179,13 +209,17 @@ class Config:
 
     # -- tracing ---------------------------------------------------------------------------
     sample_n_per_3_secs: int = _opt(
-        0, "SW_SAMPLE_N_PER_3_SECS", "Trace at most N new traces per 3 seconds per worker; 0 = all.", TRACE,
+        0,
+        "SW_SAMPLE_N_PER_3_SECS",
+        "Trace at most N new traces per 3 seconds per worker; 0 = all.",
+        TRACE,
         check=_at_least(0),
     )
     agent_trace_ignore_path: tuple[str, ...] = _opt(
         (),
         "SW_AGENT_TRACE_IGNORE_PATH",
-        "Comma-separated Ant-style path patterns (`/health`, `/static/**`, `/v?/ping`) whose requests are not traced.",
+        "Comma-separated Ant-style path patterns (`/health`, `/static/**`, `/v?/ping`) whose requests "
+        "are not traced.",
         TRACE,
     )
     agent_ignore_suffix: tuple[str, ...] = _opt(
@@ -195,28 +229,46 @@ class Config:
         TRACE,
     )
     agent_span_limit: int = _opt(
-        300, "SW_AGENT_SPAN_LIMIT", "Maximum spans per segment; further spans are dropped and the segment is "
-        "flagged size-limited (name as in the SkyWalking Java agent).", TRACE,
+        300,
+        "SW_AGENT_SPAN_LIMIT",
+        "Maximum spans per segment; further spans are dropped and the segment is "
+        "flagged size-limited (name as in the SkyWalking Java agent).",
+        TRACE,
         check=_at_least(1),
     )
     agent_tag_value_max_length: int = _opt(
-        1024, "SW_AGENT_TAG_VALUE_MAX_LENGTH", "Longer tag values are truncated (segment flagged size-limited).",
-        TRACE, check=_at_least(1),
+        1024,
+        "SW_AGENT_TAG_VALUE_MAX_LENGTH",
+        "Longer tag values are truncated (segment flagged size-limited).",
+        TRACE,
+        check=_at_least(1),
     )
     agent_log_value_max_length: int = _opt(
-        8192, "SW_AGENT_LOG_VALUE_MAX_LENGTH", "Longer span-log values (messages, stacks) are truncated.",
-        TRACE, check=_at_least(1),
+        8192,
+        "SW_AGENT_LOG_VALUE_MAX_LENGTH",
+        "Longer span-log values (messages, stacks) are truncated.",
+        TRACE,
+        check=_at_least(1),
     )
     agent_cause_exception_depth: int = _opt(
-        10, "SW_AGENT_CAUSE_EXCEPTION_DEPTH", "Stack frames kept when an error is recorded on a span or log.",
-        TRACE, check=_at_least(0),
+        10,
+        "SW_AGENT_CAUSE_EXCEPTION_DEPTH",
+        "Stack frames kept when an error is recorded on a span or log.",
+        TRACE,
+        check=_at_least(0),
     )
     correlation_element_max_number: int = _opt(
-        3, "SW_CORRELATION_ELEMENT_MAX_NUMBER", "Maximum number of `sw8-correlation` entries.", TRACE,
+        3,
+        "SW_CORRELATION_ELEMENT_MAX_NUMBER",
+        "Maximum number of `sw8-correlation` entries.",
+        TRACE,
         check=_at_least(0),
     )
     correlation_value_max_length: int = _opt(
-        128, "SW_CORRELATION_VALUE_MAX_LENGTH", "Maximum length of one `sw8-correlation` value.", TRACE,
+        128,
+        "SW_CORRELATION_VALUE_MAX_LENGTH",
+        "Maximum length of one `sw8-correlation` value.",
+        TRACE,
         check=_at_least(0),
     )
 
@@ -228,12 +280,16 @@ class Config:
         PLUGIN,
     )
     plugin_http_ignore_method: tuple[str, ...] = _opt(
-        (), "SW_PLUGIN_HTTP_IGNORE_METHOD", "Comma-separated HTTP methods whose requests are not traced "
-        "(e.g. `OPTIONS,HEAD`).", PLUGIN,
+        (),
+        "SW_PLUGIN_HTTP_IGNORE_METHOD",
+        "Comma-separated HTTP methods whose requests are not traced (e.g. `OPTIONS,HEAD`).",
+        PLUGIN,
     )
     plugin_http_http_params_length_threshold: int = _opt(
-        1024, "SW_PLUGIN_HTTP_HTTP_PARAMS_LENGTH_THRESHOLD",
-        "When query parameters are collected, keep at most this many characters.", PLUGIN,
+        1024,
+        "SW_PLUGIN_HTTP_HTTP_PARAMS_LENGTH_THRESHOLD",
+        "When query parameters are collected, keep at most this many characters.",
+        PLUGIN,
         check=_at_least(0),
     )
     plugin_flask_collect_http_params: bool = _opt(
@@ -243,25 +299,37 @@ class Config:
         False, "SW_PLUGIN_DJANGO_COLLECT_HTTP_PARAMS", "Tag Django entry spans with the query string.", PLUGIN
     )
     plugin_fastapi_collect_http_params: bool = _opt(
-        False, "SW_PLUGIN_FASTAPI_COLLECT_HTTP_PARAMS",
-        "Tag FastAPI/Starlette entry spans with the query string.", PLUGIN,
+        False,
+        "SW_PLUGIN_FASTAPI_COLLECT_HTTP_PARAMS",
+        "Tag FastAPI/Starlette entry spans with the query string.",
+        PLUGIN,
     )
 
     # -- logs ------------------------------------------------------------------------------
     agent_log_reporter_active: bool = _opt(
-        True, "SW_AGENT_LOG_REPORTER_ACTIVE", "Report application logs (stdlib `logging`) to the backend.", LOGS
+        True,
+        "SW_AGENT_LOG_REPORTER_ACTIVE",
+        "Report application logs (stdlib `logging`) to the backend.",
+        LOGS,
     )
     agent_log_reporter_level: str = _opt(
-        "WARNING", "SW_AGENT_LOG_REPORTER_LEVEL", "Lowest level of the log records reported.", LOGS,
+        "WARNING",
+        "SW_AGENT_LOG_REPORTER_LEVEL",
+        "Lowest level of the log records reported.",
+        LOGS,
         check=_log_level,
     )
     agent_log_reporter_ignore_filter: bool = _opt(
-        False, "SW_AGENT_LOG_REPORTER_IGNORE_FILTER", "Report records even when the logger's filters reject them.",
+        False,
+        "SW_AGENT_LOG_REPORTER_IGNORE_FILTER",
+        "Report records even when the logger's filters reject them.",
         LOGS,
     )
     agent_log_reporter_formatted: bool = _opt(
-        True, "SW_AGENT_LOG_REPORTER_FORMATTED", "Send the formatted line; false: the raw message, arguments as "
-        "`argument.N` tags.", LOGS,
+        True,
+        "SW_AGENT_LOG_REPORTER_FORMATTED",
+        "Send the formatted line; false: the raw message, arguments as `argument.N` tags.",
+        LOGS,
     )
     agent_log_reporter_layout: str = _opt(
         "%(asctime)s [%(threadName)s] %(levelname)s %(name)s - %(message)s",
@@ -270,7 +338,10 @@ class Config:
         LOGS,
     )
     agent_log_reporter_safe_mode: bool = _opt(
-        False, "SW_AGENT_LOG_REPORTER_SAFE_MODE", "Mask `user:password@` in URLs inside reported messages.", LOGS
+        False,
+        "SW_AGENT_LOG_REPORTER_SAFE_MODE",
+        "Mask `user:password@` in URLs inside reported messages.",
+        LOGS,
     )
 
     # -- meters ----------------------------------------------------------------------------
@@ -278,77 +349,126 @@ class Config:
         True, "SW_AGENT_METER_REPORTER_ACTIVE", "Report meters (gRPC and Kafka only).", METER
     )
     agent_meter_reporter_period: float = _opt(
-        20.0, "SW_AGENT_METER_REPORTER_PERIOD", "Seconds between two meter reports.", METER, check=_at_least(1)
+        20.0,
+        "SW_AGENT_METER_REPORTER_PERIOD",
+        "Seconds between two meter reports.",
+        METER,
+        check=_at_least(1),
     )
     agent_pvm_meter_reporter_active: bool = _opt(
-        True, "SW_AGENT_PVM_METER_REPORTER_ACTIVE", "Report Python VM meters (CPU, memory, GC, threads).", METER
+        True,
+        "SW_AGENT_PVM_METER_REPORTER_ACTIVE",
+        "Report Python VM meters (CPU, memory, GC, threads).",
+        METER,
     )
 
     # -- profiling -------------------------------------------------------------------------
-    agent_profile_active: bool = _opt(True, "SW_AGENT_PROFILE_ACTIVE", "Run profiling tasks (gRPC only).", PROFILE)
+    agent_profile_active: bool = _opt(
+        True, "SW_AGENT_PROFILE_ACTIVE", "Run profiling tasks (gRPC only).", PROFILE
+    )
     agent_collector_get_profile_task_interval: float = _opt(
-        20.0, "SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL", "Seconds between two profiling-task queries.",
-        PROFILE, check=_at_least(1),
+        20.0,
+        "SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL",
+        "Seconds between two profiling-task queries.",
+        PROFILE,
+        check=_at_least(1),
     )
     agent_profile_max_parallel: int = _opt(
         5, "SW_AGENT_PROFILE_MAX_PARALLEL", "Segments profiled at the same time.", PROFILE, check=_at_least(1)
     )
     agent_profile_duration: int = _opt(
-        10, "SW_AGENT_PROFILE_DURATION", "Longest profiling of one segment, in minutes.", PROFILE,
+        10,
+        "SW_AGENT_PROFILE_DURATION",
+        "Longest profiling of one segment, in minutes.",
+        PROFILE,
         check=_at_least(1),
     )
     agent_profile_dump_max_stack_depth: int = _opt(
-        500, "SW_AGENT_PROFILE_DUMP_MAX_STACK_DEPTH", "Deepest stack kept in a profile snapshot.", PROFILE,
+        500,
+        "SW_AGENT_PROFILE_DUMP_MAX_STACK_DEPTH",
+        "Deepest stack kept in a profile snapshot.",
+        PROFILE,
         check=_at_least(1),
     )
     agent_profile_snapshot_transport_buffer_size: int = _opt(
-        50, "SW_AGENT_PROFILE_SNAPSHOT_TRANSPORT_BUFFER_SIZE", "Snapshots buffered before sending.", PROFILE,
+        50,
+        "SW_AGENT_PROFILE_SNAPSHOT_TRANSPORT_BUFFER_SIZE",
+        "Snapshots buffered before sending.",
+        PROFILE,
         check=_at_least(1),
     )
 
     # -- reporter process, arena, spool (new in swmp) --------------------------------------
     agent_reporter_process: bool = _opt(
-        True, "SW_AGENT_REPORTER_PROCESS",
-        "Ship data from a dedicated reporter process; false: a background thread in the application.", REPORTER,
+        True,
+        "SW_AGENT_REPORTER_PROCESS",
+        "Ship data from a dedicated reporter process; false: a background thread in the application.",
+        REPORTER,
     )
     agent_arena_dir: str = _opt(
         "/dev/shm", "SW_AGENT_ARENA_DIR", "Directory of the shared-memory arena file (a tmpfs).", REPORTER
     )
     agent_arena_slots: int = _opt(
-        64, "SW_AGENT_ARENA_SLOTS", "Ring slots in the arena: the most workers that can report at once.",
-        REPORTER, check=lambda v: None if 1 <= v <= 4096 else "must be between 1 and 4096",
+        64,
+        "SW_AGENT_ARENA_SLOTS",
+        "Ring slots in the arena: the most workers that can report at once.",
+        REPORTER,
+        check=lambda v: None if 1 <= v <= 4096 else "must be between 1 and 4096",
     )
     agent_ring_size: int = _opt(
-        4 * MIB, "SW_AGENT_RING_SIZE", "Bytes per worker ring (power of two, 4 KiB..1 GiB).", REPORTER,
+        4 * MIB,
+        "SW_AGENT_RING_SIZE",
+        "Bytes per worker ring (power of two, 4 KiB..1 GiB).",
+        REPORTER,
         check=_power_of_two(4 * KIB, 1024 * MIB),
     )
     agent_reporter_batch_size: int = _opt(
-        1000, "SW_AGENT_REPORTER_BATCH_SIZE", "Most records the reporter sends in one batch.", REPORTER,
+        1000,
+        "SW_AGENT_REPORTER_BATCH_SIZE",
+        "Most records the reporter sends in one batch.",
+        REPORTER,
         check=_at_least(1),
     )
     agent_reporter_flush_interval: float = _opt(
-        0.2, "SW_AGENT_REPORTER_FLUSH_INTERVAL", "Seconds a partial batch may wait before it is sent.", REPORTER,
+        0.2,
+        "SW_AGENT_REPORTER_FLUSH_INTERVAL",
+        "Seconds a partial batch may wait before it is sent.",
+        REPORTER,
         check=_at_least(0.001),
     )
     agent_reporter_send_timeout: float = _opt(
-        10.0, "SW_AGENT_REPORTER_SEND_TIMEOUT", "Seconds one send to the backend may take.", REPORTER,
+        10.0,
+        "SW_AGENT_REPORTER_SEND_TIMEOUT",
+        "Seconds one send to the backend may take.",
+        REPORTER,
         check=_at_least(0.1),
     )
     agent_reporter_max_pending_bytes: int = _opt(
-        64 * MIB, "SW_AGENT_REPORTER_MAX_PENDING_BYTES",
-        "Bytes of unsent data the reporter keeps in memory before spooling or dropping.", REPORTER,
+        64 * MIB,
+        "SW_AGENT_REPORTER_MAX_PENDING_BYTES",
+        "Bytes of unsent data the reporter keeps in memory before spooling or dropping.",
+        REPORTER,
         check=_at_least(KIB),
     )
     agent_reporter_shutdown_timeout: float = _opt(
-        5.0, "SW_AGENT_REPORTER_SHUTDOWN_TIMEOUT", "Seconds the reporter may spend flushing at shutdown.",
-        REPORTER, check=_at_least(0),
+        5.0,
+        "SW_AGENT_REPORTER_SHUTDOWN_TIMEOUT",
+        "Seconds the reporter may spend flushing at shutdown.",
+        REPORTER,
+        check=_at_least(0),
     )
     agent_spool_dir: str = _opt(
-        "", "SW_AGENT_SPOOL_DIR", "Directory for spooling data during a long backend outage; empty = off.",
+        "",
+        "SW_AGENT_SPOOL_DIR",
+        "Directory for spooling data during a long backend outage; empty = off.",
         REPORTER,
     )
     agent_spool_max_bytes: int = _opt(
-        256 * MIB, "SW_AGENT_SPOOL_MAX_BYTES", "Size cap of the spool directory.", REPORTER, check=_at_least(0)
+        256 * MIB,
+        "SW_AGENT_SPOOL_MAX_BYTES",
+        "Size cap of the spool directory.",
+        REPORTER,
+        check=_at_least(0),
     )
 
     # -- derived values --------------------------------------------------------------------
@@ -357,6 +477,7 @@ class Config:
         """The reported service name: ``name|namespace`` when a namespace is set (as the peer agent)."""
         return f"{self.agent_name}|{self.agent_namespace}" if self.agent_namespace else self.agent_name
 
+    @property
     def backends(self) -> tuple[str, ...]:
         return _split(self.agent_collector_backend_services)
 
@@ -369,7 +490,7 @@ class Config:
             service=self.service_name,
             namespace=self.agent_namespace,
             protocol=self.agent_protocol,
-            backends=self.backends(),
+            backends=self.backends,
             authentication=self.agent_authentication,
             force_tls=self.agent_force_tls,
             kafka_bootstrap_servers=_split(self.kafka_bootstrap_servers),
@@ -423,7 +544,7 @@ def settings() -> tuple[Setting, ...]:
     out = []
     for f in dataclasses.fields(Config):
         m = f.metadata
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
         out.append(
             Setting(
                 name=f.name,
@@ -495,7 +616,7 @@ def _parse(type_name: str, raw: Any) -> Any:
             v = float(raw)
         except (TypeError, ValueError):
             raise ValueError("not a number") from None
-        if v != v or v in (float("inf"), float("-inf")):
+        if not math.isfinite(v):
             raise ValueError("not a finite number")
         return v
     if type_name == "list":
@@ -551,7 +672,11 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
     for key, raw in overrides.items():
         s2 = known.get(key)
         if s2 is None:
-            _report(f"start({key}=...)", raw, "no such setting", "nothing (ignored)")
+            if ("kwarg", key) not in _reported:
+                _reported.add(("kwarg", key))
+                log.warning(
+                    "swmp: start() got an unknown setting %r; ignored (see docs/configuration.md)", key
+                )
             continue
         ok, value = _validated(s2, f"start({key}=...)", raw)
         if ok:

@@ -72,7 +72,7 @@ class ContextCarrier:
         "trace_id",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 (mirrors the header's fields, in order)
         self,
         trace_id: str,
         segment_id: str,
@@ -119,7 +119,7 @@ class ContextCarrier:
 # -- sw8 -----------------------------------------------------------------------------------
 
 
-def encode_sw8(
+def encode_sw8(  # noqa: PLR0917 (the header's fields, in order)
     trace_id: str,
     segment_id: str,
     span_id: int,
@@ -177,7 +177,9 @@ def decode_sw8(value: Any) -> ContextCarrier | None:
             or address is None
         ):
             return None
-        return ContextCarrier(trace_id, segment_id, span_id, service, instance, endpoint, address, flag == "1")
+        return ContextCarrier(
+            trace_id, segment_id, span_id, service, instance, endpoint, address, flag == "1"
+        )
     except Exception:
         # Defensive: decoding must never raise into the request, whatever the input type.
         return None
@@ -196,7 +198,12 @@ def decode_correlation(value: Any, max_elements: int = 3, max_value_length: int 
     try:
         if isinstance(value, (bytes, bytearray)):
             value = bytes(value).decode("ascii")
-        if not isinstance(value, str) or not value or len(value) > MAX_CORRELATION_HEADER or max_elements <= 0:
+        if (
+            not isinstance(value, str)
+            or not value
+            or len(value) > MAX_CORRELATION_HEADER
+            or max_elements <= 0
+        ):
             return out
         # A base64 value of n characters decodes to at most 3n/4 bytes: skip entries whose
         # encoded form is already too long before decoding them.

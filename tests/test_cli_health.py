@@ -17,6 +17,8 @@ import pytest
 
 from swmp.ops.schema import HEALTH_SCHEMA
 
+HEALTH = jsonschema.Draft202012Validator(HEALTH_SCHEMA)  # built once: validate() re-checks the schema
+
 
 def _load_support() -> ModuleType:
     # By path: works whether or not tests/ is a package.
@@ -74,7 +76,7 @@ def health(shm: Path, *args: str) -> Any:
 
 def health_json(shm: Path, *args: str) -> tuple[int, dict[str, Any]]:
     rc, doc = S.cli_json("health", "--dir", str(shm), "--interval", "0.3", *args)
-    jsonschema.validate(doc, HEALTH_SCHEMA)
+    HEALTH.validate(doc)
     assert doc["exit_code"] == rc
     return rc, doc
 
@@ -108,7 +110,8 @@ def test_backend_failing_fails_readiness_not_liveness(shm: Path, procs: Any, new
     ready = health(shm, "--readiness")
     assert ready.returncode == 1, ready.stdout + ready.stderr
     fails = [ln for ln in ready.stdout.splitlines() if "FAIL" in ln]
-    assert len(fails) == 1 and fails[0].lstrip().startswith("FAIL backend: 127.0.0.1:11800: failing: 5")
+    # The error text is clipped to 80 columns in the text output.
+    assert fails == ["  FAIL backend: 127.0.0.1:11800: failing, 5 failures in a row: StatusCode.UNA..."]
 
     live = health(shm, "--liveness")
     assert live.returncode == 0, live.stdout + live.stderr
@@ -137,7 +140,7 @@ def test_new_reporter_gets_a_grace_period(shm: Path, procs: Any, new_arena: Any)
     # ...and a failure ends the grace period at once.
     rep.update(S.document(backend={"state": "unknown", "consecutive_failures": 1}), error_ago_s=0.0)
     rc, doc = health_json(shm, "--readiness")
-    assert rc == 1 and "never reached; 1 consecutive failures" in checks_of(doc)["backend"]["message"]
+    assert rc == 1 and "never reached, 1 failure in a row" in checks_of(doc)["backend"]["message"]
 
 
 def test_killed_reporter_is_reported(shm: Path, procs: Any, new_arena: Any) -> None:
@@ -180,9 +183,7 @@ def test_full_ring_without_reader_fails_the_drop_check(shm: Path, procs: Any, ne
     assert len(drop_lines) == 1 and "100% of records dropped over" in drop_lines[0]
 
 
-def test_stuck_ring_fails_liveness_unless_the_backend_holds_it(
-    shm: Path, procs: Any, new_arena: Any
-) -> None:
+def test_stuck_ring_fails_liveness_unless_the_backend_holds_it(shm: Path, procs: Any, new_arena: Any) -> None:
     arena = new_arena()
     rep = procs.reporter(arena, S.document(), drain=False, success_ago_s=0.0)
     _, info = procs.writer(arena, count=20)
@@ -192,10 +193,14 @@ def test_stuck_ring_fails_liveness_unless_the_backend_holds_it(
     assert rings["status"] == "fail" and rings["figures"]["stuck_slots"] == [info["slot"]]
     proc = health(shm, "--liveness")
     assert proc.returncode == 1
-    assert any(ln.startswith(f"  FAIL rings: ring(s) {info['slot']} not drained") for ln in proc.stdout.splitlines())
+    assert any(
+        ln.startswith(f"  FAIL rings: ring(s) {info['slot']} not drained") for ln in proc.stdout.splitlines()
+    )
 
     # A reporter holding back because the backend is failing is not something a restart fixes.
-    rep.update(S.document(backend={"state": "failing", "consecutive_failures": 9}), drain=False, error_ago_s=0.0)
+    rep.update(
+        S.document(backend={"state": "failing", "consecutive_failures": 9}), drain=False, error_ago_s=0.0
+    )
     rc, doc = health_json(shm, "--liveness")
     assert rc == 0
     assert checks_of(doc)["rings"]["figures"]["held_by_backend"] is True
@@ -260,7 +265,7 @@ def test_usage_errors_exit_2(shm: Path) -> None:
     ):
         proc = health(shm, *args)
         assert proc.returncode == 2, args
-        assert "usage: swmp health" in proc.stderr
+        assert proc.stderr.startswith("usage: swmp")
     assert S.cli().returncode == 2
     assert S.cli("health", "--help").returncode == 0
 
@@ -285,10 +290,7 @@ def test_selection_by_service_pid_and_path(shm: Path, procs: Any, new_arena: Any
     assert only("--service", "beta") == ["beta"]
     assert only("--pid", str(wb.pid)) == ["beta"]  # a worker
     assert only("--pid", str(rep_a.pid)) == ["alpha"]  # a reporter
-    assert only("--pid", str(holder.pid)) == ["alpha", "beta"] or only("--pid", str(holder.pid)) == [
-        "beta",
-        "alpha",
-    ]  # owner of beta and a worker of alpha
+    assert sorted(only("--pid", str(holder.pid))) == ["alpha", "beta"]  # owns beta, works for alpha
     rc, doc = S.cli_json("health", "--arena", a.path, "--liveness", "--interval", "0.3")
     assert rc == 0 and [x["service"] for x in doc["agents"]] == ["alpha"]
     # Killing beta's reporter makes the whole host unhealthy, alpha alone stays healthy.

@@ -53,10 +53,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "c
         time.sleep(0.02)
 
 
-def cli(*args: str, extra_env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, extra_env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run the real ``swmp`` command line (``python -m swmp.cli``) as a subprocess."""
     return subprocess.run(
         [sys.executable, "-m", "swmp.cli", *args],
+        check=False,
         cwd=REPO,
         env=env(**(extra_env or {})),
         capture_output=True,
@@ -79,7 +82,8 @@ def make_arena(directory: Path, meta: dict[str, Any] | None = None, **kw: Any) -
     kw.setdefault("ring_capacity", 64 * 1024)
     m = {"service": "svc", "instance": "inst", "protocol": "grpc", "backends": ["127.0.0.1:11800"]}
     m.update(meta or {})
-    return ipc.Arena.create(ipc.arena_path(os.getpid(), str(directory)), meta=orjson.dumps(m), **kw)
+    owner = kw.get("owner_pid") or os.getpid()
+    return ipc.Arena.create(ipc.arena_path(owner, str(directory)), meta=orjson.dumps(m), **kw)
 
 
 def document(**over: Any) -> dict[str, Any]:
@@ -158,13 +162,13 @@ class Procs:
         return rep
 
     def writer(
-        self, arena: ipc.Arena, count: int = 0, size: int = 100, rate: float = 0.0
+        self, arena: ipc.Arena, count: int = 0, size: int = 100, rate: float = 0.0, valid: bool = False
     ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
         self._n += 1
         ready = self.tmp / f"writer{self._n}.ready"
         proc = self._spawn(
             "writer", "--arena", arena.path, "--count", str(count), "--size", str(size),
-            "--rate", str(rate), "--ready", str(ready),
+            "--rate", str(rate), "--ready", str(ready), *(["--valid"] if valid else []),
         )  # fmt: skip
         return proc, self._ready(proc, ready)
 
@@ -282,7 +286,7 @@ def run_reporter(args: argparse.Namespace) -> int:
         doc.setdefault("pid", os.getpid())
         doc.setdefault("started_ns", started)
         doc["gen"] = control.get("gen", 0)
-        doc.setdefault("read", {"segment": read})
+        doc["read"] = {"segment": read}  # what this stand-in really drained
         arena.status.publish(orjson.dumps(doc))
         time.sleep(0.02)
     arena.release_reporter()
@@ -295,13 +299,24 @@ def run_writer(args: argparse.Namespace) -> int:
     writer = arena.claim_slot()
     if writer is None:
         return 6
-    payload = b"x" * args.size
-    ok = sum(writer.write(SEGMENT, payload) for _ in range(args.count))
+    n = 0
+
+    def payload() -> bytes:
+        nonlocal n
+        n += 1
+        if not args.valid:
+            return b"x" * args.size
+        # A well-formed SEGMENT record (reporter_proc.records), for a real reporter.
+        now = int(time.time() * 1000)
+        span = [0, -1, now, now + 1, "/op", "", 0, 3, 7000, False, False, [], [], []]
+        return orjson.dumps([f"t{os.getpid()}.{n}", f"s{os.getpid()}.{n}", "svc", "inst", False, [span]])
+
+    ok = sum(writer.write(SEGMENT, payload()) for _ in range(args.count))
     _write_ready(args.ready, {"pid": os.getpid(), "slot": writer.slot, "ok": ok})
     pause = 1.0 / args.rate if args.rate > 0 else 0.5
     while not _stop:
         if args.rate > 0:
-            writer.write(SEGMENT, payload)
+            writer.write(SEGMENT, payload())
         time.sleep(pause)
     return 0
 
@@ -315,6 +330,7 @@ def main() -> int:
     p.add_argument("--count", type=int, default=0)
     p.add_argument("--size", type=int, default=100)
     p.add_argument("--rate", type=float, default=0.0)
+    p.add_argument("--valid", action="store_true", help="write real SEGMENT records")
     args = p.parse_args()
     signal.signal(signal.SIGTERM, _on_term)
     return run_reporter(args) if args.role == "reporter" else run_writer(args)

@@ -22,7 +22,7 @@ from reporter_proc.protocol.generated import (
 from tests import pbref
 
 S = pbref.strategies()
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _same(encoded: bytes, expected: Any, cls: Any) -> None:
@@ -58,7 +58,7 @@ def test_meters_match_generated_classes(rec: list[Any]) -> None:
     datas = encode.meter_datas(rec)
     expected = pbref.meter_datas(rec)
     assert len(datas) == len(expected)
-    for got, want in zip(datas, expected):
+    for got, want in zip(datas, expected, strict=True):
         _same(got, want, meter_pb2.MeterData)
 
 
@@ -102,7 +102,8 @@ def test_cache_stays_bounded_and_correct() -> None:
 def _span(**over: Any) -> list[Any]:
     fields = ["id", "parent", "start", "end", "op", "peer", "type", "layer", "component", "error", "skip",
               "tags", "logs", "refs"]
-    base = dict(zip(fields, [0, -1, 1, 2, "op", "", 0, 3, 7000, False, False, ["k", "v"], [], []]))
+    values = [0, -1, 1, 2, "op", "", 0, 3, 7000, False, False, ["k", "v"], [], []]
+    base = dict(zip(fields, values, strict=True))
     base.update(over)
     return [base[f] for f in fields]
 
@@ -160,7 +161,7 @@ def test_garbage_management_arguments() -> None:
     with pytest.raises(EncodeError):
         encode.instance_ping("s", 5)
     with pytest.raises(EncodeError):
-        encode.profile_task_query("s", "i", "1")
+        encode.profile_task_query("s", "i", "1")  # type: ignore[arg-type]
 
 
 json_values = st.recursive(

@@ -39,7 +39,7 @@ class Sender(abc.ABC):
     supports: frozenset[str] = frozenset()
     address: str = ""
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 (optional hook)
         """Create channels, sessions or producers. Called inside the reporter's event loop."""
 
     @abc.abstractmethod
@@ -71,5 +71,5 @@ class Sender(abc.ABC):
         """Pending profiling commands, each as its args plus a ``"command"`` key."""
         return []
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (optional hook)
         """Flush and release everything. Called once, inside the reporter's event loop."""

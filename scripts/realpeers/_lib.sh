@@ -9,6 +9,16 @@ REALPEERS_CACHE=${REALPEERS_CACHE:-$HOME/.cache/realpeers}
 
 now_ms() { date +%s%3N; }
 
+# alive PID: the process exists and is not a zombie (an exited child its parent has not
+# reaped yet still answers kill -0, which would make a stop loop wait for nothing).
+alive() {
+  local stat
+  kill -0 "$1" 2>/dev/null || return 1
+  read -r stat < "/proc/$1/stat" 2>/dev/null || return 0
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
 # port_busy PORT: true when something already accepts connections on 127.0.0.1:PORT.
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -56,10 +66,10 @@ start_watchdog() {
   [ -n "$owner" ] || return 0
   (
     trap '' HUP
-    while kill -0 "$owner" 2>/dev/null && kill -0 "$server" 2>/dev/null; do sleep 2; done
-    if kill -0 "$server" 2>/dev/null; then
+    while alive "$owner" && alive "$server"; do sleep 1; done
+    if alive "$server"; then
       kill "$server" 2>/dev/null
-      for _ in $(seq 1 40); do kill -0 "$server" 2>/dev/null || exit 0; sleep 0.5; done
+      for _ in $(seq 1 40); do alive "$server" || exit 0; sleep 0.5; done
       kill -9 "$server" 2>/dev/null
     fi
   ) </dev/null >/dev/null 2>&1 &

@@ -150,16 +150,22 @@ echo 'default: 500' > "$CONF/service-apdex-threshold.yml"
 printf 'default:\n  rate: 10000\n  duration: -1\n' > "$CONF/trace-sampling-policy-settings.yml"
 printf 'serviceName: ${NAME}\nserviceInstanceName: ${NAME}\n' > "$CONF/metadata-service-mapping.yaml"
 
-# Component ids the OAP resolves to names in traces and topology. The Python block uses
-# SkyWalking's registered ids ([7000, 8000) is the Python range); a few shared ids that
-# Python plugins also report are listed too. An id missing here shows up as "N/A".
+# Component ids the OAP resolves to names in traces and topology. The Python block is
+# SkyWalking's registered list ([7000, 8000) is the Python range); the shared ids below it
+# are the client libraries Python plugins also report, plus the server names that
+# Component-Server-Mappings points at (the OAP refuses to start if a mapped name is not
+# defined). An id missing here shows up as "N/A" in query results.
 cat > "$CONF/component-libraries.yml" <<'EOF'
 Unknown: {id: 0, languages: All}
+Mysql: {id: 5, languages: Java}
 Redis: {id: 7, languages: "Java,Python"}
 MongoDB: {id: 9, languages: "Java,Python"}
+PostgreSQL: {id: 22, languages: Java}
+Kafka: {id: 27, languages: Java}
 kafka-producer: {id: 40, languages: "Java,Python"}
 kafka-consumer: {id: 41, languages: "Java,Python"}
 Elasticsearch: {id: 47, languages: "Java,Python"}
+RabbitMQ: {id: 51, languages: Java}
 rabbitmq-producer: {id: 52, languages: "Java,Python"}
 rabbitmq-consumer: {id: 53, languages: "Java,Python"}
 Python: {id: 7000, languages: Python}

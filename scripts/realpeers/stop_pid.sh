@@ -6,21 +6,25 @@
 # and already-dead processes are not errors: stopping twice is safe.
 set -uo pipefail
 
+log() { echo "[stop_pid] $*" >&2; }
+# shellcheck source=scripts/realpeers/_lib.sh
+. "$(dirname "$0")/_lib.sh"
+
 GRACE=${STOP_GRACE:-20}
 for f in "$@"; do
   [ -f "$f" ] || continue
   pid=$(tr -dc '0-9' < "$f")
-  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then rm -f "$f"; continue; fi
+  if [ -z "$pid" ] || ! alive "$pid"; then rm -f "$f"; continue; fi
   kill "$pid" 2>/dev/null
   for _ in $(seq 1 $(( GRACE * 5 ))); do
-    kill -0 "$pid" 2>/dev/null || break
+    alive "$pid" || break
     sleep 0.2
   done
-  if kill -0 "$pid" 2>/dev/null; then
+  if alive "$pid"; then
     kill -9 "$pid" 2>/dev/null
-    echo "killed $pid ($f) after ${GRACE}s" >&2
+    log "killed $pid ($f): still running ${GRACE}s after SIGTERM"
   else
-    echo "stopped $pid ($f)" >&2
+    log "stopped $pid ($f)"
   fi
   rm -f "$f"
 done

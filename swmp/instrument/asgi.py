@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from swmp.instrument._http import record_status
-from swmp.propagation import header_lookup, from_headers
+from swmp.propagation import from_headers, header_lookup
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_PARAMS, TAG_HTTP_URL, Component, Layer
 from swmp.tracing.limits import limits

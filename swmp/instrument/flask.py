@@ -27,7 +27,14 @@ def install(config: Config) -> None:
             def call(e: dict[str, Any], s: Any) -> Any:
                 return orig(self, e, s)
 
-            return trace_wsgi(call, environ, start_response, Component.FLASK, collect, limit)
+            return trace_wsgi(
+                call,
+                environ,
+                start_response,
+                component=Component.FLASK,
+                collect_params=collect,
+                params_limit=limit,
+            )
 
         return wsgi_app
 

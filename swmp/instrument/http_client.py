@@ -34,7 +34,9 @@ def install(config: Config) -> None:
     from http.client import HTTPConnection  # noqa: PLC0415
 
     def make_request(orig: Any) -> Any:
-        def request(self: Any, method: str, url: str, body: Any = None, headers: Any = None, **kw: Any) -> Any:
+        def request(
+            self: Any, method: str, url: str, body: Any = None, headers: Any = None, **kw: Any
+        ) -> Any:
             old = _pending(self)
             if old is not None:
                 old.finish()

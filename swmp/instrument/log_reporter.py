@@ -34,6 +34,7 @@ PACKAGE = None
 SUPPORTED = ("", "")
 
 _OWN = ("swmp", "ipc")
+_OWN_PREFIXES = ("swmp.", "ipc.")
 _CREDENTIALS = re.compile(r"(://)[^/\s:@]+:[^/\s@]+@")
 
 
@@ -67,7 +68,7 @@ class SkyWalkingLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         name = record.name
-        if name.startswith(_OWN) and (len(name) == 4 or name[4:5] == "." or name[3:4] == "." or len(name) == 3):
+        if name in _OWN or name.startswith(_OWN_PREFIXES):
             return
         try:
             payload = orjson.dumps(self.to_record(record))
@@ -75,7 +76,9 @@ class SkyWalkingLogHandler(logging.Handler):
             stats.errors += 1
             if not self._logged:
                 self._logged = True
-                logging.getLogger("swmp.logs").error("swmp: cannot encode a log record: %r (only counted now)", e)
+                logging.getLogger("swmp.logs").error(
+                    "swmp: cannot encode a log record: %r (only counted now)", e
+                )
             return
         if _sink.get_sink().write(LOG, payload):
             stats.written += 1
@@ -93,7 +96,10 @@ class SkyWalkingLogHandler(logging.Handler):
                 for i, a in enumerate(args):
                     tags += [f"argument.{i}", str(a)]
             if record.exc_info:
-                tags += ["exception", self.formatter.formatException(record.exc_info) if self.formatter else ""]
+                tags += [
+                    "exception",
+                    self.formatter.formatException(record.exc_info) if self.formatter else "",
+                ]
         if self.safe_mode:
             body = _CREDENTIALS.sub(r"\1***:***@", body)
         lim = limits.log_value_max
@@ -106,7 +112,19 @@ class SkyWalkingLogHandler(logging.Handler):
         else:
             trace_id, seg_id, span_id, endpoint = "", "", -1, ""
         ts = int(record.created * 1000) if record.created else time.time_ns() // 1_000_000
-        return [ts, identity.service, identity.instance, endpoint, "text", body, trace_id, seg_id, span_id, tags, ""]
+        return [
+            ts,
+            identity.service,
+            identity.instance,
+            endpoint,
+            "text",
+            body,
+            trace_id,
+            seg_id,
+            span_id,
+            tags,
+            "",
+        ]
 
 
 _handler: SkyWalkingLogHandler | None = None
@@ -117,7 +135,7 @@ def install(config: Config) -> None:
     if not config.agent_log_reporter_active or _handler is not None:
         return
     handler = SkyWalkingLogHandler(
-        config.agent_log_reporter_level.replace("WARN", "WARNING").replace("WARNINGING", "WARNING"),
+        config.agent_log_reporter_level,
         config.agent_log_reporter_layout,
         config.agent_log_reporter_formatted,
         config.agent_log_reporter_safe_mode,

@@ -59,6 +59,7 @@ def trace_wsgi(
     app: WSGIApp,
     environ: dict[str, Any],
     start_response: Callable[..., Any],
+    *,
     component: int = Component.PYTHON,
     collect_params: bool = False,
     params_limit: int = 1024,
@@ -143,5 +144,11 @@ class WSGIMiddleware:
         self.params_limit = params_limit
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        return trace_wsgi(self.app, environ, start_response, self.component, self.collect_params,
-                          self.params_limit)
+        return trace_wsgi(
+            self.app,
+            environ,
+            start_response,
+            component=self.component,
+            collect_params=self.collect_params,
+            params_limit=self.params_limit,
+        )

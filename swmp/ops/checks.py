@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swmp.ops import fmt
-from swmp.ops.sample import Sample, counter_sum, delta
+from swmp.ops.sample import Sample, counter_sum, delta, number
 
 CHECKS: tuple[str, ...] = ("reporter", "heartbeat", "rings", "backend", "drops", "spool")
 MODES: dict[str, tuple[str, ...]] = {
@@ -85,7 +85,8 @@ def healthy(checks: list[Check]) -> bool:
 
 # -- reporter -----------------------------------------------------------------------------
 def check_reporter(s: Sample) -> Check:
-    last = int(s.status.reporter_pid)
+    # The status block forgets the pid on a clean exit; the last document still names it.
+    last = int(s.status.reporter_pid) or (s.doc_int("pid") or 0)
     restarts = s.doc_int("restarts")
     figures = {
         "pid": s.reporter_pid,
@@ -178,7 +179,8 @@ def check_backend(s: Sample, limits: Thresholds) -> Check:
         "in_grace": False,
     }
     where = f"{address}: " if address else ""
-    last_error_txt = f"; last error {fmt.ago(figures['last_error_age_s'])}: {error}" if error else ""
+    # The error text goes last: the text output clips long lines, JSON has it whole.
+    last_error_txt = f": {error}" if error else ""
     if s.document is None:
         if uptime is not None and uptime <= limits.backend_window_s and s.reporter_pid is not None:
             figures["in_grace"] = True
@@ -193,7 +195,7 @@ def check_backend(s: Sample, limits: Thresholds) -> Check:
         and last_err >= last_ok
     )
     if failing_now:
-        why = f"{where}failing: {failures} consecutive failures{last_error_txt}"
+        why = f"{where}failing, {_failures(failures)} in a row{last_error_txt}"
         return Check("backend", FAIL, why, figures)
     if last_ok:
         age = (now - last_ok) / 1e9
@@ -202,20 +204,26 @@ def check_backend(s: Sample, limits: Thresholds) -> Check:
         window = fmt.duration(limits.backend_window_s)
         why = f"{where}no success for {fmt.duration(age)} (window {window}){last_error_txt}"
         return Check("backend", FAIL, why, figures)
-    # Never reached yet. A young reporter that has not failed either is just starting.
-    if not failures and not last_err and uptime is not None and uptime <= limits.backend_window_s:
+    # Never reached yet. A young, live reporter that has not failed either is just starting.
+    young = uptime is not None and uptime <= limits.backend_window_s and s.reporter_pid is not None
+    if not failures and not last_err and young:
         figures["in_grace"] = True
         why = f"{where}not contacted yet (reporter up {fmt.duration(uptime)})"
         return Check("backend", OK, why, figures)
     if failures or last_err:
-        why = f"{where}never reached; {failures} consecutive failures{last_error_txt}"
+        why = f"{where}never reached, {_failures(failures)} in a row{last_error_txt}"
     else:
         why = f"{where}never reached in {fmt.duration(uptime)} since the reporter started"
     return Check("backend", FAIL, why, figures)
 
 
+def _failures(n: int) -> str:
+    return f"{n} failure" if n == 1 else f"{n} failures"
+
+
 def _ns(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    """A positive integer (timestamp, count) from the document, else 0."""
+    return max(0, number(value)) if isinstance(value, int) else 0
 
 
 # -- drops --------------------------------------------------------------------------------

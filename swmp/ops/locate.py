@@ -30,7 +30,8 @@ from ipc.arena import DEFAULT_DIRECTORY, DEFAULT_PREFIX
 from swmp.ops.mask import mask
 
 ENV_DIRECTORY = "SW_AGENT_ARENA_DIR"
-_NAME = re.compile(rf"^{DEFAULT_PREFIX}-(\d+)-(\d+)\.arena$")
+# swmp-<uid>-<owner pid>.arena, or swmp-<uid>-<pid>-<tag>.arena for a thread-mode agent
+_NAME = re.compile(rf"^{DEFAULT_PREFIX}-(\d+)-.*\.arena$")
 
 
 class Refused(Exception):

@@ -16,14 +16,15 @@ _LABEL = 10  # width of the left-hand labels in the status block
 
 
 def wrap(text: str, indent: str = "", width: int = W) -> list[str]:
-    # Never break at hyphens: paths and names must stay copyable. Only a single word longer
-    # than the line (a very long path) is cut, to keep the 80-column promise.
+    # Never break inside a word: paths and names must stay copyable, so a single path
+    # longer than the line is the one thing allowed past 80 columns.
     lines = textwrap.wrap(
         fmt.clip(text, 10 * width),
         width=width,
         initial_indent=indent,
         subsequent_indent=indent + "  ",
         break_on_hyphens=False,
+        break_long_words=False,
     )
     return lines or [indent.rstrip()]
 
@@ -146,19 +147,21 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
     )
     rates = a["rates"]
     sp = a["spool"]
-    spool = f"spool {fmt.size(sp['bytes'])} of {fmt.size(sp['cap'])}" if sp["enabled"] else "no spool"
     out.append(
         _row(
-            "",
+            "rates",
             _join(
                 f"written {fmt.rate(rates['written_per_s'])}/s",
                 f"read {fmt.rate(rates['read_per_s'])}/s",
                 f"sent {fmt.rate(rates['sent_per_s'])}/s",
-                f"pending {fmt.size(a['pending_bytes'])}",
-                spool,
             ),
         )
     )
+    if sp["enabled"]:
+        spool = f"spool {fmt.size(sp['bytes'])} of {fmt.size(sp['cap'])} ({fmt.count(sp['records'])} records)"
+    else:
+        spool = "no spool"
+    out.append(_row("buffers", _join(f"pending {fmt.size(a['pending_bytes'])}", spool)))
     out.append(SLOT_HEADER)
     out.extend(_slot_row(sl) for sl in a["slots"])
     if not a["slots"]:

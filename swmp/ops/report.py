@@ -155,7 +155,7 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
         "reporter": {
             "pid": s.reporter_pid,
             "alive": s.reporter_pid is not None,
-            "last_pid": int(s.status.reporter_pid) or None,
+            "last_pid": int(s.status.reporter_pid) or s.doc_int("pid") or None,
             "started_ns": s.reporter_started_ns(),
             "uptime_s": s.reporter_uptime_s() if s.reporter_pid is not None else None,
             "starts": int(s.status.reporter_starts),
@@ -181,7 +181,8 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
             "retried": number(doc.get("retried")),
             "failed": number(doc.get("failed")),
             "reporter_dropped": counter_sum(doc.get("dropped")),
-            "spooled": number(spool.get("records")),
+            # Records ever spooled, when the reporter says; else what the spool holds now.
+            "spooled": number(spool.get("spooled", spool.get("records"))),
         },
         "read": _counts(doc.get("read")),
         "sent": _counts(doc.get("sent")),

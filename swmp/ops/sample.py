@@ -55,7 +55,7 @@ class Sample:
 
     def doc_int(self, key: str) -> int | None:
         value = (self.document or {}).get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return number(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
     def reporter_started_ns(self) -> int:
         started = self.doc_int("started_ns")
@@ -71,8 +71,9 @@ class Sample:
         return self.doc_dict("backend")
 
     def backend_state(self) -> str:
+        """``ok``, ``failing`` or ``unknown`` (also for anything a reporter might invent)."""
         state = self.backend().get("state")
-        return state if isinstance(state, str) else "unknown"
+        return state if state in ("ok", "failing") else "unknown"
 
 
 def parse_document(raw: bytes) -> tuple[dict[str, Any] | None, str]:
@@ -124,14 +125,20 @@ def take(target: Target) -> Sample:
     )
 
 
+_I64 = (1 << 63) - 1
+
+
 def number(value: Any) -> int:
-    """An integer counter from the document; anything else counts as 0."""
+    """An integer counter from the document; anything else counts as 0.
+
+    Clamped to the signed 64-bit range, which is all a JSON consumer can be trusted with.
+    """
     if isinstance(value, bool):
         return 0
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and math.isfinite(value):
-        return int(value)
+        value = int(value)
+    if isinstance(value, int):
+        return max(-_I64, min(_I64, value))
     return 0
 
 

@@ -182,7 +182,7 @@ STATUS_SCHEMA: dict[str, Any] = {
                         "backend": _obj(
                             {
                                 "address": _NSTR,
-                                "state": _STR,
+                                "state": {"enum": ["unknown", "ok", "failing"]},
                                 "last_success_age_s": _NNUM,
                                 "last_error": _STR,
                                 "last_error_age_s": _NNUM,

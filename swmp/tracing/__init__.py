@@ -65,6 +65,7 @@ def configure(config: Config) -> None:
     limits.correlation_max_elements = config.correlation_element_max_number
     limits.correlation_max_value_length = config.correlation_value_max_length
     _context.policy.sampler = Sampler(config.sample_n_per_3_secs)
+    _context.policy.sampling = config.sample_n_per_3_secs > 0
     _context.policy.rules = IgnoreRules(
         config.agent_trace_ignore_path, config.agent_ignore_suffix, config.plugin_http_ignore_method
     )

@@ -21,7 +21,7 @@ from typing import Any
 from swmp.propagation import ContextCarrier
 from swmp.tracing.constants import Component, Kind, Layer
 from swmp.tracing.ignore import rules as _rules_holder
-from swmp.tracing.limits import stats
+from swmp.tracing.limits import limits, stats
 from swmp.tracing.sampling import sampler as _sampler_holder
 from swmp.tracing.segment import Segment, cross_process_ref, cross_thread_ref
 from swmp.tracing.span import NOOP, IgnoredSpan, NoopSpan, Span, current_span
@@ -35,11 +35,12 @@ _LOCAL = Kind.LOCAL
 class _Policy:
     """The ignore rules and sampler in force (replaced as a whole by ``configure``)."""
 
-    __slots__ = ("rules", "sampler")
+    __slots__ = ("rules", "sampler", "sampling")
 
     def __init__(self) -> None:
         self.rules = _rules_holder
         self.sampler = _sampler_holder
+        self.sampling = _sampler_holder.n > 0  # skip the sampler call entirely when off
 
 
 policy = _Policy()
@@ -97,7 +98,7 @@ class _Late:
         self.span = span
 
 
-def _start_trace(
+def _start_trace(  # noqa: PLR0917 (hot path: positional calls are cheaper)
     kind: int, op: str, layer: int, component: int, peer: str, carrier: Any
 ) -> Span | NoopSpan:
     """First span of a new segment, if the trace is to be recorded."""
@@ -106,32 +107,34 @@ def _start_trace(
         stats.ignored += 1
         return IgnoredSpan()
     if carrier is None:
-        if not pol.sampler.allow():
+        if pol.sampling and not pol.sampler.allow():
             stats.sampled_out += 1
             return IgnoredSpan()
         seg = Segment()
-        return seg.start_span(-1, op, kind, layer, component, peer)
-    if carrier.__class__ is Snapshot:
-        seg = Segment(carrier.trace_id)
-        seg.correlation = carrier.correlation
-        seg.skip_analysis = carrier.skip_analysis
-        span = seg.start_span(-1, op, kind, layer, component, peer)
-        if span.__class__ is Span:
-            span.add_ref(cross_thread_ref(carrier.trace_id, carrier.segment_id, carrier.span_id, carrier.endpoint))
+        span = seg.first = Span(seg, 0, -1, op, kind, layer, component, peer)  # start_first(), inlined
         return span
-    if not carrier.sampled:
+    is_snapshot = carrier.__class__ is Snapshot
+    if not is_snapshot and not carrier.sampled:
         stats.sampled_out += 1
         return IgnoredSpan()
     seg = Segment(carrier.trace_id)
-    seg.correlation = carrier.correlation
-    seg.skip_analysis = carrier.skip_analysis
-    span = seg.start_span(-1, op, kind, layer, component, peer)
-    if kind == _ENTRY and span.__class__ is Span:
+    if carrier.correlation:
+        seg.correlation = carrier.correlation
+    if carrier.skip_analysis:
+        seg.skip_analysis = True
+    span = seg.start_first(op, kind, layer, component, peer)
+    if is_snapshot:
+        span.add_ref(
+            cross_thread_ref(carrier.trace_id, carrier.segment_id, carrier.span_id, carrier.endpoint)
+        )
+    elif kind == _ENTRY:
         span.add_ref(cross_process_ref(carrier))
     return span
 
 
-def _late(late: _Late, kind: int, op: str, layer: int, component: int, peer: str) -> Span | NoopSpan:
+def _late(  # noqa: PLR0917
+    late: _Late, kind: int, op: str, layer: int, component: int, peer: str
+) -> Span | NoopSpan:
     parent = late.span
     if parent.__class__ is not Span:
         return _start_trace(kind, op, layer, component, peer, None)
@@ -175,7 +178,14 @@ def new_exit_span(
         return NOOP if parent.__class__ is IgnoredSpan else _late(parent, _EXIT, op, layer, component, peer)
     if parent.kind == _EXIT:
         return NOOP
-    return parent.segment.start_span(parent.span_id, op, _EXIT, layer, component, peer)
+    # Segment.start_span(), inlined: exit spans are on every traced request's path.
+    seg = parent.segment
+    if seg._token:
+        n = next(seg._ids)
+        if n < limits.span_limit:
+            seg._open.append(None)
+            return Span(seg, n, parent.span_id, op, _EXIT, layer, component, peer)
+    return seg.start_span(parent.span_id, op, _EXIT, layer, component, peer)  # the rare cases
 
 
 def new_local_span(

@@ -41,7 +41,7 @@ def ant_to_regex(pattern: str) -> str:
 
 
 class IgnoreRules:
-    __slots__ = ("_methods", "_path_match", "_suffixes")
+    __slots__ = ("_cache", "_methods", "_path_match", "_suffixes")
 
     def __init__(
         self,
@@ -51,13 +51,28 @@ class IgnoreRules:
     ) -> None:
         pats = [p.strip() for p in paths if p.strip()]
         self._path_match = (
-            re.compile("(?:" + "|".join(f"(?:{ant_to_regex(p)})" for p in pats) + r")\Z").match if pats else None
+            re.compile("(?:" + "|".join(f"(?:{ant_to_regex(p)})" for p in pats) + r")\Z").match
+            if pats
+            else None
         )
         self._suffixes = tuple(s.strip() for s in suffixes if s.strip())
         self._methods = frozenset(m.strip().upper() for m in methods if m.strip())
+        # Decisions per operation name: a service has a bounded set of endpoints, so one dict
+        # lookup replaces the suffix and pattern checks (cleared when full, never stale).
+        self._cache: dict[str, bool] = {}
 
     def ignore_operation(self, op: str) -> bool:
         """True when a trace whose first span is named ``op`` must not be recorded."""
+        cache = self._cache
+        decision = cache.get(op)
+        if decision is None:
+            decision = self._decide(op)
+            if len(cache) >= 4096:
+                cache.clear()
+            cache[op] = decision
+        return decision
+
+    def _decide(self, op: str) -> bool:
         if self._suffixes and op.endswith(self._suffixes):
             return True
         m = self._path_match

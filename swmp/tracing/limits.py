@@ -37,6 +37,7 @@ class Stats:
         "segments_dropped",
         "segments_written",
         "serialize_errors",
+        "spans_lost",
         "spans_over_limit",
         "values_truncated",
     )
@@ -49,6 +50,7 @@ class Stats:
         self.segments_dropped = 0  # the sink (ring) refused the record: full or oversize
         self.serialize_errors = 0
         self.spans_over_limit = 0
+        self.spans_lost = 0  # finished after their segment was emitted (a cross-thread race)
         self.values_truncated = 0
         self.sampled_out = 0
         self.ignored = 0

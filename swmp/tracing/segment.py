@@ -1,17 +1,32 @@
 """A segment: the spans one process recorded for one trace, emitted as ONE record.
 
-Bookkeeping (span ids, open-span count, the finished list) is guarded by a per-segment lock
-because a segment can be shared by threads (``contextvars.copy_context().run`` in a thread
-pool) and asyncio tasks. The segment is emitted when its last open span finishes; it is
-serialized outside the lock, with orjson, in the positional layout of
-``reporter_proc.records`` (SEGMENT), and handed to the sink. A full ring drops the record
-and counts it; nothing here blocks or raises into the application.
+A segment can be shared by threads (``contextvars.copy_context().run`` in a thread pool)
+and asyncio tasks, so its bookkeeping must survive concurrent use. It takes no lock: every
+shared step is one C-level operation the GIL makes atomic, which costs a fraction of a
+lock round trip on the hot path:
+
+* span ids come from ``next()`` on an ``itertools.count``;
+* each open span holds one token in the ``_open`` list (``append`` on start, ``pop`` on
+  finish), and the finished span was appended to ``finished`` before its pop;
+* whoever sees ``_open`` empty after its pop takes the single emit token (``list.pop`` on a
+  one-element list succeeds exactly once) and emits.
+
+So the segment is emitted exactly once, with every span that finished before it. The one
+race left is a span started in one thread at the very moment the last open span finishes
+in another: it can miss the emitted segment; it is then dropped and counted
+(``stats.spans_lost``), never written into a second record under the same segment id.
+
+Emission serializes the segment with orjson in the positional layout of
+``reporter_proc.records`` (SEGMENT) and hands it to the sink; a full ring drops the record
+and counts it. Nothing here blocks or raises into the application.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-import threading
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -22,13 +37,16 @@ from swmp.propagation import b64
 from swmp.tracing.identity import identity
 from swmp.tracing.ids import new_id
 from swmp.tracing.limits import limits, stats
-from swmp.tracing.span import IgnoredSpan, NoopSpan, Span
+from swmp.tracing.span import IgnoredSpan, NoopSpan, Span, b64_cached
 
 log = logging.getLogger("swmp.tracing")
 
 _dumps = orjson.dumps
-_allocate_lock = threading.Lock
+_count = itertools.count
 _logged_errors: set[str] = set()
+
+# Shared read-only default: most traces carry no correlation context.
+NO_CORRELATION: Mapping[str, str] = MappingProxyType({})
 
 
 def _log_once(key: str, msg: str, *args: Any) -> None:
@@ -38,20 +56,14 @@ def _log_once(key: str, msg: str, *args: Any) -> None:
 
 
 class Segment:
-    __slots__ = (
-        "_count",
-        "_lock",
-        "_open",
-        "correlation",
-        "emitted",
-        "encoded",
-        "first",
-        "finished",
-        "segment_id",
-        "size_limited",
-        "skip_analysis",
-        "trace_id",
-    )
+    """Bookkeeping of one segment. Rarely changed fields are class-level defaults (set on the
+    instance only when they change), which keeps creating a segment per request cheap."""
+
+    # Defaults, overridden per instance when they change.
+    size_limited = False
+    skip_analysis = False
+    encoded: tuple[str, str, str] | None = None
+    correlation: Mapping[str, str] = NO_CORRELATION
 
     def __init__(self, trace_id: str | None = None) -> None:
         sid = new_id()
@@ -60,53 +72,63 @@ class Segment:
         # saves drawing a second one per request.
         self.trace_id = trace_id or sid
         self.finished: list[Span] = []
-        self._count = 0
-        self._open = 0
-        self._lock = _allocate_lock()
-        self.size_limited = False
-        self.skip_analysis = False
-        self.correlation: dict[str, str] = {}
-        self.emitted = False
+        self._ids = _count(1)  # id 0 is the first span's
+        self._open: list[None] = [None]  # the first span's token
+        self._token = [True]  # the right to emit, taken once
         self.first: Span | None = None
-        self.encoded: tuple[str, str, str] | None = None
 
-    # -- span lifecycle ---------------------------------------------------------------------
-    def start_span(
-        self, parent_id: int, op: str, kind: int, layer: int, component: int, peer: str
-    ) -> Span | NoopSpan:
-        """A new span in this segment, or an :class:`IgnoredSpan` once the span limit is hit."""
-        with self._lock:
-            if self.emitted:
-                return continuation(self, parent_id, op, kind, layer, component, peer)
-            n = self._count
-            if n >= limits.span_limit:
-                self.size_limited = True
-                stats.spans_over_limit += 1
-                return IgnoredSpan()
-            self._count = n + 1
-            self._open += 1
-        span = Span(self, n, parent_id, op, kind, layer, component, peer)
-        if n == 0:
-            self.first = span
+    def start_first(self, op: str, kind: int, layer: int, component: int, peer: str) -> Span:
+        """The segment's first span (its token is already in ``_open``)."""
+        span = self.first = Span(self, 0, -1, op, kind, layer, component, peer)
         return span
 
-    def finish_span(self, span: Span, end_ms: int) -> None:
-        with self._lock:
-            if span.end:
-                return
-            span.end = end_ms
-            self.finished.append(span)
-            self._open -= 1
-            if self._open > 0 or self.emitted:
-                return
-            self.emitted = True
+    # -- span lifecycle ---------------------------------------------------------------------
+    def start_span(  # noqa: PLR0917 (hot path: positional calls are cheaper)
+        self, parent_id: int, op: str, kind: int, layer: int, component: int, peer: str
+    ) -> Span | NoopSpan:
+        """A child span in this segment, or an :class:`IgnoredSpan` once the span limit is hit."""
+        if not self._token:
+            return continuation(self, parent_id, op, kind, layer, component, peer)
+        n = next(self._ids)
+        if n >= limits.span_limit:
+            self.size_limited = True
+            stats.spans_over_limit += 1
+            return IgnoredSpan()
+        self._open.append(None)
+        return Span(self, n, parent_id, op, kind, layer, component, peer)
+
+    def closed(self, span: Span) -> None:
+        """Bookkeeping after ``span`` got its end time (called by the span, once)."""
+        self.finished.append(span)
+        try:
+            self._open.pop()
+        except IndexError:
+            stats.spans_lost += 1
+            return
+        if self._open:
+            return
+        try:
+            self._token.pop()
+        except IndexError:
+            # Already emitted (a span that raced the segment's end): counted, not re-emitted.
+            stats.spans_lost += 1
+            return
         self.emit()
+
+    def correlation_for_update(self) -> dict[str, str]:
+        """This segment's own, mutable correlation dict (created on first write)."""
+        corr = self.correlation
+        if corr is NO_CORRELATION or not isinstance(corr, dict):
+            corr = self.correlation = dict(corr)
+        return corr
 
     # -- propagation helpers ----------------------------------------------------------------
     def encode_ids(self) -> tuple[str, str, str]:
         """Base64 of trace id, segment id and endpoint, computed once per segment."""
         first = self.first
-        enc = (b64(self.trace_id), b64(self.segment_id), b64(first.op if first is not None else ""))
+        sid = b64(self.segment_id)
+        tid = sid if self.trace_id is self.segment_id else b64(self.trace_id)
+        enc = (tid, sid, b64_cached(first.op) if first is not None else "")
         self.encoded = enc
         return enc
 
@@ -177,18 +199,28 @@ def cross_process_ref(carrier: Any) -> list[Any]:
 
 
 def cross_thread_ref(trace_id: str, segment_id: str, span_id: int, endpoint: str) -> list[Any]:
-    return [REF_CROSS_THREAD, trace_id, segment_id, span_id, identity.service, identity.instance, endpoint, ""]
+    return [
+        REF_CROSS_THREAD,
+        trace_id,
+        segment_id,
+        span_id,
+        identity.service,
+        identity.instance,
+        endpoint,
+        "",
+    ]
 
 
-def continuation(
+def continuation(  # noqa: PLR0917
     parent_seg: Segment, parent_id: int, op: str, kind: int, layer: int, component: int, peer: str
 ) -> Span | NoopSpan:
     """A span whose parent's segment was already emitted: a new segment of the same trace
     with a cross-thread reference to the parent (late work of a finished request)."""
     seg = Segment(parent_seg.trace_id)
-    seg.correlation = parent_seg.correlation
-    seg.skip_analysis = parent_seg.skip_analysis
-    span = seg.start_span(-1, op, kind, layer, component, peer)
-    if isinstance(span, Span):
-        span.add_ref(cross_thread_ref(parent_seg.trace_id, parent_seg.segment_id, parent_id, parent_seg.endpoint))
+    if parent_seg.correlation:
+        seg.correlation = parent_seg.correlation
+    if parent_seg.skip_analysis:
+        seg.skip_analysis = True
+    span = seg.start_first(op, kind, layer, component, peer)
+    span.add_ref(cross_thread_ref(parent_seg.trace_id, parent_seg.segment_id, parent_id, parent_seg.endpoint))
     return span

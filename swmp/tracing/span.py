@@ -11,7 +11,7 @@ request and response are separate calls).
 
 When a span finishes while it is current, the current span becomes the nearest ancestor
 that is still open. A span finished from another task or thread, or out of order, only
-updates its own fields and the segment's bookkeeping (under the segment's lock), so the
+updates its own fields and the segment's (lock-free, GIL-atomic) bookkeeping, so the
 segment is still emitted exactly once, when its last open span finishes.
 """
 
@@ -37,23 +37,27 @@ current_span: ContextVar[Any] = ContextVar("swmp_current_span", default=None)
 _get_current = current_span.get
 _set_current = current_span.set
 
-# Base64 of peer addresses: a worker talks to a handful of peers, so cache them (bounded).
-_peer_b64: dict[str, str] = {}
+# Base64 of peer addresses and endpoint names: a worker sees a small set of each, so cache
+# them (bounded: cleared when full, which only costs re-encoding).
+_b64_cache: dict[str, str] = {}
 
 
-def _peer_encoded(peer: str) -> str:
-    v = _peer_b64.get(peer)
+def b64_cached(s: str) -> str:
+    v = _b64_cache.get(s)
     if v is None:
-        if len(_peer_b64) >= 1024:
-            _peer_b64.clear()
-        v = _peer_b64[peer] = b64(peer)
+        if len(_b64_cache) >= 4096:
+            _b64_cache.clear()
+        v = _b64_cache[s] = b64(s)
     return v
 
 
-def _clip(value: Any, limit: int, seg: Segment) -> str:
-    if value.__class__ is not str:
+def _clip(raw: Any, limit: int, seg: Segment) -> str:
+    value: str
+    if raw.__class__ is str:
+        value = raw
+    else:
         try:
-            value = str(value)
+            value = str(raw)
         except Exception:
             value = "<unprintable>"
     if len(value) > limit:
@@ -66,27 +70,17 @@ def _clip(value: Any, limit: int, seg: Segment) -> str:
 class Span:
     """One recorded operation. Create spans through ``swmp.tracing.context`` (or the API)."""
 
-    __slots__ = (
-        "_prev",
-        "component",
-        "end",
-        "is_error",
-        "kind",
-        "layer",
-        "logs",
-        "op",
-        "parent_id",
-        "peer",
-        "refs",
-        "segment",
-        "span_id",
-        "start",
-        "tags",
-    )
-
+    # Defaults of the fields most spans never change: they are set on the instance only
+    # when they do (no __slots__ here on purpose), which makes creating a span cheaper.
     recording = True
+    end = 0
+    is_error = False
+    tags: Any = _EMPTY
+    logs: Any = _EMPTY
+    refs: Any = _EMPTY
+    _prev: Any = None
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 (hot path: positional calls are cheaper)
         self,
         segment: Segment,
         span_id: int,
@@ -101,17 +95,11 @@ class Span:
         self.span_id = span_id
         self.parent_id = parent_id
         self.start = _time_ns() // 1_000_000
-        self.end = 0
         self.op = op
         self.peer = peer
         self.kind = kind
         self.layer = layer
         self.component = component
-        self.is_error = False
-        self.tags: Any = _EMPTY
-        self.logs: Any = _EMPTY
-        self.refs: Any = _EMPTY
-        self._prev: Any = None
 
     # -- context ---------------------------------------------------------------------------
     def __enter__(self) -> Span:
@@ -120,30 +108,40 @@ class Span:
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        # finish(), inlined: one call less per span on the hot path.
         if ev is not None:
             self.error(ev)
-        self.finish()
-
-    def finish(self, end_ms: int | None = None) -> None:
-        """Finish the span (idempotent). Never raises."""
         if self.end:
             return
+        self.end = _time_ns() // 1_000_000
         if _get_current() is self:
             prev = self._prev
             while prev is not None and prev.end:
                 prev = prev._prev
             _set_current(prev)
-        self.segment.finish_span(self, end_ms or _time_ns() // 1_000_000)
+        self.segment.closed(self)
+
+    def finish(self, end_ms: int | None = None) -> None:
+        """Finish the span (idempotent). Never raises."""
+        if self.end:
+            return
+        self.end = end_ms or _time_ns() // 1_000_000
+        if _get_current() is self:
+            prev = self._prev
+            while prev is not None and prev.end:
+                prev = prev._prev
+            _set_current(prev)
+        self.segment.closed(self)
 
     # -- data ------------------------------------------------------------------------------
     def tag(self, key: str, value: Any) -> Span:
-        value = _clip(value, limits.tag_value_max, self.segment)
+        if value.__class__ is not str or len(value) > limits.tag_value_max:
+            value = _clip(value, limits.tag_value_max, self.segment)
         tags = self.tags
         if tags is _EMPTY:
             self.tags = [key, value]
         else:
-            tags.append(key)
-            tags.append(value)
+            tags += (key, value)
         return self
 
     def log(self, message: Any = None, **fields: Any) -> Span:
@@ -168,11 +166,16 @@ class Span:
         self.is_error = True
         if exc is not None:
             try:
-                stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__,
-                                                           limit=limits.exception_depth))
+                stack = "".join(
+                    traceback.format_exception(
+                        type(exc), exc, exc.__traceback__, limit=limits.exception_depth
+                    )
+                )
             except Exception:
                 stack = ""
-            self.log(**{"event": "error", "error.kind": type(exc).__name__, "message": str(exc), "stack": stack})
+            self.log(
+                **{"event": "error", "error.kind": type(exc).__name__, "message": str(exc), "stack": stack}
+            )
         return self
 
     def set_operation(self, op: str) -> Span:
@@ -205,20 +208,8 @@ class Span:
         if enc is None:
             enc = seg.encode_ids()
         headers = {
-            "sw8": "1-"
-            + enc[0]
-            + "-"
-            + enc[1]
-            + "-"
-            + str(self.span_id)
-            + "-"
-            + identity.service_b64
-            + "-"
-            + identity.instance_b64
-            + "-"
-            + enc[2]
-            + "-"
-            + _peer_encoded(self.peer)
+            "sw8": f"1-{enc[0]}-{enc[1]}-{self.span_id}-{identity.service_b64}-{identity.instance_b64}-"
+            f"{enc[2]}-{b64_cached(self.peer)}"
         }
         if seg.correlation:
             headers["sw8-correlation"] = encode_correlation(seg.correlation)
@@ -291,7 +282,7 @@ class IgnoredSpan(NoopSpan):
     besides the sampling/ignore decision itself.
     """
 
-    __slots__ = ("_prev", "end")  # type: ignore[assignment]
+    __slots__ = ("_prev", "end")
 
     def __init__(self) -> None:
         self._prev: Any = None

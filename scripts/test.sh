@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# test.sh: the whole check, as CI runs it. Exits non-zero on any failure.
+#
+#   1. ruff (lint) and mypy (types) first: they take seconds and fail fast;
+#   2. the complete pytest suite, end-to-end tests included: they start a real Kafka broker
+#      and real SkyWalking OAP servers on 127.0.0.1 (jars pre-fetched by install.sh).
+#
+# Extra arguments go to pytest (e.g. `bash scripts/test.sh -k kafka -x`).
+# PYTHON selects the interpreter (python3 by default).
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
+log() { echo "[test] $*"; }
+T0=$(date +%s)
+
+log "ruff check"
+"$PYTHON" -m ruff check . || { log "FAILED: ruff"; exit 1; }
+
+log "mypy"
+"$PYTHON" -m mypy || { log "FAILED: mypy"; exit 1; }
+
+log "pytest (whole suite, e2e included)"
+"$PYTHON" -m pytest -q "$@"
+rc=$?
+case $rc in
+  0) log "all passed in $(( $(date +%s) - T0 ))s" ;;
+  5) log "FAILED: pytest collected no tests"; exit 1 ;;
+  *) log "FAILED: pytest exit status $rc"; exit "$rc" ;;
+esac

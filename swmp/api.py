@@ -1,0 +1,217 @@
+"""The public API (re-exported by ``swmp``): start the agent, make spans, propagate context.
+
+Everything here is safe to call whether or not the agent runs: before ``start`` spans are
+still built (and counted as dropped by the null sink), so instrumented code never needs a
+guard. Nothing raises into the caller for tracing reasons.
+
+Example::
+
+    import swmp
+
+    swmp.start(agent_name="orders", agent_collector_backend_services="oap:11800")
+
+    @swmp.trace()
+    def price(order): ...
+
+    with swmp.entry_span("/orders", headers=request.headers):
+        swmp.tag("order.id", order_id)
+        with swmp.exit_span("/stock", peer="stock:80") as span:
+            http_get(url, headers=span.inject())
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any, TypeVar, overload
+
+from swmp.config import Config, load
+from swmp.propagation import ContextCarrier, from_headers, header_lookup
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import Component, Layer
+from swmp.tracing.limits import limits
+from swmp.tracing.span import NoopSpan, Span
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+AnySpan = Span | NoopSpan
+
+
+def start(**settings: Any) -> Config:
+    """Start the agent. Keyword arguments override ``SW_*`` variables (``agent_name="svc"``
+    for ``SW_AGENT_NAME``; see docs/configuration.md). Returns the configuration in force."""
+    config = load(**settings)
+    from swmp import agent  # noqa: PLC0415 (keeps `import swmp` free of the agent machinery)
+
+    agent.start(config)
+    return config
+
+
+def stop() -> None:
+    """Flush and stop the agent (also done at interpreter exit)."""
+    from swmp import agent  # noqa: PLC0415
+
+    agent.stop()
+
+
+# -- spans ---------------------------------------------------------------------------------
+
+
+def extract(headers: Any) -> ContextCarrier | None:
+    """Decode ``sw8`` / ``sw8-correlation`` / ``sw8-x`` from request headers.
+
+    ``headers`` may be any mapping (looked up case-insensitively), a list of ``(name,
+    value)`` pairs (ASGI), or a WSGI environ. Returns None when there is no valid ``sw8``.
+    """
+    if isinstance(headers, Mapping) and "HTTP_SW8" in headers:
+        sw8, corr, x = headers.get("HTTP_SW8"), headers.get("HTTP_SW8_CORRELATION"), headers.get("HTTP_SW8_X")
+    else:
+        sw8 = header_lookup(headers, "sw8")
+        if sw8 is None:
+            return None
+        corr, x = header_lookup(headers, "sw8-correlation"), header_lookup(headers, "sw8-x")
+    return from_headers(sw8, corr, x, limits.correlation_max_elements, limits.correlation_max_value_length)
+
+
+def entry_span(
+    op: str,
+    headers: Any = None,
+    *,
+    carrier: ContextCarrier | _ctx.Snapshot | None = None,
+    component: int = Component.PYTHON,
+    layer: int = Layer.HTTP,
+) -> AnySpan:
+    """A span for work that arrived from outside (a request, a message).
+
+    Pass the incoming ``headers`` (or an already decoded ``carrier``) to continue the
+    caller's trace. Use as a context manager, or call ``finish()``.
+    """
+    if carrier is None and headers is not None:
+        carrier = extract(headers)
+    return _ctx.new_entry_span(op, carrier, component, layer)
+
+
+def exit_span(op: str, peer: str, *, component: int = Component.PYTHON, layer: int = Layer.HTTP) -> AnySpan:
+    """A span for a call to another service; ``span.inject()`` gives the headers to send."""
+    return _ctx.new_exit_span(op, peer, component, layer)
+
+
+def local_span(
+    op: str,
+    *,
+    parent: _ctx.Snapshot | None = None,
+    component: int = Component.PYTHON,
+    layer: int = Layer.UNKNOWN,
+) -> AnySpan:
+    """A span for in-process work. ``parent`` (from :func:`capture`) continues a trace
+    started in another thread or task."""
+    return _ctx.new_local_span(op, component, layer, parent)
+
+
+@overload
+def trace(fn: F) -> F: ...
+@overload
+def trace(
+    fn: None = None, *, op: str | None = None, component: int = Component.PYTHON, layer: int = Layer.UNKNOWN
+) -> Callable[[F], F]: ...
+def trace(
+    fn: Any = None, *, op: str | None = None, component: int = Component.PYTHON, layer: int = Layer.UNKNOWN
+) -> Any:
+    """Decorator: run the function (sync or ``async``) in a local span named after it.
+
+    ``@swmp.trace`` or ``@swmp.trace(op="pricing")``.
+    """
+
+    def decorate(f: F) -> F:
+        name = op or f"{f.__module__}.{f.__qualname__}"
+        if inspect.iscoroutinefunction(f):
+
+            @functools.wraps(f)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with _ctx.new_local_span(name, component, layer):
+                    return await f(*args, **kwargs)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with _ctx.new_local_span(name, component, layer):
+                return f(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate(fn) if fn is not None else decorate
+
+
+# -- the active span -----------------------------------------------------------------------
+
+
+def current_span() -> Span | None:
+    """The innermost open recorded span of this thread/task, or None."""
+    return _ctx.active_span()
+
+
+def tag(key: str, value: Any) -> None:
+    """Tag the current span (no-op outside a recorded span)."""
+    span = _ctx.active_span()
+    if span is not None:
+        span.tag(key, value)
+
+
+def log(message: Any = None, **fields: Any) -> None:
+    """Attach a timestamped log to the current span."""
+    span = _ctx.active_span()
+    if span is not None:
+        span.log(message, **fields)
+
+
+def error(exc: BaseException | None = None) -> None:
+    """Mark the current span as failed; records ``exc`` (default: the exception being
+    handled) with its stack."""
+    span = _ctx.active_span()
+    if span is not None:
+        span.error(exc if exc is not None else sys.exc_info()[1])
+
+
+def trace_id() -> str:
+    """The current trace id ("" outside a recorded trace), e.g. to put in a log line."""
+    return _ctx.trace_id()
+
+
+def inject(headers: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Propagation headers for an outgoing call made from the current span.
+
+    Adds them to ``headers`` when given, and returns them. Prefer an :func:`exit_span`'s
+    own ``inject()``: the backend draws the call between the two spans.
+    """
+    span = _ctx.active_span()
+    out = span.inject() if span is not None else {}
+    if headers is not None:
+        headers.update(out)
+    return out
+
+
+def capture() -> _ctx.Snapshot | None:
+    """Snapshot of the current span, to continue the trace in another thread (``local_span(parent=...)``)."""
+    return _ctx.capture()
+
+
+def set_correlation(key: str, value: str) -> bool:
+    """Set a ``sw8-correlation`` entry carried to downstream services; False if over the limits."""
+    span = _ctx.active_span()
+    if span is None:
+        return False
+    corr = span.segment.correlation_for_update()
+    if len(value) > limits.correlation_max_value_length:
+        return False
+    if key not in corr and len(corr) >= limits.correlation_max_elements:
+        return False
+    corr[key] = value
+    return True
+
+
+def get_correlation(key: str) -> str | None:
+    span = _ctx.active_span()
+    return span.segment.correlation.get(key) if span is not None else None

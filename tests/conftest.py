@@ -1,0 +1,12 @@
+"""Shared pytest set-up for the whole suite.
+
+Session fixtures for real backends (a Kafka broker, SkyWalking OAP servers) live in
+``tests/realpeers.py``; importing them here makes them available to every test module.
+They start nothing until a test asks for them.
+"""
+
+from __future__ import annotations
+
+from tests.realpeers import kafka_broker, oap_server, oap_with_kafka
+
+__all__ = ["kafka_broker", "oap_server", "oap_with_kafka"]

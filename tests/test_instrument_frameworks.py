@@ -1,0 +1,265 @@
+"""Framework auto-install (Flask, Django, Starlette/FastAPI), the middlewares, the registry,
+and the log reporter."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+from wsgiref.util import setup_testing_defaults
+
+import orjson
+import pytest
+
+from reporter_proc import records as R
+from swmp import _sink, instrument, propagation, tracing
+from swmp.config import load
+from swmp.instrument.asgi import ASGIMiddleware
+from swmp.instrument.log_reporter import SkyWalkingLogHandler
+from swmp.instrument.wsgi import WSGIMiddleware
+from swmp.tracing import Component, Kind
+from swmp.tracing.context import new_entry_span
+
+SW8 = propagation.encode_sw8(
+    "trace-up", "seg-up", 4, propagation.b64("up"), propagation.b64("up-1"), "/up", "me:1"
+)
+
+
+@pytest.fixture()
+def sink() -> Iterator[_sink.MemorySink]:
+    s = _sink.MemorySink()
+    _sink.set_sink(s)
+    cfg = load({}, agent_log_reporter_active=False, plugin_flask_collect_http_params=True)
+    tracing.configure(cfg)
+    tracing.stats.reset()
+    instrument.install_all(cfg)
+    yield s
+    instrument.uninstall_all()
+    _sink.set_sink(None)
+
+
+def segments(sink: _sink.MemorySink) -> list[list[Any]]:
+    return [orjson.loads(p) for t, p in sink.records if t == R.SEGMENT]
+
+
+def tags_of(span: list[Any]) -> dict[str, str]:
+    t = span[R.SPAN_TAGS]
+    return dict(zip(t[::2], t[1::2], strict=True))
+
+
+def test_flask_auto_install(sink: _sink.MemorySink) -> None:
+    import flask
+
+    app = flask.Flask("t")
+
+    @app.route("/items/<int:n>")
+    def item(n: int) -> str:
+        return str(n)
+
+    @app.route("/fail")
+    def fail() -> str:
+        raise RuntimeError("bad")
+
+    client = app.test_client()
+    # The span ends when the server closes the response iterable, as PEP 3333 requires.
+    with client.get("/items/3?a=b", headers={"sw8": SW8}) as resp:
+        assert resp.data == b"3"
+    with client.get("/fail") as resp:
+        assert resp.status_code == 500
+    ok, failed = segments(sink)
+    (span,) = ok[R.SEG_SPANS]
+    assert span[R.SPAN_OPERATION] == "/items/3"
+    assert span[R.SPAN_COMPONENT] == Component.FLASK and span[R.SPAN_TYPE] == Kind.ENTRY
+    assert ok[R.SEG_TRACE_ID] == "trace-up"
+    assert span[R.SPAN_REFS][0][1:4] == ["trace-up", "seg-up", 4]
+    assert tags_of(span)["http.params"] == "a=b"
+    assert failed[R.SEG_SPANS][0][R.SPAN_IS_ERROR] is True
+    assert tags_of(failed[R.SEG_SPANS][0])["http.status_code"] == "500"
+
+
+def test_wsgi_middleware_with_streamed_body_and_nesting(sink: _sink.MemorySink) -> None:
+    def app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+        start_response("200 OK", [])
+        yield b"a"
+        yield b"b"
+
+    wrapped = WSGIMiddleware(WSGIMiddleware(app))  # nested: still one entry span
+    environ: dict[str, Any] = {"PATH_INFO": "/stream", "REQUEST_METHOD": "POST"}
+    setup_testing_defaults(environ)
+    body = wrapped(environ, lambda status, headers, exc=None: None)
+    assert sink.records == []  # not finished before the server closes the body
+    assert b"".join(body) == b"ab"
+    body.close()  # type: ignore[attr-defined]
+    (seg,) = segments(sink)
+    assert len(seg[R.SEG_SPANS]) == 1
+    assert tags_of(seg[R.SEG_SPANS][0])["http.method"] == "POST"
+
+
+def test_ignored_method_is_not_traced(sink: _sink.MemorySink) -> None:
+    tracing.configure(load({}, plugin_http_ignore_method="OPTIONS"))
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("204 No Content", [])
+        return []
+
+    environ: dict[str, Any] = {"REQUEST_METHOD": "OPTIONS"}
+    setup_testing_defaults(environ)
+    WSGIMiddleware(app)(environ, lambda *a: None)
+    assert sink.records == []
+
+
+def test_django_auto_install(sink: _sink.MemorySink) -> None:
+    import django
+    from django.conf import settings
+    from django.http import HttpResponse
+    from django.urls import path
+
+    if not settings.configured:
+        mod = types.ModuleType("swmp_test_django_urls")
+        mod.urlpatterns = [path("hello/", lambda request: HttpResponse("hi"))]  # type: ignore[attr-defined]
+        sys.modules[mod.__name__] = mod
+        settings.configure(
+            ROOT_URLCONF=mod.__name__,
+            ALLOWED_HOSTS=["*"],
+            DEBUG=False,
+            SECRET_KEY="x",
+            MIDDLEWARE=[],
+            INSTALLED_APPS=[],
+        )
+        django.setup()
+    from django.core.handlers.wsgi import WSGIHandler
+
+    environ: dict[str, Any] = {"PATH_INFO": "/hello/", "HTTP_SW8": SW8}
+    setup_testing_defaults(environ)
+    statuses: list[str] = []
+    result = WSGIHandler()(environ, lambda status, headers, exc=None: statuses.append(status))
+    b"".join(result)
+    result.close()
+    assert statuses == ["200 OK"]
+    (seg,) = segments(sink)
+    (span,) = seg[R.SEG_SPANS]
+    assert span[R.SPAN_COMPONENT] == Component.DJANGO and span[R.SPAN_OPERATION] == "/hello/"
+    assert seg[R.SEG_TRACE_ID] == "trace-up"
+
+
+async def _asgi_call(app: Any, path: str, headers: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "headers": headers,
+        "query_string": b"",
+        "scheme": "http",
+        "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 5000),
+        "root_path": "",
+        "http_version": "1.1",
+        "raw_path": path.encode(),
+    }
+    messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent
+
+
+def test_starlette_auto_install(sink: _sink.MemorySink) -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def hello(request: Any) -> PlainTextResponse:
+        with new_entry_span("/inner-entry") as nested:  # an entry inside the entry: not recorded
+            assert not nested.recording
+        return PlainTextResponse("hi", status_code=201)
+
+    app = Starlette(routes=[Route("/hello", hello)])
+    sent = asyncio.run(_asgi_call(app, "/hello", [(b"sw8", SW8.encode()), (b"host", b"example:80")]))
+    assert sent[0]["status"] == 201
+    (seg,) = segments(sink)
+    (span,) = seg[R.SEG_SPANS]
+    assert span[R.SPAN_COMPONENT] == Component.FASTAPI and span[R.SPAN_OPERATION] == "/hello"
+    assert seg[R.SEG_TRACE_ID] == "trace-up"
+    assert tags_of(span)["http.status_code"] == "201"
+    assert tags_of(span)["http.url"] == "http://example:80/hello"
+    assert span[R.SPAN_PEER] == "127.0.0.1:5000"
+
+
+def test_asgi_middleware_error(sink: _sink.MemorySink) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        asyncio.run(_asgi_call(ASGIMiddleware(app), "/e", []))
+    (seg,) = segments(sink)
+    assert seg[R.SEG_SPANS][0][R.SPAN_IS_ERROR] is True
+
+
+def test_registry_disable_failure_version_and_absent(caplog: pytest.LogCaptureFixture) -> None:
+    def fake(name: str, package: str | None, supported: tuple[str, str], fail: bool) -> str:
+        mod = types.ModuleType(f"swmp_test_plugin_{name}")
+        mod.NAME = name  # type: ignore[attr-defined]
+        mod.PACKAGE = package  # type: ignore[attr-defined]
+        mod.SUPPORTED = supported  # type: ignore[attr-defined]
+        calls: list[str] = []
+        mod.calls = calls  # type: ignore[attr-defined]
+
+        def install(config: Any) -> None:
+            if fail:
+                raise RuntimeError("cannot patch")
+            calls.append("installed")
+
+        mod.install = install  # type: ignore[attr-defined]
+        mod.uninstall = lambda: calls.append("uninstalled")  # type: ignore[attr-defined]
+        sys.modules[mod.__name__] = mod
+        return mod.__name__
+
+    cfg = load({}, agent_disable_plugins="off*")
+    with caplog.at_level(logging.WARNING, logger="swmp.instrument"):
+        assert instrument.install_one(fake("ok", None, ("", ""), False), cfg) == ("ok", "installed")
+        assert instrument.install_one(fake("off-one", None, ("", ""), False), cfg) == ("off-one", "disabled")
+        _, status = instrument.install_one(fake("broken", None, ("", ""), True), cfg)
+        assert status.startswith("failed")
+        _, status = instrument.install_one(fake("old", "pytest", ("999", ""), False), cfg)
+        assert status.startswith("unsupported version")
+        assert instrument.install_one(fake("gone", "swmp_no_such_pkg", ("", ""), False), cfg)[1] == "absent"
+    assert any("broken" in r.getMessage() for r in caplog.records)
+    assert any("outside the supported range" in r.getMessage() for r in caplog.records)
+    assert sys.modules["swmp_test_plugin_ok"].calls == ["installed"]  # type: ignore[attr-defined]
+    instrument.uninstall_all()
+    assert sys.modules["swmp_test_plugin_ok"].calls == ["installed", "uninstalled"]  # type: ignore[attr-defined]
+    assert instrument.supported("2.31.0", ("2.20", "3")) and not instrument.supported("3.0", ("2.20", "3"))
+
+
+def test_log_reporter_links_logs_to_traces(sink: _sink.MemorySink) -> None:
+    handler = SkyWalkingLogHandler(level=logging.INFO, layout="%(levelname)s %(message)s")
+    logger = logging.getLogger("app.test_logs")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        with new_entry_span("/checkout") as span:
+            logger.warning("paid %s", 42)
+        logger.info("outside")
+        logging.getLogger("swmp.whatever").addHandler(handler)
+        logging.getLogger("swmp.whatever").error("own logs are never reported")
+    finally:
+        logger.removeHandler(handler)
+        logging.getLogger("swmp.whatever").removeHandler(handler)
+    logs = [orjson.loads(p) for t, p in sink.records if t == R.LOG]
+    assert len(logs) == 2
+    inside, outside = logs
+    assert inside[5] == "WARNING paid 42" and inside[4] == "text"
+    assert inside[6] == span.segment.trace_id and inside[7] == span.segment.segment_id and inside[8] == 0
+    assert inside[3] == "/checkout"
+    assert inside[9][:2] == ["level", "WARNING"]
+    assert outside[6] == "" and outside[8] == -1

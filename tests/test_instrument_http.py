@@ -1,0 +1,261 @@
+"""HTTP instrumentation against real servers on 127.0.0.1: propagation between services,
+one exit span per client call, framework auto-install."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import orjson
+import pytest
+
+from reporter_proc import records as R
+from swmp import _sink, instrument, tracing
+from swmp.config import load
+from swmp.instrument.wsgi import WSGIMiddleware
+from swmp.tracing import Component, Kind
+from swmp.tracing.context import new_local_span
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class Server:
+    """A WSGI app served by wsgiref in a thread on a free 127.0.0.1 port."""
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.httpd: WSGIServer = make_server("127.0.0.1", 0, app, handler_class=_Quiet)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture()
+def sink() -> Iterator[_sink.MemorySink]:
+    s = _sink.MemorySink()
+    _sink.set_sink(s)
+    cfg = load({}, agent_log_reporter_active=False)
+    tracing.configure(cfg)
+    tracing.stats.reset()
+    status = instrument.install_all(cfg)
+    assert status["requests"] == status["urllib3"] == status["http.client"] == status["httpx"] == "installed"
+    yield s
+    instrument.uninstall_all()
+    _sink.set_sink(None)
+
+
+@pytest.fixture()
+def echo() -> Iterator[tuple[Server, list[dict[str, Any]]]]:
+    """A plain (uninstrumented) server that records the headers it received."""
+    seen: list[dict[str, Any]] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.append({k: v for k, v in environ.items() if k.startswith("HTTP_")})
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    srv = Server(app)
+    yield srv, seen
+    srv.close()
+
+
+def segments(sink: _sink.MemorySink) -> list[list[Any]]:
+    return [orjson.loads(p) for t, p in list(sink.records) if t == R.SEGMENT]
+
+
+def all_spans(sink: _sink.MemorySink) -> list[tuple[list[Any], list[Any]]]:
+    return [(seg, s) for seg in segments(sink) for s in seg[R.SEG_SPANS]]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def test_propagation_between_two_instrumented_services(sink: _sink.MemorySink) -> None:
+    import flask
+    import requests
+
+    downstream_seen: dict[str, Any] = {}
+
+    def service_b(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        downstream_seen["sw8"] = environ.get("HTTP_SW8")
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"stock: 3"]
+
+    srv_b = Server(WSGIMiddleware(service_b))
+    app_a = flask.Flask("service_a")
+
+    @app_a.route("/orders")
+    def orders() -> str:
+        return requests.get(f"{srv_b.url}/stock", timeout=5).text
+
+    srv_a = Server(app_a)  # Flask's wsgi_app is patched by install_all: no wrapping needed
+    try:
+        with new_local_span("client"):
+            body = urllib.request.urlopen(f"{srv_a.url}/orders?x=1", timeout=5).read()
+        assert body == b"stock: 3"
+        wait_for(lambda: len(segments(sink)) == 3)
+    finally:
+        srv_a.close()
+        srv_b.close()
+
+    client_seg, client_exit = next(
+        (seg, s)
+        for seg, s in all_spans(sink)
+        if s[R.SPAN_TYPE] == Kind.EXIT and s[R.SPAN_OPERATION] == "/orders"
+    )
+    entries = [(seg, s) for seg, s in all_spans(sink) if s[R.SPAN_TYPE] == Kind.ENTRY]
+    a_seg, a_entry = next((seg, s) for seg, s in entries if s[R.SPAN_OPERATION] == "/orders")
+    b_seg, b_entry = next((seg, s) for seg, s in entries if s[R.SPAN_OPERATION] == "/stock")
+    a_exit = next(s for s in a_seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.EXIT)
+
+    # One trace across three segments.
+    assert len({a_seg[R.SEG_TRACE_ID], b_seg[R.SEG_TRACE_ID]}) == 1
+    assert client_seg[R.SEG_TRACE_ID] == a_seg[R.SEG_TRACE_ID]
+    # A's entry span refers to the client's exit span (http.client, component 7000).
+    assert client_exit[R.SPAN_COMPONENT] == Component.PYTHON
+    ref_a = a_entry[R.SPAN_REFS][0]
+    assert ref_a[:4] == [
+        R.REF_CROSS_PROCESS,
+        client_seg[R.SEG_TRACE_ID],
+        client_seg[R.SEG_SEGMENT_ID],
+        client_exit[R.SPAN_ID],
+    ]
+    # The child segment's ref points at the parent span: B's entry -> A's requests exit span.
+    ref_b = b_entry[R.SPAN_REFS][0]
+    assert ref_b[R.REF_CROSS_PROCESS] == R.REF_CROSS_PROCESS
+    assert ref_b[1:4] == [a_seg[R.SEG_TRACE_ID], a_seg[R.SEG_SEGMENT_ID], a_exit[R.SPAN_ID]]
+    assert ref_b[6] == "/orders"  # parent endpoint: A's entry operation
+    assert ref_b[7] == f"127.0.0.1:{srv_b.port}"  # address used at the client
+    assert a_exit[R.SPAN_PEER] == f"127.0.0.1:{srv_b.port}"
+    assert downstream_seen["sw8"].startswith("1-")
+    # Exactly one exit span in A for requests -> urllib3 -> http.client.
+    assert [s[R.SPAN_COMPONENT] for s in a_seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.EXIT] == [
+        Component.REQUESTS
+    ]
+    assert a_entry[R.SPAN_COMPONENT] == Component.FLASK
+    tags = dict(zip(a_entry[R.SPAN_TAGS][::2], a_entry[R.SPAN_TAGS][1::2], strict=True))
+    assert tags["http.method"] == "GET" and tags["http.status_code"] == "200"
+    assert tags["http.url"] == f"http://127.0.0.1:{srv_a.port}/orders"
+
+
+@pytest.mark.parametrize("client", ["requests", "urllib3", "http.client", "httpx", "httpx-async"])
+def test_each_client_makes_one_exit_span_and_injects(
+    sink: _sink.MemorySink, echo: tuple[Server, list[dict[str, Any]]], client: str
+) -> None:
+    srv, seen = echo
+    url = f"{srv.url}/path?q=1"
+    with new_local_span("caller"):
+        if client == "requests":
+            import requests
+
+            assert requests.get(url, timeout=5).status_code == 200
+            expected = Component.REQUESTS
+        elif client == "urllib3":
+            import urllib3
+
+            with urllib3.PoolManager(headers={"X-Pool": "kept"}) as pm:
+                assert pm.request("GET", url).status == 200
+            expected = Component.URLLIB3
+        elif client == "http.client":
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+            conn.request("GET", "/path?q=1", headers={"X-Own": "1"})
+            assert conn.getresponse().read() == b"ok"
+            conn.close()
+            expected = Component.PYTHON
+        elif client == "httpx":
+            import httpx
+
+            with httpx.Client() as c:
+                assert c.get(url).status_code == 200
+            expected = Component.HTTPX
+        else:
+            import httpx
+
+            async def go() -> int:
+                async with httpx.AsyncClient() as c:
+                    return (await c.get(url)).status_code
+
+            assert asyncio.run(go()) == 200
+            expected = Component.HTTPX
+    (seg,) = segments(sink)
+    exits = [s for s in seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.EXIT]
+    assert len(exits) == 1, exits
+    (ex,) = exits
+    assert ex[R.SPAN_COMPONENT] == expected
+    assert ex[R.SPAN_OPERATION] == "/path"
+    assert ex[R.SPAN_PEER] == f"127.0.0.1:{srv.port}"
+    assert "http.status_code" in ex[R.SPAN_TAGS]
+    (headers,) = seen
+    assert headers["HTTP_SW8"].split("-")[3] == str(ex[R.SPAN_ID])
+    if client == "urllib3":
+        assert headers["HTTP_X_POOL"] == "kept"  # the pool's default headers survive injection
+    if client == "http.client":
+        assert headers["HTTP_X_OWN"] == "1"
+
+
+def test_error_status_marks_exit_span(sink: _sink.MemorySink) -> None:
+    import requests
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("503 Service Unavailable", [])
+        return [b""]
+
+    srv = Server(app)
+    try:
+        with new_local_span("c"):
+            assert requests.get(srv.url, timeout=5).status_code == 503
+    finally:
+        srv.close()
+    (seg,) = segments(sink)
+    ex = next(s for s in seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.EXIT)
+    assert ex[R.SPAN_IS_ERROR] is True
+
+
+def test_client_error_is_recorded_and_reraised(sink: _sink.MemorySink) -> None:
+    import requests
+
+    srv = Server(lambda e, s: [])
+    port = srv.port
+    srv.close()  # nothing listens there now
+    with new_local_span("c"), pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/", timeout=2)
+    (seg,) = segments(sink)
+    ex = next(s for s in seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.EXIT)
+    assert ex[R.SPAN_IS_ERROR] is True
+    assert any("error.kind" in log[1] for log in ex[R.SPAN_LOGS])
+
+
+def test_no_trace_no_headers(sink: _sink.MemorySink, echo: tuple[Server, list[dict[str, Any]]]) -> None:
+    """A client call outside any trace starts its own (exit-only) trace; an ignored trace sends nothing."""
+    import requests
+
+    srv, seen = echo
+    tracing.configure(load({}, sample_n_per_3_secs=1))
+    requests.get(srv.url, timeout=5)  # takes the one sample of this window
+    requests.get(srv.url, timeout=5)  # not sampled: no header
+    assert "HTTP_SW8" in seen[0] and "HTTP_SW8" not in seen[1]
+    assert len(segments(sink)) == 1

@@ -1,0 +1,212 @@
+"""sw8 / sw8-correlation / sw8-x: round trips, malformed and hostile headers, fuzzing."""
+
+from __future__ import annotations
+
+import base64
+import random
+import string
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from swmp import propagation as P
+
+# Hypothesis generates a few thousand structured inputs per test here (generation, not decoding,
+# is the slow part); each one is then decoded together with all of its prefixes, so every test
+# still feeds the decoders hundreds of thousands of related inputs in a few seconds.
+SETTINGS = settings(max_examples=2500, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+
+printable = st.text(min_size=1, max_size=60)
+
+
+def b(s: str) -> str:
+    return base64.b64encode(s.encode()).decode()
+
+
+def valid_sw8(
+    *,
+    trace: str = "t.1",
+    seg: str = "s.1",
+    span: str = "3",
+    svc: str = "svc",
+    inst: str = "i",
+    ep: str = "/ep",
+    addr: str = "h:80",
+    flag: str = "1",
+) -> str:
+    return "-".join([flag, b(trace), b(seg), span, b(svc), b(inst), b(ep), b(addr)])
+
+
+def test_round_trip_sw8() -> None:
+    value = P.encode_sw8("trace-é", "seg", 7, P.b64("svc|ns"), P.b64("inst"), "/orders/{id}", "10.0.0.1:80")
+    c = P.decode_sw8(value)
+    assert c is not None
+    assert (c.trace_id, c.segment_id, c.span_id, c.service, c.instance, c.endpoint, c.address) == (
+        "trace-é",
+        "seg",
+        7,
+        "svc|ns",
+        "inst",
+        "/orders/{id}",
+        "10.0.0.1:80",
+    )
+    assert c.sampled
+    assert P.decode_sw8(c.to_sw8()).__repr__() == c.__repr__()
+    assert P.decode_sw8(value.encode()) is not None  # bytes (ASGI) too
+
+
+@given(
+    st.text(min_size=1),
+    st.text(min_size=1),
+    st.integers(0, 2**31 - 1),
+    st.text(min_size=1),
+    st.text(min_size=1),
+    st.text(),
+    st.text(),
+)
+@settings(max_examples=1000, deadline=None, database=None)
+def test_round_trip_sw8_property(  # noqa: PLR0917 (one argument per strategy)
+    tid: str, sid: str, span: int, svc: str, inst: str, ep: str, addr: str
+) -> None:
+    clean = [x.encode("utf-8", "replace").decode() for x in (tid, sid, svc, inst, ep, addr)]
+    value = P.encode_sw8(clean[0], clean[1], span, P.b64(clean[2]), P.b64(clean[3]), clean[4], clean[5])
+    c = P.decode_sw8(value)
+    assert c is not None
+    assert [c.trace_id, c.segment_id, c.service, c.instance, c.endpoint, c.address] == clean
+    assert c.span_id == span
+
+
+def test_malformed_sw8_is_rejected() -> None:
+    bad: list[Any] = [
+        None,
+        42,
+        "",
+        "-",
+        "1",
+        "1-2-3",
+        valid_sw8() + "-extra",
+        valid_sw8().replace("1-", "2-", 1),
+        valid_sw8(span="-1"),
+        valid_sw8(span="x"),
+        valid_sw8(span="99999999999"),
+        valid_sw8(span="²"),
+        valid_sw8(span=""),
+        valid_sw8(trace=""),
+        valid_sw8(svc=""),
+        "1-!!!!-" + valid_sw8()[2:].split("-", 1)[1],
+        "1-" + "A" * 5000,
+        valid_sw8() + "x" * 5000,
+        b"\xff\xfe",
+        "1-é-é-1-é-é-é-é",
+        "-".join(["1", "=AAA", b("s"), "1", b("a"), b("b"), b("c"), b("d")]),
+        "-".join(["1", base64.b64encode(b"\xff\xfe").decode(), b("s"), "1", b("a"), b("b"), b("c"), b("d")]),
+    ]
+    for v in bad:
+        assert P.decode_sw8(v) is None, v
+    assert P.decode_sw8(valid_sw8(flag="0")).sampled is False  # type: ignore[union-attr]
+    assert P.decode_sw8(valid_sw8(ep="", addr="")) is not None  # empty endpoint/address are tolerated
+
+
+def test_unpadded_base64_is_tolerated() -> None:
+    v = "-".join(["1", b("ab").rstrip("="), b("s"), "1", b("a"), b("b"), b("c"), b("d")])
+    c = P.decode_sw8(v)
+    assert c is not None and c.trace_id == "ab"
+
+
+def test_correlation_round_trip_and_limits() -> None:
+    corr = {"a": "1", "user": "ü", "x": "y"}
+    assert P.decode_correlation(P.encode_correlation(corr)) == corr
+    many = P.encode_correlation({f"k{i}": "v" for i in range(10)})
+    assert len(P.decode_correlation(many, max_elements=3)) == 3
+    long = P.encode_correlation({"k": "v" * 200, "ok": "fine"})
+    assert P.decode_correlation(long, max_value_length=128) == {"ok": "fine"}
+    assert P.decode_correlation("garbage,::,a:b:c," + P.encode_correlation({"k": "v"})) == {"k": "v"}
+    assert P.decode_correlation("x" * 100_000) == {}
+    assert P.decode_correlation(None) == {}
+
+
+def test_sw8x() -> None:
+    assert P.decode_sw8x(P.encode_sw8x(True, 123)) is True
+    assert P.decode_sw8x(P.encode_sw8x(False)) is False
+    assert P.decode_sw8x("1") is True
+    for v in (None, "", "2-1", b"\xff", "1" * 1000):
+        assert P.decode_sw8x(v) is False
+
+
+def test_from_headers_and_lookup() -> None:
+    headers = {"SW8": valid_sw8(), "Sw8-Correlation": P.encode_correlation({"k": "v"}), "sw8-x": "1-5"}
+    c = P.from_headers(
+        P.header_lookup(headers, "sw8"),
+        P.header_lookup(headers, "sw8-correlation"),
+        P.header_lookup(headers, "sw8-x"),
+    )
+    assert c is not None and c.correlation == {"k": "v"} and c.skip_analysis
+    pairs = [(b"sw8", valid_sw8().encode()), (b"other", b"x")]
+    assert P.header_lookup(pairs, "sw8") == valid_sw8().encode()
+    assert P.header_lookup(object(), "sw8") is None
+    assert P.from_headers(None) is None
+
+
+# -- fuzzing: nothing may raise, whatever arrives ------------------------------------------------
+# About 300k inputs in total: hypothesis-driven structure-aware cases plus a fast mutation loop.
+
+fields = st.one_of(
+    st.text(max_size=40),
+    st.text(alphabet=string.ascii_letters + string.digits + "+/=", max_size=40),
+    st.binary(max_size=30).map(lambda x: base64.b64encode(x).decode()),
+    st.integers(-(2**40), 2**40).map(str),
+)
+
+
+@given(st.lists(fields, min_size=0, max_size=10).map("-".join))
+@SETTINGS
+def test_fuzz_structured_sw8_never_raises(value: str) -> None:
+    for k in range(len(value), -1, -1):
+        c = P.decode_sw8(value[:k])
+        if c is not None:
+            assert c.trace_id and c.segment_id and 0 <= c.span_id < 2**31
+            for s in (c.trace_id, c.segment_id, c.service, c.instance, c.endpoint, c.address):
+                s.encode("utf-8")  # always valid text (no lone surrogates)
+
+
+@given(
+    st.one_of(st.text(max_size=300), st.binary(max_size=300)),
+    st.one_of(st.none(), st.text(max_size=300)),
+    st.one_of(st.none(), st.text(max_size=40), st.binary(max_size=40)),
+)
+@SETTINGS
+def test_fuzz_arbitrary_headers_never_raise(sw8: Any, corr: Any, x: Any) -> None:
+    for k in range(len(sw8), -1, -1):
+        P.from_headers(sw8[:k], corr, x)
+        P.decode_correlation(sw8[:k])
+        P.decode_sw8x(sw8[:k])
+
+
+def test_fuzz_mutations_of_valid_headers() -> None:
+    rng = random.Random(8)
+    seeds = [
+        valid_sw8(),
+        valid_sw8(trace="x" * 50, ep="/a/b/c?d"),
+        P.encode_correlation({"a": "b", "c": "d"}),
+    ]
+    alphabet = "-=+/:,01AZaz\x00\xff\u00e9\ud800 "
+    n = 0
+    for _ in range(300_000):
+        s = list(rng.choice(seeds))
+        for _ in range(rng.randint(1, 4)):
+            op = rng.random()
+            pos = rng.randrange(len(s) + 1)
+            if op < 0.4 and s:
+                s[min(pos, len(s) - 1)] = rng.choice(alphabet)
+            elif op < 0.7:
+                s.insert(pos, rng.choice(alphabet))
+            elif s:
+                del s[min(pos, len(s) - 1)]
+        value = "".join(s)
+        c = P.decode_sw8(value)
+        P.decode_correlation(value)
+        if c is not None:
+            n += 1
+            c.to_sw8()
+    assert n > 0  # some mutations stay valid (e.g. changed base64 payloads): they decode cleanly

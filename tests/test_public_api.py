@@ -1,0 +1,165 @@
+"""The public API: a small, deliberate ``__all__``, and the functions behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+import swmp
+from reporter_proc import records as R
+from swmp import _sink, tracing
+from swmp.config import Config, load
+
+EXPECTED = {
+    "Component",
+    "Config",
+    "Layer",
+    "capture",
+    "current_span",
+    "entry_span",
+    "error",
+    "exit_span",
+    "extract",
+    "get_correlation",
+    "inject",
+    "local_span",
+    "log",
+    "set_correlation",
+    "start",
+    "stop",
+    "tag",
+    "trace",
+    "trace_id",
+}
+
+
+@pytest.fixture()
+def sink() -> Iterator[_sink.MemorySink]:
+    s = _sink.MemorySink()
+    _sink.set_sink(s)
+    tracing.configure(load({}))
+    yield s
+    _sink.set_sink(None)
+
+
+def segments(sink: _sink.MemorySink) -> list[list[Any]]:
+    return [orjson.loads(p) for t, p in sink.records if t == R.SEGMENT]
+
+
+def test_all_is_small_and_exact() -> None:
+    assert set(swmp.__all__) == EXPECTED, (
+        "changing the public API is a decision: update EXPECTED deliberately"
+    )
+    assert len(swmp.__all__) == len(set(swmp.__all__))
+    for name in swmp.__all__:
+        assert getattr(swmp, name) is not None
+    public = {n for n in vars(swmp) if not n.startswith("_") and not isinstance(getattr(swmp, n), type(swmp))}
+    assert public == EXPECTED  # nothing else leaks at the top level
+
+
+def test_start_maps_keywords_to_config_and_calls_agent_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
+    import swmp.agent
+
+    got: list[Config] = []
+    monkeypatch.setattr(swmp.agent, "start", got.append)
+    cfg = swmp.start(agent_name="svc", sample_n_per_3_secs=5)
+    assert got == [cfg]
+    assert cfg.agent_name == "svc" and cfg.sample_n_per_3_secs == 5
+    stopped: list[bool] = []
+    monkeypatch.setattr(swmp.agent, "stop", lambda: stopped.append(True))
+    swmp.stop()
+    assert stopped == [True]
+
+
+def test_manual_spans_headers_and_helpers(sink: _sink.MemorySink) -> None:
+    assert swmp.trace_id() == ""
+    swmp.tag("ignored", "outside any span")  # no-op, no error
+    with swmp.entry_span("/in", {"no": "sw8"}) as entry:
+        assert swmp.current_span() is entry
+        swmp.tag("user", "u1")
+        swmp.log("hello", n=1)
+        assert swmp.set_correlation("tenant", "t1")
+        assert swmp.get_correlation("tenant") == "t1"
+        with swmp.exit_span("/out", "svc-b:80", component=swmp.Component.REQUESTS) as ex:
+            headers = ex.inject()
+        plain: dict[str, str] = {}
+        swmp.inject(plain)
+        tid = swmp.trace_id()
+    assert tid
+    carrier = swmp.extract(headers)
+    assert carrier is not None and carrier.trace_id == tid and carrier.span_id == ex.span_id
+    assert carrier.correlation == {"tenant": "t1"}
+    assert swmp.extract(plain).span_id == entry.span_id  # type: ignore[union-attr]
+    with swmp.entry_span("/downstream", headers) as down:
+        assert swmp.get_correlation("tenant") == "t1"
+    up, dn = segments(sink)
+    assert dn[R.SEG_TRACE_ID] == up[R.SEG_TRACE_ID]
+    assert dn[R.SEG_SPANS][0][R.SPAN_REFS][0][3] == ex.span_id
+    assert down.segment.trace_id == tid
+    # WSGI environ and ASGI header lists work for extract too.
+    assert swmp.extract({"HTTP_SW8": headers["sw8"]}) is not None
+    assert swmp.extract([(b"sw8", headers["sw8"].encode())]) is not None
+
+
+def test_correlation_limits(sink: _sink.MemorySink) -> None:
+    with swmp.local_span("a"):
+        assert all(swmp.set_correlation(f"k{i}", "v") for i in range(3))
+        assert not swmp.set_correlation("k3", "v")  # default: at most 3 entries
+        assert not swmp.set_correlation("k0", "x" * 129)  # default: values up to 128
+        assert swmp.set_correlation("k0", "new")
+    assert not swmp.set_correlation("k", "v")  # no span
+
+
+def test_trace_decorator_sync_async_and_error(sink: _sink.MemorySink) -> None:
+    @swmp.trace
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @swmp.trace(op="fetch")
+    async def fetch() -> str:
+        await asyncio.sleep(0)
+        return swmp.trace_id()
+
+    @swmp.trace
+    def broken() -> None:
+        raise KeyError("k")
+
+    assert add(1, 2) == 3
+    assert asyncio.run(fetch())
+    with pytest.raises(KeyError):
+        broken()
+    ops = [seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(sink)]
+    assert ops == [
+        f"{__name__}.test_trace_decorator_sync_async_and_error.<locals>.add",
+        "fetch",
+        f"{__name__}.test_trace_decorator_sync_async_and_error.<locals>.broken",
+    ]
+    assert segments(sink)[2][R.SEG_SPANS][0][R.SPAN_IS_ERROR] is True
+    assert add.__name__ == "add"
+
+
+def test_error_helper_uses_the_handled_exception(sink: _sink.MemorySink) -> None:
+    with swmp.local_span("a"):
+        try:
+            raise OSError("disk")
+        except OSError:
+            swmp.error()
+    (seg,) = segments(sink)
+    span = seg[R.SEG_SPANS][0]
+    assert span[R.SPAN_IS_ERROR] is True
+    assert "OSError" in span[R.SPAN_LOGS][0][1]
+
+
+def test_capture_and_continue_in_thread(sink: _sink.MemorySink) -> None:
+    with swmp.entry_span("/a") as root:
+        snap = swmp.capture()
+        t = threading.Thread(target=lambda: swmp.local_span("bg", parent=snap).finish())
+        t.start()
+        t.join()
+    refs = [s[R.SPAN_REFS] for seg in segments(sink) for s in seg[R.SEG_SPANS] if s[R.SPAN_OPERATION] == "bg"]
+    assert refs[0][0][2] == root.segment.segment_id

@@ -1,0 +1,77 @@
+"""Ids: unique within a process and across forked workers, with and without at-fork hooks."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import pytest
+
+from swmp.tracing import ids
+
+N_CHILDREN = 6
+IDS_PER_CHILD = 2000
+
+
+def _collect_from_children(fork: object) -> list[str]:
+    """Fork N children (with ``fork``), each drawing ids; read them back through a pipe."""
+    ids.new_id()  # the parent has drawn ids: children must not continue its sequence
+    children = []
+    for _ in range(N_CHILDREN):
+        r, w = os.pipe()
+        pid = fork()  # type: ignore[operator]
+        if pid == 0:  # child
+            try:
+                os.close(r)
+                data = "\n".join(ids.new_id() for _ in range(IDS_PER_CHILD)).encode()
+                with os.fdopen(w, "wb") as f:
+                    f.write(data)
+            finally:
+                os._exit(0)
+        os.close(w)
+        children.append((pid, r))
+    out: list[str] = []
+    for pid, r in children:
+        with os.fdopen(r, "rb") as f:
+            out.extend(f.read().decode().split("\n"))
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    return out
+
+
+def test_ids_unique_in_process_and_threads() -> None:
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def draw() -> None:
+        local = [ids.new_id() for _ in range(5000)]
+        with lock:
+            got.extend(local)
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == len(got) == 20000
+
+
+def test_ids_unique_across_os_fork() -> None:
+    child_ids = _collect_from_children(os.fork)
+    parent_ids = [ids.new_id() for _ in range(IDS_PER_CHILD)]
+    all_ids = child_ids + parent_ids
+    assert len(all_ids) == (N_CHILDREN + 1) * IDS_PER_CHILD
+    assert len(set(all_ids)) == len(all_ids)
+    assert len({i.rsplit(".", 1)[0] for i in child_ids}) == N_CHILDREN
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "fork"), reason="needs libc fork()")
+def test_ids_unique_across_fork_without_python_hooks() -> None:
+    """uWSGI forks workers from C: Python's at-fork hooks do not run; the pid check must catch it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fork.restype = ctypes.c_int
+    child_ids = _collect_from_children(libc.fork)
+    parent_ids = [ids.new_id() for _ in range(IDS_PER_CHILD)]
+    all_ids = child_ids + parent_ids
+    assert len(set(all_ids)) == len(all_ids) == (N_CHILDREN + 1) * IDS_PER_CHILD

@@ -1,0 +1,234 @@
+"""The tracing model: segments/spans as records, errors, logs, refs, limits, sampling, ignore rules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from reporter_proc import records as R
+from swmp import _sink, tracing
+from swmp.config import load
+from swmp.propagation import ContextCarrier
+from swmp.tracing import Component, Kind, Layer, ignore, sampling
+from swmp.tracing.context import new_entry_span, new_exit_span, new_local_span, policy
+from swmp.tracing.span import NOOP, IgnoredSpan, Span
+
+
+@pytest.fixture()
+def sink() -> Iterator[_sink.MemorySink]:
+    s = _sink.MemorySink()
+    _sink.set_sink(s)
+    tracing.configure(load({}))
+    tracing.stats.reset()
+    yield s
+    _sink.set_sink(None)
+    tracing.configure(load({}))
+
+
+def segments(sink: _sink.MemorySink) -> list[list[Any]]:
+    assert all(t == R.SEGMENT for t, _ in sink.records)
+    return [orjson.loads(p) for _, p in sink.records]
+
+
+def spans_by_op(seg: list[Any]) -> dict[str, list[Any]]:
+    return {s[R.SPAN_OPERATION]: s for s in seg[R.SEG_SPANS]}
+
+
+def test_segment_record_layout(sink: _sink.MemorySink) -> None:
+    tracing.identity.set("svc", "inst-1")
+    with new_entry_span("/orders", None, Component.FLASK, Layer.HTTP) as entry:
+        entry.tag("http.method", "GET")
+        with (
+            new_local_span("price") as local,
+            new_exit_span("/stock", "stock:80", Component.REQUESTS, Layer.HTTP) as ex,
+        ):
+            ex.tag("http.status_code", 200)
+    (seg,) = segments(sink)
+    assert seg[R.SEG_TRACE_ID] and seg[R.SEG_SEGMENT_ID]
+    assert seg[R.SEG_SERVICE] == "svc" and seg[R.SEG_INSTANCE] == "inst-1"
+    assert seg[R.SEG_SIZE_LIMITED] is False
+    spans = spans_by_op(seg)
+    e, lo, x = spans["/orders"], spans["price"], spans["/stock"]
+    assert len(e) == 14
+    assert (e[R.SPAN_ID], e[R.SPAN_PARENT_ID], e[R.SPAN_TYPE]) == (0, -1, Kind.ENTRY)
+    assert (lo[R.SPAN_ID], lo[R.SPAN_PARENT_ID], lo[R.SPAN_TYPE]) == (local.span_id, 0, Kind.LOCAL)
+    assert (x[R.SPAN_PARENT_ID], x[R.SPAN_TYPE], x[R.SPAN_PEER]) == (local.span_id, Kind.EXIT, "stock:80")
+    assert e[R.SPAN_COMPONENT] == 7001 and x[R.SPAN_COMPONENT] == 7002 and x[R.SPAN_LAYER] == R.LAYER_HTTP
+    assert e[R.SPAN_TAGS] == ["http.method", "GET"]
+    assert x[R.SPAN_TAGS] == ["http.status_code", "200"]
+    assert e[R.SPAN_START] <= e[R.SPAN_END]
+    assert x[R.SPAN_LOGS] == [] and x[R.SPAN_REFS] == []
+    assert tracing.stats.segments_written == 1
+
+
+def test_error_with_stack_and_logs(sink: _sink.MemorySink) -> None:
+    def fail() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError), new_local_span("work") as span:
+        span.log("step one", attempt=2)
+        fail()
+    (seg,) = segments(sink)
+    (s,) = seg[R.SEG_SPANS]
+    assert s[R.SPAN_IS_ERROR] is True
+    first, err = s[R.SPAN_LOGS]
+    assert first[1] == ["message", "step one", "attempt", "2"]
+    data = dict(zip(err[1][::2], err[1][1::2], strict=True))
+    assert data["event"] == "error" and data["error.kind"] == "ValueError" and data["message"] == "boom"
+    assert "in fail" in data["stack"] and "ValueError: boom" in data["stack"]
+
+
+def test_cross_process_ref_from_carrier(sink: _sink.MemorySink) -> None:
+    carrier = ContextCarrier("t-1", "seg-9", 3, "up-svc", "up-inst", "/up", "me:80")
+    carrier.correlation = {"k": "v"}
+    with new_entry_span("/in", carrier) as entry, new_exit_span("/next", "next:80") as ex:
+        headers = ex.inject()
+    (seg,) = segments(sink)
+    assert seg[R.SEG_TRACE_ID] == "t-1"
+    e = spans_by_op(seg)["/in"]
+    assert e[R.SPAN_REFS] == [[R.REF_CROSS_PROCESS, "t-1", "seg-9", 3, "up-svc", "up-inst", "/up", "me:80"]]
+    assert entry.trace_id == "t-1"
+    assert "sw8-correlation" in headers
+
+
+def test_not_sampled_carrier_records_nothing(sink: _sink.MemorySink) -> None:
+    carrier = ContextCarrier("t", "s", 1, "a", "b", "/", "x:1", sampled=False)
+    with new_entry_span("/in", carrier) as span:
+        assert isinstance(span, IgnoredSpan)
+        assert new_local_span("inner") is NOOP
+        assert new_exit_span("/x", "h:1") is NOOP
+        assert span.inject() == {}
+    assert sink.records == []
+    assert tracing.stats.sampled_out == 1
+
+
+def test_nested_exit_and_entry_are_one_span(sink: _sink.MemorySink) -> None:
+    with new_entry_span("/a") as outer:
+        assert new_entry_span("/a-again") is NOOP
+        with new_exit_span("/x", "h:1") as ex:
+            assert new_exit_span("/x-lower-level", "h:1") is NOOP
+            assert isinstance(ex, Span)
+    (seg,) = segments(sink)
+    assert len(seg[R.SEG_SPANS]) == 2
+    assert outer.span_id == 0
+
+
+def test_span_limit_flags_segment_and_counts(sink: _sink.MemorySink) -> None:
+    tracing.configure(load({}, agent_span_limit=5))
+    with new_entry_span("/a"):
+        for i in range(10):
+            with new_local_span(f"l{i}") as s:
+                if i >= 4:
+                    assert not s.recording
+                    assert new_local_span("nested-in-dropped") is NOOP
+    (seg,) = segments(sink)
+    assert len(seg[R.SEG_SPANS]) == 5
+    assert seg[R.SEG_SIZE_LIMITED] is True
+    assert tracing.stats.spans_over_limit == 6
+
+
+def test_tag_and_log_values_are_truncated(sink: _sink.MemorySink) -> None:
+    tracing.configure(load({}, agent_tag_value_max_length=8, agent_log_value_max_length=5))
+    with new_local_span("a") as s:
+        s.tag("k", "x" * 100)
+        s.tag("short", "ok")
+        s.log("abcdefghij")
+    (seg,) = segments(sink)
+    (span,) = seg[R.SEG_SPANS]
+    assert span[R.SPAN_TAGS] == ["k", "x" * 8, "short", "ok"]
+    assert span[R.SPAN_LOGS][0][1] == ["message", "abcde"]
+    assert seg[R.SEG_SIZE_LIMITED] is True
+    assert tracing.stats.values_truncated == 2
+
+
+def test_unserializable_tag_is_converted_not_fatal(sink: _sink.MemorySink) -> None:
+    class Weird:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    with new_local_span("a") as s:
+        s.tag("obj", Weird())
+        s.tag("num", 1.5)
+    (seg,) = segments(sink)
+    assert seg[R.SEG_SPANS][0][R.SPAN_TAGS] == ["obj", "<unprintable>", "num", "1.5"]
+
+
+def test_full_sink_drops_and_counts(sink: _sink.MemorySink) -> None:
+    class Full:
+        def write(self, rtype: int, payload: bytes) -> bool:
+            return False
+
+    _sink.set_sink(Full())
+    with new_local_span("a"):
+        pass
+    assert tracing.stats.segments_dropped == 1
+
+
+def test_sampling_n_per_3_seconds(sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(sampling.time, "monotonic", lambda: now[0])
+    tracing.configure(load({}, sample_n_per_3_secs=2))
+    recorded = []
+    for _ in range(5):
+        with new_entry_span("/a") as s:
+            recorded.append(s.recording)
+    assert recorded == [True, True, False, False, False]
+    now[0] += 3.01
+    with new_entry_span("/a") as s:
+        assert s.recording
+    # A caller's decision is followed, whatever the local budget.
+    with new_entry_span("/a", ContextCarrier("t", "s", 0, "a", "b", "/", "x")) as s:
+        assert s.recording
+    assert len(sink.records) == 4
+    assert tracing.stats.sampled_out == 3
+
+
+def test_sampler_off_means_everything() -> None:
+    s = sampling.Sampler(0)
+    assert all(s.allow() for _ in range(1000))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "matches"),
+    [
+        ("/health", "/health", True),
+        ("/health", "/healthz", False),
+        ("/static/**", "/static", True),
+        ("/static/**", "/static/a/b.txt", True),
+        ("/static/**", "/staticx", False),
+        ("/api/*/ping", "/api/v1/ping", True),
+        ("/api/*/ping", "/api/v1/x/ping", False),
+        ("/api/**/ping", "/api/ping", True),
+        ("/api/**/ping", "/api/a/b/ping", True),
+        ("/v?/x", "/v1/x", True),
+        ("/v?/x", "/v12/x", False),
+        ("/a.b", "/aXb", False),
+    ],
+)
+def test_ant_patterns(pattern: str, path: str, matches: bool) -> None:
+    assert ignore.IgnoreRules(paths=[pattern]).ignore_operation(path) is matches
+
+
+def test_ignored_paths_suffixes_and_methods(sink: _sink.MemorySink) -> None:
+    tracing.configure(
+        load({}, agent_trace_ignore_path="/health,/static/**", plugin_http_ignore_method="options")
+    )
+    for op in ("/health", "/static/app.js", "/logo.png", "/style.css"):
+        with new_entry_span(op) as s:
+            assert isinstance(s, IgnoredSpan)
+            assert new_exit_span("/x", "h:1") is NOOP
+    with new_entry_span("/orders") as s:
+        assert s.recording
+    assert len(sink.records) == 1
+    assert tracing.stats.ignored == 4
+    assert policy.rules.ignore_method("OPTIONS") and not policy.rules.ignore_method("GET")
+
+
+def test_finish_without_context_manager_and_idempotent(sink: _sink.MemorySink) -> None:
+    s = new_exit_span("/x", "h:1")
+    s.finish()
+    s.finish()
+    assert len(sink.records) == 1
