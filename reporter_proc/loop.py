@@ -228,7 +228,6 @@ class Reporter:
     async def run(self) -> int:
         """Run until stopped; returns the exit status for the process."""
         self._loop = asyncio.get_running_loop()
-        early = self._stop_requested_early
         if not self.arena.try_become_reporter():
             log.info(
                 "another reporter (pid %s) drains %s; exiting", self.arena.reporter_pid(), self.arena.path
@@ -236,7 +235,7 @@ class Reporter:
             self.finished = True
             return EXIT_OK
         try:
-            code = await self._run_as_reporter(early)
+            code = await self._run_as_reporter()
         except Exception:
             log.exception("reporter failed")
             code = EXIT_ERROR
@@ -245,10 +244,16 @@ class Reporter:
         self.finished = True
         return code
 
-    async def _run_as_reporter(self, early_stop: str) -> int:
+    async def _run_as_reporter(self) -> int:
         s = self.settings
-        status = self.arena.status
-        status.heartbeat()
+        loop = self._loop
+        assert loop is not None
+        self.arena.status.heartbeat()
+        if self.mode == "process":
+            # First: a SIGTERM during start-up must mean "stop", not "die" (which the
+            # supervisor would take for a crash and answer with a restart).
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+                loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
         if self.sender is None:
             try:
                 self.sender = make_sender(s)
@@ -264,13 +269,8 @@ class Reporter:
         self._open_spool()
         self._readers = [self.arena.reader(slot) for slot in range(self.arena.slots)]
         self._chunks = {r.slot: deque() for r in self._readers}
-        loop = self._loop
-        assert loop is not None
         self._listener = DoorbellListener(self.arena.path)
         loop.add_reader(self._listener.fileno(), self._on_bell)
-        if self.mode == "process":
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-                loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
         self._watch_owner()
         self._restore_instances()
         for kind in self._queues:
@@ -282,8 +282,8 @@ class Reporter:
             self._spawn(self._replayer(), "replay")
         self.ready = True
         self._publish()
-        if early_stop:
-            self.request_stop(early_stop)
+        if self._stop_requested_early:  # stop() from another thread before the loop ran
+            self.request_stop(self._stop_requested_early)
         await self._drain_loop()
         await self._flush_and_close()
         return self.exit_code

@@ -20,7 +20,11 @@ class ReporterSettings:
     backends: tuple[str, ...] = ("127.0.0.1:11800",)
     authentication: str = ""
     force_tls: bool = False
-    # Kafka
+    # gRPC segments: False = batched collectInSync (measured cheaper on both ends, see
+    # docs/performance.md); True = one long-lived client stream of `collect`.
+    grpc_segment_stream: bool = False
+    # Kafka (kafka_namespace overrides namespace for topic prefixes when set)
+    kafka_namespace: str = ""
     kafka_bootstrap_servers: tuple[str, ...] = ("127.0.0.1:9092",)
     kafka_topic_segment: str = "skywalking-segments"
     kafka_topic_log: str = "skywalking-logs"

@@ -256,10 +256,12 @@ atexit.register(_stop_all)
 def _report(config: pytest.Config, line: str) -> None:
     """Print past pytest's capture so start-up durations show in every run's output."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
-    else:
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None:
         print(line, file=sys.stderr)
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(line)
 
 
 # ---------------------------------------------------------------------------- fixtures

@@ -176,7 +176,8 @@ def test_to_reporter_settings() -> None:
     assert rs.service == "svc"
     assert rs.backends == ("a:11800", "b:11800")
     assert rs.protocol == "http"
-    assert rs.kafka_topic_segment == "ns-skywalking-segments"
+    assert rs.kafka_topic_segment == "skywalking-segments"
+    assert rs.kafka_namespace == "ns"
     assert rs.kafka_compression == "lz4"
     assert rs.kafka_extra == {"linger_ms": "5"}
     assert rs.meter_enabled is False and rs.profile_enabled is False  # no HTTP receivers for them

@@ -57,7 +57,7 @@ def test_records_reach_topics_with_keys(kafka_broker: KafkaBroker) -> None:
     )
 
     namespace = f"swmp{uuid.uuid4().hex[:8]}"
-    settings = _settings(bootstrap, namespace=namespace, kafka_extra={"linger.ms": "5", "acks": "all"})
+    settings = _settings(bootstrap, kafka_namespace=namespace, kafka_extra={"linger.ms": "5", "acks": "all"})
     sender = KafkaSender(settings)
     topics = sender.topics
     assert topics == {

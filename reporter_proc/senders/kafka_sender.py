@@ -76,7 +76,8 @@ def producer_kwargs(settings: ReporterSettings) -> dict[str, Any]:
 
 def topic_names(settings: ReporterSettings) -> dict[str, str]:
     """kind -> topic, with the ``<namespace>-`` prefix when a namespace is set."""
-    namespace = getattr(settings, "kafka_namespace", "") or settings.namespace
+    # SW_KAFKA_NAMESPACE only: the agent namespace (SW_AGENT_NAMESPACE) names services, not topics.
+    namespace = settings.kafka_namespace
     prefix = f"{namespace}-" if namespace else ""
     return {"segment": prefix + settings.kafka_topic_segment, "log": prefix + settings.kafka_topic_log,
             "meter": prefix + settings.kafka_topic_meter,

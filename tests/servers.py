@@ -1,0 +1,538 @@
+"""Launch Gunicorn / uWSGI (with the agent) and drive them, for tests and benchmarks.
+
+Every process a helper starts is stopped by pid, also when the test fails: the server's
+own process tree, plus every process whose command line mentions the test's private arena
+directory (a reporter double-forked into its own session is nobody's child, but its title
+names its arena). Readiness is waited for on real signals (log lines, a listening port,
+the workers' ring-slot claims), never on a fixed sleep.
+
+    with collector_process(tmp) as col, gunicorn(tmp, col, workers=4) as srv:
+        results = load(srv.url, ["/cpu", "/io"], total=400)
+        wait_segments(col, 400)
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.collector import CollectorProcess, free_port, read_dump
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SWMP_RUN = [sys.executable, "-m", "swmp.cli", "run", "--"]
+GUNICORN = [sys.executable, "-m", "gunicorn"]
+
+
+def _which(name: str) -> str:
+    """The console script next to this interpreter (pyenv shims are shell scripts)."""
+    candidate = Path(sys.executable).with_name(name)
+    return str(candidate) if candidate.exists() else name
+
+
+UWSGI = _which("uwsgi")
+
+
+class NotReady(AssertionError):
+    pass
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise NotReady(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+# -- processes -------------------------------------------------------------------------------
+class Proc:
+    """A child process with its output in a log file, stopped by pid, strays included."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], log_path: Path, marker: str = "") -> None:
+        self.argv = list(argv)
+        self.env = env
+        self.log_path = log_path
+        self.marker = marker  # a string in the command line of every process that belongs to us
+        self.popen: subprocess.Popen[bytes] | None = None
+        self._seen: set[int] = set()
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def start(self) -> Proc:
+        with open(self.log_path, "ab") as out:
+            self.popen = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # our own process group: a ^C of pytest does not race us
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_log(self, pattern: str, count: int = 1, timeout: float = 30.0) -> None:
+        rx = re.compile(pattern)
+
+        def seen() -> bool:
+            if not self.alive():
+                raise NotReady(f"{self.argv[:4]} exited ({self.popen and self.popen.returncode}):\n{self.tail()}")
+            return len(rx.findall(self.log())) >= count
+
+        try:
+            wait_until(seen, timeout, f"{count} x {pattern!r}")
+        except NotReady as exc:
+            raise NotReady(f"{exc}\n--- log tail ---\n{self.tail()}") from None
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def family(self) -> list[psutil.Process]:
+        """Our processes now: the tree under the child, and anything carrying the marker."""
+        found: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.pid)
+            found[root.pid] = root
+            for p in root.children(recursive=True):
+                found[p.pid] = p
+        if self.marker:
+            for p in psutil.process_iter(["cmdline"]):
+                with contextlib.suppress(psutil.Error):
+                    if self.marker in " ".join(p.info["cmdline"] or ()):
+                        found[p.pid] = p
+        found.pop(os.getpid(), None)
+        return list(found.values())
+
+    def wait_exit(self, timeout: float) -> int | None:
+        assert self.popen is not None
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        """Ask with ``sig``, then SIGKILL whatever of ours is left (by pid)."""
+        if self.popen is None:
+            return
+        family = self.family()
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+            self.wait_exit(timeout)
+        # The reporter outlives the master by its drain deadline at most.
+        family += self.family()
+        deadline = time.monotonic() + timeout
+        for p in family:
+            with contextlib.suppress(psutil.Error):
+                p.wait(max(0.0, deadline - time.monotonic()))
+        self.kill_all(family)
+
+    def kill_all(self, extra: Sequence[psutil.Process] = ()) -> None:
+        procs = {p.pid: p for p in [*extra, *self.family()]}
+        for p in procs.values():
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            if self.popen is not None:
+                self.popen.wait(10)
+        psutil.wait_procs(list(procs.values()), timeout=10)
+
+
+# -- the agent's side of a server ------------------------------------------------------------
+def agent_env(
+    workdir: Path,
+    backend: str,
+    *,
+    service: str = "app",
+    instance: str = "",
+    reporter_process: bool = True,
+    extra: dict[str, str] | None = None,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment for an application run under the agent, reporting to ``backend``."""
+    env = dict(os.environ if base is None else base)
+    for key in list(env):
+        if key.startswith(("SW_", "SWMP_", "UWSGI_")):
+            del env[key]
+    arena_dir = workdir / "shm"
+    arena_dir.mkdir(exist_ok=True)
+    env.update(
+        {
+            "SW_AGENT_NAME": service,
+            "SW_AGENT_INSTANCE_NAME": instance or service,
+            "SW_AGENT_COLLECTOR_BACKEND_SERVICES": backend,
+            "SW_AGENT_ARENA_DIR": str(arena_dir),
+            "SW_AGENT_REPORTER_PROCESS": "true" if reporter_process else "false",
+            "SW_AGENT_REPORTER_FLUSH_INTERVAL": "0.05",
+            "SW_AGENT_COLLECTOR_HEARTBEAT_PERIOD": "1",
+            "SW_AGENT_LOG_REPORTER_ACTIVE": "false",
+            "SW_AGENT_METER_REPORTER_ACTIVE": "false",
+            "SW_AGENT_PROFILE_ACTIVE": "false",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    paths = [str(REPO_ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Server:
+    kind: str  # "gunicorn" | "uwsgi"
+    proc: Proc
+    port: int
+    arena_dir: Path
+    workers: int
+    env: dict[str, str]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def arena_files(self) -> list[Path]:
+        return sorted(p for p in self.arena_dir.glob("*.arena"))
+
+    def arena_path(self) -> Path:
+        return self.arena_dir / f"swmp-{os.getuid()}-{self.pid}.arena"
+
+    def live_slots(self) -> dict[int, int]:
+        """``{slot: pid}`` of the master's arena (empty when it does not exist)."""
+        from ipc import Arena, ArenaError
+
+        try:
+            with Arena.open(str(self.arena_path()), wait_s=0) as arena:
+                return arena.live_slots()
+        except (OSError, ArenaError):
+            return {}
+
+    def named_processes(self, title: str) -> list[psutil.Process]:
+        """Live processes titled ``title`` (e.g. swmp-reporter) serving our arena dir."""
+        out = []
+        for p in psutil.process_iter(["cmdline", "status"]):
+            with contextlib.suppress(psutil.Error):
+                cmd = " ".join(p.info["cmdline"] or ())
+                if cmd.startswith(title) and str(self.arena_dir) in cmd and p.info["status"] != "zombie":
+                    out.append(p)
+        return out
+
+    def reporters(self) -> list[psutil.Process]:
+        return self.named_processes("swmp-reporter")
+
+    def worker_pids(self) -> list[int]:
+        """The server's worker processes (children of the master that are not ours)."""
+        out = []
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process(self.pid).children():
+                with contextlib.suppress(psutil.Error):
+                    cmd = " ".join(p.cmdline())
+                    if not cmd.startswith("swmp-") and p.status() != "zombie":
+                        out.append(p.pid)
+        return sorted(out)
+
+    def wait_workers_claimed(self, n: int | None = None, timeout: float = 30.0) -> None:
+        """Wait until ``n`` (default: all) workers hold a ring slot of the master's arena."""
+        want = self.workers if n is None else n
+
+        def claimed() -> bool:
+            if not self.proc.alive():
+                raise NotReady(f"{self.kind} exited:\n{self.proc.tail()}")
+            workers = set(self.worker_pids())
+            slots = self.live_slots()
+            return len(workers) >= want and len(workers & set(slots.values())) >= want
+
+        try:
+            wait_until(claimed, timeout, f"{want} workers holding ring slots", interval=0.05)
+        except NotReady as exc:
+            raise NotReady(f"{exc}\n--- log tail ---\n{self.proc.tail()}") from None
+
+    def wait_reporter(self, timeout: float = 30.0) -> None:
+        wait_until(lambda: len(self.reporters()) >= 1, timeout, "a reporter process")
+
+
+def gunicorn_command(
+    port: int,
+    *,
+    app: str = "examples.app:app",
+    workers: int = 4,
+    worker_class: str = "sync",
+    threads: int = 0,
+    preload: bool = False,
+    max_requests: int = 0,
+    timeout: int = 30,
+    config: str = "",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    cmd = [
+        *GUNICORN,
+        "-b",
+        f"127.0.0.1:{port}",
+        "-w",
+        str(workers),
+        "-k",
+        worker_class,
+        "--no-control-socket",
+        "--timeout",
+        str(timeout),
+        "--graceful-timeout",
+        "20",
+        "--log-level",
+        "info",
+    ]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    if preload:
+        cmd.append("--preload")
+    if max_requests:
+        cmd += ["--max-requests", str(max_requests)]
+    if config:
+        cmd += ["-c", config]
+    return [*cmd, *extra, app]
+
+
+def uwsgi_command(
+    port: int,
+    *,
+    module: str = "examples.app:app",
+    workers: int = 4,
+    lazy_apps: bool = False,
+    threads: int = 0,
+    osafterfork: bool | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    cmd = [
+        UWSGI,
+        "--master",
+        "--processes",
+        str(workers),
+        "--http-socket",
+        f"127.0.0.1:{port}",
+        "--module",
+        module,
+        "--need-app",
+        "--die-on-term",
+        "--chdir",
+        str(REPO_ROOT),
+        "--disable-logging",
+    ]
+    if lazy_apps:
+        cmd.append("--lazy-apps")
+    if threads:
+        cmd += ["--threads", str(threads)]
+    if osafterfork:
+        cmd.append("--py-call-osafterfork")
+    return [*cmd, *extra]
+
+
+@contextlib.contextmanager
+def run_server(
+    kind: str,
+    workdir: Path,
+    command: list[str],
+    env: dict[str, str],
+    port: int,
+    workers: int,
+    *,
+    swmp_run: bool = True,
+    wait_claims: bool = True,
+    name: str = "",
+) -> Iterator[Server]:
+    """Start ``command`` (under ``swmp run`` unless told otherwise) and wait until it serves."""
+    argv = [*SWMP_RUN, *command] if swmp_run else command
+    log = workdir / f"{name or kind}-{port}.log"
+    proc = Proc(argv, env, log, marker=env["SW_AGENT_ARENA_DIR"])
+    server = Server(kind, proc, port, Path(env["SW_AGENT_ARENA_DIR"]), workers, env)
+    proc.start()
+    try:
+        if kind == "gunicorn":
+            proc.wait_log(r"Booting worker with pid", count=workers)
+        else:
+            proc.wait_log(r"spawned uWSGI worker \d+", count=workers)
+        wait_until(lambda: port_open(port), 30, f"port {port}")
+        if wait_claims:
+            server.wait_workers_claimed()
+        yield server
+    finally:
+        stop_sig = signal.SIGTERM if kind == "gunicorn" else signal.SIGINT
+        proc.stop(stop_sig)
+
+
+# -- load ------------------------------------------------------------------------------------
+def b64(s: str) -> str:
+    return base64.b64encode(s.encode()).decode()
+
+
+def sw8_header(trace_id: str, segment_id: str = "client-segment", span_id: int = 0) -> str:
+    return "-".join(
+        ["1", b64(trace_id), b64(segment_id), str(span_id), b64("load-client"), b64("client-1"), b64("/load"), b64("x")]
+    )
+
+
+@dataclass
+class Result:
+    path: str
+    trace_id: str  # "" when the request carried no sw8 header
+    status: int  # 0: no answer (connection refused / reset / timeout)
+    body: bytes = b""
+    error: str = ""
+
+
+def request(port: int, path: str, trace_id: str = "", timeout: float = 30.0) -> Result:
+    headers = {"sw8": sw8_header(trace_id)} if trace_id else {}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers=headers)
+        resp = conn.getresponse()
+        body = resp.read()
+        return Result(path, trace_id, resp.status, body)
+    except (OSError, http.client.HTTPException) as exc:
+        return Result(path, trace_id, 0, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
+def load(
+    port: int,
+    paths: Sequence[str],
+    total: int,
+    *,
+    concurrency: int = 8,
+    traced_every: int = 2,
+    stop: threading.Event | None = None,
+    on_result: Callable[[Result], None] | None = None,
+) -> list[Result]:
+    """``total`` GET requests over ``paths`` in turn, ``concurrency`` at a time.
+
+    Every ``traced_every``-th request carries an ``sw8`` header with a fresh trace id (0:
+    none do), so a test can match answered requests to delivered segments exactly.
+    """
+    results: list[Result] = []
+    lock = threading.Lock()
+    counter = iter(range(total))
+
+    def worker() -> None:
+        while stop is None or not stop.is_set():
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            traced = traced_every > 0 and i % traced_every == 0
+            res = request(port, paths[i % len(paths)], uuid.uuid4().hex if traced else "")
+            with lock:
+                results.append(res)
+            if on_result is not None:
+                on_result(res)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+# -- the collector's side ----------------------------------------------------------------------
+@contextlib.contextmanager
+def collector_process(workdir: Path) -> Iterator[CollectorProcess]:
+    col_dir = workdir / f"collector-{uuid.uuid4().hex[:6]}"
+    col_dir.mkdir()
+    col = CollectorProcess(str(col_dir))
+    col.start()
+    try:
+        yield col
+    finally:
+        col.stop()
+
+
+def messages(col: CollectorProcess, kind: str) -> list[dict[str, Any]]:
+    return [line["message"] for line in read_dump(col.dump_file) if line["kind"] == kind]
+
+
+def segments_of(col: CollectorProcess, service: str | None = None) -> list[dict[str, Any]]:
+    return [m for m in messages(col, "segment") if service is None or m.get("service") == service]
+
+
+def wait_segments(col: CollectorProcess, n: int, service: str | None = None, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Wait until at least ``n`` segments (of ``service``) arrived; returns them all."""
+    got: list[dict[str, Any]] = []
+
+    def enough() -> bool:
+        nonlocal got
+        got = segments_of(col, service)
+        return len(got) >= n
+
+    with contextlib.suppress(NotReady):
+        wait_until(enough, timeout, f"{n} segments", interval=0.1)
+    return got
+
+
+def quiet_for(col: CollectorProcess, seconds: float, kind: str = "segment", timeout: float = 30.0) -> None:
+    """Wait until no new ``kind`` message arrived for ``seconds`` (the pipe has drained)."""
+    last = -1
+    since = time.monotonic()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        n = len(messages(col, kind))
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since >= seconds:
+            return
+        time.sleep(0.1)
+
+
+def entry_span(segment: dict[str, Any]) -> dict[str, Any]:
+    for span in segment.get("spans", []):
+        if span.get("spanType", "Entry") == "Entry" and int(span.get("parentSpanId", 0)) == -1:
+            return span
+    raise AssertionError(f"no entry span in {json.dumps(segment)[:300]}")
+
+
+def exit_spans(segment: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in segment.get("spans", []) if s.get("spanType") == "Exit"]
