@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ipc import Arena, arena_path, arena_unlink  # noqa: E402
+from ipc import Arena, arena_path, arena_unlink
 
 SIZES = (64, 300, 4096)
 RTYPE = 1
@@ -115,7 +115,7 @@ def run_ring(size: int, n: int, capacity: int) -> tuple[float, dict[str, Any]]:
         arena.unlink()
         for fd in (go_w, res_r):
             os.close(fd)
-    _verify(got, nbytes, n, size, last, recs[(n - 1) % len(recs)])
+    _verify(got, nbytes, n, size, last, expected_last=recs[(n - 1) % len(recs)])
     stats = {"writer_ns": info["writer_s"] / n * 1e9, "writer_retries": info["retries"]}
     return n / dt, stats
 
@@ -127,7 +127,7 @@ def run_queue(size: int, n: int) -> tuple[float, dict[str, Any]]:
         q.close()
         q.join_thread()
 
-    return _run_generic(size, n, put=lambda p: q.put(p), get_batch=lambda: [q.get()], finish=flush)
+    return _run_generic(size, n, put=q.put, get_batch=lambda: [q.get()], finish=flush)
 
 
 def run_pipe(size: int, n: int) -> tuple[float, dict[str, Any]]:
@@ -200,11 +200,11 @@ def _run_generic(
         _reap(pid)
         for fd in (go_w, res_r):
             os.close(fd)
-    _verify(got, nbytes, n, size, last, recs[(n - 1) % len(recs)])
+    _verify(got, nbytes, n, size, last, expected_last=recs[(n - 1) % len(recs)])
     return n / dt, {"writer_ns": info["writer_s"] / n * 1e9}
 
 
-def _verify(got: int, nbytes: int, n: int, size: int, last: bytes, expected_last: bytes) -> None:
+def _verify(got: int, nbytes: int, n: int, size: int, last: bytes, *, expected_last: bytes) -> None:
     if got != n or nbytes != _expected_bytes(size, n) or last != expected_last:
         raise SystemExit(f"benchmark integrity check failed: {got}/{n} records, {nbytes} bytes")
 

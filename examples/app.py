@@ -2,8 +2,13 @@
 
     swmp run -- gunicorn -w 4 -b 127.0.0.1:8000 examples.app:app
 
-Routes: ``/cpu`` (about 100 us of work), ``/io`` (2 ms of blocking I/O), ``/call`` (an
-outbound HTTP call to ``DOWNSTREAM_URL``, default this app's own ``/cpu``), ``/error``.
+Routes: ``/cpu`` (about 100 us of hashing), ``/io`` (2 ms of blocking I/O), ``/call`` (an
+outbound HTTP call to ``DOWNSTREAM_URL``, default this app's own ``/cpu``), ``/error``,
+``/pid`` and ``/sleep?s=SECONDS`` (for worker-timeout experiments). Every response names
+the worker that produced it in an ``X-Worker-Pid`` header.
+
+Nothing here knows about the agent: ``swmp run`` (or a start call elsewhere, see
+``examples/started_app.py`` and ``examples/gunicorn_conf.py``) instruments Flask.
 """
 
 from __future__ import annotations
@@ -13,17 +18,24 @@ import os
 import time
 import urllib.request
 
-from flask import Flask
+from flask import Flask, Response, request
 
 app = Flask(__name__)
 DOWNSTREAM_URL = os.environ.get("DOWNSTREAM_URL", "http://127.0.0.1:8000/cpu")
+CPU_ITERATIONS = int(os.environ.get("CPU_ITERATIONS", "200"))  # ~100 us on a 2020s core
 
 
-def _work(iterations: int = 60) -> str:
+def _work(iterations: int = CPU_ITERATIONS) -> str:
     digest = b"swmp"
     for _ in range(iterations):
         digest = hashlib.sha256(digest).digest()
     return digest.hex()
+
+
+@app.after_request
+def _name_worker(resp: Response) -> Response:
+    resp.headers["X-Worker-Pid"] = str(os.getpid())
+    return resp
 
 
 @app.route("/cpu")
@@ -39,7 +51,7 @@ def io() -> str:
 
 @app.route("/call")
 def call() -> str:
-    with urllib.request.urlopen(DOWNSTREAM_URL, timeout=5) as resp:
+    with urllib.request.urlopen(DOWNSTREAM_URL, timeout=10) as resp:
         return f"downstream said {resp.status}"
 
 
@@ -51,3 +63,9 @@ def error() -> str:
 @app.route("/pid")
 def pid() -> str:
     return str(os.getpid())
+
+
+@app.route("/sleep")
+def sleep() -> str:
+    time.sleep(float(request.args.get("s", "1")))
+    return "slept"

@@ -54,19 +54,19 @@ C_OWNER_PID: Final = 0
 C_OWNER_START: Final = 1
 C_CLAIMS: Final = 2
 C_CLAIMED_NS: Final = 3
-# writer cache line
+# writer cache line: only the writer stores here
 C_TAIL: Final = 8
 C_WRITTEN_RECORDS: Final = 9
 C_DROPPED_RECORDS: Final = 10
 C_DROPPED_BYTES: Final = 11
-C_HIGH_WATER: Final = 12
 C_OVERSIZE: Final = 13
-# reader cache line
+# reader cache line: only the reader stores here
 C_HEAD: Final = 16
 C_READ_RECORDS: Final = 17
-C_READ_BYTES: Final = 18
+C_READ_BYTES: Final = 18  # ring bytes (headers and padding included), like the tail
 C_CORRUPT: Final = 19
 C_SKIPPED_BYTES: Final = 20
+C_HIGH_WATER: Final = 21  # most bytes the reader ever found waiting (tail - head)
 
 # Record header, one little-endian u64 word: payload length (bits 0-31), type (bits 32-47),
 # check (bits 48-63). The writer stores it as one word; the reader loads it as one word.

@@ -8,16 +8,23 @@ Lifecycle
   others attach. The header is filled in first and the magic word stored last, so an
   attacher never trusts a half-written header.
 * Workers claim a slot after fork by taking a byte-range lock (see ``_locks``); the kernel
-  releases it when the worker dies, which is what makes the slot reusable. The lowest
-  free slot is taken so a restarted worker gets back a stable instance name.
+  releases it when the worker dies, however it dies, which is what makes the slot reusable.
+  No pid is trusted for ownership, so pid reuse cannot confuse it. The lowest free slot is
+  taken so a restarted worker gets back a stable instance name.
 * The reporter holds the reporter lock for its lifetime: "is a reporter running?" is one
   ``F_GETLK`` away and survives pid reuse.
 * Whoever shuts the application down cleanly unlinks the file; :func:`cleanup_stale`
-  removes arenas whose owner is gone and which no reporter is draining.
+  removes arenas whose owner is gone and which nobody holds a lock on.
 
 Discovery: arenas live in one directory (``/dev/shm`` by default) under
-``<prefix>-<uid>-<owner pid>.arena``; the header carries the owner's start time so a
-reused pid is not mistaken for the owner.
+``<prefix>-<uid>-<owner pid>-<owner start ticks>.arena``: any process of the same user that
+knows the owner's pid finds it, and a reused pid names a different file. The header
+carries the same identity for tools that only have the file.
+
+POSIX locks belong to the process and closing *any* descriptor of the file releases them,
+so a process must never ``open()`` an arena file behind this module's back while it holds
+a slot or the reporter role; every :class:`Arena` of a process shares one descriptor per
+file (see ``_files``).
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ from __future__ import annotations
 import glob
 import mmap
 import os
+import stat
 import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
+from ipc import _files, _locks
 from ipc import _layout as L
-from ipc import _locks
 from ipc.ring import RingReader, RingStats, RingWriter, read_stats
 from ipc.status import StatusBlock
 from ipc.wakeup import Doorbell, create_fifo, fifo_path
@@ -40,6 +48,7 @@ DEFAULT_PREFIX = "swmp"
 DEFAULT_SLOTS = 64
 DEFAULT_RING_CAPACITY = 4 * 1024 * 1024
 MAX_SLOTS = 4096
+MODE = 0o600
 
 
 class ArenaError(Exception):
@@ -50,11 +59,11 @@ def process_start_ticks(pid: int) -> int:
     """Start time of ``pid`` in clock ticks since boot, or 0 if it does not exist."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+            data = f.read()
     except OSError:
         return 0
     # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(b")") + 2 :].split()
+    fields = data[data.rfind(b")") + 2 :].split()
     try:
         return int(fields[19])
     except (IndexError, ValueError):
@@ -65,11 +74,25 @@ def process_alive(pid: int, start_ticks: int) -> bool:
     if pid <= 0:
         return False
     ticks = process_start_ticks(pid)
-    return ticks != 0 and (start_ticks == 0 or ticks == start_ticks)
+    return ticks != 0 and start_ticks in (0, ticks)
+
+
+def boot_time_ns() -> int:
+    """When this machine booted (wall clock), or 0 if unknown."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return int(line.split()[1]) * 1_000_000_000
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def arena_path(owner_pid: int, directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX) -> str:
-    return os.path.join(directory, f"{prefix}-{os.getuid()}-{owner_pid}.arena")
+    """Where the arena of the application whose master is ``owner_pid`` lives."""
+    ticks = process_start_ticks(owner_pid)
+    return os.path.join(directory, f"{prefix}-{os.getuid()}-{owner_pid}-{ticks}.arena")
 
 
 @dataclass(frozen=True)
@@ -85,16 +108,22 @@ class ArenaInfo:
 
     @property
     def owner_alive(self) -> bool:
+        # Start ticks count from boot: an arena older than this boot (a directory that
+        # survives reboots) has a dead owner whatever its pid and ticks say now.
+        boot = boot_time_ns()
+        if boot and self.created_ns and self.created_ns < boot - 1_000_000_000:
+            return False
         return process_alive(self.owner_pid, self.owner_start_ticks)
 
 
 class Arena:
     """A mapped arena file. Create with :meth:`create`, attach with :meth:`open`."""
 
-    def __init__(self, path: str, fd: int, mm: mmap.mmap, created: bool) -> None:
+    def __init__(self, path: str, shared: _files.SharedFile, mm: mmap.mmap, created: bool) -> None:
         self.path = path
         self.created = created
-        self._fd = fd
+        self._shared = shared
+        self._fd = shared.fd
         self._mm = mm
         self._buf = memoryview(mm)
         self._header = self._buf[: L.HEADER_SIZE].cast("Q")
@@ -103,8 +132,10 @@ class Arena:
         self.slots = int(self._header[L.H_SLOTS])
         self.ring_capacity = int(self._header[L.H_CAPACITY])
         self._doorbell = Doorbell(path)
-        self._claimed: int | None = None
+        self._claimed: dict[int, RingWriter] = {}  # slots claimed through this object
+        self._claimed_pid = os.getpid()
         self._reporter = False
+        self._closed = False
 
     # -- creation and attachment -----------------------------------------------------------
     @classmethod
@@ -123,8 +154,9 @@ class Arena:
             raise ArenaError(f"ring capacity must be a power of two in 4 KiB..1 GiB, got {ring_capacity}")
         if len(meta) > L.META_MAX:
             raise ArenaError(f"arena meta data is {len(meta)} bytes, at most {L.META_MAX} fit")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, MODE)
         try:
+            os.fchmod(fd, MODE)  # exactly 0600 whatever the umask
             size = L.file_size(slots, ring_capacity)
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -146,16 +178,19 @@ class Arena:
         h[L.H_MAGIC] = L.MAGIC  # last: attachers wait for it
         h.release()
         create_fifo(path)
-        return cls(path, fd, mm, created=True)
+        return cls(path, _files.register_new(fd), mm, created=True)
 
     @classmethod
     def open(cls, path: str, wait_s: float = 2.0) -> Arena:
         """Attach to an existing arena, waiting up to ``wait_s`` for its creator to finish."""
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        shared, _fresh = _files.open_existing(path)
         try:
+            fd = shared.fd
             st = os.fstat(fd)
             if st.st_uid != os.getuid():
                 raise ArenaError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
+            if not stat.S_ISREG(st.st_mode):
+                raise ArenaError(f"{path} is not a regular file")
             deadline = time.monotonic() + wait_s
             while True:
                 size = os.fstat(fd).st_size
@@ -166,21 +201,21 @@ class Arena:
                     )
                     if magic == L.MAGIC:
                         break
-                if time.monotonic() > deadline:
+                if time.monotonic() >= deadline:
                     raise ArenaError(f"{path} is not an initialized swmp arena")
                 time.sleep(0.01)
             if version != L.LAYOUT_VERSION:
                 raise ArenaError(f"{path} has layout version {version}, this build reads {L.LAYOUT_VERSION}")
-            if not 1 <= slots <= MAX_SLOTS or capacity & (capacity - 1) or capacity < 4096:
+            if not 1 <= slots <= MAX_SLOTS or capacity & (capacity - 1) or not 4096 <= capacity <= 1 << 30:
                 raise ArenaError(f"{path} has an implausible header (slots={slots}, capacity={capacity})")
             expected = L.file_size(slots, capacity)
             if size != expected:
                 raise ArenaError(f"{path} is {size} bytes, its header implies {expected}")
             mm = mmap.mmap(fd, expected, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
-            os.close(fd)
+            _files.release(shared)
             raise
-        return cls(path, fd, mm, created=False)
+        return cls(path, shared, mm, created=False)
 
     @classmethod
     def create_or_open(
@@ -191,11 +226,33 @@ class Arena:
         meta: bytes = b"",
         owner_pid: int | None = None,
     ) -> Arena:
-        """Create the arena, or attach if another process won the race to create it."""
+        """Create the arena, or attach if another process won the race to create it.
+
+        A file left at ``path`` by an owner that is gone (possible only in a directory
+        that survives a reboot: the name carries the owner's start time) and that nobody
+        holds a lock on is replaced.
+        """
+        for attempt in range(2):
+            try:
+                return cls.create(path, slots, ring_capacity, meta, owner_pid)
+            except FileExistsError:
+                pass
+            try:
+                arena = cls.open(path)
+            except FileNotFoundError:
+                continue  # removed between our create and open: try again
+            if attempt == 0 and arena._replaceable():
+                arena.close()
+                _unlink_if_same(path, arena)
+                continue
+            return arena
+        return cls.open(path)
+
+    def _replaceable(self) -> bool:
         try:
-            return cls.create(path, slots, ring_capacity, meta, owner_pid)
-        except FileExistsError:
-            return cls.open(path)
+            return not self.info().owner_alive and self.reporter_pid() is None and not self.live_slots()
+        except OSError:
+            return False
 
     # -- description -----------------------------------------------------------------------
     def info(self) -> ArenaInfo:
@@ -213,36 +270,67 @@ class Arena:
         )
 
     # -- slots -----------------------------------------------------------------------------
+    def _base(self, slot: int) -> int:
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} out of range 0..{self.slots - 1}")
+        return L.SLOTS_OFFSET + slot * L.slot_stride(self.ring_capacity)
+
     def _control(self, slot: int) -> memoryview:
-        base = L.SLOTS_OFFSET + slot * L.slot_stride(self.ring_capacity)
+        base = self._base(slot)
         return self._buf[base : base + L.CONTROL_SIZE].cast("Q")
 
     def _data(self, slot: int) -> memoryview:
-        base = L.SLOTS_OFFSET + slot * L.slot_stride(self.ring_capacity) + L.CONTROL_SIZE
+        base = self._base(slot) + L.CONTROL_SIZE
         return self._buf[base : base + self.ring_capacity]
+
+    def _mine(self) -> dict[int, RingWriter]:
+        """Slots claimed through this object *by this process* (a forked child has none)."""
+        if self._claimed_pid != os.getpid():
+            self._claimed_pid = os.getpid()
+            self._claimed = {}
+            self._reporter = False
+        return self._claimed
 
     def claim_slot(self) -> RingWriter | None:
         """Claim the lowest free slot for this process; None when every slot is taken.
 
-        Call it in the process that will write (after fork): locks are per process.
+        Call it in the process that will write (after fork): locks are per process. Slots
+        this process already holds (through any Arena object) are never handed out again.
         """
-        for slot in range(self.slots):
-            if _locks.try_lock(self._fd, L.slot_lock_offset(slot)):
-                self._claimed = slot
+        shared = self._shared
+        with shared.lock:
+            held = shared.held().slots
+            for slot in range(self.slots):
+                if slot in held or not _locks.try_lock(self._fd, L.slot_lock_offset(slot)):
+                    continue
+                held.add(slot)
                 c = self._control(slot)
                 pid = os.getpid()
                 c[L.C_OWNER_PID] = pid
                 c[L.C_OWNER_START] = process_start_ticks(pid)
-                c[L.C_CLAIMS] = c[L.C_CLAIMS] + 1
+                c[L.C_CLAIMS] += 1
                 c[L.C_CLAIMED_NS] = time.time_ns()
-                return RingWriter(slot, c, self._data(slot), self.status._w, self._doorbell)
+                writer = RingWriter(slot, c, self._data(slot), self.status._w, self._doorbell)
+                self._mine()[slot] = writer
+                return writer
         return None
 
-    def release_slot(self) -> None:
-        """Give up this process's slot (clean worker exit)."""
-        if self._claimed is not None:
-            _locks.unlock(self._fd, L.slot_lock_offset(self._claimed))
-            self._claimed = None
+    def release_slot(self, slot: int | None = None) -> None:
+        """Give up a slot claimed through this object (default: all of them).
+
+        Its writer is disabled first: once the lock is gone another process may claim the
+        slot, and two writers on one ring would corrupt it.
+        """
+        mine = self._mine()
+        shared = self._shared
+        for s in list(mine) if slot is None else [slot]:
+            writer = mine.pop(s, None)
+            if writer is None:
+                continue
+            writer._disable("released its slot")
+            with shared.lock:
+                shared.held().slots.discard(s)
+                _locks.unlock(self._fd, L.slot_lock_offset(s))
 
     def slot_owner(self, slot: int) -> int | None:
         """Pid of the live process holding ``slot`` (None if free or held by this process)."""
@@ -257,9 +345,15 @@ class Arena:
                 out[slot] = pid
         return out
 
+    def own_slots(self) -> set[int]:
+        """Slots this process holds (through any Arena object on this file)."""
+        with self._shared.lock:
+            return set(self._shared.held().slots)
+
     def reader(self, slot: int, types: Collection[int] | None = None) -> RingReader:
-        base = L.SLOTS_OFFSET + slot * L.slot_stride(self.ring_capacity) + L.CONTROL_SIZE
-        return RingReader(slot, self._control(slot), self._data(slot), mapping=self._mm, base=base, types=types)
+        base = self._base(slot) + L.CONTROL_SIZE
+        control, data = self._control(slot), self._data(slot)
+        return RingReader(slot, control, data, mapping=self._mm, base=base, types=types)
 
     def ring_stats(self, slot: int) -> RingStats:
         return read_stats(slot, self._control(slot), self.ring_capacity)
@@ -272,17 +366,27 @@ class Arena:
     # -- the reporter role -----------------------------------------------------------------
     def try_become_reporter(self) -> bool:
         """Take the reporter lock; False if another live process already holds it."""
+        self._mine()
         if self._reporter:
             return True
-        if _locks.try_lock(self._fd, L.LOCK_REPORTER):
-            self._reporter = True
-            self.status.begin_reporter(os.getpid())
-        return self._reporter
+        shared = self._shared
+        with shared.lock:
+            if shared.held().reporter:
+                return False  # another Arena object of this process has the role
+            if not _locks.try_lock(self._fd, L.LOCK_REPORTER):
+                return False
+            shared.reporter = True
+        self._reporter = True
+        self.status.begin_reporter(os.getpid())
+        return True
 
     def release_reporter(self) -> None:
+        self._mine()
         if self._reporter:
             self.status.end_reporter()
-            _locks.unlock(self._fd, L.LOCK_REPORTER)
+            with self._shared.lock:
+                self._shared.held().reporter = False
+                _locks.unlock(self._fd, L.LOCK_REPORTER)
             self._reporter = False
 
     def reporter_pid(self) -> int | None:
@@ -291,25 +395,33 @@ class Arena:
 
     @property
     def is_reporter(self) -> bool:
+        self._mine()
         return self._reporter
 
     # -- teardown --------------------------------------------------------------------------
     def close(self) -> None:
-        """Unmap and close. Releases this process's slot and reporter locks."""
-        if self._fd < 0:
+        """Unmap and close. Releases the slots and reporter role taken through this object."""
+        if self._closed:
             return
-        self._doorbell.close()
+        self._closed = True
         try:
-            self._mm.close()
-        except BufferError:
-            # Ring writers/readers still hold views into the mapping; it goes with them.
-            pass
-        os.close(self._fd)
-        self._fd = -1
+            self.release_slot()
+            self.release_reporter()
+        finally:
+            self._doorbell.close()
+            self._header.release()
+            self.status.release()
+            try:
+                self._buf.release()
+                self._mm.close()
+            except BufferError:
+                # Ring writers/readers still hold views into the mapping; it goes with them.
+                pass
+            _files.release(self._shared)
+            self._fd = -1
 
     def unlink(self) -> None:
-        _unlink_quietly(self.path)
-        _unlink_quietly(fifo_path(self.path))
+        arena_unlink(self.path)
 
     def __enter__(self) -> Arena:
         return self
@@ -325,10 +437,25 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
+def _unlink_if_same(path: str, arena: Arena) -> None:
+    """Unlink ``path`` only if it is still the file ``arena`` had open."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if (st.st_dev, st.st_ino) == arena._shared.key:
+        arena_unlink(path)
+
+
+def arena_unlink(path: str) -> None:
+    _unlink_quietly(path)
+    _unlink_quietly(fifo_path(path))
+
+
 def discover(directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX) -> Iterator[str]:
     """Arena files of the current user in ``directory``, newest first."""
-    paths = glob.glob(os.path.join(directory, f"{prefix}-{os.getuid()}-*.arena"))
-    paths.sort(key=lambda p: _mtime(p), reverse=True)
+    paths = glob.glob(os.path.join(glob.escape(directory), f"{prefix}-{os.getuid()}-*.arena"))
+    paths.sort(key=_mtime, reverse=True)
     yield from paths
 
 
@@ -344,11 +471,26 @@ def read_info(path: str) -> ArenaInfo:
         return arena.info()
 
 
-def cleanup_stale(directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX) -> list[str]:
-    """Remove arenas whose owner is dead and that no reporter is draining.
+def _name_pid(path: str, prefix: str) -> int:
+    """The owner pid in an arena file name (``<prefix>-<uid>-<pid>[-...].arena``), or 0."""
+    name = os.path.basename(path)[len(prefix) + 1 :]
+    parts = name.split("-")
+    try:
+        return int(parts[1].split(".")[0])
+    except (IndexError, ValueError):
+        return 0
 
-    Returns the removed paths. Files that cannot be read as arenas are left alone (they
-    may be someone else's) unless they are ours by name and empty.
+
+def cleanup_stale(
+    directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX, min_age_s: float = 10.0
+) -> list[str]:
+    """Remove arenas whose owner is dead and that nobody holds a lock on.
+
+    "Nobody" means no reporter and no worker slot: an orphaned reporter still draining, or
+    a worker that outlived its master, keeps the file alive. Files that cannot be read as
+    arenas are removed only if older than ``min_age_s`` (a creator may be mid-way) and the
+    pid in their name is gone. Doorbell FIFOs whose arena is gone are removed too.
+    Returns the removed arena paths.
     """
     removed = []
     for path in discover(directory, prefix):
@@ -356,25 +498,26 @@ def cleanup_stale(directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREF
             arena = Arena.open(path, wait_s=0)
         except (ArenaError, OSError):
             try:
-                if os.stat(path).st_size == 0 and time.time() - _mtime(path) > 10:
+                old = time.time() - _mtime(path) > min_age_s
+                pid = _name_pid(path, prefix)
+                if old and (pid <= 0 or process_start_ticks(pid) == 0):
                     arena_unlink(path)
                     removed.append(path)
             except OSError:
                 pass
             continue
         try:
-            info = arena.info()
-            if info.owner_alive or arena.reporter_pid() is not None:
-                continue
-            if any(arena.slot_owner(s) is not None for s in range(arena.slots)):
-                continue
-            arena.unlink()
-            removed.append(path)
+            if arena._replaceable() and not arena.own_slots() and not arena.is_reporter:
+                _unlink_if_same(path, arena)
+                removed.append(path)
         finally:
             arena.close()
+    for fifo in glob.glob(os.path.join(glob.escape(directory), f"{prefix}-{os.getuid()}-*.arena.wake")):
+        arena_file = fifo[: -len(".wake")]
+        if not os.path.exists(arena_file):
+            try:
+                if stat.S_ISFIFO(os.lstat(fifo).st_mode):
+                    os.unlink(fifo)
+            except OSError:
+                pass
     return removed
-
-
-def arena_unlink(path: str) -> None:
-    _unlink_quietly(path)
-    _unlink_quietly(fifo_path(path))

@@ -42,7 +42,7 @@ import threading
 import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ipc import _layout as L
 
@@ -155,7 +155,7 @@ class RingWriter:
         # A record may use at most half the ring: with worst-case end padding it still fits.
         self._max_payload = capacity // 2 - L.RECORD_HEADER_SIZE
         self._lost = 0  # writes refused after the writer was disabled (not in shared memory)
-        self.write = _make_write(slot, control, data, status, wake, capacity)
+        self.write = _make_write(slot, control=control, data=data, status=status, wake=wake, cap=capacity)
         _writers.add(self)
 
     @property
@@ -197,21 +197,33 @@ def _no_wake() -> None:
     pass
 
 
+_HEADER_PACK = L.RECORD_HEADER.pack_into
+
+
+def _pack_generic(buf: memoryview, offset: int, *fields: Any) -> None:
+    """Same arguments as the cached packers' ``pack_into``: (n, rtype, check, payload)."""
+    n, rtype, check, payload = fields
+    _HEADER_PACK(buf, offset, n, rtype, check)
+    buf[offset + 8 : offset + 8 + n] = payload
+
+
 class _Packers(dict[int, Callable[..., None]]):
     """``pack_into`` of ``Struct("<IHH{n}s")`` per payload length ``n``, made on first use.
 
-    Bounded: past the limit a generic (two-step) packer is returned and nothing is cached.
+    Bounded (a Struct is a few hundred bytes): past the limit, lengths not seen yet get the
+    generic two-step packer.
     """
 
     def __missing__(self, n: int) -> Callable[..., None]:
-        packer = struct.Struct(f"<IHH{n}s").pack_into
-        if len(self) < L.RECORD_PACKER_CACHE:
-            self[n] = packer
+        if len(self) >= L.RECORD_PACKER_CACHE:
+            return _pack_generic
+        packer = self[n] = struct.Struct(f"<IHH{n}s").pack_into
         return packer
 
 
 def _make_write(
     slot: int,
+    *,
     control: memoryview,
     data: memoryview,
     status: memoryview,
@@ -221,15 +233,17 @@ def _make_write(
     """Build the writer's hot path as a closure over locals (see :class:`RingWriter`).
 
     Measured choices (docs/performance.md): one cached ``Struct("<IHH{n}s").pack_into``
-    stores header and payload in a single call; the check word needs only the lap tag,
-    which changes when the ring wraps, so it is recomputed on the slow path only (the fast
-    path refuses a record that would end exactly at the end of the data area).
+    stores header and payload in a single call; the writer does not load the head on every
+    record but keeps ``limit``, a position it may write up to (the lower of the end of the
+    current lap and the head it last saw plus the capacity). The head only grows, so the
+    bound is conservative; the slow path refreshes it when a record does not fit under it.
+    Records that would end exactly at the end of the lap also take the slow path, so the
+    check word's lap tag only changes there.
     """
     mask = cap - 1
     max_payload = cap // 2 - L.RECORD_HEADER_SIZE
-    limit = L.POSITION_LIMIT
     pad = L.PAD_TYPE
-    C_HEAD, C_TAIL, C_WRITTEN, C_HW = L.C_HEAD, L.C_TAIL, L.C_WRITTEN_RECORDS, L.C_HIGH_WATER
+    C_HEAD, C_TAIL, C_WRITTEN = L.C_HEAD, L.C_TAIL, L.C_WRITTEN_RECORDS
     S_SLEEPING = L.S_SLEEPING
     packers = _Packers()
     wake = wake if wake is not None else _no_wake
@@ -240,8 +254,8 @@ def _make_write(
     # on from whatever the previous owner of the slot published.
     tail = int(control[C_TAIL])
     tag = L.lap_tag(tail, cap)
+    limit = 0  # the first record takes the slow path, which loads the head
     written = int(control[C_WRITTEN])
-    high_water = int(control[C_HW])
     problem_logged = False
 
     def drop(n: int, oversize: bool) -> None:
@@ -251,12 +265,12 @@ def _make_write(
             control[L.C_OVERSIZE] += 1
 
     def slow(rtype: int, payload: bytes) -> str | bool:
-        """Everything off the fast path: padding, wrap, full ring, bad input, resync.
+        """Everything off the fast path: wrap, full ring, bad input, corrupt head word.
 
         Called with the lock held. Returns True/False (written/dropped) or a message to log
         (after the lock is released: a log handler may itself write to this ring).
         """
-        nonlocal tail, tag, written, high_water
+        nonlocal tail, tag, limit, written
         n = len(payload)
         span = (n + 15) & -8
         if not 0 < rtype < pad:
@@ -266,25 +280,23 @@ def _make_write(
             drop(n, True)
             return False
         t = tail
-        used = t - control[C_HEAD]
+        head = int(control[C_HEAD])
+        used = t - head
+        # Re-storing our own tail costs nothing here and repairs a garbage tail word, so
+        # a reader that waits for us to publish is never left waiting on a full ring.
+        control[C_TAIL] = t
         if not 0 <= used <= cap:
-            # The head is not where a reader that follows us could have put it: the reader
-            # reset the ring after corruption (it then puts the head past anything we could
-            # have written) or the word is garbage. Continue from the head, which is where
-            # the reader will look next; if it is garbage the reader resets again.
-            head = int(control[C_HEAD])
-            if head >= limit:
-                drop(n, False)
-                return False
-            t = (head + 7) & -8
-            used = t - head
+            # Impossible for a head the reader stored: the word is garbage. The reader
+            # notices and rewrites it; until then nothing can be known to be free.
+            limit = 0
+            drop(n, False)
+            return f"head word {head} is inconsistent with tail {t}"
         offset = t & mask
         room = cap - offset
         extra = room if span > room else 0
         if used + extra + span > cap:
+            limit = 0
             drop(n, False)
-            tail = t  # a resync is kept even when this record does not fit
-            tag = L.lap_tag(t, cap)
             return False
         if extra:
             # The record would straddle the end: fill the rest with a padding record.
@@ -296,13 +308,10 @@ def _make_write(
         t += span
         control[C_TAIL] = t  # publish: one aligned 8-byte store, after the bytes
         tail = t
-        tag = L.lap_tag(t, cap)
         written += 1
         control[C_WRITTEN] = written
-        used += extra + span
-        if used > high_water:
-            high_water = used
-            control[C_HW] = used
+        tag = L.lap_tag(t, cap)
+        limit = min((t | mask) + 1, head + cap + 1)
         return True
 
     def write(rtype: int, payload: bytes) -> bool:
@@ -312,16 +321,13 @@ def _make_write(
         try:
             n = len(payload)
             t = tail
-            offset = t & mask
-            span = (n + 15) & -8
-            # Fast path: the record ends before the end of the data area (so the lap and
-            # its tag do not change) and fits behind the head. Everything else is slow().
-            if span < cap - offset and 0 <= t - control[C_HEAD] <= cap - span:
+            end = t + ((n + 15) & -8)
+            if end < limit:
                 # Header (u32 length, u16 type, u16 check) and payload in one call. A type
-                # outside 0..65535 makes it raise (see below); 0 and 65535 are skipped and
-                # counted by the reader.
-                packers[n](data, offset, n, rtype, (n ^ rtype ^ tag) & 0xFFFF, payload)
-                control[C_TAIL] = tail = t + span  # publish: one aligned 8-byte store
+                # outside 0..65535 makes it raise (handled below); types 0 and 65535 are not
+                # checked here: the reader skips and counts such records.
+                packers[n](data, t & mask, n, rtype, (n ^ rtype ^ tag) & 0xFFFF, payload)
+                control[C_TAIL] = tail = end  # publish: one aligned 8-byte store, after the bytes
                 written += 1
                 control[C_WRITTEN] = written
                 outcome: str | bool = True
@@ -375,21 +381,35 @@ class RingReader:
     delivery across its own crashes: a new reader starts again from the committed head.
 
     ``types``, if given, is the set of record types the caller understands; well-formed
-    records of any other type are skipped and counted as corruption. ``mapping``/``base``
-    let the reader copy payloads straight out of the mmap (one copy, no memoryview).
+    records of any other type are skipped and counted as corruption (types 0 and 65535 are
+    never delivered). ``mapping``/``base`` let the reader copy payloads straight out of the
+    mmap (one copy, no intermediate memoryview).
+
+    Garbage handling (counted in ``corrupt_events``/``skipped_bytes``, logged once):
+
+    * head word not what this reader stored: rewritten (the writer trusts it for space);
+    * tail word implausible (behind the cursor, past head + capacity, unaligned): ignored
+      until the writer publishes again, which it does on its next write or drop; if it
+      stays behind the cursor but changes, the writer is really there (our cursor came
+      from a garbage tail) and the reader moves back to it;
+    * a record header that fails its check or bounds: the reader first stops there once
+      (the tail may have been garbage and the writer's next store fixes it); if the header
+      is still bad at the next read, everything up to the tail is skipped.
     """
 
     __slots__ = (
         "_base",
+        "_behind",
         "_cap",
         "_control",
         "_cursor",
-        "_data",
         "_head",
+        "_high_water",
         "_logged",
+        "_shift",
         "_source",
-        "_stalled",
-        "_types",
+        "_suspect",
+        "_valid",
         "_words",
         "slot",
     )
@@ -404,17 +424,27 @@ class RingReader:
         base: int = 0,
         types: Collection[int] | None = None,
     ) -> None:
+        cap = len(data)
+        if cap < 4096 or cap & (cap - 1) or control.format != "Q":
+            raise ValueError("ring data must be a power of two >= 4096 bytes, control a u64 view")
         self.slot = slot
         self._control = control
-        self._data = data
         self._words = data.cast("Q")
-        self._cap = len(data)
+        self._cap = cap
+        self._shift = cap.bit_length() - 1
         self._source: _ByteSource = mapping if mapping is not None else _ViewSource(data)
         self._base = base if mapping is not None else 0
-        self._types = frozenset(types) if types is not None else None
+        # One byte per record type: 1 = deliver. Types 0 and 65535 (padding) never are.
+        valid = bytearray(65536)
+        for t in range(1, 65535) if types is None else types:
+            if 0 < t < 65535:
+                valid[t] = 1
+        self._valid = bytes(valid)
         self._head = int(control[L.C_HEAD])
         self._cursor = self._head
-        self._stalled = -1
+        self._high_water = int(control[L.C_HIGH_WATER])
+        self._suspect = -1  # position of a bad header seen once (see the class docstring)
+        self._behind = -1  # an implausible tail value already counted
         self._logged = False
 
     @property
@@ -428,8 +458,13 @@ class RingReader:
         return self._head
 
     def pending(self) -> bool:
-        """True when the writer has published something this reader has not read yet."""
-        return bool(self._control[L.C_TAIL] > self._cursor)
+        """True when the writer has published records this reader has not read yet."""
+        tail = int(self._control[L.C_TAIL])
+        if tail <= self._cursor:
+            if tail < self._cursor:
+                self._tail_behind(tail)
+            return False
+        return tail - self._head <= self._cap and not tail & 7
 
     def backlog(self) -> int:
         """Bytes published but not yet committed (0..capacity)."""
@@ -439,136 +474,142 @@ class RingReader:
         """Forget uncommitted reads: the next :meth:`read` starts at the committed head."""
         self._cursor = self._head
 
-    def read(self, max_records: int = 4096, max_bytes: int = 1 << 62) -> list[tuple[int, bytes]]:
-        """Return up to ``max_records`` records as ``(type, payload)``; never raises.
-
-        Stops early after ``max_bytes`` payload bytes (at least one record is returned).
-        """
-        try:
-            return self._read(max_records, max_bytes)
-        except Exception as exc:  # a torn-down mapping, a bug: cost data, never the caller
-            self._reset(int(self._control[L.C_TAIL]), f"reader failed: {exc!r}")
-            return []
-
-    def _read(self, max_records: int, max_bytes: int) -> list[tuple[int, bytes]]:
-        control = self._control
-        tail = int(control[L.C_TAIL])
-        cursor = self._cursor
-        head = self._head
-        if control[L.C_HEAD] != head:
-            self._reset(tail, "head word changed behind the reader's back")
-            return []
-        if tail <= cursor:
-            if tail < cursor and tail != self._stalled:
-                # Behind us: after our own reset, until the writer catches up, or garbage
-                # the writer overwrites with its next record. Nothing to skip; count once.
-                self._stalled = tail
-                control[L.C_CORRUPT] += 1
-            return []
-        cap = self._cap
-        if tail - head > cap or (tail | head) & 7:
-            self._reset(tail, "tail outside the ring")
-            return []
-        words = self._words
-        source = self._source
-        base = self._base + 8
-        mask = cap - 1
-        shift = cap.bit_length() - 1
-        salt = L.CHECK_SALT
-        types = self._types
-        out: list[tuple[int, bytes]] = []
-        append = out.append
-        nbytes = 0
-        count = 0
-        while cursor < tail and count < max_records and nbytes < max_bytes:
-            offset = cursor & mask
-            word = words[offset >> 3]
-            n = word & 0xFFFFFFFF
-            rtype = (word >> 32) & 0xFFFF
-            if word >> 48 != (n ^ rtype ^ (cursor >> shift) ^ salt) & 0xFFFF:
-                self._finish(cursor, count, nbytes)
-                self._reset(tail, f"bad record header at {cursor} (length={n}, type={rtype})")
-                return out
-            span = (n + 15) & -8
-            if rtype == 0xFFFF:
-                room = cap - offset
-                if n != room - 8 or cursor + room > tail:
-                    self._finish(cursor, count, nbytes)
-                    self._reset(tail, f"bad padding record at {cursor}")
-                    return out
-                cursor += room
-                continue
-            if rtype == 0 or offset + span > cap or cursor + span > tail:
-                self._finish(cursor, count, nbytes)
-                self._reset(tail, f"bad record at {cursor} (length={n}, type={rtype})")
-                return out
-            if types is not None and rtype not in types:
-                self._skip(cursor, span, rtype)
-                cursor += span
-                continue
-            start = base + offset
-            append((rtype, source[start : start + n]))
-            count += 1
-            nbytes += n
-            cursor += span
-        self._finish(cursor, count, nbytes)
-        return out
-
-    def _finish(self, cursor: int, count: int, nbytes: int) -> None:
-        self._cursor = cursor
-        if count:
-            control = self._control
-            control[L.C_READ_RECORDS] += count
-            control[L.C_READ_BYTES] += nbytes
-
     def commit(self, position: int | None = None) -> None:
         """Release everything before ``position`` (default: the cursor) to the writer.
 
-        Positions before the committed head (e.g. from before a reset) are ignored, and a
-        position past the cursor is taken as the cursor.
+        Positions before the committed head are ignored, and a position past the cursor is
+        taken as the cursor.
         """
         pos = self._cursor if position is None else min(position, self._cursor)
         if pos > self._head:
             self._head = pos
             self._control[L.C_HEAD] = pos
 
-    def _skip(self, cursor: int, span: int, rtype: int) -> None:
-        control = self._control
-        control[L.C_CORRUPT] += 1
-        control[L.C_SKIPPED_BYTES] += span
-        self._log_once(f"record of unknown type {rtype} at {cursor} skipped")
+    def read(self, max_records: int = 4096, max_bytes: int = 1 << 62) -> list[tuple[int, bytes]]:
+        """Return up to ``max_records`` records as ``(type, payload)``; never raises.
 
-    def _reset(self, tail: int, why: str) -> None:
-        """Throw away everything unread and start the ring afresh past any sane position.
-
-        Garbage must cost data, never a crash or an endless loop. We cannot know where the
-        writer really is when a word is garbage, so the new position is chosen *beyond*
-        every position in sight by two capacities: the writer finds the head ahead of its
-        own tail (impossible in normal operation) and continues from it (see the writer's
-        resync), and everything between here and there, stale or garbage, is never read.
-        Uncommitted records already returned are released too.
+        Stops early once ``max_bytes`` ring bytes have been read (at least one record is
+        returned when ``max_bytes`` is positive).
         """
+        try:
+            return self._read(max_records, max_bytes)
+        except Exception as exc:  # a torn-down mapping, a bug: cost data, never the caller
+            self._log_once(f"reader failed: {exc!r}")
+            return []
+
+    def _read(self, max_records: int, max_bytes: int) -> list[tuple[int, bytes]]:
         control = self._control
+        head = self._head
+        if control[L.C_HEAD] != head:
+            self._count(0, "head word changed behind the reader's back; rewritten")
+            control[L.C_HEAD] = head
+        tail = int(control[L.C_TAIL])
         cursor = self._cursor
+        if tail <= cursor:
+            if tail < cursor:
+                self._tail_behind(tail)
+            return []
         cap = self._cap
-        sane_tail = tail if 0 <= tail - self._head <= cap else cursor
-        skipped = max(0, sane_tail - cursor)
-        candidates = [cursor, self._head, tail, int(control[L.C_HEAD])]
-        highest = max((p for p in candidates if p < L.POSITION_LIMIT), default=0)
-        target = ((highest + 7) & -8) + 2 * cap
-        if target >= L.POSITION_LIMIT:
-            target = 0
+        if tail - head > cap or tail & 7:
+            if tail != self._behind:
+                self._behind = tail
+                self._count(0, f"tail word {tail} is outside the ring (head {head})")
+            return []
+        self._behind = -1
+        if tail - head > self._high_water:
+            self._high_water = tail - head
+            control[L.C_HIGH_WATER] = tail - head
+        words = self._words
+        source = self._source
+        base = self._base + 8
+        valid = self._valid
+        mask = cap - 1
+        shift = self._shift
+        salt = L.CHECK_SALT
+        start = cursor
+        stop = tail if max_bytes >= tail - cursor else cursor + max(max_bytes, 0)
+        out: list[tuple[int, bytes]] = []
+        append = out.append
+        left = max_records
+        while cursor < stop and left > 0:
+            # One lap segment at a time: within it the check word's lap tag is constant
+            # and a record must end by ``bound``.
+            lap_end = (cursor | mask) + 1
+            bound = tail if tail < lap_end else lap_end
+            seg_stop = stop if stop < bound else bound
+            tag = ((cursor >> shift) ^ salt) & 0xFFFF
+            for _ in range(left):
+                if cursor >= seg_stop:
+                    break
+                off = cursor & mask
+                word = words[off >> 3]
+                n = word & 0xFFFFFFFF
+                rtype = (word >> 32) & 0xFFFF
+                span = (n + 15) & -8
+                if word >> 48 != (n ^ rtype ^ tag) & 0xFFFF or cursor + span > bound:
+                    # Not a header we wrote at this position, or it runs past the data.
+                    self._cursor = cursor
+                    self._finish(start, cursor, len(out))
+                    self._bad_header(cursor, tail, n, rtype)
+                    return out
+                if not valid[rtype]:
+                    if rtype == 0xFFFF and n == cap - off - 8:
+                        cursor += span  # padding to the end of the lap
+                        break
+                    self._count(span, f"record of type {rtype} at {cursor} skipped")
+                    cursor += span
+                    continue
+                off += base
+                append((rtype, source[off : off + n]))
+                cursor += span
+            left = max_records - len(out)
+        self._cursor = cursor
+        self._suspect = -1
+        self._finish(start, cursor, len(out))
+        return out
+
+    def _finish(self, start: int, cursor: int, count: int) -> None:
+        if cursor != start:
+            control = self._control
+            control[L.C_READ_RECORDS] += count
+            control[L.C_READ_BYTES] += cursor - start
+
+    def _bad_header(self, cursor: int, tail: int, n: int, rtype: int) -> None:
+        if self._suspect != cursor:
+            # Maybe the tail word was garbage and we read past the writer: give the writer
+            # one chance to publish again before calling the bytes garbage.
+            self._suspect = cursor
+            return
+        self._suspect = -1
+        why = f"bad record header at {cursor} (length={n}, type={rtype}); skipped to {tail}"
+        self._count(tail - cursor, why)
+        self._cursor = tail
+
+    def _tail_behind(self, tail: int) -> None:
+        """The tail word is behind our cursor, which never happens in normal operation."""
+        if tail == self._behind:
+            return
+        if self._behind >= 0 and tail >= self._head:
+            # It changed, so the writer stored it: the writer really is there and our cursor
+            # came from a garbage tail. Go back to it.
+            self._count(0, f"tail {tail} behind the cursor {self._cursor}; following the writer")
+            self._cursor = tail
+            self._behind = -1
+            return
+        self._behind = tail
+        self._count(0, f"tail word {tail} is behind the cursor {self._cursor}")
+
+    def _count(self, skipped: int, message: str) -> None:
+        control = self._control
         control[L.C_CORRUPT] += 1
-        control[L.C_SKIPPED_BYTES] += skipped
-        self._cursor = self._head = target
-        self._stalled = tail  # the tail we saw is behind us now; not a new event
-        control[L.C_HEAD] = target
-        self._log_once(f"{why}; {skipped} bytes skipped, ring reset to position {target}")
+        if skipped:
+            control[L.C_SKIPPED_BYTES] += skipped
+        self._log_once(message)
 
     def _log_once(self, message: str) -> None:
         if not self._logged:
             self._logged = True
-            log.error("ring slot %d: %s. Further corruption in this ring is only counted.", self.slot, message)
+            log.error("ring slot %d: %s. Further corruption here is only counted.", self.slot, message)
 
     def stats(self) -> RingStats:
         return read_stats(self.slot, self._control, self._cap)

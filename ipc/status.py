@@ -9,10 +9,24 @@ writer, and a writer killed mid-update leaves an odd sequence that the next writ
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
 from ipc import _layout as L
+
+_barrier_lock = threading.Lock()
+
+
+def full_barrier() -> None:
+    """A full memory barrier from pure Python.
+
+    CPython's lock is a glibc semaphore on Linux: acquiring and releasing it are atomic
+    read-modify-write instructions (``lock``-prefixed on x86-64), which order every
+    earlier store before every later load.
+    """
+    _barrier_lock.acquire()
+    _barrier_lock.release()
 
 
 @dataclass(frozen=True)
@@ -64,10 +78,26 @@ class StatusBlock:
         return True
 
     def set_sleeping(self, sleeping: bool) -> None:
+        """Tell writers whether to ring the doorbell.
+
+        Protocol for the reader: ``set_sleeping(True)``, then check every ring for pending
+        records, and only then wait (with a timeout: the bounded poll). The full barrier
+        after the store keeps the x86-64 store buffer from delaying it past those checks;
+        writers load the flag after their own barrier (their lock release), so either the
+        reader sees the record or the writer sees the flag (no lost wake-up), and the
+        timeout covers any platform where that reasoning does not hold.
+        """
         self._w[L.S_SLEEPING] = 1 if sleeping else 0
+        if sleeping:
+            full_barrier()
 
     def count_wakeup(self) -> None:
         self._w[L.S_WAKEUPS] = self._w[L.S_WAKEUPS] + 1
+
+    def release(self) -> None:
+        """Drop this block's views of the mapping (the arena is closing)."""
+        self._w.release()
+        self._raw.release()
 
     def end_reporter(self) -> None:
         self._w[L.S_REPORTER_PID] = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import time
 
 
@@ -24,6 +25,10 @@ def create_fifo(arena_path: str) -> None:
     try:
         os.mkfifo(path, 0o600)
     except FileExistsError:
+        return
+    try:
+        os.chmod(path, 0o600)  # exactly 0600 whatever the umask
+    except OSError:
         pass
 
 
@@ -40,9 +45,15 @@ class Doorbell:
         self.rings = 0
 
     def __call__(self) -> None:
+        try:
+            self._ring()
+        except Exception:  # runs in the application after a write: never raise there
+            pass
+
+    def _ring(self) -> None:
         pid = os.getpid()
         if self._pid != pid:  # inherited across fork: open our own
-            self._fd = -1
+            self.close()
             self._pid = pid
         if self._fd < 0:
             now = time.monotonic()
@@ -82,6 +93,17 @@ class DoorbellListener:
 
     def fileno(self) -> int:
         return self._fd
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until a writer rings or ``timeout_s`` passes; True if rung. Drains the FIFO."""
+        try:
+            ready, _, _ = select.select([self._fd], [], [], max(0.0, timeout_s))
+        except (OSError, ValueError):
+            return False
+        if ready:
+            self.drain()
+            return True
+        return False
 
     def drain(self) -> int:
         total = 0

@@ -210,19 +210,23 @@ def start_oap(run_dir: Path, kafka_bootstrap: str | None = None, namespace: str 
     raise PeerStartError(f"start_oap.sh failed:\n{out[-3000:]}")
 
 
-# The OAP answers queries before its Kafka consumer has joined its group; a message
-# produced in between would only be read if the consumer starts from the earliest offset.
-# Waiting for the partition assignment in the OAP log removes that race for tests.
-_ASSIGNED = re.compile(
-    r"(Adding newly assigned partitions|Subscribed to partition|Setting offset for partition)"
-)
+# The OAP answers queries before its Kafka consumer has joined its group, and that consumer
+# starts at the END of each partition (auto.offset.reset=latest): a message produced
+# before the consumer has fixed its position would be skipped. Waiting until the OAP log
+# shows a position for every agent topic removes that race for tests.
+_AGENT_TOPICS = ("segments", "logs", "meters", "managements")
 
 
 def _wait_kafka_consumer(server: OapServer, timeout: float = 120.0) -> None:
+    prefix = f"{server.namespace}-" if server.namespace else ""
+    wanted = [
+        re.compile(rf"(Resetting|Setting) offset for partition {re.escape(prefix)}skywalking-{t}-0\b")
+        for t in _AGENT_TOPICS
+    ]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = server.log_file.read_text(errors="replace") if server.log_file.exists() else ""
-        if _ASSIGNED.search(text):
+        if all(w.search(text) for w in wanted):
             return
         try:
             os.kill(server.pid, 0)
@@ -230,7 +234,9 @@ def _wait_kafka_consumer(server: OapServer, timeout: float = 120.0) -> None:
             raise PeerStartError(f"OAP {server.pid} died; see {server.log_file}") from None
         time.sleep(0.2)
     server.stop()
-    raise PeerStartError(f"OAP Kafka consumer never got its partitions; see {server.log_file}")
+    raise PeerStartError(
+        f"the OAP's Kafka consumer never positioned itself on {_AGENT_TOPICS}; see {server.log_file}"
+    )
 
 
 # ---------------------------------------------------------------------------- cleanup

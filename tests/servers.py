@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from tests.collector import CollectorProcess, free_port, read_dump
+from tests.collector import CollectorProcess, read_dump
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SWMP_RUN = [sys.executable, "-m", "swmp.cli", "run", "--"]
@@ -111,7 +112,9 @@ class Proc:
 
         def seen() -> bool:
             if not self.alive():
-                raise NotReady(f"{self.argv[:4]} exited ({self.popen and self.popen.returncode}):\n{self.tail()}")
+                raise NotReady(
+                    f"{self.argv[:4]} exited ({self.popen and self.popen.returncode}):\n{self.tail()}"
+                )
             return len(rx.findall(self.log())) >= count
 
         try:
@@ -122,7 +125,7 @@ class Proc:
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log().splitlines()[-lines:])
 
-    def signal(self, sig: int) -> None:
+    def send(self, sig: int) -> None:
         if self.alive():
             os.kill(self.pid, sig)
 
@@ -197,7 +200,7 @@ def agent_env(
         if key.startswith(("SW_", "SWMP_", "UWSGI_")):
             del env[key]
     arena_dir = workdir / "shm"
-    arena_dir.mkdir(exist_ok=True)
+    arena_dir.mkdir(parents=True, exist_ok=True)
     env.update(
         {
             "SW_AGENT_NAME": service,
@@ -241,10 +244,21 @@ class Server:
         return sorted(p for p in self.arena_dir.glob("*.arena"))
 
     def arena_path(self) -> Path:
-        return self.arena_dir / f"swmp-{os.getuid()}-{self.pid}.arena"
+        """The application's shared arena (thread mode: the one that only names workers).
+
+        Its name carries the master's start time, read once while the master is alive.
+        """
+        if "arena" not in self.info:
+            import ipc
+
+            path = ipc.arena_path(self.pid, str(self.arena_dir))
+            if self.env.get("SW_AGENT_REPORTER_PROCESS") == "false":
+                path = path.replace(".arena", "-names.arena")
+            self.info["arena"] = Path(path)
+        return Path(self.info["arena"])
 
     def live_slots(self) -> dict[int, int]:
-        """``{slot: pid}`` of the master's arena (empty when it does not exist)."""
+        """``{slot: pid}`` held in the application's arena (empty when it does not exist)."""
         from ipc import Arena, ArenaError
 
         try:
@@ -377,9 +391,9 @@ def run_server(
     workdir: Path,
     command: list[str],
     env: dict[str, str],
+    *,
     port: int,
     workers: int,
-    *,
     swmp_run: bool = True,
     wait_claims: bool = True,
     name: str = "",
@@ -391,6 +405,7 @@ def run_server(
     server = Server(kind, proc, port, Path(env["SW_AGENT_ARENA_DIR"]), workers, env)
     proc.start()
     try:
+        server.arena_path()  # while the master is alive
         if kind == "gunicorn":
             proc.wait_log(r"Booting worker with pid", count=workers)
         else:
@@ -411,7 +426,16 @@ def b64(s: str) -> str:
 
 def sw8_header(trace_id: str, segment_id: str = "client-segment", span_id: int = 0) -> str:
     return "-".join(
-        ["1", b64(trace_id), b64(segment_id), str(span_id), b64("load-client"), b64("client-1"), b64("/load"), b64("x")]
+        [
+            "1",
+            b64(trace_id),
+            b64(segment_id),
+            str(span_id),
+            b64("load-client"),
+            b64("client-1"),
+            b64("/load"),
+            b64("x"),
+        ]
     )
 
 
@@ -422,6 +446,7 @@ class Result:
     status: int  # 0: no answer (connection refused / reset / timeout)
     body: bytes = b""
     error: str = ""
+    worker_pid: int = 0  # from the X-Worker-Pid header of examples/app.py
 
 
 def request(port: int, path: str, trace_id: str = "", timeout: float = 30.0) -> Result:
@@ -431,7 +456,8 @@ def request(port: int, path: str, trace_id: str = "", timeout: float = 30.0) -> 
         conn.request("GET", path, headers=headers)
         resp = conn.getresponse()
         body = resp.read()
-        return Result(path, trace_id, resp.status, body)
+        worker = resp.getheader("X-Worker-Pid") or "0"
+        return Result(path, trace_id, resp.status, body, worker_pid=int(worker) if worker.isdigit() else 0)
     except (OSError, http.client.HTTPException) as exc:
         return Result(path, trace_id, 0, error=f"{type(exc).__name__}: {exc}")
     finally:
@@ -499,7 +525,9 @@ def segments_of(col: CollectorProcess, service: str | None = None) -> list[dict[
     return [m for m in messages(col, "segment") if service is None or m.get("service") == service]
 
 
-def wait_segments(col: CollectorProcess, n: int, service: str | None = None, timeout: float = 30.0) -> list[dict[str, Any]]:
+def wait_segments(
+    col: CollectorProcess, n: int, service: str | None = None, timeout: float = 30.0
+) -> list[dict[str, Any]]:
     """Wait until at least ``n`` segments (of ``service``) arrived; returns them all."""
     got: list[dict[str, Any]] = []
 
@@ -536,3 +564,98 @@ def entry_span(segment: dict[str, Any]) -> dict[str, Any]:
 
 def exit_spans(segment: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in segment.get("spans", []) if s.get("spanType") == "Exit"]
+
+
+# -- assertions shared by the server tests --------------------------------------------------
+def check_two_apps(
+    col: CollectorProcess,
+    a: Server,
+    b: Server,
+    results: list[Result],
+    *,
+    a_service: str = "a",
+    b_service: str = "b",
+) -> None:
+    """Exactly one segment per request in each app; B's segments point at A's exit spans."""
+    assert all(r.status == 200 for r in results), Counter((r.status, r.error) for r in results)
+    calls = sum(r.path == "/call" for r in results)
+    a_segs = wait_segments(col, len(results), a_service)
+    b_segs = wait_segments(col, calls, b_service)
+    quiet_for(col, 0.5)
+    a_segs, b_segs = segments_of(col, a_service), segments_of(col, b_service)
+    assert len(a_segs) == len(results)
+    assert len(b_segs) == calls
+    assert len({s["traceSegmentId"] for s in a_segs + b_segs}) == len(a_segs) + len(b_segs)
+
+    # The requests that carried sw8 continue the client's trace, one segment each.
+    traced = Counter(r.trace_id for r in results if r.trace_id)
+    assert Counter(s["traceId"] for s in a_segs if s["traceId"] in traced) == traced
+
+    # Worker instances: named after their slots, each announced with its pid and slot.
+    assert {s["serviceInstance"] for s in a_segs} <= {f"{a_service}-w{i}" for i in range(a.workers)}
+    assert {s["serviceInstance"] for s in b_segs} <= {f"{b_service}-w{i}" for i in range(b.workers)}
+    for server, service in ((a, a_service), (b, b_service)):
+        check_announced(col, server, service)
+
+    # Cross-application references: each /call exit span in A is the parent of one B segment.
+    by_parent = {}
+    for seg in b_segs:
+        refs = entry_span(seg).get("refs", [])
+        assert len(refs) == 1, seg
+        by_parent[(refs[0]["parentTraceSegmentId"], int(refs[0].get("parentSpanId", 0)))] = (seg, refs[0])
+    matched = 0
+    for seg in a_segs:
+        entry = entry_span(seg)
+        exits = exit_spans(seg)
+        if entry["operationName"] != "/call":
+            assert not exits
+            continue
+        assert len(exits) == 1, seg
+        child, ref = by_parent.pop((seg["traceSegmentId"], int(exits[0].get("spanId", 0))))
+        assert child["traceId"] == seg["traceId"]
+        assert ref["parentService"] == a_service
+        assert ref["parentServiceInstance"] == seg["serviceInstance"]
+        assert ref["parentEndpoint"] == "/call"
+        assert ref["networkAddressUsedAtPeer"] == f"127.0.0.1:{b.port}"
+        assert exits[0]["peer"] == f"127.0.0.1:{b.port}"
+        matched += 1
+    assert matched == calls and not by_parent
+
+
+def announced(col: CollectorProcess) -> dict[tuple[str, str], list[dict[str, str]]]:
+    """Every instance-properties report, per (service, instance), oldest first."""
+    out: dict[tuple[str, str], list[dict[str, str]]] = {}
+    for p in messages(col, "properties"):
+        props = {kv["key"]: kv.get("value", "") for kv in p.get("properties", [])}
+        out.setdefault((p["service"], p["serviceInstance"]), []).append(props)
+    return out
+
+
+def check_announced(col: CollectorProcess, server: Server, service: str, timeout: float = 10.0) -> None:
+    """Each live worker was announced as ``<service>-w<slot>`` with its own pid and slot.
+
+    In process mode the slots must also be the ones the workers hold in the arena (in
+    thread mode the shared arena only names processes, same rule).
+    """
+    pids = set(server.worker_pids())
+
+    def by_pid() -> dict[int, tuple[str, dict[str, str]]]:
+        latest = {}
+        for (svc, inst), reports in announced(col).items():
+            if svc == service:
+                for props in reports:
+                    latest[int(props["Process No."])] = (inst, props)
+        return latest
+
+    wait_until(lambda: pids <= set(by_pid()), timeout, f"every worker of {service} announced")
+    latest = by_pid()
+    names = set()
+    for pid in pids:
+        inst, props = latest[pid]
+        assert props["language"] == "python"
+        assert inst == f"{service}-w{props['slot']}", (inst, props)
+        names.add(inst)
+    assert len(names) == len(pids), names  # one instance per live worker
+    for slot, pid in server.live_slots().items():
+        if pid in pids:
+            assert latest[pid][1]["slot"] == str(slot)

@@ -166,7 +166,14 @@ def test_gunicorn_with_the_agent(tmp_path: Path) -> None:
             arena = ipc.Arena.open(path)
             a = arena
             S.wait_for(lambda: len(a.live_slots()) == 2, 60, "two workers to claim slots")
-            S.wait_for(lambda: published(a).get("backend", {}).get("state") == "ok", 60, "the reporter")
+            S.wait_for(
+                lambda: (
+                    published(a).get("backend", {}).get("state") == "ok"
+                    and len(published(a).get("instances", {})) == 2
+                ),
+                60,
+                "the reporter to register both workers",
+            )
             others = [*a.live_slots().values(), a.reporter_pid() or 0]
 
             proc = S.cli("health", "--dir", str(shm), "--interval", "0.3")

@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import jsonschema
+import orjson
 import pytest
 
 from swmp.ops.schema import STATUS_SCHEMA
@@ -84,7 +85,11 @@ def running(procs: Any, new_arena: Any) -> dict[str, Any]:
         restarts=1,
     )
     rep = procs.reporter(arena, doc, success_ago_s=0.0)
+    # Drained, and the document saying so published (the stand-in publishes after it reads).
     S.wait_for(lambda: all(arena.ring_stats(s).used == 0 for s in range(arena.slots)), what="drain")
+    S.wait_for(
+        lambda: orjson.loads(arena.status.snapshot().document)["read"] == {"segment": 60}, what="the count"
+    )
     return {"arena": arena, "reporter": rep, "workers": [(w1, i1), (w2, i2)]}
 
 

@@ -31,7 +31,7 @@ from reporter_proc.protocol.generated import (
     tracing_pb2_grpc,
 )
 from tests.oap_graphql import MqeResult, entity, wait_for
-from tests.realpeers import SCRIPTS, KafkaBroker, OapServer, free_ports, unique_name
+from tests.realpeers import OAP_VERSION, SCRIPTS, KafkaBroker, OapServer, check_tools, free_ports, unique_name
 
 SpanType = tracing_pb2.SpanType
 SpanLayer = tracing_pb2.SpanLayer
@@ -316,3 +316,10 @@ def test_watchdog_stops_server_when_owner_dies(tmp_path: Path) -> None:
         for p in (owner, server):
             p.kill()
             p.wait()
+
+
+def test_fixtures_fail_without_java(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No Java must FAIL the e2e tests with a clear message, never skip them."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no java, no mvn
+    with pytest.raises(pytest.fail.Exception, match="`java` not found"):
+        check_tools(f"oap-{OAP_VERSION}")

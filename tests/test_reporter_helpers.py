@@ -241,10 +241,21 @@ while True:
 """
 
 
+def become_subreaper() -> None:
+    """Adopt orphans (a killed owner's supervisor and reporter) so cleanup can reap them;
+    otherwise they end as zombies of a PID 1 that may never reap."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 class Owner:
     """An application-master stand-in in a subprocess: creates the arena, spawns the reporter."""
 
     def __init__(self, tmp: str, settings_json: str, mode: str = "", extra: list[str] | None = None) -> None:
+        become_subreaper()
+        self.seen: set[int] = set()
         self.arena_path = os.path.join(tmp, "test.arena")
         self.ready = os.path.join(tmp, "owner.json")
         self.proc = subprocess.Popen(
@@ -281,7 +292,9 @@ class Owner:
                 return pid
             return 0
 
-        return int(wait_for(current, timeout, "a running reporter"))
+        pid = int(wait_for(current, timeout, "a running reporter"))
+        self.seen.add(pid)
+        return pid
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -290,7 +303,7 @@ class Owner:
 
     def cleanup(self) -> None:
         """Kill everything this owner started (even on failure)."""
-        pids = set(self.spawned)
+        pids = set(self.spawned) | self.seen
         with contextlib.suppress(Exception):
             pid = self.arena.reporter_pid()
             if pid:
@@ -299,5 +312,9 @@ class Owner:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        # Supervisors first (their reporters are adopted by us when they go), then reporters.
+        for pid in [*self.spawned, *sorted(pids - set(self.spawned))]:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
         with contextlib.suppress(Exception):
             self.arena.close()

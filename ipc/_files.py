@@ -1,0 +1,112 @@
+"""One descriptor per arena file per process, shared by every :class:`~ipc.Arena` on it.
+
+POSIX record locks belong to the (process, file) pair, and closing *any* descriptor of a
+file drops *all* of the process's locks on it. Two ``Arena`` objects on one file in one
+process (the agent's worker and ``swmp status`` code, a reporter that calls ``read_info``)
+would each open the file, and closing one would silently release the slot or reporter
+lock the other holds. So every open goes through this registry: an already-open file is
+reused (reference counted) and its descriptor is closed only when the last user closes.
+
+The registry also remembers which locks this process holds, since ``F_GETLK`` never
+reports a process's own locks: without it a process could "claim" a slot it already
+holds. Locks are not inherited across ``fork()``, so a child starts with an empty set.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+_lock = threading.Lock()
+_open: dict[tuple[int, int], SharedFile] = {}
+_parked: list[int] = []  # descriptors we must never close (see open_existing)
+
+
+@dataclass(eq=False)
+class SharedFile:
+    fd: int
+    key: tuple[int, int]
+    refs: int = 1
+    pid: int = field(default_factory=os.getpid)
+    slots: set[int] = field(default_factory=set)  # slot locks this process holds
+    reporter: bool = False  # this process holds the reporter lock
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def held(self) -> SharedFile:
+        """This entry with the lock bookkeeping reset if we are a forked child."""
+        pid = os.getpid()
+        if self.pid != pid:
+            self.pid = pid
+            self.slots = set()
+            self.reporter = False
+        return self
+
+
+def _key(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_dev, st.st_ino)
+
+
+def register_new(fd: int) -> SharedFile:
+    """Register a descriptor this process just created the file with (``O_EXCL``)."""
+    key = _key(os.fstat(fd))
+    with _lock:
+        entry = SharedFile(fd, key)
+        _open[key] = entry
+        return entry
+
+
+def open_existing(path: str) -> tuple[SharedFile, bool]:
+    """The shared entry for ``path``: ``(entry, fresh)``; ``fresh`` if we opened it now.
+
+    Raises OSError like ``os.open`` would.
+    """
+    with _lock:
+        try:
+            entry = _open.get(_key(os.stat(path)))
+        except OSError:
+            entry = None
+        if entry is not None:
+            entry.refs += 1
+            return entry, False
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        key = _key(os.fstat(fd))
+        entry = _open.get(key)
+        if entry is not None:
+            # The path changed under us between stat and open and now names a file we
+            # already have open. Closing this descriptor would drop our locks on it:
+            # keep it open (one descriptor, once, in a race nobody should hit).
+            _parked.append(fd)
+            entry.refs += 1
+            return entry, False
+        entry = SharedFile(fd, key)
+        _open[key] = entry
+        return entry, True
+
+
+def release(entry: SharedFile) -> None:
+    """Drop one reference; the descriptor is closed with the last one."""
+    with _lock:
+        entry.refs -= 1
+        if entry.refs > 0:
+            return
+        if _open.get(entry.key) is entry:
+            del _open[entry.key]
+        fd, entry.fd = entry.fd, -1
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _after_fork_in_child() -> None:
+    # Another thread may have held these at fork time; the child has only this thread.
+    global _lock
+    _lock = threading.Lock()
+    for entry in _open.values():
+        entry.lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
