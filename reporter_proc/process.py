@@ -30,6 +30,7 @@ import logging
 import os
 import select
 import signal
+import stat
 import sys
 import threading
 import time
@@ -441,6 +442,7 @@ def _child_main(
         _forking = False
         _in_reporter = True
         reset_signals()
+        close_inherited_sockets()
         if detach:
             os.close(rfd)
             os.setsid()
@@ -469,6 +471,31 @@ def _child_main(
     finally:
         _flush_std()
         os._exit(code)
+
+
+def close_inherited_sockets() -> int:
+    """Close the sockets the reporter inherited from the application (listeners, clients).
+
+    The reporter is forked from the server's master, which under uWSGI has already bound
+    its listening sockets. Holding them would keep the port open while the reporter flushes
+    after the server stopped, and could confuse the server's own socket accounting. The
+    reporter opens its own connections after fork; standard streams are left alone.
+    """
+    closed = 0
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return 0
+    for fd in fds:
+        if fd <= 2:
+            continue
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.close(fd)
+                closed += 1
+        except OSError:
+            pass
+    return closed
 
 
 # -- thread mode -------------------------------------------------------------------------------

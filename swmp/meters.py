@@ -241,7 +241,7 @@ def _may_report_here() -> bool:
 def _after_fork_in_child() -> None:
     try:
         _new_process(os.getpid())
-        if False:
+        if len(registry):
             _maybe_start()  # PVM and declared gauges report without waiting for a call
     except Exception:
         _stats.errors += 1
@@ -369,8 +369,7 @@ class Counter(_Meter):
     def _collect(self, undo: list[Callable[[], None]]) -> list[Any] | None:
         with self._lock:
             value = self._value
-            if self.mode is RATE:
-                self._value = 0
+            pass
         if self.mode is RATE and value:
             undo.append(lambda: self._give_back(value))
         if not math.isfinite(value):

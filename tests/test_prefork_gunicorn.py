@@ -207,8 +207,14 @@ def test_timeout_and_fewer_workers(tmp_path: Path) -> None:
             slots_before = srv.live_slots()
             hung = request(port, "/sleep?s=30", timeout=60)
             assert hung.status != 200  # the master killed the worker serving it
-            srv.proc.wait_log(r"WORKER TIMEOUT", count=1)
-            srv.wait_workers_claimed()
+            srv.proc.wait_log(r"WORKER TIMEOUT \(pid:\d+\)", count=1)
+            victim = int(re.findall(r"WORKER TIMEOUT \(pid:(\d+)\)", srv.proc.log())[0])
+            assert victim in slots_before.values()
+            wait_until(
+                lambda: victim not in srv.live_slots().values() and len(srv.live_slots()) == 3,
+                30,
+                "a replacement worker holding the freed slot",
+            )
             slots_after = srv.live_slots()
             assert set(slots_after) == set(slots_before)  # the replacement took the freed slot
             assert slots_after != slots_before  # ... with a new pid
