@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     health = sub.add_parser(
         "health",
         help="check the agents; exit status for liveness/readiness probes",
-        description="Check the agents running on this host. " + _HEALTH_EPILOG,
+        description="Check the agents running on this host.",
+        epilog=_HEALTH_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_selection(health)
@@ -121,7 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
         "0 = one reading, drops over totals, no stuck-ring check (default 1)",
     )
     health.add_argument(
-        "--max-heartbeat-age", type=_non_negative, default=10.0, metavar="S", help="default 10"
+        "--max-heartbeat-age",
+        type=_non_negative,
+        default=10.0,
+        metavar="S",
+        help="the reporter's last heartbeat must be younger than this (default 10)",
     )
     health.add_argument(
         "--backend-window",

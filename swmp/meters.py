@@ -369,7 +369,8 @@ class Counter(_Meter):
     def _collect(self, undo: list[Callable[[], None]]) -> list[Any] | None:
         with self._lock:
             value = self._value
-            pass
+            if self.mode is RATE:
+                self._value = 0
         if self.mode is RATE and value:
             undo.append(lambda: self._give_back(value))
         if not math.isfinite(value):

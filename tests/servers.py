@@ -69,6 +69,32 @@ def port_open(port: int) -> bool:
 
 
 # -- processes -------------------------------------------------------------------------------
+def belongs(p: psutil.Process, marker: str) -> bool:
+    """Does ``p`` carry ``marker`` (our arena directory) in its command line or environment?
+
+    The environment is what a process was exec'd with: every process forked from our
+    server has it, whatever title it set (or failed to set) for itself.
+    """
+    try:
+        if marker in " ".join(p.cmdline()):
+            return True
+        return marker in p.environ().get("SW_AGENT_ARENA_DIR", "")
+    except psutil.Error:
+        return False
+
+
+def is_swmp(p: psutil.Process, title: str = "swmp-") -> bool:
+    """Is ``p`` one of the agent's own processes (``swmp-reporter``, ``swmp-supervisor``)?
+
+    The kernel's name (``/proc/PID/comm``, 15 bytes) is checked as well as the command line:
+    the command-line title cannot always be set (an interpreter embedded in uWSGI).
+    """
+    try:
+        return p.name().startswith(title[:15]) or " ".join(p.cmdline()).startswith(title)
+    except psutil.Error:
+        return False
+
+
 class Proc:
     """A child process with its output in a log file, stopped by pid, strays included."""
 
@@ -139,9 +165,8 @@ class Proc:
                 found[p.pid] = p
         if self.marker:
             for p in psutil.process_iter(["cmdline"]):
-                with contextlib.suppress(psutil.Error):
-                    if self.marker in " ".join(p.info["cmdline"] or ()):
-                        found[p.pid] = p
+                if belongs(p, self.marker):
+                    found[p.pid] = p
         found.pop(os.getpid(), None)
         return list(found.values())
 
@@ -270,10 +295,9 @@ class Server:
     def named_processes(self, title: str) -> list[psutil.Process]:
         """Live processes titled ``title`` (e.g. swmp-reporter) serving our arena dir."""
         out = []
-        for p in psutil.process_iter(["cmdline", "status"]):
+        for p in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
-                cmd = " ".join(p.info["cmdline"] or ())
-                if cmd.startswith(title) and str(self.arena_dir) in cmd and p.info["status"] != "zombie":
+                if is_swmp(p, title) and p.status() != "zombie" and belongs(p, str(self.arena_dir)):
                     out.append(p)
         return out
 
@@ -286,8 +310,7 @@ class Server:
         with contextlib.suppress(psutil.Error):
             for p in psutil.Process(self.pid).children():
                 with contextlib.suppress(psutil.Error):
-                    cmd = " ".join(p.cmdline())
-                    if not cmd.startswith("swmp-") and p.status() != "zombie":
+                    if not is_swmp(p) and p.status() != "zombie":
                         out.append(p.pid)
         return sorted(out)
 
@@ -371,7 +394,6 @@ def uwsgi_command(
         "--module",
         module,
         "--need-app",
-        "--die-on-term",
         "--chdir",
         str(REPO_ROOT),
         "--disable-logging",

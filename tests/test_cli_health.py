@@ -270,6 +270,14 @@ def test_usage_errors_exit_2(shm: Path) -> None:
     assert S.cli("health", "--help").returncode == 0
 
 
+def test_run_delegates_to_the_launcher() -> None:
+    empty = S.cli("run")
+    assert empty.returncode == 2 and "nothing to run" in empty.stderr
+    # The launcher execs the command: its exit status comes back as ours.
+    proc = S.cli("run", "--", "sh", "-c", "echo $SWMP_RUN_ACTIVE; exit 7")
+    assert (proc.returncode, proc.stdout) == (7, "1\n")
+
+
 def test_selection_by_service_pid_and_path(shm: Path, procs: Any, new_arena: Any) -> None:
     a = new_arena(meta={"service": "alpha"})
     # A second arena needs another owner pid: lend it the pid of a live helper.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -448,3 +449,66 @@ def test_claiming_a_ring_starts_the_reporter_and_the_record_lands_there(tmp_path
         arena.close()
         arena.unlink()
         identity.set(*saved)
+
+
+class _MasterSink(_sink.MemorySink):
+    """A sink of an application whose owner (prefork master) is this process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owner_pid = os.getpid()
+
+
+def test_a_prefork_master_starts_no_thread_its_workers_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import swmp._runtime  # noqa: F401  (the prefork-master test lives there)
+
+    meters.stop_meter_reporter()
+    meters.registry.clear()
+    master_sink = _MasterSink()
+    _sink.set_sink(master_sink)
+    # what swmp._runtime.prefork_master looks for in Gunicorn's arbiter process
+    monkeypatch.setitem(sys.modules, "gunicorn.arbiter", types.ModuleType("gunicorn.arbiter"))
+    try:
+        meters.start_meter_reporter(_config(period=0.05))
+        counter = Counter("in_master", mode=RATE)
+        counter.increment(4)  # e.g. Gunicorn --preload importing the app
+        assert meters.stats()["thread_alive"] is False
+
+        def worker() -> Any:
+            master_sink.clear()
+            alive = meters.stats()["thread_alive"]
+            counter.increment()
+            meters.flush()
+            return {"alive": alive, "values": [_by_name(r)["in_master"][3] for r in _records(master_sink)]}
+
+        result = _in_child(worker)
+        assert result["alive"] is True
+        assert sum(result["values"]) == 1.0
+        assert meters.stats()["thread_alive"] is False
+    finally:
+        meters.stop_meter_reporter()
+        meters.registry.clear()
+        _sink.set_sink(None)
+
+
+def test_the_pid_backstop_resets_inherited_values(sink: _sink.MemorySink) -> None:
+    # uWSGI without usable fork hooks: the hot path compares pids. Simulate the moment a
+    # worker first counts by making the recorded pid stale.
+    meters.start_meter_reporter(_config())
+    counter = Counter("backstop")
+    counter.increment(7)
+    here = meters._here
+    old_thread = here.thread
+    saved = here.check_pid
+    here.check_pid = True
+    here.pid = -2
+    try:
+        counter.increment(1)
+    finally:
+        meters._here.check_pid = saved
+        if old_thread is not None:  # the "parent's" thread: the new process forgot it
+            old_thread.stop(2.0)
+    assert meters._here is not here  # a new process was entered
+    assert counter.value == 1
