@@ -86,6 +86,14 @@ def set_process_title(title: str) -> None:
         setproctitle.setproctitle(title)
     except ImportError:
         pass
+    # Embedded in uWSGI, setproctitle cannot find argv; uWSGI exposes its own setter.
+    uwsgi = sys.modules.get("uwsgi")
+    setprocname = getattr(uwsgi, "setprocname", None)
+    if callable(setprocname):
+        try:
+            setprocname(title)
+        except Exception:
+            pass
     try:  # the kernel's short name (top, /proc/PID/comm), 15 bytes at most
         name = title.split(" ", 1)[0].encode()[:15]
         _libc().prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)

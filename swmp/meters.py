@@ -189,7 +189,7 @@ def _enter() -> None:
 
 def _new_process(pid: int) -> None:
     """Forget what the parent process had: values, locks, its reporter thread."""
-    global _here, _state_lock, _report_lock
+    global _here, _state_lock, _report_lock, _stats
     # One lock per pid from setdefault (atomic under the GIL): the hooks and the pid
     # backstop may race here, and any lock inherited from the parent may be held forever.
     with _new_process_locks.setdefault(pid, threading.Lock()):
@@ -197,6 +197,7 @@ def _new_process(pid: int) -> None:
             return
         _state_lock = threading.Lock()
         _report_lock = threading.Lock()
+        _stats = _Stats()  # the child's own counts
         registry._after_fork()
         _pvm.after_fork()
         _here = _Here(pid, _here.check_pid)
