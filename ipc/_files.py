@@ -7,6 +7,12 @@ would each open the file, and closing one would silently release the slot or rep
 lock the other holds. So every open goes through this registry: an already-open file is
 reused (reference counted) and its descriptor is closed only when the last user closes.
 
+Python's ``mmap`` keeps a ``dup()`` of the descriptor and closes it when the map is closed
+or garbage collected, which drops the locks just the same. So the registry also owns the
+one mapping of each file, closes it only when nobody in the process uses the file any
+more, and keeps a mapping it cannot close (views still exported) alive for good rather
+than let the garbage collector close it at some random later moment.
+
 The registry also remembers which locks this process holds, since ``F_GETLK`` never
 reports a process's own locks: without it a process could "claim" a slot it already
 holds. Locks are not inherited across ``fork()``, so a child starts with an empty set.
@@ -14,19 +20,21 @@ holds. Locks are not inherited across ``fork()``, so a child starts with an empt
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from dataclasses import dataclass, field
 
 _lock = threading.Lock()
 _open: dict[tuple[int, int], SharedFile] = {}
-_parked: list[int] = []  # descriptors we must never close (see open_existing)
+_parked: list[object] = []  # descriptors and mappings we must never close
 
 
 @dataclass(eq=False)
 class SharedFile:
     fd: int
     key: tuple[int, int]
+    mm: mmap.mmap | None = None  # the process's one mapping of the file (see above)
     refs: int = 1
     pid: int = field(default_factory=os.getpid)
     slots: set[int] = field(default_factory=set)  # slot locks this process holds
@@ -47,11 +55,11 @@ def _key(st: os.stat_result) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
-def register_new(fd: int) -> SharedFile:
+def register_new(fd: int, mm: mmap.mmap) -> SharedFile:
     """Register a descriptor this process just created the file with (``O_EXCL``)."""
     key = _key(os.fstat(fd))
     with _lock:
-        entry = SharedFile(fd, key)
+        entry = SharedFile(fd, key, mm)
         _open[key] = entry
         return entry
 
@@ -85,7 +93,7 @@ def open_existing(path: str) -> tuple[SharedFile, bool]:
 
 
 def release(entry: SharedFile) -> None:
-    """Drop one reference; the descriptor is closed with the last one."""
+    """Drop one reference; the mapping and descriptor are closed with the last one."""
     with _lock:
         entry.refs -= 1
         if entry.refs > 0:
@@ -93,6 +101,12 @@ def release(entry: SharedFile) -> None:
         if _open.get(entry.key) is entry:
             del _open[entry.key]
         fd, entry.fd = entry.fd, -1
+        mm, entry.mm = entry.mm, None
+    if mm is not None:
+        try:
+            mm.close()
+        except BufferError:
+            _parked.append(mm)  # views are still out there: never let it be collected
     if fd >= 0:
         try:
             os.close(fd)

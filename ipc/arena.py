@@ -119,13 +119,14 @@ class ArenaInfo:
 class Arena:
     """A mapped arena file. Create with :meth:`create`, attach with :meth:`open`."""
 
-    def __init__(self, path: str, shared: _files.SharedFile, mm: mmap.mmap, created: bool) -> None:
+    def __init__(self, path: str, shared: _files.SharedFile, created: bool) -> None:
+        assert shared.mm is not None
         self.path = path
         self.created = created
         self._shared = shared
         self._fd = shared.fd
-        self._mm = mm
-        self._buf = memoryview(mm)
+        self._mm = shared.mm  # shared by every Arena of this process on this file
+        self._buf = memoryview(self._mm)
         self._header = self._buf[: L.HEADER_SIZE].cast("Q")
         status_raw = self._buf[L.HEADER_SIZE : L.SLOTS_OFFSET]
         self.status = StatusBlock(status_raw.cast("Q"), status_raw)
@@ -178,44 +179,20 @@ class Arena:
         h[L.H_MAGIC] = L.MAGIC  # last: attachers wait for it
         h.release()
         create_fifo(path)
-        return cls(path, _files.register_new(fd), mm, created=True)
+        return cls(path, _files.register_new(fd, mm), created=True)
 
     @classmethod
     def open(cls, path: str, wait_s: float = 2.0) -> Arena:
         """Attach to an existing arena, waiting up to ``wait_s`` for its creator to finish."""
         shared, _fresh = _files.open_existing(path)
         try:
-            fd = shared.fd
-            st = os.fstat(fd)
-            if st.st_uid != os.getuid():
-                raise ArenaError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
-            if not stat.S_ISREG(st.st_mode):
-                raise ArenaError(f"{path} is not a regular file")
-            deadline = time.monotonic() + wait_s
-            while True:
-                size = os.fstat(fd).st_size
-                if size >= L.SLOTS_OFFSET:
-                    head = os.pread(fd, 64, 0)
-                    magic, version, slots, capacity = (
-                        int.from_bytes(head[i : i + 8], "little") for i in range(0, 32, 8)
-                    )
-                    if magic == L.MAGIC:
-                        break
-                if time.monotonic() >= deadline:
-                    raise ArenaError(f"{path} is not an initialized swmp arena")
-                time.sleep(0.01)
-            if version != L.LAYOUT_VERSION:
-                raise ArenaError(f"{path} has layout version {version}, this build reads {L.LAYOUT_VERSION}")
-            if not 1 <= slots <= MAX_SLOTS or capacity & (capacity - 1) or not 4096 <= capacity <= 1 << 30:
-                raise ArenaError(f"{path} has an implausible header (slots={slots}, capacity={capacity})")
-            expected = L.file_size(slots, capacity)
-            if size != expected:
-                raise ArenaError(f"{path} is {size} bytes, its header implies {expected}")
-            mm = mmap.mmap(fd, expected, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            with shared.lock:
+                if shared.mm is None:  # first open in this process: check and map it
+                    shared.mm = _map_checked(path, shared.fd, wait_s)
         except BaseException:
             _files.release(shared)
             raise
-        return cls(path, shared, mm, created=False)
+        return cls(path, shared, created=False)
 
     @classmethod
     def create_or_open(
@@ -409,14 +386,11 @@ class Arena:
             self.release_reporter()
         finally:
             self._doorbell.close()
+            # Our views go; the mapping itself belongs to the process-wide registry, which
+            # closes it with the last user (closing it can release locks: see _files).
             self._header.release()
             self.status.release()
-            try:
-                self._buf.release()
-                self._mm.close()
-            except BufferError:
-                # Ring writers/readers still hold views into the mapping; it goes with them.
-                pass
+            self._buf.release()
             _files.release(self._shared)
             self._fd = -1
 
@@ -428,6 +402,36 @@ class Arena:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _map_checked(path: str, fd: int, wait_s: float) -> mmap.mmap:
+    """Validate an arena file (waiting up to ``wait_s`` for its creator) and map it."""
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid():
+        raise ArenaError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
+    if not stat.S_ISREG(st.st_mode):
+        raise ArenaError(f"{path} is not a regular file")
+    deadline = time.monotonic() + wait_s
+    while True:
+        size = os.fstat(fd).st_size
+        if size >= L.SLOTS_OFFSET:
+            head = os.pread(fd, 64, 0)
+            magic, version, slots, capacity = (
+                int.from_bytes(head[i : i + 8], "little") for i in range(0, 32, 8)
+            )
+            if magic == L.MAGIC:
+                break
+        if time.monotonic() >= deadline:
+            raise ArenaError(f"{path} is not an initialized swmp arena")
+        time.sleep(0.01)
+    if version != L.LAYOUT_VERSION:
+        raise ArenaError(f"{path} has layout version {version}, this build reads {L.LAYOUT_VERSION}")
+    if not 1 <= slots <= MAX_SLOTS or capacity & (capacity - 1) or not 4096 <= capacity <= 1 << 30:
+        raise ArenaError(f"{path} has an implausible header (slots={slots}, capacity={capacity})")
+    expected = L.file_size(slots, capacity)
+    if size != expected:
+        raise ArenaError(f"{path} is {size} bytes, its header implies {expected}")
+    return mmap.mmap(fd, expected, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 def _unlink_quietly(path: str) -> None:

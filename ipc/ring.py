@@ -207,14 +207,25 @@ def _pack_generic(buf: memoryview, offset: int, *fields: Any) -> None:
     buf[offset + 8 : offset + 8 + n] = payload
 
 
+def _refuse(buf: memoryview, offset: int, *fields: Any) -> None:
+    raise OverflowError("record larger than the ring's max_payload")
+
+
 class _Packers(dict[int, Callable[..., None]]):
     """``pack_into`` of ``Struct("<IHH{n}s")`` per payload length ``n``, made on first use.
 
     Bounded (a Struct is a few hundred bytes): past the limit, lengths not seen yet get the
-    generic two-step packer.
+    generic two-step packer. Lengths over ``max_payload`` get one that raises, which sends
+    the record to the slow path (and its oversize count) at no cost to the fast path.
     """
 
+    def __init__(self, max_payload: int) -> None:
+        super().__init__()
+        self.max_payload = max_payload
+
     def __missing__(self, n: int) -> Callable[..., None]:
+        if n > self.max_payload:
+            return _refuse
         if len(self) >= L.RECORD_PACKER_CACHE:
             return _pack_generic
         packer = self[n] = struct.Struct(f"<IHH{n}s").pack_into
@@ -245,7 +256,7 @@ def _make_write(
     pad = L.PAD_TYPE
     C_HEAD, C_TAIL, C_WRITTEN = L.C_HEAD, L.C_TAIL, L.C_WRITTEN_RECORDS
     S_SLEEPING = L.S_SLEEPING
-    packers = _Packers()
+    packers = _Packers(max_payload)
     wake = wake if wake is not None else _no_wake
     lock = threading.Lock()
     acquire = lock.acquire
@@ -256,6 +267,7 @@ def _make_write(
     tag = L.lap_tag(tail, cap)
     limit = 0  # the first record takes the slow path, which loads the head
     written = int(control[C_WRITTEN])
+    insane_head = -1  # a head word found inconsistent with our tail (see slow())
     problem_logged = False
 
     def drop(n: int, oversize: bool) -> None:
@@ -270,7 +282,7 @@ def _make_write(
         Called with the lock held. Returns True/False (written/dropped) or a message to log
         (after the lock is released: a log handler may itself write to this ring).
         """
-        nonlocal tail, tag, limit, written
+        nonlocal tail, tag, limit, written, insane_head
         n = len(payload)
         span = (n + 15) & -8
         if not 0 < rtype < pad:
@@ -285,12 +297,25 @@ def _make_write(
         # Re-storing our own tail costs nothing here and repairs a garbage tail word, so
         # a reader that waits for us to publish is never left waiting on a full ring.
         control[C_TAIL] = t
-        if not 0 <= used <= cap:
-            # Impossible for a head the reader stored: the word is garbage. The reader
-            # notices and rewrites it; until then nothing can be known to be free.
-            limit = 0
-            drop(n, False)
-            return f"head word {head} is inconsistent with tail {t}"
+        if t & 7 and head < L.POSITION_LIMIT:
+            # Our tail is garbage for certain (positions are 8-byte aligned): this writer
+            # took it from a garbage word when the slot was claimed. Start at the head.
+            t = (head + 7) & -8
+            used = t - head
+        elif not 0 <= used <= cap:
+            # Impossible for a head the reader stored: one of the two words is garbage.
+            # A garbage head is rewritten by the reader at its next read, so the first time
+            # we only drop. If the same head is still there next time, nobody is repairing
+            # it: our tail must be the garbage one (e.g. adopted from a garbage word when
+            # the slot was claimed), so we continue from the head instead.
+            if head != insane_head or head >= L.POSITION_LIMIT:
+                insane_head = head
+                limit = 0
+                drop(n, False)
+                return f"head word {head} is inconsistent with tail {t}"
+            insane_head = -1
+            t = (head + 7) & -8
+            used = t - head
         offset = t & mask
         room = cap - offset
         extra = room if span > room else 0
@@ -440,7 +465,10 @@ class RingReader:
             if 0 < t < 65535:
                 valid[t] = 1
         self._valid = bytes(valid)
-        self._head = int(control[L.C_HEAD])
+        head = int(control[L.C_HEAD])
+        # A garbage head word must not make us start at an unaligned or absurd position;
+        # if we change it, the first read stores ours back for the writer.
+        self._head = (head + 7) & -8 if head < L.POSITION_LIMIT else 0
         self._cursor = self._head
         self._high_water = int(control[L.C_HIGH_WATER])
         self._suspect = -1  # position of a bad header seen once (see the class docstring)
@@ -488,8 +516,8 @@ class RingReader:
     def read(self, max_records: int = 4096, max_bytes: int = 1 << 62) -> list[tuple[int, bytes]]:
         """Return up to ``max_records`` records as ``(type, payload)``; never raises.
 
-        Stops early once ``max_bytes`` ring bytes have been read (at least one record is
-        returned when ``max_bytes`` is positive).
+        Stops early once the records read take ``max_bytes`` ring bytes (8-byte header and
+        alignment included; at least one record is returned when ``max_bytes`` is positive).
         """
         try:
             return self._read(max_records, max_bytes)
@@ -510,7 +538,7 @@ class RingReader:
                 self._tail_behind(tail)
             return []
         cap = self._cap
-        if tail - head > cap or tail & 7:
+        if tail - head > cap or tail & 7:  # (our head is always aligned)
             if tail != self._behind:
                 self._behind = tail
                 self._count(0, f"tail word {tail} is outside the ring (head {head})")
@@ -554,7 +582,9 @@ class RingReader:
                     return out
                 if not valid[rtype]:
                     if rtype == 0xFFFF and n == cap - off - 8:
-                        cursor += span  # padding to the end of the lap
+                        cursor += span  # padding to the end of the lap: not in the byte budget
+                        if stop < tail:
+                            stop = min(tail, stop + span)
                         break
                     self._count(span, f"record of type {rtype} at {cursor} skipped")
                     cursor += span
@@ -579,10 +609,11 @@ class RingReader:
             # Maybe the tail word was garbage and we read past the writer: give the writer
             # one chance to publish again before calling the bytes garbage.
             self._suspect = cursor
+            self._count(0, f"bad record header at {cursor} (length={n}, type={rtype})")
             return
         self._suspect = -1
-        why = f"bad record header at {cursor} (length={n}, type={rtype}); skipped to {tail}"
-        self._count(tail - cursor, why)
+        self._control[L.C_SKIPPED_BYTES] += tail - cursor
+        self._log_once(f"bad record header at {cursor} (length={n}, type={rtype}); skipped to {tail}")
         self._cursor = tail
 
     def _tail_behind(self, tail: int) -> None:

@@ -80,6 +80,7 @@ _MIN_LEN: dict[int, int] = {
     R.WORKER_STOP: 2,
 }
 _READ_CHUNK = 256  # records taken from one ring before looking at the next
+_LINGER_S = 0.01  # after a busy pass: poll again this soon, doorbell unarmed (see _drain_loop)
 # Records one drain pass may take before it yields to the event loop. A 20-span segment
 # decodes in ~25 us, so a pass stays in the tens of milliseconds: sends, keep-alives and
 # the heartbeat (at least once a second) never wait long behind a busy drain.
@@ -403,6 +404,7 @@ class Reporter:
         s = self.settings
         status = self.arena.status
         flush_after = s.flush_interval_s
+        busy = False
         while True:
             n = self._drain_pass()
             now = time.monotonic()
@@ -410,6 +412,7 @@ class Reporter:
             if self._stopping and (now >= self._drain_deadline or self._drained_for_stop(now)):
                 return
             if n:
+                busy = True
                 await asyncio.sleep(0)  # let the senders run between passes
                 continue
             timeout = s.poll_interval_s
@@ -418,6 +421,14 @@ class Reporter:
                 timeout = min(timeout, max(0.0, oldest + flush_after - now))
             if self._stopping:
                 timeout = min(timeout, 0.05)
+            if busy:
+                # Records were flowing: linger a moment with the doorbell *unarmed* before
+                # sleeping for real. Under steady load the next pass finds a batch, writers
+                # never ring, and wake-ups stay at ~1/_LINGER_S instead of one per record
+                # (a FIFO write in the worker and a whole wake-up here, each).
+                busy = False
+                await self._sleep(min(timeout, _LINGER_S))
+                continue
             if self._memory_full():
                 # Waiting for sends, not for writers: do not make writers ring the bell.
                 await self._sleep(timeout)

@@ -51,7 +51,7 @@ if [ -z "$PYTHON" ] || ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (
   exit 1
 fi
 log "pip install -e '.[dev,bench]' with $("$PYTHON" --version) ($PYTHON)"
-"$PYTHON" -m pip install --disable-pip-version-check --progress-bar off -q -e "$ROOT[dev,bench]"
+"$PYTHON" -m pip install --disable-pip-version-check --progress-bar off -q -e "${ROOT}[dev,bench]"
 
 # ---------------------------------------------------------------------------- 3. jars for the e2e tests
 if [ "${SKIP_JARS:-}" = 1 ]; then

@@ -9,7 +9,7 @@
 # PYTHON selects the interpreter (python3 by default).
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
 log() { echo "[test] $*"; }
 T0=$(date +%s)

@@ -284,10 +284,12 @@ class ThreadSink(ProcessSink):
         namespace: str = "",
         properties: dict[str, str] | None = None,
         owner_pid: int = 0,
+        on_started: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(
             service, instance_base, namespace=namespace, properties=properties, owner_pid=owner_pid
         )
+        self.on_started = on_started  # called in each process once its reporter thread runs
         self.registry = registry
         self.settings = settings
         self._start_thread = start_thread
@@ -323,7 +325,10 @@ class ThreadSink(ProcessSink):
         self._private_pid = pid
         # The reporter shares our Arena object: a second descriptor of the file, once
         # closed, would drop this process's lock on the slot.
+        _check_uwsgi_threads()
         self.handle = self._start_thread(base, self.settings, arena)
+        if self.on_started is not None:
+            self.on_started()
         self._name_and_announce(writer, pid, slot)
         return writer, slot
 
@@ -340,3 +345,13 @@ class ThreadSink(ProcessSink):
             arena.unlink()
         if self.registry is not None:
             self.registry.release_slot()
+
+
+def _check_uwsgi_threads() -> None:
+    """The reporter thread needs Python threads, which uWSGI before 2.0.26 left off by default."""
+    uwsgi = sys.modules.get("uwsgi")
+    if uwsgi is not None and not getattr(uwsgi, "has_threads", True):
+        log.error(
+            "swmp: SW_AGENT_REPORTER_PROCESS=false runs a reporter thread, but this uWSGI has Python "
+            "threads disabled: add --enable-threads (or use the reporter process, the default)"
+        )

@@ -227,6 +227,7 @@ def _start(config: Config) -> _Running:
             namespace=config.agent_namespace,
             properties=props,
             owner_pid=owner_pid,
+            on_started=_exit_first,
         )
         run = _Running(config, registry, sink, mode, owner_pid, os.getpid(), arena_path=path)
 
@@ -323,6 +324,16 @@ def _register_exit() -> None:
     if not _exit_registered:
         _exit_registered = True
         atexit.register(_at_exit)
+
+
+def _exit_first() -> None:
+    """Run our exit hook before the reporter thread's own (atexit runs last-registered
+    first): this process's last records (a final meter report, the goodbye) must be in
+    the ring before the thread's final flush."""
+    global _exit_registered
+    atexit.unregister(_at_exit)
+    atexit.register(_at_exit)
+    _exit_registered = True
 
 
 def _at_exit() -> None:

@@ -126,7 +126,9 @@ def instance_ping(service: str, instance: str, layer: str = "") -> management_pb
 
 
 def profile_task_query(service: str, instance: str, last: int) -> profile_pb2.ProfileTaskCommandQuery:
-    return profile_pb2.ProfileTaskCommandQuery(service=service, serviceInstance=instance, lastCommandTime=last)
+    return profile_pb2.ProfileTaskCommandQuery(
+        service=service, serviceInstance=instance, lastCommandTime=last
+    )
 
 
 # --------------------------------------------------------------------------- record strategies

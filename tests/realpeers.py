@@ -7,7 +7,9 @@ selects no e2e test starts nothing. Every server started is stopped by pid at se
 as REALPEERS_OWNER_PID so a watchdog stops the JVM even if pytest itself is killed.
 
 Tests share one OAP per kind for the whole session, so each test must use its own service
-names (see :func:`unique_name`) and look only at its own data.
+names (see :func:`unique_name`) and look only at its own data. Use the fixtures by name
+only: importing a fixture function into a test module defines a second fixture, and with
+it a second server per session. Import the types (``KafkaBroker``, ``OapServer``) freely.
 
 Fixtures (registered by ``tests/conftest.py``):
   ``kafka_broker``    KafkaBroker: ``.bootstrap`` "127.0.0.1:PORT", ``.pid``, ``.run_dir``

@@ -432,6 +432,9 @@ def run_server(
             proc.wait_log(r"Booting worker with pid", count=workers)
         else:
             proc.wait_log(r"spawned uWSGI worker \d+", count=workers)
+            # With lazy-apps every worker imports the app itself; a reload signalled while
+            # one still imports is never completed by uWSGI 2.0.
+            proc.wait_log(r"WSGI app 0 .* ready", count=workers if "--lazy-apps" in command else 1)
         wait_until(lambda: port_open(port), 30, f"port {port}")
         if wait_claims:
             server.wait_workers_claimed()

@@ -133,7 +133,7 @@ def test_reload_keeps_exactly_one_reporter(tmp_path: Path, how: str, lazy_apps: 
                 os.utime(touch, (touch.stat().st_atime + 5, touch.stat().st_mtime + 5))
             else:
                 srv.proc.send(signal.SIGHUP if how == "hup" else signal.SIGTERM)
-            srv.proc.wait_log(r"spawned uWSGI worker \d+", count=6, timeout=60)
+            srv.proc.wait_log(r"(?:spawned|Respawned) uWSGI worker \d+", count=6, timeout=60)
             wait_until(lambda: not old & set(srv.worker_pids()), 30, "the old workers to leave")
             srv.wait_workers_claimed()
             second = load(port, ["/cpu"], 90, concurrency=3)

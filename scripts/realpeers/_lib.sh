@@ -51,7 +51,7 @@ fetch_jars() {
     local t0; t0=$(now_ms)
     rm -rf "$libs.partial"
     mvn -q -B -f "$dir/pom/pom.xml" dependency:copy-dependencies \
-        -DoutputDirectory="$libs.partial" -DincludeScope=runtime >&2
+        -DoutputDirectory="$libs.partial" -DincludeScope=runtime -Dmaven.artifact.threads=8 >&2
     rm -rf "$libs"
     mv "$libs.partial" "$libs"
     touch "$libs/.complete"

@@ -109,7 +109,7 @@ while [ "$(now_ms)" -lt "$DEADLINE" ]; do
     log "broker exited during start-up; last lines of $RUN_DIR/kafka.log:"; tail -30 "$RUN_DIR/kafka.log" >&2; exit 1
   fi
   if grep -q 'Kafka Server started' "$RUN_DIR/kafka.log" 2>/dev/null && port_busy "$PORT"; then
-    log "ready in $(( ($(now_ms) - T0) ))ms pid=$PID bootstrap=127.0.0.1:$PORT run_dir=$RUN_DIR"
+    log "ready in $(( $(now_ms) - T0 ))ms pid=$PID bootstrap=127.0.0.1:$PORT run_dir=$RUN_DIR"
     echo "$PID"
     exit 0
   fi

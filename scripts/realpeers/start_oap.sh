@@ -148,6 +148,7 @@ EOF
 : > "$CONF/gateways.yml"
 echo 'default: 500' > "$CONF/service-apdex-threshold.yml"
 printf 'default:\n  rate: 10000\n  duration: -1\n' > "$CONF/trace-sampling-policy-settings.yml"
+# shellcheck disable=SC2016 # ${NAME} is for the OAP to expand, not the shell
 printf 'serviceName: ${NAME}\nserviceInstanceName: ${NAME}\n' > "$CONF/metadata-service-mapping.yaml"
 
 # Component ids the OAP resolves to names in traces and topology. The Python block is
@@ -200,8 +201,9 @@ Component-Server-Mappings:
   AIORedis: Redis
 EOF
 
-# OAL: a service and an endpoint metric are enough to see traffic analysed; the JVM line is
-# there because the receiver-jvm module refuses to start without its source being used.
+# OAL: a service and an endpoint metric are enough to see traffic analysed. The JVM
+# receiver loads oal/java-agent.oal at start-up and the OAP aborts if it is missing, so it
+# gets one line.
 cat > "$CONF/oal/core.oal" <<'EOF'
 service_cpm = from(Service.*).cpm();
 service_resp_time = from(Service.latency).longAvg();

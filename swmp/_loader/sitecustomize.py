@@ -33,7 +33,7 @@ def _start_agent() -> None:
     if os.environ.get("SWMP_RUN_ACTIVE") != "1":
         return
     try:
-        from swmp.launcher import bootstrap
+        from swmp.launcher import bootstrap  # noqa: PLC0415  (only under swmp run)
     except Exception as exc:  # e.g. a different interpreter without swmp installed
         if os.environ.get("SWMP_RUN_VERBOSE"):
             sys.stderr.write(f"swmp: agent not loaded in {sys.executable}: {exc!r}\n")

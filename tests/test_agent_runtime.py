@@ -1,0 +1,241 @@
+"""The per-process sinks (``swmp._runtime``) and where the agent thinks it runs (``swmp.agent``).
+
+No servers here: real arenas in a temporary directory, real forks, a reporter thread with
+the in-memory sender.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from ipc import Arena
+from reporter_proc import records as R
+from reporter_proc.process import start_reporter_thread
+from reporter_proc.senders.memory import MemorySender
+from reporter_proc.settings import ReporterSettings
+from swmp import agent
+from swmp._runtime import ArenaSink, ThreadSink, prefork_master, worker_instance_name
+from swmp.tracing.identity import identity
+
+
+@pytest.fixture(autouse=True)
+def _keep_identity() -> Iterator[None]:
+    before = (identity.service, identity.instance)
+    yield
+    identity.set(*before)
+
+
+@pytest.fixture
+def arena(tmp_path: Path) -> Iterator[Arena]:
+    a = Arena.create(str(tmp_path / "t.arena"), slots=4, ring_capacity=1 << 16)
+    yield a
+    a.close()
+
+
+def read_all(arena: Arena, slot: int) -> list[tuple[int, list[Any]]]:
+    return [(t, orjson.loads(p)) for t, p in arena.reader(slot).read(10_000)]
+
+
+def segment(instance: str, op: str = "/x") -> bytes:
+    span = [0, -1, 1, 2, op, "", 0, 3, 7001, False, False, [], [], []]
+    return orjson.dumps(["trace", "seg", "svc", instance, False, [span]])
+
+
+def sink_for(arena: Arena, **kw: Any) -> ArenaSink:
+    # owner_pid: our parent, so this process is never taken for a prefork master.
+    return ArenaSink(arena, "svc", "base", owner_pid=os.getppid(), **kw)
+
+
+# -- process mode ----------------------------------------------------------------------------
+def test_first_write_claims_a_slot_and_announces_the_instance(arena: Arena) -> None:
+    sink = sink_for(arena, namespace="ns", properties={"team": "blue"})
+    assert sink.slot is None
+    assert sink.write(R.SEGMENT, segment("whatever"))
+    assert sink.slot == 0 and sink.role == "worker"
+    assert identity.instance == worker_instance_name("base", 0) == "base-w0"
+    (t1, start), (t2, seg) = read_all(arena, 0)
+    assert (t1, t2) == (R.WORKER_START, R.SEGMENT)
+    pid, slot, service, instance, flat, layer, namespace = start
+    assert (pid, slot, service, instance, layer, namespace) == (os.getpid(), 0, "svc", "base-w0", "", "ns")
+    props = dict(zip(flat[::2], flat[1::2], strict=True))
+    assert props["Process No."] == str(os.getpid()) and props["slot"] == "0"
+    assert props["team"] == "blue" and props["namespace"] == "ns" and props["language"] == "python"
+    # The record was built before this process had its name: it is re-stamped.
+    assert seg[R.SEG_INSTANCE] == "base-w0"
+
+
+def test_a_forked_child_without_hooks_takes_its_own_slot_and_restamps(arena: Arena) -> None:
+    sink = sink_for(arena)
+    assert sink.write(R.SEGMENT, segment("base-w0"))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # no agent hook registered here: the per-write pid check must notice
+        try:
+            ok = sink.write(R.SEGMENT, segment(identity.instance, "/child"))
+            os.write(w, b"1" if ok and sink.slot == 1 else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.close(r)
+    os.waitpid(pid, 0)
+    (t1, start), (t2, seg) = read_all(arena, 1)
+    assert (t1, t2) == (R.WORKER_START, R.SEGMENT)
+    assert start[0] == pid and start[3] == "base-w1"
+    assert seg[R.SEG_INSTANCE] == "base-w1"  # re-stamped: it was built with the parent's name
+    assert seg[R.SEG_SPANS][0][R.SPAN_OPERATION] == "/child"
+    assert identity.instance == "base-w0"  # the parent is untouched
+    assert sink.write(R.SEGMENT, segment("base-w0")) and sink.slot == 0
+
+
+def test_leave_says_goodbye_and_frees_the_slot(arena: Arena) -> None:
+    sink = sink_for(arena)
+    sink.write(R.SEGMENT, segment("x"))
+    sink.leave()
+    records = read_all(arena, 0)
+    assert records[-1] == (R.WORKER_STOP, [os.getpid(), 0])
+    assert not arena.own_slots()
+    assert not sink.owns_ring()
+    assert sink.write(R.SEGMENT, segment("x"))  # a later write claims again
+    assert sink.slot == 0
+
+
+def test_all_slots_taken_drops_counts_and_logs_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    arena = Arena.create(str(tmp_path / "one.arena"), slots=1, ring_capacity=1 << 16)
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+    holder = os.fork()
+    if holder == 0:  # another process holds the only slot
+        try:
+            arena.claim_slot()
+            os.write(w, b"1")
+            os.read(r2, 1)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(r, 1) == b"1"
+        sink = sink_for(arena)
+        with caplog.at_level(logging.ERROR, logger="swmp.agent"):
+            assert not sink.write(R.SEGMENT, segment("x"))
+            assert not sink.write(R.SEGMENT, segment("x"))
+        assert sink.dropped_no_slot == 2
+        assert sink.role == "unavailable"
+        assert len([rec for rec in caplog.records if "ring slots" in rec.getMessage()]) == 1
+    finally:
+        os.write(w2, b"x")
+        os.waitpid(holder, 0)
+        for fd in (r, w, r2, w2):
+            os.close(fd)
+        arena.close()
+
+
+@pytest.mark.parametrize("server", ["uwsgi", "gunicorn"])
+def test_the_prefork_master_never_takes_a_slot(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch, server: str
+) -> None:
+    if server == "uwsgi":
+        fake = types.ModuleType("uwsgi")
+        fake.masterpid = os.getpid  # type: ignore[attr-defined]
+        fake.worker_id = lambda: 0  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "uwsgi", fake)
+    else:
+        monkeypatch.delitem(sys.modules, "uwsgi", raising=False)
+        monkeypatch.setitem(sys.modules, "gunicorn.arbiter", types.ModuleType("gunicorn.arbiter"))
+    assert prefork_master(os.getpid())
+    assert not prefork_master(os.getppid())  # only the owner is the master
+    sink = ArenaSink(arena, "svc", "base", owner_pid=os.getpid())
+    assert not sink.write(R.SEGMENT, segment("x"))
+    assert sink.role == "master" and sink.dropped_no_slot == 1
+    assert not arena.own_slots()
+    assert arena.reader(0).read(10) == []
+
+
+def test_write_never_raises(arena: Arena) -> None:
+    sink = sink_for(arena)
+    assert not sink.write(R.SEGMENT, "not bytes")  # type: ignore[arg-type]
+    assert sink.write(R.SEGMENT, segment("x"))
+
+
+# -- thread mode -----------------------------------------------------------------------------
+def test_thread_sink_reports_on_its_own_thread(tmp_path: Path) -> None:
+    registry = Arena.create(str(tmp_path / "names.arena"), slots=4, ring_capacity=4096)
+    sender = MemorySender()
+    settings = ReporterSettings(service="svc", flush_interval_s=0.01, keepalive_interval_s=0.1)
+    started = []
+
+    def start_thread(path: str, s: ReporterSettings, arena: Arena) -> Any:
+        return start_reporter_thread(path, s, arena=arena, sender=sender)
+
+    sink = ThreadSink(
+        registry,
+        settings,
+        start_thread,
+        arena_dir=str(tmp_path),
+        ring_capacity=1 << 16,
+        meta=b"{}",
+        service="svc",
+        instance_base="base",
+        owner_pid=os.getppid(),
+        on_started=lambda: started.append(os.getpid()),
+    )
+    try:
+        for i in range(20):
+            assert sink.write(R.SEGMENT, segment(identity.instance, f"/op{i}"))
+        assert started == [os.getpid()]
+        assert registry.own_slots() == {0}
+        private = sink.private
+        assert private is not None and os.path.exists(private.path)
+        deadline = time.monotonic() + 10
+        while len(sender.segments) < 20 or not sender.properties:
+            assert time.monotonic() < deadline, (len(sender.segments), sender.properties)
+            time.sleep(0.02)
+        assert sender.properties[0][:2] == ("svc", "base-w0")
+        assert identity.instance == "base-w0"
+    finally:
+        sink.leave(timeout=5)
+    assert not os.path.exists(private.path)
+    assert not registry.own_slots()
+    assert sink.handle is None
+    assert {s[R.SEG_INSTANCE] for s in sender.segments} == {"base-w0"}
+    registry.close()
+
+
+# -- where does the agent run ------------------------------------------------------------------
+def _fake_uwsgi(monkeypatch: pytest.MonkeyPatch, master: int, worker: int) -> None:
+    fake = types.ModuleType("uwsgi")
+    fake.masterpid = lambda: master  # type: ignore[attr-defined]
+    fake.worker_id = lambda: worker  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "uwsgi", fake)
+
+
+def test_server_position_under_uwsgi(monkeypatch: pytest.MonkeyPatch) -> None:
+    me = os.getpid()
+    _fake_uwsgi(monkeypatch, master=me, worker=0)
+    assert agent.server_position() == (me, False)  # the master imports the app
+    _fake_uwsgi(monkeypatch, master=12345, worker=2)
+    assert agent.server_position() == (12345, True)  # lazy-apps: a worker imports it
+    _fake_uwsgi(monkeypatch, master=0, worker=1)
+    assert agent.server_position() == (me, True)  # no master: the lone worker owns it
+
+
+def test_server_position_under_gunicorn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "uwsgi", raising=False)
+    monkeypatch.delitem(sys.modules, "gunicorn.arbiter", raising=False)
+    assert agent.server_position() == (os.getpid(), False)
+    monkeypatch.setitem(sys.modules, "gunicorn.arbiter", types.ModuleType("gunicorn.arbiter"))
+    assert agent.server_position() == (os.getpid(), False)  # the arbiter itself (or --preload)
+    # A worker runs inside Arbiter.spawn_worker, whose ``self.pid`` is the master's.
+    source = "class Arbiter:\n    pid = 4242\n    def spawn_worker(self, probe):\n        return probe()\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, os.path.join("site-packages", "gunicorn", "arbiter.py"), "exec"), namespace)
+    assert namespace["Arbiter"]().spawn_worker(agent.server_position) == (4242, True)
