@@ -4,8 +4,10 @@ ONE writer process sends N pre-serialized records of a fixed size to ONE reader 
 for every implementation and record size in one run, so the numbers are side by side:
 
 * ``swmp-ring``: ``ipc`` (this project): ``RingWriter.write`` per record; the reader
-  drains in batches (``read`` + ``commit``). The writer never blocks: when the ring is full
-  ``write`` returns False and the benchmark retries (counted as ``writer_retries``).
+  drains in batches (``read`` + ``commit``) and naps 0.2 ms when it finds fewer than 512
+  records, as a real reader polls, rather than spin on the writer's cache line. The writer
+  never blocks: when the ring is full ``write`` returns False and the benchmark retries
+  (counted as ``writer_retries``).
 * ``mp.Queue``: ``multiprocessing.Queue.put`` / ``get`` (pickled, feeder thread).
 * ``mp.Pipe``: ``Connection.send_bytes`` / ``recv_bytes`` (no pickling; a syscall each).
 * ``faster-fifo``: ``faster_fifo.Queue.put`` / ``get_many`` (if the package is installed).
@@ -38,6 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ipc import Arena, arena_path, arena_unlink
 
 SIZES = (64, 300, 4096)
+NAP_BELOW = 512  # the ring reader naps when a read returns fewer records than this
+NAP_S = 0.0002
 RTYPE = 1
 CTX = mp.get_context("fork")
 
@@ -107,6 +111,10 @@ def run_ring(size: int, n: int, capacity: int) -> tuple[float, dict[str, Any]]:
                     nbytes += len(p)
                 last = batch[-1][1]
                 commit()
+            if len(batch) < NAP_BELOW:
+                # Caught up: nap instead of spinning on the tail word, which sits on the
+                # writer's cache line (every poll would cost the writer a cache miss).
+                time.sleep(NAP_S)
         dt = time.perf_counter() - t0
         info = json.loads(os.read(res_r, 4096))
     finally:
@@ -231,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     ap.add_argument("--quick", action="store_true", help="small N: a smoke test, not a measurement")
     ap.add_argument("--records", type=int, default=0, help="records per ring run (default 400k, quick 5k)")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per cell; the best is reported")
+    ap.add_argument("--repeat", type=int, default=5, help="rounds over all cells; the best is reported")
     ap.add_argument("--capacity", type=int, default=4 * 1024 * 1024, help="ring capacity in bytes")
     args = ap.parse_args(argv)
 
@@ -246,20 +254,28 @@ def main(argv: list[str] | None = None) -> int:
         ("mp.Pipe", lambda size: run_pipe(size, n_other), n_other),
         ("faster-fifo", lambda size: run_faster_fifo(size, n_other), n_other),
     ]
-    results: list[dict[str, Any]] = []
-    for size in SIZES:
-        for name, fn, n in impls:
-            best: tuple[float, dict[str, Any]] | None = None
-            for _ in range(repeat):
+    # Repeats go round the whole matrix (not cell by cell), so a burst of load from other
+    # processes on the machine does not spoil every try of one cell; the best try is kept.
+    best: dict[tuple[int, str], tuple[float, dict[str, Any]]] = {}
+    skipped: set[str] = set()
+    for _ in range(repeat):
+        for size in SIZES:
+            for name, fn, _n in impls:
+                if name in skipped:
+                    continue
                 out = fn(size)
                 if out is None:
-                    break
-                if best is None or out[0] > best[0]:
-                    best = out
-            if best is None:
-                print(f"{name}: not installed, skipped", file=sys.stderr)
+                    print(f"{name}: not installed, skipped", file=sys.stderr)
+                    skipped.add(name)
+                    continue
+                if (size, name) not in best or out[0] > best[size, name][0]:
+                    best[size, name] = out
+    results: list[dict[str, Any]] = []
+    for size in SIZES:
+        for name, _fn, n in impls:
+            if (size, name) not in best:
                 continue
-            rate, extra = best
+            rate, extra = best[size, name]
             results.append(
                 {
                     "impl": name,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -90,6 +91,8 @@ _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
 
 def _ms(text: str) -> float:
+    if text == "nanms":
+        return float("nan")
     m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
     if not m:
         raise ValueError(f"unparsable latency {text!r}")
@@ -97,21 +100,16 @@ def _ms(text: str) -> float:
 
 
 def run_wrk(url: str, seconds: float, connections: int) -> dict[str, Any]:
-    out = subprocess.run(
-        [
-            "wrk",
-            "-t1",
-            f"-c{connections}",
-            f"-d{max(1, round(seconds))}s",
-            "--latency",
-            "--timeout",
-            "10s",
-            url,
-        ],
+    duration_arg = f"-d{max(1, round(seconds))}s"
+    done = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", duration_arg, "--latency", "--timeout", "10s", url],
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stdout}{done.stderr}")
+    out = done.stdout
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     duration = re.search(r"requests in ([\d.]+)(\w+),", out)
     assert duration is not None
@@ -119,6 +117,8 @@ def run_wrk(url: str, seconds: float, connections: int) -> dict[str, Any]:
     lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if "50" not in lat or "99" not in lat:  # wrk prints no distribution when nothing completed
+        lat = {"50": "nanms", "99": "nanms"}
     return {
         "requests": requests,
         "rps": requests / seconds_run,
@@ -144,9 +144,10 @@ def cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
     return out
 
 
-def is_agent_process(p: psutil.Process) -> bool:
+def is_reporter(p: psutil.Process) -> bool:
+    # Its supervisor is an idle fork of the master whose pages are the master's: not counted.
     try:
-        return p.name().startswith("swmp-")
+        return p.name().startswith("swmp-reporter")
     except psutil.Error:
         return False
 
@@ -202,13 +203,15 @@ def measure(variant: str, route: str, rnd: int, work: Path, args: argparse.Names
         ) as srv:
             url = f"http://127.0.0.1:{port}{route}"
             warm = run_wrk(url, args.warmup, args.connections)
+            if warm["requests"] == 0 or not srv.proc.alive():
+                raise RuntimeError(f"{variant}: the server does not answer:\n{srv.proc.tail(30)}")
             procs = app_processes(srv.proc)
             before = cpu_seconds(procs)
             res = run_wrk(url, args.duration, args.connections)
             after = cpu_seconds(procs)
             cpu = sum(after[pid] - before.get(pid, after[pid]) for pid in after)
             workers = [p for p in procs if p.pid in set(srv.worker_pids())]
-            reporter = [p for p in procs if is_agent_process(p)]
+            reporter = [p for p in procs if is_reporter(p)]
             worker_rss = rss_mib(workers) / max(1, len(workers))
             reporter_rss = rss_mib(reporter)
             srv.proc.stop(signal.SIGTERM, timeout=30)  # graceful: the agents flush
@@ -234,8 +237,13 @@ def measure(variant: str, route: str, rnd: int, work: Path, args: argparse.Names
 
 
 # -- summary -----------------------------------------------------------------------------------
+def _median(values: list[float]) -> float:
+    real = [v for v in values if not math.isnan(v)]  # NaN: wrk saw no completed request
+    return statistics.median(real) if real else float("nan")
+
+
 def summarize(measures: list[Measure]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for variant in VARIANTS:
         for route in ROUTES:
             ms = [m for m in measures if m.variant == variant and m.route == route]
@@ -245,12 +253,12 @@ def summarize(measures: list[Measure]) -> list[dict[str, Any]]:
                 {
                     "variant": variant,
                     "route": route,
-                    "rps": statistics.median(m.rps for m in ms),
-                    "p50_ms": statistics.median(m.p50_ms for m in ms),
-                    "p99_ms": statistics.median(m.p99_ms for m in ms),
-                    "cpu_us_per_req": statistics.median(m.cpu_us_per_req for m in ms),
-                    "worker_rss_mib": statistics.median(m.worker_rss_mib for m in ms),
-                    "reporter_rss_mib": statistics.median(m.reporter_rss_mib for m in ms),
+                    "rps": _median([m.rps for m in ms]),
+                    "p50_ms": _median([m.p50_ms for m in ms]),
+                    "p99_ms": _median([m.p99_ms for m in ms]),
+                    "cpu_us_per_req": _median([m.cpu_us_per_req for m in ms]),
+                    "worker_rss_mib": _median([m.worker_rss_mib for m in ms]),
+                    "reporter_rss_mib": _median([m.reporter_rss_mib for m in ms]),
                     "requests_served": sum(m.requests_served for m in ms),
                     "segments_received": sum(m.segments_received for m in ms),
                     "errors": sum(m.errors for m in ms),
@@ -270,8 +278,9 @@ def summarize(measures: list[Measure]) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'variant':<18} {'route':<5} {'req/s':>7} {'x none':>6} {'p50 ms':>7} {'p99 ms':>7} {'x none':>6} "
-        f"{'CPU us/req':>10} {'worker MiB':>10} {'reporter MiB':>12} {'served':>7} {'segments':>8} {'lost':>5}"
+        f"{'variant':<18} {'route':<5} {'req/s':>7} {'x none':>6} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'x none':>6} {'CPU us/req':>10} {'worker MiB':>10} {'reporter MiB':>12} {'served':>7} "
+        f"{'segments':>8} {'lost':>5}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:

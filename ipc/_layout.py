@@ -75,7 +75,7 @@ RECORD_HEADER_SIZE: Final = 8
 PAD_TYPE: Final = 0xFFFF
 CHECK_SALT: Final = 0xA5C3
 # Cached per payload length by writers: one ``pack_into`` stores header and payload.
-RECORD_PACKER_CACHE: Final = 4096
+RECORD_PACKER_CACHE: Final = 1024
 # Positions stay below this; a reset that would pass it starts again from 0. Unreachable
 # in practice (2**62 bytes is a century at 1 GB/s) but it keeps garbage from overflowing u64.
 POSITION_LIMIT: Final = 1 << 62

@@ -28,8 +28,8 @@ write to a FIFO), made only while the reader says it is asleep.
 Ownership of the control words: the writer alone stores the tail and the written/dropped
 counters and keeps private copies of them; the reader alone stores the head and the read
 counters and keeps private copies. Each side only *loads* the other's words, so garbage in
-a word (a stray write, a foreign process) is noticed as a disagreement and repaired by a
-reset, never trusted blindly; see :meth:`RingReader._reset`.
+a word (a stray write, a foreign process) shows up as a disagreement that the owner of the
+word repairs by storing it again; it is never trusted blindly (see :class:`RingReader`).
 """
 
 from __future__ import annotations

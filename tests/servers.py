@@ -292,6 +292,16 @@ class Server:
         except (OSError, ArenaError):
             return {}
 
+    def reporter_lock_holder(self) -> int | None:
+        """Pid of the process holding the arena's reporter lock (the one draining it)."""
+        from ipc import Arena, ArenaError
+
+        try:
+            with Arena.open(str(self.arena_path()), wait_s=0) as arena:
+                return arena.reporter_pid()
+        except (OSError, ArenaError):
+            return None
+
     def named_processes(self, title: str) -> list[psutil.Process]:
         """Live processes titled ``title`` (e.g. swmp-reporter) serving our arena dir."""
         out = []
@@ -581,7 +591,8 @@ def quiet_for(col: CollectorProcess, seconds: float, kind: str = "segment", time
 
 
 def entry_span(segment: dict[str, Any]) -> dict[str, Any]:
-    for span in segment.get("spans", []):
+    spans: list[dict[str, Any]] = segment.get("spans", [])
+    for span in spans:
         if span.get("spanType", "Entry") == "Entry" and int(span.get("parentSpanId", 0)) == -1:
             return span
     raise AssertionError(f"no entry span in {json.dumps(segment)[:300]}")

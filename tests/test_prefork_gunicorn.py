@@ -39,10 +39,14 @@ pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 ROUTES = ["/cpu", "/io", "/call"]
 
 
-def two_envs(tmp_path: Path, col: CollectorProcess, b_port: int, **kw: bool) -> tuple[dict[str, str], ...]:
-    env_b = agent_env(tmp_path / "b", col.grpc_address, service="b", **kw)
+def two_envs(
+    tmp_path: Path, col: CollectorProcess, b_port: int, *, reporter_process: bool = True
+) -> tuple[dict[str, str], ...]:
+    env_b = agent_env(tmp_path / "b", col.grpc_address, service="b", reporter_process=reporter_process)
     downstream = {"DOWNSTREAM_URL": f"http://127.0.0.1:{b_port}/cpu"}
-    env_a = agent_env(tmp_path / "a", col.grpc_address, service="a", extra=downstream, **kw)
+    env_a = agent_env(
+        tmp_path / "a", col.grpc_address, service="a", extra=downstream, reporter_process=reporter_process
+    )
     return env_a, env_b
 
 
@@ -108,6 +112,7 @@ def test_start_paths(tmp_path: Path, how: str, preload: bool) -> None:
             check_announced(col, srv, "s")
             reporters = srv.reporters()
             assert len(reporters) == 1
+            assert srv.reporter_lock_holder() == reporters[0].pid
             if how == "app-module" and not preload:
                 # Started by a worker: detached from it (a worker's death must not take it along).
                 assert reporters[0].ppid() not in srv.worker_pids()

@@ -29,10 +29,14 @@ pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 ROUTES = ["/cpu", "/io", "/call"]
 
 
-def envs(tmp_path: Path, col: CollectorProcess, b_port: int, **kw: bool) -> tuple[dict[str, str], ...]:
-    env_b = agent_env(tmp_path / "b", col.grpc_address, service="b", **kw)
+def envs(
+    tmp_path: Path, col: CollectorProcess, b_port: int, *, reporter_process: bool = True
+) -> tuple[dict[str, str], ...]:
+    env_b = agent_env(tmp_path / "b", col.grpc_address, service="b", reporter_process=reporter_process)
     downstream = {"DOWNSTREAM_URL": f"http://127.0.0.1:{b_port}/cpu"}
-    env_a = agent_env(tmp_path / "a", col.grpc_address, service="a", extra=downstream, **kw)
+    env_a = agent_env(
+        tmp_path / "a", col.grpc_address, service="a", extra=downstream, reporter_process=reporter_process
+    )
     return env_a, env_b
 
 
@@ -91,6 +95,7 @@ def test_explicit_start_in_the_module(tmp_path: Path, lazy_apps: bool, osafterfo
             check_announced(col, srv, "u")
             reporters = srv.reporters()
             assert len(reporters) == 1
+            assert srv.reporter_lock_holder() == reporters[0].pid
             if lazy_apps:
                 assert reporters[0].ppid() not in srv.worker_pids()  # detached from its worker
         wait_until(lambda: not srv.reporters(), 20, "the reporter to leave with the master")
@@ -143,6 +148,7 @@ def test_reload_keeps_exactly_one_reporter(tmp_path: Path, how: str, lazy_apps: 
             quiet_for(col, 0.5)
             assert len(segments_of(col, "r")) == 180
             assert [p.pid for p in srv.reporters()] == reporter
+            assert srv.reporter_lock_holder() == reporter[0]
             assert srv.pid == srv.proc.pid  # same master pid after the re-exec
             check_announced(col, srv, "r")
         wait_until(lambda: not srv.reporters(), 20, "the reporter to leave with the master")
