@@ -80,13 +80,13 @@ def run_ring(size: int, n: int, capacity: int) -> tuple[float, dict[str, Any]]:
             k = len(recs)
             os.read(go_r, 1)
             retries = 0
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             for i in range(n):
                 p = recs[i % k]
                 while not write(RTYPE, p):
                     retries += 1
-            dt = time.perf_counter() - t0
-            os.write(res_w, json.dumps({"writer_s": dt, "retries": retries}).encode())
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            os.write(res_w, json.dumps({"writer_s": dt, "writer_cpu_s": cpu, "retries": retries}).encode())
         except BaseException:
             code = 1
         os._exit(code)
@@ -102,7 +102,7 @@ def run_ring(size: int, n: int, capacity: int) -> tuple[float, dict[str, Any]]:
         read = reader.read
         commit = reader.commit
         os.write(go_w, b"g")
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         while got < n:
             batch = read(4096)
             if batch:
@@ -115,7 +115,7 @@ def run_ring(size: int, n: int, capacity: int) -> tuple[float, dict[str, Any]]:
                 # Caught up: nap instead of spinning on the tail word, which sits on the
                 # writer's cache line (every poll would cost the writer a cache miss).
                 time.sleep(NAP_S)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         info = json.loads(os.read(res_r, 4096))
     finally:
         _reap(pid)
@@ -124,8 +124,7 @@ def run_ring(size: int, n: int, capacity: int) -> tuple[float, dict[str, Any]]:
         for fd in (go_w, res_r):
             os.close(fd)
     _verify(got, nbytes, n, size, last, expected_last=recs[(n - 1) % len(recs)])
-    stats = {"writer_ns": info["writer_s"] / n * 1e9, "writer_retries": info["retries"]}
-    return n / dt, stats
+    return n / dt, _side_costs(info, cpu, n) | {"writer_retries": info["retries"]}
 
 
 def run_queue(size: int, n: int) -> tuple[float, dict[str, Any]]:
@@ -177,13 +176,13 @@ def _run_generic(
             os.close(res_r)
             k = len(recs)
             os.read(go_r, 1)
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             for i in range(n):
                 put(recs[i % k])
-            dt = time.perf_counter() - t0
             if finish is not None:
                 finish()
-            os.write(res_w, json.dumps({"writer_s": dt}).encode())
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            os.write(res_w, json.dumps({"writer_s": dt, "writer_cpu_s": cpu}).encode())
         except BaseException:
             code = 1
         os._exit(code)
@@ -194,7 +193,7 @@ def _run_generic(
         nbytes = 0
         last = b""
         os.write(go_w, b"g")
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         while got < n:
             batch = get_batch()
             got += len(batch)
@@ -202,14 +201,28 @@ def _run_generic(
                 nbytes += len(p)
             if batch:
                 last = batch[-1]
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         info = json.loads(os.read(res_r, 4096))
     finally:
         _reap(pid)
         for fd in (go_w, res_r):
             os.close(fd)
     _verify(got, nbytes, n, size, last, expected_last=recs[(n - 1) % len(recs)])
-    return n / dt, {"writer_ns": info["writer_s"] / n * 1e9}
+    return n / dt, _side_costs(info, cpu, n)
+
+
+def _side_costs(info: dict[str, float], reader_cpu_s: float, n: int) -> dict[str, float]:
+    """Per-record costs of each side. ``cpu_bound_records_per_s`` is what the pair would do
+    if each had a core to itself: the busier side's CPU time per record, inverted. CPU time
+    moves much less than wall time when other work shares the machine."""
+    writer_cpu = info["writer_cpu_s"] / n * 1e9
+    reader_cpu = reader_cpu_s / n * 1e9
+    return {
+        "writer_ns": info["writer_s"] / n * 1e9,
+        "writer_cpu_ns": writer_cpu,
+        "reader_cpu_ns": reader_cpu,
+        "cpu_bound_records_per_s": 1e9 / max(writer_cpu, reader_cpu, 1e-9),
+    }
 
 
 def _verify(got: int, nbytes: int, n: int, size: int, last: bytes, *, expected_last: bytes) -> None:
@@ -304,14 +317,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_table(results: list[dict[str, Any]]) -> None:
     queue = {r["record_bytes"]: r["records_per_s"] for r in results if r["impl"] == "mp.Queue"}
-    head = f"{'impl':<12} {'bytes':>6} {'records/s':>12} {'ns/record':>10} {'writer ns':>10} {'x Queue':>8}"
+    head = (
+        f"{'impl':<12} {'bytes':>6} {'records/s':>12} {'ns/record':>10} {'x Queue':>8}"
+        f" {'writer cpu ns':>14} {'reader cpu ns':>14} {'cpu-bound rec/s':>16}"
+    )
     print(head)
     print("-" * len(head))
     for r in results:
         ratio = r["records_per_s"] / queue[r["record_bytes"]] if r["record_bytes"] in queue else float("nan")
         print(
-            f"{r['impl']:<12} {r['record_bytes']:>6} {r['records_per_s']:>12,} {r['ns_per_record']:>10.1f} "
-            f"{r.get('writer_ns', float('nan')):>10.1f} {ratio:>8.1f}"
+            f"{r['impl']:<12} {r['record_bytes']:>6} {r['records_per_s']:>12,} {r['ns_per_record']:>10.1f}"
+            f" {ratio:>8.1f} {r['writer_cpu_ns']:>14.1f} {r['reader_cpu_ns']:>14.1f}"
+            f" {round(r['cpu_bound_records_per_s']):>16,}"
         )
 
 

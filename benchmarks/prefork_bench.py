@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 
 from tests.collector import CollectorProcess, free_port  # noqa: E402
-from tests.servers import Proc, agent_env, gunicorn_command, run_server  # noqa: E402
+from tests.servers import Proc, agent_env, gunicorn_command, request, run_server, wait_until  # noqa: E402
 
 VARIANTS = ("none", "swmp", "swmp-inprocess", "skywalking-thread", "skywalking-async")
 ROUTES = ("/cpu", "/io")
@@ -202,6 +202,8 @@ def measure(variant: str, route: str, rnd: int, work: Path, args: argparse.Names
             wait_claims=swmp_run,
         ) as srv:
             url = f"http://127.0.0.1:{port}{route}"
+            # Booted is not ready: an agent started in post_fork may still be loading.
+            wait_until(lambda: request(port, route, timeout=5).status == 200, 60, "a first answer")
             warm = run_wrk(url, args.warmup, args.connections)
             if warm["requests"] == 0 or not srv.proc.alive():
                 raise RuntimeError(f"{variant}: the server does not answer:\n{srv.proc.tail(30)}")

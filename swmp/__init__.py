@@ -23,11 +23,16 @@ from swmp.api import (
     trace_id,
 )
 from swmp.config import Config
+from swmp.meters import Counter, CounterMode, Gauge, Histogram
 from swmp.tracing.constants import Component, Layer
 
 __all__ = [
     "Component",
     "Config",
+    "Counter",
+    "CounterMode",
+    "Gauge",
+    "Histogram",
     "Layer",
     "capture",
     "current_span",

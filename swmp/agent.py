@@ -288,18 +288,25 @@ def _install_instrumentation(config: Config) -> None:
 
 # -- fork --------------------------------------------------------------------------------------
 def _after_fork_in_child() -> None:
-    """A new process: take our own ring now rather than on the first record."""
+    """A new worker: take its own ring and name now rather than on its first record."""
     global _state_lock
     _state_lock = threading.Lock()  # another thread of the parent may have held it
     if forking_reporter() or in_reporter_process():
         return  # the reporter (or its supervisor) is not a worker
     run = _running
-    if run is None:
+    if run is None or not _prefork_server():
+        # Other forks (multiprocessing, subprocess with preexec_fn, which runs these hooks
+        # and then execs) take their ring on their first record, if they ever write one.
         return
     try:
         run.sink.rebind()
     except Exception:
         log.exception("swmp: after-fork setup failed in pid %d", os.getpid())
+
+
+def _prefork_server() -> bool:
+    """Are we in a prefork server whose forks are workers (they report from their start)?"""
+    return "gunicorn.arbiter" in sys.modules or "uwsgi" in sys.modules
 
 
 def _register_fork_hooks() -> None:

@@ -5,9 +5,9 @@ would (``swmp run -- python ...``, or a script that calls ``swmp.start()``), sen
 HTTP request and lets it exit. The request's handler calls a second local endpoint, tags
 its span, logs one line and fails. Then the OAP's GraphQL API must show exactly that: one
 trace with the entry and exit spans (names, types, layer, components, tags, error flags,
-peer), the service, the worker instance with its pid, and the log line linked to the trace.
-Everything reaches the OAP after the process has exited, so these also prove that exit
-flushes: the reporter drains what is left, then leaves, removing the arena.
+peer), the service, the worker instance, and the log line linked to the trace. The process
+exits right after answering, so whatever the agent still held must survive that exit: the
+reporter drains it, then leaves and removes the arena.
 
 Needs Java (the fixtures start the OAP and Kafka; see tests/realpeers.py and docs/e2e.md).
 """
@@ -317,7 +317,7 @@ def test_oap_lists_the_instance(shot: Shot) -> None:
     strict=True,
     reason="BUG: in a process that was never forked the ring (and so the worker name <base>-w0) is "
     "claimed on the first record written, after the first request's outbound sw8 was built: its "
-    "parent instance is <base>, an instance the OAP never sees (swmp/_runtime.py ProcessSink.write)",
+    "parent instance is <base>, which never reports (swmp/_runtime.py ProcessSink.write)",
 )
 def test_sw8_names_the_reporting_instance(shot: Shot) -> None:
     assert b64d(shot.sw8[5]) == shot.instance

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -95,35 +96,42 @@ def test_prefork_workers_report_to_the_oap(
         cmd = gunicorn_command(port, app=APP, workers=WORKERS, worker_class="sync")
     else:
         cmd = uwsgi_command(port, module=APP, workers=WORKERS)
+    q = oap_server.query
+    names = {f"{base}-w{i}" for i in range(WORKERS)}
     with run_server(kind, tmp_path, cmd, env, port=port, workers=WORKERS, name=service) as srv:
         workers = set(srv.worker_pids())
         assert len(workers) == WORKERS, srv.proc.tail()
         assert len(srv.reporters()) == 1, srv.proc.tail()
         results = load_every_worker(srv, workers)
+
+        # While the workers live: one instance per worker, named after its ring slot and
+        # announced with its pid and slot. (Checked before the stop on purpose: a worker
+        # that dies within a second of its first record may never be announced; see
+        # test_e2e_oap.py.)
+        service_id = wait_for(lambda: q.service_id(service), DATA_TIMEOUT, what=f"service {service}")
+
+        def announced() -> list[Instance] | None:
+            found = q.instances(service_id)
+            done = {i.name for i in found} == names and all(i.attributes.get("Process No.") for i in found)
+            return found if done else None
+
+        instances = wait_for(announced, DATA_TIMEOUT, what=f"instances {sorted(names)} with their properties")
+
+        # A last burst right before the stop: its segments can only arrive through the
+        # shutdown path (workers' exit, the reporter's final drain).
+        results += load(srv.port, ["/pid"], MORE, concurrency=8, traced_every=0)
         stop_and_check_cleanup(srv, stop_signal)
 
     # Every request answered by one of the four workers, each with its own trace.
     assert all(r.status == 200 for r in results), Counter((r.status, r.error) for r in results)
     served: dict[str, int] = {}  # trace id -> pid of the worker that served it
     for r in results:
-        pid, trace_id = r.body.decode().split()
-        assert int(pid) == r.worker_pid
+        body_pid, trace_id = r.body.decode().split()
+        assert int(body_pid) == r.worker_pid
         served[trace_id] = r.worker_pid
     assert len(served) == len(results)  # trace ids unique across the forked workers
     assert set(served.values()) == workers, Counter(served.values())
 
-    q = oap_server.query
-    service_id = wait_for(lambda: q.service_id(service), DATA_TIMEOUT, what=f"service {service}")
-
-    # One instance per worker, named after its ring slot, announced with its pid and slot.
-    names = {f"{base}-w{i}" for i in range(WORKERS)}
-
-    def announced() -> list[Instance] | None:
-        found = q.instances(service_id)
-        done = {i.name for i in found} == names and all(i.attributes.get("Process No.") for i in found)
-        return found if done else None
-
-    instances = wait_for(announced, DATA_TIMEOUT, what=f"instances {sorted(names)} with their properties")
     by_pid = {int(i.attributes["Process No."]): i for i in instances}
     assert set(by_pid) == workers, {i.name: i.attributes for i in instances}
     for inst in instances:
@@ -144,7 +152,7 @@ def test_prefork_workers_report_to_the_oap(
     # A request's span carries the instance of the worker that served it (one per worker).
     for pid in sorted(workers):
         trace_id = next(t for t, p in served.items() if p == pid)
-        spans = wait_for(lambda t=trace_id: q.trace(t), DATA_TIMEOUT, what=f"trace {trace_id}")
+        spans = wait_for(partial(q.trace, trace_id), DATA_TIMEOUT, what=f"trace {trace_id}")
         assert [(s.type, s.layer, s.component, s.operation_name) for s in spans] == [
             ("Entry", "Http", "Flask", "/pid")
         ]

@@ -291,6 +291,17 @@ def test_cleanup_stale_removes_only_arenas_nobody_uses(tmp_path: Path, pipes: Ca
         a.close()
 
 
+def test_a_reused_owner_pid_does_not_keep_an_arena_alive(tmp_path: Path) -> None:
+    """The owner's start time is part of its identity: same pid, other process = gone."""
+    a = Arena.create(os.path.join(str(tmp_path), f"swmp-{os.getuid()}-{os.getpid()}-0.arena"), 1, 4096)
+    assert a.info().owner_alive
+    a._header[L.H_OWNER_START] = ipc.process_start_ticks(os.getpid()) + 1  # "an earlier process"
+    assert not a.info().owner_alive
+    assert not ipc.process_alive(os.getpid(), ipc.process_start_ticks(os.getpid()) + 1)
+    a.close()
+    assert cleanup_stale(str(tmp_path)) == [a.path]
+
+
 def test_discover_lists_our_arenas_newest_first(tmp_path: Path) -> None:
     d = str(tmp_path)
     older = Arena.create(os.path.join(d, f"swmp-{os.getuid()}-1-1.arena"), 1, 4096)

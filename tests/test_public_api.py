@@ -18,6 +18,10 @@ from swmp.config import Config, load
 EXPECTED = {
     "Component",
     "Config",
+    "Counter",
+    "CounterMode",
+    "Gauge",
+    "Histogram",
     "Layer",
     "capture",
     "current_span",
