@@ -27,6 +27,7 @@ up to the number of connections; fewer segments than requests is loss.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -39,7 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,15 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 
 from tests.collector import CollectorProcess, free_port  # noqa: E402
-from tests.servers import Proc, agent_env, gunicorn_command, request, run_server, wait_until  # noqa: E402
+from tests.servers import (  # noqa: E402
+    Proc,
+    Server,
+    agent_env,
+    gunicorn_command,
+    request,
+    run_server,
+    wait_until,
+)
 
 VARIANTS = ("none", "swmp", "swmp-inprocess", "skywalking-thread", "skywalking-async")
 ROUTES = ("/cpu", "/io")
@@ -80,10 +90,7 @@ class Measure:
     cpu_us_per_req: float
     worker_rss_mib: float
     reporter_rss_mib: float
-    requests_served: int  # warm-up + measured, as wrk counted them
-    segments_received: int
     errors: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 # -- wrk ---------------------------------------------------------------------------------------
@@ -162,8 +169,22 @@ def rss_mib(procs: list[psutil.Process]) -> float:
     return total / (1 << 20)
 
 
-# -- one measurement ---------------------------------------------------------------------------
-def measure(variant: str, route: str, rnd: int, work: Path, args: argparse.Namespace) -> Measure:
+# -- one application per variant -----------------------------------------------------------------
+@dataclass
+class App:
+    variant: str
+    route: str
+    srv: Server
+    col: CollectorProcess
+    run_dir: Path
+    served: int = 0  # every request wrk counted, warm-up included
+    errors: int = 0
+    segments: int = 0
+
+
+@contextlib.contextmanager
+def application(variant: str, route: str, work: Path, args: argparse.Namespace) -> Iterator[App]:
+    """A collector and a Gunicorn running examples/app.py under ``variant``, answering."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"{variant}-{route.strip('/')}-", dir=work))
     col = CollectorProcess(
         str(run_dir), extra_args=["--summary-file", str(run_dir / "summary.json")], dump=False
@@ -171,14 +192,13 @@ def measure(variant: str, route: str, rnd: int, work: Path, args: argparse.Names
     col.start()
     try:
         port = free_port()
-        service = f"bench-{variant}"
         extra = {"SW_AGENT_PVM_METER_REPORTER_ACTIVE": "false", "CPU_ITERATIONS": str(args.cpu_iterations)}
         if variant == "skywalking-async":
             extra["SW_AGENT_ASYNCIO_ENHANCEMENT"] = "True"
         env = agent_env(
             run_dir,
             col.grpc_address,
-            service=service,
+            service=f"bench-{variant}",
             reporter_process=variant != "swmp-inprocess",
             extra=extra,
         )
@@ -201,41 +221,54 @@ def measure(variant: str, route: str, rnd: int, work: Path, args: argparse.Names
             swmp_run=swmp_run,
             wait_claims=swmp_run,
         ) as srv:
-            url = f"http://127.0.0.1:{port}{route}"
             # Booted is not ready: an agent started in post_fork may still be loading.
             wait_until(lambda: request(port, route, timeout=5).status == 200, 60, "a first answer")
-            warm = run_wrk(url, args.warmup, args.connections)
-            if warm["requests"] == 0 or not srv.proc.alive():
-                raise RuntimeError(f"{variant}: the server does not answer:\n{srv.proc.tail(30)}")
-            procs = app_processes(srv.proc)
-            before = cpu_seconds(procs)
-            res = run_wrk(url, args.duration, args.connections)
-            after = cpu_seconds(procs)
-            cpu = sum(after[pid] - before.get(pid, after[pid]) for pid in after)
-            workers = [p for p in procs if p.pid in set(srv.worker_pids())]
-            reporter = [p for p in procs if is_reporter(p)]
-            worker_rss = rss_mib(workers) / max(1, len(workers))
-            reporter_rss = rss_mib(reporter)
-            srv.proc.stop(signal.SIGTERM, timeout=30)  # graceful: the agents flush
-        col.stop()
-        summary = json.loads((run_dir / "summary.json").read_text())
-        return Measure(
-            variant=variant,
-            route=route,
-            round=rnd,
-            rps=res["rps"],
-            p50_ms=res["p50_ms"],
-            p99_ms=res["p99_ms"],
-            cpu_us_per_req=cpu / max(1, res["requests"]) * 1e6,
-            worker_rss_mib=worker_rss,
-            reporter_rss_mib=reporter_rss,
-            requests_served=warm["requests"] + res["requests"],
-            segments_received=int(summary["segment"]),
-            errors=warm["errors"] + res["errors"],
-        )
+            app = App(variant, route, srv, col, run_dir)
+            app.served += 1
+            yield app
     finally:
         col.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def finish(app: App) -> None:
+    """Stop the server gracefully (the agents flush), then count what the collector got."""
+    app.srv.proc.stop(signal.SIGTERM, timeout=30)
+    app.col.stop()
+    summary = json.loads((app.run_dir / "summary.json").read_text())
+    app.segments = int(summary["segment"])
+
+
+def warm_up(app: App, args: argparse.Namespace) -> None:
+    res = run_wrk(app.srv.url + app.route, args.warmup, args.connections)
+    app.served += res["requests"]
+    app.errors += res["errors"]
+    if res["requests"] == 0 or not app.srv.proc.alive():
+        raise RuntimeError(f"{app.variant}: the server does not answer:\n{app.srv.proc.tail(30)}")
+
+
+def sample(app: App, rnd: int, args: argparse.Namespace) -> Measure:
+    procs = app_processes(app.srv.proc)
+    before = cpu_seconds(procs)
+    res = run_wrk(app.srv.url + app.route, args.duration, args.connections)
+    after = cpu_seconds(procs)
+    app.served += res["requests"]
+    app.errors += res["errors"]
+    cpu = sum(after[pid] - before.get(pid, after[pid]) for pid in after)
+    worker_pids = set(app.srv.worker_pids())
+    workers = [p for p in procs if p.pid in worker_pids]
+    return Measure(
+        variant=app.variant,
+        route=app.route,
+        round=rnd,
+        rps=res["rps"],
+        p50_ms=res["p50_ms"],
+        p99_ms=res["p99_ms"],
+        cpu_us_per_req=cpu / max(1, res["requests"]) * 1e6,
+        worker_rss_mib=rss_mib(workers) / max(1, len(workers)),
+        reporter_rss_mib=rss_mib([p for p in procs if is_reporter(p)]),
+        errors=res["errors"],
+    )
 
 
 # -- summary -----------------------------------------------------------------------------------
@@ -244,11 +277,12 @@ def _median(values: list[float]) -> float:
     return statistics.median(real) if real else float("nan")
 
 
-def summarize(measures: list[Measure]) -> list[dict[str, Any]]:
+def summarize(measures: list[Measure], apps: list[App]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for variant in VARIANTS:
         for route in ROUTES:
             ms = [m for m in measures if m.variant == variant and m.route == route]
+            mine = [a for a in apps if a.variant == variant and a.route == route]
             if not ms:
                 continue
             out.append(
@@ -261,9 +295,9 @@ def summarize(measures: list[Measure]) -> list[dict[str, Any]]:
                     "cpu_us_per_req": _median([m.cpu_us_per_req for m in ms]),
                     "worker_rss_mib": _median([m.worker_rss_mib for m in ms]),
                     "reporter_rss_mib": _median([m.reporter_rss_mib for m in ms]),
-                    "requests_served": sum(m.requests_served for m in ms),
-                    "segments_received": sum(m.segments_received for m in ms),
-                    "errors": sum(m.errors for m in ms),
+                    "requests_served": sum(a.served for a in mine),
+                    "segments_received": sum(a.segments for a in mine),
+                    "errors": sum(a.errors for a in mine),
                     "rounds": len(ms),
                 }
             )
@@ -329,22 +363,109 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+# -- where the time goes: one worker, no server, no network -----------------------------------------
+WORKER_COST_CHILD = """
+import io, json, os, sys, time
+import psutil
+variant, n, arena_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+os.environ.update({"SW_AGENT_ARENA_DIR": arena_dir, "SW_AGENT_COLLECTOR_BACKEND_SERVICES": sys.argv[4],
+                   "SW_AGENT_LOG_REPORTER_ACTIVE": "false", "SW_AGENT_METER_REPORTER_ACTIVE": "false",
+                   "SW_AGENT_PROFILE_ACTIVE": "false"})
+if variant != "none":
+    import swmp
+    swmp.start(agent_reporter_process=variant == "swmp")
+from examples.app import app
+
+def start_response(status, headers, exc_info=None):
+    return None
+
+def one():
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/cpu", "SERVER_NAME": "127.0.0.1",
+               "SERVER_PORT": "8000", "HTTP_HOST": "127.0.0.1:8000", "SERVER_PROTOCOL": "HTTP/1.1",
+               "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(b""), "wsgi.errors": sys.stderr,
+               "wsgi.version": (1, 0), "wsgi.multithread": False, "wsgi.multiprocess": True,
+               "wsgi.run_once": False}
+    body = app(environ, start_response)
+    for _ in body:
+        pass
+    body.close()
+
+for _ in range(300):
+    one()
+reporters = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("swmp-reporter")]
+def reporter_cpu():
+    return sum(sum(p.cpu_times()[:2]) for p in reporters)
+best = float("inf")
+r0 = reporter_cpu()
+for _ in range(5):
+    t = time.process_time()
+    for _ in range(n):
+        one()
+    best = min(best, (time.process_time() - t) / n)
+time.sleep(0.5)  # let the reporter finish the last batch
+print(json.dumps({"variant": variant, "process_us": best * 1e6,
+                  "reporter_us": (reporter_cpu() - r0) / (5 * n) * 1e6}))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def worker_cost(n: int, work: Path) -> list[dict[str, Any]]:
+    """CPU per request of the Flask app called directly in one process (best of 5 x ``n``):
+    this process (tracing + record + ring write; in thread mode the reporter thread too)
+    and, in process mode, the reporter process per segment. CPU time, not wall time: it
+    barely moves with the machine's other load."""
+    out = []
+    with CollectorProcess(str(work), dump=False) as col:
+        for variant in ("none", "swmp", "swmp-inprocess"):
+            arena_dir = tempfile.mkdtemp(dir=work)
+            done = subprocess.run(
+                [sys.executable, "-c", WORKER_COST_CHILD, variant, str(n), arena_dir, col.grpc_address],
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT), "CPU_ITERATIONS": "200"},
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=300,
+            )
+            out.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return out
+
+
 # -- main --------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, 2 s per measurement")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     ap.add_argument("--plot", metavar="PNG", help="write a bar chart (matplotlib)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--duration", type=float, default=10.0, help="seconds of measured load")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--duration", type=float, default=4.0, help="seconds of one measured sample")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring")
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cpu-iterations", type=int, default=200, help="sha256 rounds of /cpu (~0.5 us each)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument(
+        "--worker-cost",
+        action="store_true",
+        help="instead: CPU per request of the app called in-process (none, swmp, swmp-inprocess)",
+    )
     args = ap.parse_args(argv)
+    if args.worker_cost:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = worker_cost(300 if args.quick else 3000, Path(tmp))
+        base = rows[0]["process_us"]
+        print(f"{'variant':<16} {'worker us/req':>13} {'+ vs none':>9} {'reporter us/seg':>15}")
+        for r in rows:
+            print(
+                f"{r['variant']:<16} {r['process_us']:>13.1f} {r['process_us'] - base:>9.1f} "
+                f"{r['reporter_us']:>15.1f}"
+            )
+        if args.json:
+            Path(args.json).write_text(json.dumps({"worker_cost": rows}, indent=2))
+        return 0
     if args.quick:
-        args.rounds, args.duration, args.warmup = 1, 2.0, 1.0
+        args.rounds, args.duration, args.warmup = 1, 1.0, 1.0
     variants = [v for v in args.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
     if unknown:
@@ -359,25 +480,39 @@ def main(argv: list[str] | None = None) -> int:
             print("apache-skywalking is not installed; skipping its variants", file=sys.stderr)
             variants = [v for v in variants if not v.startswith("skywalking")]
 
+    print(f"load average at start: {os.getloadavg()}", flush=True)
     measures: list[Measure] = []
+    apps: list[App] = []
     work = Path(tempfile.mkdtemp(prefix="prefork-bench-"))
     try:
-        for rnd in range(args.rounds):
-            order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
-            for variant in order:
-                for route in ROUTES:
-                    m = measure(variant, route, rnd, work, args)
-                    measures.append(m)
+        for route in ROUTES:
+            # Every variant runs at once (idle while another is measured) and the samples
+            # interleave: a burst of outside load hits one sample, not one variant.
+            with contextlib.ExitStack() as stack:
+                running = [stack.enter_context(application(v, route, work, args)) for v in variants]
+                for app in running:
+                    warm_up(app, args)
+                for rnd in range(args.rounds):
+                    shift = rnd % len(running)
+                    for app in running[shift:] + running[:shift]:
+                        m = sample(app, rnd, args)
+                        measures.append(m)
+                        print(
+                            f"{route:<5} round {rnd + 1}/{args.rounds} {app.variant:<18} {m.rps:7.0f} req/s "
+                            f"p50 {m.p50_ms:6.2f} p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req",
+                            flush=True,
+                        )
+                for app in running:
+                    finish(app)
+                    apps.append(app)
                     print(
-                        f"round {rnd + 1}/{args.rounds} {variant:<18} {route:<5} {m.rps:7.0f} req/s "
-                        f"p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req  "
-                        f"served {m.requests_served} segments {m.segments_received}",
+                        f"{route:<5} {app.variant:<18} served {app.served} segments {app.segments}",
                         flush=True,
                     )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    rows = summarize(measures)
+    rows = summarize(measures, apps)
     print()
     print(table(rows))
     meta = {
@@ -390,10 +525,11 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers,
         "cpu_iterations": args.cpu_iterations,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "load_average_at_end": os.getloadavg(),
     }
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"meta": meta, "results": rows, "measures": [asdict(m) for m in measures]}, indent=2)
+            json.dumps({"meta": meta, "results": rows, "samples": [asdict(m) for m in measures]}, indent=2)
         )
     if args.plot:
         plot(rows, args.plot)

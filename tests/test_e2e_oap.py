@@ -15,6 +15,7 @@ Needs Java (the fixtures start the OAP and Kafka; see tests/realpeers.py and doc
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.e2e_apps.one_shot import LOG_MARKER, TAG_KEY, TAG_VALUE
@@ -110,6 +112,16 @@ class Run:
     arena_files: list[str]  # arena files left behind
 
 
+def running(procs: list[psutil.Process]) -> list[str]:
+    """``"pid name"`` of those still running (a process may vanish while we look)."""
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.pid} {p.name()}")
+    return out
+
+
 def run_one_shot(tmp: Path, case: Case, env: dict[str, str]) -> Run:
     out = tmp / "out"
     out.mkdir()
@@ -141,8 +153,7 @@ def run_one_shot(tmp: Path, case: Case, env: dict[str, str]) -> Run:
         arena_dir = Path(env["SW_AGENT_ARENA_DIR"])
 
         def left() -> tuple[list[str], list[str]]:
-            live = [f"{p.pid} {p.name()}" for p in proc.family() if p.status() != "zombie"]
-            return live, sorted(p.name for p in arena_dir.glob("*.arena"))
+            return running(proc.family()), sorted(p.name for p in arena_dir.glob("*.arena"))
 
         try:
             wait_until(lambda: left() == ([], []), 30, "the reporter to exit and remove the arena")

@@ -30,6 +30,7 @@ from tests.servers import (
     uwsgi_command,
     wait_until,
 )
+from tests.test_e2e_oap import running
 
 pytestmark = [pytest.mark.e2e, pytest.mark.servers, pytest.mark.timeout(240)]
 
@@ -74,7 +75,7 @@ def stop_and_check_cleanup(srv: Server, sig: int) -> None:
     )
     wait_until(lambda: not srv.arena_path().exists(), 30, f"the arena {srv.arena_path()} removed")
     assert srv.arena_files() == []
-    left = [p.pid for p in srv.proc.family() if p.is_running() and p.status() != "zombie"]
+    left = running(srv.proc.family())
     assert left == [], f"processes of the stopped {srv.kind} still running: {left}"
 
 
