@@ -190,6 +190,9 @@ def application(variant: str, route: str, work: Path, args: argparse.Namespace) 
         str(run_dir), extra_args=["--summary-file", str(run_dir / "summary.json")], dump=False
     )
     col.start()
+    # The collector stands in for an OAP on another machine: it may only use idle CPU.
+    assert col.proc is not None
+    psutil.Process(col.proc.pid).nice(19)
     try:
         port = free_port()
         extra = {"SW_AGENT_PVM_METER_REPORTER_ACTIVE": "false", "CPU_ITERATIONS": str(args.cpu_iterations)}

@@ -165,7 +165,9 @@ class RingModel(RuleBasedStateMachine):
 
 
 TestRingModel = RingModel.TestCase
-TestRingModel.settings = settings(max_examples=120, stateful_step_count=150, deadline=None)
+TestRingModel.settings = settings(
+    max_examples=120, stateful_step_count=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
