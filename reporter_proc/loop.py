@@ -1048,6 +1048,10 @@ class Reporter:
         if self.mode == "process" and loop is not None:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
                 loop.remove_signal_handler(sig)
+                # Removing the handler restores the default action, and the supervisor's
+                # forwarded SIGTERM (the owner died) can land now: it would kill us before
+                # the arena is unlinked below. We are leaving anyway.
+                signal.signal(sig, signal.SIG_IGN)
         self.ready = False
         self._publish()
         if self.spool is not None:
