@@ -452,8 +452,12 @@ def _unlink_if_same(path: str, arena: Arena) -> None:
 
 
 def arena_unlink(path: str) -> None:
+    """Remove an arena file, its doorbell FIFO and any sidecar file named ``<path>.<suffix>``
+    (users of the arena may keep small state files beside it; they die with it)."""
     _unlink_quietly(path)
     _unlink_quietly(fifo_path(path))
+    for sidecar in glob.glob(glob.escape(path) + ".*"):
+        _unlink_quietly(sidecar)
 
 
 def discover(directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX) -> Iterator[str]:
