@@ -890,7 +890,10 @@ class Reporter:
             gone = [slot for slot, inst in self.instances.items() if live.get(slot) != inst.pid]
             if gone:
                 for slot in gone:
-                    del self.instances[slot]
+                    inst = self.instances.pop(slot)
+                    # A short-lived worker may be gone before its first announcement; its
+                    # segments name it, so the backend should know it existed.
+                    await self._announce_once(inst)
                 self._save_instances()
             if "management" in self.sender_supports():
                 for inst in list(self.instances.values()):
@@ -899,6 +902,10 @@ class Reporter:
                     if time.monotonic() >= inst.due and self.instances.get(inst.slot) is inst:
                         await self._keep_alive(inst)
             await asyncio.sleep(tick)
+
+    async def _announce_once(self, inst: _Instance) -> None:
+        if not inst.props_sent and "management" in self.sender_supports():
+            await self._keep_alive(inst)
 
     def sender_supports(self) -> frozenset[str]:
         return self.sender.supports if self.sender is not None else frozenset()
@@ -1027,6 +1034,7 @@ class Reporter:
         if left:
             self.counters.add(self.counters.dropped, "shutdown", left)
             log.warning("%d records were not delivered before the shutdown deadline", left)
+        await self._announce_unannounced()
         sender = self.sender
         if sender is not None:
             try:
@@ -1036,6 +1044,20 @@ class Reporter:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _announce_unannounced(self) -> None:
+        """At shutdown, announce instances the keeper never got to (a program that lived
+        shorter than one keeper tick), within what is left of the deadline."""
+        if self.sender is None or "management" not in self.sender_supports():
+            return
+        pending = [inst for inst in self.instances.values() if not inst.props_sent]
+        remaining = self._deadline - time.monotonic()
+        if not pending or remaining <= 0:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*(self._keep_alive(i) for i in pending)), remaining)
+        except (asyncio.TimeoutError, Exception) as exc:
+            log.debug("announcing instances at shutdown: %r", exc)
 
     def _teardown(self) -> None:
         """Release everything; unlink the arena when we are the last one out."""

@@ -314,6 +314,20 @@ def test_instances_are_announced_kept_alive_and_forgotten(arena: Arena, run: Any
     r.stop()
 
 
+def test_a_worker_gone_before_its_first_keepalive_is_still_announced(arena: Arena, run: Any) -> None:
+    # Keep-alives far apart: the worker is gone long before the keeper's first round for it.
+    sender = MemorySender()
+    r = run(sender, keepalive_interval_s=30.0)
+    w = spawn_writer(arena.path, segments_for("short", 1), announce=True)
+    slot = w.wait_written()
+    assert w.release() == 0
+    wait_for(lambda: sender.properties, 10, "properties of the short-lived worker")
+    service, instance, _props, _layer = sender.properties[0]
+    assert (service, instance) == ("svc", f"inst-{slot}")
+    wait_for(lambda: slot not in r.reporter.instances, 5, "instance forgotten")
+    r.stop()
+
+
 def test_worker_stop_and_replacement(arena: Arena, run: Any) -> None:
     sender = MemorySender()
     r = run(sender, keepalive_interval_s=0.1)
