@@ -317,10 +317,18 @@ def test_oap_lists_the_instance(shot: Shot) -> None:
     assert [i.name for i in instances] == [shot.instance]
 
 
-# Instance properties are not checked here: a process that exits within about a second of its
-# first record is not always announced (reporter_proc/loop.py: the instance keeper's 1 s tick
-# can forget the instance on WORKER_STOP before its first reportInstanceProperties; a race,
-# seen over gRPC and HTTP, not every time over Kafka). test_e2e_prefork_oap.py checks them.
+def test_oap_has_the_instance_properties(shot: Shot) -> None:
+    """A process that lived about a second is still announced (language, pid, slot)."""
+    q = shot.oap.query
+    service_id = shot.service_id()
+    instance = wait_for(
+        lambda: next((i for i in q.instances(service_id) if i.attributes.get("Process No.")), None),
+        DATA_TIMEOUT,
+        what="the instance's properties",
+    )
+    assert instance.name == shot.instance
+    assert instance.language == "PYTHON"
+    assert (instance.attributes["Process No."], instance.attributes.get("slot")) == (str(shot.run.pid), "0")
 
 
 # -- a known agent bug: strict xfail, so the fix shows up as XPASS and fails until the mark goes

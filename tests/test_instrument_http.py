@@ -56,6 +56,11 @@ def sink() -> Iterator[_sink.MemorySink]:
     cfg = load({}, agent_log_reporter_active=False)
     tracing.configure(cfg)
     tracing.stats.reset()
+    # Imported first so install_all patches them at once (deferred installation on first
+    # import is proven in test_instrument_lazy.py).
+    import httpx  # noqa: F401
+    import requests  # noqa: F401
+
     status = instrument.install_all(cfg)
     assert status["requests"] == status["urllib3"] == status["http.client"] == status["httpx"] == "installed"
     yield s

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 NAME = "django"
 PACKAGE = "django"
 SUPPORTED = ("3.2", "6")
+# Not "django": importing it alone (version checks, settings) must stay cheap.
+TRIGGER = "django.core.handlers.wsgi"
 
 
 def install(config: Config) -> None:

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 NAME = "flask"
 PACKAGE = "flask"
 SUPPORTED = ("2.0", "4")
+# Patched once this module has executed: Flask is defined by then.
+TRIGGER = "flask"
 
 
 def install(config: Config) -> None:

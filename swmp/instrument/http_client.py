@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 NAME = "http.client"
 PACKAGE = None  # standard library
 SUPPORTED = ("", "")
+TRIGGER = "http.client"  # usually imported already: then installed at once
 _ATTR = "_swmp_span"
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 NAME = "httpx"
 PACKAGE = "httpx"
 SUPPORTED = ("0.23", "1")
+TRIGGER = "httpx"  # Client and AsyncClient exist once httpx/__init__ ran
 
 
 def _start(request: Any) -> Span | NoopSpan:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 NAME = "requests"
 PACKAGE = "requests"
 SUPPORTED = ("2.20", "3")
+TRIGGER = "requests"  # its __init__ imports requests.sessions
 
 
 def install(config: Config) -> None:

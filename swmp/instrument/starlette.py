@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 NAME = "starlette"
 PACKAGE = "starlette"
 SUPPORTED = ("0.20", "2")
+# starlette/__init__ imports nothing; the patched class lives here.
+TRIGGER = "starlette.applications"
 
 
 def install(config: Config) -> None:

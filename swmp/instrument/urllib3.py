@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 NAME = "urllib3"
 PACKAGE = "urllib3"
 SUPPORTED = ("1.26", "3")
+TRIGGER = "urllib3"  # its __init__ imports urllib3.connectionpool
 
 
 def install(config: Config) -> None:
