@@ -812,6 +812,11 @@ class Reporter:
                 pid, slot = int(rec[0]), int(rec[1])
                 inst = self.instances.get(slot)
                 if inst is not None and inst.pid == pid:
+                    if not inst.props_sent and self.mode == "process":
+                        # Not announced yet (it lived less than a keeper tick): keep it, so
+                        # the keeper announces it once its slot is free, or the shutdown does.
+                        # (Thread mode marks its own slot live until WORKER_STOP: not there.)
+                        return
                     del self.instances[slot]
                     self._save_instances()
         except (TypeError, ValueError, IndexError) as exc:
