@@ -5,9 +5,9 @@ would (``swmp run -- python ...``, or a script that calls ``swmp.start()``), sen
 HTTP request and lets it exit. The request's handler calls a second local endpoint, tags
 its span, logs one line and fails. Then the OAP's GraphQL API must show exactly that: one
 trace with the entry and exit spans (names, types, layer, components, tags, error flags,
-peer), the service, the worker instance, and the log line linked to the trace. The process
-exits right after answering, so whatever the agent still held must survive that exit: the
-reporter drains it, then leaves and removes the arena.
+peer), the service, the worker instance with its pid, and the log line linked to the
+trace. The process exits right after answering, so whatever the agent still held must
+survive that exit: the reporter drains it, then leaves and removes the arena.
 
 Needs Java (the fixtures start the OAP and Kafka; see tests/realpeers.py and docs/e2e.md).
 """

@@ -106,9 +106,7 @@ def test_prefork_workers_report_to_the_oap(
         results = load_every_worker(srv, workers)
 
         # While the workers live: one instance per worker, named after its ring slot and
-        # announced with its pid and slot. (Checked before the stop on purpose: a worker
-        # that dies within a second of its first record may never be announced; see
-        # test_e2e_oap.py.)
+        # announced with its pid and slot.
         service_id = wait_for(lambda: q.service_id(service), DATA_TIMEOUT, what=f"service {service}")
 
         def announced() -> list[Instance] | None:
