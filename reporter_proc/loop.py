@@ -137,6 +137,7 @@ class _Instance:
     props_sent: bool = False
     failures: int = 0
     last_keepalive_ns: int = 0
+    leaving: bool = False  # said WORKER_STOP before it was ever announced
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -812,10 +813,10 @@ class Reporter:
                 pid, slot = int(rec[0]), int(rec[1])
                 inst = self.instances.get(slot)
                 if inst is not None and inst.pid == pid:
-                    if not inst.props_sent and self.mode == "process":
-                        # Not announced yet (it lived less than a keeper tick): keep it, so
-                        # the keeper announces it once its slot is free, or the shutdown does.
-                        # (Thread mode marks its own slot live until WORKER_STOP: not there.)
+                    if not inst.props_sent:
+                        # Not announced yet (it lived less than a keeper tick): the keeper
+                        # announces it once, then forgets it (or the shutdown announces it).
+                        inst.leaving = True
                         return
                     del self.instances[slot]
                     self._save_instances()
@@ -892,7 +893,9 @@ class Reporter:
         while True:
             self._live = live = self._live_slots()
             self._last_live_check = time.monotonic()
-            gone = [slot for slot, inst in self.instances.items() if live.get(slot) != inst.pid]
+            gone = [
+                slot for slot, inst in self.instances.items() if inst.leaving or live.get(slot) != inst.pid
+            ]
             if gone:
                 for slot in gone:
                     inst = self.instances.pop(slot)

@@ -35,6 +35,7 @@ from reporter_proc.process import forking_reporter, in_reporter_process, spawn_r
 from swmp import _sink, tracing
 from swmp._runtime import ArenaSink, ProcessSink, ThreadSink
 from swmp.config import Config, parse_instance_properties
+from swmp.tracing.identity import identity
 
 log = logging.getLogger("swmp.agent")
 
@@ -232,6 +233,7 @@ def _start(config: Config) -> _Running:
         run = _Running(config, registry, sink, mode, owner_pid, os.getpid(), arena_path=path)
 
     _sink.set_sink(run.sink)
+    identity.set_binder(run.sink.rebind)
     if in_worker or (not use_process and os.getpid() != owner_pid):
         run.sink.rebind()  # this process reports from now on (and is named now)
     _install_instrumentation(config)
@@ -294,6 +296,8 @@ def _after_fork_in_child() -> None:
     if forking_reporter() or in_reporter_process():
         return  # the reporter (or its supervisor) is not a worker
     run = _running
+    if run is not None:
+        identity.set_binder(run.sink.rebind)  # re-armed: the child names itself on first use
     if run is None or not _prefork_server():
         # Other forks (multiprocessing, subprocess with preexec_fn, which runs these hooks
         # and then execs) take their ring on their first record, if they ever write one.
@@ -386,6 +390,7 @@ def stop() -> None:
             return
         _running = None
         _sink.set_sink(None)
+        identity.set_binder(None)
         try:
             run.sink.leave(run.config.agent_reporter_shutdown_timeout)
         except Exception:

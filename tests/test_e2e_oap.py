@@ -331,12 +331,7 @@ def test_oap_has_the_instance_properties(shot: Shot) -> None:
     assert (instance.attributes["Process No."], instance.attributes.get("slot")) == (str(shot.run.pid), "0")
 
 
-# -- a known agent bug: strict xfail, so the fix shows up as XPASS and fails until the mark goes
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: in a process that was never forked the ring (and so the worker name <base>-w0) is "
-    "claimed on the first record written, after the first request's outbound sw8 was built: its "
-    "parent instance is <base>, which never reports (swmp/_runtime.py ProcessSink.write)",
-)
+# The first request of a process that was never forked: its outbound sw8 must already carry
+# the instance name the process reports under (the first segment binds the ring).
 def test_sw8_names_the_reporting_instance(shot: Shot) -> None:
     assert b64d(shot.sw8[5]) == shot.instance

@@ -328,6 +328,22 @@ def test_a_worker_gone_before_its_first_keepalive_is_still_announced(arena: Aren
     r.stop()
 
 
+def test_a_worker_that_says_goodbye_before_its_first_keepalive_is_still_announced(
+    arena: Arena, run: Any
+) -> None:
+    sender = MemorySender()
+    r = run(sender, keepalive_interval_s=30.0)
+    w = spawn_writer(arena.path, [], announce=True, hold=True)
+    slot = w.wait_written()
+    bye = spawn_writer(arena.path, [(R.WORKER_STOP, orjson.dumps([w.pid, slot]))])
+    bye.wait_written()
+    assert bye.release() == 0
+    assert w.release() == 0
+    wait_for(lambda: sender.properties, 10, "properties of the worker that left")
+    assert sender.properties[0][1] == f"inst-{slot}"
+    r.stop()
+
+
 def test_worker_stop_and_replacement(arena: Arena, run: Any) -> None:
     sender = MemorySender()
     r = run(sender, keepalive_interval_s=0.1)

@@ -66,6 +66,8 @@ class Segment:
     correlation: Mapping[str, str] = NO_CORRELATION
 
     def __init__(self, trace_id: str | None = None) -> None:
+        if identity.unbound:
+            identity.bind()
         sid = new_id()
         self.segment_id = sid
         # A new trace reuses the segment's id as the trace id: both are unique ids, and it
