@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from swmp.instrument._patch import patch, restore
-from swmp.instrument.wsgi import trace_wsgi
+from swmp.instrument.wsgi import traced_wsgi_method
 from swmp.tracing.constants import Component
 
 if TYPE_CHECKING:
@@ -21,25 +21,11 @@ TRIGGER = "flask"
 def install(config: Config) -> None:
     import flask  # noqa: PLC0415 (only when the application has it)
 
-    collect = config.plugin_flask_collect_http_params
-    limit = config.plugin_http_http_params_length_threshold
-
-    def make(orig: Any) -> Any:
-        def wsgi_app(self: Any, environ: dict[str, Any], start_response: Any) -> Any:
-            def call(e: dict[str, Any], s: Any) -> Any:
-                return orig(self, e, s)
-
-            return trace_wsgi(
-                call,
-                environ,
-                start_response,
-                component=Component.FLASK,
-                collect_params=collect,
-                params_limit=limit,
-            )
-
-        return wsgi_app
-
+    make = traced_wsgi_method(
+        Component.FLASK,
+        config.plugin_flask_collect_http_params,
+        config.plugin_http_http_params_length_threshold,
+    )
     patch(flask.Flask, "wsgi_app", make)
 
 

@@ -152,3 +152,27 @@ class WSGIMiddleware:
             collect_params=self.collect_params,
             params_limit=self.params_limit,
         )
+
+
+def traced_wsgi_method(component: int, collect_params: bool, params_limit: int) -> Callable[[Any], Any]:
+    """A patch factory for frameworks whose entry point is a WSGI *method*
+    (``Flask.wsgi_app``, Django's ``WSGIHandler.__call__``): wraps ``orig(self, environ,
+    start_response)`` in an entry span."""
+
+    def make(orig: Any) -> Any:
+        def method(self: Any, environ: dict[str, Any], start_response: Any) -> Any:
+            def call(e: dict[str, Any], s: Any) -> Any:
+                return orig(self, e, s)
+
+            return trace_wsgi(
+                call,
+                environ,
+                start_response,
+                component=component,
+                collect_params=collect_params,
+                params_limit=params_limit,
+            )
+
+        return method
+
+    return make
