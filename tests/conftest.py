@@ -7,6 +7,7 @@ They start nothing until a test asks for them.
 
 from __future__ import annotations
 
+from tests.cli_fixtures import new_arena, procs, shm
 from tests.realpeers import kafka_broker, oap_server, oap_with_kafka
 
-__all__ = ["kafka_broker", "oap_server", "oap_with_kafka"]
+__all__ = ["kafka_broker", "new_arena", "oap_server", "oap_with_kafka", "procs", "shm"]

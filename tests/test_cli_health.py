@@ -2,68 +2,24 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import jsonschema
 import pytest
 
 from swmp.ops.schema import HEALTH_SCHEMA
+from tests import test_cli_support as support
 
 HEALTH = jsonschema.Draft202012Validator(HEALTH_SCHEMA)  # built once: validate() re-checks the schema
 
 
-def _load_support() -> ModuleType:
-    # By path: works whether or not tests/ is a package.
-    name = "swmp_cli_test_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("test_cli_support.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+S = support  # the helpers, under the short name these tests use
 
-
-S = _load_support()
-
-
-@pytest.fixture
-def shm(tmp_path: Path) -> Path:
-    d = tmp_path / "shm"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Any]:
-    p = S.Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.cleanup()
-
-
-@pytest.fixture
-def new_arena(shm: Path) -> Iterator[Callable[..., Any]]:
-    made: list[Any] = []
-
-    def make(**kw: Any) -> Any:
-        a = S.make_arena(shm, **kw)
-        made.append(a)
-        return a
-
-    yield make
-    for a in made:
-        a.unlink()
-        a.close()
 
 
 def checks_of(doc: dict[str, Any], agent: int = 0) -> dict[str, dict[str, Any]]:

@@ -4,16 +4,13 @@ started with ``swmp run`` (the agent creates the arena and forks the reporter it
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import jsonschema
@@ -24,33 +21,15 @@ import ipc
 from reporter_proc.process import settings_to_json
 from reporter_proc.settings import ReporterSettings
 from swmp.ops.schema import HEALTH_SCHEMA, STATUS_SCHEMA
+from tests import test_cli_support as support
 from tests.collector import Collector, CollectorProcess
 
 HEALTH = jsonschema.Draft202012Validator(HEALTH_SCHEMA)
 STATUS = jsonschema.Draft202012Validator(STATUS_SCHEMA)
 
 
-def _load_support() -> ModuleType:
-    name = "swmp_cli_test_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("test_cli_support.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+S = support  # the helpers, under the short name these tests use
 
-
-S = _load_support()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Any]:
-    p = S.Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.cleanup()
 
 
 def published(arena: ipc.Arena) -> dict[str, Any]:
