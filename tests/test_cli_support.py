@@ -3,9 +3,9 @@
 Run as a script (``python tests/test_cli_support.py reporter|writer ...``) these are the
 other side of an arena, built on ``ipc`` directly: the reporter takes the reporter lock,
 heartbeats, optionally drains the rings and publishes the status document a control file
-describes; a writer claims a slot and writes records. Imported (by path, see
-``load_support`` in the test modules) it offers the helpers that start, wait for and clean
-up after them. It holds no tests.
+describes; a writer claims a slot and writes records. Imported (as
+``tests.test_cli_support``; its fixtures are in ``tests/cli_fixtures.py``) it offers the
+helpers that start, wait for and clean up after them. It holds no tests.
 """
 
 from __future__ import annotations
