@@ -1086,13 +1086,18 @@ class Reporter:
         self._publish()
         if self.spool is not None:
             self.spool.close()
+        # With the owner dead and no worker left, nobody will ever read this arena again (the
+        # supervisor restarts reporters only for a live owner, and a new application gets a new
+        # arena): what is still in the rings was counted as dropped at the deadline.
         last_out = (
-            self.mode == "process"
-            and self.owner_pid > 0
-            and self._owner_gone()
-            and not self._live_slots()
-            and all(r.backlog() == 0 for r in self._readers)
+            self.mode == "process" and self.owner_pid > 0 and self._owner_gone() and not self._live_slots()
         )
+        if last_out:
+            abandoned = sum(max(0, r.backlog()) for r in self._readers)
+            if abandoned:
+                log.warning(
+                    "owner gone: %d bytes of undelivered records are discarded with the arena", abandoned
+                )
         if self._owner_fd >= 0:
             if loop is not None:
                 loop.remove_reader(self._owner_fd)
