@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import threading
 import uuid
@@ -56,14 +55,6 @@ _INSTANCE_FIELD = {R.SEGMENT: R.SEG_INSTANCE, R.LOG: 2, R.METER: 2}
 def worker_instance_name(base: str, slot: int) -> str:
     """Instance name of the worker on ``slot``: stable across worker restarts."""
     return f"{base}-w{slot}"
-
-
-def host_ipv4s() -> list[str]:
-    try:
-        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
-    except OSError:
-        return []
-    return sorted({str(info[4][0]) for info in infos})
 
 
 def prefork_master(owner_pid: int) -> bool:
@@ -166,16 +157,11 @@ class ProcessSink:
             worker_instance_name(self.instance_base, slot) if slot >= 0 else f"{self.instance_base}-p{pid}"
         )
         identity.set(service=self.service, instance=instance)
-        props = {
-            "Process No.": str(pid),
-            "slot": str(slot),
-            "hostname": socket.gethostname(),
-            "ipv4": "; ".join(host_ipv4s()),
-            "python_version": sys.version.split()[0],
-            "python_implementation": sys.implementation.name,
-            "language": "python",
-            "OS Name": os.name,
-        }
+        # Only what this process knows without a system call: the reporter adds the host
+        # facts (hostname, interface addresses, OS, Python) once for every worker, and the
+        # record's properties override its own. Resolving addresses here would put a DNS
+        # lookup on every worker's start, and override the reporter's better values.
+        props = {"Process No.": str(pid), "slot": str(slot), "language": "python"}
         if self.namespace:
             props["namespace"] = self.namespace
         props.update(self.properties)
