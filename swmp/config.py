@@ -276,7 +276,8 @@ class Config:
     agent_disable_plugins: tuple[str, ...] = _opt(
         (),
         "SW_AGENT_DISABLE_PLUGINS",
-        "Comma-separated instrumentation names or glob patterns not to install (e.g. `httpx,django`).",
+        "Comma-separated instrumentation names or glob patterns not to install (e.g. `httpx,django`); "
+        "the SkyWalking Python agent's plugin names (`sw_flask`) and its regular expressions work too.",
         PLUGIN,
     )
     plugin_http_ignore_method: tuple[str, ...] = _opt(

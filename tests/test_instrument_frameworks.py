@@ -263,3 +263,32 @@ def test_log_reporter_links_logs_to_traces(sink: _sink.MemorySink) -> None:
     assert inside[3] == "/checkout"
     assert inside[9][:2] == ["level", "WARNING"]
     assert outside[6] == "" and outside[8] == -1
+
+
+@pytest.mark.parametrize(
+    ("pattern", "disabled"),
+    [
+        ("flask", True),  # swmp's own name
+        ("fla*", True),  # a glob of it
+        ("sw_flask", True),  # the peer agent's module name
+        ("sw_(flask|django)", True),  # the peer agent's regular-expression form
+        ("sw_fl.*", True),
+        ("sw_django", False),
+        ("django", False),
+        ("[", False),  # neither a valid regex nor a matching glob: ignored, never raises
+        ("", False),
+    ],
+)
+def test_disable_plugins_accepts_swmp_and_peer_agent_names(pattern: str, disabled: bool) -> None:
+    assert instrument.is_disabled("flask", (pattern,), ("sw_flask",)) is disabled
+
+
+def test_every_builtin_instrumentation_can_be_disabled_by_its_peer_agent_name() -> None:
+    import importlib
+
+    cfg = load({"SW_AGENT_DISABLE_PLUGINS": "sw_requests, sw_urllib3"})
+    for path in ("swmp.instrument.requests", "swmp.instrument.urllib3"):
+        mod = importlib.import_module(path)
+        assert instrument.is_disabled(mod.NAME, cfg.agent_disable_plugins, mod.PEER_NAMES)
+    flask_mod = importlib.import_module("swmp.instrument.flask")
+    assert not instrument.is_disabled(flask_mod.NAME, cfg.agent_disable_plugins, flask_mod.PEER_NAMES)

@@ -1,11 +1,13 @@
 """Instrumentations: one small module per library, installed by :func:`install_all`.
 
 Each module declares ``NAME`` (what ``SW_AGENT_DISABLE_PLUGINS`` matches, glob patterns
-allowed), ``PACKAGE`` (the distribution whose version is checked; None for the standard
-library), ``SUPPORTED = (min, max)`` (min inclusive, max exclusive, "" for no bound) and
-``install(config)`` / ``uninstall()``. A library that is absent is skipped quietly; one of
-an unsupported version, or whose installation fails, is logged once and skipped: the
-application always starts.
+allowed), optionally ``PEER_NAMES`` (the Apache SkyWalking Python agent's plugin module names
+for the same library, e.g. ``("sw_flask",)``, so its users' ``SW_AGENT_DISABLE_PLUGINS`` keeps
+working, in its regular-expression form too), ``PACKAGE`` (the distribution whose version
+is checked; None for the standard library), ``SUPPORTED = (min, max)`` (min inclusive, max
+exclusive, "" for no bound) and ``install(config)`` / ``uninstall()``. A library that is
+absent is skipped quietly; one of an unsupported version, or whose installation fails, is
+logged once and skipped: the application always starts.
 
 Installation is lazy: a module may also declare ``TRIGGER``, the module whose import makes
 the library patchable. :func:`install_all` patches at once what is already imported and
@@ -79,8 +81,30 @@ def supported(version: str, bounds: tuple[str, str]) -> bool:
     return not (hi and v >= version_tuple(hi))
 
 
-def is_disabled(name: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatch.fnmatchcase(name, p.strip()) for p in patterns if p.strip())
+def _regex_match(pattern: str, name: str) -> bool:
+    try:
+        return re.match(pattern, name) is not None
+    except re.error:
+        return False  # a glob such as "*redis" is no regular expression: fnmatch covers it
+
+
+def is_disabled(name: str, patterns: tuple[str, ...], peer_names: tuple[str, ...] = ()) -> bool:
+    """Whether a ``SW_AGENT_DISABLE_PLUGINS`` pattern names this instrumentation.
+
+    A pattern matches swmp's own ``name`` as a glob (``"flask"``, ``"redis*"``), or one of the
+    peer agent's module names (``"sw_flask"``) as a glob or, as that agent reads them, as a
+    regular expression matched at the start (``"sw_(flask|django)"``).
+    """
+    for raw in patterns:
+        p = raw.strip()
+        if not p:
+            continue
+        if fnmatch.fnmatchcase(name, p):
+            return True
+        for peer in peer_names:
+            if fnmatch.fnmatchcase(peer, p) or _regex_match(p, peer):
+                return True
+    return False
 
 
 def install_one(module_path: str, config: Config) -> tuple[str, str]:
@@ -95,7 +119,7 @@ def install_one(module_path: str, config: Config) -> tuple[str, str]:
 
 
 def _install(mod: Any, name: str, config: Config, *, imported: bool = False) -> str:
-    if is_disabled(name, config.agent_disable_plugins):
+    if is_disabled(name, config.agent_disable_plugins, getattr(mod, "PEER_NAMES", ())):
         return DISABLED
     package = getattr(mod, "PACKAGE", None)
     if package is not None:
@@ -159,7 +183,8 @@ def install_all(config: Config) -> dict[str, str]:
             continue
         name: str = getattr(mod, "NAME", path)
         trigger: str | None = getattr(mod, "TRIGGER", None)
-        if trigger is None or trigger in sys.modules or is_disabled(name, config.agent_disable_plugins):
+        disabled = is_disabled(name, config.agent_disable_plugins, getattr(mod, "PEER_NAMES", ()))
+        if trigger is None or trigger in sys.modules or disabled:
             status = _install(mod, name, config)
         elif not _present(trigger):
             status = ABSENT

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from swmp.config import Config
 
 NAME = "django"
+PEER_NAMES = ("sw_django",)  # the SkyWalking Python agent's plugin module(s)
 PACKAGE = "django"
 SUPPORTED = ("3.2", "6")
 # Not "django": importing it alone (version checks, settings) must stay cheap.

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from swmp.config import Config
 
 NAME = "flask"
+PEER_NAMES = ("sw_flask",)  # the SkyWalking Python agent's plugin module(s)
 PACKAGE = "flask"
 SUPPORTED = ("2.0", "4")
 # Patched once this module has executed: Flask is defined by then.

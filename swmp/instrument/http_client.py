@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from swmp.config import Config
 
 NAME = "http.client"
+PEER_NAMES = ("sw_urllib_request",)  # the SkyWalking Python agent's plugin module(s)
 PACKAGE = None  # standard library
 SUPPORTED = ("", "")
 TRIGGER = "http.client"  # usually imported already: then installed at once

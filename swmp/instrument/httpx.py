@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from swmp.config import Config
 
 NAME = "httpx"
+PEER_NAMES = ("sw_httpx",)  # the SkyWalking Python agent's plugin module(s)
 PACKAGE = "httpx"
 SUPPORTED = ("0.23", "1")
 TRIGGER = "httpx"  # Client and AsyncClient exist once httpx/__init__ ran

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from swmp.config import Config
 
 NAME = "requests"
+PEER_NAMES = ("sw_requests",)  # the SkyWalking Python agent's plugin module(s)
 PACKAGE = "requests"
 SUPPORTED = ("2.20", "3")
 TRIGGER = "requests"  # its __init__ imports requests.sessions

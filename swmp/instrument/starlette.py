@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from swmp.config import Config
 
 NAME = "starlette"
+PEER_NAMES = ("sw_fastapi",)  # the SkyWalking Python agent's plugin module(s)
 PACKAGE = "starlette"
 SUPPORTED = ("0.20", "2")
 # starlette/__init__ imports nothing; the patched class lives here.

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from swmp.config import Config
 
 NAME = "urllib3"
+PEER_NAMES = ("sw_urllib3", "sw_urllib3_v2")  # the SkyWalking Python agent's plugin module(s)
 PACKAGE = "urllib3"
 SUPPORTED = ("1.26", "3")
 TRIGGER = "urllib3"  # its __init__ imports urllib3.connectionpool
