@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # test.sh: the whole check, as CI runs it. Exits non-zero on any failure.
 #
+#   0. scripts/test_setup.sh (idempotent: system packages, dev extras, jars; SKIP_SETUP=1 skips);
 #   1. ruff (lint) and mypy (types) first: they take seconds and fail fast;
 #   2. the complete pytest suite, end-to-end tests included: they start a real Kafka broker
-#      and real SkyWalking OAP servers on 127.0.0.1 (jars pre-fetched by install.sh).
+#      and real SkyWalking OAP servers on 127.0.0.1 (jars pre-fetched by test_setup.sh).
 #
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k kafka -x`).
 # PYTHON selects the interpreter (python3 by default).
@@ -13,6 +14,10 @@ cd "$(dirname "$0")/.." || exit 1
 PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
 log() { echo "[test] $*"; }
 T0=$(date +%s)
+
+if [ "${SKIP_SETUP:-}" != 1 ]; then
+  bash scripts/test_setup.sh || { log "FAILED: test set-up"; exit 1; }
+fi
 
 log "ruff check"
 "$PYTHON" -m ruff check . || { log "FAILED: ruff"; exit 1; }

@@ -116,13 +116,13 @@ def check_tools(cache_entry: str) -> None:
     if shutil.which("java") is None:
         pytest.fail(
             "e2e: `java` not found. Install Java 17 (`apt-get install -y openjdk-17-jre-headless`) "
-            "or run `bash scripts/install.sh`.",
+            "or run `bash scripts/test_setup.sh`.",
             pytrace=False,
         )
     if not (CACHE / cache_entry / "libs" / ".complete").exists() and shutil.which("mvn") is None:
         pytest.fail(
             f"e2e: jars for {cache_entry} are not cached in {CACHE} and `mvn` is not installed. "
-            "Run `bash scripts/install.sh` (installs Maven and pre-fetches the jars).",
+            "Run `bash scripts/test_setup.sh` (installs Maven and pre-fetches the jars).",
             pytrace=False,
         )
 
