@@ -3,7 +3,8 @@
     swmp run -- gunicorn -w 4 -b 127.0.0.1:8000 examples.app:app
 
 Routes: ``/cpu`` (about 100 us of hashing), ``/io`` (2 ms of blocking I/O), ``/call`` (an
-outbound HTTP call to ``DOWNSTREAM_URL``, default this app's own ``/cpu``), ``/error``,
+outbound HTTP call to ``DOWNSTREAM_URL``, default this app's own ``/cpu``, passing on the
+query string; a downstream error status fails the call), ``/error``,
 ``/pid`` and ``/sleep?s=SECONDS`` (for worker-timeout experiments). Every response names
 the worker that produced it in an ``X-Worker-Pid`` header.
 
@@ -51,7 +52,10 @@ def io() -> str:
 
 @app.route("/call")
 def call() -> str:
-    with urllib.request.urlopen(DOWNSTREAM_URL, timeout=10) as resp:
+    url = DOWNSTREAM_URL
+    if request.query_string:
+        url += ("&" if "?" in url else "?") + request.query_string.decode("latin-1")
+    with urllib.request.urlopen(url, timeout=10) as resp:
         return f"downstream said {resp.status}"
 
 

@@ -1,10 +1,11 @@
-"""The ``swmp`` console script: ``swmp run``, ``swmp health`` and ``swmp status``.
+"""The ``swmp`` console script: ``run``, ``health``, ``status``, ``collector``, ``traces``, ``demo``.
 
 ``health`` is built to be a probe: exit status 0 healthy, 1 unhealthy (one line per
 failed check on stdout), 2 no agent found or usage error. ``status`` is the at-a-glance
 table. Both read the arenas of the current user and nothing else; neither needs root.
 ``swmp.ops`` needs only the standard library, orjson and ``ipc``; the agent itself is
-imported only by ``run``, so a probe starts fast.
+imported only by ``run``, so a probe starts fast. ``collector``, ``traces`` and ``demo``
+(development tools: docs/collector.md, docs/quickstart.md) import their packages on use.
 """
 
 from __future__ import annotations
@@ -171,6 +172,30 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--count", type=_positive_int, metavar="N", help="with --watch: stop after N refreshes"
     )
+
+    collector = sub.add_parser(
+        "collector",
+        help="run a local SkyWalking backend with a trace page (development and CI)",
+        description="A local SkyWalking backend: gRPC and HTTP receivers, SQLite storage, a web page "
+        "with traces, services and logs. A development tool, not an OAP (docs/collector.md).",
+    )
+    importlib.import_module("swmp.collector.options").add_arguments(collector)
+
+    traces = sub.add_parser(
+        "traces",
+        help="recent traces, or one trace as a tree, from `swmp collector` or an OAP",
+        description="List recent traces, or print one as a tree (durations, errors, instance per segment).",
+    )
+    importlib.import_module("swmp.traceview.command").add_arguments(traces)
+
+    demo = sub.add_parser(
+        "demo",
+        help="see traces in a minute: collector + example services + load, then trace trees",
+        description="Start a local collector (or use --oap), run the example application under "
+        "`swmp run -- gunicorn -w 4` and a second service, send requests, print the status table "
+        "and two trace trees, then stop everything.",
+    )
+    importlib.import_module("swmp.demo.command").add_arguments(demo)
     return parser
 
 
@@ -184,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         "run": _cmd_run,
         "health": _cmd_health,
         "status": _cmd_status,
+        "collector": _lazy("swmp.collector.server"),
+        "traces": _lazy("swmp.traceview.command"),
+        "demo": _lazy("swmp.demo.command"),
     }
     if args.cmd == "status" and args.watch and args.interval <= 0:
         print("swmp status: error: --watch needs --interval > 0", file=sys.stderr)
@@ -197,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
+
+
+def _lazy(module: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        return int(importlib.import_module(module).run(args))
+
+    return handler
 
 
 def _silence_stdout() -> None:

@@ -1,0 +1,5 @@
+import sys
+
+from swmp.collector.server import main
+
+sys.exit(main())

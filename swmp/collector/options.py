@@ -1,0 +1,56 @@
+"""Command-line options of ``swmp collector`` (kept apart so ``swmp --help`` stays light)."""
+
+from __future__ import annotations
+
+import argparse
+
+from swmp.collector.store import DEFAULT_MAX_BYTES, DEFAULT_RETENTION_S, default_path
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_GRPC_PORT = 11800
+DEFAULT_HTTP_PORT = 12800
+DEFAULT_MAX_BODY = 8 * 1024 * 1024
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--host", default=DEFAULT_HOST, help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    p.add_argument(
+        "--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC port (default 11800; 0 = free)"
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=DEFAULT_HTTP_PORT,
+        help="HTTP receiver + web page port (default 12800)",
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--db", metavar="PATH", help=f"SQLite file (default {default_path()})")
+    where.add_argument("--memory", action="store_true", help="keep nothing on disk")
+    p.add_argument(
+        "--max-mb",
+        type=_positive,
+        default=DEFAULT_MAX_BYTES / 2**20,
+        help="stored data cap in MiB; the oldest goes first (default %(default)g)",
+    )
+    p.add_argument(
+        "--retention-hours",
+        type=_positive,
+        default=DEFAULT_RETENTION_S / 3600,
+        help="drop data older than this (default %(default)g)",
+    )
+    p.add_argument(
+        "--max-body-mb",
+        type=_positive,
+        default=DEFAULT_MAX_BODY / 2**20,
+        help="largest HTTP body accepted, MiB (default %(default)g)",
+    )
+    p.add_argument("--ready-file", metavar="PATH", help="write the bound ports as JSON here once listening")

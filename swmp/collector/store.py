@@ -1,0 +1,368 @@
+"""Where the collector keeps what it received: one SQLite database (a file, or memory).
+
+Tables: ``segments`` (one row per segment, the decoded document as JSON plus the columns the
+trace list filters on), ``logs``, ``meters`` and ``instances`` (last keep-alive and properties
+per service instance). One connection guarded by a lock: the receivers run on several
+threads, and a development collector's write rate is far below what one SQLite connection
+does.
+
+Two limits keep the file small:
+
+* ``max_bytes``: the size of the stored documents (segments + logs + meters). Past it, the
+  oldest rows go first until 90% of the cap is left. SQLite reuses the freed pages, so the
+  file stops growing near the cap instead of shrinking.
+* ``retention_s``: rows (and instances not heard from) older than this are removed, checked
+  at most every few seconds on writes.
+
+The file is created private: mode 0600, in a directory created 0700 when it is new.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+Doc = dict[str, Any]
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+DEFAULT_RETENTION_S = 3 * 24 * 3600.0
+MEMORY = ":memory:"
+_SWEEP_EVERY_S = 5.0
+_DATA_TABLES = ("segments", "logs", "meters")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS segments(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, received_ms INTEGER NOT NULL,
+    trace_id TEXT NOT NULL, segment_id TEXT NOT NULL, service TEXT NOT NULL, instance TEXT NOT NULL,
+    endpoint TEXT NOT NULL, is_root INTEGER NOT NULL, start_ms INTEGER NOT NULL, end_ms INTEGER NOT NULL,
+    is_error INTEGER NOT NULL, spans INTEGER NOT NULL, transport TEXT NOT NULL, size INTEGER NOT NULL,
+    doc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS segments_trace ON segments(trace_id);
+CREATE INDEX IF NOT EXISTS segments_start ON segments(start_ms);
+CREATE TABLE IF NOT EXISTS logs(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, received_ms INTEGER NOT NULL, trace_id TEXT NOT NULL,
+    service TEXT NOT NULL, instance TEXT NOT NULL, timestamp INTEGER NOT NULL, size INTEGER NOT NULL,
+    doc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS logs_trace ON logs(trace_id);
+CREATE TABLE IF NOT EXISTS meters(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, received_ms INTEGER NOT NULL, service TEXT NOT NULL,
+    instance TEXT NOT NULL, name TEXT NOT NULL, size INTEGER NOT NULL, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS instances(
+    service TEXT NOT NULL, instance TEXT NOT NULL, first_seen_ms INTEGER NOT NULL,
+    last_ping_ms INTEGER, pings INTEGER NOT NULL DEFAULT 0, properties TEXT,
+    PRIMARY KEY(service, instance));
+"""
+
+
+def default_path() -> Path:
+    """``$XDG_DATA_HOME/swmp/collector.db`` (``~/.local/share/swmp/collector.db`` by default)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "swmp" / "collector.db"
+
+
+def _create_private(path: Path) -> None:
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # mode applies only when it is created
+    os.close(fd)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Store:
+    """The collector's database. Every method is thread-safe."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = MEMORY,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        retention_s: float = DEFAULT_RETENTION_S,
+    ) -> None:
+        self.path = str(path)
+        if self.path != MEMORY:
+            _create_private(Path(self.path))
+        self.max_bytes = max_bytes
+        self.retention_s = retention_s
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._bytes = sum(
+            int(self._db.execute(f"SELECT COALESCE(SUM(size), 0) FROM {t}").fetchone()[0])
+            for t in _DATA_TABLES
+        )
+        self.evicted = 0  # rows removed by the size cap
+        self.expired = 0  # rows removed by retention
+        self._last_sweep = 0.0
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- writes ----------------------------------------------------------------------------
+    def add_segments(self, docs: Iterable[Doc], transport: str) -> int:
+        now = _now_ms()
+        rows = []
+        for d in docs:
+            spans = d["spans"]
+            first = min(spans, key=lambda s: s["span_id"]) if spans else None
+            text = json.dumps(d, separators=(",", ":"))
+            rows.append(
+                (
+                    now,
+                    d["trace_id"],
+                    d["segment_id"],
+                    d["service"],
+                    d["instance"],
+                    first["operation"] if first else "",
+                    int(not (first and first["refs"])),
+                    min((s["start"] for s in spans), default=0),
+                    max((s["end"] for s in spans), default=0),
+                    int(any(s["is_error"] for s in spans)),
+                    len(spans),
+                    transport,
+                    len(text),
+                    text,
+                )
+            )
+        self._insert(
+            "INSERT INTO segments(received_ms, trace_id, segment_id, service, instance, endpoint, is_root,"
+            " start_ms, end_ms, is_error, spans, transport, size, doc) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            rows,
+            size_index=12,
+        )
+        for d in docs:
+            self.touch_instance(d["service"], d["instance"])
+        return len(rows)
+
+    def add_logs(self, docs: Iterable[Doc]) -> int:
+        now = _now_ms()
+        rows = []
+        for d in docs:
+            text = json.dumps(d, separators=(",", ":"))
+            rows.append((now, d["trace_id"], d["service"], d["instance"], d["timestamp"], len(text), text))
+        self._insert(
+            "INSERT INTO logs(received_ms, trace_id, service, instance, timestamp, size, doc)"
+            " VALUES (?,?,?,?,?,?,?)",
+            rows,
+            size_index=5,
+        )
+        return len(rows)
+
+    def add_meters(self, docs: Iterable[Doc]) -> int:
+        now = _now_ms()
+        rows = []
+        for d in docs:
+            text = json.dumps(d, separators=(",", ":"))
+            rows.append((now, d["service"], d["instance"], d["name"], len(text), text))
+        self._insert(
+            "INSERT INTO meters(received_ms, service, instance, name, size, doc) VALUES (?,?,?,?,?,?)",
+            rows,
+            size_index=4,
+        )
+        return len(rows)
+
+    def touch_instance(
+        self, service: str, instance: str, *, ping: bool = False, properties: list[list[str]] | None = None
+    ) -> None:
+        now = _now_ms()
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO instances(service, instance, first_seen_ms) VALUES (?,?,?)"
+                " ON CONFLICT(service, instance) DO NOTHING",
+                (service, instance, now),
+            )
+            if ping:
+                self._db.execute(
+                    "UPDATE instances SET last_ping_ms=?, pings=pings+1 WHERE service=? AND instance=?",
+                    (now, service, instance),
+                )
+            if properties is not None:
+                self._db.execute(
+                    "UPDATE instances SET properties=? WHERE service=? AND instance=?",
+                    (json.dumps(properties), service, instance),
+                )
+
+    def _insert(self, sql: str, rows: list[tuple[Any, ...]], size_index: int) -> None:
+        if not rows:
+            return
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(sql, rows)
+                self._bytes += sum(int(r[size_index]) for r in rows)
+                if self._bytes > self.max_bytes:
+                    self._evict_locked()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        if time.monotonic() - self._last_sweep >= _SWEEP_EVERY_S:
+            self.sweep()
+
+    def _evict_locked(self) -> None:
+        """Oldest rows first, across the three data tables, down to 90% of the cap."""
+        target = self.max_bytes * 9 // 10
+        while self._bytes > target:
+            heads = []
+            for t in _DATA_TABLES:
+                row = self._db.execute(f"SELECT received_ms, seq FROM {t} ORDER BY seq LIMIT 1").fetchone()
+                if row is not None:
+                    heads.append((row[0], row[1], t))
+            if not heads:
+                self._bytes = 0
+                return
+            _, seq, table = min(heads)
+            # a small chunk at a time: the oldest table changes as rows go
+            rows = self._db.execute(
+                f"SELECT seq, size FROM {table} WHERE seq >= ? ORDER BY seq LIMIT 64", (seq,)
+            ).fetchall()
+            upto = next((s for s, _ in _running(rows, self._bytes, target)), rows[-1][0])
+            cur = self._db.execute(f"DELETE FROM {table} WHERE seq <= ? RETURNING size", (upto,))
+            removed = cur.fetchall()
+            self._bytes -= sum(int(r[0]) for r in removed)
+            self.evicted += len(removed)
+
+    def sweep(self) -> None:
+        """Remove what is older than the retention period."""
+        self._last_sweep = time.monotonic()
+        cutoff = _now_ms() - int(self.retention_s * 1000)
+        with self._lock:
+            for t in _DATA_TABLES:
+                removed = self._db.execute(
+                    f"DELETE FROM {t} WHERE received_ms < ? RETURNING size", (cutoff,)
+                ).fetchall()
+                self._bytes -= sum(int(r[0]) for r in removed)
+                self.expired += len(removed)
+            self._db.execute(
+                "DELETE FROM instances WHERE MAX(first_seen_ms, COALESCE(last_ping_ms, 0)) < ?", (cutoff,)
+            )
+
+    # -- reads -----------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            out = {t: int(self._db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in _DATA_TABLES}
+            out["traces"] = int(
+                self._db.execute("SELECT COUNT(DISTINCT trace_id) FROM segments").fetchone()[0]
+            )
+            out["instances"] = int(self._db.execute("SELECT COUNT(*) FROM instances").fetchone()[0])
+            out["bytes"] = self._bytes
+        out.update(max_bytes=self.max_bytes, evicted=self.evicted, expired=self.expired)
+        return out
+
+    def traces(
+        self,
+        *,
+        service: str = "",
+        endpoint: str = "",
+        errors_only: bool = False,
+        min_duration_ms: int = 0,
+        max_duration_ms: int = 0,
+        limit: int = 50,
+    ) -> list[Doc]:
+        """Recent traces (newest first) with their root endpoint, services and error flag."""
+        where: list[str] = []
+        having: list[str] = []
+        args: list[Any] = []
+        if service:
+            where.append("trace_id IN (SELECT trace_id FROM segments WHERE service = ?)")
+            args.append(service)
+        if endpoint:
+            where.append("trace_id IN (SELECT trace_id FROM segments WHERE endpoint LIKE ?)")
+            args.append(f"%{endpoint}%")
+        if errors_only:
+            having.append("MAX(is_error) = 1")
+        if min_duration_ms:
+            having.append("MAX(end_ms) - MIN(start_ms) >= ?")
+            args.append(min_duration_ms)
+        if max_duration_ms:
+            having.append("MAX(end_ms) - MIN(start_ms) <= ?")
+            args.append(max_duration_ms)
+        sql = (
+            "SELECT trace_id, MIN(start_ms), MAX(end_ms), MAX(is_error), COUNT(*), SUM(spans),"
+            " GROUP_CONCAT(DISTINCT service),"
+            " (SELECT endpoint FROM segments r WHERE r.trace_id = s.trace_id"
+            "  ORDER BY is_root DESC, start_ms LIMIT 1)"
+            " FROM segments s"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " GROUP BY trace_id"
+            + (" HAVING " + " AND ".join(having) if having else "")
+            + " ORDER BY MIN(start_ms) DESC LIMIT ?"
+        )
+        args.append(max(1, min(limit, 1000)))
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [
+            {
+                "trace_id": r[0],
+                "start": r[1],
+                "duration_ms": r[2] - r[1],
+                "is_error": bool(r[3]),
+                "segments": r[4],
+                "spans": r[5],
+                "services": sorted((r[6] or "").split(",")),
+                "endpoint": r[7] or "",
+            }
+            for r in rows
+        ]
+
+    def trace(self, trace_id: str) -> list[Doc]:
+        """The segment documents of one trace, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT doc, transport FROM segments WHERE trace_id = ? ORDER BY start_ms, seq", (trace_id,)
+            ).fetchall()
+        out = []
+        for doc, transport in rows:
+            d = json.loads(doc)
+            d["transport"] = transport
+            out.append(d)
+        return out
+
+    def logs(self, trace_id: str = "", limit: int = 200) -> list[Doc]:
+        with self._lock:
+            if trace_id:
+                rows = self._db.execute(
+                    "SELECT doc FROM logs WHERE trace_id = ? ORDER BY timestamp, seq LIMIT ?",
+                    (trace_id, limit),
+                ).fetchall()
+            else:
+                rows = self._db.execute("SELECT doc FROM logs ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def services(self) -> list[Doc]:
+        """Services with their instances, last keep-alive and properties."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT service, instance, first_seen_ms, last_ping_ms, pings, properties FROM instances"
+                " ORDER BY service, instance"
+            ).fetchall()
+        services: dict[str, list[Doc]] = {}
+        for service, instance, first, last, pings, props in rows:
+            services.setdefault(service, []).append(
+                {
+                    "instance": instance,
+                    "first_seen_ms": first,
+                    "last_ping_ms": last,
+                    "pings": pings,
+                    "properties": json.loads(props) if props else [],
+                }
+            )
+        return [{"service": s, "instances": i} for s, i in services.items()]
+
+
+def _running(rows: list[tuple[int, int]], total: int, target: int) -> Iterable[tuple[int, int]]:
+    """(seq, size) of the first row after which ``total`` is at or below ``target``."""
+    for seq, size in rows:
+        total -= int(size)
+        if total <= target:
+            yield seq, size
+            return
