@@ -18,7 +18,10 @@ appends one JSON line per received message to D
 :class:`CollectorProcess` wraps that for pytest (start, wait for the ready file, kill).
 
 Everything received is decoded with the generated protobuf classes; HTTP bodies go through
-``json_format`` into the same classes, so a malformed body is a 400 and a test failure.
+the product collector's decoding (``swmp.collector.decode``: ``json_format`` into the same
+classes), so a malformed body is a 400 and a test failure. This collector stays separate from
+``swmp collector`` because tests need what a product must not have: injected failures and
+delays, queued profiling tasks, and every message kept in memory in arrival order.
 Kinds: segment, log, meter (each MeterData), properties, ping, snapshot, finish,
 profile_query.
 """
@@ -60,6 +63,7 @@ from reporter_proc.protocol.generated import (
     tracing_pb2,
     tracing_pb2_grpc,
 )
+from swmp.collector.decode import HTTP_ROUTES, BadInput, parse_json_body
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -405,14 +409,9 @@ class _Profile(_Base, profile_pb2_grpc.ProfileTaskServicer):
 
 
 # --------------------------------------------------------------------------- HTTP
-# path -> (kind, message class, is the body an array, target list name)
-_HTTP_ROUTES: dict[str, tuple[str, type[Message], bool, str]] = {
-    "/v3/segments": ("segment", tracing_pb2.SegmentObject, True, "segments"),
-    "/v3/segment": ("segment", tracing_pb2.SegmentObject, False, "segments"),
-    "/v3/logs": ("log", logging_pb2.LogData, True, "logs"),
-    "/v3/management/reportProperties": ("properties", management_pb2.InstanceProperties, False, "properties"),
-    "/v3/management/keepAlive": ("ping", management_pb2.InstancePingPkg, False, "pings"),
-}
+# The routes and the body decoding are the product collector's (swmp.collector.decode): one
+# definition of what the OAP's HTTP receivers accept. kind -> the list it is recorded in:
+_HTTP_TARGETS = {"segment": "segments", "log": "logs", "properties": "properties", "ping": "pings"}
 
 
 class _HttpHandler(BaseHTTPRequestHandler):
@@ -431,25 +430,21 @@ class _HttpHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        route = _HTTP_ROUTES.get(self.path)
+        route = HTTP_ROUTES.get(self.path)
         if route is None:
             self._reply(404, b'{"error": "no such receiver"}')
             return
-        kind, cls, is_array, target = route
         auth = self.headers.get("Authentication") or ""
         fault = self.collector._enter("http", self.path, auth)
         if fault is not None:
             self._reply(fault.http_status, b'{"error": "injected"}')
             return
         try:
-            doc = json.loads(body)
-            docs = doc if is_array else [doc]
-            if not isinstance(docs, list):
-                raise ValueError("expected a JSON array")
-            messages = [json_format.ParseDict(d, cls()) for d in docs]
-        except Exception as exc:
+            messages = parse_json_body(body, route)
+        except BadInput as exc:
             self._reply(400, json.dumps({"error": str(exc)}).encode())
             return
+        kind, target = route.kind, _HTTP_TARGETS[route.kind]
         self.collector._record("http", kind, getattr(self.collector, target), messages, auth)
         self._reply(200)
 

@@ -20,6 +20,7 @@ The file is created private: mode 0600, in a directory created 0700 when it is n
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 Doc = dict[str, Any]
+log = logging.getLogger("swmp.collector")
+SCHEMA_VERSION = 1
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_RETENTION_S = 3 * 24 * 3600.0
 MEMORY = ":memory:"
@@ -54,7 +57,7 @@ CREATE TABLE IF NOT EXISTS meters(
     instance TEXT NOT NULL, name TEXT NOT NULL, size INTEGER NOT NULL, doc TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS instances(
     service TEXT NOT NULL, instance TEXT NOT NULL, first_seen_ms INTEGER NOT NULL,
-    last_ping_ms INTEGER, pings INTEGER NOT NULL DEFAULT 0, properties TEXT,
+    last_seen_ms INTEGER NOT NULL, last_ping_ms INTEGER, pings INTEGER NOT NULL DEFAULT 0, properties TEXT,
     PRIMARY KEY(service, instance));
 """
 
@@ -94,7 +97,7 @@ class Store:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._migrate()
         self._bytes = sum(
             int(self._db.execute(f"SELECT COALESCE(SUM(size), 0) FROM {t}").fetchone()[0])
             for t in _DATA_TABLES
@@ -102,6 +105,30 @@ class Store:
         self.evicted = 0  # rows removed by the size cap
         self.expired = 0  # rows removed by retention
         self._last_sweep = 0.0
+
+    def _migrate(self) -> None:
+        """Create the tables; a database of another schema version starts over (it holds
+        development data only, and converting it is not worth a migration framework)."""
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version == SCHEMA_VERSION:
+            return
+        tables = [
+            r[0]
+            for r in self._db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            )
+        ]
+        if tables:
+            log.warning(
+                "collector: %s has schema version %d, not %d: starting empty",
+                self.path,
+                version,
+                SCHEMA_VERSION,
+            )
+            for t in tables:
+                self._db.execute(f"DROP TABLE {t}")
+        self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         with self._lock:
@@ -176,9 +203,9 @@ class Store:
         now = _now_ms()
         with self._lock:
             self._db.execute(
-                "INSERT INTO instances(service, instance, first_seen_ms) VALUES (?,?,?)"
-                " ON CONFLICT(service, instance) DO NOTHING",
-                (service, instance, now),
+                "INSERT INTO instances(service, instance, first_seen_ms, last_seen_ms) VALUES (?,?,?,?)"
+                " ON CONFLICT(service, instance) DO UPDATE SET last_seen_ms = excluded.last_seen_ms",
+                (service, instance, now, now),
             )
             if ping:
                 self._db.execute(
@@ -242,9 +269,7 @@ class Store:
                 ).fetchall()
                 self._bytes -= sum(int(r[0]) for r in removed)
                 self.expired += len(removed)
-            self._db.execute(
-                "DELETE FROM instances WHERE MAX(first_seen_ms, COALESCE(last_ping_ms, 0)) < ?", (cutoff,)
-            )
+            self._db.execute("DELETE FROM instances WHERE last_seen_ms < ?", (cutoff,))
 
     # -- reads -----------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
@@ -342,15 +367,17 @@ class Store:
         """Services with their instances, last keep-alive and properties."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT service, instance, first_seen_ms, last_ping_ms, pings, properties FROM instances"
+                "SELECT service, instance, first_seen_ms, last_seen_ms, last_ping_ms, pings, properties"
+                " FROM instances"
                 " ORDER BY service, instance"
             ).fetchall()
         services: dict[str, list[Doc]] = {}
-        for service, instance, first, last, pings, props in rows:
+        for service, instance, first, seen, last, pings, props in rows:
             services.setdefault(service, []).append(
                 {
                     "instance": instance,
                     "first_seen_ms": first,
+                    "last_seen_ms": seen,
                     "last_ping_ms": last,
                     "pings": pings,
                     "properties": json.loads(props) if props else [],
