@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -31,6 +32,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
+
+import psutil
 
 from swmp.traceview import render
 from swmp.traceview.model import TraceSummary
@@ -77,6 +80,14 @@ def request_plan(n: int) -> list[str]:
     return plan
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the demo dies, even by SIGKILL (Linux
+    prctl PR_SET_PDEATHSIG), so no server outlives a demo that could not clean up."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
 class _Proc:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path) -> None:
         self.name = name
@@ -90,6 +101,8 @@ class _Proc:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                # the demo starts its processes before it starts any thread
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
             )
 
     def tail(self, lines: int = 15) -> str:
@@ -205,10 +218,7 @@ class Demo:
             if trace is None:
                 self.say(f"\n{title}: none found")
                 continue
-            self.say(
-                f"\n{title}:  swmp traces {trace.trace_id}"
-                + (f" --oap {query_url}" if a.oap else "")
-            )
+            self.say(f"\n{title}:  swmp traces {trace.trace_id}" + (f" --oap {query_url}" if a.oap else ""))
             spans = source.trace(trace.trace_id)
             color = self.out.isatty() and not os.environ.get("NO_COLOR")
             self.say("\n".join(render.trace_tree(trace.trace_id, spans, color=color)))
@@ -309,6 +319,7 @@ class Demo:
                 self.say(f"{p.name} did not stop in {_STOP_TIMEOUT_S:.0f} s: killing it")
                 p.signal(signal.SIGKILL)
                 p.wait(5)
+        self._wait_agents()
         collector = [p for p in self.procs if p.name == "collector"]
         if collector and self.keep_collector and collector[0].popen.poll() is None:
             self.say(f"Collector still running at {self.collector_url}/ : Ctrl-C to stop it.")
@@ -326,6 +337,28 @@ class Demo:
                 f"warning: the agents left files behind in their arena directory: {', '.join(leftovers)}"
             )
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _agent_processes(self) -> list[psutil.Process]:
+        """The agents' supervisors and reporters: their titles name the arena directory."""
+        found = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if str(self.arenas) in " ".join(p.cmdline()):
+                    found.append(p)
+        return found
+
+    def _wait_agents(self, timeout: float = _STOP_TIMEOUT_S) -> None:
+        """A reporter outlives its server by its flush deadline; wait for it (it is still
+        sending to the collector), and kill what is left after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self._agent_processes():
+                return
+            time.sleep(0.1)
+        for p in self._agent_processes():
+            self.say(f"agent process {p.pid} did not stop in {timeout:.0f} s: killing it")
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
     # -- load and results ------------------------------------------------------------------
     def _send(self, base: str, plan: list[str]) -> int:
@@ -364,8 +397,12 @@ class Demo:
                     shown = step
                     self.say(f"[{'#' * filled}{'.' * (width - filled)}] {done}/{len(plan)} requests")
 
-        with ThreadPoolExecutor(max_workers=max(1, self.args.concurrency)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, self.args.concurrency))
+        try:
             list(pool.map(one, plan))
+        finally:
+            # on Ctrl-C: drop the requests not yet sent (the default would send them all first)
+            pool.shutdown(wait=False, cancel_futures=True)
         if tty:
             print(file=self.out)
         return failed

@@ -1,0 +1,169 @@
+"""``swmp demo`` run end to end as a user runs it: bounded time, the printed trace trees, and
+nothing left behind (no process, no file but the collector's database), also after Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.servers
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SW_", "SWMP_"))}
+    (tmp_path / "data").mkdir()
+    (tmp_path / "tmp").mkdir()
+    env.update(
+        XDG_DATA_HOME=str(tmp_path / "data"),  # where the collector's database goes by default
+        TMPDIR=str(tmp_path / "tmp"),  # where the demo keeps its temporary files
+        NO_COLOR="1",
+        # the checkout under test, whatever swmp is installed (the demo runs from the cwd below)
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
+    return env
+
+
+def _demo(tmp_path: Path, requests: int, stdout: int) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "swmp.cli", "demo", "--grpc-port", "0", "--http-port", "0"]
+    return subprocess.Popen(
+        [*cmd, "--requests", str(requests)],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=stdout,
+    )
+
+
+class _Family:
+    """Every process the demo started, sampled while it runs: its process tree (collector,
+    Gunicorn masters and workers, the agents' supervisors and reporters), plus anything whose
+    command line names the test's directory (the agents' titles name their arena). Gunicorn
+    and the agent write their titles over the environment block, so an environment marker
+    would not find them."""
+
+    def __init__(self, proc: subprocess.Popen[str], tmp_path: Path) -> None:
+        self.proc = proc
+        self.tag = str(tmp_path)
+        self.seen: dict[int, psutil.Process] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                self.seen.setdefault(p.pid, p)
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if p.pid != os.getpid() and self.tag in " ".join(p.cmdline()):
+                    self.seen.setdefault(p.pid, p)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            self.sample()
+
+    def alive(self) -> list[psutil.Process]:
+        out = []
+        for p in self.seen.values():
+            with contextlib.suppress(psutil.Error):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+        return out
+
+    def close(self) -> None:
+        """Stop watching; on failure, stop the demo the way a user would, then kill by pid."""
+        self._stop.set()
+        self._thread.join()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
+        for p in self.alive():
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_demo_end_to_end(tmp_path: Path) -> None:
+    proc = _demo(tmp_path, 160, subprocess.PIPE)
+    family = _Family(proc, tmp_path)
+    try:
+        text, err = proc.communicate(timeout=150)
+        family.sample()
+        started = len(family.seen)
+        left = family.alive()
+    finally:
+        family.close()
+    assert proc.returncode == 0, text + err
+    assert started >= 12, started  # demo, collector, 2 x (master, supervisor, reporter), 6 workers
+    assert not left, left
+    assert "Sent 160 requests (40 fan out to demo-inventory, 16 answered with an error)" in text
+    assert "The collector has all" in text
+    # the status table of both services
+    assert re.search(r"^service\s+demo-frontend\s+grpc", text, re.M)
+    assert re.search(r"^service\s+demo-inventory\s+grpc", text, re.M)
+
+    crossing = text.split("A trace across both services:", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert re.fullmatch(r"  swmp traces \S+", crossing[0])
+    assert re.match(
+        r"trace \S+  2 segments, 3 spans, [\d.]+ m?s, services: demo-frontend, demo-inventory$", crossing[1]
+    )
+    assert crossing[2].startswith("/call  Entry") and "[demo-frontend @ " in crossing[2]
+    assert crossing[3].startswith("└─ /stock  Exit  -> 127.0.0.1:")
+    assert crossing[4].startswith("   └─ /stock  Entry") and "[demo-inventory @ " in crossing[4]
+    assert "ERROR" not in "\n".join(crossing)
+
+    failing = text.split("A trace with an error:", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert "error span" in failing[1] and "demo-inventory" in failing[1]
+    assert failing[2].startswith("/call  Entry") and failing[2].endswith("status 500  ERROR")
+    assert failing[4].startswith("   └─ /stock  Entry") and failing[4].endswith("status 500  ERROR")
+
+    trace_id = crossing[0].split()[-1]
+    assert re.search(rf"^Trace page: http://127\.0\.0\.1:\d+/#/trace/{re.escape(trace_id)}$", text, re.M)
+    # what is left: the collector's database, private, and nothing else
+    assert _files(tmp_path / "tmp") == []
+    assert _files(tmp_path / "data") == ["swmp", "swmp/collector.db"]
+    assert (tmp_path / "data" / "swmp" / "collector.db").stat().st_mode & 0o777 == 0o600
+
+
+def test_demo_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    proc = _demo(tmp_path, 100_000, subprocess.STDOUT)
+    family = _Family(proc, tmp_path)
+    lines = []
+    rest = ""
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # wait until the load runs: every process is up then
+            lines.append(line)
+            if "requests" in line and line.startswith("["):
+                break
+        family.sample()
+        started = len(family.seen)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+        rest, _ = proc.communicate(timeout=60)
+        left = family.alive()
+    finally:
+        family.close()
+    assert started >= 12, "".join(lines)
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "interrupted: stopping the demo's processes" in rest
+    assert not left, left
+    assert _files(tmp_path / "tmp") == []
