@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib.util
 import json
 import os
 import shutil
@@ -160,6 +161,12 @@ class Demo:
     def _run(self) -> int:
         t0 = time.monotonic()
         root = _examples_root()
+        missing = [m for m in ("gunicorn", "flask") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise DemoError(
+                f"the demo needs {' and '.join(missing)}: run `bash scripts/install.sh` "
+                "(or pip install -e '.[demo]')"
+            )
         a = self.args
         if a.oap:
             backend = a.oap
