@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 import urllib.error
@@ -21,7 +22,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.servers import Proc
+from tests.servers import REPO_ROOT, Proc
+
+
+def swmp_traces(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    """``swmp traces ARGS`` as a user runs it (exit status 0 asserted unless ``ok=False``)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "swmp.cli", "traces", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+        check=False,
+    )
+    if ok:
+        assert out.returncode == 0, out.stderr
+    return out
 
 
 @dataclass

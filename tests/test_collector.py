@@ -26,7 +26,7 @@ from reporter_proc.protocol.generated import common_pb2, tracing_pb2, tracing_pb
 from swmp.collector import decode
 from swmp.collector.store import Store
 from tests.collector import free_port
-from tests.localcollector import LocalCollector, local_collector
+from tests.localcollector import LocalCollector, local_collector, swmp_traces
 from tests.servers import agent_env, gunicorn_command, load, run_server, wait_until
 
 pytestmark = pytest.mark.servers
@@ -355,16 +355,7 @@ def test_swmp_traces_against_the_collector(
     run = agent_runs["http"]
 
     def traces(*args: str) -> str:
-        out = subprocess.run(
-            [sys.executable, "-m", "swmp.cli", "traces", "--collector", collector.url, *args],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=30,
-            check=False,
-        )
-        assert out.returncode == 0, out.stderr
-        return out.stdout
+        return swmp_traces("--collector", collector.url, *args).stdout
 
     listing = traces("--service", run.service, "--limit", "100").splitlines()
     assert listing[0].split() == ["start", "duration", "endpoint", "services", "trace", "id"]
@@ -382,14 +373,7 @@ def test_swmp_traces_against_the_collector(
     err_tree = traces("--service", run.service, "--errors", "--last").splitlines()
     assert err_tree[1].startswith("/error  Entry") and err_tree[1].endswith("status 500  ERROR")
     # unreachable collector: a message and exit status 1, no traceback
-    out = subprocess.run(
-        [sys.executable, "-m", "swmp.cli", "traces", "--collector", f"http://127.0.0.1:{free_port()}"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=30,
-        check=False,
-    )
+    out = swmp_traces("--collector", f"http://127.0.0.1:{free_port()}", ok=False)
     assert (
         out.returncode == 1 and "is `swmp collector` running?" in out.stderr and "Traceback" not in out.stderr
     )

@@ -3,8 +3,6 @@ tests/realpeers.py): the list and the tree come from its GraphQL API."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -13,6 +11,7 @@ import grpc
 import pytest
 
 from reporter_proc.protocol.generated import common_pb2, tracing_pb2, tracing_pb2_grpc
+from tests.localcollector import swmp_traces
 from tests.oap_graphql import wait_for
 from tests.realpeers import OapServer, unique_name
 
@@ -102,16 +101,7 @@ def test_swmp_traces_reads_an_oap(oap_server: OapServer) -> None:
     wait_for(lambda: len(oap_server.query.trace(trace_id)) == 3, timeout=60, what="the trace in the OAP")
 
     def traces(*args: str) -> list[str]:
-        out = subprocess.run(
-            [sys.executable, "-m", "swmp.cli", "traces", "--oap", oap_server.rest, *args],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-            check=False,
-        )
-        assert out.returncode == 0, out.stderr
-        return out.stdout.splitlines()
+        return swmp_traces("--oap", oap_server.rest, *args).stdout.splitlines()
 
     listing = wait_for(lambda: traces("--service", front, "--errors")[1:], timeout=60, what="the trace list")
     (row,) = listing
