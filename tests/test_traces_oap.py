@@ -3,6 +3,9 @@ tests/realpeers.py): the list and the tree come from its GraphQL API."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -113,3 +116,36 @@ def test_swmp_traces_reads_an_oap(oap_server: OapServer) -> None:
     assert tree[1].startswith(f"/call  Entry  [{front} @ {front}-w0]  +0 ms  35 ms  status 500  ERROR")
     assert tree[2].startswith("└─ /stock  Exit  -> 127.0.0.1:8001  +2 ms  28 ms  status 500  ERROR")
     assert tree[3] == f"   └─ /stock  Entry  [{back} @ {back}-w1]  +5 ms  20 ms  status 500  ERROR"
+
+
+def test_swmp_demo_against_an_oap(oap_server: OapServer, tmp_path: Path) -> None:
+    """``swmp demo --oap``: the same demo, reporting to the OAP and reading the trees back from it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SW_", "SWMP_"))}
+    env.update(
+        TMPDIR=str(tmp_path),
+        NO_COLOR="1",
+        XDG_DATA_HOME=str(tmp_path / "data"),
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
+    cmd = [sys.executable, "-m", "swmp.cli", "demo", "--oap", oap_server.grpc, "--oap-query", oap_server.rest]
+    out = subprocess.run(
+        [*cmd, "--requests", "80"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert f"Reporting to the SkyWalking OAP at {oap_server.grpc}" in text
+    crossing = text.split("A trace across both services:", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert crossing[0].endswith(f"--oap {oap_server.rest}")
+    assert "2 segments, 3 spans" in crossing[1]
+    assert "[demo-frontend @ " in crossing[2] and "[demo-inventory @ " in crossing[4]
+    failing = text.split("A trace with an error:", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert failing[2].endswith("ERROR")
+    assert "Trace page" not in text  # the OAP has no page of ours
+    assert not (tmp_path / "data").exists()  # no collector, so no database either
+    assert [p.name for p in tmp_path.iterdir()] == []
