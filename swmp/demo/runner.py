@@ -238,7 +238,7 @@ class Demo:
             else:
                 again = "swmp collector" + (f" --db {a.db}" if a.db else "")
                 if a.http_port != 12800 or a.grpc_port != 11800:
-                    again += f" --http-port {self.collector_url.rsplit(':', 1)[1]}"
+                    again += f" --grpc-port 0 --http-port {self.collector_url.rsplit(':', 1)[1]}"
                 self.say(
                     f"The collector stopped with the demo; its data stays. Browse it again: `{again}`, "
                     f"then open the page (or run `swmp demo --keep`)."
