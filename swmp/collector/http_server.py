@@ -41,6 +41,7 @@ class Handler(BaseHTTPRequestHandler):
     max_body: int = DEFAULT_MAX_BODY
     protocol_version = "HTTP/1.1"  # keep-alive, as the agent's pooled connections expect
     server_version = "swmp-collector"
+    timeout = 30  # seconds a client may take to send its request: a stalled one frees its thread
 
     def log_message(self, format: str, *args: Any) -> None:  # no line per request
         pass

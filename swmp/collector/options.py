@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
-
-from swmp.collector.store import DEFAULT_MAX_BYTES, DEFAULT_RETENTION_S, default_path
+import os
+from pathlib import Path
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_GRPC_PORT = 11800
 DEFAULT_HTTP_PORT = 12800
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+DEFAULT_RETENTION_S = 3 * 24 * 3600.0
+
+
+def default_path() -> Path:
+    """``$XDG_DATA_HOME/swmp/collector.db`` (``~/.local/share/swmp/collector.db`` by default)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "swmp" / "collector.db"
 
 
 def _positive(text: str) -> float:

@@ -25,8 +25,9 @@ from swmp.collector.options import (
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_BODY,
     add_arguments,
+    default_path,
 )
-from swmp.collector.store import MEMORY, Store, default_path
+from swmp.collector.store import MEMORY, Store
 
 
 class Collector:

@@ -29,11 +29,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from swmp.collector.options import DEFAULT_MAX_BYTES, DEFAULT_RETENTION_S
+
 Doc = dict[str, Any]
 log = logging.getLogger("swmp.collector")
 SCHEMA_VERSION = 1
-DEFAULT_MAX_BYTES = 256 * 1024 * 1024
-DEFAULT_RETENTION_S = 3 * 24 * 3600.0
 MEMORY = ":memory:"
 _SWEEP_EVERY_S = 5.0
 _DATA_TABLES = ("segments", "logs", "meters")
@@ -60,12 +60,6 @@ CREATE TABLE IF NOT EXISTS instances(
     last_seen_ms INTEGER NOT NULL, last_ping_ms INTEGER, pings INTEGER NOT NULL DEFAULT 0, properties TEXT,
     PRIMARY KEY(service, instance));
 """
-
-
-def default_path() -> Path:
-    """``$XDG_DATA_HOME/swmp/collector.db`` (``~/.local/share/swmp/collector.db`` by default)."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "swmp" / "collector.db"
 
 
 def _create_private(path: Path) -> None:
