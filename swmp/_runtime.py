@@ -150,7 +150,9 @@ class ProcessSink:
             try:
                 self._master_writer = self._attach_master(pid)
             except Exception:
-                self._warn_once("master", "swmp: the master process %d cannot report its logs", pid, exc_info=True)
+                self._warn_once(
+                    "master", "swmp: the master process %d cannot report its logs", pid, exc_info=True
+                )
             if identity.instance != stale_instance:
                 payload = self._restamp(R.LOG, payload)
         writer = self._master_writer
@@ -295,7 +297,9 @@ class ArenaSink(ProcessSink):
     def _attach_master(self, pid: int) -> RingWriter | None:
         writer = self.arena.claim_slot(highest=True)
         if writer is None:
-            self._warn_once("full-master", "swmp: no free ring slot for the master's logs in %s", self.arena.path)
+            self._warn_once(
+                "full-master", "swmp: no free ring slot for the master's logs in %s", self.arena.path
+            )
             return None
         self._name_and_announce(writer, pid, writer.slot, master_instance_name(self.instance_base))
         return writer

@@ -108,7 +108,19 @@ def write_log(ts_ms: int, body: str, tags: list[str], safe_mode: bool = False) -
         pos = trace_position()
         trace_id, seg_id, span_id, endpoint = pos if pos is not None else ("", "", -1, "")
         payload = orjson.dumps(
-            [ts_ms, identity.service, identity.instance, endpoint, "text", body, trace_id, seg_id, span_id, tags, ""]
+            [
+                ts_ms,
+                identity.service,
+                identity.instance,
+                endpoint,
+                "text",
+                body,
+                trace_id,
+                seg_id,
+                span_id,
+                tags,
+                "",
+            ]
         )
     except Exception as e:
         stats.errors += 1

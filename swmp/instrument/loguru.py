@@ -42,7 +42,9 @@ def _make_sink(safe_mode: bool) -> Any:
             exc = record["exception"]
             if exc is not None and exc.type is not None:
                 stack = "".join(
-                    traceback.format_exception(exc.type, exc.value, exc.traceback, limit=limits.exception_depth)
+                    traceback.format_exception(
+                        exc.type, exc.value, exc.traceback, limit=limits.exception_depth
+                    )
                 )
                 tags += ["exception", stack]
             ts = int(record["time"].timestamp() * 1000)
