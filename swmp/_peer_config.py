@@ -29,7 +29,9 @@ PEER_VARIABLES: dict[str, str] = {
     "SW_KAFKA_TOPIC_SEGMENT": "",
     "SW_KAFKA_TOPIC_LOG": "",
     "SW_KAFKA_TOPIC_METER": "",
-    "SW_KAFKA_REPORTER_CUSTOM_CONFIGURATIONS": "unused by the peer agent too: set SW_KAFKA_REPORTER_CONFIG_<KEY>",
+    "SW_KAFKA_REPORTER_CUSTOM_CONFIGURATIONS": (
+        "unused by the peer agent too: set SW_KAFKA_REPORTER_CONFIG_<KEY>"
+    ),
     "SW_AGENT_FORCE_TLS": "",
     "SW_AGENT_AUTHENTICATION": "",
     "SW_AGENT_LOGGING_LEVEL": "",
@@ -39,8 +41,12 @@ PEER_VARIABLES: dict[str, str] = {
     "SW_AGENT_EXPERIMENTAL_FORK_SUPPORT": "not needed: swmp is built for fork (one ring per worker)",
     "SW_AGENT_QUEUE_TIMEOUT": "no queue to wait on: a full ring drops and counts, never blocks",
     "SW_AGENT_ASYNCIO_ENHANCEMENT": "the reporter always runs asyncio clients, in its own process",
-    "SW_AGENT_SW_PYTHON_BOOTSTRAP_PROPAGATE": "`swmp run` starts the agent in every Python interpreter it runs",
-    "SW_AGENT_SW_PYTHON_CLI_DEBUG_ENABLED": "use SW_AGENT_LOGGING_LEVEL=DEBUG (SWMP_RUN_VERBOSE=1: the loader)",
+    "SW_AGENT_SW_PYTHON_BOOTSTRAP_PROPAGATE": (
+        "`swmp run` starts the agent in every Python interpreter it runs"
+    ),
+    "SW_AGENT_SW_PYTHON_CLI_DEBUG_ENABLED": (
+        "use SW_AGENT_LOGGING_LEVEL=DEBUG (SWMP_RUN_VERBOSE=1: the loader)"
+    ),
     "SW_AGENT_TRACE_REPORTER_MAX_BUFFER_SIZE": "buffers are sized in bytes: SW_AGENT_RING_SIZE",
     "SW_AGENT_TRACE_IGNORE_PATH": "",
     "SW_AGENT_IGNORE_SUFFIX": "",
