@@ -34,12 +34,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import ipc  # noqa: E402
-from swmp import _sink  # noqa: E402
-from swmp.config import load  # noqa: E402
-from swmp.instrument import log_reporter  # noqa: E402
-from swmp.tracing.context import new_entry_span  # noqa: E402
-from swmp.tracing.span import current_span  # noqa: E402
+import ipc
+from swmp import _sink
+from swmp.config import load
+from swmp.instrument import log_reporter
+from swmp.tracing.context import new_entry_span
+from swmp.tracing.span import current_span
 
 
 def _timed(fn: Callable[[], Any], calls: int) -> float:
