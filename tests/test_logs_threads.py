@@ -259,3 +259,19 @@ def test_thread_propagation_can_be_turned_off(sink: _sink.MemorySink, reporting:
         t.join()
     (seg,) = [s for s in segments(sink) if s[R.SEG_SPANS][0][R.SPAN_OPERATION] == "thread-off"]
     assert seg[R.SEG_TRACE_ID] != a.segment.trace_id and seg[R.SEG_SPANS][0][R.SPAN_REFS] == []
+
+
+def test_reporting_off_keeps_the_tid_attribute(sink: _sink.MemorySink, reporting: Any) -> None:
+    reporting(agent_log_reporter_active=False)
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(tid)s %(message)s"))
+    app = logging.getLogger("test.off")
+    app.addHandler(handler)
+    try:
+        with ctx.new_entry_span("/off") as span:
+            app.warning("kept")
+    finally:
+        app.removeHandler(handler)
+    assert stream.getvalue() == f"{span.segment.trace_id} kept\n"
+    assert logs(sink) == []

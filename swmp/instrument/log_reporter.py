@@ -10,7 +10,8 @@ logging configuration replaces a class method. With ``SW_AGENT_LOG_REPORTER_IGNO
 
 The same wrapper puts the trace id on every record as ``record.tid`` (``"N/A"`` outside a
 trace), so the application's own formatters can print ``%(tid)s`` (the name the SkyWalking
-Python agent documents); a ``tid`` the application set itself is left alone.
+Python agent documents); a ``tid`` the application set itself is left alone. That part stays
+when reporting is off (``SW_AGENT_LOG_REPORTER_ACTIVE=false``), so such formatters keep working.
 
 Each reported record carries the trace context of the code that logged it (trace id,
 segment id, span id, endpoint), so the OAP links logs to traces. Nothing here raises or
@@ -239,9 +240,11 @@ _reporter: LogReporter | None = None
 _hooked = ""  # "callHandlers" | "handle"
 
 
-def _make_hook(reporter: LogReporter, check_disabled: bool) -> Any:
-    level = reporter.level
-    report = reporter.report
+def _make_hook(reporter: LogReporter | None, check_disabled: bool) -> Any:
+    # Without a reporter (SW_AGENT_LOG_REPORTER_ACTIVE=false) the hook only sets record.tid:
+    # formatters written for it must not start failing when reporting is switched off.
+    level = reporter.level if reporter is not None else 1 << 30
+    report = reporter.report if reporter is not None else None
 
     def make(orig: Any) -> Any:
         def hook(self: logging.Logger, record: logging.LogRecord) -> Any:
@@ -250,7 +253,7 @@ def _make_hook(reporter: LogReporter, check_disabled: bool) -> Any:
                 d["tid"] = current_tid()
             if record.levelno < level or (check_disabled and self.disabled) or getattr(_busy, "on", False):
                 return orig(self, record)
-            report(record)
+            report(record)  # type: ignore[misc]  # (level is out of reach without a reporter)
             before = _set_busy(True)
             try:
                 return orig(self, record)
@@ -264,14 +267,16 @@ def _make_hook(reporter: LogReporter, check_disabled: bool) -> Any:
 
 def install(config: Config) -> None:
     global _reporter, _hooked
-    if not config.agent_log_reporter_active or _reporter is not None:
+    if _hooked:
         return
-    reporter = LogReporter(
-        config.agent_log_reporter_level,
-        config.agent_log_reporter_layout,
-        config.agent_log_reporter_formatted,
-        config.agent_log_reporter_safe_mode,
-    )
+    reporter = None
+    if config.agent_log_reporter_active:
+        reporter = LogReporter(
+            config.agent_log_reporter_level,
+            config.agent_log_reporter_layout,
+            config.agent_log_reporter_formatted,
+            config.agent_log_reporter_safe_mode,
+        )
     # callHandlers runs after the logger's own level, disabled flag and filters; handle runs
     # before the filters (but a disabled logger still reports nothing).
     _hooked = "handle" if config.agent_log_reporter_ignore_filter else "callHandlers"
