@@ -37,6 +37,7 @@ from swmp.instrument._patch import patch, restore
 from swmp.tracing.context import trace_position
 from swmp.tracing.identity import identity
 from swmp.tracing.limits import limits
+from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -47,6 +48,7 @@ SUPPORTED = ("", "")
 
 DEFAULT_LAYOUT = "%(asctime)s [%(threadName)s] %(levelname)s %(name)s - %(message)s"
 NO_TRACE = "N/A"  # record.tid outside a trace
+_get_current = current_span.get
 
 _OWN = ("swmp", "ipc")
 _OWN_PREFIXES = ("swmp.", "ipc.")
@@ -250,7 +252,7 @@ def _make_hook(reporter: LogReporter | None, check_disabled: bool) -> Any:
         def hook(self: logging.Logger, record: logging.LogRecord) -> Any:
             d = record.__dict__
             if "tid" not in d:
-                d["tid"] = current_tid()
+                d["tid"] = NO_TRACE if _get_current() is None else current_tid()  # cheap outside a trace
             if record.levelno < level or (check_disabled and self.disabled) or getattr(_busy, "on", False):
                 return orig(self, record)
             report(record)  # type: ignore[misc]  # (level is out of reach without a reporter)
