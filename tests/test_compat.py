@@ -193,3 +193,15 @@ def test_every_peer_variable_is_listed_and_documented() -> None:
             assert "supported" in row[0], row[0]
         else:
             assert "no effect" in row[0] and why and why.split(":")[0] in row[0], row[0]
+
+
+def test_the_compat_surface_is_pinned_and_stays_out_of_swmps_own_api() -> None:
+    import swmp
+    import swmp.compat
+    import swmp.compat.decorators
+    import swmp.compat.trace.context
+
+    assert swmp.compat.__all__ == ["Component", "Kind", "Layer"]
+    assert swmp.compat.decorators.__all__ == ["runnable", "trace"]
+    assert swmp.compat.trace.context.__all__ == ["Snapshot", "Span", "SpanContext", "get_context"]
+    assert "compat" not in swmp.__all__  # swmp's curated API is unchanged (tests/test_public_api.py)
