@@ -292,7 +292,7 @@ class ArenaSink(ProcessSink):
         return writer, writer.slot
 
     def _release(self, timeout: float) -> None:
-        self.arena.release_slot(self._slot)
+        self.arena.release_slot()
 
     def _attach_master(self, pid: int) -> RingWriter | None:
         writer = self.arena.claim_slot(highest=True)
