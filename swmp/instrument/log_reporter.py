@@ -37,7 +37,7 @@ from swmp.instrument._patch import patch, restore
 from swmp.tracing.context import trace_position
 from swmp.tracing.identity import identity
 from swmp.tracing.limits import limits
-from swmp.tracing.span import current_span
+from swmp.tracing.span import Span, current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -252,7 +252,13 @@ def _make_hook(reporter: LogReporter | None, check_disabled: bool) -> Any:
         def hook(self: logging.Logger, record: logging.LogRecord) -> Any:
             d = record.__dict__
             if "tid" not in d:
-                d["tid"] = NO_TRACE if _get_current() is None else current_tid()  # cheap outside a trace
+                cur = _get_current()  # the common cases inline: no span, an open recorded span
+                if cur is None:
+                    d["tid"] = NO_TRACE
+                elif cur.__class__ is Span and not cur.end:
+                    d["tid"] = cur.segment.trace_id
+                else:
+                    d["tid"] = current_tid()
             if record.levelno < level or (check_disabled and self.disabled) or getattr(_busy, "on", False):
                 return orig(self, record)
             report(record)  # type: ignore[misc]  # (level is out of reach without a reporter)
