@@ -19,6 +19,8 @@ import pytest
 
 from tests.collector import CollectorProcess, free_port
 from tests.servers import (
+    SWMP_RUN,
+    Proc,
     agent_env,
     collector_process,
     gunicorn_command,
@@ -158,3 +160,31 @@ def test_master_logs_and_a_bad_layout(tmp_path: Path) -> None:
             # The master's instance was announced like a worker's, on the highest slot.
             props = [p for p in messages(col, "properties") if p["serviceInstance"] == "m-master"]
             assert props, "the master instance was never announced"
+
+
+def test_a_start_up_error_reaches_the_backend(tmp_path: Path) -> None:
+    """The worker cannot import the application and exits; the master logs that and shuts
+    down. Both records arrive (the reporter drains the rings after the master is gone)."""
+    with collector_process(tmp_path) as col:
+        port = free_port()
+        env = agent_env(
+            tmp_path, col.grpc_address, service="b", extra={"SW_AGENT_LOG_REPORTER_ACTIVE": "true"}
+        )
+        cmd = gunicorn_command(port, app="tests.e2e_apps.broken_app:app", workers=1)
+        proc = Proc([*SWMP_RUN, *cmd], env, tmp_path / "broken.log", marker=env["SW_AGENT_ARENA_DIR"])
+        proc.start()
+        try:
+            assert proc.wait_exit(60) is not None, proc.tail()  # Gunicorn gives up: worker failed to boot
+            assert "Worker failed to boot" in proc.log()
+
+            def arrived() -> bool:
+                logs = logs_of(col, "b")
+                master = [m for m in logs if m["serviceInstance"] == "b-master"]
+                worker = [m for m in logs if m["serviceInstance"] == "b-w0"]
+                return any(
+                    re.search(r"Worker \(pid:\d+\) exited with code 3", body(m)) for m in master
+                ) and any("configuration missing (on purpose)" in body(m) for m in worker)
+
+            wait_until(arrived, 30, "the master's and the worker's start-up error records")
+        finally:
+            proc.stop()
