@@ -268,16 +268,20 @@ class Arena:
             self._reporter = False
         return self._claimed
 
-    def claim_slot(self) -> RingWriter | None:
+    def claim_slot(self, *, highest: bool = False) -> RingWriter | None:
         """Claim the lowest free slot for this process; None when every slot is taken.
+
+        ``highest``: the highest free slot instead, for a process that must not take the
+        low slot numbers its siblings are named after.
 
         Call it in the process that will write (after fork): locks are per process. Slots
         this process already holds (through any Arena object) are never handed out again.
         """
         shared = self._shared
+        order = range(self.slots - 1, -1, -1) if highest else range(self.slots)
         with shared.lock:
             held = shared.held().slots
-            for slot in range(self.slots):
+            for slot in order:
                 if slot in held or not _locks.try_lock(self._fd, L.slot_lock_offset(slot)):
                     continue
                 held.add(slot)

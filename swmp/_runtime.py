@@ -25,8 +25,13 @@ Two sinks, one per reporter mode:
   for itself (no thread, event loop or channel ever crosses a fork).
 
 The master of a prefork server (Gunicorn's arbiter, uWSGI's master) serves no requests; it
-never claims a slot, so worker names are ``-w0`` ... ``-w<N-1>`` and, in thread mode, no
-reporter thread (with its gRPC channel) runs in a process that forks workers.
+claims no slot as a worker, so worker names are ``-w0`` ... ``-w<N-1>`` and, in thread mode, no
+reporter thread (with its gRPC channel) runs in a process that forks workers. Its own log
+records (start-up errors, worker timeouts) are worth having, though: in process mode, the
+first LOG record it writes claims the *highest* free slot of the arena and announces the
+instance ``<base>-master``; only LOG records go there, and the master still opens no
+connection (the reporter drains that ring like any other). In thread mode the master's
+records are dropped and counted, as before.
 """
 
 from __future__ import annotations
@@ -55,6 +60,11 @@ _INSTANCE_FIELD = {R.SEGMENT: R.SEG_INSTANCE, R.LOG: 2, R.METER: 2}
 def worker_instance_name(base: str, slot: int) -> str:
     """Instance name of the worker on ``slot``: stable across worker restarts."""
     return f"{base}-w{slot}"
+
+
+def master_instance_name(base: str) -> str:
+    """Instance name of the prefork master (its own log records only)."""
+    return f"{base}-master"
 
 
 def prefork_master(owner_pid: int) -> bool:
@@ -98,6 +108,9 @@ class ProcessSink:
         self.role = ""  # "worker" | "master" | "unavailable", for this process
         self._writer: RingWriter | None = None
         self._slot: int | None = None
+        # The master's log ring (see the module docstring): claimed on its first LOG record.
+        self._master_writer: RingWriter | None = None
+        self._master_pid = -1  # the pid that tried to claim it (once per process)
         self._pid = -1  # nobody has claimed yet: the first write (in any process) claims
         # One claim lock per pid, created with setdefault (atomic under the GIL): a lock
         # inherited from a parent may have been held by one of its threads at fork time.
@@ -118,6 +131,8 @@ class ProcessSink:
                     payload = self._restamp(rtype, payload)
             writer = self._writer
             if writer is None:
+                if rtype == R.LOG and self.role == "master":
+                    return self._write_master_log(payload)
                 self.dropped_no_slot += 1
                 return False
             return writer.write(rtype, payload)
@@ -125,6 +140,30 @@ class ProcessSink:
             self.dropped_no_slot += 1
             self._warn_once("write", "swmp: dropping a record after an internal error", exc_info=True)
             return False
+
+    def _write_master_log(self, payload: bytes) -> bool:
+        pid = os.getpid()
+        if self._master_pid != pid:
+            self._master_pid = pid
+            self._master_writer = None
+            stale_instance = identity.instance
+            try:
+                self._master_writer = self._attach_master(pid)
+            except Exception:
+                self._warn_once(
+                    "master", "swmp: the master process %d cannot report its logs", pid, exc_info=True
+                )
+            if identity.instance != stale_instance:
+                payload = self._restamp(R.LOG, payload)
+        writer = self._master_writer
+        if writer is None:
+            self.dropped_no_slot += 1
+            return False
+        return writer.write(R.LOG, payload)
+
+    def _attach_master(self, pid: int) -> RingWriter | None:
+        """A ring for the master's own log records; None where the mode has none."""
+        return None
 
     def rebind(self) -> None:
         """Take this process's ring and name (after fork, or on first use). Idempotent."""
@@ -152,8 +191,8 @@ class ProcessSink:
     def _attach(self, pid: int) -> tuple[RingWriter, int] | None:
         raise NotImplementedError
 
-    def _name_and_announce(self, writer: RingWriter, pid: int, slot: int) -> None:
-        instance = (
+    def _name_and_announce(self, writer: RingWriter, pid: int, slot: int, instance: str = "") -> None:
+        instance = instance or (
             worker_instance_name(self.instance_base, slot) if slot >= 0 else f"{self.instance_base}-p{pid}"
         )
         identity.set(service=self.service, instance=instance)
@@ -192,6 +231,14 @@ class ProcessSink:
 
     def leave(self, timeout: float = 5.0) -> None:
         """Clean exit of this process: say goodbye and free the slot for the next one."""
+        master = self._master_writer
+        if master is not None and self._master_pid == os.getpid():
+            self._master_writer = None
+            self._master_pid = -1
+            try:
+                master.write(R.WORKER_STOP, orjson.dumps([os.getpid(), master.slot]))
+            finally:
+                self._release_master(master)
         if not self.owns_ring():
             return
         writer = self._writer
@@ -206,6 +253,9 @@ class ProcessSink:
 
     def _release(self, timeout: float) -> None:
         raise NotImplementedError
+
+    def _release_master(self, writer: RingWriter) -> None:
+        pass
 
 
 class ArenaSink(ProcessSink):
@@ -243,6 +293,19 @@ class ArenaSink(ProcessSink):
 
     def _release(self, timeout: float) -> None:
         self.arena.release_slot()
+
+    def _attach_master(self, pid: int) -> RingWriter | None:
+        writer = self.arena.claim_slot(highest=True)
+        if writer is None:
+            self._warn_once(
+                "full-master", "swmp: no free ring slot for the master's logs in %s", self.arena.path
+            )
+            return None
+        self._name_and_announce(writer, pid, writer.slot, master_instance_name(self.instance_base))
+        return writer
+
+    def _release_master(self, writer: RingWriter) -> None:
+        self.arena.release_slot(writer.slot)
 
 
 ThreadStarter = Callable[[str, ReporterSettings, Arena], Any]

@@ -272,6 +272,14 @@ class Config:
         check=_at_least(0),
     )
 
+    agent_thread_propagation: bool = _opt(
+        True,
+        "SW_AGENT_THREAD_PROPAGATION",
+        "Threads (`threading.Thread`) started and `ThreadPoolExecutor` work submitted inside a trace "
+        "continue it (cross-thread reference); false: they start on their own.",
+        TRACE,
+    )
+
     # -- plugins ---------------------------------------------------------------------------
     agent_disable_plugins: tuple[str, ...] = _opt(
         (),
@@ -670,6 +678,7 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
                 if ok:
                     values[s.name] = value
                 break
+    _report_peer_only(env)
     known = {f.name: f for f in settings()}
     for key, raw in overrides.items():
         s2 = known.get(key)
@@ -684,6 +693,23 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         if ok:
             values[key] = value
     return Config(**values)
+
+
+def _report_peer_only(env: Mapping[str, str]) -> None:
+    """Name, once and in one line, the SkyWalking Python agent's variables that are set but
+    have no effect in swmp (docs/migrating.md says why for each)."""
+    from swmp._peer_config import unsupported  # noqa: PLC0415
+
+    declared = [name for s in settings() for name in (s.env, *s.aliases)]
+    names = unsupported(env, declared)
+    key = ("peer-only", ",".join(names))
+    if not names or key in _reported:
+        return
+    _reported.add(key)
+    log.warning(
+        "swmp: these SkyWalking Python agent settings have no effect in swmp: %s (see docs/migrating.md)",
+        ", ".join(names),
+    )
 
 
 def parse_instance_properties(cfg: Config) -> dict[str, str]:

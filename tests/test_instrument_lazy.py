@@ -269,6 +269,7 @@ def test_already_imported_installs_now_and_the_finder_leaves_when_done() -> None
         st = instrument.install_all(configure())
         first = dict(st=st, pending=list(_hook.pending()), hooked=_hook.active())
         import flask, httpx, starlette.applications, django.core.handlers.wsgi, http.client
+        import loguru, structlog, concurrent.futures.thread
         report(first=first, now=instrument.statuses(), hooked=_hook.active(),
                in_meta_path=any(type(f).__name__ == "PostImportFinder" for f in sys.meta_path))
         """
@@ -276,7 +277,7 @@ def test_already_imported_installs_now_and_the_finder_leaves_when_done() -> None
     assert out["first"]["st"]["requests"] == "installed"
     assert "requests" not in out["first"]["pending"]
     assert out["first"]["hooked"] is True
-    for name in ("flask", "django", "starlette", "requests", "urllib3", "http.client", "httpx"):
+    for name in ("flask", "django", "starlette", "requests", "urllib3", "http.client", "httpx", "loguru"):
         assert out["now"][name] == "installed", out["now"]
     assert out["hooked"] is False and out["in_meta_path"] is False
 

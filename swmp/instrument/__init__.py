@@ -49,6 +49,9 @@ MODULES: tuple[str, ...] = (
     "swmp.instrument.http_client",
     "swmp.instrument.httpx",
     "swmp.instrument.log_reporter",
+    "swmp.instrument.loguru",
+    "swmp.instrument.structlog",
+    "swmp.instrument.threads",
 )
 
 INSTALLED = "installed"

@@ -1,19 +1,31 @@
-"""Application logs to SkyWalking: a ``logging.Handler`` that writes LOG records.
+"""Application logs to SkyWalking: every stdlib ``logging`` record of the reporter's level.
 
-Each record carries the trace context of the code that logged it (trace id, segment id,
-span id, endpoint), so the OAP links logs to traces. It never raises and never blocks: a
-record the ring cannot take is dropped and counted. The agent's own loggers (``swmp``,
-``ipc``) are never reported, so a failing sink cannot feed itself.
+Where it hooks, and why: not a handler on the root logger, which the application's own
+logging set-up removes (``dictConfig`` configuring the root logger, ``basicConfig(force=True)``,
+a handler reset) and which never sees loggers with ``propagate=False`` (``gunicorn.error``).
+Instead ``Logger.callHandlers`` is wrapped on the class: every record that a logger lets
+through (its level, its filters) passes there exactly once, whatever handlers exist, and no
+logging configuration replaces a class method. With ``SW_AGENT_LOG_REPORTER_IGNORE_FILTER=true``
+``Logger.handle`` is wrapped instead: before the logger's filters.
 
-``SW_AGENT_LOG_REPORTER_IGNORE_FILTER=false`` (default): the handler sits on the root logger
-and sees what the logging configuration lets through to it. ``true``: every record of the
-reporter's level is reported from ``Logger.handle``, before any filter or propagation rule.
+The same wrapper puts the trace id on every record as ``record.tid`` (``"N/A"`` outside a
+trace), so the application's own formatters can print ``%(tid)s`` (the name the SkyWalking
+Python agent documents); a ``tid`` the application set itself is left alone. That part stays
+when reporting is off (``SW_AGENT_LOG_REPORTER_ACTIVE=false``), so such formatters keep working.
+
+Each reported record carries the trace context of the code that logged it (trace id,
+segment id, span id, endpoint), so the OAP links logs to traces. Nothing here raises or
+blocks: a record the ring cannot take is dropped and counted; a record the layout cannot
+format is sent with the default layout. The agent's own loggers (``swmp``, ``ipc``) are
+never reported, so a failing sink cannot feed itself. loguru and structlog reuse
+:func:`write_log` (``swmp.instrument.loguru``, ``swmp.instrument.structlog``).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +34,10 @@ import orjson
 from reporter_proc.records import LOG
 from swmp import _sink
 from swmp.instrument._patch import patch, restore
-from swmp.tracing.context import active_span
+from swmp.tracing.context import trace_position
 from swmp.tracing.identity import identity
 from swmp.tracing.limits import limits
+from swmp.tracing.span import Span, current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -33,25 +46,182 @@ NAME = "logging"
 PACKAGE = None
 SUPPORTED = ("", "")
 
+DEFAULT_LAYOUT = "%(asctime)s [%(threadName)s] %(levelname)s %(name)s - %(message)s"
+NO_TRACE = "N/A"  # record.tid outside a trace
+_get_current = current_span.get
+
 _OWN = ("swmp", "ipc")
 _OWN_PREFIXES = ("swmp.", "ipc.")
 _CREDENTIALS = re.compile(r"(://)[^/\s:@]+:[^/\s@]+@")
 
+log = logging.getLogger("swmp.logs")
+
 
 class LogStats:
-    __slots__ = ("dropped", "errors", "written")
+    __slots__ = ("dropped", "errors", "layout_fallbacks", "written")
 
     def __init__(self) -> None:
         self.written = 0
         self.dropped = 0
         self.errors = 0
+        self.layout_fallbacks = 0  # records the configured layout could not format
 
 
 stats = LogStats()
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str, *args: object) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(msg, *args)
+
+
+# -- the trace id on records ---------------------------------------------------------------
+def current_tid() -> str:
+    pos = trace_position()
+    return pos[0] if pos is not None else NO_TRACE
+
+
+# While a record is being reported and handed to the application's handlers, a second
+# integration seeing the same message (a handler forwarding stdlib records to loguru) must
+# not report it again.
+_busy = threading.local()
+
+
+def reporting() -> bool:
+    return getattr(_busy, "on", False)
+
+
+def _set_busy(on: bool) -> bool:
+    before = getattr(_busy, "on", False)
+    _busy.on = on
+    return before
+
+
+# -- one LOG record --------------------------------------------------------------------------
+def write_log(ts_ms: int, body: str, tags: list[str], safe_mode: bool = False) -> None:
+    """Write one LOG record with this context's trace position. Never raises."""
+    try:
+        if safe_mode:
+            body = _CREDENTIALS.sub(r"\1***:***@", body)
+        lim = limits.log_value_max
+        if len(body) > lim:
+            body = body[:lim]
+        pos = trace_position()
+        trace_id, seg_id, span_id, endpoint = pos if pos is not None else ("", "", -1, "")
+        payload = orjson.dumps(
+            [
+                ts_ms,
+                identity.service,
+                identity.instance,
+                endpoint,
+                "text",
+                body,
+                trace_id,
+                seg_id,
+                span_id,
+                tags,
+                "",
+            ]
+        )
+    except Exception as e:
+        stats.errors += 1
+        _warn_once("encode", "swmp: cannot encode a log record: %r (only counted from now on)", e)
+        return
+    if _sink.get_sink().write(LOG, payload):
+        stats.written += 1
+    else:
+        stats.dropped += 1
+
+
+def level_number(name: str | int) -> int:
+    if isinstance(name, int):
+        return name
+    n = logging.getLevelName(name.upper())
+    return n if isinstance(n, int) else logging.WARNING
+
+
+def checked_formatter(layout: str | None) -> logging.Formatter:
+    """A formatter for ``layout``; the default one (reported once) if ``layout`` cannot format
+    an ordinary record (a syntax error, a field that records do not have)."""
+    if not layout:
+        return logging.Formatter("%(message)s")
+    try:
+        fmt = logging.Formatter(layout, validate=True)
+        sample = logging.LogRecord("swmp.check", logging.WARNING, __file__, 1, "check %s", ("x",), None)
+        sample.tid = NO_TRACE
+        fmt.format(sample)
+        return fmt
+    except Exception as e:
+        log.warning(
+            "swmp: SW_AGENT_LOG_REPORTER_LAYOUT=%r cannot format log records (%r); using the default %r",
+            layout,
+            e,
+            DEFAULT_LAYOUT,
+        )
+        return logging.Formatter(DEFAULT_LAYOUT)
+
+
+class LogReporter:
+    """Turns stdlib log records into LOG records (see ``reporter_proc.records``)."""
+
+    def __init__(
+        self,
+        level: int | str = logging.WARNING,
+        layout: str | None = DEFAULT_LAYOUT,
+        formatted: bool = True,
+        safe_mode: bool = False,
+    ) -> None:
+        self.level = level_number(level)
+        self.formatted = formatted
+        self.safe_mode = safe_mode
+        self.formatter = checked_formatter(layout)
+        self._fallback = logging.Formatter(DEFAULT_LAYOUT)
+
+    def report(self, record: logging.LogRecord) -> None:
+        """Report ``record`` unless it comes from the agent itself. Never raises."""
+        name = record.name
+        if name in _OWN or name.startswith(_OWN_PREFIXES):
+            return
+        try:
+            body, tags = self.body_and_tags(record)
+            ts = int(record.created * 1000) if record.created else time.time_ns() // 1_000_000
+        except Exception as e:
+            stats.errors += 1
+            _warn_once("build", "swmp: cannot build a log record: %r (only counted from now on)", e)
+            return
+        write_log(ts, body, tags, self.safe_mode)
+
+    def body_and_tags(self, record: logging.LogRecord) -> tuple[str, list[str]]:
+        tags = ["level", record.levelname, "logger", record.name, "thread", record.threadName or ""]
+        if "tid" not in record.__dict__:
+            record.tid = current_tid()
+        if self.formatted:
+            return self._format(record), tags
+        body = str(record.msg)
+        args = record.args
+        if isinstance(args, tuple):
+            for i, a in enumerate(args):
+                tags += [f"argument.{i}", str(a)]
+        if record.exc_info:
+            tags += ["exception", self.formatter.formatException(record.exc_info)]
+        return body, tags
+
+    def _format(self, record: logging.LogRecord) -> str:
+        try:
+            return self.formatter.format(record)
+        except Exception:
+            stats.layout_fallbacks += 1
+            try:
+                return self._fallback.format(record)
+            except Exception:  # the message itself cannot be formatted (bad args)
+                return str(record.msg)
 
 
 class SkyWalkingLogHandler(logging.Handler):
-    """Turns log records into swmp LOG records (see ``reporter_proc.records``)."""
+    """The reporter as a ``logging.Handler``, for attaching by hand to chosen loggers (the
+    agent itself does not use it: it hooks every logger, see the module docstring)."""
 
     def __init__(
         self,
@@ -60,105 +230,75 @@ class SkyWalkingLogHandler(logging.Handler):
         formatted: bool = True,
         safe_mode: bool = False,
     ) -> None:
-        super().__init__(level)
-        self.formatted = formatted
-        self.safe_mode = safe_mode
-        self.setFormatter(logging.Formatter(layout or "%(message)s"))
-        self._logged = False
+        super().__init__(level_number(level))
+        self.reporter = LogReporter(level, layout, formatted, safe_mode)
 
     def emit(self, record: logging.LogRecord) -> None:
-        name = record.name
-        if name in _OWN or name.startswith(_OWN_PREFIXES):
-            return
-        try:
-            payload = orjson.dumps(self.to_record(record))
-        except Exception as e:
-            stats.errors += 1
-            if not self._logged:
-                self._logged = True
-                logging.getLogger("swmp.logs").error(
-                    "swmp: cannot encode a log record: %r (only counted now)", e
-                )
-            return
-        if _sink.get_sink().write(LOG, payload):
-            stats.written += 1
-        else:
-            stats.dropped += 1
-
-    def to_record(self, record: logging.LogRecord) -> list[Any]:
-        tags = ["level", record.levelname, "logger", record.name, "thread", record.threadName or ""]
-        if self.formatted:
-            body = self.format(record)
-        else:
-            body = str(record.msg)
-            args = record.args
-            if isinstance(args, tuple):
-                for i, a in enumerate(args):
-                    tags += [f"argument.{i}", str(a)]
-            if record.exc_info:
-                tags += [
-                    "exception",
-                    self.formatter.formatException(record.exc_info) if self.formatter else "",
-                ]
-        if self.safe_mode:
-            body = _CREDENTIALS.sub(r"\1***:***@", body)
-        lim = limits.log_value_max
-        if len(body) > lim:
-            body = body[:lim]
-        span = active_span()
-        if span is not None:
-            seg = span.segment
-            trace_id, seg_id, span_id, endpoint = seg.trace_id, seg.segment_id, span.span_id, seg.endpoint
-        else:
-            trace_id, seg_id, span_id, endpoint = "", "", -1, ""
-        ts = int(record.created * 1000) if record.created else time.time_ns() // 1_000_000
-        return [
-            ts,
-            identity.service,
-            identity.instance,
-            endpoint,
-            "text",
-            body,
-            trace_id,
-            seg_id,
-            span_id,
-            tags,
-            "",
-        ]
+        self.reporter.report(record)
 
 
-_handler: SkyWalkingLogHandler | None = None
+# -- the hook --------------------------------------------------------------------------------
+_reporter: LogReporter | None = None
+_hooked = ""  # "callHandlers" | "handle"
+
+
+def _make_hook(reporter: LogReporter | None, check_disabled: bool) -> Any:
+    # Without a reporter (SW_AGENT_LOG_REPORTER_ACTIVE=false) the hook only sets record.tid:
+    # formatters written for it must not start failing when reporting is switched off.
+    level = reporter.level if reporter is not None else 1 << 30
+    report = reporter.report if reporter is not None else None
+
+    def make(orig: Any) -> Any:
+        def hook(self: logging.Logger, record: logging.LogRecord) -> Any:
+            d = record.__dict__
+            if "tid" not in d:
+                cur = _get_current()  # the common cases inline: no span, an open recorded span
+                if cur is None:
+                    d["tid"] = NO_TRACE
+                elif cur.__class__ is Span and not cur.end:
+                    d["tid"] = cur.segment.trace_id
+                else:
+                    d["tid"] = current_tid()
+            if record.levelno < level or (check_disabled and self.disabled) or getattr(_busy, "on", False):
+                return orig(self, record)
+            report(record)  # type: ignore[misc]  # (level is out of reach without a reporter)
+            before = _set_busy(True)
+            try:
+                return orig(self, record)
+            finally:
+                _busy.on = before
+
+        return hook
+
+    return make
 
 
 def install(config: Config) -> None:
-    global _handler
-    if not config.agent_log_reporter_active or _handler is not None:
+    global _reporter, _hooked
+    if _hooked:
         return
-    handler = SkyWalkingLogHandler(
-        config.agent_log_reporter_level,
-        config.agent_log_reporter_layout,
-        config.agent_log_reporter_formatted,
-        config.agent_log_reporter_safe_mode,
-    )
-    _handler = handler
-    if config.agent_log_reporter_ignore_filter:
-
-        def make(orig: Any) -> Any:
-            def handle(self: logging.Logger, record: logging.LogRecord) -> None:
-                if record.levelno >= handler.level:
-                    handler.emit(record)
-                orig(self, record)
-
-            return handle
-
-        patch(logging.Logger, "handle", make)
-    else:
-        logging.getLogger().addHandler(handler)
+    reporter = None
+    if config.agent_log_reporter_active:
+        reporter = LogReporter(
+            config.agent_log_reporter_level,
+            config.agent_log_reporter_layout,
+            config.agent_log_reporter_formatted,
+            config.agent_log_reporter_safe_mode,
+        )
+    # callHandlers runs after the logger's own level, disabled flag and filters; handle runs
+    # before the filters (but a disabled logger still reports nothing).
+    _hooked = "handle" if config.agent_log_reporter_ignore_filter else "callHandlers"
+    patch(logging.Logger, _hooked, _make_hook(reporter, _hooked == "handle"))
+    _reporter = reporter
 
 
 def uninstall() -> None:
-    global _handler
-    if _handler is not None:
-        logging.getLogger().removeHandler(_handler)
-        restore(logging.Logger, "handle")
-        _handler = None
+    global _reporter, _hooked
+    if _hooked:
+        restore(logging.Logger, _hooked)
+    _reporter = None
+    _hooked = ""
+
+
+def active_reporter() -> LogReporter | None:
+    return _reporter

@@ -12,6 +12,10 @@
   hook inside the WSGI middleware to one entry span.
 * A :class:`Snapshot` taken with :func:`capture` continues a trace in another thread
   or task as a new segment with a cross-thread reference.
+* :func:`inherit` makes a snapshot the starting point of a thread (or a work item run by a
+  pool): the context holds an :class:`Inherited` marker instead of a span, and every span
+  opened there with no open span around it starts a segment that refers to the snapshot.
+  No span is created for the thread itself, so nothing is held open for a thread's life.
 """
 
 from __future__ import annotations
@@ -61,18 +65,73 @@ class Snapshot:
         self.skip_analysis = seg.skip_analysis
 
 
-def active_span() -> Span | None:
-    """The innermost open recorded span of this context, or None."""
+class Inherited:
+    """Stands in the context of a thread started inside a trace (see :func:`inherit`).
+
+    It looks like an open span to the code that walks the context (``end`` is 0, ``_prev``
+    is None) but is never recorded; new spans see it as their parent and continue the
+    snapshot's trace in a new segment.
+    """
+
+    __slots__ = ("snapshot",)
+    end = 0
+    _prev = None
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+
+def inherit(snapshot: Snapshot) -> Any:
+    """Make ``snapshot`` the parent of what this context does next; returns the token to
+    give to :func:`disinherit` (for a pool's work item: the thread outlives it)."""
+    return current_span.set(Inherited(snapshot))
+
+
+def disinherit(token: Any) -> None:
+    try:
+        current_span.reset(token)
+    except ValueError:  # a token of another context (never raise into the caller)
+        current_span.set(None)
+
+
+def _innermost() -> Any:
     s = _get_current()
     while s is not None and s.end:
         s = s._prev
+    return s
+
+
+def active_span() -> Span | None:
+    """The innermost open recorded span of this context, or None."""
+    s = _innermost()
     return s if s.__class__ is Span else None
 
 
+def trace_position() -> tuple[str, str, int, str] | None:
+    """``(trace id, segment id, span id, endpoint)`` of where this context is in a trace:
+    the innermost open recorded span, else the snapshot a thread inherited; None outside."""
+    s = _innermost()
+    if s is None:
+        return None
+    if s.__class__ is Span:
+        seg = s.segment
+        return seg.trace_id, seg.segment_id, s.span_id, seg.endpoint
+    if s.__class__ is Inherited:
+        snap = s.snapshot
+        return snap.trace_id, snap.segment_id, snap.span_id, snap.endpoint
+    return None
+
+
 def capture() -> Snapshot | None:
-    """A snapshot of the current span to continue the trace elsewhere (None outside a trace)."""
-    s = active_span()
-    return Snapshot(s) if s is not None else None
+    """A snapshot of the current span to continue the trace elsewhere (None outside a trace).
+
+    In a thread that inherited a trace and has no span open, the inherited snapshot."""
+    s = _innermost()
+    if s is None:
+        return None
+    if s.__class__ is Span:
+        return Snapshot(s)
+    return s.snapshot if s.__class__ is Inherited else None
 
 
 def _parent() -> Any:
@@ -119,7 +178,8 @@ def _start_trace(  # noqa: PLR0917 (hot path: positional calls are cheaper)
         return IgnoredSpan()
     seg = Segment(carrier.trace_id)
     if carrier.correlation:
-        seg.correlation = carrier.correlation
+        # A snapshot may start several segments (a thread's spans): each gets its own copy.
+        seg.correlation = dict(carrier.correlation) if is_snapshot else carrier.correlation
     if carrier.skip_analysis:
         seg.skip_analysis = True
     span = seg.start_first(op, kind, layer, component, peer)
@@ -133,8 +193,10 @@ def _start_trace(  # noqa: PLR0917 (hot path: positional calls are cheaper)
 
 
 def _late(  # noqa: PLR0917
-    late: _Late, kind: int, op: str, layer: int, component: int, peer: str
+    late: Any, kind: int, op: str, layer: int, component: int, peer: str
 ) -> Span | NoopSpan:
+    if late.__class__ is Inherited:
+        return _start_trace(kind, op, layer, component, peer, late.snapshot)
     parent = late.span
     if parent.__class__ is not Span:
         return _start_trace(kind, op, layer, component, peer, None)
@@ -150,7 +212,8 @@ def new_entry_span(
     parent = _get_current()
     if parent is not None and parent.end:
         parent = _parent()
-    if parent is None:
+    if parent is None or (carrier is not None and parent.__class__ is Inherited):
+        # Work that arrived from outside continues its caller's trace, not the thread's.
         return _start_trace(_ENTRY, op, layer, component, "", carrier)
     if parent.__class__ is not Span:
         return NOOP if parent.__class__ is IgnoredSpan else _late(parent, _ENTRY, op, layer, component, "")
@@ -205,6 +268,7 @@ def new_local_span(
 
 
 def trace_id() -> str:
-    """The current trace id, or "" outside a recorded trace."""
-    s = active_span()
-    return s.segment.trace_id if s is not None else ""
+    """The current trace id, or "" outside a recorded trace (a thread that inherited a
+    trace is inside it)."""
+    pos = trace_position()
+    return pos[0] if pos is not None else ""

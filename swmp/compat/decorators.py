@@ -1,0 +1,99 @@
+"""``skywalking.decorators`` on swmp: ``@trace()`` and ``@runnable()``, same signatures.
+
+``@trace(op=None, layer=Layer.Unknown, component=Component.Unknown, tags=None)`` runs the
+function (sync or ``async``) in a local span named ``op`` or the function's name.
+``@runnable(...)`` makes a function that continues, in another thread, the trace of the
+thread that decorated it (or of the one that called ``continue_tracing()``); its span is
+named ``Thread/<function name>`` by default. swmp's own decorator is ``swmp.trace``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from swmp.compat import Component, Layer, number
+from swmp.compat.trace.tags import Tag
+from swmp.tracing import context as _ctx
+
+
+def _open(op: str, layer: Layer, component: Component, tags: Sequence[Tag] | None, parent: Any = None) -> Any:
+    span = _ctx.new_local_span(op, number(component), number(layer), parent)
+    for tag in tags or ():
+        span.tag(tag.key, tag.val)
+    return span
+
+
+def trace(
+    op: str | None = None,
+    layer: Layer = Layer.Unknown,
+    component: Component = Component.Unknown,
+    tags: Sequence[Tag] | None = None,
+) -> Callable[[Any], Any]:
+    def decorator(func: Any) -> Any:
+        name = op or func.__name__
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with _open(name, layer, component, tags):
+                    return await func(*args, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with _open(name, layer, component, tags):
+                return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+class _Runnable:
+    """What ``@runnable()`` returns: call it (in any thread), or give ``continue_tracing()``
+    to a ``Thread`` as its target."""
+
+    def __init__(
+        self, func: Any, op: str, layer: Layer, component: Component, tags: Sequence[Tag] | None
+    ) -> None:
+        self._func = func
+        self._op = op
+        self._layer = layer
+        self._component = component
+        self._tags = tags
+        self._snapshot = _ctx.capture()  # at decoration time: the inline usage
+        functools.update_wrapper(self, func)
+
+    def _run(self, snapshot: Any, args: Any, kwargs: Any) -> Any:
+        with _open(self._op, self._layer, self._component, self._tags, snapshot):
+            return self._func(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run(self._snapshot, args, kwargs)
+
+    def continue_tracing(self) -> Callable[..., Any]:
+        snapshot = _ctx.capture()
+
+        def continued(*args: Any, **kwargs: Any) -> Any:
+            return self._run(snapshot, args, kwargs)
+
+        return continued
+
+
+def runnable(
+    op: str | None = None,
+    layer: Layer = Layer.Unknown,
+    component: Component = Component.Unknown,
+    tags: Sequence[Tag] | None = None,
+) -> Callable[[Any], _Runnable]:
+    def decorator(func: Any) -> _Runnable:
+        return _Runnable(func, op or f"Thread/{func.__name__}", layer, component, tags)
+
+    return decorator
+
+
+__all__ = ["runnable", "trace"]

@@ -1,0 +1,1 @@
+"""``skywalking.trace`` of the SkyWalking Python agent: see :mod:`swmp.compat`."""

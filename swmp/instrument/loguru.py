@@ -1,0 +1,98 @@
+"""loguru: every message of the reporter's level becomes a LOG record with its trace context.
+
+loguru dispatches to sinks synchronously in the logging thread, so a sink added with
+``logger.add`` sees the caller's context (trace id, segment, span). Applications commonly
+call ``logger.remove()`` (or ``logger.configure(handlers=...)``, which calls it) to replace
+loguru's default sink; that would remove ours too, so ``Logger.remove`` is wrapped to put
+it back. Tags as the SkyWalking Python agent's loguru plugin: ``level``, ``logger=loguru``,
+``thread``, and ``exception`` (the stack, at most ``SW_AGENT_CAUSE_EXCEPTION_DEPTH`` frames).
+
+A message forwarded from the stdlib by a handler (the usual ``InterceptHandler``) was
+already reported as a stdlib record and is not reported twice.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument._patch import patch, restore
+from swmp.instrument.log_reporter import level_number, reporting, write_log
+from swmp.tracing.limits import limits
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "loguru"
+PEER_NAMES = ("sw_loguru",)
+PACKAGE = "loguru"
+SUPPORTED = ("0.6", "1")
+TRIGGER = "loguru"
+
+_state: dict[str, Any] = {"id": None}
+
+
+def _make_sink(safe_mode: bool) -> Any:
+    def sink(message: Any) -> None:
+        if reporting():
+            return
+        try:
+            record = message.record
+            tags = ["level", record["level"].name, "logger", "loguru", "thread", record["thread"].name]
+            exc = record["exception"]
+            if exc is not None and exc.type is not None:
+                stack = "".join(
+                    traceback.format_exception(
+                        exc.type, exc.value, exc.traceback, limit=limits.exception_depth
+                    )
+                )
+                tags += ["exception", stack]
+            ts = int(record["time"].timestamp() * 1000)
+            body = str(record["message"])
+        except Exception:
+            return  # a record we cannot read is not worth failing the application's log call
+        write_log(ts, body, tags, safe_mode)
+
+    return sink
+
+
+def install(config: Config) -> None:
+    if not config.agent_log_reporter_active:
+        return
+    from loguru import logger  # noqa: PLC0415
+    from loguru._logger import Logger  # noqa: PLC0415
+
+    level = level_number(config.agent_log_reporter_level)
+    sink = _make_sink(config.agent_log_reporter_safe_mode)
+
+    def add(target: Any) -> int:
+        return int(target.add(sink, level=level, format="{message}", catch=True, colorize=False))
+
+    def make_remove(orig: Any) -> Any:
+        def remove(self: Any, handler_id: int | None = None) -> None:
+            orig(self, handler_id)
+            ours = _state["id"]
+            if ours is not None and (handler_id is None or handler_id == ours):
+                _state["id"] = None
+                try:
+                    _state["id"] = add(self)
+                except Exception:
+                    pass
+
+        return remove
+
+    _state["id"] = add(logger)
+    patch(Logger, "remove", make_remove)
+
+
+def uninstall() -> None:
+    from loguru import logger  # noqa: PLC0415
+    from loguru._logger import Logger  # noqa: PLC0415
+
+    restore(Logger, "remove")
+    ours, _state["id"] = _state["id"], None
+    if ours is not None:
+        try:
+            logger.remove(ours)
+        except ValueError:
+            pass

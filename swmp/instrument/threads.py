@@ -1,0 +1,111 @@
+"""Threads continue the trace they were started in: ``threading.Thread`` and
+``concurrent.futures.ThreadPoolExecutor`` (asyncio tasks do it through contextvars already).
+
+A thread started, or a work item submitted, while a recorded span is open inherits a
+snapshot of it (``swmp.tracing.context.inherit``): the spans it opens start segments with
+a cross-thread reference to that span, and its log records carry the trace id. No span is
+made for the thread itself, so a thread that does nothing traced costs nothing more, and a
+long-lived thread holds nothing open.
+
+Outside a trace the cost is one context-variable read per ``start()`` / ``submit()``.
+
+Not wrapped: the worker threads of thread pools (``concurrent.futures``,
+``multiprocessing.pool``: they serve many work items, each of which is wrapped on its own
+at submit) and the agent's own threads. ``SW_AGENT_THREAD_PROPAGATION=false`` turns all of
+this off.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _hook
+from swmp.instrument._patch import patch, restore
+from swmp.tracing import context as _ctx
+from swmp.tracing.span import current_span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "threading"
+PACKAGE = None
+SUPPORTED = ("", "")
+
+_get_current = current_span.get
+# Targets that run a pool's worker loop (one long-lived thread, many work items) or the agent.
+_SKIP_MODULES = ("concurrent.futures.", "multiprocessing.", "swmp.", "reporter_proc.", "ipc.")
+_POOL = "concurrent.futures.thread"
+
+
+def _skipped(thread: threading.Thread) -> bool:
+    target = getattr(thread, "_target", None)
+    owner = target if target is not None else type(thread).run
+    module = getattr(owner, "__module__", None) or ""
+    return module.startswith(_SKIP_MODULES) or module in ("concurrent.futures", "multiprocessing")
+
+
+def _continuing(fn: Any, snapshot: _ctx.Snapshot) -> Any:
+    """``fn`` run with ``snapshot`` as its trace parent, restored afterwards."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        token = _ctx.inherit(snapshot)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _ctx.disinherit(token)
+
+    return run
+
+
+def _make_start(orig: Any) -> Any:
+    def start(self: threading.Thread) -> None:
+        if _get_current() is not None:  # the one check outside a trace
+            try:
+                snapshot = _ctx.capture()
+                if snapshot is not None and not _skipped(self):
+                    # An instance attribute: the class (and other threads) stay untouched.
+                    self.run = _continuing(self.run, snapshot)  # type: ignore[method-assign]
+            except Exception:  # never fail the application's thread start for tracing
+                pass
+        return orig(self)  # type: ignore[no-any-return]
+
+    return start
+
+
+def _make_submit(orig: Any) -> Any:
+    def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if _get_current() is not None:
+            snapshot = _ctx.capture()
+            if snapshot is not None:
+                fn = _continuing(fn, snapshot)
+        return orig(self, fn, *args, **kwargs)
+
+    return submit
+
+
+def _install_pool() -> None:
+    from concurrent.futures.thread import ThreadPoolExecutor  # noqa: PLC0415
+
+    patch(ThreadPoolExecutor, "submit", _make_submit)
+
+
+def install(config: Config) -> None:
+    if not config.agent_thread_propagation:
+        return
+    patch(threading.Thread, "start", _make_start)
+    # concurrent.futures imports its thread pool lazily: patch it when (if ever) it is imported.
+    if _POOL in sys.modules:
+        _install_pool()
+    else:
+        _hook.defer(_POOL, _install_pool, key="threading-pool")
+
+
+def uninstall() -> None:
+    restore(threading.Thread, "start")
+    pool = sys.modules.get(_POOL)
+    if pool is not None:
+        restore(pool.ThreadPoolExecutor, "submit")

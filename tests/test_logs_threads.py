@@ -1,0 +1,277 @@
+"""Log reporting and thread propagation in one process (fast; the Gunicorn versions are in
+tests/test_logs_gunicorn.py): what is reported, exactly once, with which trace context."""
+
+from __future__ import annotations
+
+import io
+import logging
+import logging.config
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+import pytest
+
+from reporter_proc import records as R
+from swmp import _sink, tracing
+from swmp.config import load
+from swmp.instrument import log_reporter, threads
+from swmp.instrument import loguru as sw_loguru
+from swmp.instrument import structlog as sw_structlog
+from swmp.tracing import context as ctx
+
+
+@pytest.fixture()
+def sink() -> Iterator[_sink.MemorySink]:
+    s = _sink.MemorySink()
+    _sink.set_sink(s)
+    tracing.configure(load({}))
+    yield s
+    _sink.set_sink(None)
+
+
+@pytest.fixture()
+def reporting(sink: _sink.MemorySink) -> Iterator[Any]:
+    """Install the integrations with the given settings; always uninstalled afterwards."""
+    installed: list[Any] = []
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level  # the tests reconfigure logging as applications do
+
+    def install(**settings: Any) -> None:
+        settings.setdefault("agent_log_reporter_layout", "%(levelname)s %(name)s %(message)s")
+        cfg = load({}, **settings)
+        for mod in (log_reporter, sw_loguru, sw_structlog, threads):
+            mod.install(cfg)
+            installed.append(mod)
+
+    yield install
+    for mod in installed:
+        mod.uninstall()
+    root.handlers[:], _ = saved
+    root.setLevel(saved[1])
+
+
+def logs(sink: _sink.MemorySink) -> list[list[Any]]:
+    return [orjson.loads(p) for t, p in sink.records if t == R.LOG]
+
+
+def bodies(sink: _sink.MemorySink) -> list[str]:
+    return [rec[5] for rec in logs(sink)]
+
+
+def segments(sink: _sink.MemorySink) -> list[list[Any]]:
+    return [orjson.loads(p) for t, p in sink.records if t == R.SEGMENT]
+
+
+# -- stdlib logging ----------------------------------------------------------------------------
+def test_reported_once_whatever_the_logging_configuration(sink: _sink.MemorySink, reporting: Any) -> None:
+    reporting()
+    app = logging.getLogger("test.app")
+    logging.config.dictConfig(
+        {"version": 1, "disable_existing_loggers": False, "root": {"level": "INFO", "handlers": []}}
+    )
+    app.warning("after dictConfig")
+    stream = io.StringIO()
+    logging.basicConfig(force=True, stream=stream, format="%(tid)s|%(message)s")
+    app.warning("after basicConfig")
+    logging.getLogger().handlers.clear()
+    app.warning("after a reset")
+    quiet = logging.getLogger("test.quiet")
+    quiet.propagate = False
+    quiet.warning("not propagated")
+    app.info("below the reporter's level")
+    logging.getLogger("swmp.internal").error("the agent's own")
+    assert bodies(sink) == [
+        "WARNING test.app after dictConfig",
+        "WARNING test.app after basicConfig",
+        "WARNING test.app after a reset",
+        "WARNING test.quiet not propagated",
+    ]
+    assert stream.getvalue() == "N/A|after basicConfig\n"  # %(tid)s outside a trace
+
+
+def test_trace_context_and_the_tid_attribute(sink: _sink.MemorySink, reporting: Any) -> None:
+    reporting(agent_log_reporter_layout="%(tid)s %(message)s")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("[%(tid)s] %(message)s"))
+    app = logging.getLogger("test.tid")
+    app.addHandler(handler)
+    try:
+        with ctx.new_entry_span("/checkout") as span:
+            app.warning("paid")
+            app.warning("mine", extra={"tid": "set-by-the-app"})
+        tid = span.segment.trace_id
+    finally:
+        app.removeHandler(handler)
+    first, second = logs(sink)
+    assert first[5] == f"{tid} paid" and first[6] == tid and first[7] == span.segment.segment_id
+    assert first[3] == "/checkout" and first[8] == 0
+    assert second[5] == "set-by-the-app mine" and second[6] == tid  # the context is still ours
+    assert stream.getvalue() == f"[{tid}] paid\n[set-by-the-app] mine\n"
+
+
+def test_filters_are_honoured_unless_ignore_filter(sink: _sink.MemorySink, reporting: Any) -> None:
+    reporting(agent_log_reporter_ignore_filter=True)
+    app = logging.getLogger("test.filtered")
+    app.addFilter(lambda r: "secret" not in r.getMessage())
+    try:
+        app.warning("a secret")
+        app.disabled = True
+        app.warning("disabled logger")
+    finally:
+        app.disabled = False
+        app.filters.clear()
+    assert bodies(sink) == ["WARNING test.filtered a secret"]
+    log_reporter.uninstall()
+    log_reporter.install(load({}))  # default: filters apply
+    app.addFilter(lambda r: "secret" not in r.getMessage())
+    try:
+        app.warning("another secret")
+    finally:
+        app.filters.clear()
+    assert len(logs(sink)) == 1
+
+
+def test_a_bad_layout_is_reported_once_and_replaced(
+    sink: _sink.MemorySink, caplog: pytest.LogCaptureFixture
+) -> None:
+    for layout in ("%(message", "%(no_such_field)s %(message)s", "no fields at all"):
+        caplog.clear()
+        reporter = log_reporter.LogReporter(logging.WARNING, layout)
+        assert reporter.formatter._fmt == log_reporter.DEFAULT_LAYOUT
+        assert sum("cannot format log records" in r.getMessage() for r in caplog.records) == 1
+    # A record that cannot be formatted at all (bad arguments) is still reported.
+    rec = logging.LogRecord("test.bad", logging.ERROR, __file__, 1, "%d items", ("many",), None)
+    log_reporter.LogReporter(logging.WARNING, "%(message)s").report(rec)
+    assert bodies(sink) == ["%d items"]
+    assert log_reporter.stats.layout_fallbacks >= 1
+
+
+# -- loguru and structlog ----------------------------------------------------------------------
+def test_loguru_through_its_api_after_remove_and_no_double_report(
+    sink: _sink.MemorySink, reporting: Any
+) -> None:
+    from loguru import logger
+
+    reporting()
+    logger.remove()  # the usual start of an application's loguru set-up
+    out = io.StringIO()
+    logger.add(out, level="INFO", format="{message}")
+
+    class InterceptHandler(logging.Handler):  # stdlib -> loguru, as loguru's docs show
+        def emit(self, record: logging.LogRecord) -> None:
+            logger.opt(depth=6).log(record.levelname, record.getMessage())
+
+    fwd = logging.getLogger("test.forwarded")
+    fwd.addHandler(InterceptHandler())
+    fwd.propagate = False
+    try:
+        with ctx.new_entry_span("/l") as span:
+            logger.warning("from loguru {}", 1)
+            logger.info("below the level")
+            fwd.warning("from the stdlib")
+        try:
+            raise KeyError("k")
+        except KeyError:
+            logger.exception("failed")
+    finally:
+        fwd.handlers.clear()
+        logger.remove()
+        logger.add(io.StringIO())
+    got = logs(sink)
+    assert [r[5] for r in got] == ["from loguru 1", "WARNING test.forwarded from the stdlib", "failed"]
+    assert got[0][6] == span.segment.trace_id and got[1][6] == span.segment.trace_id
+    assert got[0][9][:6] == ["level", "WARNING", "logger", "loguru", "thread", "MainThread"]
+    assert "KeyError" in got[2][9][got[2][9].index("exception") + 1]
+    assert "from loguru 1" in out.getvalue()  # the application's sink still works
+
+
+def test_structlog_through_its_api(sink: _sink.MemorySink, reporting: Any) -> None:
+    import structlog
+
+    reporting()
+    out = io.StringIO()
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.JSONRenderer()],
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )
+    try:
+        log = structlog.get_logger()
+        with ctx.new_entry_span("/s") as span:
+            log.warning("paid", amount=3)
+            log.info("below the level")
+        structlog.configure(
+            processors=[structlog.stdlib.render_to_log_kwargs],
+            logger_factory=structlog.stdlib.LoggerFactory(),
+            wrapper_class=structlog.stdlib.BoundLogger,
+        )
+        structlog.get_logger("test.viastdlib").warning("via the stdlib")  # reported once, as stdlib
+    finally:
+        structlog.reset_defaults()
+    got = logs(sink)
+    assert len(got) == 2
+    assert orjson.loads(got[0][5]) == {"event": "paid", "amount": 3, "level": "warning"}
+    assert got[0][6] == span.segment.trace_id and got[0][9][3] == "structlog"
+    assert got[1][5] == "WARNING test.viastdlib via the stdlib"
+    assert '"paid"' in out.getvalue()
+
+
+# -- threads -----------------------------------------------------------------------------------
+def _child_span(name: str) -> None:
+    with ctx.new_local_span(name):
+        logging.getLogger("test.threads").warning(name)
+
+
+def test_threads_and_pool_work_continue_the_trace(sink: _sink.MemorySink, reporting: Any) -> None:
+    reporting()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with ctx.new_entry_span("/a") as a:
+            t = threading.Thread(target=_child_span, args=("thread-a",))
+            t.start()
+            t.join()
+            pool.submit(_child_span, "pool-a").result()
+            pool.submit(logging.getLogger("test.threads").warning, "no span in the pool").result()
+        with ctx.new_entry_span("/b") as b:
+            pool.submit(_child_span, "pool-b").result()  # the same worker thread: now trace b
+        pool.submit(_child_span, "pool-none").result()  # outside any trace: a trace of its own
+    by_op = {seg[R.SEG_SPANS][0][R.SPAN_OPERATION]: seg for seg in segments(sink)}
+    for op, parent in (("thread-a", a), ("pool-a", a), ("pool-b", b)):
+        seg = by_op[op]
+        assert seg[R.SEG_TRACE_ID] == parent.segment.trace_id, op
+        (ref,) = seg[R.SEG_SPANS][0][R.SPAN_REFS]
+        assert ref[0] == 1 and ref[2] == parent.segment.segment_id and ref[3] == parent.span_id, op
+    assert by_op["pool-none"][R.SEG_SPANS][0][R.SPAN_REFS] == []
+    assert by_op["pool-none"][R.SEG_TRACE_ID] not in (a.segment.trace_id, b.segment.trace_id)
+    # A log in a pool work item with no span of its own carries the submitting span.
+    (plain,) = [r for r in logs(sink) if r[5].endswith("no span in the pool")]
+    assert plain[6] == a.segment.trace_id and plain[7] == a.segment.segment_id
+
+
+def test_thread_propagation_can_be_turned_off(sink: _sink.MemorySink, reporting: Any) -> None:
+    reporting(agent_thread_propagation=False)
+    with ctx.new_entry_span("/a") as a:
+        t = threading.Thread(target=_child_span, args=("thread-off",))
+        t.start()
+        t.join()
+    (seg,) = [s for s in segments(sink) if s[R.SEG_SPANS][0][R.SPAN_OPERATION] == "thread-off"]
+    assert seg[R.SEG_TRACE_ID] != a.segment.trace_id and seg[R.SEG_SPANS][0][R.SPAN_REFS] == []
+
+
+def test_reporting_off_keeps_the_tid_attribute(sink: _sink.MemorySink, reporting: Any) -> None:
+    reporting(agent_log_reporter_active=False)
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(tid)s %(message)s"))
+    app = logging.getLogger("test.off")
+    app.addHandler(handler)
+    try:
+        with ctx.new_entry_span("/off") as span:
+            app.warning("kept")
+    finally:
+        app.removeHandler(handler)
+    assert stream.getvalue() == f"{span.segment.trace_id} kept\n"
+    assert logs(sink) == []
