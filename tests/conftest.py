@@ -8,6 +8,7 @@ They start nothing until a test asks for them.
 
 from __future__ import annotations
 
+from tests.brokers import rabbitmq
 from tests.cli_fixtures import new_arena, procs, shm
 from tests.daemons import mariadb_server, memcached_server, postgres_server, redis_server
 from tests.realpeers import kafka_broker, oap_server, oap_with_kafka
