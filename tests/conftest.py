@@ -22,6 +22,7 @@ __all__ = [
     "oap_with_kafka",
     "postgres_server",
     "procs",
+    "rabbitmq",
     "redis_server",
     "shm",
 ]
