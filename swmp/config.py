@@ -293,6 +293,14 @@ class Config:
         PLUGIN,
         check=_at_least(0),
     )
+    plugin_celery_parameters_length: int = _opt(
+        0,
+        "SW_PLUGIN_CELERY_PARAMETERS_LENGTH",
+        "Tag Celery publish and task-run spans with the task's arguments (`celery.parameters`), cut to "
+        "this many characters; 0 (the default; the SkyWalking Python agent's is 512) leaves them out.",
+        PLUGIN,
+        check=_at_least(0),
+    )
     plugin_flask_collect_http_params: bool = _opt(
         False, "SW_PLUGIN_FLASK_COLLECT_HTTP_PARAMS", "Tag Flask entry spans with the query string.", PLUGIN
     )

@@ -48,6 +48,7 @@ MODULES: tuple[str, ...] = (
     "swmp.instrument.urllib3",
     "swmp.instrument.http_client",
     "swmp.instrument.httpx",
+    "swmp.instrument.celery",
     "swmp.instrument.log_reporter",
 )
 
