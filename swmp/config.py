@@ -313,6 +313,22 @@ class Config:
         "Tag FastAPI/Starlette entry spans with the query string.",
         PLUGIN,
     )
+    # databases and caches (swmp/instrument/_datastore.py)
+    plugin_sql_parameters_max_length: int = _opt(
+        0,
+        "SW_PLUGIN_SQL_PARAMETERS_MAX_LENGTH",
+        "Tag SQL spans with their parameters (`db.sql.parameters`), cut to this many characters; "
+        "0 leaves parameters out.",
+        PLUGIN,
+        check=_at_least(0),
+    )
+    plugin_cache_collect_keys: bool = _opt(
+        True,
+        "SW_PLUGIN_CACHE_COLLECT_KEYS",
+        "Tag Redis and memcached spans with the key (`cache.key`, cut to SW_AGENT_TAG_VALUE_MAX_LENGTH); "
+        "false leaves keys out.",
+        PLUGIN,
+    )
 
     # -- logs ------------------------------------------------------------------------------
     agent_log_reporter_active: bool = _opt(

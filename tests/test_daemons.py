@@ -13,10 +13,9 @@ def test_postgres_accepts_the_documented_user(postgres_server: ServerInfo) -> No
     s = postgres_server
     with psycopg2.connect(
         host=s.host, port=s.port, user=s.user, password=s.password, dbname=s.database
-    ) as conn:
-        with conn.cursor() as cur:
-            cur.execute("SELECT current_user, current_database()")
-            assert cur.fetchone() == (s.user, s.database)
+    ) as conn, conn.cursor() as cur:
+        cur.execute("SELECT current_user, current_database()")
+        assert cur.fetchone() == (s.user, s.database)
     assert os.path.exists(f"/proc/{s.pid}")
 
 
