@@ -58,6 +58,11 @@ MODULES: tuple[str, ...] = (
     "swmp.instrument.aiomysql",
     "swmp.instrument.redis",
     "swmp.instrument.pymemcache",
+    "swmp.instrument.kafka",
+    "swmp.instrument.confluent_kafka",
+    "swmp.instrument.aiokafka",
+    "swmp.instrument.pika",
+    "swmp.instrument.aiormq",
 )
 
 INSTALLED = "installed"
