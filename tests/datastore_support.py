@@ -113,7 +113,8 @@ def start_traced(**overrides: Any) -> tuple[Traced, Any]:
     """Install every instrumentation on a memory sink; returns ``(traced, statuses)``."""
     sink = _sink.MemorySink()
     _sink.set_sink(sink)
-    cfg = load({}, agent_log_reporter_active=False, plugin_sql_parameters_max_length=PARAMS_MAX, **overrides)
+    overrides.setdefault("plugin_sql_parameters_max_length", PARAMS_MAX)
+    cfg = load({}, agent_log_reporter_active=False, **overrides)
     tracing.configure(cfg)
     tracing.stats.reset()
     return Traced(sink), instrument.install_all(cfg)

@@ -31,6 +31,7 @@ from swmp.tracing.constants import (
     TAG_DB_TYPE,
     Layer,
 )
+from swmp.tracing.limits import limits
 from swmp.tracing.span import NoopSpan, Span, current_span
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 # The single check on every wrapped call: None outside any trace.
 outside = current_span.get
 
+_NO_TAGS = Span.tags  # the class-level "no tags yet" marker
 _DATABASE = Layer.DATABASE
 _CACHE = Layer.CACHE
 
@@ -119,9 +121,16 @@ def sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
     (and ``db.sql.parameters`` when enabled)."""
     span = _ctx.new_exit_span(op, address, component, _DATABASE)
     if span.__class__ is Span:
-        span.tag(TAG_DB_TYPE, db_type)
-        span.tag(TAG_DB_INSTANCE, instance)
-        span.tag(TAG_DB_STATEMENT, text(statement))
+        if statement.__class__ is not str:
+            statement = text(statement)
+        if span.tags is _NO_TAGS and len(statement) <= limits.tag_value_max:
+            # The common case in one list (what three span.tag calls would build): this
+            # runs on every traced query.
+            span.tags = [TAG_DB_TYPE, db_type, TAG_DB_INSTANCE, instance, TAG_DB_STATEMENT, statement]
+        else:
+            span.tag(TAG_DB_TYPE, db_type)
+            span.tag(TAG_DB_INSTANCE, instance)
+            span.tag(TAG_DB_STATEMENT, statement)
         if settings.params_max and params is not None:
             try:
                 span.tag(TAG_DB_SQL_PARAMETERS, params_text(params, many))
