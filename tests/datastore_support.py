@@ -21,7 +21,7 @@ import pytest
 from reporter_proc import records as R
 from swmp import _sink, instrument, tracing
 from swmp.config import load
-from swmp.tracing import Kind
+from swmp.tracing import Kind, Layer
 from swmp.tracing.context import new_local_span
 
 PARAMS_MAX = 40  # SW_PLUGIN_SQL_PARAMETERS_MAX_LENGTH used by these tests
@@ -143,6 +143,17 @@ def traced() -> Iterator[Traced]:
     assert {n: status[n] for n in names} == dict.fromkeys(names, "installed")
     yield t
     stop_traced()
+
+
+def check_sql(e: Exit, s: Any, op: str, component: int, *, db_type: str, statement: str) -> None:
+    """The SkyWalking shape of one SQL exit span against the server ``s`` (a ServerInfo)."""
+    assert e.op == op
+    assert e.peer == f"127.0.0.1:{s.port}"
+    assert e.component == component
+    assert e.layer == Layer.DATABASE
+    assert e.tags["db.type"] == db_type
+    assert e.tags["db.instance"] == s.database
+    assert e.tags["db.statement"] == statement
 
 
 def only(got: Got) -> Exit:

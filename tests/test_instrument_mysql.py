@@ -10,21 +10,15 @@ from typing import Any
 
 import pytest
 
-from swmp.tracing import Component, Layer
+from swmp.tracing import Component
 from tests.daemons import ServerInfo
-from tests.datastore_support import Exit, Traced, only, traced
+from tests.datastore_support import Exit, Traced, check_sql, only, traced
 
 __all__ = ["traced"]
 
 
 def _check_shape(e: Exit, s: ServerInfo, op: str, component: int, statement: str) -> None:
-    assert e.op == op
-    assert e.peer == f"127.0.0.1:{s.port}"
-    assert e.component == component
-    assert e.layer == Layer.DATABASE
-    assert e.tags["db.type"] == "mysql"
-    assert e.tags["db.instance"] == s.database
-    assert e.tags["db.statement"] == statement
+    check_sql(e, s, op, component, db_type="mysql", statement=statement)
 
 
 @pytest.fixture()

@@ -11,21 +11,15 @@ from typing import Any
 
 import pytest
 
-from swmp.tracing import Component, Layer
+from swmp.tracing import Component
 from tests.daemons import ServerInfo
-from tests.datastore_support import Exit, Traced, only, traced
+from tests.datastore_support import Exit, Traced, check_sql, only, traced
 
 __all__ = ["traced"]  # the fixture, used by name
 
 
 def _check_shape(e: Exit, s: ServerInfo, op: str, component: int, statement: str) -> None:
-    assert e.op == op
-    assert e.peer == f"127.0.0.1:{s.port}"
-    assert e.component == component
-    assert e.layer == Layer.DATABASE
-    assert e.tags["db.type"] == "PostgreSQL"
-    assert e.tags["db.instance"] == s.database
-    assert e.tags["db.statement"] == statement
+    check_sql(e, s, op, component, db_type="PostgreSQL", statement=statement)
 
 
 def _dsn(s: ServerInfo) -> dict[str, Any]:

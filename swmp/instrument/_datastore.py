@@ -337,3 +337,35 @@ def cursor_method(
 
 
 _MISSING: Any = object()
+
+
+def traced_method(
+    start: Callable[[Any, tuple[Any, ...], dict[str, Any]], Span | NoopSpan], *, is_async: bool = False
+) -> Callable[[Any], Any]:
+    """A ``patch`` wrapper factory: the method runs inside ``start(self, args, kwargs)``'s span
+    when called inside a trace, and is called directly otherwise. For an async method, the
+    wrapper returns the driver's own coroutine outside a trace."""
+
+    def make(orig: Any) -> Any:
+        if is_async:
+
+            async def traced(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                with start(self, args, kwargs):
+                    return await orig(self, *args, **kwargs)
+
+            def amethod(self: Any, *args: Any, **kwargs: Any) -> Any:
+                if outside() is None:
+                    return orig(self, *args, **kwargs)
+                return traced(self, args, kwargs)
+
+            return amethod
+
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if outside() is None:
+                return orig(self, *args, **kwargs)
+            with start(self, args, kwargs):
+                return orig(self, *args, **kwargs)
+
+        return method
+
+    return make

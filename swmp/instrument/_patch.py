@@ -59,3 +59,17 @@ def restore(owner: Any, name: str) -> None:
 def is_patched(owner: Any, name: str) -> bool:
     current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
     return hasattr(current, ORIGINAL)
+
+
+Target = tuple[Any, str, Callable[[Any], Callable[..., Any]]]  # (owner, name, make_wrapper)
+
+
+def patch_all(targets: list[Target], *, inherited: bool = False) -> None:
+    """:func:`patch` each ``(owner, name, make_wrapper)``."""
+    for owner, name, make in targets:
+        patch(owner, name, make, inherited=inherited)
+
+
+def restore_all(targets: list[Target]) -> None:
+    for owner, name, _ in targets:
+        restore(owner, name)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
-from swmp.instrument._patch import patch, restore
+from swmp.instrument._patch import patch_all, restore_all
 from swmp.tracing.constants import Component
 
 if TYPE_CHECKING:
@@ -111,10 +111,8 @@ def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
 
 def install(config: Config) -> None:
     _ds.configure(config)
-    for owner, name, make in _targets():
-        patch(owner, name, make, inherited=True)  # Protocol inherits them from a compiled base
+    patch_all(_targets(), inherited=True)  # Protocol inherits them from a compiled base
 
 
 def uninstall() -> None:
-    for owner, name, _ in _targets():
-        restore(owner, name)
+    restore_all(_targets())

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
-from swmp.instrument._patch import patch, restore
+from swmp.instrument._patch import patch_all, restore_all
 from swmp.tracing.constants import Component
 
 if TYPE_CHECKING:
@@ -56,33 +56,10 @@ def _span(cur: Any, method: str, query: Any, params: Any, many: bool = False) ->
     )
 
 
-def _execute(method: str) -> Callable[[Any], Any]:
-    def make(orig: Any) -> Any:
-        def execute(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
-            if _outside() is None:
-                return orig(self, query, params, *args, **kwargs)
-            with _span(self, method, query, params):
-                return orig(self, query, params, *args, **kwargs)
-
-        return execute
-
-    return make
-
-
-def _aexecute(method: str) -> Callable[[Any], Any]:
-    def make(orig: Any) -> Any:
-        async def traced(self: Any, query: Any, params: Any, args: Any, kwargs: Any) -> Any:
-            with _span(self, method, query, params):
-                return await orig(self, query, params, *args, **kwargs)
-
-        def execute(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
-            if _outside() is None:
-                return orig(self, query, params, *args, **kwargs)  # the coroutine, untouched
-            return traced(self, query, params, args, kwargs)
-
-        return execute
-
-    return make
+def _execute_start(cur: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # execute(query, params=None, *, prepare=None, binary=None)
+    params = args[1] if len(args) > 1 else kwargs.get("params")
+    return _span(cur, "execute", args[0] if args else kwargs.get("query"), params)
 
 
 def _rows(params_seq: Any) -> Any:
@@ -151,13 +128,13 @@ def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
     import psycopg  # noqa: PLC0415
 
     return [
-        (psycopg.Cursor, "execute", _execute("execute")),
-        (psycopg.ServerCursor, "execute", _execute("execute")),
+        (psycopg.Cursor, "execute", _ds.traced_method(_execute_start)),
+        (psycopg.ServerCursor, "execute", _ds.traced_method(_execute_start)),
         (psycopg.Cursor, "executemany", _executemany),
         (psycopg.Cursor, "stream", _stream),
         (psycopg.Cursor, "copy", _copy),
-        (psycopg.AsyncCursor, "execute", _aexecute("execute")),
-        (psycopg.AsyncServerCursor, "execute", _aexecute("execute")),
+        (psycopg.AsyncCursor, "execute", _ds.traced_method(_execute_start, is_async=True)),
+        (psycopg.AsyncServerCursor, "execute", _ds.traced_method(_execute_start, is_async=True)),
         (psycopg.AsyncCursor, "executemany", _aexecutemany),
         (psycopg.AsyncCursor, "stream", _astream),
         (psycopg.AsyncCursor, "copy", _copy),
@@ -166,10 +143,8 @@ def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
 
 def install(config: Config) -> None:
     _ds.configure(config)
-    for owner, name, make in _targets():
-        patch(owner, name, make)
+    patch_all(_targets())
 
 
 def uninstall() -> None:
-    for owner, name, _ in _targets():
-        restore(owner, name)
+    restore_all(_targets())

@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
-from swmp.instrument._patch import patch, restore
+from swmp.instrument._patch import patch_all, restore_all
 from swmp.tracing.constants import Component
+from swmp.tracing.span import NOOP
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -78,50 +79,13 @@ def _pipeline_span(pipe: Any) -> Any:
     return _ds.cache_span(op, address, _COMPONENT, "Redis", " ".join(cmds), keys or None, db, kind)
 
 
-def _execute_command(orig: Any) -> Any:
-    def execute_command(self: Any, *args: Any, **options: Any) -> Any:
-        if _outside() is None:
-            return orig(self, *args, **options)
-        with _command_span(self, args):
-            return orig(self, *args, **options)
-
-    return execute_command
+def _command_start(client: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
+    return _command_span(client, args)
 
 
-def _aexecute_command(orig: Any) -> Any:
-    async def traced(self: Any, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
-        with _command_span(self, args):
-            return await orig(self, *args, **options)
-
-    def execute_command(self: Any, *args: Any, **options: Any) -> Any:
-        if _outside() is None:
-            return orig(self, *args, **options)
-        return traced(self, args, options)
-
-    return execute_command
-
-
-def _pipeline_execute(orig: Any) -> Any:
-    def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _outside() is None or not self.command_stack:
-            return orig(self, *args, **kwargs)
-        with _pipeline_span(self):
-            return orig(self, *args, **kwargs)
-
-    return execute
-
-
-def _apipeline_execute(orig: Any) -> Any:
-    async def traced(self: Any, args: Any, kwargs: Any) -> Any:
-        with _pipeline_span(self):
-            return await orig(self, *args, **kwargs)
-
-    def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _outside() is None or not self.command_stack:
-            return orig(self, *args, **kwargs)
-        return traced(self, args, kwargs)
-
-    return execute
+def _pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -> Any:
+    # An empty pipeline sends nothing: no span.
+    return _pipeline_span(pipe) if pipe.command_stack else NOOP
 
 
 def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
@@ -129,19 +93,17 @@ def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
     from redis import client  # noqa: PLC0415
 
     return [
-        (client.Redis, "execute_command", _execute_command),
-        (client.Pipeline, "execute", _pipeline_execute),
-        (aclient.Redis, "execute_command", _aexecute_command),
-        (aclient.Pipeline, "execute", _apipeline_execute),
+        (client.Redis, "execute_command", _ds.traced_method(_command_start)),
+        (client.Pipeline, "execute", _ds.traced_method(_pipeline_start)),
+        (aclient.Redis, "execute_command", _ds.traced_method(_command_start, is_async=True)),
+        (aclient.Pipeline, "execute", _ds.traced_method(_pipeline_start, is_async=True)),
     ]
 
 
 def install(config: Config) -> None:
     _ds.configure(config)
-    for owner, name, make in _targets():
-        patch(owner, name, make)
+    patch_all(_targets())
 
 
 def uninstall() -> None:
-    for owner, name, _ in _targets():
-        restore(owner, name)
+    restore_all(_targets())
