@@ -180,3 +180,21 @@ def test_pymemcache(traced: Traced, memcached_server: ServerInfo) -> None:
     finally:
         mc.close()
         pooled.close()
+
+
+def test_a_failing_instrumentation_never_fails_the_call(
+    traced: Traced, r: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Should a driver change what the instrumentation reads, the call still runs: no span,
+    one warning."""
+    import swmp.instrument.redis as instrumented
+
+    def changed(client: Any) -> tuple[str, str]:
+        raise AttributeError("connection_pool")
+
+    monkeypatch.setattr(instrumented, "_where", changed)
+    with traced.trace() as got:
+        assert r.set("rk:g", 1) is True
+        assert r.get("rk:g") == b"1"
+    assert got.exits == []
+    assert len([m for m in caplog.messages if "calls go on without spans" in m]) == 1

@@ -16,6 +16,7 @@ SkyWalking Python agent's name and format: ``[a,b]``, cut with ``...``),
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -32,13 +33,36 @@ from swmp.tracing.constants import (
     Layer,
 )
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NoopSpan, Span, current_span
+from swmp.tracing.span import NOOP, NoopSpan, Span, current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
 
 # The single check on every wrapped call: None outside any trace.
 outside = current_span.get
+log = logging.getLogger("swmp.instrument")
+_reported: set[str] = set()
+
+
+def guarded(start: Callable[..., Any]) -> Callable[..., Any]:
+    """``start`` (which reads the driver's arguments and opens a span) made unable to fail
+    the application's call: an error there is logged once per function and the call runs
+    without a span (a driver version that changed what the instrumentation reads)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return start(*args, **kwargs)
+        except Exception as e:
+            where = f"{start.__module__}.{start.__qualname__}"
+            if where not in _reported:
+                _reported.add(where)
+                log.warning("swmp: %s failed (%r); calls go on without spans", where, e, exc_info=True)
+            return NOOP
+
+    run.__name__ = start.__name__
+    run.__qualname__ = start.__qualname__
+    return run
+
 
 _NO_TAGS = Span.tags  # the class-level "no tags yet" marker
 _DATABASE = Layer.DATABASE
@@ -303,13 +327,17 @@ def cursor_method(
             return list(args)  # the tag must not consume what the driver still needs
         return args
 
+    @guarded
+    def start(cur: Any, query: Any, args: Any) -> Span | NoopSpan:
+        address, db = where(cur)
+        return sql_span(op, address, component, db_type, db, query, args or None, many)
+
     def make(orig: Any) -> Any:
         if is_async:
 
             async def traced(self: Any, query: Any, args: Any, rest: Any) -> Any:
                 args = rows(args)
-                address, db = where(self)
-                with sql_span(op, address, component, db_type, db, query, args or None, many):
+                with start(self, query, args):
                     return await orig(self, query, args, *rest)
 
             def amethod(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
@@ -327,8 +355,7 @@ def cursor_method(
             if outside() is None:
                 return orig(self, query, args, *rest)
             args = rows(args)
-            address, db = where(self)
-            with sql_span(op, address, component, db_type, db, query, args or None, many):
+            with start(self, query, args):
                 return orig(self, query, args, *rest)
 
         return smethod
@@ -345,6 +372,8 @@ def traced_method(
     """A ``patch`` wrapper factory: the method runs inside ``start(self, args, kwargs)``'s span
     when called inside a trace, and is called directly otherwise. For an async method, the
     wrapper returns the driver's own coroutine outside a trace."""
+
+    start = guarded(start)
 
     def make(orig: Any) -> Any:
         if is_async:

@@ -64,23 +64,24 @@ def _traced(
     (``params_name``) holds the query's arguments."""
 
     def make(orig: Any) -> Any:
-        async def traced(proto: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        @_ds.guarded
+        def start(proto: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             address, db = getattr(proto, "_swmp_where", ("", ""))
             stmt = _arg(args, kwargs, stmt_pos, stmt_name)
             query = stmt if stmt.__class__ is str else getattr(stmt, "query", "")
             params = _arg(args, kwargs, 1, params_name) if params_name else None
-            if (
-                many
-                and _ds.settings.params_max
-                and params is not None
-                and not isinstance(params, (list, tuple))
-            ):
-                params = list(params)  # the tag and the driver each need the rows
-                if len(args) > 1:
-                    args = (args[0], params, *args[2:])
-                else:
-                    kwargs[str(params_name)] = params
-            with _ds.sql_span(op, address, _COMPONENT, "PostgreSQL", db, query, params, many):
+            return _ds.sql_span(op, address, _COMPONENT, "PostgreSQL", db, query, params, many)
+
+        async def traced(proto: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if many and _ds.settings.params_max:
+                rows = _arg(args, kwargs, 1, str(params_name))
+                if rows is not None and not isinstance(rows, (list, tuple)):
+                    rows = list(rows)  # the tag and the driver each need the rows
+                    if len(args) > 1:
+                        args = (args[0], rows, *args[2:])
+                    else:
+                        kwargs[str(params_name)] = rows
+            with start(proto, args, kwargs):
                 return await orig(proto, *args, **kwargs)
 
         def method(proto: Any, *args: Any, **kwargs: Any) -> Any:

@@ -49,6 +49,7 @@ def _where(conn: Any) -> tuple[str, str]:
     return cached[0], cached[1]
 
 
+@_ds.guarded
 def _span(cur: Any, method: str, query: Any, params: Any, many: bool = False) -> Any:
     address, db = _where(cur._conn)
     return _ds.sql_span(

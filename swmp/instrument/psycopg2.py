@@ -45,6 +45,7 @@ def _where(conn: Any) -> tuple[str, str]:
     return cached  # type: ignore[no-any-return]
 
 
+@_ds.guarded
 def _span(cur: Any, method: str, statement: Any, params: Any, many: bool = False) -> Any:
     address, db = _where(cur.connection)
     return _ds.sql_span(

@@ -45,11 +45,15 @@ def _key(key: Any) -> Any:
 def _command(cmd: str) -> Any:
     op = "Memcached/" + cmd
 
+    @_ds.guarded
+    def start(client: Any, key: Any) -> Any:
+        return _ds.cache_span(op, _address(client), _COMPONENT, "Memcached", cmd, _key(key))
+
     def make(orig: Any) -> Any:
         def method(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
             if _outside() is None:
                 return orig(self, key, *args, **kwargs)
-            with _ds.cache_span(op, _address(self), _COMPONENT, "Memcached", cmd, _key(key)):
+            with start(self, key):
                 return orig(self, key, *args, **kwargs)
 
         return method
