@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from swmp.config import Config
 
 NAME = "aiomysql"
+PEER_NAMES: tuple[str, ...] = ()  # the SkyWalking Python agent has no aiomysql plugin
 PACKAGE = "aiomysql"
 SUPPORTED = ("0.1", "1")
 TRIGGER = "aiomysql"

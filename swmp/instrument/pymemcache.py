@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from swmp.config import Config
 
 NAME = "pymemcache"
+PEER_NAMES: tuple[str, ...] = ()  # the SkyWalking Python agent has no memcached plugin
 PACKAGE = "pymemcache"
 SUPPORTED = ("3.0", "5")
 TRIGGER = "pymemcache"
