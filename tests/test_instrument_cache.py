@@ -198,3 +198,24 @@ def test_a_failing_instrumentation_never_fails_the_call(
         assert r.get("rk:g") == b"1"
     assert got.exits == []
     assert len([m for m in caplog.messages if "calls go on without spans" in m]) == 1
+
+
+def test_disable_plugins_by_swmp_and_peer_names(redis_server: ServerInfo) -> None:
+    import psycopg  # noqa: F401
+    import psycopg2  # noqa: F401
+    import pymysql  # noqa: F401
+    import redis
+
+    t, status = start_traced(agent_disable_plugins=("sw_(redis|pymysql)", "psycopg*"))
+    try:
+        client = redis.Redis(host=redis_server.host, port=redis_server.port)
+        with t.trace() as got:
+            client.get("rk:off")
+        client.close()
+    finally:
+        stop_traced()
+    assert {n: status[n] for n in ("redis", "pymysql", "psycopg", "psycopg2")} == dict.fromkeys(
+        ("redis", "pymysql", "psycopg", "psycopg2"), "disabled"
+    )
+    assert status["asyncpg"] != "disabled"
+    assert got.exits == []
