@@ -525,3 +525,64 @@ def test_amqp_publish_outside_a_trace_adds_nothing(sink: _sink.MemorySink, rabbi
         conn.close()
     assert body == b"plain" and props.headers is None
     assert spans_of(sink, Kind.EXIT, Component.RABBITMQ_PRODUCER) == []
+
+
+# ------------------------------------------------------------------------------------ shared parts
+def test_consumed_message_gets_its_own_segment_whatever_is_current(sink: _sink.MemorySink) -> None:
+    from swmp.instrument import _mq
+
+    with new_entry_span("/request") as outer:
+        with new_local_span("poll-loop") as loop_span:
+            producer = _mq.exit_span("Kafka/t/Producer", "b:1", Component.KAFKA_PRODUCER)
+            assert producer is not None
+            headers = _mq.kafka_headers(producer, None)
+            producer.finish()
+            _mq.consumed(
+                "Kafka/t/Consumer/g", _mq.pairs_lookup(headers), Component.KAFKA_CONSUMER, "b:1", "t"
+            )
+            assert active_span() is loop_span  # the application's context is given back
+        _mq.consumed(
+            "Kafka/t/Consumer/g", _mq.pairs_lookup([("sw8", b"garbage")]), Component.KAFKA_CONSUMER, "b", "t"
+        )
+    entries = spans_of(sink, Kind.ENTRY, Component.KAFKA_CONSUMER)
+    assert len(entries) == 2
+    (seg1, span1), (seg2, span2) = entries
+    assert span1[R.SPAN_PARENT_ID] == span2[R.SPAN_PARENT_ID] == -1  # first span of its own segment
+    outer_seg = next(seg for seg in segments(sink) if seg[R.SEG_SPANS][-1][R.SPAN_OPERATION] == "/request")
+    assert seg1[R.SEG_TRACE_ID] == outer_seg[R.SEG_TRACE_ID]  # continues the sw8 it carried
+    assert seg2[R.SEG_TRACE_ID] != outer_seg[R.SEG_TRACE_ID] and span2[R.SPAN_REFS] == []  # bad header
+    assert outer.end and active_span() is None
+
+
+def test_consuming_marks_errors_and_restores_the_context(sink: _sink.MemorySink) -> None:
+    from swmp.instrument import _mq
+
+    with new_entry_span("/outer") as outer:
+        with (
+            pytest.raises(KeyError),
+            _mq.Consuming(
+                "RabbitMQ/Topic//Queue/q/Consumer", {}.get, Component.RABBITMQ_CONSUMER, "b", "", "q"
+            ),
+        ):
+            span = active_span()
+            assert span is not None and span.op == "RabbitMQ/Topic//Queue/q/Consumer"
+            raise KeyError("boom")
+        assert active_span() is outer
+    [(_seg, span)] = spans_of(sink, Kind.ENTRY, Component.RABBITMQ_CONSUMER)
+    assert span[R.SPAN_IS_ERROR]
+
+
+def test_headers_are_new_objects_with_one_sw8() -> None:
+    from swmp.instrument import _mq
+
+    with new_entry_span("/h"):
+        span = _mq.exit_span("Kafka/t/Producer", "b:1", Component.KAFKA_PRODUCER)
+        assert span is not None
+        given = [("a", b"1"), ("sw8", b"stale")]
+        out = _mq.kafka_headers(span, given)
+        table = {"x": "y", "sw8": "stale"}
+        amqp = _mq.amqp_headers(span, table)
+        span.finish()
+    assert given == [("a", b"1"), ("sw8", b"stale")] and table == {"x": "y", "sw8": "stale"}
+    assert [k for k, _ in out] == ["a", "sw8"] and out[1][1] != b"stale"
+    assert amqp["x"] == "y" and amqp["sw8"] == out[1][1].decode()

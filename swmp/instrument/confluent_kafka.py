@@ -14,8 +14,8 @@ Span shapes are those of the kafka-python instrumentation: ``Kafka/<topic>/Produ
 operation names and an ``mq.queue`` tag; keys are usually unique, which would make one
 endpoint per message in the OAP, so swmp leaves them out.) The producer span covers
 ``produce`` (the hand-over to librdkafka's queue); delivery reports arrive later through
-``poll``/``flush`` callbacks, unchanged. Messages whose ``headers`` are passed positionally
-are sent untraced.
+``poll``/``flush`` callbacks, unchanged. Calls that pass ``timestamp`` or ``headers``
+positionally are sent untraced.
 """
 
 from __future__ import annotations
