@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from swmp.propagation import SW8, SW8_CORRELATION, SW8_X, from_headers
 from swmp.tracing import context as _ctx
@@ -34,6 +34,7 @@ log = logging.getLogger("swmp.instrument")
 # forwarded message never carries two (possibly conflicting) sw8 values.
 OWN_HEADERS = frozenset((SW8, SW8_CORRELATION, SW8_X))
 
+T = TypeVar("T")
 _get_current = current_span.get
 _warned: set[str] = set()
 
@@ -53,6 +54,32 @@ def exit_span(op: str, peer: str, component: int) -> Span | None:
     """
     span = _ctx.new_exit_span(op, peer, component, Layer.MQ)
     return span if isinstance(span, Span) else None
+
+
+def producer_span(  # noqa: PLR0917 (the message's facts, in a fixed order)
+    op: str,
+    broker: str,
+    component: int,
+    topic: str,
+    queue: str | None,
+    attach: Callable[[Span], T],
+) -> tuple[Span | None, T | None]:
+    """The exit span of a send inside a trace, tagged, and ``attach(span)`` (the message's
+    new headers); ``(None, None)`` when nothing is to be recorded or anything failed (then no
+    span is left open: the send goes out untraced).
+    """
+    span = None
+    try:
+        span = exit_span(op, broker, component)
+        if span is None:
+            return None, None
+        tag_mq(span, broker, topic, queue)
+        return span, attach(span)
+    except Exception:
+        warn_once(f"produce:{component}", "swmp: tracing a message send failed")
+        if span is not None:
+            span.finish()
+        return None, None
 
 
 def tag_mq(span: Span, broker: str, topic: str, queue: str | None = None) -> None:

@@ -39,7 +39,10 @@ _get_current = current_span.get
 
 def _brokers(client: Any) -> str:
     servers = getattr(client, "_bootstrap_servers", "") or ""
-    return servers if isinstance(servers, str) else ";".join(servers)
+    try:
+        return servers if isinstance(servers, str) else ";".join(servers)
+    except TypeError:
+        return str(servers)
 
 
 def install(config: Config) -> None:
@@ -57,19 +60,19 @@ def install(config: Config) -> None:
         ) -> Any:
             if _get_current() is None or self.__dict__.get(INTERNAL_MARK):
                 return await orig(self, topic, value, key, partition, timestamp_ms, headers)
-            span = None
-            try:
-                brokers = _brokers(self.client)
-                span = _mq.exit_span(f"Kafka/{topic}/Producer", brokers, Component.KAFKA_PRODUCER)
-                if span is not None:
-                    _mq.tag_mq(span, brokers, str(topic))
-                    headers = _mq.kafka_headers(span, headers)
-            except Exception:
-                _mq.warn_once("aiokafka.send", "swmp: tracing an aiokafka send failed")
+            brokers = _brokers(self.client)
+            span, traced = _mq.producer_span(
+                f"Kafka/{topic}/Producer",
+                brokers,
+                Component.KAFKA_PRODUCER,
+                str(topic),
+                None,
+                lambda s: _mq.kafka_headers(s, headers),
+            )
             if span is None:
                 return await orig(self, topic, value, key, partition, timestamp_ms, headers)
             with span:
-                return await orig(self, topic, value, key, partition, timestamp_ms, headers)
+                return await orig(self, topic, value, key, partition, timestamp_ms, traced)
 
         return send
 

@@ -71,33 +71,32 @@ def install(config: Config) -> None:
     from aiormq import Channel  # noqa: PLC0415
     from pamqp.commands import Basic  # noqa: PLC0415
 
+    def _with_headers(span: Any, properties: Any) -> Any:
+        """A copy of the caller's properties with the trace's headers; aiormq's own default
+        (``delivery_mode=1``) when there are none."""
+        props = Basic.Properties(delivery_mode=1) if properties is None else copy.copy(properties)
+        props.headers = _mq.amqp_headers(span, props.headers)
+        return props
+
     def make_publish(orig: Any) -> Any:
         async def basic_publish(self: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
             if _get_current() is None or args:
                 return await orig(self, body, *args, **kwargs)
-            span = None
-            try:
-                exchange = kwargs.get("exchange", "")
-                routing_key = kwargs.get("routing_key", "")
-                peer = _peer(self)
-                span = _mq.exit_span(
-                    f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Producer",
-                    peer,
-                    Component.RABBITMQ_PRODUCER,
-                )
-                if span is not None:
-                    _mq.tag_mq(span, peer, str(exchange), str(routing_key))
-                    properties = kwargs.get("properties")
-                    # aiormq's own default when no properties are given: delivery_mode=1.
-                    props = Basic.Properties(delivery_mode=1) if properties is None else copy.copy(properties)
-                    props.headers = _mq.amqp_headers(span, props.headers)
-                    kwargs = {**kwargs, "properties": props}
-            except Exception:
-                _mq.warn_once("aiormq.publish", "swmp: tracing an aiormq publish failed")
+            exchange = kwargs.get("exchange", "")
+            routing_key = kwargs.get("routing_key", "")
+            peer = _peer(self)
+            span, traced = _mq.producer_span(
+                f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Producer",
+                peer,
+                Component.RABBITMQ_PRODUCER,
+                str(exchange),
+                str(routing_key),
+                lambda s: _with_headers(s, kwargs.get("properties")),
+            )
             if span is None:
                 return await orig(self, body, *args, **kwargs)
             with span:
-                return await orig(self, body, *args, **kwargs)
+                return await orig(self, body, *args, **{**kwargs, "properties": traced})
 
         return basic_publish
 

@@ -66,19 +66,19 @@ def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
         def produce(self, topic: Any, *args: Any, **kwargs: Any) -> Any:
             if _get_current() is None or len(args) > _POSITIONAL_BEFORE_HEADERS:
                 return super().produce(topic, *args, **kwargs)
-            span = None
-            try:
-                brokers = self._swmp_brokers
-                span = _mq.exit_span(f"Kafka/{topic}/Producer", brokers, Component.KAFKA_PRODUCER)
-                if span is not None:
-                    _mq.tag_mq(span, brokers, str(topic))
-                    kwargs = {**kwargs, "headers": _with_headers(span, kwargs.get("headers"))}
-            except Exception:
-                _mq.warn_once("confluent.produce", "swmp: tracing a confluent-kafka produce failed")
+            brokers = self._swmp_brokers
+            span, traced = _mq.producer_span(
+                f"Kafka/{topic}/Producer",
+                brokers,
+                Component.KAFKA_PRODUCER,
+                str(topic),
+                None,
+                lambda s: _with_headers(s, kwargs.get("headers")),
+            )
             if span is None:
                 return super().produce(topic, *args, **kwargs)
             with span:
-                return super().produce(topic, *args, **kwargs)
+                return super().produce(topic, *args, **{**kwargs, "headers": traced})
 
     class Consumer(base_consumer):  # type: ignore[misc]
         __doc__ = base_consumer.__doc__

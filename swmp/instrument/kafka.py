@@ -35,8 +35,19 @@ _HEADERS_SINCE = (0, 11)  # record headers need message format v2
 
 
 def _brokers(client: Any) -> str:
-    servers = client.config.get("bootstrap_servers") or ""
-    return servers if isinstance(servers, str) else ";".join(servers)
+    try:
+        servers = client.config.get("bootstrap_servers") or ""
+        return servers if isinstance(servers, str) else ";".join(servers)
+    except Exception:
+        return ""
+
+
+def _headers_supported(producer: Any) -> bool:
+    try:
+        api = producer.config.get("api_version")
+        return api is None or tuple(api) >= _HEADERS_SINCE
+    except Exception:
+        return False
 
 
 def install(config: Config) -> None:
@@ -54,21 +65,21 @@ def install(config: Config) -> None:
         ) -> Any:
             if _get_current() is None or not (headers is None or isinstance(headers, list)):
                 return orig(self, topic, value, key, headers, partition, timestamp_ms)
-            span = None
-            try:
-                api = self.config.get("api_version")
-                if api is None or tuple(api) >= _HEADERS_SINCE:
-                    brokers = _brokers(self)
-                    span = _mq.exit_span(f"Kafka/{topic}/Producer", brokers, Component.KAFKA_PRODUCER)
-                    if span is not None:
-                        _mq.tag_mq(span, brokers, str(topic))
-                        headers = _mq.kafka_headers(span, headers)
-            except Exception:
-                _mq.warn_once("kafka.send", "swmp: tracing a kafka-python send failed")
+            if not _headers_supported(self):
+                return orig(self, topic, value, key, headers, partition, timestamp_ms)
+            brokers = _brokers(self)
+            span, traced = _mq.producer_span(
+                f"Kafka/{topic}/Producer",
+                brokers,
+                Component.KAFKA_PRODUCER,
+                str(topic),
+                None,
+                lambda s: _mq.kafka_headers(s, headers),
+            )
             if span is None:
                 return orig(self, topic, value, key, headers, partition, timestamp_ms)
             with span:
-                return orig(self, topic, value, key, headers, partition, timestamp_ms)
+                return orig(self, topic, value, key, traced, partition, timestamp_ms)
 
         return send
 

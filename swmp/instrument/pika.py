@@ -102,27 +102,27 @@ def install(config: Config) -> None:
         ) -> Any:
             if _get_current() is None:
                 return orig(self, exchange, routing_key, body, properties, mandatory)
-            span = None
-            try:
-                peer = _peer(self)
-                span = _mq.exit_span(
-                    f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Producer",
-                    peer,
-                    Component.RABBITMQ_PRODUCER,
-                )
-                if span is not None:
-                    _mq.tag_mq(span, peer, str(exchange), str(routing_key))
-                    props = BasicProperties() if properties is None else copy.copy(properties)
-                    props.headers = _mq.amqp_headers(span, props.headers)
-                    properties = props
-            except Exception:
-                _mq.warn_once("pika.publish", "swmp: tracing a pika publish failed")
+            peer = _peer(self)
+            span, traced = _mq.producer_span(
+                f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Producer",
+                peer,
+                Component.RABBITMQ_PRODUCER,
+                str(exchange),
+                str(routing_key),
+                lambda s: _with_headers(s, properties),
+            )
             if span is None:
                 return orig(self, exchange, routing_key, body, properties, mandatory)
             with span:
-                return orig(self, exchange, routing_key, body, properties, mandatory)
+                return orig(self, exchange, routing_key, body, traced, mandatory)
 
         return basic_publish
+
+    def _with_headers(span: Any, properties: Any) -> Any:
+        """A copy of the caller's properties (or new ones) with the trace's headers."""
+        props = BasicProperties() if properties is None else copy.copy(properties)
+        props.headers = _mq.amqp_headers(span, props.headers)
+        return props
 
     def _blocking_owner(channel: Any, tag: Any) -> bool:
         """Whether a delivery goes to a BlockingChannel consumer whose callback we wrapped."""
