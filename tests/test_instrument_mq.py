@@ -202,6 +202,7 @@ def _consume(client: str, bootstrap: str, topic: str, group: str) -> list[tuple[
 KAFKA_CLIENTS = ("kafka-python", "confluent-kafka", "aiokafka")
 
 
+@pytest.mark.e2e  # the real Kafka broker (tests/realpeers.py)
 @pytest.mark.parametrize("client", KAFKA_CLIENTS)
 def test_kafka_record_carries_the_trace_to_its_consumer(
     sink: _sink.MemorySink, kafka_broker: KafkaBroker, client: str
@@ -236,6 +237,7 @@ def test_kafka_record_carries_the_trace_to_its_consumer(
     assert_continues(producer, consumer, dict(headers)["sw8"])
 
 
+@pytest.mark.e2e  # the real Kafka broker (tests/realpeers.py)
 @pytest.mark.parametrize("client", KAFKA_CLIENTS)
 def test_kafka_send_outside_a_trace_is_untouched(
     sink: _sink.MemorySink, kafka_broker: KafkaBroker, client: str
@@ -250,6 +252,7 @@ def test_kafka_send_outside_a_trace_is_untouched(
     assert cspan[R.SPAN_REFS] == []
 
 
+@pytest.mark.e2e  # the real Kafka broker (tests/realpeers.py)
 def test_kafka_send_errors_propagate_and_mark_the_span(
     sink: _sink.MemorySink, kafka_broker: KafkaBroker
 ) -> None:
@@ -293,6 +296,7 @@ def test_kafka_send_errors_propagate_and_mark_the_span(
     assert span[R.SPAN_IS_ERROR]
 
 
+@pytest.mark.e2e  # the real Kafka broker (tests/realpeers.py)
 def test_swmp_reporter_kafka_sends_are_not_traced(sink: _sink.MemorySink, kafka_broker: KafkaBroker) -> None:
     """In thread mode swmp's own Kafka sender runs inside the application, with aiokafka
     instrumented: even from inside a trace its messages get no span and no header."""
