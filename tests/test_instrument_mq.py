@@ -590,3 +590,40 @@ def test_headers_are_new_objects_with_one_sw8() -> None:
     assert given == [("a", b"1"), ("sw8", b"stale")] and table == {"x": "y", "sw8": "stale"}
     assert [k for k, _ in out] == ["a", "sw8"] and out[1][1] != b"stale"
     assert amqp["x"] == "y" and amqp["sw8"] == out[1][1].decode()
+
+
+def test_mq_instrumentations_install_on_first_import_and_honour_disable() -> None:
+    """At agent start nothing is imported; each library is patched when the application
+    imports it; ``SW_AGENT_DISABLE_PLUGINS`` with the peer agent's names leaves it alone."""
+    from tests.test_instrument_lazy import run_child
+
+    body = """
+    libs = ("kafka", "confluent_kafka", "aiokafka", "pika", "aiormq")
+    status = instrument.install_all(configure())
+    before = {n: status[n] for n in libs}
+    imported_at_start = loaded(libs)
+    import confluent_kafka, kafka, pika, aiokafka, aiormq
+    from pika.channel import Channel
+    after = {n: instrument.statuses()[n] for n in libs}
+    patched = [
+        is_patched(kafka.KafkaProducer, "send"),
+        is_patched(Channel, "basic_publish"),
+        is_patched(aiokafka.AIOKafkaProducer, "send"),
+        is_patched(aiormq.Channel, "basic_publish"),
+        confluent_kafka.Producer is confluent_kafka.cimpl.Producer,
+    ]
+    report(before=before, imported_at_start=imported_at_start, after=after, patched=patched)
+    """
+    found, _ = run_child(body)
+    libs = ("kafka", "confluent_kafka", "aiokafka", "pika", "aiormq")
+    assert found["imported_at_start"] == []
+    assert found["before"] == dict.fromkeys(libs, "deferred")
+    assert found["after"] == dict.fromkeys(libs, "installed")
+    assert found["patched"][:4] == [True, True, True, True]
+    assert found["patched"][4] is False  # confluent_kafka.Producer is swmp's subclass now
+
+    found, _ = run_child(
+        body, env={"SW_AGENT_DISABLE_PLUGINS": "sw_kafka,sw_confluent_kafka,aiokafka,sw_rabbitmq,sw_aiormq"}
+    )
+    assert found["before"] == dict.fromkeys(libs, "disabled")
+    assert found["patched"][:4] == [False, False, False, False] and found["patched"][4] is True
