@@ -77,6 +77,35 @@ def test_psycopg2_executemany_copy_and_cursor_factories(traced: Traced, pg2: Any
     assert got.exits[0].tags["db.sql.parameters"] == "[[1,a],[2,b]]"
 
 
+def test_psycopg2_connection_factories_keep_their_cursor_classes(
+    traced: Traced, postgres_server: ServerInfo
+) -> None:
+    import psycopg2.extras
+
+    conn = psycopg2.connect(**_dsn(postgres_server), connection_factory=psycopg2.extras.RealDictConnection)
+    try:
+        assert isinstance(conn, psycopg2.extras.RealDictConnection)
+        with traced.trace() as got:
+            with conn.cursor() as cur:
+                assert isinstance(cur, psycopg2.extras.RealDictCursor)
+                cur.execute("SELECT 1 AS one")
+                assert cur.fetchone() == {"one": 1}
+            with conn.cursor("rd_named") as named:  # positional name, server-side
+                assert isinstance(named, psycopg2.extras.RealDictCursor)
+                named.execute("SELECT 2 AS two")
+                assert named.fetchall() == [{"two": 2}]
+            with conn.cursor(None, psycopg2.extras.NamedTupleCursor) as nt:  # positional factory
+                nt.execute("SELECT 3 AS three")
+                assert nt.fetchone().three == 3
+        assert [e.tags["db.statement"] for e in got.exits] == [
+            "SELECT 1 AS one",
+            "SELECT 2 AS two",
+            "SELECT 3 AS three",
+        ]
+    finally:
+        conn.close()
+
+
 def test_psycopg2_server_side_cursor_and_transaction(traced: Traced, postgres_server: ServerInfo) -> None:
     import psycopg2
 

@@ -30,6 +30,7 @@ _COMPONENT = Component.PSYCOPG
 _outside = _ds.outside
 _traced: dict[type, type] = {}  # original class -> traced subclass
 _saved: dict[str, Any] = {}
+_CURSOR_PARAMS = ("name", "cursor_factory", "withhold", "scrollable")  # connection.cursor()'s
 
 
 def _where(conn: Any) -> tuple[str, str]:
@@ -96,18 +97,30 @@ def _traced_connection(base: type) -> type:
     cls = _traced.get(base)
     if cls is not None:
         return cls
+    from psycopg2.extensions import connection as plain_connection  # noqa: PLC0415
     from psycopg2.extensions import cursor as plain_cursor  # noqa: PLC0415
+
+    # psycopg2.extras' DictConnection, LoggingConnection... choose their default cursor class
+    # in their own cursor(): ask them which, then hand out the traced subclass of it.
+    own_cursor = base.cursor is not plain_connection.cursor
 
     class TracedConnection(base):  # type: ignore[misc]
         def cursor(self, *args: Any, **kwargs: Any) -> Any:
-            # cursor(name=None, cursor_factory=None, withhold=False, scrollable=None)
-            if len(args) >= 2:
-                factory = args[1] or self.cursor_factory or plain_cursor
-                args = (args[0], _traced_cursor(factory), *args[2:])
-            else:
-                factory = kwargs.get("cursor_factory") or self.cursor_factory or plain_cursor
-                kwargs["cursor_factory"] = _traced_cursor(factory)
-            return super().cursor(*args, **kwargs)
+            if len(args) > len(_CURSOR_PARAMS):
+                return super().cursor(*args, **kwargs)  # psycopg2's own TypeError
+            if args:  # psycopg2 takes every one of them by keyword too
+                kwargs.update(zip(_CURSOR_PARAMS, args, strict=False))
+            factory = kwargs.get("cursor_factory")
+            if factory is None:
+                kwargs.pop("cursor_factory", None)
+                if own_cursor:
+                    probe = super().cursor(**kwargs)  # a client-side object: nothing is sent
+                    factory = type(probe)
+                    probe.close()
+                else:
+                    factory = self.cursor_factory or plain_cursor
+            kwargs["cursor_factory"] = _traced_cursor(factory)
+            return super().cursor(**kwargs)
 
     TracedConnection.__name__ = base.__name__
     TracedConnection.__qualname__ = base.__qualname__
