@@ -102,7 +102,7 @@ def _traced_connection(base: type) -> type:
 
     # psycopg2.extras' DictConnection, LoggingConnection... choose their default cursor class
     # in their own cursor(): ask them which, then hand out the traced subclass of it.
-    own_cursor = base.cursor is not plain_connection.cursor
+    own_cursor = getattr(base, "cursor", None) is not plain_connection.cursor
 
     class TracedConnection(base):  # type: ignore[misc]
         def cursor(self, *args: Any, **kwargs: Any) -> Any:
