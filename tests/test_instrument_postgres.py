@@ -252,3 +252,30 @@ def test_asyncpg_calls_errors_and_outside(traced: Traced, postgres_server: Serve
             await conn.close()
 
     asyncio.run(main())
+
+
+def test_asyncpg_pool(traced: Traced, postgres_server: ServerInfo) -> None:
+    import asyncpg
+
+    s = postgres_server
+
+    async def main() -> None:
+        login = {"host": s.host, "port": s.port, "user": s.user, "password": s.password}
+        pool = await asyncpg.create_pool(**login, database=s.database, min_size=2, max_size=2)
+        try:
+            with traced.trace() as got:
+                values = await asyncio.gather(*(pool.fetchval("SELECT $1::int", i) for i in range(4)))
+                assert sorted(values) == [0, 1, 2, 3]
+                async with pool.acquire() as conn:
+                    assert await conn.fetchval("SELECT 9") == 9
+            statements = [e.tags["db.statement"] for e in got.exits if e.op == "PostgreSQL/AsyncPG/bind"]
+            assert statements.count("SELECT $1::int") == 4
+            assert statements.count("SELECT 9") == 1
+            # The rest: the pool's own reset on each release, a real round trip each.
+            others = [t for t in statements if t not in ("SELECT $1::int", "SELECT 9")]
+            assert others and all("RESET ALL" in t for t in others), others
+            assert {e.peer for e in got.exits} == {f"127.0.0.1:{s.port}"}
+        finally:
+            await pool.close()
+
+    asyncio.run(main())
