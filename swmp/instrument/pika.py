@@ -136,8 +136,11 @@ def install(config: Config) -> None:
     def make_on_deliver(orig: Any) -> Any:
         def _on_deliver(self: Any, method_frame: Any, header_frame: Any, body: Any) -> Any:
             try:
-                if _blocking_owner(self, method_frame.method.consumer_tag):
-                    return orig(self, method_frame, header_frame, body)  # traced when dispatched
+                tag = method_frame.method.consumer_tag
+                # Rejected by pika (cancelled or unknown consumer), or a BlockingChannel
+                # callback that is traced when dispatched: no span here.
+                if tag in self._cancelled or tag not in self._consumers or _blocking_owner(self, tag):
+                    return orig(self, method_frame, header_frame, body)
             except Exception:
                 pass
             with _consuming(self, method_frame.method, header_frame.properties):
