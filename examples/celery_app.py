@@ -5,7 +5,8 @@
     curl 'http://127.0.0.1:8000/enqueue?n=3'
 
 Broker: ``CELERY_BROKER_URL`` (default ``redis://127.0.0.1:6379/0``); queue:
-``CELERY_QUEUE`` (default ``celery``). Results are not stored (no result backend): the web
+``CELERY_QUEUE`` (default ``celery``); ``CELERY_BEAT_EVERY=SECONDS`` gives ``celery beat`` a
+schedule (``work`` every so many seconds). Results are not stored (no result backend): the web
 side answers with the ids of the tasks it sent. Tasks: ``work`` (a little CPU),
 ``sleep`` (seconds; writes its pid to ``<marker>`` first, so a test knows which process
 runs it), ``fail`` (raises), ``flaky`` (asks for one retry, then succeeds), ``fanout``
@@ -25,9 +26,12 @@ app = Celery("examples.celery_app", broker=os.environ.get("CELERY_BROKER_URL", "
 app.conf.update(
     task_default_queue=os.environ.get("CELERY_QUEUE", "celery"),
     broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
     task_ignore_result=True,
 )
+if os.environ.get("CELERY_BEAT_EVERY"):  # for `celery beat`: send `work` every so many seconds
+    app.conf.beat_schedule = {
+        "work": {"task": "examples.work", "schedule": float(os.environ["CELERY_BEAT_EVERY"]), "args": (1,)}
+    }
 
 
 class FlakyError(RuntimeError):
@@ -73,10 +77,11 @@ web = Flask(__name__)
 
 @web.route("/enqueue")
 def enqueue() -> object:
-    """Send ``n`` ``work`` tasks (default 1); ``?task=sleep&s=0.5`` sends ``sleep`` instead."""
+    """Send ``n`` ``work`` tasks (default 1); ``?task=sleep&s=0.5&marker=PATH`` sends ``sleep``."""
     n = int(request.args.get("n", "1"))
     if request.args.get("task") == "sleep":
-        sent = [sleep.delay(float(request.args.get("s", "0.5"))) for _ in range(n)]
+        seconds, marker = float(request.args.get("s", "0.5")), request.args.get("marker", "")
+        sent = [sleep.delay(seconds, marker) for _ in range(n)]
     else:
         sent = [work.delay(i) for i in range(n)]
     resp = jsonify([r.id for r in sent])
