@@ -44,20 +44,25 @@ log = logging.getLogger("swmp.instrument")
 _reported: set[str] = set()
 
 
+def failed(where: str, e: Exception) -> NoopSpan:
+    """An instrumentation could not read what it needs (a driver version that changed):
+    log it once per place; the call goes on without a span."""
+    if where not in _reported:
+        _reported.add(where)
+        log.warning("swmp: %s failed (%r); calls go on without spans", where, e, exc_info=True)
+    return NOOP
+
+
 def guarded(start: Callable[..., Any]) -> Callable[..., Any]:
     """``start`` (which reads the driver's arguments and opens a span) made unable to fail
-    the application's call: an error there is logged once per function and the call runs
-    without a span (a driver version that changed what the instrumentation reads)."""
+    the application's call: see :func:`failed`."""
+    where = f"{start.__module__}.{start.__qualname__}"
 
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return start(*args, **kwargs)
         except Exception as e:
-            where = f"{start.__module__}.{start.__qualname__}"
-            if where not in _reported:
-                _reported.add(where)
-                log.warning("swmp: %s failed (%r); calls go on without spans", where, e, exc_info=True)
-            return NOOP
+            return failed(where, e)
 
     run.__name__ = start.__name__
     run.__qualname__ = start.__qualname__
@@ -327,10 +332,14 @@ def cursor_method(
             return list(args)  # the tag must not consume what the driver still needs
         return args
 
-    @guarded
+    place = f"{prefix}{method} ({where.__module__}.{where.__qualname__})"
+
     def start(cur: Any, query: Any, args: Any) -> Span | NoopSpan:
-        address, db = where(cur)
-        return sql_span(op, address, component, db_type, db, query, args or None, many)
+        try:  # inlined guarded(): this runs on every traced query
+            address, db = where(cur)
+            return sql_span(op, address, component, db_type, db, query, args or None, many)
+        except Exception as e:
+            return failed(place, e)
 
     def make(orig: Any) -> Any:
         if is_async:
