@@ -83,6 +83,22 @@ def producer_span(  # noqa: PLR0917 (the message's facts, in a fixed order)
 
 
 def tag_mq(span: Span, broker: str, topic: str, queue: str | None = None) -> None:
+    """``mq.broker``, ``mq.topic`` and (RabbitMQ) ``mq.queue``, set as one list when the span
+    has no tags yet and the values need no clipping (the common case), else one by one."""
+    lim = limits.tag_value_max
+    if (
+        not span.tags
+        and broker.__class__ is str
+        and topic.__class__ is str
+        and len(broker) <= lim
+        and len(topic) <= lim
+    ):
+        if queue is None:
+            span.tags = [TAG_MQ_BROKER, broker, TAG_MQ_TOPIC, topic]
+            return
+        if queue.__class__ is str and len(queue) <= lim:
+            span.tags = [TAG_MQ_BROKER, broker, TAG_MQ_TOPIC, topic, TAG_MQ_QUEUE, queue]
+            return
     span.tag(TAG_MQ_BROKER, broker)
     span.tag(TAG_MQ_TOPIC, topic)
     if queue is not None:
@@ -92,7 +108,8 @@ def tag_mq(span: Span, broker: str, topic: str, queue: str | None = None) -> Non
 def kafka_headers(span: Span, headers: Iterable[tuple[str, Any]] | None) -> list[tuple[str, bytes]]:
     """A new Kafka header list: the caller's headers (minus old sw8 ones) plus this span's."""
     out = [h for h in headers if h[0] not in OWN_HEADERS] if headers else []
-    out.extend((k, v.encode("ascii")) for k, v in span.inject().items())
+    for k, v in span.inject().items():
+        out.append((k, v.encode("ascii")))
     return out
 
 
