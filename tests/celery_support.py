@@ -99,9 +99,9 @@ def succeeded(server: Server) -> set[str]:
     return set(_SUCCEEDED.findall(server.proc.log()))
 
 
-def publish(broker: str, queues: Sequence[str], n: int, workdir: Path) -> dict[str, list[str]]:
+def publish(broker: str, queues: Sequence[str], n: int, workdir: Path) -> dict[str, dict[str, str]]:
     """``n`` tasks to each queue from a process without the agent, each task with its own
-    trace id; returns the trace ids per queue."""
+    trace id; returns ``{queue: {task id: trace id}}``."""
     out = workdir / f"published-{uuid.uuid4().hex[:6]}.json"
     subprocess.run(
         [sys.executable, "-m", "tests.e2e_apps.celery_publish", broker, ",".join(queues), str(n), str(out)],
@@ -109,7 +109,7 @@ def publish(broker: str, queues: Sequence[str], n: int, workdir: Path) -> dict[s
         check=True,
         timeout=60,
     )
-    traces: dict[str, list[str]] = json.loads(out.read_text())
+    traces: dict[str, dict[str, str]] = json.loads(out.read_text())
     return traces
 
 

@@ -229,6 +229,28 @@ def test_sigkill_of_a_child_and_warm_shutdown_under_load(tmp_path: Path, redis_s
             assert {s["serviceInstance"] for s in segments_of(col, "cel")} <= child_names(4)
 
 
+def test_cold_shutdown_delivers_what_children_committed(tmp_path: Path, redis_server: ServerInfo) -> None:
+    """SIGQUIT while 4 children work through a backlog: they are terminated at once, and every
+    task the worker logged as succeeded has its segment; nothing of the agent is left."""
+    broker, queue = f"redis://127.0.0.1:{redis_server.port}/10", new_queue()
+    with collector_process(tmp_path) as col:
+        env = celery_env(tmp_path, col.grpc_address, broker, queue)
+        with run_celery(tmp_path, env, worker_command("prefork", 4), children=4) as worker:
+            sent = publish(broker, [queue], 400, tmp_path)[queue]
+            wait_until(lambda: len(succeeded(worker)) >= 60, 60, "60 tasks to succeed")
+            worker.proc.send(signal.SIGQUIT)
+            assert wait_exit(worker) is not None
+            wait_until(lambda: not worker.arena_path().exists(), 30, "the arena to be removed")
+            done = succeeded(worker)
+            assert 60 <= len(done) < 400, len(done)  # stopped in the middle of the backlog
+            quiet_for(col, 0.5)
+            got = Counter(s["traceId"] for s in segments_of(col, "cel"))
+            assert max(got.values()) == 1 and set(got) <= set(sent.values())
+            missing = [t for t in done if got[sent[t]] != 1]
+            assert not missing, f"{len(missing)} of {len(done)} succeeded tasks have no segment"
+            assert {s["serviceInstance"] for s in segments_of(col, "cel")} <= child_names(4)
+
+
 # -- other pools ---------------------------------------------------------------------------------
 POOLS = ("solo", "threads", "gevent", "eventlet")
 
@@ -244,7 +266,7 @@ def test_other_pools_run_tasks_in_the_main_process(tmp_path: Path, redis_server:
             env = celery_env(tmp_path / pool, col.grpc_address, broker, queues[pool], service=f"cel-{pool}")
             workers[pool] = stack.enter_context(run_celery(tmp_path, env, worker_command(pool, 4), name=pool))
         by_queue = publish(broker, list(queues.values()), 40, tmp_path)
-        traces = {pool: by_queue[queues[pool]] for pool in POOLS}
+        traces = {pool: list(by_queue[queues[pool]].values()) for pool in POOLS}
         for pool, worker in workers.items():
             wait_until(lambda w=worker: len(succeeded(w)) >= 40, 60, f"40 tasks to succeed ({pool})")  # type: ignore[misc]
             wait_segments(col, 40, f"cel-{pool}")
