@@ -154,6 +154,7 @@ def _outcome(span: Span, result: Any, request: Any) -> None:
 
 def _traced(trace: Any, name: str, task: Any, eager: bool) -> Any:
     op = f"celery/{name}"
+    broker: list[str] = []  # the tag, computed on the first run (configuration is final by then)
 
     def trace_task(uuid: Any, args: Any, kwargs: Any, request: Any = None) -> Any:
         if eager:
@@ -179,7 +180,9 @@ def _traced(trace: Any, name: str, task: Any, eager: bool) -> Any:
             try:
                 if request:
                     span.peer = _origin_host(request)
-                span.tag(TAG_MQ_BROKER, broker_of(task.app)[1])
+                if not broker:
+                    broker.append(broker_of(task.app)[1])
+                span.tag(TAG_MQ_BROKER, broker[0])
                 if settings.params_length > 0:
                     span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
             except Exception:
