@@ -119,6 +119,18 @@ def test_psycopg2_server_side_cursor_and_transaction(traced: Traced, postgres_se
         conn.close()
 
 
+def test_composed_sql_is_recorded_as_its_text(traced: Traced, pg2: Any, pg3: Any) -> None:
+    import psycopg.sql
+    import psycopg2.sql
+
+    with traced.trace() as got:
+        with pg2.cursor() as cur:
+            cur.execute(psycopg2.sql.SQL("SELECT {} FROM pg2_items").format(psycopg2.sql.Identifier("id")))
+        pg3.execute(psycopg.sql.SQL("SELECT {} FROM pg3_items").format(psycopg.sql.Identifier("name")))
+    statements = [e.tags["db.statement"] for e in got.exits]
+    assert statements == ['SELECT "id" FROM pg2_items', 'SELECT "name" FROM pg3_items']
+
+
 def test_psycopg2_outside_a_trace_records_nothing(traced: Traced, pg2: Any) -> None:
     with traced.untraced(), pg2.cursor() as cur:
         cur.execute("SELECT 1")

@@ -109,6 +109,17 @@ def text(value: Any) -> str:
         return "<unprintable>"
 
 
+def composed_text(query: Any, context: Any) -> Any:
+    """psycopg's ``sql.SQL`` / ``sql.Composed`` queries as the SQL text they stand for (their
+    ``str`` is a repr); anything else as it is."""
+    if query.__class__ is str or not hasattr(query, "as_string"):
+        return query
+    try:
+        return query.as_string(context)
+    except Exception:
+        return query
+
+
 def _values(params: Any) -> Iterable[Any]:
     if isinstance(params, dict):
         return params.values()

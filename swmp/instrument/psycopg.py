@@ -53,7 +53,14 @@ def _where(conn: Any) -> tuple[str, str]:
 def _span(cur: Any, method: str, query: Any, params: Any, many: bool = False) -> Any:
     address, db = _where(cur._conn)
     return _ds.sql_span(
-        "PostgreSQL/Psycopg/" + method, address, _COMPONENT, "PostgreSQL", db, query, params, many
+        "PostgreSQL/Psycopg/" + method,
+        address,
+        _COMPONENT,
+        "PostgreSQL",
+        db,
+        _ds.composed_text(query, cur),
+        params,
+        many,
     )
 
 

@@ -50,7 +50,14 @@ def _where(conn: Any) -> tuple[str, str]:
 def _span(cur: Any, method: str, statement: Any, params: Any, many: bool = False) -> Any:
     address, db = _where(cur.connection)
     return _ds.sql_span(
-        "PostgreSQL/Psycopg/" + method, address, _COMPONENT, "PostgreSQL", db, statement, params, many
+        "PostgreSQL/Psycopg/" + method,
+        address,
+        _COMPONENT,
+        "PostgreSQL",
+        db,
+        _ds.composed_text(statement, cur),
+        params,
+        many,
     )
 
 
