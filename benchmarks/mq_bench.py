@@ -18,7 +18,7 @@ broker (``tests/realpeers.py``) and RabbitMQ (``tests/brokers.py``), started her
 given.
 
     python benchmarks/mq_bench.py [--rounds N] [--messages N] [--kafka HOST:PORT]
-                                  [--amqp URL] [--only CLIENT] [--json PATH]
+                                  [--amqp URL] [--only CLIENT|in-process] [--json PATH]
 """
 
 from __future__ import annotations
@@ -548,10 +548,15 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=2000, help="messages per operation and round")
     ap.add_argument("--kafka", help="bootstrap server of a running broker (default: start one)")
     ap.add_argument("--amqp", help="amqp:// URL of a running RabbitMQ (default: start one)")
-    ap.add_argument("--only", choices=sorted(MODULES), action="append", help="benchmark only these clients")
+    ap.add_argument(
+        "--only",
+        choices=[*sorted(MODULES), "in-process"],
+        action="append",
+        help="benchmark only these clients ('in-process': the wrappers alone, no broker)",
+    )
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args()
-    clients = args.only or list(MODULES)
+    clients = [c for c in args.only or list(MODULES) if c != "in-process"]
     need_kafka = any("kafka" in c for c in clients)
     need_amqp = any("pika" in c for c in clients)
 
