@@ -30,11 +30,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from swmp.instrument._mq import carrier_from
 from swmp.instrument._patch import patch, restore
-from swmp.propagation import SW8, SW8_CORRELATION, SW8_X, from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_CELERY_PARAMETERS, TAG_MQ_BROKER, Component, Layer
-from swmp.tracing.limits import limits
 from swmp.tracing.span import NOOP, Span
 
 if TYPE_CHECKING:
@@ -160,17 +159,7 @@ def _traced(trace: Any, name: str, task: Any, eager: bool) -> Any:
         if eager:
             span = _ctx.new_local_span(op, _COMPONENT, _MQ)
         else:
-            carrier = None
-            if request:
-                sw8 = request.get(SW8)
-                if sw8 is not None:
-                    carrier = from_headers(
-                        sw8,
-                        request.get(SW8_CORRELATION),
-                        request.get(SW8_X),
-                        limits.correlation_max_elements,
-                        limits.correlation_max_value_length,
-                    )
+            carrier = carrier_from(request.get) if request else None
             span = _ctx.new_entry_span(op, carrier, _COMPONENT, _MQ)
         if span is NOOP or span.__class__ is not Span:
             with span:
@@ -219,26 +208,14 @@ def on_revoked(
     """``task_revoked``: the run that did not happen (or was killed) as a failed entry span."""
     try:
         name = getattr(sender, "name", None) or getattr(request, "task", None) or "?"
-        sw8 = getattr(request, SW8, None)
-        carrier = (
-            from_headers(
-                sw8,
-                getattr(request, SW8_CORRELATION, None),
-                getattr(request, SW8_X, None),
-                limits.correlation_max_elements,
-                limits.correlation_max_value_length,
-            )
-            if sw8 is not None
-            else None
-        )
+        carrier = carrier_from(request.get) if request is not None else None  # a Celery Context
         span = _ctx.new_entry_span(f"celery/{name}", carrier, _COMPONENT, _MQ)
         if span.__class__ is not Span:
             return
         assert isinstance(span, Span)
         with span:
-            origin = getattr(request, "origin", None)
-            if isinstance(origin, str):
-                span.peer = origin.rpartition("@")[2]
+            if request is not None:
+                span.peer = _origin_host(request)
             app = getattr(sender, "app", None)
             if app is not None:
                 span.tag(TAG_MQ_BROKER, broker_of(app)[1])
