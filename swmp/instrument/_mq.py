@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from swmp.propagation import SW8, SW8_CORRELATION, SW8_X, from_headers
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_MQ_BROKER, TAG_MQ_QUEUE, TAG_MQ_TOPIC, Layer
+from swmp.tracing.constants import TAG_MQ_BROKER, TAG_MQ_QUEUE, TAG_MQ_TOPIC, Component, Layer
 from swmp.tracing.limits import limits
 from swmp.tracing.span import Span, current_span
 
@@ -213,3 +213,63 @@ class Consuming:
                 span.__exit__(et, ev, tb)
         finally:
             current_span.reset(self._token)
+
+
+# -- the names and shapes per broker kind (as the SkyWalking Python agent names them) -------
+def kafka_send_span(
+    topic: Any, brokers: str, headers: Any, merge: Callable[[Span, Any], Any] = kafka_headers
+) -> tuple[Span | None, Any]:
+    """A Kafka producer's exit span and the record's new headers (``merge(span, headers)``)."""
+    return producer_span(
+        f"Kafka/{topic}/Producer",
+        brokers,
+        Component.KAFKA_PRODUCER,
+        str(topic),
+        None,
+        lambda s: merge(s, headers),
+    )
+
+
+def kafka_consumed(topic: str, group: str, headers: Any, brokers: str) -> None:
+    """One consumed Kafka record (headers: ``(name, value)`` pairs or None)."""
+    consumed(
+        f"Kafka/{topic}/Consumer/{group}", pairs_lookup(headers), Component.KAFKA_CONSUMER, brokers, topic
+    )
+
+
+def amqp_send_span(
+    exchange: Any, routing_key: Any, peer: str, attach: Callable[[Span], T]
+) -> tuple[Span | None, T | None]:
+    """A RabbitMQ publisher's exit span and ``attach(span)`` (the message's new properties)."""
+    return producer_span(
+        f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Producer",
+        peer,
+        Component.RABBITMQ_PRODUCER,
+        str(exchange),
+        str(routing_key),
+        attach,
+    )
+
+
+def amqp_consuming(exchange: str, routing_key: str, lookup: Callable[[str], Any], peer: str) -> Consuming:
+    """The entry span of one delivered RabbitMQ message, current inside ``with``."""
+    return Consuming(
+        f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Consumer",
+        lookup,
+        Component.RABBITMQ_CONSUMER,
+        peer,
+        exchange,
+        routing_key,
+    )
+
+
+def amqp_consumed(exchange: str, routing_key: str, lookup: Callable[[str], Any], peer: str) -> None:
+    """One RabbitMQ message handed to the caller (``basic_get``): its delivery is recorded."""
+    consumed(
+        f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Consumer",
+        lookup,
+        Component.RABBITMQ_CONSUMER,
+        peer,
+        exchange,
+        routing_key,
+    )

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
 from swmp.instrument._patch import patch, restore
-from swmp.tracing.constants import Component
 from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
@@ -60,15 +59,7 @@ def install(config: Config) -> None:
         ) -> Any:
             if _get_current() is None or self.__dict__.get(INTERNAL_MARK):
                 return await orig(self, topic, value, key, partition, timestamp_ms, headers)
-            brokers = _brokers(self.client)
-            span, traced = _mq.producer_span(
-                f"Kafka/{topic}/Producer",
-                brokers,
-                Component.KAFKA_PRODUCER,
-                str(topic),
-                None,
-                lambda s: _mq.kafka_headers(s, headers),
-            )
+            span, traced = _mq.kafka_send_span(topic, _brokers(self.client), headers)
             if span is None:
                 return await orig(self, topic, value, key, partition, timestamp_ms, headers)
             with span:
@@ -77,13 +68,7 @@ def install(config: Config) -> None:
         return send
 
     def _record(consumer: Any, r: Any) -> None:
-        _mq.consumed(
-            f"Kafka/{r.topic}/Consumer/{consumer._group_id or ''}",
-            _mq.pairs_lookup(r.headers),
-            Component.KAFKA_CONSUMER,
-            _brokers(consumer._client),
-            r.topic,
-        )
+        _mq.kafka_consumed(r.topic, consumer._group_id or "", r.headers, _brokers(consumer._client))
 
     def make_getone(orig: Any) -> Any:
         async def getone(self: Any, *partitions: Any) -> Any:

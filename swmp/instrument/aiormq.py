@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
 from swmp.instrument._patch import patch, restore
-from swmp.tracing.constants import Component
 from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
@@ -52,19 +51,14 @@ def _none(name: str) -> None:
     return None
 
 
-def _message_facts(channel: Any, message: Any) -> tuple[str, Any, str, str, str]:
+def _message_facts(channel: Any, message: Any) -> tuple[str, str, Any, str]:
+    """``(exchange, routing key, header lookup, peer)`` of a delivered message."""
     delivery = message.delivery
     exchange = getattr(delivery, "exchange", None) or ""
     routing_key = getattr(delivery, "routing_key", None) or ""
     headers = getattr(getattr(message.header, "properties", None), "headers", None)
     lookup = headers.get if isinstance(headers, dict) else _none
-    return (
-        f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Consumer",
-        lookup,
-        _peer(channel),
-        exchange,
-        routing_key,
-    )
+    return exchange, routing_key, lookup, _peer(channel)
 
 
 def install(config: Config) -> None:
@@ -82,15 +76,10 @@ def install(config: Config) -> None:
         async def basic_publish(self: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
             if _get_current() is None or args:
                 return await orig(self, body, *args, **kwargs)
-            exchange = kwargs.get("exchange", "")
-            routing_key = kwargs.get("routing_key", "")
-            peer = _peer(self)
-            span, traced = _mq.producer_span(
-                f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Producer",
-                peer,
-                Component.RABBITMQ_PRODUCER,
-                str(exchange),
-                str(routing_key),
+            span, traced = _mq.amqp_send_span(
+                kwargs.get("exchange", ""),
+                kwargs.get("routing_key", ""),
+                _peer(self),
                 lambda s: _with_headers(s, kwargs.get("properties")),
             )
             if span is None:
@@ -112,8 +101,7 @@ def install(config: Config) -> None:
                     facts = _message_facts(channel, message)
                 except Exception:
                     return await callback(message)
-                op, lookup, broker, exchange, routing_key = facts
-                with _mq.Consuming(op, lookup, Component.RABBITMQ_CONSUMER, broker, exchange, routing_key):
+                with _mq.amqp_consuming(*facts):
                     return await callback(message)
 
             wrapped = on_message if callable(consumer_callback) else consumer_callback
@@ -126,8 +114,7 @@ def install(config: Config) -> None:
             message = await orig(self, *args, **kwargs)
             try:
                 if isinstance(getattr(message, "delivery", None), Basic.GetOk):
-                    op, lookup, broker, exchange, routing_key = _message_facts(self, message)
-                    _mq.consumed(op, lookup, Component.RABBITMQ_CONSUMER, broker, exchange, routing_key)
+                    _mq.amqp_consumed(*_message_facts(self, message))
             except Exception:
                 _mq.warn_once("aiormq.get", "swmp: tracing an aiormq basic_get failed")
             return message

@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
-from swmp.tracing.constants import Component
 from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
@@ -66,14 +65,8 @@ def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
         def produce(self, topic: Any, *args: Any, **kwargs: Any) -> Any:
             if _get_current() is None or len(args) > _POSITIONAL_BEFORE_HEADERS:
                 return super().produce(topic, *args, **kwargs)
-            brokers = self._swmp_brokers
-            span, traced = _mq.producer_span(
-                f"Kafka/{topic}/Producer",
-                brokers,
-                Component.KAFKA_PRODUCER,
-                str(topic),
-                None,
-                lambda s: _with_headers(s, kwargs.get("headers")),
+            span, traced = _mq.kafka_send_span(
+                topic, self._swmp_brokers, kwargs.get("headers"), _with_headers
             )
             if span is None:
                 return super().produce(topic, *args, **kwargs)
@@ -93,13 +86,7 @@ def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
                 if msg is None or msg.error() is not None:
                     return
                 topic = msg.topic() or ""
-                _mq.consumed(
-                    f"Kafka/{topic}/Consumer/{self._swmp_group}",
-                    _mq.pairs_lookup(msg.headers()),
-                    Component.KAFKA_CONSUMER,
-                    self._swmp_brokers,
-                    topic,
-                )
+                _mq.kafka_consumed(topic, self._swmp_group, msg.headers(), self._swmp_brokers)
             except Exception:
                 _mq.warn_once("confluent.consume", "swmp: tracing a confluent-kafka message failed")
 

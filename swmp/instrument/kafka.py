@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
 from swmp.instrument._patch import patch, restore
-from swmp.tracing.constants import Component
 from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
@@ -67,15 +66,7 @@ def install(config: Config) -> None:
                 return orig(self, topic, value, key, headers, partition, timestamp_ms)
             if not _headers_supported(self):
                 return orig(self, topic, value, key, headers, partition, timestamp_ms)
-            brokers = _brokers(self)
-            span, traced = _mq.producer_span(
-                f"Kafka/{topic}/Producer",
-                brokers,
-                Component.KAFKA_PRODUCER,
-                str(topic),
-                None,
-                lambda s: _mq.kafka_headers(s, headers),
-            )
+            span, traced = _mq.kafka_send_span(topic, _brokers(self), headers)
             if span is None:
                 return orig(self, topic, value, key, headers, partition, timestamp_ms)
             with span:
@@ -92,13 +83,7 @@ def install(config: Config) -> None:
                     group = self.config.get("group_id") or ""
                     for records in batch.values():
                         for r in records:
-                            _mq.consumed(
-                                f"Kafka/{r.topic}/Consumer/{group}",
-                                _mq.pairs_lookup(r.headers),
-                                Component.KAFKA_CONSUMER,
-                                brokers,
-                                r.topic,
-                            )
+                            _mq.kafka_consumed(r.topic, group, r.headers, brokers)
                 except Exception:
                     _mq.warn_once("kafka.poll", "swmp: tracing kafka-python records failed")
             return batch

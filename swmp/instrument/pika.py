@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
 from swmp.instrument._patch import patch, restore
-from swmp.tracing.constants import Component
 from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
@@ -64,15 +63,7 @@ def _none(name: str) -> None:
 def _consuming(channel: Any, method: Any, properties: Any) -> _mq.Consuming:
     exchange = getattr(method, "exchange", None) or ""
     routing_key = getattr(method, "routing_key", None) or ""
-    broker = _peer(channel)
-    return _mq.Consuming(
-        f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Consumer",
-        _lookup(properties),
-        Component.RABBITMQ_CONSUMER,
-        broker,
-        exchange,
-        routing_key,
-    )
+    return _mq.amqp_consuming(exchange, routing_key, _lookup(properties), _peer(channel))
 
 
 def _traced_callback(callback: Any, impl_of: Any) -> Any:
@@ -102,14 +93,8 @@ def install(config: Config) -> None:
         ) -> Any:
             if _get_current() is None:
                 return orig(self, exchange, routing_key, body, properties, mandatory)
-            peer = _peer(self)
-            span, traced = _mq.producer_span(
-                f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Producer",
-                peer,
-                Component.RABBITMQ_PRODUCER,
-                str(exchange),
-                str(routing_key),
-                lambda s: _with_headers(s, properties),
+            span, traced = _mq.amqp_send_span(
+                exchange, routing_key, _peer(self), lambda s: _with_headers(s, properties)
             )
             if span is None:
                 return orig(self, exchange, routing_key, body, properties, mandatory)
