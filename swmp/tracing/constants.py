@@ -45,10 +45,10 @@ class Component:
     URLLIB3: Final = 7006
     AIOHTTP: Final = 7008
     PSYCOPG: Final = 7010  # "Psychopg" in component-libraries.yml: psycopg2 and psycopg 3
+    CELERY: Final = 7011
     MYSQLCLIENT: Final = 7013
     FASTAPI: Final = 7014  # also used for plain Starlette, which has no id of its own
     ASYNCPG: Final = 7016
-    CELERY: Final = 7011
     HTTPX: Final = 7019
 
 
