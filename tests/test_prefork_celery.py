@@ -251,6 +251,42 @@ def test_cold_shutdown_delivers_what_children_committed(tmp_path: Path, redis_se
             assert {s["serviceInstance"] for s in segments_of(col, "cel")} <= child_names(4)
 
 
+def test_revoke_with_terminate_is_a_revoked_span(tmp_path: Path, redis_server: ServerInfo) -> None:
+    """``revoke(terminate=True)`` kills the child running the task, so that run never finishes;
+    the worker's main process reports the revocation as a failed entry span in the trace."""
+    from celery import Celery
+
+    from swmp.instrument._patch import original
+    from tests.servers import sw8_header
+
+    broker, queue = f"redis://127.0.0.1:{redis_server.port}/11", new_queue()
+    app = Celery("revoker", broker=broker, set_as_current=False)
+    app.conf.broker_connection_retry_on_startup = True
+    send = original(Celery, "send_task")  # this test process sends without the agent
+    marker, trace_id = tmp_path / "sleeper.pid", "e" * 32
+    with collector_process(tmp_path) as col:
+        env = celery_env(tmp_path, col.grpc_address, broker, queue)
+        with run_celery(tmp_path, env, worker_command("prefork", 2), children=2) as worker:
+            sent = send(
+                app, "examples.sleep", (60, str(marker)), queue=queue, headers={"sw8": sw8_header(trace_id)}
+            )
+            wait_until(
+                lambda: marker.exists() and marker.read_text().strip().isdigit(), 30, "the sleeper to start"
+            )
+            app.control.revoke(sent.id, terminate=True, signal="SIGKILL")
+            (seg,) = wait_segments(col, 1, "cel")
+            span = entry_span(seg)
+            assert seg["traceId"] == trace_id
+            assert span["operationName"] == "celery/examples.sleep" and span["isError"]
+            (log,) = span["logs"]
+            fields = {kv["key"]: kv["value"] for kv in log["data"]}
+            assert fields == {"event": "revoked", "message": "terminated by signal 9"}
+            # Reported by the main process (it took a slot of its own), not by the killed child.
+            assert seg["serviceInstance"] == "cel-w2"
+            assert worker.live_slots()[2] == worker.pid
+    app.close()
+
+
 # -- other pools ---------------------------------------------------------------------------------
 POOLS = ("solo", "threads", "gevent", "eventlet")
 
