@@ -30,7 +30,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from swmp.instrument._mq import carrier_from
+from swmp.instrument._mq import carrier_from, warn_once
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_CELERY_PARAMETERS, TAG_MQ_BROKER, Component, Layer
@@ -84,6 +84,7 @@ def broker_of(app: Any) -> tuple[str, str]:
         finally:
             conn.release()
     except Exception:
+        warn_once("celery-broker", "swmp: cannot tell the Celery broker's address; spans go without it")
         result = ("", "")
     try:
         setattr(app, _BROKER_ATTR, result)
@@ -175,12 +176,12 @@ def _traced(trace: Any, name: str, task: Any, eager: bool) -> Any:
                 if settings.params_length > 0:
                     span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
             except Exception:
-                pass
+                warn_once("celery-run-tags", "swmp: tagging a Celery task run failed")
             result = trace(uuid, args, kwargs, request)
             try:
                 _outcome(span, result, request)
             except Exception:
-                pass
+                warn_once("celery-outcome", "swmp: recording a Celery task run's outcome failed")
             return result
 
     return trace_task
@@ -222,8 +223,8 @@ def on_revoked(
             reason = "expired" if expired else f"terminated by signal {signum}" if terminated else "revoked"
             span.is_error = True
             span.log(event="revoked", message=reason)
-    except Exception:
-        pass  # a signal receiver's failure must not reach the worker
+    except Exception:  # a signal receiver's failure must not reach the worker
+        warn_once("celery-revoked", "swmp: recording a revoked Celery task failed")
 
 
 # -- install ---------------------------------------------------------------------------------
