@@ -287,6 +287,23 @@ def test_revoke_with_terminate_is_a_revoked_span(tmp_path: Path, redis_server: S
     app.close()
 
 
+def test_children_take_their_slots_with_the_instrumentation_disabled(
+    tmp_path: Path, redis_server: ServerInfo
+) -> None:
+    """Slots and names of pool children are the agent's business, not the instrumentation's."""
+    broker, queue = f"redis://127.0.0.1:{redis_server.port}/12", new_queue()
+    with collector_process(tmp_path) as col:
+        env = celery_env(
+            tmp_path, col.grpc_address, broker, queue, extra={"SW_AGENT_DISABLE_PLUGINS": "sw_celery"}
+        )
+        with run_celery(tmp_path, env, worker_command("prefork", 2), children=2) as worker:
+            publish(broker, [queue], 10, tmp_path)
+            wait_until(lambda: len(succeeded(worker)) >= 10, 60, "10 tasks to succeed")
+            check_announced(col, worker, "cel")
+            quiet_for(col, 0.5)
+            assert segments_of(col, "cel") == []
+
+
 # -- other pools ---------------------------------------------------------------------------------
 POOLS = ("solo", "threads", "gevent", "eventlet")
 
