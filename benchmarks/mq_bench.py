@@ -10,7 +10,9 @@ aio-pika over aiormq) two operations are timed, instrumented and not, in one run
   start of a topic and poll; RabbitMQ: a ``basic_consume`` callback over a prefilled
   queue). The instrumented run adds one entry span and segment per message.
 
-Finished segments go into a real shared-memory ring (an ipc Arena in a temp dir, drained
+Times are the process's CPU time (all its threads, the clients' I/O threads too; the
+brokers' CPU is not included), not wall-clock time: other work on a shared machine does not
+count. Finished segments go into a real shared-memory ring (an ipc Arena in a temp dir, drained
 between rounds, untimed), as in the agent. Rounds alternate plain / instrumented so that
 drift hits both alike; the table shows the median per-message time of each and the median
 of the per-round differences ("added"). The brokers are the ones of the tests: a Kafka
@@ -91,9 +93,9 @@ def set_instrumented(client: str, on: bool, config: Any) -> None:
 
 
 def timed(fn: Callable[[], None]) -> float:
-    t0 = time.perf_counter_ns()
+    t0 = time.process_time_ns()
     fn()
-    return float(time.perf_counter_ns() - t0)
+    return float(time.process_time_ns() - t0)
 
 
 # -- one harness per client: publish(n) and consume(n) closures, built per mode -------------------
@@ -454,10 +456,10 @@ def in_process(ring: Ring, calls: int, rounds: int) -> dict[str, Any]:
     def best(fn: Callable[[], None]) -> float:
         times = []
         for _ in range(rounds):
-            t0 = time.perf_counter_ns()
+            t0 = time.process_time_ns()
             for _ in range(calls):
                 fn()
-            times.append((time.perf_counter_ns() - t0) / calls / 1000)
+            times.append((time.process_time_ns() - t0) / calls / 1000)
             ring.drain()
         return min(times)
 
@@ -575,7 +577,7 @@ def main() -> None:
             ring.drain()
     ring.close()
 
-    print(f"\nper message (us); in-process: min of rounds; clients: median of {args.rounds} rounds")
+    print(f"\nCPU us per message; in-process: min of rounds; clients: median of {args.rounds} rounds")
     print(f"{'client':<16} {'operation':<9} {'plain':>9} {'instrumented':>13} {'added':>8}")
     for client, ops in results.items():
         for op, v in ops.items():
