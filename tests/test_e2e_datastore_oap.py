@@ -93,8 +93,10 @@ def test_database_and_cache_spans_reach_the_oap(
     nodes = {n["name"]: n for n in topo["nodes"]}
     db_node, cache_node = nodes[f"127.0.0.1:{pg.port}"], nodes[f"127.0.0.1:{rd.port}"]
     assert not db_node["isReal"] and not cache_node["isReal"]
-    assert (db_node["type"], db_node["layers"]) == ("PostgreSQL", ["VIRTUAL_DATABASE"]), db_node
-    assert (cache_node["type"], cache_node["layers"]) == ("Redis", ["VIRTUAL_CACHE"]), cache_node
+    # (The servers are shared by the test session: another test's Celery may use this Redis
+    # as its broker, which adds VIRTUAL_MQ to the same node.)
+    assert db_node["type"] == "PostgreSQL" and "VIRTUAL_DATABASE" in db_node["layers"], db_node
+    assert cache_node["type"] == "Redis" and "VIRTUAL_CACHE" in cache_node["layers"], cache_node
     own = next(n["id"] for n in topo["nodes"] if n["name"] == service)
     called = {c["target"] for c in topo["calls"] if c["source"] == own}
     assert {db_node["id"], cache_node["id"]} <= called
