@@ -11,11 +11,13 @@ def test_postgres_accepts_the_documented_user(postgres_server: ServerInfo) -> No
     import psycopg2
 
     s = postgres_server
-    with psycopg2.connect(
-        host=s.host, port=s.port, user=s.user, password=s.password, dbname=s.database
-    ) as conn, conn.cursor() as cur:
-        cur.execute("SELECT current_user, current_database()")
-        assert cur.fetchone() == (s.user, s.database)
+    conn = psycopg2.connect(host=s.host, port=s.port, user=s.user, password=s.password, dbname=s.database)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_user, current_database()")
+            assert cur.fetchone() == (s.user, s.database)
+    finally:
+        conn.close()
     assert os.path.exists(f"/proc/{s.pid}")
 
 
