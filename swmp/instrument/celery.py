@@ -119,13 +119,16 @@ def _wrap_send_task(orig: Any) -> Any:
             return orig(self, name, args, kwargs, *rest, **options)
         with span:
             if span.recording:
-                span.tag(TAG_MQ_BROKER, broker)
-                if settings.params_length > 0:
-                    span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
-                sw = span.inject()
-                headers = options.get("headers")
-                # A copy: the caller's dict (a signature's options) is reused for other sends.
-                options["headers"] = {**headers, **sw} if headers else sw
+                try:
+                    span.tag(TAG_MQ_BROKER, broker)
+                    if settings.params_length > 0:
+                        span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
+                    sw = span.inject()
+                    headers = options.get("headers")
+                    # A copy: the caller's dict (a signature's options) is reused for other sends.
+                    options["headers"] = {**headers, **sw} if headers else sw
+                except Exception:
+                    warn_once("celery-publish", "swmp: adding the trace to a Celery message failed")
             return orig(self, name, args, kwargs, *rest, **options)
 
     return send_task
