@@ -1125,7 +1125,10 @@ class Reporter:
         if self.owner_dead:
             return True
         if self._owner_fd >= 0:
-            wait = 1.0 if self._chain_broken() else 0.0
+            # A leader that already exited while other threads of its process are still being
+            # torn down (a gevent or daemon thread killed by exit_group) shows as a zombie
+            # before the pidfd fires and before we are reparented.
+            wait = 1.0 if self._chain_broken() or _zombie(self.owner_pid) else 0.0
             ready, _, _ = select.select([self._owner_fd], [], [], wait)
             return bool(ready)
         return not process_alive(self.owner_pid, 0)
@@ -1133,6 +1136,15 @@ class Reporter:
     def _chain_broken(self) -> bool:
         ppid = os.getppid()
         return ppid != self.owner_pid and _parent_of(ppid) != self.owner_pid
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
+    except OSError:
+        return False
 
 
 def _parent_of(pid: int) -> int:

@@ -319,6 +319,7 @@ def _register_fork_hooks() -> None:
         return
     _hooks_registered = True
     os.register_at_fork(after_in_child=_after_fork_in_child)
+    _register_celery_worker_hooks()
     if "uwsgi" in sys.modules:
         try:
             import uwsgidecorators  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
@@ -327,6 +328,19 @@ def _register_fork_hooks() -> None:
         except Exception:
             # Without it the per-write pid check still notices the fork.
             log.debug("uwsgidecorators.postfork unavailable", exc_info=True)
+
+
+def _register_celery_worker_hooks() -> None:
+    """Celery pool children take their ring at start and leave cleanly (``swmp._celery_worker``),
+    connected when (if ever) the application imports celery."""
+    try:
+        from swmp import _celery_worker  # noqa: PLC0415
+        from swmp.instrument import _hook, _present  # noqa: PLC0415
+
+        if _present("celery"):
+            _hook.defer("celery", _celery_worker.connect, key="celery-worker")
+    except Exception:
+        log.debug("swmp: celery worker hooks unavailable", exc_info=True)
 
 
 # -- exit ----------------------------------------------------------------------------------

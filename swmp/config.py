@@ -301,6 +301,14 @@ class Config:
         PLUGIN,
         check=_at_least(0),
     )
+    plugin_celery_parameters_length: int = _opt(
+        0,
+        "SW_PLUGIN_CELERY_PARAMETERS_LENGTH",
+        "Tag Celery publish and task-run spans with the task's arguments (`celery.parameters`), cut to "
+        "this many characters; 0 (the default; the SkyWalking Python agent's is 512) leaves them out.",
+        PLUGIN,
+        check=_at_least(0),
+    )
     plugin_flask_collect_http_params: bool = _opt(
         False, "SW_PLUGIN_FLASK_COLLECT_HTTP_PARAMS", "Tag Flask entry spans with the query string.", PLUGIN
     )
@@ -311,6 +319,22 @@ class Config:
         False,
         "SW_PLUGIN_FASTAPI_COLLECT_HTTP_PARAMS",
         "Tag FastAPI/Starlette entry spans with the query string.",
+        PLUGIN,
+    )
+    # databases and caches (swmp/instrument/_datastore.py)
+    plugin_sql_parameters_max_length: int = _opt(
+        0,
+        "SW_PLUGIN_SQL_PARAMETERS_MAX_LENGTH",
+        "Tag SQL spans with their parameters (`db.sql.parameters`), cut to this many characters; "
+        "0 leaves parameters out.",
+        PLUGIN,
+        check=_at_least(0),
+    )
+    plugin_cache_collect_keys: bool = _opt(
+        True,
+        "SW_PLUGIN_CACHE_COLLECT_KEYS",
+        "Tag Redis and memcached spans with the key (`cache.key`, cut to SW_AGENT_TAG_VALUE_MAX_LENGTH); "
+        "false leaves keys out.",
         PLUGIN,
     )
 

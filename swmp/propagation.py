@@ -56,6 +56,27 @@ def unb64(s: str) -> str | None:
         return None
 
 
+# The service, instance, endpoint and address fields of sw8 repeat from one request or
+# message to the next (a caller sends a handful of distinct values), unlike the trace and
+# segment ids: their decoded text is cached (bounded; invalid values cache as None).
+_decoded: dict[str, str | None] = {}
+_DECODED_MAX = 4096
+
+
+def unb64_cached(s: str) -> str | None:
+    """:func:`unb64` for values that repeat."""
+    try:
+        return _decoded[s]
+    except KeyError:
+        pass
+    v = unb64(s)
+    if len(s) <= 512:  # a hostile header must not fill the cache with huge keys
+        if len(_decoded) >= _DECODED_MAX:
+            _decoded.clear()
+        _decoded[s] = v
+    return v
+
+
 class ContextCarrier:
     """What an incoming request tells us about its caller (the decoded headers)."""
 
@@ -164,10 +185,10 @@ def decode_sw8(value: Any) -> ContextCarrier | None:
             return None
         trace_id = unb64(tid)
         segment_id = unb64(sid)
-        service = unb64(svc)
-        instance = unb64(inst)
-        endpoint = unb64(ep)
-        address = unb64(addr)
+        service = unb64_cached(svc)
+        instance = unb64_cached(inst)
+        endpoint = unb64_cached(ep)
+        address = unb64_cached(addr)
         if (
             not trace_id
             or not segment_id

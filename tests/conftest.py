@@ -1,13 +1,28 @@
 """Shared pytest set-up for the whole suite.
 
 Session fixtures for real backends (a Kafka broker, SkyWalking OAP servers) live in
-``tests/realpeers.py``; importing them here makes them available to every test module.
+``tests/realpeers.py``, data stores (PostgreSQL, MariaDB, Redis, memcached) in
+``tests/daemons.py``; importing them here makes them available to every test module.
 They start nothing until a test asks for them.
 """
 
 from __future__ import annotations
 
+from tests.brokers import rabbitmq
 from tests.cli_fixtures import new_arena, procs, shm
+from tests.daemons import mariadb_server, memcached_server, postgres_server, redis_server
 from tests.realpeers import kafka_broker, oap_server, oap_with_kafka
 
-__all__ = ["kafka_broker", "new_arena", "oap_server", "oap_with_kafka", "procs", "shm"]
+__all__ = [
+    "kafka_broker",
+    "mariadb_server",
+    "memcached_server",
+    "new_arena",
+    "oap_server",
+    "oap_with_kafka",
+    "postgres_server",
+    "procs",
+    "rabbitmq",
+    "redis_server",
+    "shm",
+]

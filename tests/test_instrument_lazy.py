@@ -269,7 +269,11 @@ def test_already_imported_installs_now_and_the_finder_leaves_when_done() -> None
         st = instrument.install_all(configure())
         first = dict(st=st, pending=list(_hook.pending()), hooked=_hook.active())
         import flask, httpx, starlette.applications, django.core.handlers.wsgi, http.client
-        import loguru, structlog, concurrent.futures.thread
+        import importlib  # then every other library an instrumentation waits for
+        for path in instrument.MODULES:
+            trigger = getattr(importlib.import_module(path), "TRIGGER", None)
+            if trigger:
+                importlib.import_module(trigger)
         report(first=first, now=instrument.statuses(), hooked=_hook.active(),
                in_meta_path=any(type(f).__name__ == "PostImportFinder" for f in sys.meta_path))
         """

@@ -210,3 +210,16 @@ def test_fuzz_mutations_of_valid_headers() -> None:
             n += 1
             c.to_sw8()
     assert n > 0  # some mutations stay valid (e.g. changed base64 payloads): they decode cleanly
+
+
+def test_repeated_fields_decode_the_same_from_the_cache() -> None:
+    # service / instance / endpoint / address are cached by their encoded text: a second
+    # decode gives the same carrier, and an invalid field stays invalid when seen again.
+    first = P.decode_sw8(valid_sw8(svc="svc-é", ep="/orders"))
+    again = P.decode_sw8(valid_sw8(svc="svc-é", ep="/orders", trace="t.2"))
+    assert first is not None and again is not None
+    assert (again.service, again.endpoint, again.trace_id) == ("svc-é", "/orders", "t.2")
+    broken_inst = "-".join(["1", b("t"), b("s"), "1", b("svc"), "!!!", b("e"), b("a")])
+    assert P.decode_sw8(broken_inst) is None
+    assert P.decode_sw8(broken_inst) is None
+    assert P.unb64_cached("!!!") is None and P.unb64_cached(b("x")) == "x"

@@ -120,6 +120,9 @@ class KafkaSender(Sender):
                 last = exc
                 continue
             self._compression, self._kwargs = compression, extra
+            # The agent's aiokafka instrumentation leaves producers with this mark alone:
+            # in thread mode this producer runs inside the traced application.
+            producer._swmp_internal = True
             return producer
         raise SendError(f"cannot create a Kafka producer: {last}")
 

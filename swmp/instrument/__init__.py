@@ -48,10 +48,24 @@ MODULES: tuple[str, ...] = (
     "swmp.instrument.urllib3",
     "swmp.instrument.http_client",
     "swmp.instrument.httpx",
+    "swmp.instrument.celery",
     "swmp.instrument.log_reporter",
     "swmp.instrument.loguru",
     "swmp.instrument.structlog",
     "swmp.instrument.threads",
+    "swmp.instrument.psycopg2",
+    "swmp.instrument.psycopg",
+    "swmp.instrument.asyncpg",
+    "swmp.instrument.pymysql",
+    "swmp.instrument.mysqlclient",
+    "swmp.instrument.aiomysql",
+    "swmp.instrument.redis",
+    "swmp.instrument.pymemcache",
+    "swmp.instrument.kafka",
+    "swmp.instrument.confluent_kafka",
+    "swmp.instrument.aiokafka",
+    "swmp.instrument.pika",
+    "swmp.instrument.aiormq",
 )
 
 INSTALLED = "installed"
@@ -126,7 +140,9 @@ def _install(mod: Any, name: str, config: Config, *, imported: bool = False) -> 
         return DISABLED
     package = getattr(mod, "PACKAGE", None)
     if package is not None:
-        if not imported and importlib.util.find_spec(package.replace("-", "_")) is None:
+        # The import name may differ from the distribution's (PyMySQL: pymysql, mysqlclient:
+        # MySQLdb): look for the trigger module when there is one.
+        if not imported and not _present(getattr(mod, "TRIGGER", None) or package.replace("-", "_")):
             return ABSENT
         # Imported here, not at start: importlib.metadata costs ~10 ms (email, zipfile...).
         from importlib import metadata  # noqa: PLC0415

@@ -30,13 +30,25 @@ class Layer:
 
 class Component:
     UNKNOWN: Final = 0
+    MYSQL: Final = 5  # generic MySQL: aiomysql, which has no id of its own
+    REDIS: Final = 7  # redis-py, sync and asyncio (the SkyWalking Python agent's sw_redis)
+    MEMCACHED: Final = 20  # pymemcache (no Python-specific id)
+    KAFKA_PRODUCER: Final = 40  # kafka-python, confluent-kafka, aiokafka
+    KAFKA_CONSUMER: Final = 41
+    RABBITMQ_PRODUCER: Final = 52  # pika, aiormq (and aio-pika through it)
+    RABBITMQ_CONSUMER: Final = 53
     PYTHON: Final = 7000  # "Python": built-in modules (http.client, plain WSGI/ASGI, manual spans)
     FLASK: Final = 7001
     REQUESTS: Final = 7002
+    PYMYSQL: Final = 7003
     DJANGO: Final = 7004
     URLLIB3: Final = 7006
     AIOHTTP: Final = 7008
+    PSYCOPG: Final = 7010  # "Psychopg" in component-libraries.yml: psycopg2 and psycopg 3
+    CELERY: Final = 7011
+    MYSQLCLIENT: Final = 7013
     FASTAPI: Final = 7014  # also used for plain Starlette, which has no id of its own
+    ASYNCPG: Final = 7016
     HTTPX: Final = 7019
 
 
@@ -45,3 +57,15 @@ TAG_HTTP_METHOD: Final = "http.method"
 TAG_HTTP_URL: Final = "http.url"
 TAG_HTTP_STATUS: Final = "http.status_code"
 TAG_HTTP_PARAMS: Final = "http.params"
+TAG_MQ_BROKER: Final = "mq.broker"
+TAG_MQ_TOPIC: Final = "mq.topic"
+TAG_MQ_QUEUE: Final = "mq.queue"
+TAG_CELERY_PARAMETERS: Final = "celery.parameters"
+TAG_DB_TYPE: Final = "db.type"
+TAG_DB_INSTANCE: Final = "db.instance"
+TAG_DB_STATEMENT: Final = "db.statement"
+TAG_DB_SQL_PARAMETERS: Final = "db.sql.parameters"
+TAG_CACHE_TYPE: Final = "cache.type"
+TAG_CACHE_CMD: Final = "cache.cmd"
+TAG_CACHE_OP: Final = "cache.op"
+TAG_CACHE_KEY: Final = "cache.key"

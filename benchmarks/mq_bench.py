@@ -1,0 +1,591 @@
+"""Cost of the message-queue instrumentation per message, on the real clients and brokers.
+
+For each client (kafka-python, confluent-kafka, aiokafka, pika with a blocking connection,
+aio-pika over aiormq) two operations are timed, instrumented and not, in one run:
+
+* ``publish``: N sends, each inside its own entry span (the application's request), so the
+  instrumented run adds the exit span, the ``sw8`` headers and the larger segment. Only the
+  send calls are timed; delivery (flush, confirms) is waited for untimed afterwards.
+* ``consume``: reading N messages that carry ``sw8`` headers (Kafka: seek back to the
+  start of a topic and poll; RabbitMQ: a ``basic_consume`` callback over a prefilled
+  queue). The instrumented run adds one entry span and segment per message.
+
+Times are the process's CPU time (all its threads, the clients' I/O threads too; the
+brokers' CPU is not included), not wall-clock time: other work on a shared machine does not
+count. Finished segments go into a real shared-memory ring (an ipc Arena in a temp dir, drained
+between rounds, untimed), as in the agent. Rounds alternate plain / instrumented so that
+drift hits both alike; the table shows the median per-message time of each and the median
+of the per-round differences ("added"). The brokers are the ones of the tests: a Kafka
+broker (``tests/realpeers.py``) and RabbitMQ (``tests/brokers.py``), started here unless
+given.
+
+    python benchmarks/mq_bench.py [--rounds N] [--messages N] [--kafka HOST:PORT]
+                                  [--amqp URL] [--only CLIENT|in-process] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from swmp import _sink, instrument, tracing
+from swmp.config import load
+from swmp.tracing.context import new_entry_span
+
+PAYLOAD = b"x" * 100
+MODULES = {
+    "kafka-python": "swmp.instrument.kafka",
+    "confluent-kafka": "swmp.instrument.confluent_kafka",
+    "aiokafka": "swmp.instrument.aiokafka",
+    "pika": "swmp.instrument.pika",
+    "aio-pika": "swmp.instrument.aiormq",
+}
+
+
+class Ring:
+    """The agent's sink: a real shared-memory ring, drained between rounds."""
+
+    def __init__(self) -> None:
+        import ipc
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="swmp-mqbench-")
+        self.arena = ipc.Arena.create(str(Path(self._tmp.name) / "b.arena"), slots=1, ring_capacity=32 << 20)
+        writer = self.arena.claim_slot()
+        assert writer is not None
+        self.writer = writer
+        self.reader = self.arena.reader(writer.slot)
+        _sink.set_sink(writer)
+
+    def drain(self) -> None:
+        while self.reader.read(100_000):
+            self.reader.commit()
+
+    def close(self) -> None:
+        _sink.set_sink(None)
+        self.drain()
+        dropped = self.writer.stats().dropped_records
+        if dropped:
+            print(f"warning: the ring dropped {dropped} records", file=sys.stderr)
+        self.arena.unlink()
+        self._tmp.cleanup()
+
+
+def set_instrumented(client: str, on: bool, config: Any) -> None:
+    import importlib
+
+    mod = importlib.import_module(MODULES[client])
+    if on:
+        instrument.install_one(MODULES[client], config)
+    else:
+        mod.uninstall()
+
+
+def timed(fn: Callable[[], None]) -> float:
+    t0 = time.process_time_ns()
+    fn()
+    return float(time.process_time_ns() - t0)
+
+
+# -- one harness per client: publish(n) and consume(n) closures, built per mode -------------------
+class Kafka:
+    """kafka-python."""
+
+    def __init__(self, bootstrap: str, n: int) -> None:
+        from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+        self.n = n
+        self.topic_pub = f"bench-{uuid.uuid4().hex[:8]}"
+        self.topic_con = f"bench-{uuid.uuid4().hex[:8]}"
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=10
+        )
+        self.tp = TopicPartition(self.topic_con, 0)
+
+    def prefill(self) -> None:  # runs instrumented: the messages carry sw8
+        for _ in range(self.n):
+            with new_entry_span("/prefill"):
+                self.producer.send(self.topic_con, PAYLOAD)
+        self.producer.flush()
+        self.consumer.assign([self.tp])
+
+    def publish(self) -> float:
+        send, topic = self.producer.send, self.topic_pub
+
+        def run() -> None:
+            for _ in range(self.n):
+                with new_entry_span("/publish"):
+                    send(topic, PAYLOAD)
+
+        t = timed(run)
+        self.producer.flush()
+        return t
+
+    def consume(self) -> float:
+        self.consumer.seek(self.tp, 0)
+
+        def run() -> None:
+            got = 0
+            while got < self.n:
+                for records in self.consumer.poll(timeout_ms=1000, max_records=500).values():
+                    got += len(records)
+
+        return timed(run)
+
+    def close(self) -> None:
+        self.producer.close(timeout=10)
+        self.consumer.close()
+
+
+class Confluent:
+    """confluent-kafka. Its classes are swapped at install, so each mode has its own objects."""
+
+    def __init__(self, bootstrap: str, n: int) -> None:
+        self.n = n
+        self.bootstrap = bootstrap
+        self.topic_pub = f"bench-{uuid.uuid4().hex[:8]}"
+        self.topic_con = f"bench-{uuid.uuid4().hex[:8]}"
+        self.objects: dict[bool, tuple[Any, Any]] = {}
+
+    def make(self, instrumented: bool) -> None:
+        import confluent_kafka
+
+        p = confluent_kafka.Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
+        c = confluent_kafka.Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": uuid.uuid4().hex,
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+            }
+        )
+        self.objects[instrumented] = (p, c)
+
+    def prefill(self) -> None:
+        p = self.objects[True][0]
+        for _ in range(self.n):
+            with new_entry_span("/prefill"):
+                p.produce(self.topic_con, PAYLOAD)
+        p.flush(30)
+
+    def publish(self, instrumented: bool) -> float:
+        p = self.objects[instrumented][0]
+        produce, topic = p.produce, self.topic_pub
+
+        def run() -> None:
+            for _ in range(self.n):
+                with new_entry_span("/publish"):
+                    produce(topic, PAYLOAD)
+
+        t = timed(run)
+        p.flush(30)
+        return t
+
+    def consume(self, instrumented: bool) -> float:
+        from confluent_kafka import TopicPartition
+
+        c = self.objects[instrumented][1]
+        c.assign([TopicPartition(self.topic_con, 0, 0)])
+
+        def run() -> None:
+            got = 0
+            while got < self.n:
+                got += sum(1 for m in c.consume(min(500, self.n - got), 1.0) if m.error() is None)
+
+        return timed(run)
+
+    def close(self) -> None:
+        for p, c in self.objects.values():
+            p.flush(10)
+            c.close()
+
+
+class AioKafka:
+    def __init__(self, bootstrap: str, n: int) -> None:
+        self.n = n
+        self.bootstrap = bootstrap
+        self.loop = asyncio.new_event_loop()
+        self.topic_pub = f"bench-{uuid.uuid4().hex[:8]}"
+        self.topic_con = f"bench-{uuid.uuid4().hex[:8]}"
+
+        async def start() -> tuple[Any, Any]:
+            from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+            p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+            c = AIOKafkaConsumer(
+                bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=10
+            )
+            await p.start()
+            await c.start()
+            return p, c
+
+        self.producer, self.consumer = self.loop.run_until_complete(start())
+
+    def prefill(self) -> None:
+        from aiokafka import TopicPartition
+
+        async def fill() -> None:
+            futs = []
+            for _ in range(self.n):
+                with new_entry_span("/prefill"):
+                    futs.append(await self.producer.send(self.topic_con, PAYLOAD))
+            await asyncio.gather(*futs)
+
+        async def assign() -> None:
+            self.consumer.assign([self.tp])
+
+        self.loop.run_until_complete(fill())
+        self.tp = TopicPartition(self.topic_con, 0)
+        self.loop.run_until_complete(assign())
+
+    def publish(self) -> float:
+        futs: list[Any] = []
+
+        async def run() -> None:
+            send, topic = self.producer.send, self.topic_pub
+            for _ in range(self.n):
+                with new_entry_span("/publish"):
+                    futs.append(await send(topic, PAYLOAD))
+
+        t = timed(lambda: self.loop.run_until_complete(run()))
+        self.loop.run_until_complete(asyncio.gather(*futs))
+        return t
+
+    def consume(self) -> float:
+        async def run() -> None:
+            self.consumer.seek(self.tp, 0)
+            got = 0
+            while got < self.n:
+                batch = await self.consumer.getmany(timeout_ms=1000, max_records=500)
+                got += sum(len(r) for r in batch.values())
+
+        return timed(lambda: self.loop.run_until_complete(run()))
+
+    def close(self) -> None:
+        async def stop() -> None:
+            await self.producer.stop()
+            await self.consumer.stop()
+
+        self.loop.run_until_complete(stop())
+        self.loop.close()
+
+
+class Pika:
+    """pika, BlockingConnection."""
+
+    def __init__(self, url: str, n: int) -> None:
+        import pika
+
+        self.n = n
+        self.conn = pika.BlockingConnection(pika.URLParameters(url))
+        self.ch = self.conn.channel()
+        self.q_pub = f"bench-{uuid.uuid4().hex[:8]}"
+        self.q_con = f"bench-{uuid.uuid4().hex[:8]}"
+        self.ch.queue_declare(self.q_pub)
+        self.ch.queue_declare(self.q_con)
+        self.ch.basic_qos(prefetch_count=1000)
+
+    def prefill(self) -> None:
+        pass  # each consume round publishes its own messages (instrumented, untimed)
+
+    def publish(self) -> float:
+        publish, q = self.ch.basic_publish, self.q_pub
+
+        def run() -> None:
+            for _ in range(self.n):
+                with new_entry_span("/publish"):
+                    publish("", q, PAYLOAD)
+
+        t = timed(run)
+        self.ch.queue_purge(q)
+        return t
+
+    def fill_for_consume(self) -> None:
+        for _ in range(self.n):
+            with new_entry_span("/prefill"):
+                self.ch.basic_publish("", self.q_con, PAYLOAD)
+
+    def consume(self) -> float:
+        got = 0
+
+        def on_message(ch: Any, method: Any, props: Any, body: bytes) -> None:
+            nonlocal got
+            got += 1
+            if got == self.n:
+                ch.stop_consuming()
+
+        def run() -> None:
+            tag = self.ch.basic_consume(self.q_con, on_message, auto_ack=True)
+            self.ch.start_consuming()
+            self.ch.basic_cancel(tag)
+
+        return timed(run)
+
+    def close(self) -> None:
+        self.ch.queue_delete(self.q_pub)
+        self.ch.queue_delete(self.q_con)
+        self.conn.close()
+
+
+class AioPika:
+    """aio-pika (publishes and consumes through aiormq), publisher confirms off."""
+
+    def __init__(self, url: str, n: int) -> None:
+        import aio_pika
+
+        self.n = n
+        self.loop = asyncio.new_event_loop()
+        self.q_pub = f"bench-{uuid.uuid4().hex[:8]}"
+        self.q_con = f"bench-{uuid.uuid4().hex[:8]}"
+
+        async def start() -> None:
+            self.conn = await aio_pika.connect(url)
+            self.ch = await self.conn.channel(publisher_confirms=False)
+            await self.ch.set_qos(prefetch_count=1000)
+            self.pub_queue = await self.ch.declare_queue(self.q_pub)
+            self.con_queue = await self.ch.declare_queue(self.q_con)
+
+        self.loop.run_until_complete(start())
+
+    def prefill(self) -> None:
+        pass
+
+    def publish(self) -> float:
+        import aio_pika
+
+        async def run() -> None:
+            publish = self.ch.default_exchange.publish
+            for _ in range(self.n):
+                with new_entry_span("/publish"):
+                    await publish(aio_pika.Message(PAYLOAD), routing_key=self.q_pub)
+
+        t = timed(lambda: self.loop.run_until_complete(run()))
+        self.loop.run_until_complete(self.pub_queue.purge())
+        return t
+
+    def fill_for_consume(self) -> None:
+        import aio_pika
+
+        async def fill() -> None:
+            for _ in range(self.n):
+                with new_entry_span("/prefill"):
+                    await self.ch.default_exchange.publish(aio_pika.Message(PAYLOAD), routing_key=self.q_con)
+
+        self.loop.run_until_complete(fill())
+
+    def consume(self) -> float:
+        async def run() -> None:
+            done = asyncio.get_running_loop().create_future()
+            got = 0
+
+            async def on_message(message: Any) -> None:
+                nonlocal got
+                got += 1
+                if got == self.n and not done.done():
+                    done.set_result(None)
+
+            tag = await self.con_queue.consume(on_message, no_ack=True)
+            await done
+            await self.con_queue.cancel(tag)
+
+        return timed(lambda: self.loop.run_until_complete(run()))
+
+    def close(self) -> None:
+        async def stop() -> None:
+            await self.pub_queue.delete()
+            await self.con_queue.delete()
+            await self.conn.close()
+
+        self.loop.run_until_complete(stop())
+        self.loop.close()
+
+
+# -- the instrumentation's own work, without a client or a network ---------------------------------
+def in_process(ring: Ring, calls: int, rounds: int) -> dict[str, Any]:
+    """What the wrappers add per message, measured alone (min over rounds, us per call):
+
+    * producer: inside an entry span, the MQ exit span with its tags, the ``sw8`` header list
+      (as for Kafka) and the larger segment, against the entry span alone;
+    * consumer: one message's entry span, from decoding its ``sw8`` header to the segment
+      written into the ring (``_mq.consumed``), against nothing.
+    """
+    from swmp.instrument import _mq
+    from swmp.tracing.constants import Component
+
+    broker, topic = "127.0.0.1:9092", "orders"
+
+    def entry_only() -> None:
+        with new_entry_span("/publish"):
+            pass
+
+    def entry_and_exit() -> None:
+        with new_entry_span("/publish"):
+            span = _mq.exit_span(f"Kafka/{topic}/Producer", broker, Component.KAFKA_PRODUCER)
+            assert span is not None
+            _mq.tag_mq(span, broker, topic)
+            _mq.kafka_headers(span, None)
+            with span:
+                pass
+
+    with new_entry_span("/publish"):
+        span = _mq.exit_span(f"Kafka/{topic}/Producer", broker, Component.KAFKA_PRODUCER)
+        assert span is not None
+        headers = _mq.kafka_headers(span, None)
+        span.finish()
+
+    def consumed() -> None:
+        _mq.consumed(
+            f"Kafka/{topic}/Consumer/g", _mq.pairs_lookup(headers), Component.KAFKA_CONSUMER, broker, topic
+        )
+
+    def nothing() -> None:
+        pass
+
+    def best(fn: Callable[[], None]) -> float:
+        times = []
+        for _ in range(rounds):
+            t0 = time.process_time_ns()
+            for _ in range(calls):
+                fn()
+            times.append((time.process_time_ns() - t0) / calls / 1000)
+            ring.drain()
+        return min(times)
+
+    base_p, with_p = best(entry_only), best(entry_and_exit)
+    base_c, with_c = best(nothing), best(consumed)
+    return {
+        "producer": {"plain_us": base_p, "instrumented_us": with_p, "added_us": with_p - base_p},
+        "consumer": {"plain_us": base_c, "instrumented_us": with_c, "added_us": with_c - base_c},
+    }
+
+
+# -- the run -------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def brokers(
+    kafka: str | None, amqp: str | None, need_kafka: bool, need_amqp: bool
+) -> Iterator[tuple[str, str]]:
+    stops: list[Callable[[], None]] = []
+    try:
+        if need_kafka and not kafka:
+            from tests.realpeers import start_kafka
+
+            run_dir = Path(tempfile.mkdtemp(prefix="swmp-mqbench-kafka-"))
+            broker = start_kafka(run_dir)
+            stops.append(broker.stop)
+            kafka = broker.bootstrap
+        if need_amqp and not amqp:
+            from tests.brokers import start_rabbitmq
+
+            d = start_rabbitmq()
+            stops.append(d.stop)
+            amqp = f"amqp://guest:guest@127.0.0.1:{d.port}/"
+        yield kafka or "", amqp or ""
+    finally:
+        for stop in reversed(stops):
+            stop()
+
+
+def make_harness(client: str, kafka: str, amqp: str, n: int) -> Any:
+    if client == "kafka-python":
+        return Kafka(kafka, n)
+    if client == "confluent-kafka":
+        return Confluent(kafka, n)
+    if client == "aiokafka":
+        return AioKafka(kafka, n)
+    return Pika(amqp, n) if client == "pika" else AioPika(amqp, n)
+
+
+def bench_client(client: str, harness: Any, rounds: int, config: Any, ring: Ring) -> dict[str, Any]:
+    n = harness.n
+    two_objects = isinstance(harness, Confluent)
+    if two_objects:
+        for mode in (False, True):
+            set_instrumented(client, mode, config)
+            harness.make(mode)
+    set_instrumented(client, True, config)
+    harness.prefill()
+    times: dict[str, dict[bool, list[float]]] = {op: {False: [], True: []} for op in ("publish", "consume")}
+    for r in range(rounds + 1):  # round 0 warms up both modes and is not counted
+        for mode in (False, True) if r % 2 else (True, False):
+            set_instrumented(client, mode, config)
+            pub = harness.publish(mode) if two_objects else harness.publish()
+            if hasattr(harness, "fill_for_consume"):
+                set_instrumented(client, True, config)
+                harness.fill_for_consume()
+                set_instrumented(client, mode, config)
+            con = harness.consume(mode) if two_objects else harness.consume()
+            ring.drain()
+            if r:
+                times["publish"][mode].append(pub / n)
+                times["consume"][mode].append(con / n)
+    set_instrumented(client, False, config)
+    out: dict[str, Any] = {}
+    for op, by_mode in times.items():
+        deltas = [i - p for p, i in zip(by_mode[False], by_mode[True], strict=True)]
+        out[op] = {
+            "plain_us": statistics.median(by_mode[False]) / 1000,
+            "instrumented_us": statistics.median(by_mode[True]) / 1000,
+            "added_us": statistics.median(deltas) / 1000,
+            "rounds": len(deltas),
+            "messages": n,
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--messages", type=int, default=2000, help="messages per operation and round")
+    ap.add_argument("--kafka", help="bootstrap server of a running broker (default: start one)")
+    ap.add_argument("--amqp", help="amqp:// URL of a running RabbitMQ (default: start one)")
+    ap.add_argument(
+        "--only",
+        choices=[*sorted(MODULES), "in-process"],
+        action="append",
+        help="benchmark only these clients ('in-process': the wrappers alone, no broker)",
+    )
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = ap.parse_args()
+    clients = [c for c in args.only or list(MODULES) if c != "in-process"]
+    need_kafka = any("kafka" in c for c in clients)
+    need_amqp = any("pika" in c for c in clients)
+
+    config = load({}, agent_log_reporter_active=False)
+    tracing.configure(config)
+    ring = Ring()
+    results: dict[str, Any] = {}
+    results["in-process"] = in_process(ring, 20_000, max(3, args.rounds))
+    with brokers(args.kafka, args.amqp, need_kafka, need_amqp) as (kafka, amqp):
+        for client in clients:
+            harness = make_harness(client, kafka, amqp, args.messages)
+            try:
+                results[client] = bench_client(client, harness, args.rounds, config, ring)
+            finally:
+                harness.close()
+            ring.drain()
+    ring.close()
+
+    print(f"\nCPU us per message; in-process: min of rounds; clients: median of {args.rounds} rounds")
+    print(f"{'client':<16} {'operation':<9} {'plain':>9} {'instrumented':>13} {'added':>8}")
+    for client, ops in results.items():
+        for op, v in ops.items():
+            plain, traced, added = v["plain_us"], v["instrumented_us"], v["added_us"]
+            print(f"{client:<16} {op:<9} {plain:>9.2f} {traced:>13.2f} {added:>8.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

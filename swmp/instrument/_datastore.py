@@ -1,0 +1,420 @@
+"""What the database and cache instrumentations share: span creation with the SkyWalking tags,
+the settings they honour, and the one check that keeps calls outside a trace free.
+
+Every wrapper starts with ``if outside() is None: return original(...)``: no current span
+means no trace to join (a data-store call never starts a trace of its own), so the only cost
+is one context-variable read. Inside a trace, :func:`sql_span` / :func:`cache_span` open an
+exit span (layer Database / Cache) that the wrapper runs the driver call in; an exit span
+inside an exit span is a no-op, so a library calling another instrumented one (SQLAlchemy ->
+psycopg, executemany -> execute) records one span.
+
+Settings (read at install): ``SW_PLUGIN_SQL_PARAMETERS_MAX_LENGTH`` (0: no parameters; the
+SkyWalking Python agent's name and format: ``[a,b]``, cut with ``...``),
+``SW_PLUGIN_CACHE_COLLECT_KEYS``. ``db.statement`` and ``cache.key`` are cut to
+``SW_AGENT_TAG_VALUE_MAX_LENGTH`` like every tag.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import (
+    TAG_CACHE_CMD,
+    TAG_CACHE_KEY,
+    TAG_CACHE_OP,
+    TAG_CACHE_TYPE,
+    TAG_DB_INSTANCE,
+    TAG_DB_SQL_PARAMETERS,
+    TAG_DB_STATEMENT,
+    TAG_DB_TYPE,
+    Layer,
+)
+from swmp.tracing.limits import limits
+from swmp.tracing.span import NOOP, NoopSpan, Span, current_span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+# The single check on every wrapped call: None outside any trace.
+outside = current_span.get
+log = logging.getLogger("swmp.instrument")
+_reported: set[str] = set()
+
+
+def failed(where: str, e: Exception) -> NoopSpan:
+    """An instrumentation could not read what it needs (a driver version that changed):
+    log it once per place; the call goes on without a span."""
+    if where not in _reported:
+        _reported.add(where)
+        log.warning("swmp: %s failed (%r); calls go on without spans", where, e, exc_info=True)
+    return NOOP
+
+
+def guarded(start: Callable[..., Any]) -> Callable[..., Any]:
+    """``start`` (which reads the driver's arguments and opens a span) made unable to fail
+    the application's call: see :func:`failed`."""
+    where = f"{start.__module__}.{start.__qualname__}"
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return start(*args, **kwargs)
+        except Exception as e:
+            return failed(where, e)
+
+    run.__name__ = start.__name__
+    run.__qualname__ = start.__qualname__
+    return run
+
+
+_NO_TAGS = Span.tags  # the class-level "no tags yet" marker
+_DATABASE = Layer.DATABASE
+_CACHE = Layer.CACHE
+
+
+class _Settings:
+    params_max = 0
+    collect_keys = True
+
+
+settings = _Settings()
+
+
+def configure(config: Config) -> None:
+    settings.params_max = config.plugin_sql_parameters_max_length
+    settings.collect_keys = config.plugin_cache_collect_keys
+
+
+def peer(host: Any, port: Any) -> str:
+    """``host:port``; a Unix socket path alone; IPv6 literals bracketed."""
+    h = host.decode() if isinstance(host, bytes) else str(host or "")
+    if h.startswith("/") or port in (None, ""):
+        return h
+    if ":" in h and not h.startswith("["):
+        h = f"[{h}]"
+    return f"{h}:{port}"
+
+
+def text(value: Any) -> str:
+    """A statement or key as text: bytes decoded, SQL objects through ``str``; never raises."""
+    if value.__class__ is str:
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    try:
+        return str(value)
+    except Exception:
+        return "<unprintable>"
+
+
+def composed_text(query: Any, context: Any) -> Any:
+    """psycopg's ``sql.SQL`` / ``sql.Composed`` queries as the SQL text they stand for (their
+    ``str`` is a repr); anything else as it is."""
+    if query.__class__ is str or not hasattr(query, "as_string"):
+        return query
+    try:
+        return query.as_string(context)
+    except Exception:
+        return query
+
+
+def _values(params: Any) -> Iterable[Any]:
+    if isinstance(params, dict):
+        return params.values()
+    if isinstance(params, (list, tuple)):
+        return params
+    return (params,)
+
+
+def params_text(params: Any, many: bool = False) -> str:
+    """Parameters as the SkyWalking Python agent tags them: ``[1,a]`` or ``[[1,a],[2,b]]``,
+    cut at ``SW_PLUGIN_SQL_PARAMETERS_MAX_LENGTH`` characters with ``...`` appended."""
+    limit = settings.params_max
+    if not many:
+        body = ",".join(text(v) for v in _values(params))
+        return f"[{body[:limit]}...]" if len(body) > limit else f"[{body}]"
+    parts: list[str] = []
+    total = 0
+    for row in params:
+        item = f"[{','.join(text(v) for v in _values(row))}]"
+        total += len(item)
+        if total > limit:
+            parts.append(f"{item[: limit - total]}...")
+            break
+        parts.append(item)
+    return f"[{','.join(parts)}]"
+
+
+def sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
+    op: str,
+    address: str,
+    component: int,
+    db_type: str,
+    instance: str,
+    statement: Any,
+    params: Any = None,
+    many: bool = False,
+) -> Span | NoopSpan:
+    """An exit span for one SQL call, tagged ``db.type``/``db.instance``/``db.statement``
+    (and ``db.sql.parameters`` when enabled)."""
+    span = _ctx.new_exit_span(op, address, component, _DATABASE)
+    if span.__class__ is Span:
+        if statement.__class__ is not str:
+            statement = text(statement)
+        if span.tags is _NO_TAGS and len(statement) <= limits.tag_value_max:
+            # The common case in one list (what three span.tag calls would build): this
+            # runs on every traced query.
+            span.tags = [TAG_DB_TYPE, db_type, TAG_DB_INSTANCE, instance, TAG_DB_STATEMENT, statement]
+        else:
+            span.tag(TAG_DB_TYPE, db_type)
+            span.tag(TAG_DB_INSTANCE, instance)
+            span.tag(TAG_DB_STATEMENT, statement)
+        if settings.params_max and params is not None:
+            try:
+                span.tag(TAG_DB_SQL_PARAMETERS, params_text(params, many))
+            except Exception:  # an exotic parameter container: the query matters more
+                pass
+    return span
+
+
+# Redis commands by effect (cache.op), for the OAP's cache read/write metrics. Commands in
+# neither set (PING, PUBLISH, EXPIRE, pipelines of mixed kinds...) get no cache.op.
+_READ = (
+    "GET MGET GETRANGE GETBIT STRLEN EXISTS TTL PTTL TYPE KEYS SCAN HGET HMGET HGETALL HKEYS HVALS HLEN "
+    "HEXISTS HSCAN HSTRLEN HRANDFIELD LINDEX LLEN LRANGE LPOS SCARD SISMEMBER SMISMEMBER SMEMBERS "
+    "SRANDMEMBER SSCAN SINTER SUNION SDIFF ZCARD ZCOUNT ZLEXCOUNT ZSCORE ZMSCORE ZRANK ZREVRANK ZRANGE "
+    "ZRANGEBYLEX ZRANGEBYSCORE ZREVRANGE ZREVRANGEBYLEX ZREVRANGEBYSCORE ZSCAN XRANGE XREVRANGE XREAD "
+    "XLEN GETEX GETDEL BLPOP BRPOP LPOP RPOP SPOP ZPOPMIN ZPOPMAX "
+    "get gets gat gats get_many get_multi gets_many"  # memcached
+)
+_WRITE = (
+    "SET SETEX PSETEX SETNX SETRANGE SETBIT MSET MSETNX GETSET APPEND INCR INCRBY INCRBYFLOAT DECR "
+    "DECRBY DEL UNLINK EXPIRE PEXPIRE EXPIREAT PEXPIREAT PERSIST RENAME RENAMENX HSET HSETNX HMSET HDEL "
+    "HINCRBY HINCRBYFLOAT LPUSH LPUSHX RPUSH RPUSHX LINSERT LSET LREM LTRIM RPOPLPUSH LMOVE BRPOPLPUSH "
+    "SADD SREM SMOVE SINTERSTORE SUNIONSTORE SDIFFSTORE ZADD ZINCRBY ZREM ZREMRANGEBYLEX ZREMRANGEBYRANK "
+    "ZREMRANGEBYSCORE ZINTERSTORE ZUNIONSTORE XADD XDEL XTRIM FLUSHDB FLUSHALL "
+    "set add replace append prepend cas delete incr decr touch set_many set_multi delete_many "
+    "delete_multi flush_all"  # memcached
+)
+READ_COMMANDS = frozenset(_READ.split())
+WRITE_COMMANDS = frozenset(_WRITE.split())
+
+
+def cache_op(cmd: str) -> str:
+    """``"read"``, ``"write"`` or ``""`` for a Redis or memcached command name."""
+    if cmd in READ_COMMANDS:
+        return "read"
+    if cmd in WRITE_COMMANDS:
+        return "write"
+    upper = cmd.upper()
+    return "read" if upper in READ_COMMANDS else "write" if upper in WRITE_COMMANDS else ""
+
+
+def cache_span(  # noqa: PLR0917
+    op: str,
+    address: str,
+    component: int,
+    cache_type: str,
+    cmd: str,
+    key: Any,
+    instance: str = "",
+    kind: str | None = None,
+) -> Span | NoopSpan:
+    """An exit span for one cache call (or one pipeline: ``cmd`` lists its commands), tagged
+    ``cache.type``/``cache.cmd``/``cache.op``/``cache.key`` (and ``db.instance`` if given)."""
+    span = _ctx.new_exit_span(op, address, component, _CACHE)
+    if span.__class__ is Span:
+        span.tag(TAG_CACHE_TYPE, cache_type)
+        span.tag(TAG_CACHE_CMD, cmd)
+        k = cache_op(cmd) if kind is None else kind
+        if k:
+            span.tag(TAG_CACHE_OP, k)
+        if key is not None and settings.collect_keys:
+            span.tag(TAG_CACHE_KEY, text(key))
+        if instance:
+            span.tag(TAG_DB_INSTANCE, instance)
+    return span
+
+
+class SpanAround:
+    """Wraps a driver's context manager (sync or async) so that ``span`` covers its block,
+    without making the span current: the application's code inside the block (a COPY
+    feeding loop) keeps its own span as parent. The driver's object is what ``with``
+    yields; exceptions, and the driver's choice to suppress one, pass through unchanged."""
+
+    __slots__ = ("_cm", "_span")
+
+    def __init__(self, cm: Any, span: Span | NoopSpan) -> None:
+        self._cm = cm
+        self._span = span
+
+    def _done(self, ev: BaseException | None) -> None:
+        if ev is not None and not isinstance(ev, GeneratorExit):
+            self._span.error(ev)
+        self._span.finish()
+
+    def __enter__(self) -> Any:
+        try:
+            return self._cm.__enter__()
+        except BaseException as e:
+            self._done(e)
+            raise
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Any:
+        try:
+            suppressed = self._cm.__exit__(et, ev, tb)
+        except BaseException as e:
+            self._done(e)
+            raise
+        self._done(None if suppressed else ev)
+        return suppressed
+
+    async def __aenter__(self) -> Any:
+        try:
+            return await self._cm.__aenter__()
+        except BaseException as e:
+            self._done(e)
+            raise
+
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> Any:
+        try:
+            suppressed = await self._cm.__aexit__(et, ev, tb)
+        except BaseException as e:
+            self._done(e)
+            raise
+        self._done(None if suppressed else ev)
+        return suppressed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cm, name)
+
+
+def span_over_iterator(span: Span | NoopSpan, it: Any) -> Any:
+    """Yield from ``it`` with ``span`` open until it is exhausted, fails or is closed
+    (the span is not made current: the consumer's loop body keeps its own parent)."""
+    try:
+        yield from it
+    except GeneratorExit:
+        raise
+    except BaseException as e:
+        span.error(e)
+        raise
+    finally:
+        span.finish()
+
+
+async def span_over_async_iterator(span: Span | NoopSpan, it: Any) -> Any:
+    """The async form of :func:`span_over_iterator`; closing it closes ``it`` too, as
+    ``yield from`` does for the sync form (the driver's clean-up runs)."""
+    try:
+        async for item in it:
+            yield item
+    except GeneratorExit:
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        raise
+    except BaseException as e:
+        span.error(e)
+        raise
+    finally:
+        span.finish()
+
+
+def cursor_method(
+    method: str,
+    prefix: str,
+    component: int,
+    db_type: str,
+    where: Callable[[Any], tuple[str, str]],
+    *,
+    many: bool = False,
+    is_async: bool = False,
+) -> Callable[[Any], Any]:
+    """A ``patch`` wrapper factory for a DB-API cursor method ``(self, query, args)``:
+    operation ``prefix + method``; ``where(cursor)`` gives ``(peer, database)``. An async
+    method's wrapper returns the driver's own coroutine outside a trace."""
+    op = prefix + method
+
+    def rows(args: Any) -> Any:
+        if many and settings.params_max and args is not None and not isinstance(args, (list, tuple)):
+            return list(args)  # the tag must not consume what the driver still needs
+        return args
+
+    place = f"{prefix}{method} ({where.__module__}.{where.__qualname__})"
+
+    def start(cur: Any, query: Any, args: Any) -> Span | NoopSpan:
+        try:  # inlined guarded(): this runs on every traced query
+            address, db = where(cur)
+            return sql_span(op, address, component, db_type, db, query, args or None, many)
+        except Exception as e:
+            return failed(place, e)
+
+    def make(orig: Any) -> Any:
+        if is_async:
+
+            async def traced(self: Any, query: Any, args: Any, rest: Any) -> Any:
+                args = rows(args)
+                with start(self, query, args):
+                    return await orig(self, query, args, *rest)
+
+            def amethod(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
+                if args is _MISSING:
+                    args = () if method == "callproc" else None
+                if outside() is None:
+                    return orig(self, query, args, *rest)
+                return traced(self, query, args, rest)
+
+            return amethod
+
+        def smethod(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
+            if args is _MISSING:
+                args = () if method == "callproc" else None
+            if outside() is None:
+                return orig(self, query, args, *rest)
+            args = rows(args)
+            with start(self, query, args):
+                return orig(self, query, args, *rest)
+
+        return smethod
+
+    return make
+
+
+_MISSING: Any = object()
+
+
+def traced_method(
+    start: Callable[[Any, tuple[Any, ...], dict[str, Any]], Span | NoopSpan], *, is_async: bool = False
+) -> Callable[[Any], Any]:
+    """A ``patch`` wrapper factory: the method runs inside ``start(self, args, kwargs)``'s span
+    when called inside a trace, and is called directly otherwise. For an async method, the
+    wrapper returns the driver's own coroutine outside a trace."""
+
+    start = guarded(start)
+
+    def make(orig: Any) -> Any:
+        if is_async:
+
+            async def traced(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                with start(self, args, kwargs):
+                    return await orig(self, *args, **kwargs)
+
+            def amethod(self: Any, *args: Any, **kwargs: Any) -> Any:
+                if outside() is None:
+                    return orig(self, *args, **kwargs)
+                return traced(self, args, kwargs)
+
+            return amethod
+
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if outside() is None:
+                return orig(self, *args, **kwargs)
+            with start(self, args, kwargs):
+                return orig(self, *args, **kwargs)
+
+        return method
+
+    return make

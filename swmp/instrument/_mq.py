@@ -1,0 +1,275 @@
+"""What the message-queue instrumentations share: producer exit spans, consumer entry spans.
+
+Producers: a message sent inside a trace gets an exit span (layer MQ) and carries the
+``sw8`` headers; a message sent outside any trace is passed through after one check
+(``current_span.get() is None``), with no span and no header. The producer library's call
+runs exactly as without the agent: same arguments (headers are a new list or dict, the
+caller's object is never modified), same return value, same exceptions.
+
+Consumers: every consumed message gets an entry span of its own, in a segment of its own,
+whatever span happens to be current where the message is received (a consumer loop inside
+a web request still reports the message's own trace). With an ``sw8`` header the segment
+continues the producer's trace (a CrossProcess ref to the producer's exit span); without
+one it starts a new trace (subject to sampling). Where the library hands the message to a
+callback, the span is current while the callback runs, so what the callback calls is
+traced under it; where the library returns messages (``poll``, iteration), the span
+records the delivery and is finished before the message is returned.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from swmp.propagation import SW8, SW8_CORRELATION, SW8_X, from_headers
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import TAG_MQ_BROKER, TAG_MQ_QUEUE, TAG_MQ_TOPIC, Component, Layer
+from swmp.tracing.limits import limits
+from swmp.tracing.span import Span, current_span
+
+log = logging.getLogger("swmp.instrument")
+
+# The headers the agent owns: dropped from a caller's headers before ours are added, so a
+# forwarded message never carries two (possibly conflicting) sw8 values.
+OWN_HEADERS = frozenset((SW8, SW8_CORRELATION, SW8_X))
+
+T = TypeVar("T")
+_get_current = current_span.get
+_warned: set[str] = set()
+
+
+def warn_once(key: str, msg: str, *args: Any) -> None:
+    """Log an instrumentation's own failure once per kind; the application carries on."""
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(msg, *args, exc_info=True)
+
+
+def exit_span(op: str, peer: str, component: int) -> Span | None:
+    """An open (not yet current) exit span for a send inside a trace, else None.
+
+    Callers check ``current_span.get() is None`` first: that is the whole cost of a send
+    outside a trace.
+    """
+    span = _ctx.new_exit_span(op, peer, component, Layer.MQ)
+    return span if isinstance(span, Span) else None
+
+
+def producer_span(  # noqa: PLR0917 (the message's facts, in a fixed order)
+    op: str,
+    broker: str,
+    component: int,
+    topic: str,
+    queue: str | None,
+    attach: Callable[[Span], T],
+) -> tuple[Span | None, T | None]:
+    """The exit span of a send inside a trace, tagged, and ``attach(span)`` (the message's
+    new headers); ``(None, None)`` when nothing is to be recorded or anything failed (then no
+    span is left open: the send goes out untraced).
+    """
+    span = None
+    try:
+        span = exit_span(op, broker, component)
+        if span is None:
+            return None, None
+        tag_mq(span, broker, topic, queue)
+        return span, attach(span)
+    except Exception:
+        warn_once(f"produce:{component}", "swmp: tracing a message send failed")
+        if span is not None:
+            span.finish()
+        return None, None
+
+
+def tag_mq(span: Span, broker: str, topic: str, queue: str | None = None) -> None:
+    """``mq.broker``, ``mq.topic`` and (RabbitMQ) ``mq.queue``, set as one list when the span
+    has no tags yet and the values need no clipping (the common case), else one by one."""
+    lim = limits.tag_value_max
+    if (
+        not span.tags
+        and broker.__class__ is str
+        and topic.__class__ is str
+        and len(broker) <= lim
+        and len(topic) <= lim
+    ):
+        if queue is None:
+            span.tags = [TAG_MQ_BROKER, broker, TAG_MQ_TOPIC, topic]
+            return
+        if queue.__class__ is str and len(queue) <= lim:
+            span.tags = [TAG_MQ_BROKER, broker, TAG_MQ_TOPIC, topic, TAG_MQ_QUEUE, queue]
+            return
+    span.tag(TAG_MQ_BROKER, broker)
+    span.tag(TAG_MQ_TOPIC, topic)
+    if queue is not None:
+        span.tag(TAG_MQ_QUEUE, queue)
+
+
+def kafka_headers(span: Span, headers: Iterable[tuple[str, Any]] | None) -> list[tuple[str, bytes]]:
+    """A new Kafka header list: the caller's headers (minus old sw8 ones) plus this span's."""
+    out = [h for h in headers if h[0] not in OWN_HEADERS] if headers else []
+    for k, v in span.inject().items():
+        out.append((k, v.encode("ascii")))
+    return out
+
+
+def amqp_headers(span: Span, headers: dict[str, Any] | None) -> dict[str, Any]:
+    """A new AMQP headers table: the caller's entries (minus old sw8 ones) plus this span's."""
+    out = {k: v for k, v in headers.items() if k not in OWN_HEADERS} if headers else {}
+    out.update(span.inject())
+    return out
+
+
+def _text(v: Any) -> Any:
+    return v.decode("ascii", "replace") if isinstance(v, (bytes, bytearray)) else v
+
+
+def carrier_from(lookup: Callable[[str], Any]) -> Any:
+    """The producer's context from a message's headers (``lookup(name)`` -> value or None)."""
+    sw8 = lookup(SW8)
+    if sw8 is None:
+        return None
+    return from_headers(
+        _text(sw8),
+        _text(lookup(SW8_CORRELATION)),
+        _text(lookup(SW8_X)),
+        limits.correlation_max_elements,
+        limits.correlation_max_value_length,
+    )
+
+
+def pairs_lookup(headers: Iterable[tuple[str, Any]] | None) -> Callable[[str], Any]:
+    """``lookup`` over Kafka-style ``(name, value)`` pairs (last one wins, as a map would)."""
+    found: dict[str, Any] = {}
+    if headers:
+        for h in headers:
+            if h[0] in OWN_HEADERS:
+                found[h[0]] = h[1]
+    return found.get
+
+
+def entry_span(op: str, carrier: Any, component: int) -> Span | None:
+    """A new segment's entry span for one consumed message (None when not recorded).
+
+    It never becomes the child of whatever span is current here: the caller has set the
+    current span to None around this call (see :func:`consumed` and :func:`consuming`).
+    """
+    span = _ctx.new_entry_span(op, carrier, component, Layer.MQ)
+    return span if isinstance(span, Span) else None
+
+
+def consumed(  # noqa: PLR0917 (the message's facts, in a fixed order)
+    op: str, lookup: Callable[[str], Any], component: int, broker: str, topic: str, queue: str | None = None
+) -> None:
+    """Record the delivery of one message that the library returns to its caller."""
+    token = current_span.set(None)
+    try:
+        span = entry_span(op, carrier_from(lookup), component)
+        if span is not None:
+            tag_mq(span, broker, topic, queue)
+            span.finish()
+    except Exception:
+        warn_once(f"consume:{component}", "swmp: recording a consumed message failed")
+    finally:
+        current_span.reset(token)
+
+
+class Consuming:
+    """``with Consuming(...)``: the entry span of one message, current while its callback runs.
+
+    Set up never raises into the application; the callback's exception marks the span as an
+    error and propagates unchanged.
+    """
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(  # noqa: PLR0917
+        self,
+        op: str,
+        lookup: Callable[[str], Any],
+        component: int,
+        broker: str,
+        topic: str,
+        queue: str | None,
+    ) -> None:
+        self._token = current_span.set(None)
+        self._span: Span | None = None
+        try:
+            span = entry_span(op, carrier_from(lookup), component)
+            if span is not None:
+                tag_mq(span, broker, topic, queue)
+                span.__enter__()
+                self._span = span
+        except Exception:
+            warn_once(f"consuming:{component}", "swmp: tracing a consumed message failed")
+
+    def __enter__(self) -> Consuming:
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        span = self._span
+        try:
+            if span is not None:
+                span.__exit__(et, ev, tb)
+        finally:
+            current_span.reset(self._token)
+
+
+# -- the names and shapes per broker kind (as the SkyWalking Python agent names them) -------
+def kafka_send_span(
+    topic: Any, brokers: str, headers: Any, merge: Callable[[Span, Any], Any] = kafka_headers
+) -> tuple[Span | None, Any]:
+    """A Kafka producer's exit span and the record's new headers (``merge(span, headers)``)."""
+    return producer_span(
+        f"Kafka/{topic}/Producer",
+        brokers,
+        Component.KAFKA_PRODUCER,
+        str(topic),
+        None,
+        lambda s: merge(s, headers),
+    )
+
+
+def kafka_consumed(topic: str, group: str, headers: Any, brokers: str) -> None:
+    """One consumed Kafka record (headers: ``(name, value)`` pairs or None)."""
+    consumed(
+        f"Kafka/{topic}/Consumer/{group}", pairs_lookup(headers), Component.KAFKA_CONSUMER, brokers, topic
+    )
+
+
+def amqp_send_span(
+    exchange: Any, routing_key: Any, peer: str, attach: Callable[[Span], T]
+) -> tuple[Span | None, T | None]:
+    """A RabbitMQ publisher's exit span and ``attach(span)`` (the message's new properties)."""
+    return producer_span(
+        f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Producer",
+        peer,
+        Component.RABBITMQ_PRODUCER,
+        str(exchange),
+        str(routing_key),
+        attach,
+    )
+
+
+def amqp_consuming(exchange: str, routing_key: str, lookup: Callable[[str], Any], peer: str) -> Consuming:
+    """The entry span of one delivered RabbitMQ message, current inside ``with``."""
+    return Consuming(
+        f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Consumer",
+        lookup,
+        Component.RABBITMQ_CONSUMER,
+        peer,
+        exchange,
+        routing_key,
+    )
+
+
+def amqp_consumed(exchange: str, routing_key: str, lookup: Callable[[str], Any], peer: str) -> None:
+    """One RabbitMQ message handed to the caller (``basic_get``): its delivery is recorded."""
+    consumed(
+        f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Consumer",
+        lookup,
+        Component.RABBITMQ_CONSUMER,
+        peer,
+        exchange,
+        routing_key,
+    )

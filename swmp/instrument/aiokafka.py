@@ -1,0 +1,108 @@
+"""aiokafka: an exit span per ``AIOKafkaProducer.send`` inside a trace (``sw8`` in the record
+headers; ``send_and_wait`` goes through ``send``) and an entry span per record returned by
+``AIOKafkaConsumer.getone`` (also behind ``async for``) and ``getmany``.
+
+Span shapes are those of the kafka-python instrumentation (``swmp.instrument.kafka``). The
+producer span covers the ``send`` coroutine (metadata wait, serialization, the hand-over to
+the accumulator); the broker's acknowledgement arrives later on the returned future. A
+cancelled ``send`` marks its span as an error and the cancellation propagates unchanged.
+
+swmp's own Kafka reporter uses aiokafka too, in the application's process when the reporter
+runs as a thread: its producers carry ``INTERNAL_MARK`` and are never traced or modified
+(and they send outside any trace anyway).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _mq
+from swmp.instrument._patch import patch, restore
+from swmp.tracing.span import current_span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "aiokafka"
+PEER_NAMES: tuple[str, ...] = ()  # the SkyWalking Python agent has no aiokafka plugin
+PACKAGE = "aiokafka"
+SUPPORTED = ("0.8", "1")
+TRIGGER = "aiokafka"
+
+# Attribute set (True) on producers that belong to the agent itself (reporter_proc's Kafka
+# sender). reporter_proc cannot import swmp, so the name is spelled there too.
+INTERNAL_MARK = "_swmp_internal"
+
+_get_current = current_span.get
+
+
+def _brokers(client: Any) -> str:
+    servers = getattr(client, "_bootstrap_servers", "") or ""
+    try:
+        return servers if isinstance(servers, str) else ";".join(servers)
+    except TypeError:
+        return str(servers)
+
+
+def install(config: Config) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: PLC0415
+
+    def make_send(orig: Any) -> Any:
+        async def send(  # noqa: PLR0917 (the library's own signature)
+            self: Any,
+            topic: Any,
+            value: Any = None,
+            key: Any = None,
+            partition: Any = None,
+            timestamp_ms: Any = None,
+            headers: Any = None,
+        ) -> Any:
+            if _get_current() is None or self.__dict__.get(INTERNAL_MARK):
+                return await orig(self, topic, value, key, partition, timestamp_ms, headers)
+            span, traced = _mq.kafka_send_span(topic, _brokers(self.client), headers)
+            if span is None:
+                return await orig(self, topic, value, key, partition, timestamp_ms, headers)
+            with span:
+                return await orig(self, topic, value, key, partition, timestamp_ms, traced)
+
+        return send
+
+    def _record(consumer: Any, r: Any) -> None:
+        _mq.kafka_consumed(r.topic, consumer._group_id or "", r.headers, _brokers(consumer._client))
+
+    def make_getone(orig: Any) -> Any:
+        async def getone(self: Any, *partitions: Any) -> Any:
+            record = await orig(self, *partitions)
+            try:
+                _record(self, record)
+            except Exception:
+                _mq.warn_once("aiokafka.getone", "swmp: tracing an aiokafka record failed")
+            return record
+
+        return getone
+
+    def make_getmany(orig: Any) -> Any:
+        async def getmany(self: Any, *partitions: Any, **kwargs: Any) -> Any:
+            batch = await orig(self, *partitions, **kwargs)
+            if batch:
+                try:
+                    for records in batch.values():
+                        for r in records:
+                            _record(self, r)
+                except Exception:
+                    _mq.warn_once("aiokafka.getmany", "swmp: tracing aiokafka records failed")
+            return batch
+
+        return getmany
+
+    patch(AIOKafkaProducer, "send", make_send)
+    patch(AIOKafkaConsumer, "getone", make_getone)
+    patch(AIOKafkaConsumer, "getmany", make_getmany)
+
+
+def uninstall() -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: PLC0415
+
+    restore(AIOKafkaProducer, "send")
+    restore(AIOKafkaConsumer, "getone")
+    restore(AIOKafkaConsumer, "getmany")

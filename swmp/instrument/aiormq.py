@@ -1,0 +1,134 @@
+"""aiormq (RabbitMQ over asyncio), and aio-pika, which publishes and consumes through it:
+an exit span per ``Channel.basic_publish`` inside a trace (``sw8`` in the message's headers
+table) and an entry span per delivered message.
+
+Span shapes are those of the pika instrumentation (``swmp.instrument.pika``): operation
+``RabbitMQ/Topic/<exchange>/Queue/<routing key>/Producer`` / ``.../Consumer``, components
+52 / 53, ``mq.broker`` ``host:port`` of the connection URL, ``mq.topic`` the exchange,
+``mq.queue`` the routing key.
+
+* Publishing: the span covers ``basic_publish`` up to the broker's confirmation when the
+  channel has publisher confirms (aio-pika's default), else up to the hand-over to the
+  connection. The message gets a copy of the caller's properties with the headers added.
+* ``basic_consume`` callbacks (aio-pika's ``Queue.consume`` callbacks): aiormq runs each
+  delivery's callback in a task of its own; the span is current for the whole callback,
+  so what it awaits is traced under the message. aio-pika's ``Queue.iterator()`` is fed by
+  such a callback: there the span records the arrival only, not the loop body.
+* ``basic_get`` (aio-pika's ``Queue.get``): the span records the arrival and is finished
+  before the message is returned.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _mq
+from swmp.instrument._patch import patch, restore
+from swmp.tracing.span import current_span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "aiormq"
+PEER_NAMES = ("sw_aiormq",)  # the SkyWalking Python agent's plugin module(s)
+PACKAGE = "aiormq"
+SUPPORTED = ("6.0", "8")
+TRIGGER = "aiormq"
+
+_get_current = current_span.get
+
+
+def _peer(channel: Any) -> str:
+    try:
+        url = channel.connection.url
+        return f"{url.host}:{url.port}" if url.port else str(url.host)
+    except Exception:
+        return ""
+
+
+def _none(name: str) -> None:
+    return None
+
+
+def _message_facts(channel: Any, message: Any) -> tuple[str, str, Any, str]:
+    """``(exchange, routing key, header lookup, peer)`` of a delivered message."""
+    delivery = message.delivery
+    exchange = getattr(delivery, "exchange", None) or ""
+    routing_key = getattr(delivery, "routing_key", None) or ""
+    headers = getattr(getattr(message.header, "properties", None), "headers", None)
+    lookup = headers.get if isinstance(headers, dict) else _none
+    return exchange, routing_key, lookup, _peer(channel)
+
+
+def install(config: Config) -> None:
+    from aiormq import Channel  # noqa: PLC0415
+    from pamqp.commands import Basic  # noqa: PLC0415
+
+    def _with_headers(span: Any, properties: Any) -> Any:
+        """A copy of the caller's properties with the trace's headers; aiormq's own default
+        (``delivery_mode=1``) when there are none."""
+        props = Basic.Properties(delivery_mode=1) if properties is None else copy.copy(properties)
+        props.headers = _mq.amqp_headers(span, props.headers)
+        return props
+
+    def make_publish(orig: Any) -> Any:
+        async def basic_publish(self: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
+            if _get_current() is None or args:
+                return await orig(self, body, *args, **kwargs)
+            span, traced = _mq.amqp_send_span(
+                kwargs.get("exchange", ""),
+                kwargs.get("routing_key", ""),
+                _peer(self),
+                lambda s: _with_headers(s, kwargs.get("properties")),
+            )
+            if span is None:
+                return await orig(self, body, *args, **kwargs)
+            with span:
+                return await orig(self, body, *args, **{**kwargs, "properties": traced})
+
+        return basic_publish
+
+    def make_consume(orig: Any) -> Any:
+        async def basic_consume(
+            self: Any, queue: Any, consumer_callback: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            channel = self
+            callback = consumer_callback
+
+            async def on_message(message: Any) -> Any:
+                try:
+                    facts = _message_facts(channel, message)
+                except Exception:
+                    return await callback(message)
+                with _mq.amqp_consuming(*facts):
+                    return await callback(message)
+
+            wrapped = on_message if callable(consumer_callback) else consumer_callback
+            return await orig(self, queue, wrapped, *args, **kwargs)
+
+        return basic_consume
+
+    def make_get(orig: Any) -> Any:
+        async def basic_get(self: Any, *args: Any, **kwargs: Any) -> Any:
+            message = await orig(self, *args, **kwargs)
+            try:
+                if isinstance(getattr(message, "delivery", None), Basic.GetOk):
+                    _mq.amqp_consumed(*_message_facts(self, message))
+            except Exception:
+                _mq.warn_once("aiormq.get", "swmp: tracing an aiormq basic_get failed")
+            return message
+
+        return basic_get
+
+    patch(Channel, "basic_publish", make_publish)
+    patch(Channel, "basic_consume", make_consume)
+    patch(Channel, "basic_get", make_get)
+
+
+def uninstall() -> None:
+    from aiormq import Channel  # noqa: PLC0415
+
+    restore(Channel, "basic_publish")
+    restore(Channel, "basic_consume")
+    restore(Channel, "basic_get")

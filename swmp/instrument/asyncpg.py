@@ -1,0 +1,119 @@
+"""asyncpg: one exit span per statement sent to the server: ``execute`` (with and without
+arguments), ``fetch`` / ``fetchrow`` / ``fetchval``, prepared statements, ``executemany``
+and cursors (component AsyncPG, 7016; operation ``PostgreSQL/AsyncPG/bind`` as the
+SkyWalking Python agent names it).
+
+The wrapped methods are the connection protocol's ``bind_execute``, ``bind_execute_many``,
+``bind`` (cursors) and ``query`` (simple queries), which every public call goes through, and
+``prepare`` (``PostgreSQL/AsyncPG/prepare``: a statement not yet in the connection's cache is
+parsed by the server first, and that is where most SQL errors show).
+The protocol does not expose its address, so ``Connection.__init__`` is wrapped to leave
+``(peer, database)`` on it; connections opened before the install are not traced.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _datastore as _ds
+from swmp.instrument._patch import patch_all, restore_all
+from swmp.tracing.constants import Component
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from swmp.config import Config
+
+NAME = "asyncpg"
+PEER_NAMES = ("sw_asyncpg",)
+PACKAGE = "asyncpg"
+SUPPORTED = ("0.25", "1")
+TRIGGER = "asyncpg"
+
+_COMPONENT = Component.ASYNCPG
+_OP = "PostgreSQL/AsyncPG/bind"  # the SkyWalking Python agent's name for every call
+_outside = _ds.outside
+
+
+def _init(orig: Any) -> Any:
+    def __init__(
+        self: Any, protocol: Any, transport: Any, loop: Any, addr: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        orig(self, protocol, transport, loop, addr, *args, **kwargs)
+        try:
+            address = _ds.peer(addr[0], addr[1]) if isinstance(addr, tuple) else str(addr)
+            protocol._swmp_where = (address, self._params.database or "")
+        except Exception:  # never fail a connection over a tag
+            pass
+
+    return __init__
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str) -> Any:
+    """An argument asyncpg passes by position or (newer versions) by keyword."""
+    if len(args) > pos:
+        return args[pos]
+    return kwargs.get(name)
+
+
+def _traced(
+    op: str, stmt_name: str, params_name: str | None, many: bool = False, stmt_pos: int = 0
+) -> Callable[[Any], Any]:
+    """A wrapper for a protocol coroutine method whose argument ``stmt_name`` (at ``stmt_pos``)
+    is the prepared statement state or the query text and whose second argument
+    (``params_name``) holds the query's arguments."""
+
+    def make(orig: Any) -> Any:
+        @_ds.guarded
+        def start(proto: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            address, db = getattr(proto, "_swmp_where", ("", ""))
+            stmt = _arg(args, kwargs, stmt_pos, stmt_name)
+            query = stmt if stmt.__class__ is str else getattr(stmt, "query", "")
+            params = _arg(args, kwargs, 1, params_name) if params_name else None
+            return _ds.sql_span(op, address, _COMPONENT, "PostgreSQL", db, query, params, many)
+
+        async def traced(proto: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if many and _ds.settings.params_max:
+                rows = _arg(args, kwargs, 1, str(params_name))
+                if rows is not None and not isinstance(rows, (list, tuple)):
+                    rows = list(rows)  # the tag and the driver each need the rows
+                    if len(args) > 1:
+                        args = (args[0], rows, *args[2:])
+                    else:
+                        kwargs[str(params_name)] = rows
+            with start(proto, args, kwargs):
+                return await orig(proto, *args, **kwargs)
+
+        def method(proto: Any, *args: Any, **kwargs: Any) -> Any:
+            if _outside() is None:
+                return orig(proto, *args, **kwargs)
+            return traced(proto, args, kwargs)
+
+        return method
+
+    return make
+
+
+def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
+    from asyncpg.connection import Connection  # noqa: PLC0415
+    from asyncpg.protocol import Protocol  # noqa: PLC0415
+
+    return [
+        (Connection, "__init__", _init),
+        (Protocol, "bind_execute", _traced(_OP, "state", "args")),
+        (Protocol, "bind_execute_many", _traced(_OP, "state", "args", many=True)),
+        (Protocol, "bind", _traced(_OP, "state", "args")),
+        (Protocol, "query", _traced(_OP, "query", None)),
+        # A statement the connection has not prepared yet is parsed first: a round trip of its
+        # own, and where most SQL errors (syntax, missing tables) surface.
+        (Protocol, "prepare", _traced("PostgreSQL/AsyncPG/prepare", "query", None, stmt_pos=1)),
+    ]
+
+
+def install(config: Config) -> None:
+    _ds.configure(config)
+    patch_all(_targets(), inherited=True)  # Protocol inherits them from a compiled base
+
+
+def uninstall() -> None:
+    restore_all(_targets())

@@ -1,0 +1,258 @@
+"""Celery: an exit span per published task, an entry span per task run (component Celery, 7011).
+
+Publishing: every way of sending a task (``delay``, ``apply_async``, ``send_task``, the canvas
+primitives, retries, beat) ends in ``Celery.send_task``, which is wrapped: an exit span
+``celery/<task name>`` (layer MQ, peer = the broker's ``host:port``, tag ``mq.broker``) whose
+``sw8`` headers go into the task message's headers (protocol 2, Celery's default).
+
+Executing: ``celery.app.trace.build_tracer`` makes the function a worker calls for each task
+run, in every pool (prefork children, solo, threads, gevent, eventlet); the function it
+returns is wrapped. Each run is an entry span ``celery/<task name>`` continuing the
+publisher's trace (the message headers reach the worker in the request dict), whose
+outcome comes from what Celery's tracer returns:
+
+* failure: error flag and the exception (kind, message, stack) as a span log;
+* a retry requested by the task: error flag, the reason as tag ``retry`` (``Retry in 1s:
+  ...``) and the underlying exception as a log; the run that is the N-th retry carries
+  ``celery.retries`` = N;
+* revoked before it ran (revoked, expired, or terminated while running: the process that ran
+  it was killed, so its own span never finished): an entry span from the worker's consumer
+  with the error flag and an ``event=revoked`` log (``task_revoked`` signal).
+
+Eager runs (``task_always_eager``, ``Task.apply``) are local spans of the caller's trace. Task
+arguments are recorded (tag ``celery.parameters``) only when
+``SW_PLUGIN_CELERY_PARAMETERS_LENGTH`` > 0, cut to that many characters.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from swmp.instrument._mq import carrier_from, warn_once
+from swmp.instrument._patch import patch, restore
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import TAG_CELERY_PARAMETERS, TAG_MQ_BROKER, Component, Layer
+from swmp.tracing.span import NOOP, Span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "celery"
+PEER_NAMES = ("sw_celery",)  # the SkyWalking Python agent's plugin module
+PACKAGE = "celery"
+SUPPORTED = ("5.0", "6")
+TRIGGER = "celery"
+
+TAG_RETRY = "retry"
+TAG_RETRIES = "celery.retries"
+_COMPONENT = Component.CELERY
+_MQ = Layer.MQ
+# Modules that bind ``build_tracer`` by name at their import: patched too when the agent
+# starts after they were imported.
+_TRACER_USERS = ("celery.worker.consumer.consumer",)
+_BROKER_ATTR = "_swmp_broker"
+
+
+class _Settings:
+    params_length = 0
+
+
+settings = _Settings()
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def broker_of(app: Any) -> tuple[str, str]:
+    """``(peer, mq.broker tag)`` for an app's broker, cached on the app (never raises).
+
+    The tag is the broker URL without credentials; the peer is ``host:port`` (the
+    transport's default port when the URL has none).
+    """
+    cached: tuple[str, str] | None = getattr(app, _BROKER_ATTR, None)
+    if cached is not None:
+        return cached
+    try:
+        conn = app.connection_for_write()
+        try:
+            host = conn.hostname or "localhost"
+            port = conn.port or getattr(conn.transport, "default_port", None)
+            peer = f"{host}:{port}" if port else host
+            uri = urlsplit(conn.as_uri())
+            where = uri.netloc.rpartition("@")[2]
+            result = (peer, f"{uri.scheme}://{where}{uri.path}")
+        finally:
+            conn.release()
+    except Exception:
+        warn_once("celery-broker", "swmp: cannot tell the Celery broker's address; spans go without it")
+        result = ("", "")
+    try:
+        setattr(app, _BROKER_ATTR, result)
+    except Exception:
+        pass
+    return result
+
+
+def parameters(args: Any, kwargs: Any, length: int) -> str:
+    """Task arguments as the peer agent shows them, ``*args, **kwargs``, cut to ``length``.
+
+    Celery's bounded ``saferepr`` keeps the cost of a huge argument bounded too.
+    """
+    from celery.utils.saferepr import saferepr  # noqa: PLC0415 (only when the option is on)
+
+    return f"*{saferepr(args, length)}, **{saferepr(kwargs or {}, length)}"[:length]
+
+
+def _origin_host(request: Any) -> str:
+    origin = request.get("origin")
+    return origin.rpartition("@")[2] if isinstance(origin, str) else ""
+
+
+# -- publishing ------------------------------------------------------------------------------
+def _wrap_send_task(orig: Any) -> Any:
+    def send_task(
+        self: Any, name: str, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any
+    ) -> Any:
+        peer, broker = broker_of(self)
+        span = _ctx.new_exit_span(f"celery/{name}", peer, _COMPONENT, _MQ)
+        if span is NOOP:
+            return orig(self, name, args, kwargs, *rest, **options)
+        with span:
+            if span.recording:
+                try:
+                    span.tag(TAG_MQ_BROKER, broker)
+                    if settings.params_length > 0:
+                        span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
+                    sw = span.inject()
+                    headers = options.get("headers")
+                    # A copy: the caller's dict (a signature's options) is reused for other sends.
+                    options["headers"] = {**headers, **sw} if headers else sw
+                except Exception:
+                    warn_once("celery-publish", "swmp: adding the trace to a Celery message failed")
+            return orig(self, name, args, kwargs, *rest, **options)
+
+    return send_task
+
+
+# -- executing -------------------------------------------------------------------------------
+def _outcome(span: Span, result: Any, request: Any) -> None:
+    """Record what Celery's tracer says happened: ``(retval, info, runtime, repr)``."""
+    info = result[1] if isinstance(result, tuple) and len(result) > 1 else None
+    retries = request.get("retries") if request else None
+    if retries:
+        span.tag(TAG_RETRIES, str(retries))
+    if info is None:
+        return
+    state = getattr(info, "state", None)
+    exc = getattr(info, "retval", None)
+    if state == "RETRY":
+        span.tag(TAG_RETRY, str(exc))
+        cause = getattr(exc, "exc", None)
+        span.error(
+            cause if isinstance(cause, BaseException) else exc if isinstance(exc, BaseException) else None
+        )
+    elif state in ("FAILURE", "REJECTED"):
+        span.error(exc if isinstance(exc, BaseException) else None)
+
+
+def _traced(trace: Any, name: str, task: Any, eager: bool) -> Any:
+    op = f"celery/{name}"
+    broker: list[str] = []  # the tag, computed on the first run (configuration is final by then)
+
+    def trace_task(uuid: Any, args: Any, kwargs: Any, request: Any = None) -> Any:
+        if eager:
+            span = _ctx.new_local_span(op, _COMPONENT, _MQ)
+        else:
+            carrier = carrier_from(request.get) if request else None
+            span = _ctx.new_entry_span(op, carrier, _COMPONENT, _MQ)
+        if span is NOOP or span.__class__ is not Span:
+            with span:
+                return trace(uuid, args, kwargs, request)
+        assert isinstance(span, Span)
+        with span:
+            try:
+                if request:
+                    span.peer = _origin_host(request)
+                if not broker:
+                    broker.append(broker_of(task.app)[1])
+                span.tag(TAG_MQ_BROKER, broker[0])
+                if settings.params_length > 0:
+                    span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
+            except Exception:
+                warn_once("celery-run-tags", "swmp: tagging a Celery task run failed")
+            result = trace(uuid, args, kwargs, request)
+            try:
+                _outcome(span, result, request)
+            except Exception:
+                warn_once("celery-outcome", "swmp: recording a Celery task run's outcome failed")
+            return result
+
+    return trace_task
+
+
+def _wrap_build_tracer(orig: Any) -> Any:
+    def build_tracer(name: str, task: Any, *args: Any, **kwargs: Any) -> Any:
+        trace = orig(name, task, *args, **kwargs)
+        # build_tracer(name, task, loader, hostname, store_errors, Info, eager, ...)
+        eager = bool(kwargs.get("eager", args[4] if len(args) > 4 else False))
+        return _traced(trace, name, task, eager)
+
+    return build_tracer
+
+
+# -- revoked ---------------------------------------------------------------------------------
+def on_revoked(
+    sender: Any = None,
+    request: Any = None,
+    terminated: Any = False,
+    signum: Any = None,
+    expired: Any = False,
+    **_: Any,
+) -> None:
+    """``task_revoked``: the run that did not happen (or was killed) as a failed entry span."""
+    try:
+        name = getattr(sender, "name", None) or getattr(request, "task", None) or "?"
+        carrier = carrier_from(request.get) if request is not None else None  # a Celery Context
+        span = _ctx.new_entry_span(f"celery/{name}", carrier, _COMPONENT, _MQ)
+        if span.__class__ is not Span:
+            return
+        assert isinstance(span, Span)
+        with span:
+            if request is not None:
+                span.peer = _origin_host(request)
+            app = getattr(sender, "app", None)
+            if app is not None:
+                span.tag(TAG_MQ_BROKER, broker_of(app)[1])
+            reason = "expired" if expired else f"terminated by signal {signum}" if terminated else "revoked"
+            span.is_error = True
+            span.log(event="revoked", message=reason)
+    except Exception:  # a signal receiver's failure must not reach the worker
+        warn_once("celery-revoked", "swmp: recording a revoked Celery task failed")
+
+
+# -- install ---------------------------------------------------------------------------------
+def install(config: Config) -> None:
+    from celery import Celery, signals  # noqa: PLC0415 (only when the application has it)
+    from celery.app import trace  # noqa: PLC0415
+
+    settings.params_length = config.plugin_celery_parameters_length
+    patch(Celery, "send_task", _wrap_send_task)
+    patch(trace, "build_tracer", _wrap_build_tracer)
+    for name in _TRACER_USERS:
+        mod = sys.modules.get(name)
+        if mod is not None and hasattr(mod, "build_tracer"):
+            patch(mod, "build_tracer", _wrap_build_tracer)
+    signals.task_revoked.connect(on_revoked, weak=False, dispatch_uid="swmp-celery-revoked")
+
+
+def uninstall() -> None:
+    from celery import Celery, signals  # noqa: PLC0415
+    from celery.app import trace  # noqa: PLC0415
+
+    restore(Celery, "send_task")
+    restore(trace, "build_tracer")
+    for name in _TRACER_USERS:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            restore(mod, "build_tracer")
+    signals.task_revoked.disconnect(on_revoked, dispatch_uid="swmp-celery-revoked")

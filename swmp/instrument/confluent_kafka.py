@@ -1,0 +1,127 @@
+"""confluent-kafka: an exit span per ``Producer.produce`` inside a trace (``sw8`` in the
+message headers) and an entry span per message returned by ``Consumer.poll`` / ``consume``.
+
+``Producer`` and ``Consumer`` are compiled types whose methods cannot be replaced, so the
+module's ``confluent_kafka.Producer`` / ``confluent_kafka.Consumer`` names are replaced by
+subclasses that add the spans (what ``from confluent_kafka import Producer`` returns once
+the library is imported under the agent). Instances are still instances of the original
+types. Not covered: ``SerializingProducer`` / ``DeserializingConsumer`` (they derive from the
+compiled types directly) and references taken before the agent started.
+
+Span shapes are those of the kafka-python instrumentation: ``Kafka/<topic>/Producer`` and
+``Kafka/<topic>/Consumer/<group.id>``, components 40/41, ``mq.broker`` = the configured
+``bootstrap.servers``. (The SkyWalking Python agent also puts the message key into the
+operation names and an ``mq.queue`` tag; keys are usually unique, which would make one
+endpoint per message in the OAP, so swmp leaves them out.) The producer span covers
+``produce`` (the hand-over to librdkafka's queue); delivery reports arrive later through
+``poll``/``flush`` callbacks, unchanged. Calls that pass ``timestamp`` or ``headers``
+positionally are sent untraced.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _mq
+from swmp.tracing.span import current_span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "confluent_kafka"
+PEER_NAMES = ("sw_confluent_kafka",)  # the SkyWalking Python agent's plugin module(s)
+PACKAGE = "confluent-kafka"
+SUPPORTED = ("1.5", "3")
+TRIGGER = "confluent_kafka"
+
+_get_current = current_span.get
+_originals: dict[str, Any] = {}
+_POSITIONAL_BEFORE_HEADERS = 4  # value, key, partition, on_delivery (after topic)
+
+
+def _conf(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> str:
+    v = kwargs.get(name)
+    if v is None and args and isinstance(args[0], dict):
+        v = args[0].get(name)
+    if v is None:
+        return ""
+    return v if isinstance(v, str) else ";".join(v)
+
+
+def _with_headers(span: Any, headers: Any) -> Any:
+    if isinstance(headers, dict):
+        return _mq.amqp_headers(span, headers)
+    return _mq.kafka_headers(span, headers)
+
+
+def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
+    class Producer(base_producer):  # type: ignore[misc]
+        __doc__ = base_producer.__doc__
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._swmp_brokers = _conf(args, kwargs, "bootstrap.servers")
+
+        def produce(self, topic: Any, *args: Any, **kwargs: Any) -> Any:
+            if _get_current() is None or len(args) > _POSITIONAL_BEFORE_HEADERS:
+                return super().produce(topic, *args, **kwargs)
+            span, traced = _mq.kafka_send_span(
+                topic, self._swmp_brokers, kwargs.get("headers"), _with_headers
+            )
+            if span is None:
+                return super().produce(topic, *args, **kwargs)
+            with span:
+                return super().produce(topic, *args, **{**kwargs, "headers": traced})
+
+    class Consumer(base_consumer):  # type: ignore[misc]
+        __doc__ = base_consumer.__doc__
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._swmp_brokers = _conf(args, kwargs, "bootstrap.servers")
+            self._swmp_group = _conf(args, kwargs, "group.id")
+
+        def _swmp_record(self, msg: Any) -> None:
+            try:
+                if msg is None or msg.error() is not None:
+                    return
+                topic = msg.topic() or ""
+                _mq.kafka_consumed(topic, self._swmp_group, msg.headers(), self._swmp_brokers)
+            except Exception:
+                _mq.warn_once("confluent.consume", "swmp: tracing a confluent-kafka message failed")
+
+        def poll(self, *args: Any, **kwargs: Any) -> Any:
+            msg = super().poll(*args, **kwargs)
+            self._swmp_record(msg)
+            return msg
+
+        def consume(self, *args: Any, **kwargs: Any) -> Any:
+            msgs = super().consume(*args, **kwargs)
+            for m in msgs:
+                self._swmp_record(m)
+            return msgs
+
+    for cls, base in ((Producer, base_producer), (Consumer, base_consumer)):
+        cls.__module__ = base.__module__
+        cls.__qualname__ = base.__qualname__
+    return Producer, Consumer
+
+
+def install(config: Config) -> None:
+    import confluent_kafka  # noqa: PLC0415
+
+    if _originals:
+        return
+    producer, consumer = _types(confluent_kafka.Producer, confluent_kafka.Consumer)
+    _originals["Producer"] = confluent_kafka.Producer
+    _originals["Consumer"] = confluent_kafka.Consumer
+    confluent_kafka.Producer = producer  # type: ignore[misc,assignment]
+    confluent_kafka.Consumer = consumer  # type: ignore[misc,assignment]
+
+
+def uninstall() -> None:
+    import confluent_kafka  # noqa: PLC0415
+
+    for name, cls in _originals.items():
+        setattr(confluent_kafka, name, cls)
+    _originals.clear()

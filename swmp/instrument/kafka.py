@@ -1,0 +1,101 @@
+"""kafka-python: an exit span per ``KafkaProducer.send`` inside a trace (``sw8`` in the record
+headers) and an entry span per record returned by ``KafkaConsumer.poll`` or iteration.
+
+Producer: operation ``Kafka/<topic>/Producer``, component kafka-producer (40), layer MQ,
+peer and ``mq.broker`` the bootstrap servers joined by ``;``, ``mq.topic``. The span covers
+``send`` (serialization and the hand-over to the accumulator), not the broker's
+acknowledgement, which arrives later on the returned future.
+
+Consumer: ``poll`` returns a batch (topic-partition -> records); each record of the batch
+gets its own entry span and segment (operation ``Kafka/<topic>/Consumer/<group id>``,
+component kafka-consumer (41)), continuing the trace of the producer that sent it. The
+spans record the delivery and are finished when ``poll`` returns (see ``_mq``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _mq
+from swmp.instrument._patch import patch, restore
+from swmp.tracing.span import current_span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "kafka"
+PEER_NAMES = ("sw_kafka",)  # the SkyWalking Python agent's plugin module(s)
+PACKAGE = "kafka-python"
+SUPPORTED = ("2.0", "4")
+TRIGGER = "kafka"
+
+_get_current = current_span.get
+_HEADERS_SINCE = (0, 11)  # record headers need message format v2
+
+
+def _brokers(client: Any) -> str:
+    try:
+        servers = client.config.get("bootstrap_servers") or ""
+        return servers if isinstance(servers, str) else ";".join(servers)
+    except Exception:
+        return ""
+
+
+def _headers_supported(producer: Any) -> bool:
+    try:
+        api = producer.config.get("api_version")
+        return api is None or tuple(api) >= _HEADERS_SINCE
+    except Exception:
+        return False
+
+
+def install(config: Config) -> None:
+    from kafka import KafkaConsumer, KafkaProducer  # noqa: PLC0415
+
+    def make_send(orig: Any) -> Any:
+        def send(  # noqa: PLR0917 (the library's own signature)
+            self: Any,
+            topic: Any,
+            value: Any = None,
+            key: Any = None,
+            headers: Any = None,
+            partition: Any = None,
+            timestamp_ms: Any = None,
+        ) -> Any:
+            if _get_current() is None or not (headers is None or isinstance(headers, list)):
+                return orig(self, topic, value, key, headers, partition, timestamp_ms)
+            if not _headers_supported(self):
+                return orig(self, topic, value, key, headers, partition, timestamp_ms)
+            span, traced = _mq.kafka_send_span(topic, _brokers(self), headers)
+            if span is None:
+                return orig(self, topic, value, key, headers, partition, timestamp_ms)
+            with span:
+                return orig(self, topic, value, key, traced, partition, timestamp_ms)
+
+        return send
+
+    def make_poll(orig: Any) -> Any:
+        def poll(self: Any, *args: Any, **kwargs: Any) -> Any:
+            batch = orig(self, *args, **kwargs)
+            if batch:
+                try:
+                    brokers = _brokers(self)
+                    group = self.config.get("group_id") or ""
+                    for records in batch.values():
+                        for r in records:
+                            _mq.kafka_consumed(r.topic, group, r.headers, brokers)
+                except Exception:
+                    _mq.warn_once("kafka.poll", "swmp: tracing kafka-python records failed")
+            return batch
+
+        return poll
+
+    patch(KafkaProducer, "send", make_send)
+    patch(KafkaConsumer, "poll", make_poll)
+
+
+def uninstall() -> None:
+    from kafka import KafkaConsumer, KafkaProducer  # noqa: PLC0415
+
+    restore(KafkaProducer, "send")
+    restore(KafkaConsumer, "poll")

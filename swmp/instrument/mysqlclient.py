@@ -1,0 +1,66 @@
+"""mysqlclient (``MySQLdb``): one exit span per cursor ``execute`` / ``executemany`` /
+``callproc`` (component MysqlClient, 7013; operation ``Mysql/MysqlClient/<method>`` as the
+SkyWalking Python agent names it). Skipped when ``MySQLdb`` is PyMySQL in disguise
+(``pymysql.install_as_MySQLdb()``): the PyMySQL instrumentation covers that.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _datastore as _ds
+from swmp.instrument._patch import patch, restore
+from swmp.tracing.constants import Component
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "mysqlclient"
+PEER_NAMES = ("sw_mysqlclient",)
+PACKAGE = "mysqlclient"
+SUPPORTED = ("1.4", "3")
+TRIGGER = "MySQLdb"
+
+_METHODS = ("execute", "executemany", "callproc")
+
+
+def _where(cur: Any) -> tuple[str, str]:
+    conn = cur.connection  # a weak proxy in mysqlclient
+    if conn is None:
+        return "", ""
+    # mysqlclient >= 2.2 keeps host and database on the connection (the C part has port).
+    host = getattr(conn, "host", None) or "localhost"
+    return _ds.peer(host, getattr(conn, "port", 3306)), _ds.text(getattr(conn, "database", "") or "")
+
+
+def _base() -> Any:
+    import MySQLdb  # noqa: PLC0415
+
+    if hasattr(MySQLdb, "install_as_MySQLdb"):  # PyMySQL installed as MySQLdb
+        return None
+    import MySQLdb.cursors  # noqa: PLC0415 (MySQLdb/__init__ does not import it)
+
+    return MySQLdb.cursors.BaseCursor
+
+
+def install(config: Config) -> None:
+    base = _base()
+    if base is None:
+        return
+    _ds.configure(config)
+    for m in _METHODS:
+        patch(
+            base,
+            m,
+            _ds.cursor_method(
+                m, "Mysql/MysqlClient/", Component.MYSQLCLIENT, "mysql", _where, many=m == "executemany"
+            ),
+        )
+
+
+def uninstall() -> None:
+    base = _base()
+    if base is None:
+        return
+    for m in _METHODS:
+        restore(base, m)

@@ -1,0 +1,168 @@
+"""pika (RabbitMQ), blocking and asynchronous connections: an exit span per
+``basic_publish`` inside a trace (``sw8`` in the message's headers table) and an entry span
+per delivered message.
+
+Operation names, as the SkyWalking Python agent's RabbitMQ plugin names them:
+``RabbitMQ/Topic/<exchange>/Queue/<routing key>/Producer`` and ``.../Consumer``; components
+rabbitmq-producer (52) / rabbitmq-consumer (53), layer MQ, peer and ``mq.broker``
+``host:port``, ``mq.topic`` the exchange, ``mq.queue`` the routing key.
+
+Where each span lives:
+
+* Publishing: ``pika.channel.Channel.basic_publish``, which ``BlockingChannel.basic_publish``
+  calls too (one span either way). The message gets a copy of the caller's properties with
+  the ``sw8`` headers added; the caller's ``BasicProperties`` object is never modified.
+* Asynchronous connections (``SelectConnection``, asyncio, Tornado, Twisted adapters):
+  the span is current while the ``basic_consume`` callback (or the ``basic_get`` callback)
+  runs, so what it calls is traced under the message.
+* ``BlockingChannel.basic_consume``: the span is current while the callback runs
+  (``start_consuming`` / ``process_data_events`` dispatch it).
+* ``BlockingChannel.consume()`` (the generator) and ``BlockingChannel.basic_get``: the span
+  records the message's arrival and is finished before the message is handed over.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _mq
+from swmp.instrument._patch import patch, restore
+from swmp.tracing.span import current_span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "pika"
+PEER_NAMES = ("sw_rabbitmq",)  # the SkyWalking Python agent's plugin module(s)
+PACKAGE = "pika"
+SUPPORTED = ("1.0", "2")
+TRIGGER = "pika"
+
+_get_current = current_span.get
+_MARK = "__swmp_consumer__"  # on the callbacks this module wrapped (their span is ours)
+
+
+def _peer(channel: Any) -> str:
+    try:
+        p = channel.connection.params
+        return f"{p.host}:{p.port}"
+    except Exception:
+        return ""
+
+
+def _lookup(properties: Any) -> Any:
+    headers = getattr(properties, "headers", None)
+    return headers.get if isinstance(headers, dict) else _none
+
+
+def _none(name: str) -> None:
+    return None
+
+
+def _consuming(channel: Any, method: Any, properties: Any) -> _mq.Consuming:
+    exchange = getattr(method, "exchange", None) or ""
+    routing_key = getattr(method, "routing_key", None) or ""
+    return _mq.amqp_consuming(exchange, routing_key, _lookup(properties), _peer(channel))
+
+
+def _traced_callback(callback: Any, impl_of: Any) -> Any:
+    """``callback(channel, method, properties, body)`` inside the message's entry span."""
+
+    def on_message(channel: Any, method: Any, properties: Any, body: Any) -> Any:
+        with _consuming(impl_of(channel), method, properties):
+            return callback(channel, method, properties, body)
+
+    setattr(on_message, _MARK, True)
+    return on_message
+
+
+def install(config: Config) -> None:
+    from pika import BasicProperties  # noqa: PLC0415
+    from pika.adapters.blocking_connection import BlockingChannel  # noqa: PLC0415
+    from pika.channel import Channel  # noqa: PLC0415
+
+    def make_publish(orig: Any) -> Any:
+        def basic_publish(  # noqa: PLR0917 (the library's own signature)
+            self: Any,
+            exchange: Any,
+            routing_key: Any,
+            body: Any,
+            properties: Any = None,
+            mandatory: Any = False,
+        ) -> Any:
+            if _get_current() is None:
+                return orig(self, exchange, routing_key, body, properties, mandatory)
+            span, traced = _mq.amqp_send_span(
+                exchange, routing_key, _peer(self), lambda s: _with_headers(s, properties)
+            )
+            if span is None:
+                return orig(self, exchange, routing_key, body, properties, mandatory)
+            with span:
+                return orig(self, exchange, routing_key, body, traced, mandatory)
+
+        return basic_publish
+
+    def _with_headers(span: Any, properties: Any) -> Any:
+        """A copy of the caller's properties (or new ones) with the trace's headers."""
+        props = BasicProperties() if properties is None else copy.copy(properties)
+        props.headers = _mq.amqp_headers(span, props.headers)
+        return props
+
+    def _blocking_owner(channel: Any, tag: Any) -> bool:
+        """Whether a delivery goes to a BlockingChannel consumer whose callback we wrapped."""
+        cb = channel._consumers.get(tag)
+        owner = getattr(cb, "__self__", None)
+        if not isinstance(owner, BlockingChannel):
+            return False
+        info = owner._consumer_infos.get(tag)
+        return info is not None and getattr(info.on_message_callback, _MARK, False)
+
+    def make_on_deliver(orig: Any) -> Any:
+        def _on_deliver(self: Any, method_frame: Any, header_frame: Any, body: Any) -> Any:
+            try:
+                tag = method_frame.method.consumer_tag
+                # Rejected by pika (cancelled or unknown consumer), or a BlockingChannel
+                # callback that is traced when dispatched: no span here.
+                if tag in self._cancelled or tag not in self._consumers or _blocking_owner(self, tag):
+                    return orig(self, method_frame, header_frame, body)
+            except Exception:
+                pass
+            with _consuming(self, method_frame.method, header_frame.properties):
+                return orig(self, method_frame, header_frame, body)
+
+        return _on_deliver
+
+    def make_on_getok(orig: Any) -> Any:
+        def _on_getok(self: Any, method_frame: Any, header_frame: Any, body: Any) -> Any:
+            with _consuming(self, method_frame.method, header_frame.properties):
+                return orig(self, method_frame, header_frame, body)
+
+        return _on_getok
+
+    def make_blocking_consume(orig: Any) -> Any:
+        def basic_consume(self: Any, queue: Any, on_message_callback: Any, *args: Any, **kwargs: Any) -> Any:
+            if callable(on_message_callback):
+                on_message_callback = _traced_callback(on_message_callback, _impl)
+            return orig(self, queue, on_message_callback, *args, **kwargs)
+
+        return basic_consume
+
+    patch(Channel, "basic_publish", make_publish)
+    patch(Channel, "_on_deliver", make_on_deliver)
+    patch(Channel, "_on_getok", make_on_getok)
+    patch(BlockingChannel, "basic_consume", make_blocking_consume)
+
+
+def _impl(channel: Any) -> Any:
+    return getattr(channel, "_impl", channel)
+
+
+def uninstall() -> None:
+    from pika.adapters.blocking_connection import BlockingChannel  # noqa: PLC0415
+    from pika.channel import Channel  # noqa: PLC0415
+
+    restore(Channel, "basic_publish")
+    restore(Channel, "_on_deliver")
+    restore(Channel, "_on_getok")
+    restore(BlockingChannel, "basic_consume")

@@ -1,0 +1,158 @@
+"""psycopg 3, sync and async: one exit span per ``execute`` / ``executemany`` (client-side,
+server-side, raw and client-binding cursors, and ``Connection.execute``), per ``stream``
+(open until the rows are consumed) and per ``copy`` block (component Psycopg, 7010;
+operation ``PostgreSQL/Psycopg/<method>`` as the SkyWalking Python agent names it).
+
+psycopg 3's cursors are Python classes: their methods are wrapped in place, so every
+cursor class derived from them is covered and nothing about the objects changes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _datastore as _ds
+from swmp.instrument._patch import patch_all, restore_all
+from swmp.tracing.constants import Component
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from swmp.config import Config
+
+NAME = "psycopg"
+PEER_NAMES = ("sw_psycopg",)
+PACKAGE = "psycopg"
+SUPPORTED = ("3.1", "4")
+TRIGGER = "psycopg"
+
+_COMPONENT = Component.PSYCOPG
+_outside = _ds.outside
+_where_cache: dict[int, tuple[str, str, Any]] = {}  # id(pgconn) -> (peer, dbname)
+
+
+def _where(conn: Any) -> tuple[str, str]:
+    """``(host:port, dbname)`` of a connection (psycopg's objects take no new attributes, so
+    the answer is kept per libpq connection, which a connection keeps for its life)."""
+    pgconn = conn.pgconn
+    key = id(pgconn)
+    cached = _where_cache.get(key)
+    if cached is None or cached[2] is not pgconn:
+        try:
+            info = conn.info
+            cached = (_ds.peer(info.host, info.port), info.dbname or "", pgconn)
+        except Exception:
+            cached = ("", "", pgconn)
+        if len(_where_cache) > 4096:
+            _where_cache.clear()
+        _where_cache[key] = cached
+    return cached[0], cached[1]
+
+
+@_ds.guarded
+def _span(cur: Any, method: str, query: Any, params: Any, many: bool = False) -> Any:
+    address, db = _where(cur._conn)
+    return _ds.sql_span(
+        "PostgreSQL/Psycopg/" + method,
+        address,
+        _COMPONENT,
+        "PostgreSQL",
+        db,
+        _ds.composed_text(query, cur),
+        params,
+        many,
+    )
+
+
+def _execute_start(cur: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # execute(query, params=None, *, prepare=None, binary=None)
+    params = args[1] if len(args) > 1 else kwargs.get("params")
+    return _span(cur, "execute", args[0] if args else kwargs.get("query"), params)
+
+
+def _rows(params_seq: Any) -> Any:
+    # The parameters tag must not consume a one-shot iterable the driver still needs.
+    if _ds.settings.params_max and not isinstance(params_seq, (list, tuple)):
+        return list(params_seq)
+    return params_seq
+
+
+def _executemany(orig: Any) -> Any:
+    def executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
+        if _outside() is None:
+            return orig(self, query, params_seq, *args, **kwargs)
+        params_seq = _rows(params_seq)
+        with _span(self, "executemany", query, params_seq, many=True):
+            return orig(self, query, params_seq, *args, **kwargs)
+
+    return executemany
+
+
+def _aexecutemany(orig: Any) -> Any:
+    async def traced(self: Any, query: Any, params_seq: Any, args: Any, kwargs: Any) -> Any:
+        params_seq = _rows(params_seq)
+        with _span(self, "executemany", query, params_seq, many=True):
+            return await orig(self, query, params_seq, *args, **kwargs)
+
+    def executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
+        if _outside() is None:
+            return orig(self, query, params_seq, *args, **kwargs)
+        return traced(self, query, params_seq, args, kwargs)
+
+    return executemany
+
+
+def _stream(orig: Any) -> Any:
+    def stream(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        rows = orig(self, query, params, *args, **kwargs)
+        if _outside() is None:
+            return rows
+        return _ds.span_over_iterator(_span(self, "stream", query, params), rows)
+
+    return stream
+
+
+def _astream(orig: Any) -> Any:
+    def stream(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        rows = orig(self, query, params, *args, **kwargs)
+        if _outside() is None:
+            return rows
+        return _ds.span_over_async_iterator(_span(self, "stream", query, params), rows)
+
+    return stream
+
+
+def _copy(orig: Any) -> Any:
+    def copy(self: Any, statement: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        cm = orig(self, statement, params, *args, **kwargs)
+        if _outside() is None:
+            return cm
+        return _ds.SpanAround(cm, _span(self, "copy", statement, params))
+
+    return copy
+
+
+def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
+    import psycopg  # noqa: PLC0415
+
+    return [
+        (psycopg.Cursor, "execute", _ds.traced_method(_execute_start)),
+        (psycopg.ServerCursor, "execute", _ds.traced_method(_execute_start)),
+        (psycopg.Cursor, "executemany", _executemany),
+        (psycopg.Cursor, "stream", _stream),
+        (psycopg.Cursor, "copy", _copy),
+        (psycopg.AsyncCursor, "execute", _ds.traced_method(_execute_start, is_async=True)),
+        (psycopg.AsyncServerCursor, "execute", _ds.traced_method(_execute_start, is_async=True)),
+        (psycopg.AsyncCursor, "executemany", _aexecutemany),
+        (psycopg.AsyncCursor, "stream", _astream),
+        (psycopg.AsyncCursor, "copy", _copy),
+    ]
+
+
+def install(config: Config) -> None:
+    _ds.configure(config)
+    patch_all(_targets())
+
+
+def uninstall() -> None:
+    restore_all(_targets())

@@ -1,0 +1,168 @@
+"""psycopg2 (and psycopg2-binary): one exit span per ``execute`` / ``executemany`` /
+``callproc`` / ``copy_expert`` (component Psycopg, 7010; operation
+``PostgreSQL/Psycopg/<method>`` as the SkyWalking Python agent names it).
+
+psycopg2's connection and cursor are C types whose methods cannot be replaced, so
+``psycopg2.connect`` is wrapped to build the connection from a subclass of the requested
+``connection_factory`` whose ``cursor()`` hands out a subclass of the requested cursor class
+with the traced methods. Subclasses keep ``isinstance`` checks, ``cursor_factory`` choices
+(``RealDictCursor``...), server-side (named) cursors, iteration and context managers as
+they were; connections made before the install are not traced.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _datastore as _ds
+from swmp.tracing.constants import Component
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "psycopg2"
+PEER_NAMES = ("sw_psycopg2",)
+PACKAGE = "psycopg2"  # psycopg2-binary has another distribution name: no version check then
+SUPPORTED = ("2.8", "3")
+TRIGGER = "psycopg2"
+
+_COMPONENT = Component.PSYCOPG
+_outside = _ds.outside
+_traced: dict[type, type] = {}  # original class -> traced subclass
+_saved: dict[str, Any] = {}
+_CURSOR_PARAMS = ("name", "cursor_factory", "withhold", "scrollable")  # connection.cursor()'s
+
+
+def _where(conn: Any) -> tuple[str, str]:
+    """``(host:port, dbname)`` of a connection, computed once per connection."""
+    cached = conn.__dict__.get("_swmp_where")
+    if cached is None:
+        try:
+            info = conn.info
+            cached = (_ds.peer(info.host, info.port), info.dbname or "")
+        except Exception:
+            cached = ("", "")
+        conn.__dict__["_swmp_where"] = cached
+    return cached  # type: ignore[no-any-return]
+
+
+@_ds.guarded
+def _span(cur: Any, method: str, statement: Any, params: Any, many: bool = False) -> Any:
+    address, db = _where(cur.connection)
+    return _ds.sql_span(
+        "PostgreSQL/Psycopg/" + method,
+        address,
+        _COMPONENT,
+        "PostgreSQL",
+        db,
+        _ds.composed_text(statement, cur),
+        params,
+        many,
+    )
+
+
+def _traced_cursor(base: type) -> type:
+    cls = _traced.get(base)
+    if cls is not None:
+        return cls
+
+    class TracedCursor(base):  # type: ignore[misc]
+        def execute(self, query: Any, vars: Any = None) -> Any:
+            if _outside() is None:
+                return super().execute(query, vars)
+            with _span(self, "execute", query, vars):
+                return super().execute(query, vars)
+
+        def executemany(self, query: Any, vars_list: Any) -> Any:
+            if _outside() is None:
+                return super().executemany(query, vars_list)
+            if _ds.settings.params_max and not isinstance(vars_list, (list, tuple)):
+                vars_list = list(vars_list)  # a generator would be consumed by the tag
+            with _span(self, "executemany", query, vars_list, many=True):
+                return super().executemany(query, vars_list)
+
+        def callproc(self, procname: Any, parameters: Any = None) -> Any:
+            if _outside() is None:
+                return super().callproc(procname, parameters)
+            with _span(self, "callproc", procname, parameters):
+                return super().callproc(procname, parameters)
+
+        def copy_expert(self, sql: Any, file: Any, size: int = 8192) -> Any:
+            if _outside() is None:
+                return super().copy_expert(sql, file, size)
+            with _span(self, "copy_expert", sql, None):
+                return super().copy_expert(sql, file, size)
+
+    TracedCursor.__name__ = base.__name__
+    TracedCursor.__qualname__ = base.__qualname__
+    TracedCursor.__module__ = base.__module__
+    _traced[base] = TracedCursor
+    return TracedCursor
+
+
+def _traced_connection(base: type) -> type:
+    cls = _traced.get(base)
+    if cls is not None:
+        return cls
+    from psycopg2.extensions import connection as plain_connection  # noqa: PLC0415
+    from psycopg2.extensions import cursor as plain_cursor  # noqa: PLC0415
+
+    # psycopg2.extras' DictConnection, LoggingConnection... choose their default cursor class
+    # in their own cursor(): ask them which, then hand out the traced subclass of it.
+    own_cursor = getattr(base, "cursor", None) is not plain_connection.cursor
+
+    class TracedConnection(base):  # type: ignore[misc]
+        def cursor(self, *args: Any, **kwargs: Any) -> Any:
+            if len(args) > len(_CURSOR_PARAMS):
+                return super().cursor(*args, **kwargs)  # psycopg2's own TypeError
+            if args:  # psycopg2 takes every one of them by keyword too
+                kwargs.update(zip(_CURSOR_PARAMS, args, strict=False))
+            factory = kwargs.get("cursor_factory")
+            if factory is None:
+                kwargs.pop("cursor_factory", None)
+                if own_cursor:
+                    probe = super().cursor(**kwargs)  # a client-side object: nothing is sent
+                    factory = type(probe)
+                    probe.close()
+                else:
+                    factory = self.cursor_factory or plain_cursor
+            kwargs["cursor_factory"] = _traced_cursor(factory)
+            return super().cursor(**kwargs)
+
+    TracedConnection.__name__ = base.__name__
+    TracedConnection.__qualname__ = base.__qualname__
+    TracedConnection.__module__ = base.__module__
+    _traced[base] = TracedConnection
+    return TracedConnection
+
+
+def install(config: Config) -> None:
+    import psycopg2  # noqa: PLC0415
+    from psycopg2.extensions import connection as plain_connection  # noqa: PLC0415
+
+    _ds.configure(config)
+    if "connect" in _saved:
+        return
+    orig = psycopg2.connect
+
+    def connect(
+        dsn: Any = None, connection_factory: Any = None, cursor_factory: Any = None, **kwargs: Any
+    ) -> Any:
+        try:
+            factory = _traced_connection(connection_factory or plain_connection)
+        except Exception:  # a factory we cannot subclass: leave it untraced
+            factory = connection_factory
+        return orig(dsn, connection_factory=factory, cursor_factory=cursor_factory, **kwargs)
+
+    connect.__wrapped__ = orig  # type: ignore[attr-defined]
+    connect.__doc__ = orig.__doc__
+    _saved["connect"] = orig
+    psycopg2.connect = connect
+
+
+def uninstall() -> None:
+    import psycopg2  # noqa: PLC0415
+
+    orig = _saved.pop("connect", None)
+    if orig is not None:
+        psycopg2.connect = orig

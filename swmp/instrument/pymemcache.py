@@ -1,0 +1,78 @@
+"""pymemcache: one exit span per command of the base ``Client`` (and so of ``PooledClient``
+and ``HashClient``, which delegate to it): operation ``Memcached/<command>``, component
+Memcached (20; the SkyWalking Python agent has no memcached plugin), layer Cache, tags
+``cache.type``, ``cache.cmd``, ``cache.op``, ``cache.key`` (the key, or the keys of a
+``*_many`` call, unless ``SW_PLUGIN_CACHE_COLLECT_KEYS=false``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _datastore as _ds
+from swmp.instrument._patch import patch, restore
+from swmp.tracing.constants import Component
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "pymemcache"
+PEER_NAMES: tuple[str, ...] = ()  # the SkyWalking Python agent has no memcached plugin
+PACKAGE = "pymemcache"
+SUPPORTED = ("3.0", "5")
+TRIGGER = "pymemcache"
+
+_COMPONENT = Component.MEMCACHED
+_COMMANDS = (
+    "set", "set_many", "set_multi", "add", "replace", "append", "prepend", "cas", "get", "get_many",
+    "get_multi", "gets", "gets_many", "delete", "delete_many", "delete_multi", "incr", "decr", "touch",
+)  # fmt: skip
+_outside = _ds.outside
+
+
+def _address(client: Any) -> str:
+    server = client.server
+    return _ds.peer(server[0], server[1]) if isinstance(server, tuple) else str(server)
+
+
+def _key(key: Any) -> Any:
+    if isinstance(key, (str, bytes)):
+        return key
+    if isinstance(key, (dict, list, tuple)):  # *_many: never consume a one-shot iterable
+        return " ".join(_ds.text(k) for k in key)
+    return None
+
+
+def _command(cmd: str) -> Any:
+    op = "Memcached/" + cmd
+
+    @_ds.guarded
+    def start(client: Any, key: Any) -> Any:
+        return _ds.cache_span(op, _address(client), _COMPONENT, "Memcached", cmd, _key(key))
+
+    def make(orig: Any) -> Any:
+        def method(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
+            if _outside() is None:
+                return orig(self, key, *args, **kwargs)
+            with start(self, key):
+                return orig(self, key, *args, **kwargs)
+
+        return method
+
+    return make
+
+
+def install(config: Config) -> None:
+    from pymemcache.client.base import Client  # noqa: PLC0415
+
+    _ds.configure(config)
+    for cmd in _COMMANDS:
+        if cmd in Client.__dict__:
+            patch(Client, cmd, _command(cmd))
+
+
+def uninstall() -> None:
+    from pymemcache.client.base import Client  # noqa: PLC0415
+
+    for cmd in _COMMANDS:
+        restore(Client, cmd)

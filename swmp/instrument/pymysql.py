@@ -1,0 +1,53 @@
+"""PyMySQL: one exit span per ``Cursor.execute`` / ``executemany`` / ``callproc``, every
+cursor class included (component PyMysql, 7003; operation ``Mysql/PyMsql/<method>``, the
+SkyWalking Python agent's spelling, so its dashboards and alarms keep matching).
+``executemany`` that PyMySQL splits into several ``execute`` calls is one span.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument import _datastore as _ds
+from swmp.instrument._patch import patch, restore
+from swmp.tracing.constants import Component
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "pymysql"
+PEER_NAMES = ("sw_pymysql",)
+PACKAGE = "PyMySQL"
+SUPPORTED = ("0.10", "3")
+TRIGGER = "pymysql"
+
+_METHODS = ("execute", "executemany", "callproc")
+
+
+def where(cur: Any) -> tuple[str, str]:
+    """``(peer, database)`` of a PyMySQL-style cursor (PyMySQL and aiomysql share it)."""
+    conn = cur.connection
+    if conn is None:
+        return "", ""
+    sock = getattr(conn, "unix_socket", None)
+    address = _ds.peer(conn.host, conn.port) if not sock else str(sock)
+    return address, _ds.text(conn.db or "")
+
+
+def install(config: Config) -> None:
+    from pymysql.cursors import Cursor  # noqa: PLC0415
+
+    _ds.configure(config)
+    for m in _METHODS:
+        patch(
+            Cursor,
+            m,
+            _ds.cursor_method(m, "Mysql/PyMsql/", Component.PYMYSQL, "mysql", where, many=m == "executemany"),
+        )
+
+
+def uninstall() -> None:
+    from pymysql.cursors import Cursor  # noqa: PLC0415
+
+    for m in _METHODS:
+        restore(Cursor, m)

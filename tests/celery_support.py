@@ -1,0 +1,120 @@
+"""Run Celery workers and beat (with the agent, under ``swmp run``) for tests.
+
+The application is ``examples/celery_app.py``; the broker and the queue come from the
+environment (``CELERY_BROKER_URL``, ``CELERY_QUEUE``: a fresh queue per test, since the
+brokers are shared by the session). Processes are started and stopped like the servers of
+``tests/servers.py`` (by pid, strays found by the test's arena directory), and a worker is
+a :class:`~tests.servers.Server` whose "workers" are the pool children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from tests.servers import SWMP_RUN, Proc, Server, agent_env, wait_until
+
+CELERY = [sys.executable, "-m", "celery", "-A", "examples.celery_app"]
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_SUCCEEDED = re.compile(r"Task examples\.\w+\[([0-9a-f-]+)\] succeeded")
+
+
+def celery_env(
+    workdir: Path,
+    backend: str,
+    broker: str,
+    queue: str,
+    *,
+    service: str = "cel",
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    return agent_env(
+        workdir,
+        backend,
+        service=service,
+        extra={"CELERY_BROKER_URL": broker, "CELERY_QUEUE": queue, **(extra or {})},
+    )
+
+
+def new_queue() -> str:
+    return f"swmp-{uuid.uuid4().hex[:10]}"
+
+
+def worker_command(pool: str = "prefork", concurrency: int = 4, extra: Sequence[str] = ()) -> list[str]:
+    return [
+        *CELERY,
+        "worker",
+        "--pool",
+        pool,
+        "-c",
+        str(concurrency),
+        "-n",
+        f"w{uuid.uuid4().hex[:6]}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-l",
+        "info",
+        *extra,
+    ]
+
+
+@contextlib.contextmanager
+def run_celery(
+    workdir: Path,
+    env: dict[str, str],
+    command: list[str],
+    *,
+    children: int = 0,
+    name: str = "celery",
+    ready: str = r"\S+@\S+ ready\.",
+    swmp_run: bool = True,
+) -> Iterator[Server]:
+    """Start a Celery command; wait for ``ready`` in its log and ``children`` pool children
+    holding ring slots. Stopped with SIGTERM (a warm shutdown), then by pid."""
+    argv = [*SWMP_RUN, *command] if swmp_run else command
+    log = workdir / f"{name}-{uuid.uuid4().hex[:6]}.log"
+    proc = Proc(argv, env, log, marker=env["SW_AGENT_ARENA_DIR"])
+    server = Server("celery", proc, 0, Path(env["SW_AGENT_ARENA_DIR"]), children, env)
+    proc.start()
+    try:
+        server.arena_path()  # while the main process is alive
+        proc.wait_log(ready, timeout=60)
+        if children:
+            server.wait_workers_claimed()
+        yield server
+    finally:
+        proc.stop()
+
+
+def succeeded(server: Server) -> set[str]:
+    """Ids of the tasks the worker logged as succeeded (the log line is written by the main
+    process once the child reported the result: after the task's span finished)."""
+    return set(_SUCCEEDED.findall(server.proc.log()))
+
+
+def publish(broker: str, queues: Sequence[str], n: int, workdir: Path) -> dict[str, dict[str, str]]:
+    """``n`` tasks to each queue from a process without the agent, each task with its own
+    trace id; returns ``{queue: {task id: trace id}}``."""
+    out = workdir / f"published-{uuid.uuid4().hex[:6]}.json"
+    subprocess.run(
+        [sys.executable, "-m", "tests.e2e_apps.celery_publish", broker, ",".join(queues), str(n), str(out)],
+        cwd=REPO_ROOT,
+        check=True,
+        timeout=60,
+    )
+    traces: dict[str, dict[str, str]] = json.loads(out.read_text())
+    return traces
+
+
+def wait_exit(server: Server, timeout: float = 60.0) -> int | None:
+    code = server.proc.wait_exit(timeout)
+    if code is not None:
+        wait_until(lambda: not server.reporters(), 30, "the reporter to finish")
+    return code

@@ -1,0 +1,221 @@
+"""Cache clients against a real Redis and memcached (tests/daemons.py): redis-py (sync and
+asyncio, pipelines, transactions, Pub/Sub publish) and pymemcache record one exit span per
+command or pipeline, leave results and errors as they are, and nothing outside a trace."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from swmp.tracing import Component, Layer
+from tests.daemons import ServerInfo
+from tests.datastore_support import Traced, only, start_traced, stop_traced, traced
+
+__all__ = ["traced"]
+
+
+@pytest.fixture()
+def r(traced: Traced, redis_server: ServerInfo) -> Iterator[Any]:
+    import redis
+
+    client = redis.Redis(host=redis_server.host, port=redis_server.port, db=3)
+    yield client
+    client.close()
+
+
+def test_redis_commands(traced: Traced, r: Any, redis_server: ServerInfo) -> None:
+    with traced.trace() as got:
+        assert r.set("rk:1", "v") is True
+        assert r.get("rk:1") == b"v"
+        assert r.ping() is True
+    assert [e.op for e in got.exits] == ["Redis/SET", "Redis/GET", "Redis/PING"]
+    s, g, p = got.exits
+    assert s.peer == f"127.0.0.1:{redis_server.port}"
+    assert (s.component, s.layer) == (Component.REDIS, Layer.CACHE)
+    assert s.tags == {"cache.type": "Redis", "cache.cmd": "SET", "cache.op": "write", "cache.key": "rk:1",
+                      "db.instance": "3"}  # fmt: skip
+    assert (g.tags["cache.op"], g.tags["cache.key"]) == ("read", "rk:1")
+    assert "cache.op" not in p.tags and "cache.key" not in p.tags
+
+
+def test_redis_error_reaches_the_app_unchanged(traced: Traced, r: Any) -> None:
+    import redis
+
+    r.set("rk:str", "not a number")
+    with traced.trace() as got, pytest.raises(redis.ResponseError, match="not an integer"):
+        r.incr("rk:str")
+    e = only(got)
+    assert e.error and e.op == "Redis/INCRBY"  # redis-py sends INCR as INCRBY
+    assert e.logs[0]["error.kind"] == "ResponseError"
+
+
+def test_redis_pipeline_and_transaction_are_one_span_each(traced: Traced, r: Any) -> None:
+    with traced.trace() as got:
+        with r.pipeline() as pipe:  # transaction=True by default: MULTI/EXEC
+            assert pipe.set("rk:p", 1).incr("rk:p").get("rk:p").execute() == [True, 2, b"2"]
+        pipe = r.pipeline(transaction=False)
+        pipe.get("rk:p")
+        pipe.exists("rk:p")
+        assert pipe.execute() == [b"2", 1]
+        assert r.pipeline().execute() == []  # nothing queued: no round trip, no span
+    tx, plain = got.exits
+    assert tx.op == "Redis/MULTI"
+    assert tx.tags["cache.cmd"] == "SET INCRBY GET"
+    assert tx.tags["cache.op"] == "write"
+    assert tx.tags["cache.key"] == "rk:p rk:p rk:p"
+    assert plain.op == "Redis/PIPELINE"
+    assert (plain.tags["cache.cmd"], plain.tags["cache.op"]) == ("GET EXISTS", "read")
+
+
+def test_redis_publish(traced: Traced, r: Any) -> None:
+    sub = r.pubsub()
+    sub.subscribe("rk:chan")
+    assert sub.get_message(timeout=5)["type"] == "subscribe"
+    with traced.trace() as got:
+        assert r.publish("rk:chan", "hello") == 1
+    msg = sub.get_message(timeout=5)
+    sub.close()
+    assert msg["data"] == b"hello"
+    e = only(got)
+    assert (e.op, e.tags["cache.key"]) == ("Redis/PUBLISH", "rk:chan")
+
+
+def test_redis_asyncio(traced: Traced, redis_server: ServerInfo) -> None:
+    import redis.asyncio as aredis
+
+    async def main() -> None:
+        client = aredis.Redis(host=redis_server.host, port=redis_server.port)
+        try:
+            with traced.trace() as got:
+                assert await client.set("rk:a", "x") is True
+                assert await client.get("rk:a") == b"x"
+                async with client.pipeline() as pipe:
+                    pipe.incr("rk:n").decr("rk:n")
+                    assert await pipe.execute() == [1, 0]
+                with pytest.raises(aredis.ResponseError):
+                    await client.incr("rk:a")
+                with pytest.raises(TimeoutError):  # cancellation reaches the app as it would
+                    await asyncio.wait_for(client.blpop(["rk:empty"], timeout=5), 0.3)
+            ops = [e.op for e in got.exits]
+            assert ops == ["Redis/SET", "Redis/GET", "Redis/MULTI", "Redis/INCRBY", "Redis/BLPOP"]
+            assert [e.error for e in got.exits] == [False, False, False, True, True]
+            assert got.exits[2].tags["cache.cmd"] == "INCRBY DECRBY"
+            assert got.exits[0].tags["db.instance"] == "0"
+        finally:
+            await client.aclose()
+        client = aredis.Redis(host=redis_server.host, port=redis_server.port)
+        try:
+            with traced.untraced():
+                assert await client.get("rk:a") == b"x"
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_redis_outside_a_trace_records_nothing(traced: Traced, r: Any) -> None:
+    with traced.untraced():
+        r.set("rk:o", 1)
+        assert r.get("rk:o") == b"1"
+        assert r.pipeline().incr("rk:o").execute() == [2]
+
+
+def test_cache_keys_can_be_left_out(redis_server: ServerInfo, memcached_server: ServerInfo) -> None:
+    import redis
+    from pymemcache.client.base import Client
+
+    t, _ = start_traced(plugin_cache_collect_keys=False)
+    try:
+        client = redis.Redis(host=redis_server.host, port=redis_server.port)
+        mc = Client((memcached_server.host, memcached_server.port))
+        with t.trace() as got:
+            client.set("rk:secret", 1)
+            client.pipeline().get("rk:secret").execute()
+            mc.set("secret", b"1")
+        client.close()
+        mc.close()
+    finally:
+        stop_traced()
+    assert len(got.exits) == 3
+    assert all("cache.key" not in e.tags for e in got.exits)
+    assert got.exits[0].tags["cache.cmd"] == "SET"
+
+
+# -- pymemcache ---------------------------------------------------------------------------------
+def test_pymemcache(traced: Traced, memcached_server: ServerInfo) -> None:
+    from pymemcache.client.base import Client, PooledClient
+    from pymemcache.exceptions import MemcacheClientError, MemcacheIllegalInputError
+
+    addr = (memcached_server.host, memcached_server.port)
+    mc = Client(addr)
+    pooled = PooledClient(addr)
+    try:
+        with traced.trace() as got:
+            assert mc.set("mk:1", b"10") is True
+            assert mc.get("mk:1") == b"10"
+            assert mc.get_many(["mk:1", "mk:2"]) == {"mk:1": b"10"}
+            assert mc.incr("mk:1", 5) == 15
+            assert pooled.get("mk:1") == b"15"  # PooledClient delegates to Client: one span
+            mc.set("mk:s", b"text")
+            with pytest.raises(MemcacheClientError):
+                mc.incr("mk:s", 1)
+            with pytest.raises(MemcacheIllegalInputError):
+                mc.get("bad key")
+        ops = [e.op for e in got.exits]
+        assert ops == ["Memcached/set", "Memcached/get", "Memcached/get_many", "Memcached/incr",
+                       "Memcached/get", "Memcached/set", "Memcached/incr", "Memcached/get"]  # fmt: skip
+        first = got.exits[0]
+        assert first.peer == f"127.0.0.1:{memcached_server.port}"
+        assert (first.component, first.layer) == (Component.MEMCACHED, Layer.CACHE)
+        assert first.tags == {"cache.type": "Memcached", "cache.cmd": "set", "cache.op": "write",
+                              "cache.key": "mk:1"}  # fmt: skip
+        assert got.exits[2].tags["cache.key"] == "mk:1 mk:2"
+        assert got.exits[1].tags["cache.op"] == "read"
+        assert [e.error for e in got.exits] == [False] * 6 + [True, True]
+        with traced.untraced():
+            assert mc.get("mk:1") == b"15"
+    finally:
+        mc.close()
+        pooled.close()
+
+
+def test_a_failing_instrumentation_never_fails_the_call(
+    traced: Traced, r: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Should a driver change what the instrumentation reads, the call still runs: no span,
+    one warning."""
+    import swmp.instrument.redis as instrumented
+
+    def changed(client: Any) -> tuple[str, str]:
+        raise AttributeError("connection_pool")
+
+    monkeypatch.setattr(instrumented, "_where", changed)
+    with traced.trace() as got:
+        assert r.set("rk:g", 1) is True
+        assert r.get("rk:g") == b"1"
+    assert got.exits == []
+    assert len([m for m in caplog.messages if "calls go on without spans" in m]) == 1
+
+
+def test_disable_plugins_by_swmp_and_peer_names(redis_server: ServerInfo) -> None:
+    import psycopg  # noqa: F401
+    import psycopg2  # noqa: F401
+    import pymysql  # noqa: F401
+    import redis
+
+    t, status = start_traced(agent_disable_plugins=("sw_(redis|pymysql)", "psycopg*"))
+    try:
+        client = redis.Redis(host=redis_server.host, port=redis_server.port)
+        with t.trace() as got:
+            client.get("rk:off")
+        client.close()
+    finally:
+        stop_traced()
+    assert {n: status[n] for n in ("redis", "pymysql", "psycopg", "psycopg2")} == dict.fromkeys(
+        ("redis", "pymysql", "psycopg", "psycopg2"), "disabled"
+    )
+    assert status["asyncpg"] != "disabled"
+    assert got.exits == []

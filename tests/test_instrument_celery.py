@@ -1,0 +1,315 @@
+"""Celery instrumentation: span shapes against a real Redis broker and a real worker.
+
+The worker runs in this process (Celery's own test worker: the solo pool on a thread), so
+the publisher's exit spans and the worker's entry spans land in one MemorySink and their
+links can be checked field by field. Process-level behaviour (prefork children, recycling,
+shutdown) is in tests/test_prefork_celery.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+import pytest
+from celery import Celery, chain, group
+from celery.contrib.testing.worker import start_worker
+
+from reporter_proc import records as R
+from swmp import _sink, instrument, tracing
+from swmp.config import load
+from swmp.instrument import celery as celery_instr
+from swmp.instrument._patch import is_patched
+from swmp.tracing import Component, Kind
+from swmp.tracing.constants import Layer
+from swmp.tracing.context import new_entry_span
+from tests.daemons import ServerInfo
+
+pytestmark = pytest.mark.timeout(120)
+
+Seg = list[Any]
+Span = list[Any]
+
+
+class Flaky(RuntimeError):
+    pass
+
+
+def make_app(broker: str) -> Celery:
+    app = Celery(f"t{uuid.uuid4().hex[:6]}", broker=broker, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"q-{uuid.uuid4().hex[:8]}",
+        broker_connection_retry_on_startup=True,
+        task_ignore_result=True,
+    )
+
+    @app.task(name="t.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @app.task(name="t.fail")
+    def fail(msg: str) -> None:
+        raise ValueError(msg)
+
+    @app.task(name="t.flaky", bind=True, max_retries=2)
+    def flaky(self: Any, x: int) -> int:
+        if self.request.retries == 0:
+            raise self.retry(exc=Flaky(f"try again {x}"), countdown=0)
+        return x
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def setup(redis_server: ServerInfo) -> Iterator[tuple[Celery, _sink.MemorySink, ServerInfo]]:
+    sink = _sink.MemorySink()
+    _sink.set_sink(sink)
+    cfg = load({}, agent_log_reporter_active=False)
+    tracing.configure(cfg)
+    status = instrument.install_all(cfg)
+    assert status["celery"] == "installed"
+    app = make_app(f"redis://127.0.0.1:{redis_server.port}/3")
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+            yield app, sink, redis_server
+    finally:
+        instrument.uninstall_all()
+        _sink.set_sink(None)
+
+
+@pytest.fixture()
+def celery_env(
+    setup: tuple[Celery, _sink.MemorySink, ServerInfo],
+) -> tuple[Celery, _sink.MemorySink, ServerInfo]:
+    setup[1].clear()
+    celery_instr.settings.params_length = 0
+    return setup
+
+
+def segments(sink: _sink.MemorySink) -> list[Seg]:
+    return [orjson.loads(p) for t, p in list(sink.records) if t == R.SEGMENT]
+
+
+def spans_where(sink: _sink.MemorySink, pred: Callable[[Span], bool]) -> list[tuple[Seg, Span]]:
+    return [(seg, s) for seg in segments(sink) for s in seg[R.SEG_SPANS] if pred(s)]
+
+
+def entries(sink: _sink.MemorySink, op: str) -> list[tuple[Seg, Span]]:
+    return spans_where(sink, lambda s: s[R.SPAN_TYPE] == Kind.ENTRY and s[R.SPAN_OPERATION] == op)
+
+
+def exits(sink: _sink.MemorySink, op: str) -> list[tuple[Seg, Span]]:
+    return spans_where(sink, lambda s: s[R.SPAN_TYPE] == Kind.EXIT and s[R.SPAN_OPERATION] == op)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def tags(span: Span) -> dict[str, str]:
+    t = span[R.SPAN_TAGS] or []
+    return dict(zip(t[::2], t[1::2], strict=True))
+
+
+def log_fields(span: Span) -> list[dict[str, str]]:
+    return [dict(zip(data[::2], data[1::2], strict=True)) for _, data in span[R.SPAN_LOGS] or []]
+
+
+def linked(parent_seg: Seg, parent: Span, child: Span) -> bool:
+    refs = child[R.SPAN_REFS] or []
+    return len(refs) == 1 and refs[0][:4] == [
+        R.REF_CROSS_PROCESS,
+        parent_seg[R.SEG_TRACE_ID],
+        parent_seg[R.SEG_SEGMENT_ID],
+        parent[R.SPAN_ID],
+    ]
+
+
+# -- shapes ------------------------------------------------------------------------------------
+def test_publish_exit_span_and_task_entry_span(celery_env: Any) -> None:
+    app, sink, redis = celery_env
+    with new_entry_span("/orders"):
+        app.tasks["t.add"].delay(2, 3)
+    wait_for(lambda: len(entries(sink, "celery/t.add")) == 1)
+
+    ((pub_seg, ex),) = exits(sink, "celery/t.add")
+    assert ex[R.SPAN_PEER] == f"127.0.0.1:{redis.port}"
+    assert ex[R.SPAN_LAYER] == Layer.MQ
+    assert ex[R.SPAN_COMPONENT] == Component.CELERY == 7011
+    assert not ex[R.SPAN_IS_ERROR]
+    assert tags(ex) == {"mq.broker": f"redis://127.0.0.1:{redis.port}/3"}
+    assert pub_seg[R.SEG_SPANS][-1][R.SPAN_OPERATION] == "/orders"  # the exit span is the request's child
+
+    ((run_seg, en),) = entries(sink, "celery/t.add")
+    assert en[R.SPAN_LAYER] == Layer.MQ
+    assert en[R.SPAN_COMPONENT] == Component.CELERY
+    assert en[R.SPAN_PARENT_ID] == -1
+    assert en[R.SPAN_PEER]  # the publisher's host name (from the message's origin)
+    assert not en[R.SPAN_IS_ERROR]
+    assert tags(en) == {"mq.broker": f"redis://127.0.0.1:{redis.port}/3"}
+    assert run_seg[R.SEG_TRACE_ID] == pub_seg[R.SEG_TRACE_ID]
+    assert run_seg[R.SEG_SEGMENT_ID] != pub_seg[R.SEG_SEGMENT_ID]
+    assert linked(pub_seg, ex, en)
+    ref = en[R.SPAN_REFS][0]
+    assert "/orders" in ref and f"127.0.0.1:{redis.port}" in ref  # parent endpoint, address used
+
+
+def test_publish_outside_a_trace_starts_one(celery_env: Any) -> None:
+    app, sink, _ = celery_env
+    app.send_task("t.add", (1, 1), headers={"mine": "kept"})
+    wait_for(lambda: len(entries(sink, "celery/t.add")) == 1)
+    ((pub_seg, ex),) = exits(sink, "celery/t.add")
+    assert len(pub_seg[R.SEG_SPANS]) == 1 and ex[R.SPAN_PARENT_ID] == -1
+    ((_, en),) = entries(sink, "celery/t.add")
+    assert linked(pub_seg, ex, en)
+
+
+def test_user_headers_kept_and_not_mutated(celery_env: Any) -> None:
+    app, sink, _ = celery_env
+    seen: list[dict[str, Any]] = []
+
+    from celery import signals
+
+    def on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        seen.append(dict(headers or {}))
+
+    signals.before_task_publish.connect(on_publish, weak=False)
+    try:
+        mine = {"tenant": "t1"}
+        app.send_task("t.add", (1, 2), headers=mine)
+        assert mine == {"tenant": "t1"}  # the caller's dict is not touched
+    finally:
+        signals.before_task_publish.disconnect(on_publish)
+    assert seen[0]["tenant"] == "t1"
+    assert seen[0]["sw8"].startswith("1-")
+    wait_for(lambda: len(entries(sink, "celery/t.add")) == 1)
+
+
+def test_failure_is_an_error_with_the_exception(celery_env: Any) -> None:
+    app, sink, _ = celery_env
+    app.tasks["t.fail"].delay("no stock")
+    wait_for(lambda: len(entries(sink, "celery/t.fail")) == 1)
+    ((_, en),) = entries(sink, "celery/t.fail")
+    assert en[R.SPAN_IS_ERROR]
+    (log,) = log_fields(en)
+    assert log["event"] == "error" and log["error.kind"] == "ValueError" and log["message"] == "no stock"
+    assert "raise ValueError(msg)" in log["stack"]
+    ((_, ex),) = exits(sink, "celery/t.fail")
+    assert not ex[R.SPAN_IS_ERROR]  # publishing worked
+
+
+def test_retry_is_visible_and_the_retried_run_continues_the_trace(celery_env: Any) -> None:
+    app, sink, _ = celery_env
+    app.tasks["t.flaky"].delay(7)
+    wait_for(lambda: len(entries(sink, "celery/t.flaky")) == 2)
+    runs = entries(sink, "celery/t.flaky")
+    ((first_seg, first),) = [(seg, s) for seg, s in runs if "retry" in tags(s)]
+    ((second_seg, second),) = [(seg, s) for seg, s in runs if "retry" not in tags(s)]
+    assert first[R.SPAN_IS_ERROR]
+    assert tags(first)["retry"].startswith("Retry in 0s: Flaky(")
+    assert log_fields(first)[0]["error.kind"] == "Flaky"
+    assert "celery.retries" not in tags(first)
+    assert not second[R.SPAN_IS_ERROR]
+    assert tags(second)["celery.retries"] == "1"
+    # The retry was published from inside the first run: its exit span is there, and the
+    # second run hangs off it, in the same trace as the original publish.
+    retry_exit = [s for s in first_seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.EXIT]
+    assert [s[R.SPAN_OPERATION] for s in retry_exit] == ["celery/t.flaky"]
+    assert linked(first_seg, retry_exit[0], second)
+    assert second_seg[R.SEG_TRACE_ID] == first_seg[R.SEG_TRACE_ID]
+
+
+def test_expired_task_is_a_revoked_error_span(celery_env: Any) -> None:
+    app, sink, _ = celery_env
+    past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+    with new_entry_span("/late"):
+        app.tasks["t.add"].apply_async((1, 2), expires=past)
+    wait_for(lambda: len(entries(sink, "celery/t.add")) == 1)
+    ((_, en),) = entries(sink, "celery/t.add")
+    assert en[R.SPAN_IS_ERROR]
+    assert log_fields(en) == [{"event": "revoked", "message": "expired"}]
+    ((pub_seg, ex),) = exits(sink, "celery/t.add")
+    assert linked(pub_seg, ex, en)
+
+
+def test_canvas_every_message_has_its_exit_span(celery_env: Any) -> None:
+    app, sink, _ = celery_env
+    add = app.tasks["t.add"]
+    with new_entry_span("/canvas"):
+        group(add.s(i, i) for i in range(3)).apply_async()
+        chain(add.s(1, 2), add.s(10)).apply_async()
+    wait_for(lambda: len(entries(sink, "celery/t.add")) == 5)
+    req_seg = next(seg for seg in segments(sink) if seg[R.SEG_SPANS][-1][R.SPAN_OPERATION] == "/canvas")
+    pub_exits = [s for s in req_seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.EXIT]
+    assert len(pub_exits) == 4  # three group members and the chain's first task
+    runs = entries(sink, "celery/t.add")
+    # The chain's second task is sent by the worker when the first one finished, from
+    # inside the first run's span.
+    from_worker = [(seg, s) for seg, s in exits(sink, "celery/t.add") if seg != req_seg]
+    assert len(from_worker) == 1
+    parents = [(req_seg, e) for e in pub_exits] + from_worker
+    for _, en in runs:
+        assert sum(linked(pseg, pex, en) for pseg, pex in parents) == 1
+    assert {seg[R.SEG_TRACE_ID] for seg, _ in runs} == {req_seg[R.SEG_TRACE_ID]}
+
+
+def test_parameters_only_when_asked_and_cut(celery_env: Any) -> None:
+    app, sink, _ = celery_env
+    app.tasks["t.add"].delay(1, 2)
+    wait_for(lambda: len(entries(sink, "celery/t.add")) == 1)
+    assert all("celery.parameters" not in tags(s) for _, s in spans_where(sink, lambda s: True))
+
+    sink.clear()
+    celery_instr.settings.params_length = 12
+    app.tasks["t.add"].apply_async((123456, 789), {})
+    wait_for(lambda: len(entries(sink, "celery/t.add")) == 1)
+    ((_, ex),) = exits(sink, "celery/t.add")
+    ((_, en),) = entries(sink, "celery/t.add")
+    assert tags(ex)["celery.parameters"] == "*(123456, 78"
+    assert tags(en)["celery.parameters"] == "*[123456, 78"  # the worker sees a list (JSON)
+    assert "*(123456, 789), **{}".startswith(tags(ex)["celery.parameters"])
+
+
+def test_setting_is_read_from_config() -> None:
+    cfg = load({"SW_PLUGIN_CELERY_PARAMETERS_LENGTH": "64"})
+    assert cfg.plugin_celery_parameters_length == 64
+    assert load({}).plugin_celery_parameters_length == 0
+
+
+def test_eager_run_is_a_local_span_of_the_caller(celery_env: Any) -> None:
+    app, sink, _ = celery_env
+    with new_entry_span("/eager"):
+        assert app.tasks["t.add"].apply((4, 5)).get() == 9
+    (seg,) = segments(sink)
+    ops = {s[R.SPAN_OPERATION]: s for s in seg[R.SEG_SPANS]}
+    assert ops["celery/t.add"][R.SPAN_TYPE] == Kind.LOCAL
+    assert ops["celery/t.add"][R.SPAN_PARENT_ID] == ops["/eager"][R.SPAN_ID]
+
+
+def test_exceptions_and_results_unchanged(celery_env: Any) -> None:
+    app, _, _ = celery_env
+    with pytest.raises(ValueError, match="boom"):
+        app.tasks["t.fail"].apply(("boom",), throw=True)
+    assert app.tasks["t.add"].apply((1, 2)).get() == 3
+    res = app.send_task("t.add", (1, 2), task_id="fixed-id")
+    assert res.id == "fixed-id"
+
+
+def test_patched_and_restored(setup: Any) -> None:
+    from celery import Celery as C
+    from celery.app import trace
+
+    assert is_patched(C, "send_task") and is_patched(trace, "build_tracer")
+    celery_instr.uninstall()
+    try:
+        assert not is_patched(C, "send_task") and not is_patched(trace, "build_tracer")
+    finally:
+        celery_instr.install(load({}))
+    assert is_patched(C, "send_task")

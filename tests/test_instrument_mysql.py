@@ -1,0 +1,147 @@
+"""MySQL drivers against a real MariaDB (tests/daemons.py): PyMySQL, mysqlclient and
+aiomysql record one exit span per call with the SkyWalking shape, leave results, errors and
+cursor classes as they are, and record nothing outside a trace."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from swmp.tracing import Component
+from tests.daemons import ServerInfo
+from tests.datastore_support import Exit, Traced, check_sql, only, traced
+
+__all__ = ["traced"]
+
+
+def _check_shape(e: Exit, s: ServerInfo, op: str, component: int, statement: str) -> None:
+    check_sql(e, s, op, component, db_type="mysql", statement=statement)
+
+
+@pytest.fixture()
+def pymysql_conn(traced: Traced, mariadb_server: ServerInfo) -> Iterator[Any]:
+    import pymysql
+
+    s = mariadb_server
+    conn = pymysql.connect(
+        host=s.host, port=s.port, user=s.user, password=s.password, database=s.database, autocommit=True
+    )
+    with conn.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS pm_items")
+        cur.execute("CREATE TABLE pm_items (id int, name varchar(10))")
+    yield conn
+    conn.close()
+
+
+def test_pymysql_calls(traced: Traced, pymysql_conn: Any, mariadb_server: ServerInfo) -> None:
+    import pymysql.cursors
+
+    with traced.trace() as got:
+        with pymysql_conn.cursor() as cur:
+            assert cur.execute("SELECT %s + 1", (41,)) == 1
+            assert cur.fetchone() == (42,)
+            # PyMySQL turns an INSERT executemany into one statement through execute: one span.
+            assert cur.executemany("INSERT INTO pm_items VALUES (%s, %s)", [(1, "a"), (2, "b")]) == 2
+        with pymysql_conn.cursor(pymysql.cursors.SSDictCursor) as cur:
+            cur.execute("SELECT id, name FROM pm_items ORDER BY id")
+            assert list(cur) == [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]
+    assert [e.op for e in got.exits] == [
+        "Mysql/PyMsql/execute",
+        "Mysql/PyMsql/executemany",
+        "Mysql/PyMsql/execute",
+    ]
+    _check_shape(got.exits[0], mariadb_server, "Mysql/PyMsql/execute", Component.PYMYSQL, "SELECT %s + 1")
+    assert got.exits[0].tags["db.sql.parameters"] == "[41]"
+    assert got.exits[1].tags["db.sql.parameters"] == "[[1,a],[2,b]]"
+
+
+def test_pymysql_error_and_outside(traced: Traced, pymysql_conn: Any) -> None:
+    import pymysql
+
+    with (
+        traced.trace() as got,
+        pymysql_conn.cursor() as cur,
+        pytest.raises(pymysql.err.ProgrammingError) as ei,
+    ):
+        cur.execute("SELECT * FROM no_such_table")
+    assert ei.value.args[0] == 1146  # the driver's own exception, untouched
+    e = only(got)
+    assert e.error
+    assert e.logs[0]["error.kind"] == "ProgrammingError"
+    with traced.untraced(), pymysql_conn.cursor() as cur:
+        cur.execute("SELECT 1")
+        assert cur.fetchone() == (1,)
+
+
+def test_mysqlclient_calls_errors_and_outside(traced: Traced, mariadb_server: ServerInfo) -> None:
+    import MySQLdb
+
+    s = mariadb_server
+    conn = MySQLdb.connect(host=s.host, port=s.port, user=s.user, password=s.password, database=s.database)
+    try:
+        with traced.trace() as got:
+            cur = conn.cursor()
+            cur.execute("SELECT %s * 2", (21,))
+            assert cur.fetchone() == (42,)
+            cur.executemany("SELECT %s", [(1,), (2,)])
+            with pytest.raises(MySQLdb.ProgrammingError):
+                cur.execute("SELECT * FROM no_such_table")
+        assert [e.op for e in got.exits] == [
+            "Mysql/MysqlClient/execute",
+            "Mysql/MysqlClient/executemany",
+            "Mysql/MysqlClient/execute",
+        ]
+        _check_shape(got.exits[0], s, got.exits[0].op, Component.MYSQLCLIENT, "SELECT %s * 2")
+        assert [e.error for e in got.exits] == [False, False, True]
+        with traced.untraced():
+            cur.execute("SELECT 1")
+            assert cur.fetchone() == (1,)
+    finally:
+        conn.close()
+
+
+def test_aiomysql_calls_errors_and_outside(traced: Traced, mariadb_server: ServerInfo) -> None:
+    import aiomysql
+    import pymysql
+
+    s = mariadb_server
+
+    async def main() -> None:
+        conn = await aiomysql.connect(
+            host=s.host, port=s.port, user=s.user, password=s.password, db=s.database, autocommit=True
+        )
+        try:
+            with traced.trace() as got:
+                async with conn.cursor() as cur:
+                    await cur.execute("SELECT %s + 2", (40,))
+                    assert await cur.fetchone() == (42,)
+                    await cur.executemany("SELECT %s", [(1,), (2,)])
+                    with pytest.raises(pymysql.err.ProgrammingError):
+                        await cur.execute("SELECT * FROM no_such_table")
+                async with conn.cursor(aiomysql.DictCursor) as cur:
+                    with pytest.raises(TimeoutError):  # cancellation reaches the app as it would
+                        await asyncio.wait_for(cur.execute("SELECT SLEEP(5)"), 0.3)
+            ops = [e.op for e in got.exits]
+            assert (
+                ops
+                == ["Mysql/AioMysql/execute", "Mysql/AioMysql/executemany"] + ["Mysql/AioMysql/execute"] * 2
+            )
+            _check_shape(got.exits[0], s, ops[0], Component.MYSQL, "SELECT %s + 2")
+            assert [e.error for e in got.exits] == [False, False, True, True]
+        finally:
+            conn.close()
+        conn = await aiomysql.connect(
+            host=s.host, port=s.port, user=s.user, password=s.password, db=s.database
+        )
+        try:
+            with traced.untraced():
+                async with conn.cursor() as cur:
+                    await cur.execute("SELECT 1")
+                    assert await cur.fetchone() == (1,)
+        finally:
+            conn.close()
+
+    asyncio.run(main())

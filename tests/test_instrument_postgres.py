@@ -1,0 +1,293 @@
+"""PostgreSQL drivers against a real PostgreSQL 15 (tests/daemons.py): psycopg2, psycopg 3
+(sync and async) and asyncpg record one exit span per call with the SkyWalking shape, leave
+results, errors, cursors and cancellation as they are, and record nothing outside a trace."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from swmp.tracing import Component
+from tests.daemons import ServerInfo
+from tests.datastore_support import Exit, Traced, check_sql, only, traced
+
+__all__ = ["traced"]  # the fixture, used by name
+
+
+def _check_shape(e: Exit, s: ServerInfo, op: str, component: int, statement: str) -> None:
+    check_sql(e, s, op, component, db_type="PostgreSQL", statement=statement)
+
+
+def _dsn(s: ServerInfo) -> dict[str, Any]:
+    return {"host": s.host, "port": s.port, "user": s.user, "password": s.password, "dbname": s.database}
+
+
+# -- psycopg2 -----------------------------------------------------------------------------------
+@pytest.fixture()
+def pg2(traced: Traced, postgres_server: ServerInfo) -> Iterator[Any]:
+    import psycopg2
+
+    conn = psycopg2.connect(**_dsn(postgres_server))
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS pg2_items; CREATE TABLE pg2_items (id int, name text)")
+    yield conn
+    conn.close()
+
+
+def test_psycopg2_execute_span_and_results(traced: Traced, pg2: Any, postgres_server: ServerInfo) -> None:
+    with traced.trace() as got, pg2.cursor() as cur:
+        cur.execute("SELECT %s::int + 1, %s::text", (41, "x"))
+        assert cur.fetchone() == (42, "x")
+    e = only(got)
+    _check_shape(
+        e, postgres_server, "PostgreSQL/Psycopg/execute", Component.PSYCOPG, "SELECT %s::int + 1, %s::text"
+    )
+    assert e.tags["db.sql.parameters"] == "[41,x]"
+    assert not e.error
+
+
+def test_psycopg2_error_reaches_the_app_unchanged(traced: Traced, pg2: Any) -> None:
+    import psycopg2.errors
+
+    with traced.trace() as got, pg2.cursor() as cur, pytest.raises(psycopg2.errors.UndefinedTable):
+        cur.execute("SELECT * FROM no_such_table")
+    e = only(got)
+    assert e.error
+    assert e.logs[0]["error.kind"] == "UndefinedTable"
+
+
+def test_psycopg2_executemany_copy_and_cursor_factories(traced: Traced, pg2: Any) -> None:
+    import psycopg2.extras
+
+    with traced.trace() as got:
+        with pg2.cursor() as cur:
+            cur.executemany("INSERT INTO pg2_items VALUES (%s, %s)", iter([(1, "a"), (2, "b")]))
+            cur.copy_expert("COPY pg2_items FROM STDIN", io.StringIO("3\tc\n"))
+        with pg2.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+            assert isinstance(cur, psycopg2.extras.RealDictCursor)
+            cur.execute("SELECT id, name FROM pg2_items ORDER BY id")
+            assert cur.fetchall() == [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": "c"}]
+    ops = [e.op.rsplit("/", 1)[1] for e in got.exits]
+    assert ops == ["executemany", "copy_expert", "execute"]
+    assert got.exits[0].tags["db.sql.parameters"] == "[[1,a],[2,b]]"
+
+
+def test_psycopg2_connection_factories_keep_their_cursor_classes(
+    traced: Traced, postgres_server: ServerInfo
+) -> None:
+    import psycopg2.extras
+
+    conn = psycopg2.connect(**_dsn(postgres_server), connection_factory=psycopg2.extras.RealDictConnection)
+    try:
+        assert isinstance(conn, psycopg2.extras.RealDictConnection)
+        with traced.trace() as got:
+            with conn.cursor() as cur:
+                assert isinstance(cur, psycopg2.extras.RealDictCursor)
+                cur.execute("SELECT 1 AS one")
+                assert cur.fetchone() == {"one": 1}
+            with conn.cursor("rd_named") as named:  # positional name, server-side
+                assert isinstance(named, psycopg2.extras.RealDictCursor)
+                named.execute("SELECT 2 AS two")
+                assert named.fetchall() == [{"two": 2}]
+            with conn.cursor(None, psycopg2.extras.NamedTupleCursor) as nt:  # positional factory
+                nt.execute("SELECT 3 AS three")
+                assert nt.fetchone().three == 3
+        assert [e.tags["db.statement"] for e in got.exits] == [
+            "SELECT 1 AS one",
+            "SELECT 2 AS two",
+            "SELECT 3 AS three",
+        ]
+    finally:
+        conn.close()
+
+
+def test_psycopg2_server_side_cursor_and_transaction(traced: Traced, postgres_server: ServerInfo) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(**_dsn(postgres_server))
+    try:
+        with traced.trace() as got, conn, conn.cursor("named") as cur:  # a transaction, then commit
+            cur.execute("SELECT generate_series(1, 5)")
+            assert [r[0] for r in cur] == [1, 2, 3, 4, 5]
+        assert only(got).op == "PostgreSQL/Psycopg/execute"
+    finally:
+        conn.close()
+
+
+def test_composed_sql_is_recorded_as_its_text(traced: Traced, pg2: Any, pg3: Any) -> None:
+    import psycopg.sql
+    import psycopg2.sql
+
+    with traced.trace() as got:
+        with pg2.cursor() as cur:
+            cur.execute(psycopg2.sql.SQL("SELECT {} FROM pg2_items").format(psycopg2.sql.Identifier("id")))
+        pg3.execute(psycopg.sql.SQL("SELECT {} FROM pg3_items").format(psycopg.sql.Identifier("name")))
+    statements = [e.tags["db.statement"] for e in got.exits]
+    assert statements == ['SELECT "id" FROM pg2_items', 'SELECT "name" FROM pg3_items']
+
+
+def test_psycopg2_outside_a_trace_records_nothing(traced: Traced, pg2: Any) -> None:
+    with traced.untraced(), pg2.cursor() as cur:
+        cur.execute("SELECT 1")
+        assert cur.fetchone() == (1,)
+
+
+# -- psycopg 3 ----------------------------------------------------------------------------------
+@pytest.fixture()
+def pg3(traced: Traced, postgres_server: ServerInfo) -> Iterator[Any]:
+    import psycopg
+
+    conn = psycopg.connect(**_dsn(postgres_server), autocommit=True)
+    conn.execute("DROP TABLE IF EXISTS pg3_items; CREATE TABLE pg3_items (id int, name text)")
+    yield conn
+    conn.close()
+
+
+def test_psycopg_sync_calls(traced: Traced, pg3: Any, postgres_server: ServerInfo) -> None:
+    with traced.trace() as got:
+        assert pg3.execute("SELECT %s::int * 2", (21,)).fetchone() == (42,)
+        with pg3.cursor() as cur:
+            cur.executemany("INSERT INTO pg3_items VALUES (%s, %s)", [(1, "a"), (2, "b")])
+            with cur.copy("COPY pg3_items FROM STDIN") as copy:
+                copy.write_row((3, "c"))
+            assert [r[0] for r in cur.stream("SELECT id FROM pg3_items ORDER BY id")] == [1, 2, 3]
+        with pg3.transaction(), pg3.cursor(name="pg3_named") as named:
+            named.execute("SELECT generate_series(1, 3)")
+            assert named.fetchall() == [(1,), (2,), (3,)]
+    ops = [e.op for e in got.exits]
+    assert ops == [
+        "PostgreSQL/Psycopg/execute",
+        "PostgreSQL/Psycopg/executemany",
+        "PostgreSQL/Psycopg/copy",
+        "PostgreSQL/Psycopg/stream",
+        "PostgreSQL/Psycopg/execute",
+    ]
+    _check_shape(got.exits[0], postgres_server, ops[0], Component.PSYCOPG, "SELECT %s::int * 2")
+    assert got.exits[0].tags["db.sql.parameters"] == "[21]"
+    assert all(e.parent_id == 0 and not e.error for e in got.exits)
+
+
+def test_psycopg_errors(traced: Traced, pg3: Any) -> None:
+    import psycopg
+
+    with traced.trace() as got:
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            pg3.execute("SELECT * FROM no_such_table")
+        with pytest.raises(psycopg.errors.UndefinedTable), pg3.cursor() as cur:
+            cur.copy("COPY no_such_table FROM STDIN").__enter__()
+        with pytest.raises(ZeroDivisionError), pg3.cursor() as cur, cur.copy("COPY pg3_items FROM STDIN"):
+            raise ZeroDivisionError  # the application's own failure inside the block
+    assert [e.error for e in got.exits] == [True, True, True]
+    assert got.exits[0].logs[0]["error.kind"] == "UndefinedTable"
+    assert got.exits[2].logs[0]["error.kind"] == "ZeroDivisionError"
+
+
+def test_psycopg_async(traced: Traced, postgres_server: ServerInfo) -> None:
+    import psycopg
+
+    async def main() -> None:
+        conn = await psycopg.AsyncConnection.connect(**_dsn(postgres_server), autocommit=True)
+        async with conn:
+            with traced.trace() as got:
+                cur = await conn.execute("SELECT %s::int", (7,))
+                assert await cur.fetchone() == (7,)
+                async with conn.cursor() as c2:
+                    await c2.executemany("SELECT %s::int", [(1,), (2,)])
+                    rows = [r async for r in c2.stream("SELECT generate_series(1, 3)")]
+                    assert rows == [(1,), (2,), (3,)]
+                with pytest.raises(psycopg.errors.UndefinedTable):
+                    await conn.execute("SELECT * FROM no_such_table")
+                with pytest.raises(TimeoutError):  # cancellation reaches the app as it would
+                    await asyncio.wait_for(conn.execute("SELECT pg_sleep(10)"), 0.3)
+            assert [e.op.rsplit("/", 1)[1] for e in got.exits] == [
+                "execute", "executemany", "stream", "execute", "execute"
+            ]  # fmt: skip
+            assert [e.error for e in got.exits] == [False, False, False, True, True]
+            with traced.untraced():
+                assert await (await conn.execute("SELECT 1")).fetchone() == (1,)
+
+    asyncio.run(main())
+
+
+# -- asyncpg ------------------------------------------------------------------------------------
+def test_asyncpg_calls_errors_and_outside(traced: Traced, postgres_server: ServerInfo) -> None:
+    import asyncpg
+
+    s = postgres_server
+
+    async def main() -> None:
+        conn = await asyncpg.connect(
+            host=s.host, port=s.port, user=s.user, password=s.password, database=s.database
+        )
+        try:
+            await conn.execute("DROP TABLE IF EXISTS apg_items; CREATE TABLE apg_items (id int)")
+            with traced.trace() as got:
+                assert await conn.fetchval("SELECT $1::int + 1", 1) == 2
+                await conn.executemany("INSERT INTO apg_items VALUES ($1)", [(1,), (2,)])
+                stmt = await conn.prepare("SELECT id FROM apg_items WHERE id > $1 ORDER BY id")
+                assert [r["id"] for r in await stmt.fetch(0)] == [1, 2]
+                async with conn.transaction():  # BEGIN / COMMIT are simple queries: spans too
+                    assert [r[0] async for r in conn.cursor("SELECT id FROM apg_items")] == [1, 2]
+                with pytest.raises(asyncpg.exceptions.UndefinedTableError):
+                    await conn.fetch("SELECT * FROM no_such_table")
+            calls = [(e.op.rsplit("/", 1)[1], e.tags["db.statement"]) for e in got.exits]
+            assert calls == [
+                ("prepare", "SELECT $1::int + 1"),
+                ("bind", "SELECT $1::int + 1"),
+                ("prepare", "INSERT INTO apg_items VALUES ($1)"),
+                ("bind", "INSERT INTO apg_items VALUES ($1)"),
+                ("prepare", "SELECT id FROM apg_items WHERE id > $1 ORDER BY id"),
+                ("bind", "SELECT id FROM apg_items WHERE id > $1 ORDER BY id"),
+                ("bind", "BEGIN;"),
+                ("prepare", "SELECT id FROM apg_items"),
+                ("bind", "SELECT id FROM apg_items"),
+                ("bind", "COMMIT;"),
+                ("prepare", "SELECT * FROM no_such_table"),
+            ]
+            bind = got.exits[1]
+            _check_shape(bind, s, "PostgreSQL/AsyncPG/bind", Component.ASYNCPG, "SELECT $1::int + 1")
+            assert bind.tags["db.sql.parameters"] == "[1]"
+            assert got.exits[3].tags["db.sql.parameters"] == "[[1],[2]]"
+            assert [e.error for e in got.exits] == [False] * 10 + [True]
+            assert got.exits[-1].logs[0]["error.kind"] == "UndefinedTableError"
+            with traced.trace() as again:  # a cached statement is not parsed again
+                assert await conn.fetchval("SELECT $1::int + 1", 5) == 6
+            assert [e.op for e in again.exits] == ["PostgreSQL/AsyncPG/bind"]
+            with traced.untraced():
+                assert await conn.fetchval("SELECT 3") == 3
+        finally:
+            await conn.close()
+
+    asyncio.run(main())
+
+
+def test_asyncpg_pool(traced: Traced, postgres_server: ServerInfo) -> None:
+    import asyncpg
+
+    s = postgres_server
+
+    async def main() -> None:
+        login = {"host": s.host, "port": s.port, "user": s.user, "password": s.password}
+        pool = await asyncpg.create_pool(**login, database=s.database, min_size=2, max_size=2)
+        try:
+            with traced.trace() as got:
+                values = await asyncio.gather(*(pool.fetchval("SELECT $1::int", i) for i in range(4)))
+                assert sorted(values) == [0, 1, 2, 3]
+                async with pool.acquire() as conn:
+                    assert await conn.fetchval("SELECT 9") == 9
+            statements = [e.tags["db.statement"] for e in got.exits if e.op == "PostgreSQL/AsyncPG/bind"]
+            assert statements.count("SELECT $1::int") == 4
+            assert statements.count("SELECT 9") == 1
+            # The rest: the pool's own reset on each release, a real round trip each.
+            others = [t for t in statements if t not in ("SELECT $1::int", "SELECT 9")]
+            assert others and all("RESET ALL" in t for t in others), others
+            assert {e.peer for e in got.exits} == {f"127.0.0.1:{s.port}"}
+        finally:
+            await pool.close()
+
+    asyncio.run(main())
