@@ -305,6 +305,16 @@ class Config:
         "Tag FastAPI/Starlette entry spans with the query string.",
         PLUGIN,
     )
+    plugin_sanic_collect_http_params: bool = _opt(
+        False, "SW_PLUGIN_SANIC_COLLECT_HTTP_PARAMS", "Tag Sanic entry spans with the query string.", PLUGIN
+    )
+    plugin_grpc_ignored_methods: tuple[str, ...] = _opt(
+        (),
+        "SW_PLUGIN_GRPC_IGNORED_METHODS",
+        "Comma-separated gRPC methods not traced, server or client side "
+        "(e.g. `/package.Service/Check`); matched case-insensitively, regular expressions allowed.",
+        PLUGIN,
+    )
 
     # -- logs ------------------------------------------------------------------------------
     agent_log_reporter_active: bool = _opt(

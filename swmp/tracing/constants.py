@@ -30,13 +30,17 @@ class Layer:
 
 class Component:
     UNKNOWN: Final = 0
+    GRPC: Final = 23  # "GRPC": grpcio servers and clients (the SkyWalking Python agent uses it too)
     PYTHON: Final = 7000  # "Python": built-in modules (http.client, plain WSGI/ASGI, manual spans)
     FLASK: Final = 7001
     REQUESTS: Final = 7002
     DJANGO: Final = 7004
+    TORNADO: Final = 7005
     URLLIB3: Final = 7006
+    SANIC: Final = 7007
     AIOHTTP: Final = 7008
     FASTAPI: Final = 7014  # also used for plain Starlette, which has no id of its own
+    WEBSOCKETS: Final = 7018
     HTTPX: Final = 7019
 
 
@@ -45,3 +49,7 @@ TAG_HTTP_METHOD: Final = "http.method"
 TAG_HTTP_URL: Final = "http.url"
 TAG_HTTP_STATUS: Final = "http.status_code"
 TAG_HTTP_PARAMS: Final = "http.params"
+TAG_HTTP_STATUS_MSG: Final = "http.status_msg"
+TAG_GRPC_METHOD: Final = "grpc.method"
+TAG_GRPC_URL: Final = "grpc.url"
+TAG_GRPC_STATUS: Final = "grpc.status_code"
