@@ -48,6 +48,7 @@ MODULES: tuple[str, ...] = (
     "swmp.instrument.urllib3",
     "swmp.instrument.http_client",
     "swmp.instrument.httpx",
+    "swmp.instrument.grpcio",
     "swmp.instrument.log_reporter",
 )
 
@@ -123,7 +124,9 @@ def _install(mod: Any, name: str, config: Config, *, imported: bool = False) -> 
         return DISABLED
     package = getattr(mod, "PACKAGE", None)
     if package is not None:
-        if not imported and importlib.util.find_spec(package.replace("-", "_")) is None:
+        # The import name may differ from the distribution's ("grpcio" installs "grpc").
+        top = (getattr(mod, "TRIGGER", None) or package.replace("-", "_")).partition(".")[0]
+        if not imported and importlib.util.find_spec(top) is None:
             return ABSENT
         # Imported here, not at start: importlib.metadata costs ~10 ms (email, zipfile...).
         from importlib import metadata  # noqa: PLC0415
