@@ -39,7 +39,10 @@ class Component:
     URLLIB3: Final = 7006
     SANIC: Final = 7007
     AIOHTTP: Final = 7008
+    PYRAMID: Final = 7009
+    FALCON: Final = 7012
     FASTAPI: Final = 7014  # also used for plain Starlette, which has no id of its own
+    BOTTLE: Final = 7015
     WEBSOCKETS: Final = 7018
     HTTPX: Final = 7019
 
