@@ -53,6 +53,10 @@ MODULES: tuple[str, ...] = (
     "swmp.instrument.http_client",
     "swmp.instrument.httpx",
     "swmp.instrument.grpcio",
+    "swmp.instrument.aiohttp",
+    "swmp.instrument.tornado",
+    "swmp.instrument.sanic",
+    "swmp.instrument.websockets",
     "swmp.instrument.log_reporter",
 )
 

@@ -28,8 +28,8 @@ Ignored = Callable[[str], bool]
 def method_name(details: Any) -> str:
     m = details.method
     if m.__class__ is bytes:
-        return m.decode("utf-8", "replace")  # type: ignore[no-any-return]
-    return m if m.__class__ is str else str(m)  # type: ignore[no-any-return]
+        return m.decode("utf-8", "replace")
+    return m if m.__class__ is str else str(m)
 
 
 def _start(method: str, context: Any) -> Any:
