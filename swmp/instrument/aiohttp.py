@@ -6,7 +6,8 @@ request and turns its exceptions into responses) is wrapped, so every server aio
 supports (``web.run_app``, ``python -m aiohttp.web``, Gunicorn's ``GunicornWebWorker``)
 is covered. The operation name becomes the matched route's template (``/users/{id}``) as
 soon as the router resolved it, before the handler runs, so ``sw8`` sent downstream names
-the template too; unmatched requests keep their path. An exception that aiohttp turns
+the template too; unmatched requests keep their path (``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``:
+always the path). An exception that aiohttp turns
 into a 500 is logged on the span with its stack.
 
 Client: ``ClientSession._request``; the span ends when the response headers arrived (the
@@ -22,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 from swmp.instrument._http import peer_of, record_status
 from swmp.instrument._incoming import carrier_of, reporter_is_calling
 from swmp.instrument._patch import patch, restore
+from swmp.instrument._route import name_request, record_exception
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Kind, Layer
-from swmp.tracing.span import NOOP, Span, current_span
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.span import NOOP, Span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -35,16 +37,7 @@ PACKAGE = "aiohttp"
 SUPPORTED = ("3.8", "4")
 TRIGGER = "aiohttp"  # its __init__ imports client, web_protocol and web_urldispatcher
 
-_ENTRY = Kind.ENTRY
 _AIOHTTP = Component.AIOHTTP
-
-
-def _our_entry() -> Any:
-    """The current span if it is the entry span of an aiohttp server request, else None."""
-    span = current_span.get()
-    if span.__class__ is Span and span.kind == _ENTRY and span.component == _AIOHTTP and not span.end:
-        return span
-    return None
 
 
 def _server(config: Config) -> None:
@@ -83,10 +76,7 @@ def _server(config: Config) -> None:
         def handle_error(
             self: Any, request: Any, status: int = 500, exc: Any = None, message: Any = None
         ) -> Any:
-            if exc is not None:
-                span = _our_entry()
-                if span is not None:
-                    span.error(exc)
+            record_exception(exc)
             return orig(self, request, status, exc, message)
 
         return handle_error
@@ -94,21 +84,20 @@ def _server(config: Config) -> None:
     def make_resolve(orig: Any) -> Any:
         async def resolve(self: Any, request: Any) -> Any:
             match = await orig(self, request)
-            span = _our_entry()
-            if span is not None and span.segment.encoded is None:  # sw8 not sent yet
-                try:
-                    resource = match.route.resource
-                    if resource is not None:
-                        span.op = resource.canonical
-                except Exception:
-                    pass
+            try:
+                resource = match.route.resource
+                if resource is not None:
+                    name_request(resource.canonical)
+            except Exception:
+                pass
             return match
 
         return resolve
 
     patch(RequestHandler, "_handle_request", make_handle)
     patch(RequestHandler, "handle_error", make_error)
-    patch(UrlDispatcher, "resolve", make_resolve)
+    if config.plugin_http_route_templates:
+        patch(UrlDispatcher, "resolve", make_resolve)
 
 
 def _client() -> None:

@@ -6,7 +6,8 @@ middleware (registered first, so it runs before the application's own) that star
 span and two inline signal handlers: ``http.lifecycle.exception`` logs the exception with
 its stack, ``http.lifecycle.response`` tags the status and finishes the span (on every
 path: normal, error pages, streamed responses). The operation name is the route's URI
-template (``/users/<id:int>``). Requests that match no route (404) are not traced.
+template (``/users/<id:int>``; the path with ``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``).
+Requests that match no route (404) are not traced: Sanic runs no middleware for them.
 ``SW_PLUGIN_SANIC_COLLECT_HTTP_PARAMS`` adds the query string.
 """
 
@@ -33,12 +34,12 @@ TRIGGER = "sanic"  # its __init__ imports sanic.app
 _SPAN = "_swmp_span"
 
 
-def _hooks(collect_params: bool, params_limit: int) -> tuple[Any, Any, Any]:
+def _hooks(templates: bool, collect_params: bool, params_limit: int) -> tuple[Any, Any, Any]:
     async def on_request(request: Any) -> None:
         method = request.method
         if _ctx.policy.rules.ignore_method(method):
             return
-        op = request.uri_template or request.path
+        op = (request.uri_template if templates else None) or request.path
         span = _ctx.new_entry_span(op, carrier_of(request.headers), Component.SANIC, Layer.HTTP)
         if span is NOOP:
             return
@@ -80,7 +81,9 @@ def install(config: Config) -> None:
     from sanic import Sanic  # noqa: PLC0415
 
     on_request, on_exception, on_response = _hooks(
-        config.plugin_sanic_collect_http_params, config.plugin_http_http_params_length_threshold
+        config.plugin_http_route_templates,
+        config.plugin_sanic_collect_http_params,
+        config.plugin_http_http_params_length_threshold,
     )
 
     def make(orig: Any) -> Any:

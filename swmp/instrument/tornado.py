@@ -3,7 +3,8 @@
 ``RequestHandler._execute`` (routing is done, the handler instance exists; it runs prepare,
 the HTTP method and finish, and turns exceptions into error pages) is wrapped. The
 operation name is the pattern of the URL rule that matched (``/users/([0-9]+)``, noted by
-a wrapper of ``tornado.routing.PathMatches.match``), so one rule is one endpoint. An
+a wrapper of ``tornado.routing.PathMatches.match``), so one rule is one endpoint
+(``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``: the path). An
 uncaught exception (Tornado's ``log_exception``) is logged on the span with its stack.
 """
 
@@ -14,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from swmp.instrument._http import record_status
 from swmp.instrument._incoming import carrier_of
 from swmp.instrument._patch import patch, restore
+from swmp.instrument._route import record_exception
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Kind, Layer
-from swmp.tracing.span import NOOP, Span, current_span
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.span import NOOP, Span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -81,20 +83,14 @@ def install(config: Config) -> None:
 
     def make_log_exception(orig: Any) -> Any:
         def log_exception(self: Any, typ: Any, value: Any, tb: Any) -> Any:
-            span = current_span.get()
-            if (
-                value is not None
-                and getattr(value, "status_code", 500) >= 500  # an HTTPError(404) is no failure
-                and span.__class__ is Span
-                and span.kind == Kind.ENTRY
-                and span.component == Component.TORNADO
-            ):
-                span.error(value)
+            if getattr(value, "status_code", 500) >= 500:  # an HTTPError(404) is no failure
+                record_exception(value)
             return orig(self, typ, value, tb)
 
         return log_exception
 
-    patch(PathMatches, "match", make_match)
+    if config.plugin_http_route_templates:
+        patch(PathMatches, "match", make_match)
     patch(RequestHandler, "_execute", make_execute)
     patch(RequestHandler, "log_exception", make_log_exception)
 
