@@ -1,7 +1,7 @@
 """Flask: entry span per request, by wrapping ``Flask.wsgi_app`` (component Flask, 7001).
 
-Once Flask has matched the URL (``full_dispatch_request`` runs after the request context
-matched it), the span is renamed to the rule (``/items/<int:n>``). An exception Flask turns
+Once Flask has matched the URL (``RequestContext.match_request``, Flask's documented hook
+for it), the span is renamed to the rule (``/items/<int:n>``). An exception Flask turns
 into a 500 (``Flask.handle_exception``) is logged on the span with its stack before Flask's
 own handling runs, unchanged.
 """
@@ -27,20 +27,16 @@ TRIGGER = "flask"
 
 
 def _name_after_rule(orig: Any) -> Any:
-    import flask  # noqa: PLC0415
-
-    request = flask.request
-
-    def full_dispatch_request(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def match_request(self: Any) -> None:
+        orig(self)
         try:
-            rule = request.url_rule
+            rule = self.request.url_rule
             if rule is not None:
                 name_request(rule.rule)
         except Exception:
             pass
-        return orig(self, *args, **kwargs)
 
-    return full_dispatch_request
+    return match_request
 
 
 def _record_unhandled(orig: Any) -> Any:
@@ -62,11 +58,15 @@ def install(config: Config) -> None:
     patch(flask.Flask, "wsgi_app", make)
     patch(flask.Flask, "handle_exception", _record_unhandled)
     if config.plugin_http_route_templates:
-        patch(flask.Flask, "full_dispatch_request", _name_after_rule)
+        from flask.ctx import RequestContext  # noqa: PLC0415
+
+        patch(RequestContext, "match_request", _name_after_rule)
 
 
 def uninstall() -> None:
     import flask  # noqa: PLC0415
+    from flask.ctx import RequestContext  # noqa: PLC0415
 
-    for name in ("wsgi_app", "handle_exception", "full_dispatch_request"):
-        restore(flask.Flask, name)
+    restore(flask.Flask, "wsgi_app")
+    restore(flask.Flask, "handle_exception")
+    restore(RequestContext, "match_request")
