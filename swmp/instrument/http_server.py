@@ -63,7 +63,7 @@ def _start(handler: Any) -> Any:
     if isinstance(span, Span):
         span.tag(TAG_HTTP_METHOD, method)
         host = headers.get("Host")
-        span.tag(TAG_HTTP_URL, f"http://{host}{raw}" if host else raw)
+        span.tag(TAG_HTTP_URL, f"http://{host}{path}" if host else path)  # no query, as WSGI/ASGI
         client = handler.client_address
         if isinstance(client, tuple) and len(client) >= 2:
             span.peer = f"{client[0]}:{client[1]}"
