@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 
-import orjson
 import pytest
 
 from reporter_proc import records as R
@@ -27,10 +26,7 @@ from swmp import _sink, instrument, propagation, tracing
 from swmp.config import load
 from swmp.tracing import Component
 from swmp.tracing.context import new_exit_span
-
-SW8 = propagation.encode_sw8(
-    "trace-up", "seg-up", 4, propagation.b64("up"), propagation.b64("up-1"), "/up", "me:1"
-)
+from tests.test_instrument_frameworks import SW8, segments, tags_of
 
 
 @pytest.fixture()
@@ -46,18 +42,9 @@ def sink() -> Iterator[_sink.MemorySink]:
     _sink.set_sink(None)
 
 
-def segments(sink: _sink.MemorySink) -> list[list[Any]]:
-    return [orjson.loads(p) for t, p in sink.records if t == R.SEGMENT]
-
-
 def entry(seg: list[Any]) -> list[Any]:
     (span,) = [s for s in seg[R.SEG_SPANS] if s[R.SPAN_PARENT_ID] == -1]
     return span  # type: ignore[no-any-return]
-
-
-def tags_of(span: list[Any]) -> dict[str, str]:
-    t = span[R.SPAN_TAGS]
-    return dict(zip(t[::2], t[1::2], strict=True))
 
 
 def error_logs(span: list[Any]) -> list[dict[str, str]]:

@@ -143,52 +143,39 @@ def segments_by_framework(
     return out
 
 
+def serve_and_check(
+    tmp_path: Path, app: str, templates: dict[str, str], worker_class: str, threads: int
+) -> None:
+    """Run ``app`` under Gunicorn with ``swmp run``, drive every framework, check each."""
+    with collector_process(tmp_path) as col:
+        port = free_port()
+        env = agent_env(tmp_path, col.grpc_address, service="web")
+        cmd = gunicorn_command(port, app=app, workers=2, worker_class=worker_class, threads=threads)
+        with run_server("gunicorn", tmp_path, cmd, env, port=port, workers=2):
+            results = drive(port, list(templates))
+            segs = segments_by_framework(col, "web", results)
+        for fw, template in templates.items():
+            check_framework(
+                segs[fw],
+                results[fw],
+                template=template,
+                component=COMPONENTS[fw],
+                port=port,
+                fail_message=f"{fw} failed on purpose",
+            )
+
+
 @pytest.mark.parametrize(
     ("worker_class", "threads"),
     [pytest.param("sync", 0, id="sync"), pytest.param("gthread", 4, id="gthread")],
 )
 def test_wsgi_frameworks_under_gunicorn(tmp_path: Path, worker_class: str, threads: int) -> None:
-    templates = WSGI_TEMPLATES
-    with collector_process(tmp_path) as col:
-        port = free_port()
-        env = agent_env(tmp_path, col.grpc_address, service="wsgi")
-        cmd = gunicorn_command(
-            port, app="tests.e2e_apps.web_wsgi:app", workers=2, worker_class=worker_class, threads=threads
-        )
-        with run_server("gunicorn", tmp_path, cmd, env, port=port, workers=2):
-            results = drive(port, list(templates))
-            segs = segments_by_framework(col, "wsgi", results)
-        for fw, template in templates.items():
-            check_framework(
-                segs[fw],
-                results[fw],
-                template=template,
-                component=COMPONENTS[fw],
-                port=port,
-                fail_message=f"{fw} failed on purpose",
-            )
+    serve_and_check(tmp_path, "tests.e2e_apps.web_wsgi:app", WSGI_TEMPLATES, worker_class, threads)
 
 
 def test_asgi_frameworks_under_gunicorn_uvicorn(tmp_path: Path) -> None:
-    templates = ASGI_TEMPLATES
-    with collector_process(tmp_path) as col:
-        port = free_port()
-        env = agent_env(tmp_path, col.grpc_address, service="asgi")
-        cmd = gunicorn_command(
-            port, app="tests.e2e_apps.web_asgi:app", workers=2, worker_class="uvicorn.workers.UvicornWorker"
-        )
-        with run_server("gunicorn", tmp_path, cmd, env, port=port, workers=2):
-            results = drive(port, list(templates))
-            segs = segments_by_framework(col, "asgi", results)
-        for fw, template in templates.items():
-            check_framework(
-                segs[fw],
-                results[fw],
-                template=template,
-                component=COMPONENTS[fw],
-                port=port,
-                fail_message=f"{fw} failed on purpose",
-            )
+    uvicorn = "uvicorn.workers.UvicornWorker"
+    serve_and_check(tmp_path, "tests.e2e_apps.web_asgi:app", ASGI_TEMPLATES, uvicorn, 0)
 
 
 def test_http_server_process(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -71,34 +72,23 @@ def _patch_common(config: Config) -> None:
         patch(base.BaseHandler, "resolve_request", _name_after_route)
 
 
-def _patch_wsgi(config: Config) -> None:
-    from django.core.handlers.wsgi import WSGIHandler  # noqa: PLC0415
-
+def _patch_handler(config: Config, module: str, cls: str, tracing: Any) -> None:
+    """Patch ``module.cls.__call__`` (the WSGI or ASGI handler) and the shared parts."""
     _patch_common(config)
-    make = traced_wsgi_method(
+    make = tracing(
         Component.DJANGO,
         config.plugin_django_collect_http_params,
         config.plugin_http_http_params_length_threshold,
     )
-    patch(WSGIHandler, "__call__", make)
-
-
-def _patch_asgi(config: Config) -> None:
-    from django.core.handlers.asgi import ASGIHandler  # noqa: PLC0415
-
-    _patch_common(config)
-    make = traced_asgi_method(
-        Component.DJANGO,
-        config.plugin_django_collect_http_params,
-        config.plugin_http_http_params_length_threshold,
-    )
-    patch(ASGIHandler, "__call__", make)
+    patch(getattr(sys.modules[module], cls), "__call__", make)
 
 
 def install(config: Config) -> None:
     # defer() runs the patch at once when the handler module is already imported.
-    _hook.defer(_WSGI, lambda: _patch_wsgi(config), key="django-wsgi")
-    _hook.defer(_ASGI, lambda: _patch_asgi(config), key="django-asgi")
+    wsgi = functools.partial(_patch_handler, config, _WSGI, "WSGIHandler", traced_wsgi_method)
+    asgi = functools.partial(_patch_handler, config, _ASGI, "ASGIHandler", traced_asgi_method)
+    _hook.defer(_WSGI, wsgi, key="django-wsgi")
+    _hook.defer(_ASGI, asgi, key="django-asgi")
 
 
 def uninstall() -> None:

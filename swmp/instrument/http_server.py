@@ -17,11 +17,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._http import record_status
+from swmp.instrument._incoming import carrier_of
 from swmp.instrument._patch import patch, restore
-from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
-from swmp.tracing.limits import limits
 from swmp.tracing.span import NOOP, Span
 
 if TYPE_CHECKING:
@@ -44,19 +43,7 @@ def _start(handler: Any) -> Any:
     raw = handler.path or "/"
     path = raw.split("?", 1)[0] or "/"
     headers = handler.headers
-    sw8 = headers.get("sw8")
-    carrier = (
-        from_headers(
-            sw8,
-            headers.get("sw8-correlation"),
-            headers.get("sw8-x"),
-            limits.correlation_max_elements,
-            limits.correlation_max_value_length,
-        )
-        if sw8 is not None
-        else None
-    )
-    span = _ctx.new_entry_span(path, carrier, Component.PYTHON, Layer.HTTP)
+    span = _ctx.new_entry_span(path, carrier_of(headers), Component.PYTHON, Layer.HTTP)
     if span is NOOP:
         return None
     span.__enter__()

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import django
 import falcon
 import falcon.asgi
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
+
+from tests.e2e_apps import web_django
 
 
 def failure(framework: str) -> RuntimeError:
@@ -52,17 +52,7 @@ def django_fail(request: HttpRequest) -> HttpResponse:  # a sync view: Django ru
 
 urlpatterns = [path("django/users/<int:pk>/", django_user), path("django/fail", django_fail)]
 
-if not settings.configured:
-    settings.configure(
-        ROOT_URLCONF=__name__,
-        ALLOWED_HOSTS=["*"],
-        DEBUG=False,
-        SECRET_KEY="swmp-test",
-        MIDDLEWARE=[],
-        INSTALLED_APPS=[],
-        LOGGING_CONFIG=None,
-    )
-    django.setup()
+web_django.configure(__name__)
 
 from django.core.asgi import get_asgi_application  # noqa: E402 (after settings)
 

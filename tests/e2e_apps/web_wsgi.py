@@ -14,14 +14,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import bottle
-import django
 import falcon
 import flask
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from pyramid.config import Configurator
 from pyramid.response import Response
+
+from tests.e2e_apps import web_django
 
 
 def failure(framework: str) -> RuntimeError:
@@ -53,17 +53,7 @@ def django_fail(request: HttpRequest) -> HttpResponse:
 
 urlpatterns = [path("django/users/<int:pk>/", django_user), path("django/fail", django_fail)]
 
-if not settings.configured:
-    settings.configure(
-        ROOT_URLCONF=__name__,
-        ALLOWED_HOSTS=["*"],
-        DEBUG=False,
-        SECRET_KEY="swmp-test",
-        MIDDLEWARE=[],
-        INSTALLED_APPS=[],
-        LOGGING_CONFIG=None,
-    )
-    django.setup()
+web_django.configure(__name__)
 
 from django.core.wsgi import get_wsgi_application  # noqa: E402 (after settings)
 
