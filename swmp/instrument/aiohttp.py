@@ -5,10 +5,10 @@ Server: ``RequestHandler._handle_request`` (the coroutine that runs the applicat
 request and turns its exceptions into responses) is wrapped, so every server aiohttp
 supports (``web.run_app``, ``python -m aiohttp.web``, Gunicorn's ``GunicornWebWorker``)
 is covered. The operation name becomes the matched route's template (``/users/{id}``) as
-soon as the router resolved it, before the handler runs, so ``sw8`` sent downstream names
-the template too; unmatched requests keep their path (``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``:
-always the path). An exception that aiohttp turns
-into a 500 is logged on the span with its stack.
+soon as the router resolved it (when it builds the ``UrlMappingMatchInfo``), before the
+handler runs, so ``sw8`` sent downstream names the template too; unmatched requests keep
+their path (``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``: always the path). An exception that
+aiohttp turns into a 500 is logged on the span with its stack.
 
 Client: ``ClientSession._request``; the span ends when the response headers arrived (the
 body is read afterwards by the application). The caller's headers object is never
@@ -42,7 +42,7 @@ _AIOHTTP = Component.AIOHTTP
 
 def _server(config: Config) -> None:
     from aiohttp.web_protocol import RequestHandler  # noqa: PLC0415
-    from aiohttp.web_urldispatcher import UrlDispatcher  # noqa: PLC0415
+    from aiohttp.web_urldispatcher import UrlMappingMatchInfo  # noqa: PLC0415
 
     def make_handle(orig: Any) -> Any:
         async def _handle_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -81,23 +81,24 @@ def _server(config: Config) -> None:
 
         return handle_error
 
-    def make_resolve(orig: Any) -> Any:
-        async def resolve(self: Any, request: Any) -> Any:
-            match = await orig(self, request)
+    def make_match_info(orig: Any) -> Any:
+        # Built by the router once it found the route, before any handler or middleware
+        # runs: a plain method is cheaper to wrap than the router's coroutine.
+        def __init__(self: Any, match_dict: Any, route: Any) -> None:
+            orig(self, match_dict, route)
             try:
-                resource = match.route.resource
+                resource = route.resource
                 if resource is not None:
                     name_request(resource.canonical)
             except Exception:
                 pass
-            return match
 
-        return resolve
+        return __init__
 
     patch(RequestHandler, "_handle_request", make_handle)
     patch(RequestHandler, "handle_error", make_error)
     if config.plugin_http_route_templates:
-        patch(UrlDispatcher, "resolve", make_resolve)
+        patch(UrlMappingMatchInfo, "__init__", make_match_info)
 
 
 def _client() -> None:
@@ -145,9 +146,9 @@ def install(config: Config) -> None:
 def uninstall() -> None:
     from aiohttp import ClientSession  # noqa: PLC0415
     from aiohttp.web_protocol import RequestHandler  # noqa: PLC0415
-    from aiohttp.web_urldispatcher import UrlDispatcher  # noqa: PLC0415
+    from aiohttp.web_urldispatcher import UrlMappingMatchInfo  # noqa: PLC0415
 
     restore(RequestHandler, "_handle_request")
     restore(RequestHandler, "handle_error")
-    restore(UrlDispatcher, "resolve")
+    restore(UrlMappingMatchInfo, "__init__")
     restore(ClientSession, "_request")
