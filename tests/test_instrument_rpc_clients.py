@@ -178,6 +178,26 @@ def test_grpc_cancelled_server_stream_finishes_both_spans(
     assert len(entries) == 1 and entries[0][R.SPAN_PARENT_ID] == -1 and entries[0][R.SPAN_REFS]
 
 
+def test_grpc_aio_app_interceptors_see_sw8(sink: _sink.MemorySink, grpc_server: tuple[str, Seen]) -> None:
+    target, seen = grpc_server
+    got: list[Any] = []
+
+    class Recorder(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+        async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            got.append(dict(details.metadata or ()))
+            return await continuation(details, request)
+
+    async def main() -> None:
+        mine = grpc.aio.Metadata(("x-app", "2"))
+        async with grpc.aio.insecure_channel(target, interceptors=[Recorder()]) as ch:
+            assert await ch.unary_unary("/t.S/Echo")(b"a", metadata=mine) == b"a"
+        assert list(mine) == [("x-app", "2")]  # the caller's metadata is untouched
+
+    asyncio.run(main())
+    assert got[0]["x-app"] == "2" and "sw8" in got[0]
+    assert seen.metadata[0]["sw8"] == got[0]["sw8"]
+
+
 def test_grpc_aio_cancel_and_results(sink: _sink.MemorySink, grpc_server: tuple[str, Seen]) -> None:
     target, _seen = grpc_server
 
@@ -228,6 +248,39 @@ def test_grpc_channels_of_the_reporter_thread_are_untouched(
 
 
 # -- aiohttp client and websockets -----------------------------------------------------------
+def test_aiohttp_sub_application_template_has_its_prefix(sink: _sink.MemorySink) -> None:
+    import aiohttp
+    from aiohttp import web
+
+    async def item(request: web.Request) -> web.Response:
+        return web.Response(text=request.match_info["iid"])
+
+    async def main() -> None:
+        sub = web.Application()
+        sub.router.add_get("/items/{iid}", item)
+        app = web.Application()
+        app.add_subapp("/shop/", sub)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"http://127.0.0.1:{port}/shop/items/5") as r,
+            ):
+                assert await r.text() == "5"
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+    got = wait_spans(sink, 2)
+    (entry,) = [s for s in got if s[R.SPAN_TYPE] == R.SPAN_TYPE_ENTRY]
+    assert entry[R.SPAN_OPERATION] == "/shop/items/{iid}"
+    assert entry[R.SPAN_COMPONENT] == 7008
+
+
 def test_aiohttp_client_headers_errors_and_reporter(sink: _sink.MemorySink) -> None:
     import aiohttp
     from aiohttp import web

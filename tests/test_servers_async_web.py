@@ -194,3 +194,14 @@ def test_aiohttp_under_gunicorn_worker(workdir: Path, col: CollectorProcess) -> 
             span = the_span(segments_of_trace(col, trace), operationName="/users/{id}")
             assert span["_segment"]["service"] == "aiohttp-gunicorn"
             assert tags(span)["http.status_code"] == "200"
+
+
+@pytest.mark.parametrize("framework", list(COMPONENTS))
+def test_unmatched_path_keeps_the_path(
+    servers: dict[str, int], col: CollectorProcess, framework: str
+) -> None:
+    trace = new_trace()
+    assert request(servers[framework], "/nope/42", trace).status == 404
+    span = the_span(segments_of_trace(col, trace), operationName="/nope/42")
+    assert tags(span)["http.status_code"] == "404" and span["isError"]
+    assert not span.get("logs")  # a 404 is no exception to log

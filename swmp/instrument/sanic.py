@@ -7,7 +7,7 @@ span and two inline signal handlers: ``http.lifecycle.exception`` logs the excep
 its stack, ``http.lifecycle.response`` tags the status and finishes the span (on every
 path: normal, error pages, streamed responses). The operation name is the route's URI
 template (``/users/<id:int>``; the path with ``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``).
-Requests that match no route (404) are not traced: Sanic runs no middleware for them.
+Requests that match no route (404) keep the path.
 ``SW_PLUGIN_SANIC_COLLECT_HTTP_PARAMS`` adds the query string.
 """
 
