@@ -7,8 +7,9 @@ methods, and the reporter's thread never traced.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -248,6 +249,21 @@ def test_grpc_channels_of_the_reporter_thread_are_untouched(
 
 
 # -- aiohttp client and websockets -----------------------------------------------------------
+@contextlib.asynccontextmanager
+async def aiohttp_serving(app: Any) -> AsyncIterator[int]:
+    """``app`` served on a free loopback port (yielded) for the block."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
 def test_aiohttp_sub_application_template_has_its_prefix(sink: _sink.MemorySink) -> None:
     import aiohttp
     from aiohttp import web
@@ -260,19 +276,12 @@ def test_aiohttp_sub_application_template_has_its_prefix(sink: _sink.MemorySink)
         sub.router.add_get("/items/{iid}", item)
         app = web.Application()
         app.add_subapp("/shop/", sub)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            async with (
-                aiohttp.ClientSession() as session,
-                session.get(f"http://127.0.0.1:{port}/shop/items/5") as r,
-            ):
-                assert await r.text() == "5"
-        finally:
-            await runner.cleanup()
+        async with (
+            aiohttp_serving(app) as port,
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/shop/items/5") as r,
+        ):
+            assert await r.text() == "5"
 
     asyncio.run(main())
     got = wait_spans(sink, 2)
@@ -281,7 +290,7 @@ def test_aiohttp_sub_application_template_has_its_prefix(sink: _sink.MemorySink)
     assert entry[R.SPAN_COMPONENT] == 7008
 
 
-def test_aiohttp_client_headers_errors_and_reporter(sink: _sink.MemorySink) -> None:
+def test_aiohttp_client_headers_and_errors(sink: _sink.MemorySink) -> None:
     import aiohttp
     from aiohttp import web
 
@@ -294,12 +303,7 @@ def test_aiohttp_client_headers_errors_and_reporter(sink: _sink.MemorySink) -> N
     async def main() -> None:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
+        async with aiohttp_serving(app) as port:
             mine = {"X-App": "1"}
             async with aiohttp.ClientSession() as session:
                 async with session.get(f"http://127.0.0.1:{port}/a?q=1", headers=mine) as r:
@@ -309,8 +313,6 @@ def test_aiohttp_client_headers_errors_and_reporter(sink: _sink.MemorySink) -> N
                     assert r.status == 404
                 with pytest.raises(aiohttp.ClientConnectorError):
                     await session.get("http://127.0.0.1:1/refused")
-        finally:
-            await runner.cleanup()
 
     asyncio.run(main())
     assert received[0]["X-App"] == "1" and "sw8" in received[0]
@@ -321,6 +323,32 @@ def test_aiohttp_client_headers_errors_and_reporter(sink: _sink.MemorySink) -> N
     assert tags_of(exits["/missing"])["http.status_code"] == "404" and exits["/missing"][R.SPAN_IS_ERROR]
     assert exits["/refused"][R.SPAN_IS_ERROR] and exits["/refused"][R.SPAN_LOGS]
     assert exits["/a"][R.SPAN_COMPONENT] == 7008
+
+
+def test_aiohttp_client_on_the_reporter_thread_is_untouched(sink: _sink.MemorySink) -> None:
+    import aiohttp
+    from aiohttp import web
+
+    received: list[dict[str, str]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        received.append(dict(request.headers))
+        return web.Response(text="ok")
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v3/segments", handler)
+        async with aiohttp_serving(app) as port, aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{port}/v3/segments"
+            async with session.post(url, data=b"[]") as r:
+                assert await r.text() == "ok"
+
+    t = threading.Thread(target=lambda: asyncio.run(main()), name=REPORTER_THREAD_NAME)
+    t.start()
+    t.join(30)
+    assert len(received) == 1 and "sw8" not in received[0]
+    # Only the (instrumented) server's entry span: no exit span for the reporter's request.
+    assert [s[R.SPAN_TYPE] for s in wait_spans(sink, 1)] == [R.SPAN_TYPE_ENTRY]
 
 
 def test_websockets_rejected_handshake_is_an_error(sink: _sink.MemorySink) -> None:

@@ -16,15 +16,12 @@ import pytest
 from tests.collector import CollectorProcess, free_port
 from tests.servers import (
     GUNICORN,
-    SWMP_RUN,
     Proc,
     agent_env,
     collector_process,
-    port_open,
     request,
-    wait_until,
 )
-from tests.web_checks import log_text, new_trace, segments_of_trace, tags, the_span
+from tests.web_checks import log_text, new_trace, running, segments_of_trace, tags, the_span
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
 
@@ -44,7 +41,6 @@ def col(workdir: Path) -> Iterator[CollectorProcess]:
         yield c
 
 
-@contextlib.contextmanager
 def serve(
     workdir: Path,
     col: CollectorProcess,
@@ -53,21 +49,9 @@ def serve(
     port: int,
     *,
     extra: dict[str, str] | None = None,
-) -> Iterator[Proc]:
+) -> contextlib.AbstractContextManager[Proc]:
     env = agent_env(workdir / name, col.grpc_address, service=name, extra=extra)
-    proc = Proc([*SWMP_RUN, *argv], env, workdir / f"{name}.log", marker=env["SW_AGENT_ARENA_DIR"])
-    proc.start()
-    try:
-
-        def up() -> bool:
-            if not proc.alive():
-                raise AssertionError(f"{name} exited:\n{proc.tail()}")
-            return port_open(port)
-
-        wait_until(up, 60, f"{name} on port {port}")
-        yield proc
-    finally:
-        proc.stop()
+    return running(workdir, name, argv, env, port)
 
 
 @pytest.fixture(scope="module")

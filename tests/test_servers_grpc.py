@@ -7,7 +7,6 @@ application whose gRPC / aiohttp are instrumented, is never traced.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from collections.abc import Iterator
@@ -23,13 +22,12 @@ from tests.servers import (
     agent_env,
     collector_process,
     messages,
-    port_open,
     quiet_for,
     request,
     segments_of,
     wait_until,
 )
-from tests.web_checks import new_trace, segments_of_trace, tags, the_span
+from tests.web_checks import new_trace, running, segments_of_trace, tags, the_span
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(150)]
 
@@ -56,23 +54,6 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def col(workdir: Path) -> Iterator[CollectorProcess]:
     with collector_process(workdir) as c:
         yield c
-
-
-@contextlib.contextmanager
-def running(workdir: Path, name: str, argv: list[str], env: dict[str, str], port: int) -> Iterator[Proc]:
-    proc = Proc([*SWMP_RUN, *argv], env, workdir / f"{name}.log", marker=env["SW_AGENT_ARENA_DIR"])
-    proc.start()
-    try:
-
-        def up() -> bool:
-            if not proc.alive():
-                raise AssertionError(f"{name} exited:\n{proc.tail()}")
-            return port_open(port)
-
-        wait_until(up, 60, f"{name} on port {port}")
-        yield proc
-    finally:
-        proc.stop()
 
 
 def run_client(workdir: Path, col: CollectorProcess, name: str, port: int, mode: str) -> dict[str, Any]:

@@ -3,11 +3,14 @@ shared by the server tests of aiohttp, Tornado, Sanic and gRPC."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from tests.collector import CollectorProcess
-from tests.servers import segments_of, wait_until
+from tests.servers import SWMP_RUN, Proc, port_open, segments_of, wait_until
 
 
 def tags(span: dict[str, Any]) -> dict[str, str]:
@@ -55,3 +58,22 @@ def the_span(segments: list[dict[str, Any]], **want: Any) -> dict[str, Any]:
     found = spans_where(segments, **want)
     assert len(found) == 1, f"expected one span {want}, found {len(found)} in {segments}"
     return found[0]
+
+
+@contextlib.contextmanager
+def running(workdir: Path, name: str, argv: list[str], env: dict[str, str], port: int) -> Iterator[Proc]:
+    """``swmp run -- argv`` until the block ends (stopped by pid with all its processes);
+    the block starts once ``port`` accepts connections."""
+    proc = Proc([*SWMP_RUN, *argv], env, workdir / f"{name}.log", marker=env["SW_AGENT_ARENA_DIR"])
+    proc.start()
+    try:
+
+        def up() -> bool:
+            if not proc.alive():
+                raise AssertionError(f"{name} exited:\n{proc.tail()}")
+            return port_open(port)
+
+        wait_until(up, 60, f"{name} on port {port}")
+        yield proc
+    finally:
+        proc.stop()

@@ -9,8 +9,10 @@ import threading
 from typing import Any
 
 from swmp.propagation import ContextCarrier, from_headers
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import TAG_HTTP_METHOD, Layer
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NOOP, current_span
+from swmp.tracing.span import NOOP, Span, current_span
 
 # reporter_proc.process.ReporterThread names its thread so (SW_AGENT_REPORTER_PROCESS=false).
 REPORTER_THREAD_NAME = "swmp-reporter"
@@ -30,6 +32,20 @@ def carrier_of(headers: Any) -> ContextCarrier | None:
         limits.correlation_max_elements,
         limits.correlation_max_value_length,
     )
+
+
+def http_entry_span(op: str, headers: Any, method: str, component: int) -> Any:
+    """The entry span of an HTTP request (``http.method`` tagged), continuing its ``sw8``;
+    None when the request is not to be traced at all (``SW_PLUGIN_HTTP_IGNORE_METHOD``, or
+    an entry span of this request is already open)."""
+    if _ctx.policy.rules.ignore_method(method):
+        return None
+    span = _ctx.new_entry_span(op, carrier_of(headers), component, Layer.HTTP)
+    if span is NOOP:
+        return None
+    if span.__class__ is Span:
+        span.tag(TAG_HTTP_METHOD, method)
+    return span
 
 
 def activate(span: Any) -> Any:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._http import peer_of, record_status
-from swmp.instrument._incoming import carrier_of, reporter_is_calling
+from swmp.instrument._incoming import http_entry_span, reporter_is_calling
 from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import name_request, record_exception
 from swmp.tracing import context as _ctx
@@ -46,16 +46,12 @@ def _server(config: Config) -> None:
 
     def make_handle(orig: Any) -> Any:
         async def _handle_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            method = request.method
-            if _ctx.policy.rules.ignore_method(method):
-                return await orig(self, request, *args, **kwargs)
-            span = _ctx.new_entry_span(request.path, carrier_of(request.headers), _AIOHTTP, Layer.HTTP)
-            if span is NOOP:
+            span = http_entry_span(request.path, request.headers, request.method, _AIOHTTP)
+            if span is None:
                 return await orig(self, request, *args, **kwargs)
             with span:
                 if span.__class__ is Span:
                     try:
-                        span.tag(TAG_HTTP_METHOD, method)
                         span.tag(TAG_HTTP_URL, f"{request.scheme}://{request.host}{request.path}")
                         peer = request.transport.get_extra_info("peername") if request.transport else None
                         if isinstance(peer, (list, tuple)) and len(peer) >= 2:

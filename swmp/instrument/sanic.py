@@ -16,11 +16,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._http import record_status
-from swmp.instrument._incoming import activate, carrier_of
+from swmp.instrument._incoming import activate, http_entry_span
 from swmp.instrument._patch import patch, restore
-from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_PARAMS, TAG_HTTP_URL, Component, Layer
-from swmp.tracing.span import NOOP, Span
+from swmp.tracing.constants import TAG_HTTP_PARAMS, TAG_HTTP_URL, Component
+from swmp.tracing.span import Span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -36,16 +35,12 @@ _SPAN = "_swmp_span"
 
 def _hooks(templates: bool, collect_params: bool, params_limit: int) -> tuple[Any, Any, Any]:
     async def on_request(request: Any) -> None:
-        method = request.method
-        if _ctx.policy.rules.ignore_method(method):
-            return
         op = (request.uri_template if templates else None) or request.path
-        span = _ctx.new_entry_span(op, carrier_of(request.headers), Component.SANIC, Layer.HTTP)
-        if span is NOOP:
+        span = http_entry_span(op, request.headers, request.method, Component.SANIC)
+        if span is None:
             return
         try:
             if span.__class__ is Span:
-                span.tag(TAG_HTTP_METHOD, method)
                 span.tag(TAG_HTTP_URL, request.url.split("?", 1)[0])
                 if request.ip:
                     span.peer = f"{request.ip}:{request.port}" if request.port else request.ip

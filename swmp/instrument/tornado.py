@@ -13,12 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._http import record_status
-from swmp.instrument._incoming import carrier_of
+from swmp.instrument._incoming import http_entry_span
 from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import record_exception
-from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
-from swmp.tracing.span import NOOP, Span
+from swmp.tracing.constants import TAG_HTTP_URL, Component
+from swmp.tracing.span import Span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -59,16 +58,12 @@ def install(config: Config) -> None:
         async def _execute(self: Any, transforms: Any, *args: Any, **kwargs: Any) -> Any:
             request = self.request
             method = request.method or "GET"
-            if _ctx.policy.rules.ignore_method(method):
-                return await orig(self, transforms, *args, **kwargs)
-            carrier = carrier_of(request.headers)
-            span = _ctx.new_entry_span(_route_of(request), carrier, Component.TORNADO, Layer.HTTP)
-            if span is NOOP:
+            span = http_entry_span(_route_of(request), request.headers, method, Component.TORNADO)
+            if span is None:
                 return await orig(self, transforms, *args, **kwargs)
             with span:
                 if span.__class__ is Span:
                     try:
-                        span.tag(TAG_HTTP_METHOD, method)
                         span.tag(TAG_HTTP_URL, f"{request.protocol}://{request.host}{request.path}")
                         if request.remote_ip:
                             span.peer = request.remote_ip
