@@ -51,7 +51,8 @@ def _sync_done(span: Any, call: Any) -> None:
     _finish(span, code)
 
 
-def sync_interceptor(target: str, ignored: Ignored) -> Any:
+def sync_interceptor_class(ignored: Ignored) -> Callable[[str], Any]:
+    """The class of the interceptor put on ``grpc`` channels; instances take the target."""
     import grpc  # noqa: PLC0415
 
     class Details(grpc.ClientCallDetails):  # type: ignore[misc]
@@ -69,9 +70,12 @@ def sync_interceptor(target: str, ignored: Ignored) -> Any:
         grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
         grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
     ):
+        def __init__(self, target: str) -> None:
+            self.target = target
+
         def _intercept(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
             try:
-                span, extra = _start(target, details, ignored)
+                span, extra = _start(self.target, details, ignored)
             except Exception:
                 span, extra = None, []
             if span is None:
@@ -95,7 +99,7 @@ def sync_interceptor(target: str, ignored: Ignored) -> Any:
         intercept_stream_unary = _intercept
         intercept_stream_stream = _intercept
 
-    return Interceptor()
+    return Interceptor
 
 
 # -- grpc.aio --------------------------------------------------------------------------------
@@ -139,11 +143,12 @@ def _aio_done(span: Any, call: Any) -> None:
     _finish(span, code)
 
 
-def aio_interceptors(target: str, ignored: Ignored) -> list[Any]:
-    """One interceptor per call kind (``grpc.aio`` sorts them by class)."""
+def aio_interceptors_factory(ignored: Ignored) -> Callable[[str], list[Any]]:
+    """``make(target)``: one interceptor per call kind for a ``grpc.aio`` channel to
+    ``target`` (``grpc.aio`` sorts interceptors by class)."""
     from grpc import aio  # noqa: PLC0415
 
-    async def intercept(continuation: Callable[..., Any], details: Any, request: Any) -> Any:
+    async def intercept(target: str, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
         try:
             span, extra = _start(target, details, ignored)
             if span is not None:
@@ -170,20 +175,27 @@ def aio_interceptors(target: str, ignored: Ignored) -> list[Any]:
             span.finish()
         return call
 
-    class UnaryUnary(aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    class Base:
+        def __init__(self, target: str) -> None:
+            self.target = target
+
+    class UnaryUnary(Base, aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
         async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-            return await intercept(continuation, details, request)
+            return await intercept(self.target, continuation, details, request)
 
-    class UnaryStream(aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    class UnaryStream(Base, aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
         async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-            return await intercept(continuation, details, request)
+            return await intercept(self.target, continuation, details, request)
 
-    class StreamUnary(aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    class StreamUnary(Base, aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
         async def intercept_stream_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-            return await intercept(continuation, details, request)
+            return await intercept(self.target, continuation, details, request)
 
-    class StreamStream(aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    class StreamStream(Base, aio.StreamStreamClientInterceptor):  # type: ignore[misc]
         async def intercept_stream_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-            return await intercept(continuation, details, request)
+            return await intercept(self.target, continuation, details, request)
 
-    return [UnaryUnary(), UnaryStream(), StreamUnary(), StreamStream()]
+    def make(target: str) -> list[Any]:
+        return [UnaryUnary(target), UnaryStream(target), StreamUnary(target), StreamStream(target)]
+
+    return make

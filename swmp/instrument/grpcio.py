@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._grpc_client import aio_interceptors, sync_interceptor
+from swmp.instrument._grpc_client import aio_interceptors_factory, sync_interceptor_class
 from swmp.instrument._grpc_server import server_interceptors
 from swmp.instrument._incoming import reporter_is_calling
 from swmp.instrument._patch import patch, restore
@@ -92,6 +92,8 @@ def install(config: Config) -> None:
 
     ignored = IgnoredMethods(config.plugin_grpc_ignored_methods)
     sync_server, aio_server = server_interceptors(ignored)
+    sync_client = sync_interceptor_class(ignored)
+    aio_clients = aio_interceptors_factory(ignored)
 
     def make_server(ours: Any) -> Callable[[Any], Any]:
         return lambda orig: _prepending(orig, lambda args, kwargs: [ours])
@@ -101,7 +103,7 @@ def install(config: Config) -> None:
             ch = orig(target, *args, **kwargs)
             if reporter_is_calling():
                 return ch
-            return grpc.intercept_channel(ch, sync_interceptor(str(target), ignored))
+            return grpc.intercept_channel(ch, sync_client(str(target)))
 
         return channel
 
@@ -109,7 +111,7 @@ def install(config: Config) -> None:
         if reporter_is_calling():
             return None
         target = args[0] if args else kwargs.get("target", "")
-        return aio_interceptors(str(target), ignored)
+        return aio_clients(str(target))
 
     def make_aio_channel(orig: Any) -> Any:
         return _prepending(orig, aio_ours)
