@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from reporter_proc.process import in_reporter_process  # imported by swmp.agent already
 from swmp.propagation import ContextCarrier, from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, Layer
@@ -68,8 +69,4 @@ def reporter_is_calling() -> bool:
     """Whether the code running now is the agent's own reporter (its thread in thread mode,
     or the reporter process): its gRPC and HTTP calls to the backend must never be traced
     nor carry ``sw8``."""
-    if _current_thread().name == REPORTER_THREAD_NAME:
-        return True
-    from reporter_proc.process import in_reporter_process  # noqa: PLC0415 (cheap: already imported)
-
-    return in_reporter_process()
+    return _current_thread().name == REPORTER_THREAD_NAME or in_reporter_process()
