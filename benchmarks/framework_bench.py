@@ -357,7 +357,7 @@ CASES: list[Case] = [
 # aiohttp, Tornado, Sanic and gRPC: real servers on loopback (benchmarks/framework_bench_servers.py).
 from benchmarks.framework_bench_servers import server_cases  # noqa: E402
 
-CASES += [Case(name, build, server) for name, build, server in server_cases()]
+CASES += [Case(name, build, server, generic) for name, build, server, generic in server_cases()]
 
 
 # -- the agent side ------------------------------------------------------------------------------

@@ -156,7 +156,9 @@ def build_tornado() -> Serve:
 _sanic_apps = 0
 
 
-def build_sanic() -> Serve:
+def build_sanic(hooks: bool = False) -> Serve:
+    """``hooks``: the app also gets a no-op request middleware and a no-op response signal
+    handler, what any instrumentation of Sanic must add (the ``generic`` comparison)."""
     import socket
 
     from sanic import Sanic, response
@@ -170,6 +172,14 @@ def build_sanic() -> Serve:
     @app.get("/users/<uid:int>")
     async def user(request: Any, uid: int) -> Any:
         return response.text(str(uid))
+
+    if hooks:
+
+        async def nothing(request: Any, response: Any = None) -> None:
+            return None
+
+        app.register_middleware(nothing, "request")
+        app.signal("http.lifecycle.response")(nothing)
 
     async def start() -> int:
         sock = socket.socket()
@@ -242,12 +252,16 @@ def build_grpc_aio() -> Serve:
     return serve
 
 
-def server_cases() -> list[tuple[str, Callable[[], Serve], str]]:
-    """``(name, build, what users deploy it with)`` for ``framework_bench.CASES``."""
+Built = Callable[[], Serve]
+
+
+def server_cases() -> list[tuple[str, Built, str, Built | None]]:
+    """``(name, build, what users deploy it with, generic)`` for ``framework_bench.CASES``;
+    ``generic``: the same server with the hooks an instrumentation needs, doing nothing."""
     return [
-        ("aiohttp", build_aiohttp, "its own (web.run_app / GunicornWebWorker)"),
-        ("tornado", build_tornado, "its own (HTTPServer)"),
-        ("sanic", build_sanic, "its own (Sanic server)"),
-        ("grpc-sync", build_grpc_sync, "grpc.server (thread pool)"),
-        ("grpc-aio", build_grpc_aio, "grpc.aio.server"),
+        ("aiohttp", build_aiohttp, "its own (web.run_app / GunicornWebWorker)", None),
+        ("tornado", build_tornado, "its own (HTTPServer)", None),
+        ("sanic", build_sanic, "its own (Sanic server)", lambda: build_sanic(hooks=True)),
+        ("grpc-sync", build_grpc_sync, "grpc.server (thread pool)", None),
+        ("grpc-aio", build_grpc_aio, "grpc.aio.server", None),
     ]
