@@ -261,14 +261,25 @@ def server_interceptors(ignored: Ignored) -> tuple[Any, Any]:
     import grpc  # noqa: PLC0415
     from grpc import aio  # noqa: PLC0415
 
+    # Servers hand out the same handler object for a method on every call: wrap it once.
+    # Keyed by (handler, method) identity; bounded (cleared when full, which only costs
+    # wrapping again).
+    wrapped: dict[tuple[int, str], tuple[Any, Any]] = {}
+
     def intercept(handler: Any, details: Any) -> Any:
         if handler is None:
             return None  # unknown method: gRPC answers UNIMPLEMENTED itself
         try:
             method = method_name(details)
-            if ignored(method):
-                return handler
-            return wrap_handler(handler, method)
+            key = (id(handler), method)
+            hit = wrapped.get(key)
+            if hit is not None and hit[0] is handler:
+                return hit[1]
+            result = handler if ignored(method) else wrap_handler(handler, method)
+            if len(wrapped) >= 4096:
+                wrapped.clear()
+            wrapped[key] = (handler, result)  # holds the handler: its id stays its own
+            return result
         except Exception:
             return handler
 
