@@ -382,3 +382,46 @@ def test_websockets_rejected_handshake_is_an_error(sink: _sink.MemorySink) -> No
     assert tags_of(no)["http.status_msg"] == "invalid handshake" and tags_of(no)["http.status_code"] == "403"
     assert no[R.SPAN_IS_ERROR] and not ok[R.SPAN_IS_ERROR]
     assert ok[R.SPAN_COMPONENT] == 7018
+
+
+def test_websockets_sync_client(sink: _sink.MemorySink) -> None:
+    from websockets.asyncio.server import serve
+    from websockets.sync.client import connect
+
+    seen: list[str | None] = []
+    ready = threading.Event()
+    stop: list[Any] = []
+    port: list[int] = []
+
+    def server_thread() -> None:
+        async def echo(ws: Any) -> None:
+            seen.append(ws.request.headers.get("sw8"))
+            async for msg in ws:
+                await ws.send(msg)
+
+        async def main() -> None:
+            async with serve(echo, "127.0.0.1", 0) as server:
+                port.append(next(iter(server.sockets)).getsockname()[1])
+                done = asyncio.get_running_loop().create_future()
+                stop.append((asyncio.get_running_loop(), done))
+                ready.set()
+                await done
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=server_thread)
+    t.start()
+    try:
+        assert ready.wait(10)
+        with connect(f"ws://127.0.0.1:{port[0]}/sync", additional_headers={"X-App": "1"}) as ws:
+            ws.send("hi")
+            assert ws.recv() == "hi"
+    finally:
+        if stop:
+            loop, done = stop[0]
+            loop.call_soon_threadsafe(done.set_result, None)
+        t.join(10)
+    (span,) = wait_spans(sink, 1)
+    assert span[R.SPAN_OPERATION] == "/sync" and span[R.SPAN_COMPONENT] == 7018
+    assert tags_of(span)["http.status_code"] == "101"
+    assert seen[0] is not None and seen[0].startswith("1-")  # sw8 reached the server
