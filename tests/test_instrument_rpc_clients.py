@@ -425,3 +425,59 @@ def test_websockets_sync_client(sink: _sink.MemorySink) -> None:
     assert span[R.SPAN_OPERATION] == "/sync" and span[R.SPAN_COMPONENT] == 7018
     assert tags_of(span)["http.status_code"] == "101"
     assert seen[0] is not None and seen[0].startswith("1-")  # sw8 reached the server
+
+
+def test_grpc_aio_server_keeps_each_handler_kind(sink: _sink.MemorySink) -> None:
+    """grpc.aio runs a plain function in its thread pool, a coroutine in the loop, and an
+    async generator or a coroutine writing with context.write() as a stream: each still
+    works, each gets its entry span."""
+
+    def plain(req: bytes, ctx: Any) -> bytes:
+        return b"plain-" + req
+
+    async def coro(req: bytes, ctx: Any) -> bytes:
+        return b"coro-" + req
+
+    async def agen(req: bytes, ctx: Any) -> Any:
+        for i in range(2):
+            yield req + str(i).encode()
+
+    async def writer(req: bytes, ctx: Any) -> None:
+        await ctx.write(req + b"-w1")
+        await ctx.write(req + b"-w2")
+
+    async def main() -> dict[str, Any]:
+        handler = grpc.method_handlers_generic_handler(
+            "k.S",
+            {
+                "Plain": grpc.unary_unary_rpc_method_handler(plain),
+                "Coro": grpc.unary_unary_rpc_method_handler(coro),
+                "Agen": grpc.unary_stream_rpc_method_handler(agen),
+                "Writer": grpc.unary_stream_rpc_method_handler(writer),
+            },
+        )
+        server = grpc.aio.server(futures.ThreadPoolExecutor(max_workers=2))
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                return {
+                    "Plain": await ch.unary_unary("/k.S/Plain")(b"a"),
+                    "Coro": await ch.unary_unary("/k.S/Coro")(b"b"),
+                    "Agen": [x async for x in ch.unary_stream("/k.S/Agen")(b"c")],
+                    "Writer": [x async for x in ch.unary_stream("/k.S/Writer")(b"d")],
+                }
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(main()) == {
+        "Plain": b"plain-a",
+        "Coro": b"coro-b",
+        "Agen": [b"c0", b"c1"],
+        "Writer": [b"d-w1", b"d-w2"],
+    }
+    got = wait_spans(sink, 8)
+    entries = {s[R.SPAN_OPERATION] for s in got if s[R.SPAN_TYPE] == R.SPAN_TYPE_ENTRY and s[R.SPAN_REFS]}
+    assert entries == {"/k.S/Plain", "/k.S/Coro", "/k.S/Agen", "/k.S/Writer"}
+    assert all(tags_of(s)["grpc.status_code"] == "StatusCode.OK" for s in got)
