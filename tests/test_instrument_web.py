@@ -560,3 +560,21 @@ def test_wsgiref_server_leaves_the_entry_span_to_the_framework(sink: _sink.Memor
     assert len(seg[R.SEG_SPANS]) == 1
     assert entry(seg)[R.SPAN_COMPONENT] == Component.BOTTLE
     assert entry(seg)[R.SPAN_OPERATION] == "/users/<uid>"
+
+
+def test_renaming_after_an_injection_changes_the_endpoint_of_later_injections(
+    sink: _sink.MemorySink,
+) -> None:
+    from swmp.tracing.context import new_entry_span
+
+    with new_entry_span("/users/7") as entry_span:
+        with new_exit_span("/a", "peer:1") as ex:
+            before = propagation.decode_sw8(ex.inject()["sw8"])
+        entry_span.set_operation("/users/{id}")
+        with new_exit_span("/b", "peer:1") as ex:
+            after = propagation.decode_sw8(ex.inject()["sw8"])
+    assert before is not None and after is not None
+    assert (before.endpoint, after.endpoint) == ("/users/7", "/users/{id}")
+    assert before.segment_id == after.segment_id
+    (seg,) = segments(sink)
+    assert entry(seg)[R.SPAN_OPERATION] == "/users/{id}"
