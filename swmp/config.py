@@ -337,6 +337,27 @@ class Config:
         "false leaves keys out.",
         PLUGIN,
     )
+    # web frameworks and RPC
+    plugin_bottle_collect_http_params: bool = _opt(
+        False, "SW_PLUGIN_BOTTLE_COLLECT_HTTP_PARAMS", "Tag Bottle entry spans with the query string.", PLUGIN
+    )
+    plugin_http_route_templates: bool = _opt(
+        True,
+        "SW_PLUGIN_HTTP_ROUTE_TEMPLATES",
+        "Name web-framework entry spans after the route that matched (`/users/{id}`) rather than "
+        "the request path, so each route is one endpoint; `false` keeps the path.",
+        PLUGIN,
+    )
+    plugin_sanic_collect_http_params: bool = _opt(
+        False, "SW_PLUGIN_SANIC_COLLECT_HTTP_PARAMS", "Tag Sanic entry spans with the query string.", PLUGIN
+    )
+    plugin_grpc_ignored_methods: tuple[str, ...] = _opt(
+        (),
+        "SW_PLUGIN_GRPC_IGNORED_METHODS",
+        "Comma-separated gRPC methods not traced, server or client side "
+        "(e.g. `/package.Service/Check`); matched case-insensitively, regular expressions allowed.",
+        PLUGIN,
+    )
 
     # -- logs ------------------------------------------------------------------------------
     agent_log_reporter_active: bool = _opt(

@@ -17,8 +17,8 @@ library was imported at start). Version checks run when the library is actually 
 
 The WSGI and ASGI middlewares (``swmp.instrument.wsgi.WSGIMiddleware``,
 ``swmp.instrument.asgi.ASGIMiddleware``) are not installed automatically: wrap an
-application with them directly, or let the Flask, Django and Starlette/FastAPI modules
-put them in place.
+application with them directly, or let the framework modules (Flask, Django, Starlette/
+FastAPI, Falcon, Pyramid, Bottle) put the same tracing in place.
 """
 
 from __future__ import annotations
@@ -44,11 +44,20 @@ MODULES: tuple[str, ...] = (
     "swmp.instrument.flask",
     "swmp.instrument.django",
     "swmp.instrument.starlette",
+    "swmp.instrument.falcon",
+    "swmp.instrument.pyramid",
+    "swmp.instrument.bottle",
+    "swmp.instrument.http_server",
     "swmp.instrument.requests",
     "swmp.instrument.urllib3",
     "swmp.instrument.http_client",
     "swmp.instrument.httpx",
     "swmp.instrument.celery",
+    "swmp.instrument.grpcio",
+    "swmp.instrument.aiohttp",
+    "swmp.instrument.tornado",
+    "swmp.instrument.sanic",
+    "swmp.instrument.websockets",
     "swmp.instrument.log_reporter",
     "swmp.instrument.loguru",
     "swmp.instrument.structlog",

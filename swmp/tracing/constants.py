@@ -33,6 +33,7 @@ class Component:
     MYSQL: Final = 5  # generic MySQL: aiomysql, which has no id of its own
     REDIS: Final = 7  # redis-py, sync and asyncio (the SkyWalking Python agent's sw_redis)
     MEMCACHED: Final = 20  # pymemcache (no Python-specific id)
+    GRPC: Final = 23  # "GRPC": grpcio servers and clients (the SkyWalking Python agent uses it too)
     KAFKA_PRODUCER: Final = 40  # kafka-python, confluent-kafka, aiokafka
     KAFKA_CONSUMER: Final = 41
     RABBITMQ_PRODUCER: Final = 52  # pika, aiormq (and aio-pika through it)
@@ -42,13 +43,19 @@ class Component:
     REQUESTS: Final = 7002
     PYMYSQL: Final = 7003
     DJANGO: Final = 7004
+    TORNADO: Final = 7005
     URLLIB3: Final = 7006
+    SANIC: Final = 7007
     AIOHTTP: Final = 7008
+    PYRAMID: Final = 7009
     PSYCOPG: Final = 7010  # "Psychopg" in component-libraries.yml: psycopg2 and psycopg 3
     CELERY: Final = 7011
+    FALCON: Final = 7012
     MYSQLCLIENT: Final = 7013
     FASTAPI: Final = 7014  # also used for plain Starlette, which has no id of its own
+    BOTTLE: Final = 7015
     ASYNCPG: Final = 7016
+    WEBSOCKETS: Final = 7018
     HTTPX: Final = 7019
 
 
@@ -69,3 +76,7 @@ TAG_CACHE_TYPE: Final = "cache.type"
 TAG_CACHE_CMD: Final = "cache.cmd"
 TAG_CACHE_OP: Final = "cache.op"
 TAG_CACHE_KEY: Final = "cache.key"
+TAG_HTTP_STATUS_MSG: Final = "http.status_msg"
+TAG_GRPC_METHOD: Final = "grpc.method"
+TAG_GRPC_URL: Final = "grpc.url"
+TAG_GRPC_STATUS: Final = "grpc.status_code"

@@ -79,6 +79,7 @@ class Span:
     logs: Any = _EMPTY
     refs: Any = _EMPTY
     _prev: Any = None
+    _logged_exc = 0  # id() of the exception last logged by error(): the same one is logged once
 
     def __init__(  # noqa: PLR0917 (hot path: positional calls are cheaper)
         self,
@@ -165,6 +166,11 @@ class Span:
         """Mark the span as failed; with an exception, log its kind, message and stack."""
         self.is_error = True
         if exc is not None:
+            # A framework's error hook and the entry point around it can both see the same
+            # exception (Flask re-raising with PROPAGATE_EXCEPTIONS): one stack per span.
+            if self._logged_exc == id(exc):
+                return self
+            self._logged_exc = id(exc)
             try:
                 stack = "".join(
                     traceback.format_exception(
@@ -179,7 +185,14 @@ class Span:
         return self
 
     def set_operation(self, op: str) -> Span:
+        """Rename the span, also after it started (an entry span learns its route template
+        only once the framework routed the request). The ignore rules and the sampler saw
+        the name the span started with; ``sw8`` headers injected from now on carry the new
+        name as the segment's endpoint."""
         self.op = op
+        seg = self.segment
+        if seg.encoded is not None and seg.first is self:
+            seg.encoded = None  # the cached endpoint of injected headers is this span's name
         return self
 
     def set_peer(self, peer: str) -> Span:

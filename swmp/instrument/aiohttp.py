@@ -1,0 +1,150 @@
+"""aiohttp: entry span per request served by ``aiohttp.web``, exit span per
+``ClientSession`` request with ``sw8`` injected (component AioHttp, 7008).
+
+Server: ``RequestHandler._handle_request`` (the coroutine that runs the application for one
+request and turns its exceptions into responses) is wrapped, so every server aiohttp
+supports (``web.run_app``, ``python -m aiohttp.web``, Gunicorn's ``GunicornWebWorker``)
+is covered. The operation name becomes the matched route's template (``/users/{id}``) as
+soon as the router resolved it (when it builds the ``UrlMappingMatchInfo``), before the
+handler runs, so ``sw8`` sent downstream names the template too; unmatched requests keep
+their path (``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``: always the path). An exception that
+aiohttp turns into a 500 is logged on the span with its stack.
+
+Client: ``ClientSession._request``; the span ends when the response headers arrived (the
+body is read afterwards by the application). The caller's headers object is never
+modified. Requests made by the agent's own reporter (HTTP protocol, thread mode) are not
+traced.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument._http import peer_of, record_status
+from swmp.instrument._incoming import http_entry_span, reporter_is_calling
+from swmp.instrument._patch import patch, restore
+from swmp.instrument._route import name_request, record_exception
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.span import NOOP, Span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "aiohttp"
+PEER_NAMES = ("sw_aiohttp",)  # the SkyWalking Python agent's plugin module(s)
+PACKAGE = "aiohttp"
+SUPPORTED = ("3.8", "4")
+TRIGGER = "aiohttp"  # its __init__ imports client, web_protocol and web_urldispatcher
+
+_AIOHTTP = Component.AIOHTTP
+
+
+def _server(config: Config) -> None:
+    from aiohttp.web_protocol import RequestHandler  # noqa: PLC0415
+    from aiohttp.web_urldispatcher import UrlMappingMatchInfo  # noqa: PLC0415
+
+    def make_handle(orig: Any) -> Any:
+        async def _handle_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            span = http_entry_span(request.path, request.headers, request.method, _AIOHTTP)
+            if span is None:
+                return await orig(self, request, *args, **kwargs)
+            with span:
+                if span.__class__ is Span:
+                    try:
+                        span.tag(TAG_HTTP_URL, f"{request.scheme}://{request.host}{request.path}")
+                        peer = request.transport.get_extra_info("peername") if request.transport else None
+                        if isinstance(peer, (list, tuple)) and len(peer) >= 2:
+                            span.peer = f"{peer[0]}:{peer[1]}"
+                    except Exception:
+                        pass
+                result = await orig(self, request, *args, **kwargs)
+                if span.__class__ is Span:
+                    try:
+                        record_status(span, result[0].status)
+                    except Exception:
+                        pass
+                return result
+
+        return _handle_request
+
+    def make_error(orig: Any) -> Any:
+        def handle_error(
+            self: Any, request: Any, status: int = 500, exc: Any = None, message: Any = None
+        ) -> Any:
+            record_exception(exc)
+            return orig(self, request, status, exc, message)
+
+        return handle_error
+
+    def make_match_info(orig: Any) -> Any:
+        # Built by the router once it found the route, before any handler or middleware
+        # runs: a plain method is cheaper to wrap than the router's coroutine.
+        def __init__(self: Any, match_dict: Any, route: Any) -> None:
+            orig(self, match_dict, route)
+            try:
+                resource = route.resource
+                if resource is not None:
+                    name_request(resource.canonical)
+            except Exception:
+                pass
+
+        return __init__
+
+    patch(RequestHandler, "_handle_request", make_handle)
+    patch(RequestHandler, "handle_error", make_error)
+    if config.plugin_http_route_templates:
+        patch(UrlMappingMatchInfo, "__init__", make_match_info)
+
+
+def _client() -> None:
+    from aiohttp import ClientSession  # noqa: PLC0415
+    from multidict import CIMultiDict  # noqa: PLC0415
+    from yarl import URL  # noqa: PLC0415
+
+    def make(orig: Any) -> Any:
+        async def _request(self: Any, method: str, str_or_url: Any, **kwargs: Any) -> Any:
+            if reporter_is_calling() or _ctx.policy.rules.ignore_method(method):
+                return await orig(self, method, str_or_url, **kwargs)
+            try:
+                build = getattr(self, "_build_url", None)
+                url = build(str_or_url) if build is not None else URL(str_or_url)
+                path = url.path or "/"
+                peer = peer_of(url.scheme, url.host, url.port)
+            except Exception:
+                return await orig(self, method, str_or_url, **kwargs)
+            span = _ctx.new_exit_span(path, peer, _AIOHTTP, Layer.HTTP)
+            if span is NOOP:
+                return await orig(self, method, str_or_url, **kwargs)
+            with span:
+                if span.__class__ is Span:
+                    span.tag(TAG_HTTP_METHOD, method.upper())
+                    span.tag(TAG_HTTP_URL, f"{url.scheme}://{peer}{path}")
+                    given = kwargs.get("headers")
+                    headers = CIMultiDict(given) if given is not None else CIMultiDict()
+                    headers.extend(span.inject())
+                    kwargs["headers"] = headers
+                resp = await orig(self, method, str_or_url, **kwargs)
+                if span.__class__ is Span:
+                    record_status(span, resp.status)
+                return resp
+
+        return _request
+
+    patch(ClientSession, "_request", make)
+
+
+def install(config: Config) -> None:
+    _server(config)
+    _client()
+
+
+def uninstall() -> None:
+    from aiohttp import ClientSession  # noqa: PLC0415
+    from aiohttp.web_protocol import RequestHandler  # noqa: PLC0415
+    from aiohttp.web_urldispatcher import UrlMappingMatchInfo  # noqa: PLC0415
+
+    restore(RequestHandler, "_handle_request")
+    restore(RequestHandler, "handle_error")
+    restore(UrlMappingMatchInfo, "__init__")
+    restore(ClientSession, "_request")

@@ -1,0 +1,139 @@
+"""gRPC (grpcio): entry spans on server methods, exit spans on client calls, sync and
+``grpc.aio``, unary and streaming (component GRPC, 23; layer RPCFramework).
+
+Servers: ``grpc.server`` and ``grpc.aio.server`` get our interceptor first
+(``_grpc_server``). Clients: channels from ``grpc.insecure_channel`` /
+``grpc.secure_channel`` and the ``grpc.aio`` forms get our client interceptors
+(``_grpc_client``). Operation names are full method names (``/package.Service/Method``), as
+the SkyWalking Python agent reports them; ``SW_PLUGIN_GRPC_IGNORED_METHODS`` leaves methods
+untraced on both sides.
+
+Channels created by the agent's own reporter (its thread, in
+``SW_AGENT_REPORTER_PROCESS=false`` mode, or the reporter process) are left exactly as they
+are: the telemetry the agent ships is never traced nor given ``sw8``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument._grpc_client import aio_interceptors_factory, sync_interceptor_class
+from swmp.instrument._grpc_server import server_interceptors
+from swmp.instrument._incoming import reporter_is_calling
+from swmp.instrument._patch import patch, restore
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "grpc"
+PEER_NAMES = ("sw_grpc",)  # the SkyWalking Python agent's plugin module(s)
+PACKAGE = "grpcio"
+SUPPORTED = ("1.48", "2")  # aio ServicerContext.add_done_callback / code() since 1.48
+TRIGGER = "grpc"  # grpc/__init__ imports grpc.aio at its end
+
+
+class IgnoredMethods:
+    """``SW_PLUGIN_GRPC_IGNORED_METHODS``: the peer agent joins the entries into one
+    case-insensitive regular expression matched against the whole method name; so do we
+    (exact names when the entries are not a valid expression). Answers are cached: a
+    service has a handful of methods."""
+
+    def __init__(self, entries: Sequence[str]) -> None:
+        names = [e.strip() for e in entries if e.strip()]
+        self._exact = frozenset(n.lower() for n in names)
+        self._rx: re.Pattern[str] | None = None
+        if names:
+            try:
+                self._rx = re.compile("^(?:" + "|".join(names) + ")$", re.IGNORECASE)
+            except re.error:
+                self._rx = None
+        self._cache: dict[str, bool] = {}
+
+    def __call__(self, method: str) -> bool:
+        if not self._exact:
+            return False
+        hit = self._cache.get(method)
+        if hit is None:
+            rx = self._rx
+            hit = bool(rx.match(method)) if rx is not None else method.lower() in self._exact
+            if len(self._cache) < 4096:
+                self._cache[method] = hit
+        return hit
+
+
+Ours = Callable[[tuple[Any, ...], dict[str, Any]], "list[Any] | None"]
+
+
+def _prepending(orig: Callable[..., Any], ours: Ours) -> Any:
+    """A wrapper of ``orig`` (a server or channel factory with an ``interceptors`` parameter)
+    that puts ``ours(args, kwargs)`` first in that parameter, however it was passed."""
+    sig = inspect.signature(orig)
+
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        try:
+            mine = ours(args, kwargs)
+            bound = sig.bind(*args, **kwargs) if mine else None
+        except Exception:
+            bound = None  # a wrong call: let the library raise its own error
+        if bound is None:
+            return orig(*args, **kwargs)
+        bound.arguments["interceptors"] = [*(mine or ()), *(bound.arguments.get("interceptors") or ())]
+        return orig(*bound.args, **bound.kwargs)
+
+    return factory
+
+
+def install(config: Config) -> None:
+    import grpc  # noqa: PLC0415
+    from grpc import aio  # noqa: PLC0415
+
+    ignored = IgnoredMethods(config.plugin_grpc_ignored_methods)
+    sync_server, aio_server = server_interceptors(ignored)
+    sync_client = sync_interceptor_class(ignored)
+    aio_clients = aio_interceptors_factory(ignored)
+
+    def make_server(ours: Any) -> Callable[[Any], Any]:
+        return lambda orig: _prepending(orig, lambda args, kwargs: [ours])
+
+    def make_channel(orig: Any) -> Any:
+        def channel(target: str, *args: Any, **kwargs: Any) -> Any:
+            ch = orig(target, *args, **kwargs)
+            if reporter_is_calling():
+                return ch
+            return grpc.intercept_channel(ch, sync_client(str(target)))
+
+        return channel
+
+    def aio_ours(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
+        if reporter_is_calling():
+            return None
+        target = args[0] if args else kwargs.get("target", "")
+        return aio_clients(str(target))
+
+    def make_aio_channel(orig: Any) -> Any:
+        return _prepending(orig, aio_ours)
+
+    patch(grpc, "server", make_server(sync_server))
+    patch(grpc, "insecure_channel", make_channel)
+    patch(grpc, "secure_channel", make_channel)
+    patch(aio, "server", make_server(aio_server))
+    patch(aio, "insecure_channel", make_aio_channel)
+    patch(aio, "secure_channel", make_aio_channel)
+
+
+def uninstall() -> None:
+    import grpc  # noqa: PLC0415
+    from grpc import aio  # noqa: PLC0415
+
+    for owner, name in (
+        (grpc, "server"),
+        (grpc, "insecure_channel"),
+        (grpc, "secure_channel"),
+        (aio, "server"),
+        (aio, "insecure_channel"),
+        (aio, "secure_channel"),
+    ):
+        restore(owner, name)

@@ -1,0 +1,121 @@
+"""The standard library's ``http.server``: entry span per request handled by a
+``BaseHTTPRequestHandler`` subclass's ``do_<METHOD>`` methods (component Python, 7000).
+
+``handle_one_request`` reads and parses one request, calls ``do_<METHOD>`` and returns;
+the span starts once ``parse_request`` succeeded (method, path and headers are known) and
+finishes when ``handle_one_request`` returns or raises (the exception is logged with its
+stack and propagates unchanged). ``send_response_only`` gives the status code.
+
+WSGI servers built on it are left to the WSGI tracing of the framework they serve:
+``wsgiref.simple_server`` never calls ``handle_one_request``, and handlers with a
+``run_wsgi`` method (Werkzeug's development server) are skipped, so a Flask or Django app
+under its development server keeps its own component.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from swmp.instrument._http import record_status
+from swmp.instrument._incoming import carrier_of
+from swmp.instrument._patch import patch, restore
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.span import NOOP, Span
+
+if TYPE_CHECKING:
+    from swmp.config import Config
+
+NAME = "http_server"
+PEER_NAMES = ("sw_http_server",)  # the SkyWalking Python agent's plugin module(s)
+PACKAGE = None
+TRIGGER = "http.server"
+
+# Instance attribute of the handler while one request is handled: None = armed by
+# handle_one_request, a span = started by parse_request.
+_SPAN = "_swmp_span"
+
+
+def _start(handler: Any) -> Any:
+    method = handler.command or "GET"
+    if _ctx.policy.rules.ignore_method(method):
+        return None
+    raw = handler.path or "/"
+    path = raw.split("?", 1)[0] or "/"
+    headers = handler.headers
+    span = _ctx.new_entry_span(path, carrier_of(headers), Component.PYTHON, Layer.HTTP)
+    if span is NOOP:
+        return None
+    span.__enter__()
+    if isinstance(span, Span):
+        span.tag(TAG_HTTP_METHOD, method)
+        host = headers.get("Host")
+        span.tag(TAG_HTTP_URL, f"http://{host}{path}" if host else path)  # no query, as WSGI/ASGI
+        client = handler.client_address
+        if isinstance(client, tuple) and len(client) >= 2:
+            span.peer = f"{client[0]}:{client[1]}"
+    return span
+
+
+def _armed(orig: Any) -> Any:
+    def handle_one_request(self: Any) -> None:
+        d = self.__dict__
+        if hasattr(type(self), "run_wsgi"):
+            orig(self)
+            return
+        d[_SPAN] = None
+        try:
+            orig(self)
+        except BaseException as e:
+            span = d.pop(_SPAN, None)
+            if span is not None:
+                span.error(e)
+                span.finish()
+            raise
+        span = d.pop(_SPAN, None)
+        if span is not None:
+            span.finish()
+
+    return handle_one_request
+
+
+def _starting(orig: Any) -> Any:
+    def parse_request(self: Any) -> bool:
+        ok: bool = orig(self)
+        d = self.__dict__
+        if ok and _SPAN in d and d[_SPAN] is None:
+            try:
+                d[_SPAN] = _start(self)
+            except Exception:
+                pass
+        return ok
+
+    return parse_request
+
+
+def _status(orig: Any) -> Any:
+    def send_response_only(self: Any, code: int, *args: Any, **kwargs: Any) -> Any:
+        span = self.__dict__.get(_SPAN)
+        if span.__class__ is Span and isinstance(code, int) and code >= 200:
+            try:
+                record_status(span, code)
+            except Exception:
+                pass
+        return orig(self, code, *args, **kwargs)
+
+    return send_response_only
+
+
+def install(config: Config) -> None:
+    from http.server import BaseHTTPRequestHandler  # noqa: PLC0415
+
+    patch(BaseHTTPRequestHandler, "handle_one_request", _armed)
+    patch(BaseHTTPRequestHandler, "parse_request", _starting)
+    patch(BaseHTTPRequestHandler, "send_response_only", _status)
+
+
+def uninstall() -> None:
+    from http.server import BaseHTTPRequestHandler  # noqa: PLC0415
+
+    for name in ("handle_one_request", "parse_request", "send_response_only"):
+        restore(BaseHTTPRequestHandler, name)
