@@ -48,10 +48,6 @@ from swmp.tracing.identity import identity
 
 log = logging.getLogger("swmp.agent")
 
-# Where the instance name sits in each record type whose payload carries one.
-_INSTANCE_FIELD = {R.SEGMENT: R.SEG_INSTANCE, R.LOG: 2, R.METER: 2}
-
-
 def worker_instance_name(base: str, slot: int) -> str:
     """Instance name of the worker on ``slot``: stable across worker restarts."""
     return f"{base}-w{slot}"
@@ -115,7 +111,7 @@ class ProcessSink:
                 stale_instance = identity.instance
                 self.rebind()
                 if identity.instance != stale_instance:
-                    payload = self._restamp(rtype, payload)
+                    payload = R.restamp_instance(rtype, payload, identity.instance)
             writer = self._writer
             if writer is None:
                 self.dropped_no_slot += 1
@@ -165,20 +161,8 @@ class ProcessSink:
         if self.namespace:
             props["namespace"] = self.namespace
         props.update(self.properties)
-        flat: list[str] = []
-        for k, v in props.items():
-            flat += (k, v)
-        writer.write(
-            R.WORKER_START, orjson.dumps([pid, slot, self.service, instance, flat, "", self.namespace])
-        )
-
-    def _restamp(self, rtype: int, payload: bytes) -> bytes:
-        index = _INSTANCE_FIELD.get(rtype)
-        if index is None:
-            return payload
-        rec: list[Any] = orjson.loads(payload)
-        rec[index] = identity.instance
-        return orjson.dumps(rec)
+        start = R.worker_start(pid, slot, self.service, instance, props, "", self.namespace)
+        writer.write(R.WORKER_START, R.encode(start))
 
     def _warn_once(self, key: str, message: str, *args: object, exc_info: bool = False) -> None:
         if key in self._warned:
@@ -197,7 +181,7 @@ class ProcessSink:
         writer = self._writer
         assert writer is not None
         try:
-            writer.write(R.WORKER_STOP, orjson.dumps([self._pid, self._slot]))
+            writer.write(R.WORKER_STOP, R.encode(R.worker_stop(self._pid, self._slot or 0)))
         finally:
             self._release(timeout)
             self._writer = None
