@@ -205,7 +205,9 @@ class Delivery:
                     batch.spilled = True
                     self.spool.write(spool_items(batch))
                     self.ledger.resolve(batch)
-        self.journal.log_once("spill", logging.WARNING, "reporter memory full: spilling unsent records to the spool")
+        self.journal.log_once(
+            "spill", logging.WARNING, "reporter memory full: spilling unsent records to the spool"
+        )
 
     def abandon(self) -> int:
         """After the shutdown deadline: spool what is left, or leave it unresolved in the
@@ -231,4 +233,3 @@ def spool_items(batch: Batch) -> list[tuple[int, bytes]]:
         return [(rtype, p) for p in batch.payloads]
     dumps = orjson.dumps
     return [(rtype, dumps(r)) for r in batch.decoded]
-

@@ -95,7 +95,12 @@ class Instances:
 
     def _started(self, rec: list[Any], save: bool = True) -> None:
         pid, slot = int(rec[R.WS_PID]), int(rec[R.WS_SLOT])
-        service, instance, props, layer = rec[R.WS_SERVICE], rec[R.WS_INSTANCE], rec[R.WS_PROPERTIES], rec[R.WS_LAYER]
+        service, instance, props, layer = (
+            rec[R.WS_SERVICE],
+            rec[R.WS_INSTANCE],
+            rec[R.WS_PROPERTIES],
+            rec[R.WS_LAYER],
+        )
         if not isinstance(service, str) or not isinstance(instance, str) or not isinstance(props, list):
             raise TypeError("bad field types")
         self.table[slot] = Instance(
@@ -133,7 +138,9 @@ class Instances:
                 f.write(orjson.dumps([i.record for i in self.table.values()]))
             os.replace(tmp, self._path)
         except OSError as exc:
-            self.journal.log_once("instances-file", logging.WARNING, "cannot save the instance table: %s", exc)
+            self.journal.log_once(
+                "instances-file", logging.WARNING, "cannot save the instance table: %s", exc
+            )
 
     def restore(self) -> None:
         try:

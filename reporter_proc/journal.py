@@ -42,4 +42,6 @@ class Journal:
         """The sender said it cannot carry ``kind``: shut it for good."""
         self.shut[kind] = "unsupported"
         self.dropped("unsupported", n)
-        self.log_once(f"unsupported-{kind}", logging.WARNING, "%s; %s records are dropped and counted", exc, kind)
+        self.log_once(
+            f"unsupported-{kind}", logging.WARNING, "%s; %s records are dropped and counted", exc, kind
+        )

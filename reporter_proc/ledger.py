@@ -19,6 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 
+def _nothing() -> None:
+    pass
+
+
 class Chunk:
     """The records one ``read()`` took from one ring; the ring head may pass ``end`` once
     every record in it is resolved."""
@@ -57,9 +61,9 @@ class Ledger:
     is called when a batch is resolved (memory was freed: a reader held back may go on).
     """
 
-    def __init__(self, commit: Callable[[int, int], None], on_freed: Callable[[], None]) -> None:
+    def __init__(self, commit: Callable[[int, int], None], on_freed: Callable[[], None] = _nothing) -> None:
         self._commit = commit
-        self._on_freed = on_freed
+        self.on_freed = on_freed
         self._chunks: dict[int, deque[Chunk]] = {}
         self.pending_bytes = 0
 
@@ -92,7 +96,7 @@ class Ledger:
         batch.chunks = {}
         self.pending_bytes -= batch.nbytes
         batch.nbytes = 0
-        self._on_freed()
+        self.on_freed()
 
     def _advance(self, slot: int) -> None:
         """Commit the ring head past every leading chunk that is fully resolved."""

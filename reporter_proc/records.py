@@ -211,6 +211,7 @@ def flat_pairs(pairs: dict[str, str] | list[tuple[str, str]]) -> list[str]:
 def worker_start(
     pid: int,
     slot: int,
+    *,
     service: str,
     instance: str,
     properties: dict[str, str] | list[tuple[str, str]],
@@ -225,7 +226,13 @@ def worker_stop(pid: int, slot: int) -> list[Any]:
 
 
 def segment(
-    trace_id: str, segment_id: str, service: str, instance: str, spans: list[Any], size_limited: bool = False
+    trace_id: str,
+    segment_id: str,
+    *,
+    service: str,
+    instance: str,
+    spans: list[Any],
+    size_limited: bool = False,
 ) -> list[Any]:
     return [trace_id, segment_id, service, instance, size_limited, spans]
 
@@ -244,7 +251,19 @@ def log(
     tags: list[str] | None = None,
     layer: str = "",
 ) -> list[Any]:
-    return [time_ms, service, instance, endpoint, body_kind, body, trace_id, segment_id, span_id, tags or [], layer]
+    return [
+        time_ms,
+        service,
+        instance,
+        endpoint,
+        body_kind,
+        body,
+        trace_id,
+        segment_id,
+        span_id,
+        tags or [],
+        layer,
+    ]
 
 
 def meter_report(time_ms: int, service: str, instance: str, meters: list[Any]) -> list[Any]:
@@ -259,7 +278,9 @@ def histogram_meter(name: str, labels: list[str], buckets: list[list[Any]]) -> l
     return [METER_HISTOGRAM, name, labels, buckets]
 
 
-def profile_snapshot(task_id: str, segment_id: str, time_ms: int, sequence: int, stack: list[str]) -> list[Any]:
+def profile_snapshot(
+    task_id: str, segment_id: str, *, time_ms: int, sequence: int, stack: list[str]
+) -> list[Any]:
     return [task_id, segment_id, time_ms, sequence, stack]
 
 

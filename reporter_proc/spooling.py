@@ -74,6 +74,7 @@ class Replayer:
         writer: SpoolWriter,
         journal: Journal,
         send: Send,
+        *,
         stop: StopState,
         busy: Callable[[], bool],
         backoff: Callable[[int], float],

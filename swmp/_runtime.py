@@ -39,8 +39,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from ipc import Arena, RingWriter
 from reporter_proc import records as R
 from reporter_proc.settings import ReporterSettings
@@ -161,7 +159,9 @@ class ProcessSink:
         if self.namespace:
             props["namespace"] = self.namespace
         props.update(self.properties)
-        start = R.worker_start(pid, slot, self.service, instance, props, "", self.namespace)
+        start = R.worker_start(
+            pid, slot, service=self.service, instance=instance, properties=props, namespace=self.namespace
+        )
         writer.write(R.WORKER_START, R.encode(start))
 
     def _warn_once(self, key: str, message: str, *args: object, exc_info: bool = False) -> None:
