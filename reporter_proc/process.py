@@ -41,30 +41,28 @@ import orjson
 
 from ipc import Arena, ArenaError, process_alive
 from reporter_proc.loop import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, Reporter
+from reporter_proc.role import forking_reporter, in_reporter_process, mark_reporter_process, set_forking
 from reporter_proc.senders.base import Sender
 from reporter_proc.settings import ReporterSettings
 
 log = logging.getLogger("swmp.reporter")
 
+__all__ = [
+    "ReporterThread",
+    "forking_reporter",
+    "in_reporter_process",
+    "run_reporter_process",
+    "run_supervisor",
+    "settings_from_json",
+    "settings_to_json",
+    "spawn_reporter",
+    "start_reporter_thread",
+]
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 REPORTER_NICE = 10  # added to the application's niceness (see lower_priority)
-
-_forking = False
-_in_reporter = False
-
-
-def forking_reporter() -> bool:
-    """True while ``spawn_reporter`` forks: the application's at-fork hooks run in the new
-    child before it gets control, and should not treat it as a worker (claim a ring slot...)."""
-    return _forking
-
-
-def in_reporter_process() -> bool:
-    """True in the supervisor and reporter processes (the agent must not trace there)."""
-    return _in_reporter
-
 
 # -- process plumbing --------------------------------------------------------------------------
 def _libc() -> Any:
@@ -197,8 +195,7 @@ def run_reporter_process(
     arena_path: str, settings: ReporterSettings, owner_pid: int, restarts: int = 0
 ) -> int:
     """Body of the reporter process: open the arena, run the loop, return the exit status."""
-    global _in_reporter
-    _in_reporter = True
+    mark_reporter_process()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a terminal hang-up is not ours to act on
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     set_process_title(f"swmp-reporter [{settings.service}] arena={arena_path}")
@@ -382,8 +379,7 @@ def _describe(code: int) -> str:
 
 def run_supervisor(arena_path: str, settings: ReporterSettings, owner_pid: int) -> int:
     """Body of the supervisor process (also what ``python -m reporter_proc`` runs)."""
-    global _in_reporter
-    _in_reporter = True
+    mark_reporter_process()
     set_process_title(f"swmp-supervisor [{settings.service}] arena={arena_path}")
     return _Supervisor(arena_path, settings, owner_pid).run()
 
@@ -401,18 +397,17 @@ def spawn_reporter(
     ``detach=True`` (uWSGI lazy-apps, where the calling worker may die) double-forks into a
     new session, so the reporter belongs to no worker; the owner is watched by pidfd only.
     """
-    global _forking
     main_thread = threading.current_thread() is threading.main_thread()
     if not main_thread and not detach:
         # PR_SET_PDEATHSIG follows the forking *thread*: it would fire when this thread ends.
         log.warning("spawn_reporter called off the main thread; relying on the pidfd watch only")
     parent = os.getpid()
     rfd, wfd = os.pipe2(os.O_CLOEXEC) if detach else (-1, -1)
-    _forking = True
+    set_forking(True)
     try:
         pid = os.fork()
     except OSError as exc:
-        _forking = False
+        set_forking(False)
         log.error("cannot fork the reporter: %s", exc)
         if detach:
             os.close(rfd)
@@ -429,7 +424,7 @@ def spawn_reporter(
             rfd=rfd,
             wfd=wfd,
         )
-    _forking = False
+    set_forking(False)
     if not detach:
         return pid
     os.close(wfd)
@@ -458,11 +453,10 @@ def _child_main(
     wfd: int,
 ) -> NoReturn:
     """Never returns: the end of every code path is ``os._exit``."""
-    global _forking, _in_reporter
     code = EXIT_ERROR
     try:
-        _forking = False
-        _in_reporter = True
+        set_forking(False)
+        mark_reporter_process()
         reset_signals()
         close_inherited_sockets()
         lower_priority()
