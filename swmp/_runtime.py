@@ -42,29 +42,17 @@ from typing import Any
 from ipc import Arena, RingWriter
 from reporter_proc import records as R
 from reporter_proc.settings import ReporterSettings
+from swmp import lifecycle
+from swmp.lifecycle import prefork_master
 from swmp.tracing.identity import identity
+
+__all__ = ["ArenaSink", "ProcessSink", "ThreadSink", "prefork_master", "worker_instance_name"]
 
 log = logging.getLogger("swmp.agent")
 
 def worker_instance_name(base: str, slot: int) -> str:
     """Instance name of the worker on ``slot``: stable across worker restarts."""
     return f"{base}-w{slot}"
-
-
-def prefork_master(owner_pid: int) -> bool:
-    """True in the master process of a prefork server we know (it serves no requests)."""
-    pid = os.getpid()
-    if pid != owner_pid:
-        return False
-    uwsgi = sys.modules.get("uwsgi")
-    if uwsgi is not None:
-        try:
-            return int(uwsgi.masterpid()) == pid and int(uwsgi.worker_id()) == 0
-        except Exception:
-            return False
-    # The arbiter module is imported by the gunicorn command itself, never by workers'
-    # applications; in the owner process it means "this is the arbiter".
-    return "gunicorn.arbiter" in sys.modules
 
 
 class ProcessSink:
@@ -121,27 +109,38 @@ class ProcessSink:
             return False
 
     def rebind(self) -> None:
-        """Take this process's ring and name (after fork, or on first use). Idempotent."""
+        """Take this process's ring and name (after fork, or on first use). Idempotent.
+
+        Announces the fork first if nothing did yet (this write's pid check was first),
+        and the binding after (``swmp.lifecycle``: meters start their thread on it).
+        """
+        lifecycle.check_fork()
+        if self._bind():
+            lifecycle.announce_bound(self.role)
+
+    def _bind(self) -> bool:
+        """Claim under the per-pid lock; True when this call did the claim."""
         pid = os.getpid()
         lock = self._claim_locks.setdefault(pid, threading.Lock())
         with lock:
             if self._pid == pid:
-                return
+                return False
             self._writer = None
             self._slot = None
             try:
                 if prefork_master(self.owner_pid):
-                    self.role = "master"
-                    return
-                self.role = "unavailable"
+                    self.role = lifecycle.MASTER
+                    return True
+                self.role = lifecycle.UNAVAILABLE
                 claimed = self._attach(pid)
                 if claimed is not None:
                     self._writer, self._slot = claimed
-                    self.role = "worker"
+                    self.role = lifecycle.WORKER
             except Exception:
                 self._warn_once("attach", "swmp: process %d cannot report", pid, exc_info=True)
             finally:
                 self._pid = pid
+            return True
 
     def _attach(self, pid: int) -> tuple[RingWriter, int] | None:
         raise NotImplementedError
@@ -187,6 +186,7 @@ class ProcessSink:
             self._writer = None
             self._slot = None
             self._pid = -1
+            lifecycle.announce_unbound()
 
     def _release(self, timeout: float) -> None:
         raise NotImplementedError

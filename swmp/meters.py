@@ -67,6 +67,7 @@ from typing import Any
 import orjson
 
 from reporter_proc.records import METER, METER_HISTOGRAM, METER_SINGLE
+from swmp import lifecycle
 from swmp._sink import get_sink
 from swmp.tracing.identity import identity
 
@@ -213,7 +214,7 @@ def _maybe_start() -> None:
         settings = _settings
         if thread is not None and thread.is_alive():
             pass
-        elif settings is None or here.final or not _may_report_here():
+        elif settings is None or here.final or not lifecycle.may_report_here():
             pass  # start_meter_reporter / a fork makes us look again
         else:
             thread = _MeterThread(settings.period)
@@ -227,18 +228,6 @@ def _maybe_start() -> None:
         here.ready = True
 
 
-def _may_report_here() -> bool:
-    """False in the reporter process and in a prefork master (they serve no requests)."""
-    process = sys.modules.get("reporter_proc.process")
-    if process is not None and (process.forking_reporter() or process.in_reporter_process()):
-        return False
-    owner = getattr(get_sink(), "owner_pid", None)
-    runtime = sys.modules.get("swmp._runtime")
-    if isinstance(owner, int) and runtime is not None:
-        return not runtime.prefork_master(owner)
-    return True
-
-
 def _after_fork_in_child() -> None:
     try:
         _new_process(os.getpid())
@@ -249,23 +238,16 @@ def _after_fork_in_child() -> None:
         _warn_once("fork", "swmp: meter after-fork setup failed in pid %d", os.getpid())
 
 
-def _register_fork_hooks() -> bool:
-    """Register the fork hooks; True when a fork is sure to be noticed without a pid check."""
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-    if "uwsgi" not in sys.modules:
-        return True
-    # uWSGI runs Python's at-fork hooks only with --py-call-osafterfork; postfork always.
-    try:
-        import uwsgidecorators  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-
-        uwsgidecorators.postfork(_after_fork_in_child)
-        return True
-    except Exception:
-        log.debug("uwsgidecorators.postfork unavailable; meters check the pid", exc_info=True)
-        return False
+def _on_bound(role: str) -> None:
+    """The sink bound this process: a worker starts reporting declared meters now."""
+    if role == lifecycle.WORKER and len(registry):
+        _enter()
 
 
-_here.check_pid = not _register_fork_hooks()
+# Fork and binding come from swmp.lifecycle; where its fork hooks cannot be trusted
+# (uWSGI without uwsgidecorators), the hot path compares pids.
+lifecycle.on_fork(_after_fork_in_child)
+_here.check_pid = not lifecycle.FORK_HOOKS_RELIABLE
 
 
 # -- meters ------------------------------------------------------------------------------------
@@ -707,10 +689,9 @@ def start_meter_reporter(config: Any) -> None:
             _settings = _Settings(period, pvm)
             _here.final = False
             _here.ready = False  # the next use looks at the process again
-        sink = get_sink()
-        _hook_sink(sink)
-        owns_ring = getattr(sink, "owns_ring", None)
-        if callable(owns_ring) and owns_ring() and len(registry):
+        lifecycle.on_bound(_on_bound)
+        lifecycle.on_leave(_flush_on_leave)
+        if lifecycle.is_reporting_worker() and len(registry):
             _enter()
     except Exception:
         _stats.errors += 1
@@ -753,7 +734,8 @@ def stop_meter_reporter(timeout: float = 2.0) -> None:
         _settings = None
         _here.ready = False
     _pvm.uninstall()
-    _unhook_sink(get_sink())
+    lifecycle.unsubscribe(_on_bound)
+    lifecycle.unsubscribe(_flush_on_leave)
 
 
 def stats() -> dict[str, int | bool]:
@@ -770,39 +752,8 @@ def stats() -> dict[str, int | bool]:
     }
 
 
-# -- the sink's "this process records now" moment ---------------------------------------------
-_HOOK_MARK = "_swmp_meters_hook"
-
-
-def _hook_sink(sink: Any) -> None:
-    """Start the reporter when the agent's sink claims this process's ring.
-
-    ``swmp._runtime.ProcessSink.rebind`` runs once per process, on its first write or from
-    the agent's after-fork hook; afterwards ``owns_ring()`` says whether the process records
-    (a prefork master never does). Wrapping the instance's method keeps both modules apart;
-    a sink without ``rebind`` (tests' MemorySink) is left alone.
-    """
-    rebind = getattr(sink, "rebind", None)
-    owns_ring = getattr(sink, "owns_ring", None)
-    if not callable(rebind) or not callable(owns_ring) or getattr(rebind, _HOOK_MARK, False):
-        return
-
-    def rebind_then_report() -> None:
-        rebind()
-        try:
-            if len(registry) and owns_ring():
-                _enter()
-        except Exception:
-            _warn_once("hook", "swmp: starting meters after the ring claim failed")
-
-    setattr(rebind_then_report, _HOOK_MARK, True)
+def _flush_on_leave() -> None:
     try:
-        sink.rebind = rebind_then_report
-    except AttributeError:
-        log.debug("the sink does not take a rebind hook; meters start on first use only")
-
-
-def _unhook_sink(sink: Any) -> None:
-    hooked = getattr(sink, "__dict__", {}).get("rebind")
-    if hooked is not None and getattr(hooked, _HOOK_MARK, False):
-        del sink.rebind
+        flush()
+    except Exception:
+        pass
