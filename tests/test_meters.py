@@ -504,5 +504,5 @@ def test_the_pid_backstop_resets_inherited_values(sink: _sink.MemorySink) -> Non
         meters._here.check_pid = saved
         if old_thread is not None:  # the "parent's" thread: the new process forgot it
             old_thread.stop(2.0)
-    assert meters._here is not here  # a new process was entered
+    assert here.pid == os.getpid() and here.thread is not old_thread  # a new process was entered
     assert counter.value == 1
