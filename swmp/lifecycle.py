@@ -27,6 +27,10 @@ import sys
 import threading
 from collections.abc import Callable
 
+# Imported before our fork hook is registered, on purpose: at-fork hooks run in
+# registration order, and ipc's (it disables the ring writers a child inherits) must run
+# before ours announces the fork and the sink claims the child's own writer.
+import ipc.ring  # noqa: F401
 from reporter_proc.role import forking_reporter, in_reporter_process
 
 log = logging.getLogger("swmp.agent")
