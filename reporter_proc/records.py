@@ -237,6 +237,41 @@ def segment(
     return [trace_id, segment_id, service, instance, size_limited, spans]
 
 
+def span(
+    span_id: int,
+    parent_id: int,
+    start_ms: int,
+    end_ms: int,
+    operation: str,
+    *,
+    peer: str = "",
+    span_type: int = SPAN_TYPE_LOCAL,
+    layer: int = LAYER_UNKNOWN,
+    component: int = 0,
+    is_error: bool = False,
+    skip_analysis: bool = False,
+    tags: list[str] | None = None,
+    logs: list[Any] | None = None,
+    refs: list[Any] | None = None,
+) -> list[Any]:
+    return [
+        span_id,
+        parent_id,
+        start_ms,
+        end_ms,
+        operation,
+        peer,
+        span_type,
+        layer,
+        component,
+        is_error,
+        skip_analysis,
+        tags or [],
+        logs or [],
+        refs or [],
+    ]
+
+
 def log(
     time_ms: int,
     service: str,
