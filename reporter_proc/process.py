@@ -60,7 +60,6 @@ __all__ = [
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 REPORTER_NICE = 10  # added to the application's niceness (see lower_priority)
 
 # -- process plumbing --------------------------------------------------------------------------
