@@ -10,8 +10,9 @@ ways, cheapest first to fire:
 * ``os.register_at_fork(after_in_child=...)`` (Gunicorn, multiprocessing, plain fork);
 * ``uwsgidecorators.postfork`` under uWSGI, which skips Python's at-fork hooks unless
   ``--py-call-osafterfork`` is set (``swmp run`` sets it; see docs/servers.md);
-* a pid comparison on every write, the backstop that needs no cooperation from the server.
-  ``os.getpid()`` is one cheap syscall per finished segment, not per span.
+* a pid comparison on every write, the backstop that needs no cooperation from the server
+  (``swmp.lifecycle.current_pid``: kept by the fork hooks where they are reliable, so a
+  write makes no system call; ``os.getpid()`` under uWSGI without ``uwsgidecorators``).
 
 When the backstop is what noticed, the record in hand was built with the parent's instance
 name; it is re-stamped with this worker's instance before it is written.
@@ -93,7 +94,7 @@ class ProcessSink:
 
     def write(self, rtype: int, payload: bytes) -> bool:
         try:
-            if self._pid != os.getpid():
+            if self._pid != lifecycle.current_pid():
                 stale_instance = identity.instance
                 self.rebind()
                 if identity.instance != stale_instance:

@@ -200,3 +200,13 @@ def _register_fork_hooks() -> bool:
 
 
 FORK_HOOKS_RELIABLE = _register_fork_hooks()
+
+
+def _pid_from_hooks() -> int:
+    return _here.pid
+
+
+# This process's pid for hot paths: where the fork hooks are reliable they keep it current,
+# so no system call is made per record (glibc no longer caches getpid()); elsewhere
+# (uWSGI without uwsgidecorators) it is os.getpid(), the backstop.
+current_pid: Callable[[], int] = _pid_from_hooks if FORK_HOOKS_RELIABLE else os.getpid
