@@ -7,12 +7,12 @@ batch of their kind as raw bytes (they are decoded only when sent); worker recor
 delivery - when it is full or older than ``flush_interval_s``.
 
 When to read (the cost at ordinary load): after a pass that emptied every ring, the intake
-sleeps on a timer (``poll_interval_s``, 20 wake-ups a second by default) with the arena's
-"sleeping" flag set. Writers do not ring the doorbell for each record: only a writer whose
-ring passes a quarter full rings it (``ipc._layout.WAKE_FILL_SHIFT``), which wakes the
-intake at once, so a burst that fits in a ring never overflows it. Below saturation no
-worker makes a system call to report, and the reporter wakes a bounded number of times a
-second whatever the request rate.
+sleeps on a timer (``poll_interval_s``: at most 20 wake-ups a second by default, down to 5
+a second while nothing comes) with the arena's "sleeping" flag set. Writers do not ring
+the doorbell for each record: only a writer whose ring passes a quarter full rings it
+(``ipc._layout.WAKE_FILL_SHIFT``), which wakes the intake at once, so a burst that fits in
+a ring never overflows it. Below saturation no worker makes a system call to report, and
+the reporter wakes a bounded number of times a second whatever the request rate.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ _READ_CHUNK = 256  # records taken from one ring before looking at the next
 # in ~25 us, so a pass stays in the tens of milliseconds: sends, keep-alives and the
 # heartbeat (at least once a second) never wait long behind a busy intake.
 _PASS_BUDGET = 1024
+_IDLE_FACTOR = 4  # an idle intake polls every 4 x poll_interval_s (0.2 s by default)
 
 
 class Intake:
@@ -123,6 +124,7 @@ class Intake:
         s = self.journal.settings
         status = self.arena.status
         flush_after = s.flush_interval_s
+        idle_s = s.poll_interval_s
         while True:
             n = self.drain_pass()
             now = time.monotonic()
@@ -133,7 +135,11 @@ class Intake:
             if n and self._more:
                 await asyncio.sleep(0)  # let the senders run between passes
                 continue
-            timeout = s.poll_interval_s
+            # Nothing came since the last pass: wake less and less often (up to _IDLE_FACTOR
+            # poll intervals), so an idle application costs a few wake-ups a second; the
+            # doorbell still wakes us at once when a ring fills up.
+            idle_s = s.poll_interval_s if n else min(idle_s * 2, s.poll_interval_s * _IDLE_FACTOR)
+            timeout = idle_s
             oldest = self.oldest_born()
             if oldest is not None:
                 timeout = min(timeout, max(0.0, oldest + flush_after - now))
