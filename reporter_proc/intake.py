@@ -23,12 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from ipc import Arena, DoorbellListener, RingReader
 from ipc import _layout as L
 from reporter_proc import records as R
-from reporter_proc.delivery import Delivery
+from reporter_proc.delivery import Delivery, decode
 from reporter_proc.journal import Journal
 from reporter_proc.ledger import Batch, Chunk, Ledger
 from reporter_proc.lifecycle import StopState
@@ -238,15 +236,8 @@ class Intake:
                 self.seal(kind.name)
 
     def _worker_record(self, kind: R.Kind, payload: bytes) -> None:
-        try:
-            rec = orjson.loads(payload)
-        except orjson.JSONDecodeError as exc:
-            self.journal.invalid(f"record of type {kind.rtype} is not JSON: {exc}")
-            return
-        if type(rec) is not list or len(rec) < kind.min_len:
-            self.journal.invalid(f"record of type {kind.rtype} does not have the layout of records.py")
-            return
-        self._on_worker_record(kind.rtype, rec)
+        for rec in decode(self.journal, kind, [payload]):
+            self._on_worker_record(kind.rtype, rec)
 
     # -- batches ---------------------------------------------------------------------------
     def oldest_born(self) -> float | None:
