@@ -31,6 +31,7 @@ from collections.abc import Awaitable
 from ipc import Arena
 from reporter_proc import records as R
 from reporter_proc.delivery import Delivery, backoff
+from reporter_proc.exits import EXIT_CONFIG, EXIT_ERROR, EXIT_OK
 from reporter_proc.instances import Instance, Instances, host_properties
 from reporter_proc.intake import Intake
 from reporter_proc.journal import Journal
@@ -47,11 +48,6 @@ log = logging.getLogger("swmp.reporter")
 
 __all__ = ["EXIT_CONFIG", "EXIT_ERROR", "EXIT_OK", "Reporter", "host_properties", "make_sender"]
 
-# Exit statuses. Never 3 or 4: Gunicorn <= 23 halts the whole server when any child it
-# reaps exits with those.
-EXIT_OK = 0
-EXIT_ERROR = 70  # EX_SOFTWARE: something broke; the supervisor restarts us
-EXIT_CONFIG = 78  # EX_CONFIG: restarting cannot help (no such protocol, bad settings)
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 

@@ -20,7 +20,6 @@ or 4 (Gunicorn <= 23 halts the server when a child exits with those).
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import ctypes
@@ -33,16 +32,23 @@ import stat
 import sys
 import threading
 from collections.abc import Coroutine
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
 from ipc import Arena, ArenaError, process_alive
-from reporter_proc.loop import EXIT_ERROR, EXIT_OK, Reporter
+from reporter_proc.exits import EXIT_ERROR, EXIT_OK
 from reporter_proc.role import forking_reporter, in_reporter_process, mark_reporter_process, set_forking
 from reporter_proc.senders.base import Sender
 from reporter_proc.settings import ReporterSettings
 from reporter_proc.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from reporter_proc.loop import Reporter
+
+# The reporter itself (asyncio and every part, ~8 MiB of memory) is imported only where it
+# runs: in the forked reporter process or on the reporter thread, never in the application's
+# master (whose pages every worker inherits) just because the agent can spawn a reporter.
 
 log = logging.getLogger("swmp.reporter")
 
@@ -140,6 +146,8 @@ def _flush_std() -> None:
 
 def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
     """Run ``coro`` on a new plain selector loop (whatever policy the application set)."""
+    import asyncio  # noqa: PLC0415 (only where a reporter runs)
+
     loop = asyncio.SelectorEventLoop()
     try:
         asyncio.set_event_loop(loop)
@@ -206,6 +214,8 @@ def run_reporter_process(
         log.error("reporter cannot open %s: %s", arena_path, exc)
         return EXIT_ERROR
     try:
+        from reporter_proc.loop import Reporter  # noqa: PLC0415 (see the imports)
+
         reporter = Reporter(arena, settings, mode="process", owner_pid=owner_pid, restarts=restarts)
         return _run_loop(reporter.run())
     finally:
@@ -411,6 +421,8 @@ class ReporterThread:
                 # Deliberately never closed: closing any descriptor of the arena file would
                 # drop this process's POSIX locks, including the ring slot its app holds.
                 arena = Arena.open(self.arena_path)
+            from reporter_proc.loop import Reporter  # noqa: PLC0415 (see the imports)
+
             reporter = Reporter(arena, self.settings, sender=self._sender, mode="thread")
             with self._lock:
                 self.reporter = reporter

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from ipc import process_alive
-from reporter_proc.loop import EXIT_CONFIG, EXIT_ERROR, EXIT_OK
+from reporter_proc.exits import EXIT_CONFIG, EXIT_ERROR, EXIT_OK
 from reporter_proc.settings import ReporterSettings
 
 log = logging.getLogger("swmp.reporter")
