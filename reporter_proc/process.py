@@ -202,6 +202,16 @@ def run_reporter_process(
 ) -> int:
     """Body of the reporter process: open the arena, run the loop, return the exit status."""
     mark_reporter_process()
+    # A stop signal during start-up (the reporter's modules are imported only now, which
+    # takes a while) means "stop", not "die": the supervisor forwards SIGTERM at once when
+    # a short-lived owner is already gone, and a reporter killed then drains nothing.
+    early: list[str] = []
+
+    def stop_early(signum: int, _frame: object) -> None:
+        early.append(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, stop_early)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a terminal hang-up is not ours to act on
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     set_process_title(f"swmp-reporter [{settings.service}] arena={arena_path}")
@@ -217,6 +227,8 @@ def run_reporter_process(
         from reporter_proc.loop import Reporter  # noqa: PLC0415 (see the imports)
 
         reporter = Reporter(arena, settings, mode="process", owner_pid=owner_pid, restarts=restarts)
+        if early:
+            reporter.request_stop(early[0])  # taken up as soon as its loop runs
         return _run_loop(reporter.run())
     finally:
         arena.close()
