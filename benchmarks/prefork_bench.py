@@ -14,14 +14,20 @@ hashing) and ``/io`` (2 ms sleep). Every (round, variant, route) gets a fresh se
 fresh gRPC test collector (tests/collector.py), a warm-up, then a measured wrk run. All
 agents report traces only (meters, logs and profiling off) to the same kind of collector.
 
-Per variant and route (medians over rounds): requests/s, p50/p99 latency (wrk), CPU
+Loads: saturation (wrk, ``--connections`` connections), then fixed rates of a fraction of
+the no-agent saturation rate of the same route (``--rates``, default 50% and 10%; paced by
+benchmarks/paced_load.py, since most servers run well below saturation and an agent's
+cost per request can grow as the rate falls).
+
+Per variant, route and load (medians over rounds): requests/s, p50/p99 latency, CPU
 microseconds per request summed over every process of the application (master, workers,
-reporter; psutil), worker and reporter RSS, and requests served vs segments received (the
+supervisor, reporter; psutil) and what it adds over no agent, worker and reporter RSS
+(and the reporter's PSS), and requests served vs segments received (the
 server is stopped gracefully and the reporter drained before the collector is read).
 wrk's count misses requests in flight when it stops, so segments may exceed requests by
 up to the number of connections; fewer segments than requests is loss.
 
-    python benchmarks/prefork_bench.py [--quick] [--json PATH] [--plot PNG]
+    python benchmarks/prefork_bench.py [--quick] [--json PATH] [--plot PNG] [--rates 0.5,0.1]
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 import psutil  # noqa: E402
 
+from benchmarks.paced_load import paced  # noqa: E402
 from tests.collector import CollectorProcess, free_port  # noqa: E402
 from tests.servers import (  # noqa: E402
     Proc,
@@ -91,6 +98,8 @@ class Measure:
     worker_rss_mib: float
     reporter_rss_mib: float
     errors: int = 0
+    load: str = "max"  # "max" (wrk, saturation) or the fixed rate's share of no agent's max
+    reporter_pss_mib: float = 0.0
 
 
 # -- wrk ---------------------------------------------------------------------------------------
@@ -157,6 +166,16 @@ def is_reporter(p: psutil.Process) -> bool:
         return p.name().startswith("swmp-reporter")
     except psutil.Error:
         return False
+
+
+def pss_mib(procs: list[psutil.Process]) -> float:
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            pass
+    return total / (1 << 20)
 
 
 def rss_mib(procs: list[psutil.Process]) -> float:
@@ -250,10 +269,16 @@ def warm_up(app: App, args: argparse.Namespace) -> None:
         raise RuntimeError(f"{app.variant}: the server does not answer:\n{app.srv.proc.tail(30)}")
 
 
-def sample(app: App, rnd: int, args: argparse.Namespace) -> Measure:
+def sample(app: App, rnd: int, args: argparse.Namespace, rate: float = 0.0, load: str = "max") -> Measure:
+    """One measurement: saturation with wrk, or ``rate`` requests/s paced."""
     procs = app_processes(app.srv.proc)
     before = cpu_seconds(procs)
-    res = run_wrk(app.srv.url + app.route, args.duration, args.connections)
+    if rate > 0:
+        r = paced(app.srv.url + app.route, rate, args.duration)
+        res = {"requests": r.requests, "rps": r.rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms}
+        res["errors"] = r.errors + r.late
+    else:
+        res = run_wrk(app.srv.url + app.route, args.duration, args.connections)
     after = cpu_seconds(procs)
     app.served += res["requests"]
     app.errors += res["errors"]
@@ -271,6 +296,8 @@ def sample(app: App, rnd: int, args: argparse.Namespace) -> Measure:
         worker_rss_mib=rss_mib(workers) / max(1, len(workers)),
         reporter_rss_mib=rss_mib([p for p in procs if is_reporter(p)]),
         errors=res["errors"],
+        load=load,
+        reporter_pss_mib=pss_mib([p for p in procs if is_reporter(p)]),
     )
 
 
@@ -282,33 +309,36 @@ def _median(values: list[float]) -> float:
 
 def summarize(measures: list[Measure], apps: list[App]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for variant in VARIANTS:
-        for route in ROUTES:
-            ms = [m for m in measures if m.variant == variant and m.route == route]
-            mine = [a for a in apps if a.variant == variant and a.route == route]
-            if not ms:
-                continue
-            out.append(
-                {
-                    "variant": variant,
-                    "route": route,
-                    "rps": _median([m.rps for m in ms]),
-                    "p50_ms": _median([m.p50_ms for m in ms]),
-                    "p99_ms": _median([m.p99_ms for m in ms]),
-                    "cpu_us_per_req": _median([m.cpu_us_per_req for m in ms]),
-                    "worker_rss_mib": _median([m.worker_rss_mib for m in ms]),
-                    "reporter_rss_mib": _median([m.reporter_rss_mib for m in ms]),
-                    "requests_served": sum(a.served for a in mine),
-                    "segments_received": sum(a.segments for a in mine),
-                    "errors": sum(a.errors for a in mine),
-                    "rounds": len(ms),
-                }
-            )
-    base = {r["route"]: r for r in out if r["variant"] == "none"}
+    loads = list(dict.fromkeys(m.load for m in measures))
+    for route, load, variant in [(ro, lo, v) for ro in ROUTES for lo in loads for v in VARIANTS]:
+        ms = [m for m in measures if m.variant == variant and m.route == route and m.load == load]
+        mine = [a for a in apps if a.variant == variant and a.route == route]
+        if not ms:
+            continue
+        out.append(
+            {
+                "variant": variant,
+                "route": route,
+                "load": load,
+                "rps": _median([m.rps for m in ms]),
+                "p50_ms": _median([m.p50_ms for m in ms]),
+                "p99_ms": _median([m.p99_ms for m in ms]),
+                "cpu_us_per_req": _median([m.cpu_us_per_req for m in ms]),
+                "worker_rss_mib": _median([m.worker_rss_mib for m in ms]),
+                "reporter_rss_mib": _median([m.reporter_rss_mib for m in ms]),
+                "reporter_pss_mib": _median([m.reporter_pss_mib for m in ms]),
+                "requests_served": sum(a.served for a in mine),
+                "segments_received": sum(a.segments for a in mine),
+                "errors": sum(a.errors for a in mine),
+                "rounds": len(ms),
+            }
+        )
+    base = {(r["route"], r["load"]): r for r in out if r["variant"] == "none"}
     for r in out:
-        b = base.get(r["route"])
+        b = base.get((r["route"], r["load"]))
         r["rps_vs_none"] = r["rps"] / b["rps"] if b else None
         r["p99_vs_none"] = r["p99_ms"] / b["p99_ms"] if b else None
+        r["cpu_us_added"] = r["cpu_us_per_req"] - b["cpu_us_per_req"] if b else None
         r["segments_lost"] = (
             0 if r["variant"] == "none" else max(0, r["requests_served"] - r["segments_received"])
         )
@@ -317,16 +347,18 @@ def summarize(measures: list[Measure], apps: list[App]) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'variant':<18} {'route':<5} {'req/s':>7} {'x none':>6} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'x none':>6} {'CPU us/req':>10} {'worker MiB':>10} {'reporter MiB':>12} {'served':>7} "
-        f"{'segments':>8} {'lost':>5}"
+        f"{'variant':<18} {'route':<5} {'load':>4} {'req/s':>7} {'x none':>6} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'x none':>6} {'CPU us/req':>10} {'+us':>5} {'worker MiB':>10} {'rep. RSS':>8} {'rep. PSS':>8} "
+        f"{'served':>7} {'segments':>8} {'lost':>5}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['variant']:<18} {r['route']:<5} {r['rps']:>7.0f} {r['rps_vs_none'] or 0:>6.2f} "
+            f"{r['variant']:<18} {r['route']:<5} {r['load']:>4} {r['rps']:>7.0f} "
+            f"{r['rps_vs_none'] or 0:>6.2f} "
             f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['p99_vs_none'] or 0:>6.2f} "
-            f"{r['cpu_us_per_req']:>10.0f} {r['worker_rss_mib']:>10.1f} {r['reporter_rss_mib']:>12.1f} "
+            f"{r['cpu_us_per_req']:>10.0f} {r['cpu_us_added'] or 0:>5.0f} {r['worker_rss_mib']:>10.1f} "
+            f"{r['reporter_rss_mib']:>8.1f} {r['reporter_pss_mib']:>8.1f} "
             f"{r['requests_served']:>7} {r['segments_received']:>8} {r['segments_lost']:>5}"
         )
     return "\n".join(lines)
@@ -435,6 +467,30 @@ def worker_cost(n: int, work: Path) -> list[dict[str, Any]]:
     return out
 
 
+def measure_fixed_rates(
+    running: list[App], measures: list[Measure], route: str, args: argparse.Namespace
+) -> None:
+    """Every variant at fixed shares of the no-agent saturation rate measured just before."""
+    shares = [float(x) for x in args.rates.split(",") if x.strip()]
+    sat = [m.rps for m in measures if m.route == route and m.load == "max" and m.variant == "none"]
+    if not shares or not sat:
+        return
+    top = _median(sat)
+    for share in shares:
+        load = f"{share:.0%}"
+        for rnd in range(args.rate_rounds):
+            shift = rnd % len(running)
+            for app in running[shift:] + running[:shift]:
+                m = sample(app, rnd, args, rate=top * share, load=load)
+                measures.append(m)
+                print(
+                    f"{route:<5} {load:>4} round {rnd + 1}/{args.rate_rounds} {app.variant:<18} "
+                    f"{m.rps:7.0f} req/s "
+                    f"p50 {m.p50_ms:6.2f} p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req",
+                    flush=True,
+                )
+
+
 # -- main --------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -448,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cpu-iterations", type=int, default=200, help="sha256 rounds of /cpu (~0.5 us each)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument(
+        "--rates",
+        default="0.5,0.1",
+        help="fixed rates to measure, as shares of no agent's saturation rate ('' = saturation only)",
+    )
+    ap.add_argument("--rate-rounds", type=int, default=3, help="rounds of each fixed rate")
     ap.add_argument(
         "--worker-cost",
         action="store_true",
@@ -468,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps({"worker_cost": rows}, indent=2))
         return 0
     if args.quick:
-        args.rounds, args.duration, args.warmup = 1, 1.0, 1.0
+        args.rounds, args.duration, args.warmup, args.rate_rounds = 1, 2.0, 1.0, 1
     variants = [v for v in args.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
     if unknown:
@@ -505,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"p50 {m.p50_ms:6.2f} p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req",
                             flush=True,
                         )
+                measure_fixed_rates(running, measures, route, args)
                 for app in running:
                     finish(app)
                     apps.append(app)

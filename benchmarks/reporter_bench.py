@@ -13,7 +13,13 @@ class, on its own event loop in this process, i.e. one core) drains them through
 
 The clock runs from the reporter being ready to the last segment acknowledged.
 
+``--memory-cap MIB``: instead, what the reporter's memory cap (``max_pending_bytes``) costs in
+RSS. The backend is stalled (the sender blocks every call), the rings hold more than the
+cap, and the reporter reads until the cap stops it; the growth of this process's RSS is
+compared with the payload bytes it holds (records stay raw bytes until they are sent).
+
     python benchmarks/reporter_bench.py [--quick] [--json PATH] [--protocols memory,encode,grpc]
+    python benchmarks/reporter_bench.py --memory-cap 64 [--json PATH]
 """
 
 from __future__ import annotations
@@ -154,6 +160,15 @@ class CountingSender(MemorySender):
         self.calls += 1
 
 
+class StalledSender(MemorySender):
+    """A backend that does not answer while blocked (``block()``), then forgets."""
+
+    name = "stalled"
+
+    async def send_segments(self, records: list[Record]) -> None:
+        await self._enter("segment")
+
+
 class EncodeOnlySender(MemorySender):
     """Encodes every batch like the gRPC sender would, then drops the bytes."""
 
@@ -253,6 +268,64 @@ def one_run(arena: Arena, protocol: str, spans: int, count: int, port: int) -> d
         arena.unlink()
 
 
+def rss_bytes() -> int:
+    """Anonymous RSS: the heap, without the arena's shared pages this process maps."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def memory_cap_run(cap_mib: int, spans: int, workdir: str) -> dict[str, Any]:
+    """RSS growth of a reporter held at its memory cap by a stalled backend."""
+    cap = cap_mib << 20
+    size = len(make_segment(0, spans))
+    count = int(cap * 1.25) // size  # more than the cap: the cap, not the rings, stops it
+    per_ring = (count // WRITERS + 1) * ((size + 15) & ~7) + 4096
+    capacity = 1 << max(16, (2 * per_ring - 1).bit_length())
+    path = os.path.join(workdir, "bench-memory.arena")
+    arena = Arena.create(path, slots=WRITERS, ring_capacity=capacity)
+    try:
+        prefill(path, count, spans)
+        settings = ReporterSettings(service="bench-service", protocol="memory", max_pending_bytes=cap)
+        sender = StalledSender()
+        sender.block()
+        reporter = Reporter(arena, settings, sender=sender, mode="thread")
+
+        async def hold() -> tuple[int, int]:
+            task = asyncio.ensure_future(reporter.run())
+            deadline = time.monotonic() + 120
+            while reporter.pending_bytes < cap - 2 * size and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            held, rss = reporter.pending_bytes, rss_bytes()
+            reporter.request_stop("benchmark done")
+            sender.unblock()
+            await task
+            return held, rss
+
+        import gc
+
+        gc.collect()
+        rss0 = rss_bytes()
+        loop = asyncio.new_event_loop()
+        try:
+            held, rss1 = loop.run_until_complete(hold())
+        finally:
+            loop.close()
+        return {
+            "cap_mib": cap_mib,
+            "spans_per_segment": spans,
+            "held_payload_mib": round(held / (1 << 20), 1),
+            "rss_growth_mib": round((rss1 - rss0) / (1 << 20), 1),
+            "rss_per_payload_byte": round((rss1 - rss0) / max(1, held), 2),
+        }
+    finally:
+        arena.close()
+        arena.unlink()
+
+
 def start_sink(workdir: str) -> tuple[subprocess.Popen[bytes], int]:
     port_file = os.path.join(workdir, "sink.port")
     proc = subprocess.Popen([sys.executable, "-c", SINK_SCRIPT, port_file])
@@ -274,7 +347,25 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--protocols", default="memory,encode,grpc")
     parser.add_argument("--spans", default="1,5,20")
+    parser.add_argument("--memory-cap", type=int, metavar="MIB", help="measure the memory cap instead")
     args = parser.parse_args()
+    if args.memory_cap:
+        tune_gc()
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        workdir = tempfile.mkdtemp(prefix="swmp-bench-", dir=shm)
+        try:
+            r = memory_cap_run(args.memory_cap, 5, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        print(f"{'cap MiB':>8}{'held payload MiB':>18}{'RSS growth MiB':>16}{'RSS/payload':>13}")
+        print(
+            f"{r['cap_mib']:>8}{r['held_payload_mib']:>18}{r['rss_growth_mib']:>16}"
+            f"{r['rss_per_payload_byte']:>13}"
+        )
+        if args.json:
+            with open(args.json, "wb") as f:
+                f.write(orjson.dumps({"memory_cap": r}, option=orjson.OPT_INDENT_2))
+        return
     protocols = [p for p in args.protocols.split(",") if p]
     sizes = [int(s) for s in args.spans.split(",") if s]
     counts = {1: 40_000, 5: 20_000, 20: 6_000}

@@ -45,6 +45,10 @@ S_REPORTER_STARTED_NS: Final = 3
 S_REPORTER_STARTS: Final = 4
 S_DOC_LEN: Final = 5
 S_SLEEPING: Final = 8  # own cache line: writers read it after every record
+# A writer rings the doorbell of a sleeping reader only once its ring holds at least
+# capacity >> WAKE_FILL_SHIFT unread bytes (a quarter): at ordinary rates the reader's own
+# timer drains the ring, and no write makes a system call.
+WAKE_FILL_SHIFT: Final = 2
 S_WAKEUPS: Final = 9
 DOC_OFFSET: Final = 128
 DOC_MAX: Final = STATUS_SIZE - DOC_OFFSET

@@ -23,7 +23,9 @@ only after it has copied records out.
 
 The writer never blocks and never makes a system call on its path: when the record does
 not fit it is dropped and counted. The only syscall is the optional wake-up (a one-byte
-write to a FIFO), made only while the reader says it is asleep.
+write to a FIFO), made only while the reader says it is asleep *and* the ring is filling up
+(a quarter of its capacity unread, ``_layout.WAKE_FILL_SHIFT``); below that the reader's
+own timer comes for the records.
 
 Ownership of the control words: the writer alone stores the tail and the written/dropped
 counters and keeps private copies of them; the reader alone stores the head and the read
@@ -256,6 +258,7 @@ def _make_write(
     pad = L.PAD_TYPE
     C_HEAD, C_TAIL, C_WRITTEN = L.C_HEAD, L.C_TAIL, L.C_WRITTEN_RECORDS
     S_SLEEPING = L.S_SLEEPING
+    wake_fill = cap >> L.WAKE_FILL_SHIFT
     packers = _Packers(max_payload)
     wake = wake if wake is not None else _no_wake
     lock = threading.Lock()
@@ -374,7 +377,7 @@ def _make_write(
             # the tail store above is visible before the sleeping flag is loaded below.
             release()
         if outcome is True:
-            if status[S_SLEEPING]:
+            if status[S_SLEEPING] and tail - int(control[C_HEAD]) >= wake_fill:
                 wake()
             return True
         if outcome is not False and not problem_logged:

@@ -20,7 +20,6 @@ or 4 (Gunicorn <= 23 halts the server when a child exits with those).
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import ctypes
@@ -28,43 +27,46 @@ import dataclasses
 import gc
 import logging
 import os
-import select
 import signal
 import stat
 import sys
 import threading
-import time
 from collections.abc import Coroutine
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
 from ipc import Arena, ArenaError, process_alive
-from reporter_proc.loop import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, Reporter
+from reporter_proc.exits import EXIT_ERROR, EXIT_OK
+from reporter_proc.role import forking_reporter, in_reporter_process, mark_reporter_process, set_forking
 from reporter_proc.senders.base import Sender
 from reporter_proc.settings import ReporterSettings
+from reporter_proc.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from reporter_proc.loop import Reporter
+
+# The reporter itself (asyncio and every part, ~8 MiB of memory) is imported only where it
+# runs: in the forked reporter process or on the reporter thread, never in the application's
+# master (whose pages every worker inherits) just because the agent can spawn a reporter.
 
 log = logging.getLogger("swmp.reporter")
 
+__all__ = [
+    "ReporterThread",
+    "forking_reporter",
+    "in_reporter_process",
+    "run_reporter_process",
+    "run_supervisor",
+    "settings_from_json",
+    "settings_to_json",
+    "spawn_reporter",
+    "start_reporter_thread",
+]
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 REPORTER_NICE = 10  # added to the application's niceness (see lower_priority)
-
-_forking = False
-_in_reporter = False
-
-
-def forking_reporter() -> bool:
-    """True while ``spawn_reporter`` forks: the application's at-fork hooks run in the new
-    child before it gets control, and should not treat it as a worker (claim a ring slot...)."""
-    return _forking
-
-
-def in_reporter_process() -> bool:
-    """True in the supervisor and reporter processes (the agent must not trace there)."""
-    return _in_reporter
-
 
 # -- process plumbing --------------------------------------------------------------------------
 def _libc() -> Any:
@@ -144,6 +146,8 @@ def _flush_std() -> None:
 
 def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
     """Run ``coro`` on a new plain selector loop (whatever policy the application set)."""
+    import asyncio  # noqa: PLC0415 (only where a reporter runs)
+
     loop = asyncio.SelectorEventLoop()
     try:
         asyncio.set_event_loop(loop)
@@ -197,8 +201,17 @@ def run_reporter_process(
     arena_path: str, settings: ReporterSettings, owner_pid: int, restarts: int = 0
 ) -> int:
     """Body of the reporter process: open the arena, run the loop, return the exit status."""
-    global _in_reporter
-    _in_reporter = True
+    mark_reporter_process()
+    # A stop signal during start-up (the reporter's modules are imported only now, which
+    # takes a while) means "stop", not "die": the supervisor forwards SIGTERM at once when
+    # a short-lived owner is already gone, and a reporter killed then drains nothing.
+    early: list[str] = []
+
+    def stop_early(signum: int, _frame: object) -> None:
+        early.append(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, stop_early)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a terminal hang-up is not ours to act on
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     set_process_title(f"swmp-reporter [{settings.service}] arena={arena_path}")
@@ -211,7 +224,11 @@ def run_reporter_process(
         log.error("reporter cannot open %s: %s", arena_path, exc)
         return EXIT_ERROR
     try:
+        from reporter_proc.loop import Reporter  # noqa: PLC0415 (see the imports)
+
         reporter = Reporter(arena, settings, mode="process", owner_pid=owner_pid, restarts=restarts)
+        if early:
+            reporter.request_stop(early[0])  # taken up as soon as its loop runs
         return _run_loop(reporter.run())
     finally:
         arena.close()
@@ -244,148 +261,11 @@ def _reporter_child(
         os._exit(code)
 
 
-# -- the supervisor ----------------------------------------------------------------------------
-class _Supervisor:
-    def __init__(self, arena_path: str, settings: ReporterSettings, owner_pid: int) -> None:
-        self.arena_path = arena_path
-        self.settings = settings
-        self.owner_pid = owner_pid
-        self.stop_signal = 0
-        self.owner_dead = False
-        self.restarts = 0
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._owner_fd = -1
-
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        self.stop_signal = signum
-
-    def run(self) -> int:
-        for sig in _STOP_SIGNALS:
-            signal.signal(sig, self._on_signal)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        signal.set_wakeup_fd(self._wake_w)  # a signal wakes select()
-        try:
-            self._owner_fd = os.pidfd_open(self.owner_pid)
-        except ProcessLookupError:
-            self.owner_dead = True
-        except OSError:
-            self._owner_fd = -1  # no pidfd: poll the owner below
-        s = self.settings
-        delay = s.restart_backoff_base_s
-        while True:
-            if self.stop_signal:
-                return EXIT_OK
-            started = time.monotonic()
-            pid = _fork_reporter(
-                self.arena_path, s, self.owner_pid, self.restarts, (self._wake_r, self._wake_w)
-            )
-            code = self._wait(pid)
-            if self.stop_signal or self.owner_dead or not self._owner_alive():
-                return EXIT_OK
-            if code == EXIT_OK:
-                return EXIT_OK  # it finished on purpose (another reporter owns the arena...)
-            if code == EXIT_CONFIG:
-                log.error("reporter cannot run with these settings; not restarting it")
-                return EXIT_CONFIG
-            if time.monotonic() - started >= s.restart_stable_s:
-                delay = s.restart_backoff_base_s
-            self.restarts += 1
-            log.warning(
-                "reporter %d died (%s); restart %d in %.1f s", pid, _describe(code), self.restarts, delay
-            )
-            self._pause(delay)
-            delay = min(s.restart_backoff_max_s, delay * 2)
-
-    def _owner_alive(self) -> bool:
-        return process_alive(self.owner_pid, 0)
-
-    def _drain_wake(self) -> None:
-        with contextlib.suppress(OSError):
-            while os.read(self._wake_r, 512):
-                pass
-
-    def _pause(self, seconds: float) -> None:
-        """Sleep, but wake for a stop signal or the owner's death."""
-        end = time.monotonic() + seconds
-        while not self.stop_signal and not self.owner_dead:
-            left = end - time.monotonic()
-            if left <= 0:
-                return
-            fds = [self._wake_r] + ([self._owner_fd] if self._owner_fd >= 0 else [])
-            ready, _, _ = select.select(fds, [], [], min(left, 1.0))
-            self._drain_wake()
-            if self._owner_fd in ready or (self._owner_fd < 0 and not self._owner_alive()):
-                self.owner_dead = True
-
-    def _wait(self, pid: int) -> int:
-        """Wait for the reporter to exit, forwarding stop signals; returns its exit code
-        (negative: killed by that signal)."""
-        try:
-            child_fd = os.pidfd_open(pid)
-        except OSError:
-            child_fd = -1
-        grace = self.settings.shutdown_deadline_s + 3.0
-        kill_at = 0.0
-        forwarded = False
-        try:
-            while True:
-                fds = [self._wake_r]
-                if child_fd >= 0:
-                    fds.append(child_fd)
-                if self._owner_fd >= 0 and not self.owner_dead:
-                    fds.append(self._owner_fd)
-                timeout = 1.0 if child_fd < 0 else None
-                if kill_at:
-                    timeout = max(0.0, min(timeout or 1.0, kill_at - time.monotonic()))
-                try:
-                    ready, _, _ = select.select(fds, [], [], timeout)
-                except InterruptedError:
-                    ready = []
-                self._drain_wake()
-                if self.stop_signal and not forwarded:
-                    forwarded = True
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGTERM)
-                    kill_at = time.monotonic() + grace
-                if not self.owner_dead and (
-                    (self._owner_fd >= 0 and self._owner_fd in ready)
-                    or (self._owner_fd < 0 and not self._owner_alive())
-                ):
-                    # The reporter watches the owner too and is draining; give it its deadline.
-                    self.owner_dead = True
-                    kill_at = kill_at or time.monotonic() + grace
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    return os.waitstatus_to_exitcode(status)
-                if kill_at and time.monotonic() >= kill_at:
-                    log.error("reporter %d missed its shutdown deadline; killing it", pid)
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                    kill_at = 0.0
-                    _, status = os.waitpid(pid, 0)
-                    return os.waitstatus_to_exitcode(status)
-        except ChildProcessError:
-            return EXIT_ERROR
-        finally:
-            if child_fd >= 0:
-                os.close(child_fd)
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit status {code}"
-
-
 def run_supervisor(arena_path: str, settings: ReporterSettings, owner_pid: int) -> int:
     """Body of the supervisor process (also what ``python -m reporter_proc`` runs)."""
-    global _in_reporter
-    _in_reporter = True
+    mark_reporter_process()
     set_process_title(f"swmp-supervisor [{settings.service}] arena={arena_path}")
-    return _Supervisor(arena_path, settings, owner_pid).run()
+    return Supervisor(arena_path, settings, owner_pid, fork_reporter=_fork_reporter).run()
 
 
 # -- spawning from the application -------------------------------------------------------------
@@ -401,18 +281,17 @@ def spawn_reporter(
     ``detach=True`` (uWSGI lazy-apps, where the calling worker may die) double-forks into a
     new session, so the reporter belongs to no worker; the owner is watched by pidfd only.
     """
-    global _forking
     main_thread = threading.current_thread() is threading.main_thread()
     if not main_thread and not detach:
         # PR_SET_PDEATHSIG follows the forking *thread*: it would fire when this thread ends.
         log.warning("spawn_reporter called off the main thread; relying on the pidfd watch only")
     parent = os.getpid()
     rfd, wfd = os.pipe2(os.O_CLOEXEC) if detach else (-1, -1)
-    _forking = True
+    set_forking(True)
     try:
         pid = os.fork()
     except OSError as exc:
-        _forking = False
+        set_forking(False)
         log.error("cannot fork the reporter: %s", exc)
         if detach:
             os.close(rfd)
@@ -429,7 +308,7 @@ def spawn_reporter(
             rfd=rfd,
             wfd=wfd,
         )
-    _forking = False
+    set_forking(False)
     if not detach:
         return pid
     os.close(wfd)
@@ -458,11 +337,10 @@ def _child_main(
     wfd: int,
 ) -> NoReturn:
     """Never returns: the end of every code path is ``os._exit``."""
-    global _forking, _in_reporter
     code = EXIT_ERROR
     try:
-        _forking = False
-        _in_reporter = True
+        set_forking(False)
+        mark_reporter_process()
         reset_signals()
         close_inherited_sockets()
         lower_priority()
@@ -555,6 +433,8 @@ class ReporterThread:
                 # Deliberately never closed: closing any descriptor of the arena file would
                 # drop this process's POSIX locks, including the ring slot its app holds.
                 arena = Arena.open(self.arena_path)
+            from reporter_proc.loop import Reporter  # noqa: PLC0415 (see the imports)
+
             reporter = Reporter(arena, self.settings, sender=self._sender, mode="thread")
             with self._lock:
                 self.reporter = reporter

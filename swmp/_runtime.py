@@ -10,8 +10,9 @@ ways, cheapest first to fire:
 * ``os.register_at_fork(after_in_child=...)`` (Gunicorn, multiprocessing, plain fork);
 * ``uwsgidecorators.postfork`` under uWSGI, which skips Python's at-fork hooks unless
   ``--py-call-osafterfork`` is set (``swmp run`` sets it; see docs/servers.md);
-* a pid comparison on every write, the backstop that needs no cooperation from the server.
-  ``os.getpid()`` is one cheap syscall per finished segment, not per span.
+* a pid comparison on every write, the backstop that needs no cooperation from the server
+  (``swmp.lifecycle.current_pid``: kept by the fork hooks where they are reliable, so a
+  write makes no system call; ``os.getpid()`` under uWSGI without ``uwsgidecorators``).
 
 When the backstop is what noticed, the record in hand was built with the parent's instance
 name; it is re-stamped with this worker's instance before it is written.
@@ -44,18 +45,16 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from ipc import Arena, RingWriter
 from reporter_proc import records as R
 from reporter_proc.settings import ReporterSettings
+from swmp import lifecycle
+from swmp.lifecycle import prefork_master
 from swmp.tracing.identity import identity
 
+__all__ = ["ArenaSink", "ProcessSink", "ThreadSink", "prefork_master", "worker_instance_name"]
+
 log = logging.getLogger("swmp.agent")
-
-# Where the instance name sits in each record type whose payload carries one.
-_INSTANCE_FIELD = {R.SEGMENT: R.SEG_INSTANCE, R.LOG: 2, R.METER: 2}
-
 
 def worker_instance_name(base: str, slot: int) -> str:
     """Instance name of the worker on ``slot``: stable across worker restarts."""
@@ -65,22 +64,6 @@ def worker_instance_name(base: str, slot: int) -> str:
 def master_instance_name(base: str) -> str:
     """Instance name of the prefork master (its own log records only)."""
     return f"{base}-master"
-
-
-def prefork_master(owner_pid: int) -> bool:
-    """True in the master process of a prefork server we know (it serves no requests)."""
-    pid = os.getpid()
-    if pid != owner_pid:
-        return False
-    uwsgi = sys.modules.get("uwsgi")
-    if uwsgi is not None:
-        try:
-            return int(uwsgi.masterpid()) == pid and int(uwsgi.worker_id()) == 0
-        except Exception:
-            return False
-    # The arbiter module is imported by the gunicorn command itself, never by workers'
-    # applications; in the owner process it means "this is the arbiter".
-    return "gunicorn.arbiter" in sys.modules
 
 
 class ProcessSink:
@@ -124,11 +107,11 @@ class ProcessSink:
 
     def write(self, rtype: int, payload: bytes) -> bool:
         try:
-            if self._pid != os.getpid():
+            if self._pid != lifecycle.current_pid():
                 stale_instance = identity.instance
                 self.rebind()
                 if identity.instance != stale_instance:
-                    payload = self._restamp(rtype, payload)
+                    payload = R.restamp_instance(rtype, payload, identity.instance)
             writer = self._writer
             if writer is None:
                 if rtype == R.LOG and self.role == "master":
@@ -154,7 +137,7 @@ class ProcessSink:
                     "master", "swmp: the master process %d cannot report its logs", pid, exc_info=True
                 )
             if identity.instance != stale_instance:
-                payload = self._restamp(R.LOG, payload)
+                payload = R.restamp_instance(R.LOG, payload, identity.instance)
         writer = self._master_writer
         if writer is None:
             self.dropped_no_slot += 1
@@ -166,27 +149,38 @@ class ProcessSink:
         return None
 
     def rebind(self) -> None:
-        """Take this process's ring and name (after fork, or on first use). Idempotent."""
+        """Take this process's ring and name (after fork, or on first use). Idempotent.
+
+        Announces the fork first if nothing did yet (this write's pid check was first),
+        and the binding after (``swmp.lifecycle``: meters start their thread on it).
+        """
+        lifecycle.check_fork()
+        if self._bind():
+            lifecycle.announce_bound(self.role)
+
+    def _bind(self) -> bool:
+        """Claim under the per-pid lock; True when this call did the claim."""
         pid = os.getpid()
         lock = self._claim_locks.setdefault(pid, threading.Lock())
         with lock:
             if self._pid == pid:
-                return
+                return False
             self._writer = None
             self._slot = None
             try:
                 if prefork_master(self.owner_pid):
-                    self.role = "master"
-                    return
-                self.role = "unavailable"
+                    self.role = lifecycle.MASTER
+                    return True
+                self.role = lifecycle.UNAVAILABLE
                 claimed = self._attach(pid)
                 if claimed is not None:
                     self._writer, self._slot = claimed
-                    self.role = "worker"
+                    self.role = lifecycle.WORKER
             except Exception:
                 self._warn_once("attach", "swmp: process %d cannot report", pid, exc_info=True)
             finally:
                 self._pid = pid
+            return True
 
     def _attach(self, pid: int) -> tuple[RingWriter, int] | None:
         raise NotImplementedError
@@ -204,20 +198,10 @@ class ProcessSink:
         if self.namespace:
             props["namespace"] = self.namespace
         props.update(self.properties)
-        flat: list[str] = []
-        for k, v in props.items():
-            flat += (k, v)
-        writer.write(
-            R.WORKER_START, orjson.dumps([pid, slot, self.service, instance, flat, "", self.namespace])
+        start = R.worker_start(
+            pid, slot, service=self.service, instance=instance, properties=props, namespace=self.namespace
         )
-
-    def _restamp(self, rtype: int, payload: bytes) -> bytes:
-        index = _INSTANCE_FIELD.get(rtype)
-        if index is None:
-            return payload
-        rec: list[Any] = orjson.loads(payload)
-        rec[index] = identity.instance
-        return orjson.dumps(rec)
+        writer.write(R.WORKER_START, R.encode(start))
 
     def _warn_once(self, key: str, message: str, *args: object, exc_info: bool = False) -> None:
         if key in self._warned:
@@ -236,7 +220,7 @@ class ProcessSink:
             self._master_writer = None
             self._master_pid = -1
             try:
-                master.write(R.WORKER_STOP, orjson.dumps([os.getpid(), master.slot]))
+                master.write(R.WORKER_STOP, R.encode(R.worker_stop(os.getpid(), master.slot)))
             finally:
                 self._release_master(master)
         if not self.owns_ring():
@@ -244,12 +228,13 @@ class ProcessSink:
         writer = self._writer
         assert writer is not None
         try:
-            writer.write(R.WORKER_STOP, orjson.dumps([self._pid, self._slot]))
+            writer.write(R.WORKER_STOP, R.encode(R.worker_stop(self._pid, self._slot or 0)))
         finally:
             self._release(timeout)
             self._writer = None
             self._slot = None
             self._pid = -1
+            lifecycle.announce_unbound()
 
     def _release(self, timeout: float) -> None:
         raise NotImplementedError

@@ -31,8 +31,8 @@ from typing import Any
 import orjson
 
 import ipc
-from reporter_proc.process import forking_reporter, in_reporter_process, spawn_reporter, start_reporter_thread
-from swmp import _sink, tracing
+from reporter_proc.process import in_reporter_process, spawn_reporter, start_reporter_thread
+from swmp import _sink, lifecycle, tracing
 from swmp._runtime import ArenaSink, ProcessSink, ThreadSink
 from swmp.config import Config, parse_instance_properties
 from swmp.tracing.identity import identity
@@ -60,7 +60,6 @@ class _Running:
 
 
 _running: _Running | None = None
-_hooks_registered = False
 _exit_registered = False
 
 
@@ -233,6 +232,7 @@ def _start(config: Config) -> _Running:
         run = _Running(config, registry, sink, mode, owner_pid, os.getpid(), arena_path=path)
 
     _sink.set_sink(run.sink)
+    lifecycle.announce_owner(owner_pid)
     identity.set_binder(run.sink.rebind)
     if in_worker or (not use_process and os.getpid() != owner_pid):
         run.sink.rebind()  # this process reports from now on (and is named now)
@@ -290,15 +290,17 @@ def _install_instrumentation(config: Config) -> None:
 
 # -- fork --------------------------------------------------------------------------------------
 def _after_fork_in_child() -> None:
-    """A new worker: take its own ring and name now rather than on its first record."""
+    """A new worker: take its own ring and name now rather than on its first record.
+
+    Subscribed to ``swmp.lifecycle``'s fork moment, which is never announced in the
+    reporter or its supervisor.
+    """
     global _state_lock
     _state_lock = threading.Lock()  # another thread of the parent may have held it
-    if forking_reporter() or in_reporter_process():
-        return  # the reporter (or its supervisor) is not a worker
     run = _running
     if run is not None:
         identity.set_binder(run.sink.rebind)  # re-armed: the child names itself on first use
-    if run is None or not _prefork_server():
+    if run is None or not lifecycle.prefork_server():
         # Other forks (multiprocessing, subprocess with preexec_fn, which runs these hooks
         # and then execs) take their ring on their first record, if they ever write one.
         return
@@ -308,26 +310,9 @@ def _after_fork_in_child() -> None:
         log.exception("swmp: after-fork setup failed in pid %d", os.getpid())
 
 
-def _prefork_server() -> bool:
-    """Are we in a prefork server whose forks are workers (they report from their start)?"""
-    return "gunicorn.arbiter" in sys.modules or "uwsgi" in sys.modules
-
-
 def _register_fork_hooks() -> None:
-    global _hooks_registered
-    if _hooks_registered:
-        return
-    _hooks_registered = True
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    lifecycle.on_fork(_after_fork_in_child)
     _register_celery_worker_hooks()
-    if "uwsgi" in sys.modules:
-        try:
-            import uwsgidecorators  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-
-            uwsgidecorators.postfork(_after_fork_in_child)
-        except Exception:
-            # Without it the per-write pid check still notices the fork.
-            log.debug("uwsgidecorators.postfork unavailable", exc_info=True)
 
 
 def _register_celery_worker_hooks() -> None:
@@ -371,23 +356,12 @@ def _at_exit() -> None:
     if run is None:
         return
     try:
-        _flush_in_process_producers()
+        lifecycle.announce_leaving()  # in-process producers (meters) write their last records
         run.sink.leave(run.config.agent_reporter_shutdown_timeout)
     except Exception:
         log.debug("swmp: exit hook failed", exc_info=True)
     if run.mode == "thread" and run.arena is not None and os.getpid() == run.owner_pid:
         run.arena.unlink()  # the name registry; process mode: the reporter unlinks
-
-
-def _flush_in_process_producers() -> None:
-    """Give periodic in-process producers (meters) a chance to write their last report."""
-    meters = sys.modules.get("swmp.meters")
-    flush = getattr(meters, "flush", None)
-    if callable(flush):
-        try:
-            flush()
-        except Exception:
-            pass
 
 
 def stop() -> None:

@@ -391,8 +391,10 @@ def test_doorbell_wakes_a_sleeping_reader_in_another_process(path: str, pipes: C
             w = a.claim_slot()
             assert w is not None
             t0 = time.monotonic()
-            assert w.write(1, b"wake up")
-            assert json.loads(result.recv(timeout=30)) == [True, "wake up"]
+            # A quarter of the ring unread: the writer rings (less stays for the reader's timer).
+            big = "wake up".ljust(4096 >> L.WAKE_FILL_SHIFT)
+            assert w.write(1, big.encode())
+            assert json.loads(result.recv(timeout=30)) == [True, big]
             assert time.monotonic() - t0 < 30
         finally:
             assert reap(pid) == 0
@@ -400,7 +402,7 @@ def test_doorbell_wakes_a_sleeping_reader_in_another_process(path: str, pipes: C
         a.close()
 
 
-def test_writers_do_not_ring_an_awake_reader(path: str) -> None:
+def test_writers_ring_only_a_sleeping_reader_whose_ring_fills_up(path: str) -> None:
     a = Arena.create(path, slots=1, ring_capacity=4096)
     listener = DoorbellListener(path)
     try:
@@ -411,7 +413,14 @@ def test_writers_do_not_ring_an_awake_reader(path: str) -> None:
             assert w.write(1, b"%d" % i)
         assert listener.drain() == 0 and not listener.wait(0)
         a.status.set_sleeping(True)
-        assert w.write(1, b"now")
+        r = a.reader(0)
+        r.read()
+        r.commit()
+        # Asleep, but the ring is nearly empty: its timer will do, no system call per record.
+        assert w.write(1, b"small")
+        assert not listener.wait(0)
+        # Filling up: now it rings.
+        assert w.write(1, b"x" * (4096 >> L.WAKE_FILL_SHIFT))
         assert listener.wait(5.0)
     finally:
         listener.close()

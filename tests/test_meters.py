@@ -451,24 +451,17 @@ def test_claiming_a_ring_starts_the_reporter_and_the_record_lands_there(tmp_path
         identity.set(*saved)
 
 
-class _MasterSink(_sink.MemorySink):
-    """A sink of an application whose owner (prefork master) is this process."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.owner_pid = os.getpid()
-
-
 def test_a_prefork_master_starts_no_thread_its_workers_do(monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    import swmp._runtime  # noqa: F401  (the prefork-master test lives there)
+    from swmp import lifecycle
 
     meters.stop_meter_reporter()
     meters.registry.clear()
-    master_sink = _MasterSink()
+    master_sink = _sink.MemorySink()
     _sink.set_sink(master_sink)
-    # what swmp._runtime.prefork_master looks for in Gunicorn's arbiter process
+    lifecycle.announce_owner(os.getpid())  # what the agent says in the application's owner
+    # what swmp.lifecycle.prefork_master looks for in Gunicorn's arbiter process
     monkeypatch.setitem(sys.modules, "gunicorn.arbiter", types.ModuleType("gunicorn.arbiter"))
     try:
         meters.start_meter_reporter(_config(period=0.05))
@@ -488,6 +481,7 @@ def test_a_prefork_master_starts_no_thread_its_workers_do(monkeypatch: pytest.Mo
         assert sum(result["values"]) == 1.0
         assert meters.stats()["thread_alive"] is False
     finally:
+        lifecycle.announce_owner(0)
         meters.stop_meter_reporter()
         meters.registry.clear()
         _sink.set_sink(None)
@@ -510,5 +504,5 @@ def test_the_pid_backstop_resets_inherited_values(sink: _sink.MemorySink) -> Non
         meters._here.check_pid = saved
         if old_thread is not None:  # the "parent's" thread: the new process forgot it
             old_thread.stop(2.0)
-    assert meters._here is not here  # a new process was entered
+    assert here.pid == os.getpid() and here.thread is not old_thread  # a new process was entered
     assert counter.value == 1

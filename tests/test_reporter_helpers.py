@@ -38,39 +38,37 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
 
 def segment(trace: str, service: str = "svc", instance: str = "inst", spans: int = 1) -> bytes:
     now = int(time.time() * 1000)
-    span_list = []
-    for i in range(spans):
-        span_list.append(
-            [
-                i,
-                i - 1,
-                now,
-                now + 3,
-                f"GET /item/{i}",
-                "db:5432" if i else "",
-                0 if i == 0 else 1,
-                R.LAYER_HTTP,
-                7000,
-                False,
-                False,
-                ["http.method", "GET", "url", f"http://example/item/{i}", "status_code", "200"],
-                [],
-                [],
-            ]
+    span_list = [
+        R.span(
+            i,
+            i - 1,
+            now,
+            now + 3,
+            f"GET /item/{i}",
+            peer="db:5432" if i else "",
+            span_type=R.SPAN_TYPE_ENTRY if i == 0 else R.SPAN_TYPE_EXIT,
+            layer=R.LAYER_HTTP,
+            component=7000,
+            tags=["http.method", "GET", "url", f"http://example/item/{i}", "status_code", "200"],
         )
-    return orjson.dumps([trace, f"seg-{trace}", service, instance, False, span_list])
+        for i in range(spans)
+    ]
+    return R.encode(R.segment(trace, f"seg-{trace}", service=service, instance=instance, spans=span_list))
 
 
 def log_record(text: str, service: str = "svc", instance: str = "inst") -> bytes:
-    return orjson.dumps([int(time.time() * 1000), service, instance, "/ep", "text", text, "", "", -1, [], ""])
+    return R.encode(R.log(int(time.time() * 1000), service, instance, text, endpoint="/ep"))
 
 
 def meter_record(name: str, value: float = 1.0, service: str = "svc", instance: str = "inst") -> bytes:
-    return orjson.dumps([int(time.time() * 1000), service, instance, [[R.METER_SINGLE, name, [], value]]])
+    meters = [R.single_meter(name, [], value)]
+    return R.encode(R.meter_report(int(time.time() * 1000), service, instance, meters))
 
 
 def worker_start(pid: int, slot: int, service: str = "svc", instance: str = "") -> bytes:
-    return orjson.dumps([pid, slot, service, instance or f"inst-{slot}", ["extra", "yes"], "", ""])
+    name = instance or f"inst-{slot}"
+    start = R.worker_start(pid, slot, service=service, instance=name, properties={"extra": "yes"})
+    return R.encode(start)
 
 
 class Writer:

@@ -16,7 +16,11 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-KINDS = frozenset({"segment", "log", "meter", "management", "profile"})
+from reporter_proc.records import CAPABILITIES
+
+# Every capability a sender may declare (``supports``); the record kinds that need each
+# one are in ``reporter_proc.records.KINDS``.
+KINDS = CAPABILITIES
 
 
 class SendError(Exception):
@@ -56,6 +60,11 @@ class Sender(abc.ABC):
 
     async def report_finish(self, record: Record) -> None:
         raise UnsupportedError(f"{self.name} does not carry profiling")
+
+    async def send_finishes(self, records: list[Record]) -> None:
+        """A batch of PROFILE_FINISH records: the protocol reports them one by one."""
+        for rec in records:
+            await self.report_finish(rec)
 
     @abc.abstractmethod
     async def report_properties(

@@ -23,15 +23,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
 
 from reporter_proc import encode
-from reporter_proc.records import SEG_SEGMENT_ID
+from reporter_proc.records import LOG_SEGMENT_ID, METER_INSTANCE, SEG_SEGMENT_ID
 from reporter_proc.senders._common import encode_all, first_line
 from reporter_proc.senders.base import FatalSendError, Record, Sender, SendError
 from reporter_proc.settings import ReporterSettings
 
 log = logging.getLogger("swmp.reporter.kafka")
 
-_LOG_SEGMENT_ID = 7  # LOG record position of the segment id (the message key)
-_METER_INSTANCE = 2  # METER record position of the instance (the message key)
 
 # Kafka errors that a retry cannot fix.
 _FATAL = (kafka_errors.MessageSizeTooLargeError, kafka_errors.TopicAuthorizationFailedError,
@@ -174,12 +172,12 @@ class KafkaSender(Sender):
 
     async def send_logs(self, records: list[Record]) -> None:
         values = encode_all(encode.log, records)
-        keys = [_key(rec[_LOG_SEGMENT_ID]) for rec in records]
+        keys = [_key(rec[LOG_SEGMENT_ID]) for rec in records]
         await self._produce(self.topics["log"], list(zip(keys, values, strict=True)))
 
     async def send_meters(self, records: list[Record]) -> None:
         values = encode_all(encode.meter_collection, records)
-        keys = [_key(rec[_METER_INSTANCE]) for rec in records]
+        keys = [_key(rec[METER_INSTANCE]) for rec in records]
         await self._produce(self.topics["meter"], list(zip(keys, values, strict=True)))
 
     async def report_properties(self, service: str, instance: str, properties: list[tuple[str, str]],

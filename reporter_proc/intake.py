@@ -1,0 +1,265 @@
+"""Intake: reading the rings into per-kind batches, and deciding when to read.
+
+A *pass* visits every ring (round-robin, so no ring starves) and reads up to
+``_READ_CHUNK`` records from each, bounded by the memory cap. Data records join the open
+batch of their kind as raw bytes (they are decoded only when sent); worker records
+(WORKER_START/STOP) go to the instance table at once. A batch is sealed - handed to
+delivery - when it is full or older than ``flush_interval_s``.
+
+When to read (the cost at ordinary load): after a pass that emptied every ring, the intake
+sleeps on a timer (``poll_interval_s``: at most 20 wake-ups a second by default, down to 5
+a second while nothing comes) with the arena's "sleeping" flag set. Writers do not ring
+the doorbell for each record: only a writer whose ring passes a quarter full rings it
+(``ipc._layout.WAKE_FILL_SHIFT``), which wakes the intake at once, so a burst that fits in
+a ring never overflows it. Below saturation no worker makes a system call to report, and
+the reporter wakes a bounded number of times a second whatever the request rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ipc import Arena, DoorbellListener, RingReader
+from ipc import _layout as L
+from reporter_proc import records as R
+from reporter_proc.delivery import Delivery, decode
+from reporter_proc.journal import Journal
+from reporter_proc.ledger import Batch, Chunk, Ledger
+from reporter_proc.lifecycle import StopState
+
+log = logging.getLogger("swmp.reporter")
+
+_READ_CHUNK = 256  # records taken from one ring before looking at the next
+# Records one pass may take before it yields to the event loop. A 20-span segment decodes
+# in ~25 us, so a pass stays in the tens of milliseconds: sends, keep-alives and the
+# heartbeat (at least once a second) never wait long behind a busy intake.
+_PASS_BUDGET = 1024
+_IDLE_FACTOR = 4  # an idle intake polls every 4 x poll_interval_s (0.2 s by default)
+
+
+class Intake:
+    def __init__(
+        self,
+        arena: Arena,
+        readers: list[RingReader],
+        ledger: Ledger,
+        *,
+        journal: Journal,
+        delivery: Delivery,
+        stop: StopState,
+        on_worker_record: Callable[[int, list[Any]], None],
+        spill: Callable[[], None] | None,
+        drained_for_stop: Callable[[float], bool],
+    ) -> None:
+        self.arena = arena
+        self.journal = journal
+        self.delivery = delivery
+        self.stop = stop
+        self.readers = readers
+        self.ledger = ledger
+        self.read_counts: dict[int, int] = {}
+        self.open: dict[str, Batch] = {}
+        self._on_worker_record = on_worker_record
+        self._spill = spill  # memory is full and there is a spool: move unsent batches there
+        self._drained_for_stop = drained_for_stop
+        self._next_reader = 0  # round-robin start of the next pass
+        self._more = False  # the last pass stopped at a limit: records are waiting
+        self._waiter: asyncio.Future[None] | None = None
+        self._bell = False
+        self._listener: DoorbellListener | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake_fill = arena.ring_capacity >> L.WAKE_FILL_SHIFT
+
+    # -- waking and sleeping ---------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._listener = DoorbellListener(self.arena.path)
+        loop.add_reader(self._listener.fileno(), self._on_bell)
+
+    def close(self) -> None:
+        if self._listener is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+
+    def _on_bell(self) -> None:
+        if self._listener is not None:
+            self._listener.drain()
+        self._bell = True
+        self.poke()
+
+    def poke(self) -> None:
+        """Wake the intake now (a stop, memory freed, the doorbell)."""
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _sleep(self, timeout: float) -> None:
+        loop = self._loop
+        assert loop is not None
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiter = fut
+        handle = loop.call_later(max(0.0, timeout), _resolve, fut)
+        try:
+            await fut
+        finally:
+            handle.cancel()
+            self._waiter = None
+
+    def _filling(self) -> bool:
+        """Is some ring past the doorbell threshold (or simply unread, when stopping)?"""
+        fill = 1 if self.stop.stopping else self._wake_fill
+        return any(r.backlog() >= fill and r.pending() for r in self.readers)
+
+    # -- the loop --------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Read until the stop says the rings are drained (or the drain deadline passed)."""
+        s = self.journal.settings
+        status = self.arena.status
+        flush_after = s.flush_interval_s
+        idle_s = s.poll_interval_s
+        while True:
+            n = self.drain_pass()
+            now = time.monotonic()
+            self.seal_due(now, flush_after)
+            stop = self.stop
+            if stop.stopping and (now >= stop.drain_deadline or self._drained_for_stop(now)):
+                return
+            if n and self._more:
+                await asyncio.sleep(0)  # let the senders run between passes
+                continue
+            # Nothing came since the last pass: wake less and less often (up to _IDLE_FACTOR
+            # poll intervals), so an idle application costs a few wake-ups a second; the
+            # doorbell still wakes us at once when a ring fills up.
+            idle_s = s.poll_interval_s if n else min(idle_s * 2, s.poll_interval_s * _IDLE_FACTOR)
+            timeout = idle_s
+            oldest = self.oldest_born()
+            if oldest is not None:
+                timeout = min(timeout, max(0.0, oldest + flush_after - now))
+            if stop.stopping:
+                timeout = min(timeout, 0.05)
+            if self.memory_full():
+                # Waiting for sends, not for writers: do not make writers ring the bell.
+                await self._sleep(timeout)
+                continue
+            status.set_sleeping(True)
+            # Re-check after announcing sleep: a writer that passed the threshold before it
+            # saw the flag did not ring.
+            if self._filling():
+                status.set_sleeping(False)
+                continue
+            await self._sleep(timeout)
+            status.set_sleeping(False)
+            if self._bell:
+                self._bell = False
+                status.count_wakeup()
+
+    def memory_full(self) -> bool:
+        return self.ledger.pending_bytes >= self.journal.settings.max_pending_bytes and self._spill is None
+
+    def pending(self) -> bool:
+        return any(r.pending() for r in self.readers)
+
+    def drain_pass(self) -> int:
+        limit = self.journal.settings.max_pending_bytes
+        ledger = self.ledger
+        self._more = False
+        if ledger.pending_bytes >= limit:
+            if self._spill is None:
+                return 0
+            self.spill()
+        total = 0
+        readers = self.readers
+        count = len(readers)
+        start = self._next_reader
+        for i in range(count):
+            reader = readers[(start + i) % count]
+            if not reader.pending():
+                continue
+            if total >= _PASS_BUDGET:
+                # Yield to the senders and the status task; carry on from this ring next pass.
+                self._next_reader = reader.slot
+                self._more = True
+                break
+            # Bounded by bytes too, so the memory cap is overshot by one record at most.
+            recs = reader.read(_READ_CHUNK, limit - ledger.pending_bytes)
+            chunk = ledger.open(reader.slot, reader.cursor)
+            if recs:
+                total += len(recs)
+                if len(recs) >= _READ_CHUNK:
+                    self._more = True
+                self.dispatch(recs, chunk)
+            ledger.close(chunk)
+            if ledger.pending_bytes >= limit:
+                self._more = True
+                if self._spill is None:
+                    break
+                self.spill()
+        return total
+
+    def spill(self) -> None:
+        assert self._spill is not None
+        self.seal_all()
+        self._spill()
+
+    def dispatch(self, recs: list[tuple[int, bytes]], chunk: Chunk) -> None:
+        counts = self.read_counts
+        by_type = R.BY_TYPE
+        shut = self.journal.shut
+        open_batches = self.open
+        hold = self.ledger.hold
+        batch_max = self.journal.settings.batch_max_records
+        for rtype, payload in recs:
+            counts[rtype] = counts.get(rtype, 0) + 1
+            kind = by_type.get(rtype)
+            if kind is None:
+                self.journal.invalid(f"unknown record type {rtype}")
+                continue
+            if not kind.data:
+                self._worker_record(kind, payload)
+                continue
+            reason = shut.get(kind.name)
+            if reason is not None:
+                self.journal.dropped(reason)
+                continue
+            # Kept as the raw bytes until sent: delivery decodes (and checks) them.
+            batch = open_batches.get(kind.name)
+            if batch is None:
+                batch = open_batches[kind.name] = Batch(kind.name, time.monotonic())
+            hold(batch, chunk, payload)
+            if len(batch.payloads) >= batch_max:
+                self.seal(kind.name)
+
+    def _worker_record(self, kind: R.Kind, payload: bytes) -> None:
+        for rec in decode(self.journal, kind, [payload]):
+            self._on_worker_record(kind.rtype, rec)
+
+    # -- batches ---------------------------------------------------------------------------
+    def oldest_born(self) -> float | None:
+        return min(b.born for b in self.open.values()) if self.open else None
+
+    def seal_due(self, now: float, flush_after: float) -> None:
+        if not self.open:
+            return
+        for kind in [k for k, b in self.open.items() if now - b.born >= flush_after]:
+            self.seal(kind)
+
+    def seal(self, kind: str) -> None:
+        self.delivery.put(self.open.pop(kind))
+
+    def seal_all(self) -> None:
+        for kind in list(self.open):
+            self.seal(kind)
+
+    def abandoned_bytes(self) -> int:
+        return sum(max(0, r.backlog()) for r in self.readers)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,157 @@
+"""Spool and replay: the disk buffer for long backend outages.
+
+:class:`SpoolWriter` opens the service's spool directory and appends records to it
+(raw ring payloads, so nothing is re-encoded on the way to disk), counting what it cannot
+write. :class:`Replayer` sends the oldest spooled records back once the backend answers
+again, while the reporter's memory is not busy with live records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+from collections.abc import Awaitable, Callable
+
+import orjson
+
+from reporter_proc import records as R
+from reporter_proc.journal import Journal
+from reporter_proc.lifecycle import StopState
+from reporter_proc.senders.base import FatalSendError, Record, SendError, UnsupportedError
+from reporter_proc.spool import Spool, SpoolBusy
+
+log = logging.getLogger("swmp.reporter")
+
+
+class SpoolWriter:
+    def __init__(self, spool: Spool, journal: Journal) -> None:
+        self.spool = spool
+        self.journal = journal
+        self.write_drops = 0  # records the disk refused
+
+    @classmethod
+    def open(cls, journal: Journal) -> SpoolWriter | None:
+        """The spool of this service, or None when spooling is off or impossible."""
+        s = journal.settings
+        if not s.spool_dir:
+            return None
+        directory = os.path.join(s.spool_dir, re.sub(r"[^A-Za-z0-9_.-]", "_", s.service) or "default")
+        try:
+            spool = Spool(directory, s.spool_max_bytes, s.spool_segment_bytes)
+        except (OSError, SpoolBusy) as exc:
+            log.error("spool disabled: %s", exc)
+            return None
+        if spool.total_records:
+            log.info("spool %s holds %d records to replay", directory, spool.total_records)
+        return cls(spool, journal)
+
+    def write(self, items: list[tuple[int, bytes]]) -> None:
+        if not items:
+            return
+        try:
+            self.spool.append(items)
+        except OSError as exc:
+            self.journal.log_once("spool-write", logging.ERROR, "cannot write to the spool: %s", exc)
+            self.write_drops += len(items)
+            return
+        self.journal.counters.spooled += len(items)
+
+    @property
+    def dropped(self) -> int:
+        return self.spool.dropped_records + self.write_drops
+
+
+Send = Callable[[str, list[Record]], Awaitable[None]]
+
+
+class Replayer:
+    """Sends spooled records, oldest file first; acknowledges a read once it is resolved."""
+
+    def __init__(
+        self,
+        writer: SpoolWriter,
+        journal: Journal,
+        send: Send,
+        *,
+        stop: StopState,
+        busy: Callable[[], bool],
+        backoff: Callable[[int], float],
+    ) -> None:
+        self.spool = writer.spool
+        self.journal = journal
+        self._send = send
+        self.stop = stop
+        self._busy = busy  # True while live records fill memory: they go first
+        self._backoff = backoff
+
+    async def run(self) -> None:
+        failures = 0
+        delay = 0.0
+        while not self.stop.closing:
+            await asyncio.sleep(delay)
+            delay = 0.2
+            if self.stop.stopping or not self.spool or self._busy():
+                continue
+            f = self.spool.oldest()
+            if f is None:
+                continue
+            items, end = self.spool.read(f, self.journal.settings.batch_max_records)
+            try:
+                await self.replay(items)
+            except (SendError, asyncio.TimeoutError, OSError) as exc:
+                self.journal.counters.failure(f"{type(exc).__name__}: {exc}")
+                failures += 1
+                delay = self._backoff(failures)
+                continue
+            self.journal.counters.success()
+            failures = 0
+            self.spool.ack(f, end, len(items))
+            delay = 0.0
+
+    async def replay(self, items: list[tuple[int, bytes]]) -> None:
+        """Send one read of the spool; raises the retryable errors, counts the rest."""
+        j = self.journal
+        c = j.counters
+        groups: dict[str, list[Record]] = {}
+        for rtype, payload in items:
+            kind = R.BY_TYPE.get(rtype)
+            recs = _decode_one(kind, payload)
+            if kind is None or recs is None:
+                j.invalid(f"spooled record of type {rtype} is unreadable")
+                continue
+            reason = j.shut.get(kind.name)
+            if reason is not None:
+                j.dropped(reason)
+                continue
+            groups.setdefault(kind.name, []).append(recs)
+        try:
+            for name, recs in groups.items():
+                try:
+                    await self._send(name, recs)
+                except UnsupportedError as exc:
+                    j.unsupported(name, len(recs), exc)
+                    continue
+                except FatalSendError as exc:
+                    j.dropped("rejected", len(recs))
+                    j.log_once(f"fatal-{name}", logging.ERROR, "backend refused %s records: %s", name, exc)
+                    continue
+                c.add(c.sent, name, len(recs))
+                c.replayed += len(recs)
+        except (SendError, asyncio.TimeoutError, OSError):
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            j.invalid(f"spooled records could not be encoded: {exc!r}", len(items))
+
+
+def _decode_one(kind: R.Kind | None, payload: bytes) -> Record | None:
+    if kind is None or not kind.data:
+        return None
+    try:
+        rec = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return rec if type(rec) is list else None

@@ -1,0 +1,212 @@
+"""The life of this process as the agent sees it: forked, bound to a slot, leaving.
+
+Several parts of the agent keep per-process state: the sink owns this process's ring and
+name, meters own a thread and counted values. They must all notice the same moments, in
+one order, whatever the server. This module is where those moments are *announced* and
+*subscribed to*; no part looks another up or rewires it:
+
+* **forked** - a new process, announced by ``os.register_at_fork`` and, under uWSGI
+  (which skips Python's at-fork hooks unless ``--py-call-osafterfork``),
+  ``uwsgidecorators.postfork``; or late, by :func:`check_fork` from a part whose own pid
+  check noticed first. Subscribers drop what the parent had. Never announced in the
+  reporter or its supervisor (forked from the application, but not part of it).
+* **bound** - the sink claimed (or declined) a ring for this process: its *role* is then
+  known: ``"worker"`` (it reports), ``"master"`` (a prefork master: serves no requests,
+  never reports), ``"unavailable"`` (no free slot).
+* **leaving** - the interpreter exits or the agent stops here: in-process producers write
+  their last records before the sink says goodbye.
+
+It also answers "may this process report?" for parts that start before the sink binds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+# Imported before our fork hook is registered, on purpose: at-fork hooks run in
+# registration order, and ipc's (it disables the ring writers a child inherits) must run
+# before ours announces the fork and the sink claims the child's own writer.
+import ipc.ring  # noqa: F401
+from reporter_proc.role import forking_reporter, in_reporter_process
+
+log = logging.getLogger("swmp.agent")
+
+WORKER = "worker"
+MASTER = "master"
+UNAVAILABLE = "unavailable"
+
+Hook = Callable[[], None]
+RoleHook = Callable[[str], None]
+
+_fork_hooks: list[Hook] = []
+_bound_hooks: list[RoleHook] = []
+_leave_hooks: list[Hook] = []
+_lock = threading.Lock()  # subscriptions only; never held while hooks run
+
+
+class _Process:
+    __slots__ = ("owner_pid", "pid", "role")
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.role = ""  # "" until the sink binds in this process
+        self.owner_pid = 0  # the process whose life bounds the application (0: unknown)
+
+
+_here = _Process()
+
+
+# -- subscribing -------------------------------------------------------------------------------
+def _add(hooks: list[Callable[..., None]], fn: Callable[..., None]) -> None:
+    with _lock:
+        if fn not in hooks:
+            hooks.append(fn)
+
+
+def _remove(hooks: list[Callable[..., None]], fn: Callable[..., None]) -> None:
+    with _lock:
+        if fn in hooks:
+            hooks.remove(fn)
+
+
+def on_fork(fn: Hook) -> None:
+    """Call ``fn()`` first thing in every new process (in subscription order)."""
+    _add(_fork_hooks, fn)
+
+
+def on_bound(fn: RoleHook) -> None:
+    """Call ``fn(role)`` whenever the sink has bound this process (once per process)."""
+    _add(_bound_hooks, fn)
+
+
+def on_leave(fn: Hook) -> None:
+    """Call ``fn()`` before this process leaves (its sink's goodbye comes after)."""
+    _add(_leave_hooks, fn)
+
+
+def unsubscribe(fn: Callable[..., None]) -> None:
+    for hooks in (_fork_hooks, _bound_hooks, _leave_hooks):
+        _remove(hooks, fn)
+
+
+def _run(hooks: list[Callable[..., None]], *args: str) -> None:
+    for fn in list(hooks):
+        try:
+            fn(*args)
+        except Exception:  # one part failing must not keep the others from their moment
+            log.exception("swmp: a process lifecycle hook failed in pid %d", os.getpid())
+
+
+# -- announcing --------------------------------------------------------------------------------
+def _forked() -> None:
+    pid = os.getpid()
+    if _here.pid == pid:
+        return
+    _here.pid = pid
+    _here.role = ""
+    if forking_reporter() or in_reporter_process():
+        return  # the reporter (or its supervisor) is not a process of the application
+    _run(_fork_hooks)
+
+
+def check_fork() -> None:
+    """Announce the fork now if the hooks have not (a pid check noticed it first)."""
+    if _here.pid != os.getpid():
+        _forked()
+
+
+def announce_owner(owner_pid: int) -> None:
+    """The agent started: ``owner_pid`` is the application's owner (prefork master)."""
+    _here.owner_pid = owner_pid
+
+
+def announce_bound(role: str) -> None:
+    check_fork()
+    _here.role = role
+    _run(_bound_hooks, role)
+
+
+def announce_leaving() -> None:
+    _run(_leave_hooks)
+
+
+def announce_unbound() -> None:
+    """The sink left this process's ring (the agent stopped here): the role is unknown again."""
+    if _here.pid == os.getpid():
+        _here.role = ""
+
+
+# -- asking ------------------------------------------------------------------------------------
+def role() -> str:
+    """This process's role once the sink bound it here; "" before."""
+    return _here.role if _here.pid == os.getpid() else ""
+
+
+def is_reporting_worker() -> bool:
+    return role() == WORKER
+
+
+def may_report_here() -> bool:
+    """False in the reporter process and in a prefork master (they serve no requests)."""
+    if forking_reporter() or in_reporter_process():
+        return False
+    known = role()
+    if known:
+        return known != MASTER
+    owner = _here.owner_pid
+    return not (owner and prefork_master(owner))
+
+
+def prefork_master(owner_pid: int) -> bool:
+    """True in the master process of a prefork server we know (it serves no requests)."""
+    pid = os.getpid()
+    if pid != owner_pid:
+        return False
+    uwsgi = sys.modules.get("uwsgi")
+    if uwsgi is not None:
+        try:
+            return int(uwsgi.masterpid()) == pid and int(uwsgi.worker_id()) == 0
+        except Exception:
+            return False
+    # The arbiter module is imported by the gunicorn command itself, never by workers'
+    # applications; in the owner process it means "this is the arbiter".
+    return "gunicorn.arbiter" in sys.modules
+
+
+def prefork_server() -> bool:
+    """Are we in a prefork server whose forks are workers (they report from their start)?"""
+    return "gunicorn.arbiter" in sys.modules or "uwsgi" in sys.modules
+
+
+# -- the fork hooks, registered once per interpreter -------------------------------------------
+def _register_fork_hooks() -> bool:
+    """Register the hooks; True when a fork is sure to be announced without a pid check."""
+    os.register_at_fork(after_in_child=_forked)
+    if "uwsgi" not in sys.modules:
+        return True
+    try:
+        import uwsgidecorators  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+
+        uwsgidecorators.postfork(_forked)
+        return True
+    except Exception:
+        # Without it the pid checks on the hot paths (sink, meters) still notice the fork.
+        log.debug("uwsgidecorators.postfork unavailable", exc_info=True)
+        return False
+
+
+FORK_HOOKS_RELIABLE = _register_fork_hooks()
+
+
+def _pid_from_hooks() -> int:
+    return _here.pid
+
+
+# This process's pid for hot paths: where the fork hooks are reliable they keep it current,
+# so no system call is made per record (glibc no longer caches getpid()); elsewhere
+# (uWSGI without uwsgidecorators) it is os.getpid(), the backstop.
+current_pid: Callable[[], int] = _pid_from_hooks if FORK_HOOKS_RELIABLE else os.getpid

@@ -1,0 +1,101 @@
+"""swmp.lifecycle: the process moments (forked, bound, leaving) parts of the agent share."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from reporter_proc import role
+from swmp import lifecycle
+
+
+@pytest.fixture
+def events() -> Iterator[list[Any]]:
+    seen: list[Any] = []
+    hooks: list[Callable[..., None]] = [
+        lambda: seen.append(("fork-a", os.getpid())),
+        lambda: seen.append(("fork-b", os.getpid())),
+    ]
+    bound: Callable[[str], None] = lambda r: seen.append(("bound", r))  # noqa: E731
+    leave: Callable[[], None] = lambda: seen.append(("leave",))  # noqa: E731
+    for h in hooks:
+        lifecycle.on_fork(h)
+    lifecycle.on_bound(bound)
+    lifecycle.on_leave(leave)
+    yield seen
+    for fn in (*hooks, bound, leave):
+        lifecycle.unsubscribe(fn)
+    lifecycle.announce_unbound()
+
+
+def in_child(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a forked child; its JSON result comes back through a pipe."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(w, json.dumps(fn()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def test_fork_hooks_run_in_the_child_in_subscription_order(events: list[Any]) -> None:
+    got = in_child(lambda: [list(e) for e in events])
+    assert [e[0] for e in got] == ["fork-a", "fork-b"]
+    assert all(e[1] != os.getpid() for e in got)
+    assert events == []  # never in the parent
+
+
+def test_no_fork_hook_runs_in_a_forked_reporter(events: list[Any]) -> None:
+    role.set_forking(True)
+    try:
+        got = in_child(lambda: [list(e) for e in events])
+    finally:
+        role.set_forking(False)
+    assert got == []
+
+
+def test_binding_gives_the_role_until_the_next_fork(events: list[Any]) -> None:
+    lifecycle.announce_bound(lifecycle.WORKER)
+    assert events == [("bound", "worker")]
+    assert lifecycle.role() == "worker" and lifecycle.is_reporting_worker()
+    assert in_child(lifecycle.role) == ""  # a child is not bound by its parent's binding
+    lifecycle.announce_unbound()
+    assert lifecycle.role() == ""
+
+
+def test_a_late_pid_check_announces_the_fork_once(events: list[Any]) -> None:
+    def child() -> Any:
+        # As if the fork hooks had not run (uWSGI without postfork): the pid check is first.
+        events.clear()
+        lifecycle._here.pid = -1
+        lifecycle.check_fork()
+        lifecycle.check_fork()
+        lifecycle.announce_bound(lifecycle.MASTER)
+        return [e[0] for e in events]
+
+    assert in_child(child) == ["fork-a", "fork-b", "bound"]
+
+
+def test_leaving_runs_the_leave_hooks(events: list[Any]) -> None:
+    lifecycle.announce_leaving()
+    assert events == [("leave",)]
+
+
+def test_who_may_report() -> None:
+    assert lifecycle.may_report_here()  # no owner known, not bound: a plain process
+    lifecycle.announce_bound(lifecycle.MASTER)
+    try:
+        assert not lifecycle.may_report_here()
+    finally:
+        lifecycle.announce_unbound()
+    assert in_child(lambda: (role.mark_reporter_process(), lifecycle.may_report_here())[1]) is False

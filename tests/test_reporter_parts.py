@@ -1,0 +1,254 @@
+"""The reporter's parts, each on its own with the in-memory sender (no rings, no threads
+unless the part needs them): the record contract, the ledger, delivery, spool replay,
+instances, intake's batching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ipc import Arena
+from reporter_proc import records as R
+from reporter_proc.delivery import Delivery, decode
+from reporter_proc.intake import Intake
+from reporter_proc.journal import Journal
+from reporter_proc.ledger import Batch, Ledger
+from reporter_proc.lifecycle import StopState
+from reporter_proc.loop import check_capabilities
+from reporter_proc.senders.base import Sender
+from reporter_proc.senders.memory import MemorySender
+from reporter_proc.settings import ReporterSettings
+from reporter_proc.spool import Spool
+from reporter_proc.spooling import Replayer, SpoolWriter
+from tests.test_reporter_helpers import log_record, meter_record, segment, worker_start
+
+FAST = ReporterSettings(retry_backoff_base_s=0.001, retry_backoff_max_s=0.002, retry_max_attempts=3)
+
+
+def drops(j: Journal) -> dict[str, int]:
+    return {k: v for k, v in j.counters.dropped.items() if v}
+
+
+def journal(**kw: Any) -> Journal:
+    return Journal(ReporterSettings(**{**FAST.__dict__, **kw}))
+
+
+# -- the contract ------------------------------------------------------------------------------
+def test_every_data_kind_names_a_sender_method_and_a_known_capability() -> None:
+    for kind in R.DATA_KINDS:
+        method = getattr(Sender, kind.send, None)
+        assert inspect.iscoroutinefunction(method), kind
+        assert kind.capability in R.CAPABILITIES
+    assert len({k.rtype for k in R.KINDS}) == len(R.KINDS)
+    assert all(0 < k.rtype < 0xFFFF for k in R.KINDS)
+
+
+def test_builders_produce_layouts_the_reporter_accepts() -> None:
+    built = {
+        R.SEGMENT: R.segment("t", "s", service="svc", instance="i", spans=[R.span(0, -1, 1, 2, "op")]),
+        R.LOG: R.log(1, "svc", "i", "hello"),
+        R.METER: R.meter_report(1, "svc", "i", [R.single_meter("m", [], 1.0)]),
+        R.PROFILE_SNAPSHOT: R.profile_snapshot("task", "seg", time_ms=1, sequence=0, stack=["f"]),
+        R.PROFILE_FINISH: R.profile_finish("svc", "i", "task"),
+        R.WORKER_START: R.worker_start(1, 0, service="svc", instance="i", properties={"a": "b"}),
+        R.WORKER_STOP: R.worker_stop(1, 0),
+    }
+    assert set(built) == set(R.BY_TYPE)
+    for rtype, rec in built.items():
+        assert len(rec) == R.BY_TYPE[rtype].min_len, R.NAMES[rtype]
+    assert built[R.LOG][R.LOG_BODY] == "hello" and built[R.LOG][R.LOG_SPAN_ID] == -1
+    assert built[R.METER][R.METER_INSTANCE] == "i"
+    assert built[R.WORKER_START][R.WS_PROPERTIES] == ["a", "b"]
+
+
+def test_restamp_replaces_only_the_instance_field() -> None:
+    for rtype, payload in ((R.SEGMENT, segment("t")), (R.LOG, log_record("x")), (R.METER, meter_record("m"))):
+        again = orjson.loads(R.restamp_instance(rtype, payload, "child-w3"))
+        before = orjson.loads(payload)
+        index = R.INSTANCE_FIELD[rtype]
+        assert again[index] == "child-w3"
+        assert again[:index] + again[index + 1 :] == before[:index] + before[index + 1 :]
+    assert R.restamp_instance(R.WORKER_STOP, b"[1,2]", "x") == b"[1,2]"
+
+
+# -- the ledger --------------------------------------------------------------------------------
+def test_the_ledger_commits_a_ring_only_past_fully_resolved_reads() -> None:
+    commits: list[tuple[int, int]] = []
+    ledger = Ledger(lambda slot, pos: commits.append((slot, pos)))
+    a, b = Batch("segment", 0.0), Batch("log", 0.0)
+    first = ledger.open(0, 100)
+    ledger.hold(a, first, b"x" * 10)
+    ledger.close(first)
+    second = ledger.open(0, 200)
+    ledger.hold(b, second, b"y" * 5)
+    ledger.close(second)
+    assert ledger.pending_bytes == 15 and commits == []
+    ledger.resolve(b)  # the later read is done, the earlier one is not: nothing moves
+    assert commits == [] and ledger.pending_bytes == 10
+    ledger.resolve(a)
+    assert commits == [(0, 200)] and ledger.pending_bytes == 0
+    empty = ledger.open(1, 50)
+    ledger.close(empty)  # a read that held nothing (all dropped) commits at once
+    assert commits[-1] == (1, 50)
+
+
+# -- delivery ----------------------------------------------------------------------------------
+def _batch(ledger: Ledger, kind: str, payloads: list[bytes]) -> Batch:
+    batch = Batch(kind, 0.0)
+    chunk = ledger.open(0, len(payloads))
+    for p in payloads:
+        ledger.hold(batch, chunk, p)
+    ledger.close(chunk)
+    return batch
+
+
+def _delivery(j: Journal, sender: Sender, spool: SpoolWriter | None = None) -> tuple[Delivery, list[Any]]:
+    commits: list[Any] = []
+    ledger = Ledger(lambda slot, pos: commits.append(pos))
+    return Delivery(j, ledger, sender, spool, StopState()), commits
+
+
+def test_delivery_retries_then_sends_and_the_ring_moves_on() -> None:
+    j = journal()
+    sender = MemorySender(fail_next=2)
+    d, commits = _delivery(j, sender)
+    batch = _batch(d.ledger, "segment", [segment("a"), segment("b")])
+
+    async def go() -> None:
+        await d.deliver(batch)
+        d.ledger.resolve(batch)
+
+    asyncio.run(go())
+    assert [s[R.SEG_TRACE_ID] for s in sender.segments] == ["a", "b"]
+    assert j.counters.retried == 2 and j.counters.sent["segment"] == 2
+    assert commits == [2]
+
+
+def test_delivery_gives_up_into_the_spool_with_the_raw_bytes(tmp_path: Path) -> None:
+    j = journal()
+    spool = SpoolWriter(Spool(str(tmp_path / "spool"), 1 << 20, 1 << 16), j)
+    d, _ = _delivery(j, MemorySender(fail_next=99), spool)
+    payloads = [log_record("one"), log_record("two")]
+    batch = _batch(d.ledger, "log", payloads)
+    asyncio.run(d.deliver(batch))
+    assert j.counters.spooled == 2 and j.counters.failed == 1
+    f = spool.spool.oldest()
+    assert f is not None
+    items, _end = spool.spool.read(f, 10)
+    assert items == [(R.LOG, p) for p in payloads]
+    spool.spool.close()
+
+
+def test_delivery_without_a_spool_counts_the_drop() -> None:
+    j = journal()
+    d, _ = _delivery(j, MemorySender(fail_next=99))
+    asyncio.run(d.deliver(_batch(d.ledger, "meter", [meter_record("m")])))
+    assert drops(j) == {"backend": 1}
+
+
+class _ChokesOn(MemorySender):
+    """Its 'encoder' fails on one trace id, as a real encoder fails on a bad field."""
+
+    async def send_segments(self, records: list[Any]) -> None:
+        if any(r[R.SEG_TRACE_ID] == "bad" for r in records):
+            raise ValueError("cannot encode")
+        await super().send_segments(records)
+
+
+def test_delivery_isolates_the_record_the_encoder_chokes_on() -> None:
+    j = journal()
+    sender = _ChokesOn()
+    d, _ = _delivery(j, sender)
+    asyncio.run(d.deliver(_batch(d.ledger, "segment", [segment("ok1"), segment("bad"), segment("ok2")])))
+    assert sorted(s[R.SEG_TRACE_ID] for s in sender.segments) == ["ok1", "ok2"]
+    assert drops(j) == {"invalid": 1}
+
+
+def test_decode_counts_records_without_the_contract_layout() -> None:
+    j = journal()
+    out = decode(j, R.BY_TYPE[R.LOG], [log_record("x"), b"not json", b"[1, 2]", b"{}"])
+    assert len(out) == 1 and drops(j) == {"invalid": 3}
+
+
+def test_unsupported_kinds_are_shut_at_start() -> None:
+    j = journal(log_enabled=False)
+    check_capabilities(j, MemorySender(supports=frozenset({"segment", "management"})))
+    assert j.shut == {
+        "log": "disabled",
+        "meter": "unsupported",
+        "profile_snapshot": "unsupported",
+        "profile_finish": "unsupported",
+    }
+
+
+# -- spool replay ------------------------------------------------------------------------------
+def test_replay_sends_spooled_records_and_counts_unreadable_ones(tmp_path: Path) -> None:
+    j = journal()
+    spool = SpoolWriter(Spool(str(tmp_path / "spool"), 1 << 20, 1 << 16), j)
+    spool.write([(R.SEGMENT, segment("s1")), (R.LOG, log_record("l1")), (R.LOG, b"garbage"), (999, b"[]")])
+    sender = MemorySender()
+    replayer = Replayer(
+        spool,
+        j,
+        Delivery(j, Ledger(lambda s, p: None), sender, spool, StopState()).send,
+        stop=StopState(),
+        busy=lambda: False,
+        backoff=lambda n: 0.0,
+    )
+    f = spool.spool.oldest()
+    assert f is not None
+    items, _ = spool.spool.read(f, 10)
+    asyncio.run(replayer.replay(items))
+    assert [s[R.SEG_TRACE_ID] for s in sender.segments] == ["s1"]
+    assert [rec[R.LOG_BODY] for rec in sender.logs] == ["l1"]
+    assert j.counters.replayed == 2 and drops(j) == {"invalid": 2}
+    spool.spool.close()
+
+
+# -- intake ------------------------------------------------------------------------------------
+def test_intake_batches_raw_bytes_per_kind_and_hands_worker_records_over(tmp_path: Path) -> None:
+    arena = Arena.create(str(tmp_path / "a.arena"), slots=2, ring_capacity=64 * 1024)
+    try:
+        j = journal(batch_max_records=2)
+        readers = [arena.reader(s) for s in range(arena.slots)]
+        ledger = Ledger(lambda slot, pos: readers[slot].commit(pos))
+        d = Delivery(j, ledger, MemorySender(), None, StopState())
+        workers: list[tuple[int, list[Any]]] = []
+        intake = Intake(
+            arena,
+            readers,
+            ledger,
+            journal=j,
+            delivery=d,
+            stop=StopState(),
+            on_worker_record=lambda t, rec: workers.append((t, rec)),
+            spill=None,
+            drained_for_stop=lambda now: True,
+        )
+        w = arena.claim_slot()
+        assert w is not None
+        segs = [segment("a"), segment("b"), segment("c")]
+        for p in segs:
+            assert w.write(R.SEGMENT, p)
+        log = log_record("x")
+        assert w.write(R.LOG, log)
+        assert w.write(R.WORKER_START, worker_start(1, w.slot))
+        assert w.write(77, b"[]")
+        assert intake.drain_pass() == 6
+        full = d.queues["segment"]
+        assert len(full) == 1 and full[0].payloads == segs[:2]  # sealed at batch_max_records
+        assert intake.open["segment"].payloads == segs[2:]
+        assert intake.open["log"].payloads == [log]
+        assert [t for t, _ in workers] == [R.WORKER_START]
+        assert drops(j) == {"invalid": 1}
+        assert ledger.pending_bytes == sum(map(len, segs)) + len(log)
+        intake.seal_all()
+        assert len(d.queues["segment"]) == 2 and len(d.queues["log"]) == 1
+        arena.release_slot()
+    finally:
+        arena.close()
