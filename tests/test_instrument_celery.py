@@ -8,6 +8,8 @@ shutdown) is in tests/test_prefork_celery.py.
 
 from __future__ import annotations
 
+import logging
+
 import datetime
 import time
 import uuid
@@ -73,12 +75,18 @@ def setup(redis_server: ServerInfo) -> Iterator[tuple[Celery, _sink.MemorySink, 
     status = instrument.install_all(cfg)
     assert status["celery"] == "installed"
     app = make_app(f"redis://127.0.0.1:{redis_server.port}/3")
+    # The in-process worker sets up logging as a worker does (root level ERROR, its own
+    # handlers): give the next test modules the logging configuration they started with.
+    root = logging.getLogger()
+    saved = root.level, root.handlers[:]
     try:
         with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
             yield app, sink, redis_server
     finally:
         instrument.uninstall_all()
         _sink.set_sink(None)
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
 
 
 @pytest.fixture()

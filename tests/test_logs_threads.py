@@ -38,6 +38,7 @@ def reporting(sink: _sink.MemorySink) -> Iterator[Any]:
     installed: list[Any] = []
     root = logging.getLogger()
     saved = root.handlers[:], root.level  # the tests reconfigure logging as applications do
+    root.setLevel(logging.WARNING)  # Python's default, whatever an earlier test module left
 
     def install(**settings: Any) -> None:
         settings.setdefault("agent_log_reporter_layout", "%(levelname)s %(name)s %(message)s")
