@@ -8,9 +8,8 @@ shutdown) is in tests/test_prefork_celery.py.
 
 from __future__ import annotations
 
-import logging
-
 import datetime
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
