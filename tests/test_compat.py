@@ -159,7 +159,7 @@ def test_unsupported_peer_variables_are_named_once_in_one_line(caplog: pytest.Lo
         "SW_AGENT_EXPERIMENTAL_FORK_SUPPORT": "true",
         "SW_AGENT_TRACE_REPORTER_MAX_BUFFER_SIZE": "100",
     }
-    config._reported.clear()
+    config._load._reported.clear()
     with caplog.at_level(logging.WARNING, logger="swmp.config"):
         load(env)
         load(env)  # workers load again: not repeated

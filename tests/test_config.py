@@ -131,7 +131,7 @@ def test_keywords_override_environment() -> None:
 def test_invalid_value_is_reported_once_and_default_used(
     env: str, value: str, why: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    C._reported.clear()
+    C._load._reported.clear()
     default = C.load({})
     with caplog.at_level(logging.WARNING, logger="swmp.config"):
         cfg = C.load({env: value})
@@ -144,7 +144,7 @@ def test_invalid_value_is_reported_once_and_default_used(
 
 
 def test_unknown_keyword_is_reported_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
-    C._reported.clear()
+    C._load._reported.clear()
     with caplog.at_level(logging.WARNING, logger="swmp.config"):
         cfg = C.load({}, agent_nmae="typo", agent_name="ok")
     assert cfg.agent_name == "ok"
@@ -152,7 +152,7 @@ def test_unknown_keyword_is_reported_and_ignored(caplog: pytest.LogCaptureFixtur
 
 
 def test_bad_keyword_type_is_reported(caplog: pytest.LogCaptureFixture) -> None:
-    C._reported.clear()
+    C._load._reported.clear()
     with caplog.at_level(logging.WARNING, logger="swmp.config"):
         cfg = C.load({}, agent_span_limit="lots", agent_force_tls="yes")
     assert cfg.agent_span_limit == 300
@@ -189,7 +189,7 @@ def test_instance_properties_json(caplog: pytest.LogCaptureFixture) -> None:
     assert C.parse_instance_properties(C.load({"SW_AGENT_INSTANCE_PROPERTIES_JSON": '{"a": 1}'})) == {
         "a": "1"
     }
-    C._reported.clear()
+    C._load._reported.clear()
     with caplog.at_level(logging.WARNING, logger="swmp.config"):
         assert C.parse_instance_properties(C.load({"SW_AGENT_INSTANCE_PROPERTIES_JSON": "{"})) == {}
     assert caplog.records
@@ -206,3 +206,25 @@ def test_generated_configuration_doc_is_current() -> None:
     text = (ROOT / "docs" / "configuration.md").read_text()
     for s in C.settings():
         assert f"`{s.env}`" in text
+
+
+def test_every_declared_setting_is_read_by_the_code() -> None:
+    """A documented setting nothing reads is a promise the code does not keep: each field
+    must be used somewhere besides its own declaration."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    texts = [
+        p.read_text()
+        for d in ("swmp", "reporter_proc", "ipc")
+        for p in (root / d).rglob("*.py")
+        if "generated" not in p.parts
+    ]
+    unread = []
+    for s in C.settings():
+        declaration = re.compile(r"^\s+%s:\s*[^=\n]+=\s*opt\(" % s.name, re.M)
+        uses = sum(len(re.findall(r"\b%s\b" % s.name, t)) - len(declaration.findall(t)) for t in texts)
+        if uses < 1:
+            unread.append(s.env)
+    assert not unread, f"declared and documented, but never read: {unread}"

@@ -1,0 +1,92 @@
+"""How the data leaves the application: reporter process, shared memory, batches, spool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swmp.config._declare import (
+    KIB,
+    MIB,
+    REPORTER,
+    at_least,
+    opt,
+    power_of_two,
+)
+
+
+@dataclass(frozen=True)
+class ReporterProcessSettings:
+    """The reporter process and the arena (swmp's own settings)."""
+
+    agent_reporter_process: bool = opt(
+        True,
+        "SW_AGENT_REPORTER_PROCESS",
+        "Ship data from a dedicated reporter process; false: a background thread in the application.",
+        REPORTER,
+    )
+    agent_arena_dir: str = opt(
+        "/dev/shm", "SW_AGENT_ARENA_DIR", "Directory of the shared-memory arena file (a tmpfs).", REPORTER
+    )
+    agent_arena_slots: int = opt(
+        64,
+        "SW_AGENT_ARENA_SLOTS",
+        "Ring slots in the arena: the most workers that can report at once.",
+        REPORTER,
+        check=lambda v: None if 1 <= v <= 4096 else "must be between 1 and 4096",
+    )
+    agent_ring_size: int = opt(
+        4 * MIB,
+        "SW_AGENT_RING_SIZE",
+        "Bytes per worker ring (power of two, 4 KiB..1 GiB).",
+        REPORTER,
+        check=power_of_two(4 * KIB, 1024 * MIB),
+    )
+    agent_reporter_batch_size: int = opt(
+        1000,
+        "SW_AGENT_REPORTER_BATCH_SIZE",
+        "Most records the reporter sends in one batch.",
+        REPORTER,
+        check=at_least(1),
+    )
+    agent_reporter_flush_interval: float = opt(
+        0.2,
+        "SW_AGENT_REPORTER_FLUSH_INTERVAL",
+        "Seconds a partial batch may wait before it is sent.",
+        REPORTER,
+        check=at_least(0.001),
+    )
+    agent_reporter_send_timeout: float = opt(
+        10.0,
+        "SW_AGENT_REPORTER_SEND_TIMEOUT",
+        "Seconds one send to the backend may take.",
+        REPORTER,
+        check=at_least(0.1),
+    )
+    agent_reporter_max_pending_bytes: int = opt(
+        64 * MIB,
+        "SW_AGENT_REPORTER_MAX_PENDING_BYTES",
+        "Bytes of unsent data the reporter keeps in memory before spooling or dropping.",
+        REPORTER,
+        check=at_least(KIB),
+    )
+    agent_reporter_shutdown_timeout: float = opt(
+        5.0,
+        "SW_AGENT_REPORTER_SHUTDOWN_TIMEOUT",
+        "Seconds the reporter may spend flushing at shutdown.",
+        REPORTER,
+        check=at_least(0),
+    )
+    agent_spool_dir: str = opt(
+        "",
+        "SW_AGENT_SPOOL_DIR",
+        "Directory for spooling data during a long backend outage; empty = off.",
+        REPORTER,
+    )
+    agent_spool_max_bytes: int = opt(
+        256 * MIB,
+        "SW_AGENT_SPOOL_MAX_BYTES",
+        "Size cap of the spool directory.",
+        REPORTER,
+        check=at_least(0),
+    )
+
