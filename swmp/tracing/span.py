@@ -22,6 +22,7 @@ import traceback
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from swmp.profiling.gate import gate as _gate
 from swmp.propagation import b64, encode_correlation
 from swmp.tracing.identity import identity
 from swmp.tracing.limits import limits, stats
@@ -113,6 +114,8 @@ class Span:
             self.error(ev)
         if self.end:
             return
+        if self.span_id == 0 and self.segment.profile is not None:
+            self.segment.profile.stop()  # before the end time: no snapshot after the segment's end
         self.end = _time_ns() // 1_000_000
         if _get_current() is self:
             prev = self._prev
@@ -125,6 +128,8 @@ class Span:
         """Finish the span (idempotent). Never raises."""
         if self.end:
             return
+        if self.span_id == 0 and self.segment.profile is not None:
+            self.segment.profile.stop()
         self.end = end_ms or _time_ns() // 1_000_000
         if _get_current() is self:
             prev = self._prev
@@ -180,6 +185,8 @@ class Span:
 
     def set_operation(self, op: str) -> Span:
         self.op = op
+        if self.span_id == 0 and _gate.by_endpoint:  # a profile task may name the final endpoint
+            _gate.consider(self)
         return self
 
     def set_peer(self, peer: str) -> Span:
