@@ -30,7 +30,8 @@ def create_task(
 ) -> str:
     """A task starting now; returns its id (raises AssertionError with the OAP's reason)."""
     data = q.gql(
-        "mutation($r: ProfileTaskCreationRequest){ createProfileTask(creationRequest: $r){ id errorReason } }",
+        "mutation($r: ProfileTaskCreationRequest){"
+        " createProfileTask(creationRequest: $r){ id errorReason } }",
         {
             "r": {
                 "serviceId": service_id,

@@ -9,12 +9,20 @@ naming the slow function, and no snapshot may lie after its segment's end.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.oap_graphql import wait_for
-from tests.oap_profile import ProfiledSegment, analyze, create_task, profiled_segments, snapshot_count, task_logs
+from tests.oap_profile import (
+    ProfiledSegment,
+    analyze,
+    create_task,
+    profiled_segments,
+    snapshot_count,
+    task_logs,
+)
 from tests.realpeers import OapServer, free_ports, unique_name
 from tests.servers import agent_env, gunicorn_command, load, run_server
 
@@ -24,29 +32,38 @@ WORKERS = 4
 MAX_SAMPLING = 3  # per worker (each worker is an instance)
 DATA_TIMEOUT = 90.0
 
+WSGI_APP = "tests.e2e_apps.profile_app:wsgi"
+ASGI_APP = "tests.e2e_apps.profile_app:asgi"
+
+
+@dataclass(frozen=True)
+class Case:
+    worker_class: str
+    app: str
+    reporter_process: bool
+    slow_function: str  # what the stack trees must name
+
+
 CASES = [
-    pytest.param("sync", "tests.e2e_apps.profile_app:wsgi", True, "sluggish_report_builder", id="sync-process"),
-    pytest.param("sync", "tests.e2e_apps.profile_app:wsgi", False, "sluggish_report_builder", id="sync-thread"),
+    pytest.param(Case("sync", WSGI_APP, True, "sluggish_report_builder"), id="sync-process"),
+    pytest.param(Case("sync", WSGI_APP, False, "sluggish_report_builder"), id="sync-thread"),
     pytest.param(
-        "uvicorn.workers.UvicornWorker", "tests.e2e_apps.profile_app:asgi", True,
-        "sluggish_async_report_builder", id="uvicorn-asgi",
+        Case("uvicorn.workers.UvicornWorker", ASGI_APP, True, "sluggish_async_report_builder"),
+        id="uvicorn-asgi",
     ),
 ]
 
 
-@pytest.mark.parametrize(("worker_class", "app", "reporter_process", "slow_function"), CASES)
-def test_profile_task_samples_every_worker(
-    worker_class: str, app: str, reporter_process: bool, slow_function: str, oap_server: OapServer,
-    tmp_path: Path,
-) -> None:
+@pytest.mark.parametrize("case", CASES)
+def test_profile_task_samples_every_worker(case: Case, oap_server: OapServer, tmp_path: Path) -> None:
     service = unique_name("e2e-profile")
     base = f"{service}-inst"
     env = agent_env(
-        tmp_path, oap_server.grpc, service=service, instance=base, reporter_process=reporter_process,
+        tmp_path, oap_server.grpc, service=service, instance=base, reporter_process=case.reporter_process,
         extra={"SW_AGENT_PROFILE_ACTIVE": "true", "SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL": "1"},
     )
     port = free_ports(1)[0]
-    cmd = gunicorn_command(port, app=app, workers=WORKERS, worker_class=worker_class)
+    cmd = gunicorn_command(port, app=case.app, workers=WORKERS, worker_class=case.worker_class)
     q = oap_server.query
     names = {f"{base}-w{i}" for i in range(WORKERS)}
     with run_server("gunicorn", tmp_path, cmd, env, port=port, workers=WORKERS, name=service) as srv:
@@ -86,7 +103,7 @@ def test_profile_task_samples_every_worker(
 
         found = wait_for(trees, DATA_TIMEOUT, what=f"stack trees of segment {seg.segment_id}")
         signatures = [str(e["codeSignature"]) for tree in found for e in tree]
-        assert any(f".{slow_function}:" in s for s in signatures), signatures[:20]
+        assert any(f".{case.slow_function}:" in s for s in signatures), signatures[:20]
         # Every snapshot of the segment was dumped within it: the analysis of [start, end]
         # covers as many as that of ten minutes either side. (The OAP answers a range that
         # holds no snapshot with the segment's first one, so "after the end" cannot be
