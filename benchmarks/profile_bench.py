@@ -1,0 +1,188 @@
+"""What profiling costs a traced endpoint: no task, a task on another endpoint, a task sampling it.
+
+One process, one request thread, the real tracing core and a real arena board. Each
+"request" is an entry span around pure-Python CPU work (``--work-ms``, 20 ms by default so a
+10 ms dump period takes about two snapshots per request). Modes, measured side by side in
+interleaved rounds so machine load hits them alike:
+
+  no-board        the agent without profiling (no board attached: the pre-profiling path)
+  no-task         profiling on, the board empty (one generation word compared per segment)
+  task-elsewhere  a task on another endpoint (the endpoint lookup added per segment)
+  sampling        a task on this endpoint, 10 ms dump period, every request sampled (the
+                  sampler thread walks the request thread's stack every 10 ms)
+
+Records go to a counting sink (the ring's own cost is in ipc_bench). Throughput is
+requests/s of the request thread (median of rounds); p99 is over all requests of a mode.
+A second table gives the per-segment cost of the gate alone (a span with no work).
+
+    python benchmarks/profile_bench.py [--rounds 5] [--seconds 2] [--work-ms 20] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ipc import Arena
+from reporter_proc import records as R
+from reporter_proc import taskboard
+from reporter_proc.taskboard import BoardTask
+from swmp import _sink, tracing
+from swmp.config import load
+from swmp.profiling import stats
+from swmp.profiling.gate import gate
+from swmp.tracing.context import new_entry_span
+
+MODES = ("no-board", "no-task", "task-elsewhere", "sampling")
+
+
+class CountingSink:
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+
+    def write(self, rtype: int, payload: bytes) -> bool:
+        self.counts[rtype] = self.counts.get(rtype, 0) + 1
+        return True
+
+
+def cpu_work(units: int) -> int:
+    """A fixed amount of pure-Python work (not a deadline: stolen CPU time must show)."""
+    n = 0
+    for _ in range(units):
+        n += sum(i * i for i in range(200))
+    return n
+
+
+def calibrate(work_ms: float) -> int:
+    """Work units that take about ``work_ms`` on this machine (best of 5)."""
+    best = min(_timed(200) for _ in range(5))
+    return max(1, round(200 * work_ms / 1000 / best))
+
+
+def _timed(units: int) -> float:
+    t0 = time.perf_counter()
+    cpu_work(units)
+    return time.perf_counter() - t0
+
+
+def endpoint_handler(units: int) -> None:
+    with new_entry_span("/work"):
+        cpu_work(units)
+
+
+def set_mode(arena: Arena, mode: str) -> None:
+    now = time.time_ns() // 1_000_000
+    task = BoardTask("bench", "/work", now - 1000, now + 3_600_000, 0, 10, 1 << 40)
+    if mode == "no-board":
+        gate.attach(None)
+        return
+    gate.attach(arena.board)
+    elsewhere = BoardTask("bench", "/elsewhere", task.start_ms, task.end_ms, 0, 10, 1 << 40)
+    tasks = {"no-task": [], "task-elsewhere": [elsewhere], "sampling": [task]}[mode]
+    arena.board.publish(taskboard.encode(tasks))
+
+
+def run_mode(seconds: float, units: int) -> tuple[float, list[float]]:
+    latencies: list[float] = []
+    start = time.perf_counter()
+    end = start + seconds
+    while True:
+        t0 = time.perf_counter()
+        if t0 >= end:
+            break
+        endpoint_handler(units)
+        latencies.append(time.perf_counter() - t0)
+    return len(latencies) / (time.perf_counter() - start), latencies
+
+
+def gate_cost_ns(arena: Arena, mode: str, n: int = 200_000) -> float:
+    set_mode(arena, mode)
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        with new_entry_span("/empty"):
+            pass
+    return (time.perf_counter_ns() - t0) / n
+
+
+def p99(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(len(s) * 0.99))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=2.0, help="per mode per round")
+    ap.add_argument("--work-ms", type=float, default=20.0)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+
+    sink = CountingSink()
+    _sink.set_sink(sink)
+    tracing.configure(load({}))
+    gate.configure(max_parallel=5, depth=500, duration_min=10)
+    units = calibrate(args.work_ms)
+    with tempfile.TemporaryDirectory() as d:
+        arena = Arena.create(os.path.join(d, "bench.arena"), slots=1, ring_capacity=1 << 16)
+        try:
+            tput: dict[str, list[float]] = {m: [] for m in MODES}
+            lat: dict[str, list[float]] = {m: [] for m in MODES}
+            snaps: dict[str, int] = dict.fromkeys(MODES, 0)
+            for r in range(args.rounds):
+                order = MODES if r % 2 == 0 else tuple(reversed(MODES))
+                for mode in order:
+                    set_mode(arena, mode)
+                    before = stats.snapshots
+                    rps, ls = run_mode(args.seconds, units)
+                    snaps[mode] += stats.snapshots - before
+                    tput[mode].append(rps)
+                    lat[mode] += ls
+            gate_ns = {m: min(gate_cost_ns(arena, m) for _ in range(3)) for m in MODES[:3]}
+        finally:
+            gate.attach(None)
+            arena.close()
+            arena.unlink()
+    _sink.set_sink(None)
+
+    base = statistics.median(tput["no-board"])
+    rows: list[dict[str, Any]] = []
+    print(f"{'mode':<16}{'req/s':>10}{'vs no-board':>13}{'p99 ms':>10}{'snapshots/req':>15}")
+    for m in MODES:
+        med = statistics.median(tput[m])
+        row = {
+            "mode": m,
+            "rps_median": med,
+            "rps_rounds": tput[m],
+            "loss_pct": (1 - med / base) * 100,
+            "p99_ms": p99(lat[m]) * 1000,
+            "requests": len(lat[m]),
+            "snapshots_per_request": snaps[m] / max(1, len(lat[m])),
+        }
+        rows.append(row)
+        print(f"{m:<16}{med:>10.1f}{-row['loss_pct']:>12.2f}%{row['p99_ms']:>10.2f}"
+              f"{row['snapshots_per_request']:>15.2f}")
+    print()
+    print(f"{'per-segment cost of an empty span (ns)':<44}")
+    for m, ns in gate_ns.items():
+        print(f"  {m:<16}{ns:>10.0f}")
+    print(f"\nload average: {os.getloadavg()}, cpus: {os.cpu_count()}, python {platform.python_version()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "args": vars(args), "rows": rows, "empty_span_ns": gate_ns,
+            "loadavg": os.getloadavg(), "python": platform.python_version(),
+            "snapshot_records": sink.counts.get(R.PROFILE_SNAPSHOT, 0),
+        }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
