@@ -375,3 +375,19 @@ def test_sampler_counts(arena: Arena, sink: _sink.MemorySink, caplog: Any) -> No
     with caplog.at_level(logging.ERROR, "swmp.profiling"):
         request("/slow", 0.05)
     assert stats.snapshots > before and not caplog.records
+
+
+def test_suspended_greenlet_stack() -> None:
+    import greenlet  # gevent's, in the dev extra
+
+    main = greenlet.getcurrent()
+
+    def parked_in_a_greenlet() -> None:
+        main.switch()
+
+    g = greenlet.greenlet(parked_in_a_greenlet)
+    g.switch()  # runs until it switches back: now suspended inside parked_in_a_greenlet
+    stack = stacks.greenlet_stack(g, 10)
+    assert stack and ".parked_in_a_greenlet:" in stack[-1]
+    g.switch()  # let it finish
+    assert g.dead and stacks.greenlet_stack(g, 10) == []
