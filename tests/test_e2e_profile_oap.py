@@ -2,7 +2,7 @@
 
 A task is created through GraphQL on ``/slow`` of an app served by four Gunicorn workers
 under ``swmp run`` (sync Flask workers with the reporter process or with
-``SW_AGENT_REPORTER_PROCESS=false``; the Uvicorn worker with an ASGI app). Under load, the
+``SW_AGENT_REPORTER_PROCESS=false``; gevent workers; the Uvicorn worker with an ASGI app). Under load, the
 OAP must list profiled segments from every worker, its analysis must return stack trees
 naming the slow function, and no snapshot may lie after its segment's end.
 """
@@ -47,6 +47,7 @@ class Case:
 CASES = [
     pytest.param(Case("sync", WSGI_APP, True, "sluggish_report_builder"), id="sync-process"),
     pytest.param(Case("sync", WSGI_APP, False, "sluggish_report_builder"), id="sync-thread"),
+    pytest.param(Case("gevent", WSGI_APP, True, "sluggish_report_builder"), id="gevent"),
     pytest.param(
         Case("uvicorn.workers.UvicornWorker", ASGI_APP, True, "sluggish_async_report_builder"),
         id="uvicorn-asgi",

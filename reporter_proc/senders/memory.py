@@ -123,7 +123,10 @@ class MemorySender(Sender):
     async def fetch_profile_commands(
         self, service: str, instance: str, last_command_time: int
     ) -> list[dict[str, str]]:
-        await self._enter("profile")
+        # Not counted in ``calls`` and never failed on purpose: the poller's rounds must not
+        # use up failures a test meant for the data it sends.
+        if "profile" not in self.supports:
+            raise UnsupportedError("memory sender configured without profile")
         with self._lock:
             self.profile_queries.append((service, instance, last_command_time))
             return [dict(c) for c in self.profile_commands]
