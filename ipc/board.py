@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from ipc import _layout as L
 
+GENERATION = L.B_GENERATION
+
 
 class BoardTooLarge(ValueError):
     """The document does not fit in the board."""
@@ -26,6 +28,9 @@ class Board:
     def __init__(self, words: memoryview, raw: memoryview) -> None:
         self._w = words  # the board as u64 words
         self._raw = raw  # the board as bytes
+        # For hot paths that check for changes without a method call:
+        # ``board.words[GENERATION]`` is :meth:`generation`.
+        self.words = words
 
     # -- writer side (the reporter) --------------------------------------------------------
     def publish(self, document: bytes) -> int:

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from ipc import Board
+from ipc.board import GENERATION
 from reporter_proc import taskboard
 from reporter_proc.taskboard import BoardTask
 from swmp.profiling import stacks
@@ -38,6 +39,7 @@ _current_task = asyncio.current_task
 class Gate:
     def __init__(self) -> None:
         self.board: Board | None = None  # None: nothing to check (no agent, master, stopped)
+        self._words: memoryview | None = None  # the board's words: its generation, read inline
         self.seen = -1  # the generation last read
         self.by_endpoint: dict[str, BoardTask] = {}
         self.started: dict[str, int] = {}  # task id -> segments profiled by this process
@@ -54,6 +56,7 @@ class Gate:
 
     def attach(self, board: Board | None) -> None:
         self.board = board
+        self._words = board.words if board is not None else None
         self.seen = -1
         self.by_endpoint = {}
 
@@ -66,16 +69,16 @@ class Gate:
 
     # -- the hot path ------------------------------------------------------------------------
     def first_span(self, span: Any) -> None:
-        board = self.board
-        if board is None:
+        words = self._words
+        if words is None:
             return
         try:
-            gen = board.generation()
+            gen = words[GENERATION]
         except ValueError:  # the arena was closed under us (the agent is stopping)
             self.attach(None)
             return
-        if gen != self.seen:
-            self._refresh(board)
+        if gen != self.seen and self.board is not None:
+            self._refresh(self.board)
         if self.by_endpoint:
             self.consider(span)
 
