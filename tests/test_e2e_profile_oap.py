@@ -83,13 +83,18 @@ def test_profile_task_samples_every_worker(case: Case, oap_server: OapServer, tm
 
         wait_for(notified, DATA_TIMEOUT, what="every worker instance notified of the task")
 
+        seen: dict[str, object] = {}
+
         def profiled_everywhere() -> list[ProfiledSegment] | None:
             results = load(srv.port, ["/slow"], 24, concurrency=8, traced_every=0)
             assert all(r.status == 200 for r in results), results[:3]
-            found = profiled_segments(q, task_id)
+            found = seen["segments"] = profiled_segments(q, task_id)
             return found if {s.instance_name for s in found} >= names else None
 
-        segments = wait_for(profiled_everywhere, DATA_TIMEOUT, what="profiled segments from every worker")
+        try:
+            segments = wait_for(profiled_everywhere, DATA_TIMEOUT, what="profiled segments from every worker")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; found {seen.get('segments')}\n{srv.proc.tail(60)}") from None
         assert {r.worker_pid for r in fast} <= workers
 
     # At most MAX_SAMPLING segments per worker instance.

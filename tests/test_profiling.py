@@ -56,7 +56,7 @@ def sink(arena: Arena) -> Iterator[_sink.MemorySink]:
     gate.attach(None)
     _sink.set_sink(None)
     deadline = time.monotonic() + 5
-    while gate.sampler.thread_alive and time.monotonic() < deadline:
+    while gate.sampler_alive and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -256,7 +256,7 @@ def test_no_sampler_thread_without_a_matching_request(arena: Arena, sink: _sink.
     request("/slow", 0.01)
     post(arena, task("/elsewhere"))
     request("/slow", 0.05)
-    assert not gate.sampler.thread_alive and records(sink, R.PROFILE_SNAPSHOT) == []
+    assert not gate.sampler_alive and records(sink, R.PROFILE_SNAPSHOT) == []
     assert gate.by_endpoint.keys() == {"/elsewhere"}
 
 

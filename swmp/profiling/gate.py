@@ -43,8 +43,9 @@ class Gate:
         self.seen = -1  # the generation last read
         self.by_endpoint: dict[str, BoardTask] = {}
         self.started: dict[str, int] = {}  # task id -> segments profiled by this process
-        self.sampler = Sampler()
-        self._limits = threading.Lock()  # taken only on a match: limits checked and counted as one step
+        # Created on the first match in a process (see Sampler: after gevent's patching).
+        self.sampler: Sampler | None = None
+        self._made: dict[str, Sampler] = {}
         self.max_parallel = 5
         self.depth = 500
         self.max_profile_s = 600.0
@@ -64,8 +65,19 @@ class Gate:
         """A new process: no board yet, no counts, and no sampler thread (threads do not fork)."""
         self.attach(None)
         self.started = {}
-        self.sampler = Sampler()
-        self._limits = threading.Lock()  # the parent's may have been held by one of its threads
+        self.sampler = None  # the parent's thread did not come along
+        self._made = {}
+
+    @property
+    def sampler_alive(self) -> bool:
+        return self.sampler is not None and self.sampler.thread_alive
+
+    def _sampler(self) -> Sampler:
+        sampler = self.sampler
+        if sampler is None:
+            # setdefault is atomic under the GIL: two first matches at once share one sampler
+            sampler = self.sampler = self._made.setdefault("sampler", Sampler())
+        return sampler
 
     # -- the hot path ------------------------------------------------------------------------
     def first_span(self, span: Any) -> None:
@@ -110,12 +122,17 @@ class Gate:
             task, seg.segment_id, source, started_mono=started_mono, depth=self.depth,
             max_profile_s=self.max_profile_s,
         )
-        with self._limits:
-            started = self.started.get(task.task_id, 0)
-            if started >= task.max_sampling_count or self.sampler.running() >= self.max_parallel:
-                return
-            self.started[task.task_id] = started + 1
-            self.sampler.add(item)
+        task_id, limit = task.task_id, task.max_sampling_count
+
+        def admit() -> bool:  # under the sampler's lock: counted once per profiled segment
+            started = self.started.get(task_id, 0)
+            if started >= limit:
+                return False
+            self.started[task_id] = started + 1
+            return True
+
+        if not self._sampler().try_add(item, self.max_parallel, admit):
+            return
         seg.profile = item
         stats.segments += 1
 

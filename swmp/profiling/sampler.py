@@ -60,8 +60,9 @@ class Profiled:
         self.sequence = 0
         self.stopped = False
         self.lock = threading.Lock()
-        # Nothing is sampled before the request ran for the task's minimum duration.
-        self.next_due = started_mono + task.min_duration_ms / 1000
+        # Nothing is sampled before the request ran for the task's minimum duration, nor
+        # before one dump period (a first sample at once would show the agent starting us).
+        self.next_due = started_mono + max(task.min_duration_ms, task.dump_period_ms) / 1000
         self.deadline = started_mono + max_profile_s  # SW_AGENT_PROFILE_DURATION
         self.wake: Callable[[], None] | None = None  # set by the sampler that takes it
 
@@ -112,6 +113,9 @@ stats = _Stats()
 
 
 class Sampler:
+    """Create it in the process that samples, after any monkey-patching (gevent patches
+    ``threading`` in the worker, after fork): its lock and event must be that process's kind."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: list[Profiled] = []
@@ -127,17 +131,25 @@ class Sampler:
         t = self._thread
         return t is not None and t.is_alive()
 
-    def add(self, item: Profiled) -> None:
+    def try_add(self, item: Profiled, max_parallel: int, admit: Callable[[], bool]) -> bool:
+        """Take ``item`` if fewer than ``max_parallel`` segments are profiled and ``admit()``
+        (called under the lock: the task's own count) agrees. The thread is started outside
+        the lock: under gevent starting it switches greenlets."""
         item.wake = self._wake.set
         with self._lock:
+            if self.running() >= max_parallel or not admit():
+                return False
             self._active.append(item)
-            if self._thread is None:
+            start = self._thread is None
+            if start:
                 t = threading.Thread(target=self._run, name="swmp-profile-sampler", daemon=True)
                 self._thread = t
                 stats.threads += 1
-                t.start()
-            else:
-                self._wake.set()
+        if start:
+            t.start()
+        else:
+            self._wake.set()
+        return True
 
     def _run(self) -> None:
         try:
