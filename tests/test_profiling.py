@@ -27,6 +27,7 @@ from reporter_proc.settings import ReporterSettings
 from reporter_proc.taskboard import BoardTask
 from swmp import _sink, tracing
 from swmp.config import load
+from swmp.profiling import sampler as sampler_module
 from swmp.profiling import stacks
 from swmp.profiling.gate import gate
 from swmp.profiling.sampler import stats
@@ -45,7 +46,8 @@ def arena(tmp_path: Any) -> Iterator[Arena]:
 
 
 @pytest.fixture()
-def sink(arena: Arena) -> Iterator[_sink.MemorySink]:
+def sink(arena: Arena, monkeypatch: pytest.MonkeyPatch) -> Iterator[_sink.MemorySink]:
+    monkeypatch.setattr(sampler_module, "LINGER_S", 0.05)
     s = _sink.MemorySink()
     _sink.set_sink(s)
     tracing.configure(load({}))
@@ -375,6 +377,18 @@ def test_sampler_counts(arena: Arena, sink: _sink.MemorySink, caplog: Any) -> No
     with caplog.at_level(logging.ERROR, "swmp.profiling"):
         request("/slow", 0.05)
     assert stats.snapshots > before and not caplog.records
+
+
+def test_sampler_thread_ends_once_idle(arena: Arena, sink: _sink.MemorySink) -> None:
+    post(arena, task())
+    threads_before = stats.threads
+    request("/slow", 0.05)
+    request("/slow", 0.05)  # within the linger: the same thread
+    assert stats.threads == threads_before + 1
+    deadline = time.monotonic() + 5
+    while gate.sampler_alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not gate.sampler_alive
 
 
 def test_suspended_greenlet_stack() -> None:

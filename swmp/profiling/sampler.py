@@ -28,6 +28,9 @@ from swmp import _sink
 
 log = logging.getLogger("swmp.profiling")
 
+# How long the sampler thread waits for another segment after its last one ended.
+LINGER_S = 1.0
+
 StackSource = Callable[[int], list[str]]  # depth -> stack, outermost first ([] = gone)
 
 
@@ -163,12 +166,23 @@ class Sampler:
                 self._thread = None
 
     def _loop(self) -> None:
+        idle_since = 0.0
         while True:
             with self._lock:
                 self._active = items = [p for p in self._active if not p.stopped]
                 if not items:
-                    self._thread = None  # the next profiled segment starts a new thread
-                    return
+                    now = time.monotonic()
+                    idle_since = idle_since or now
+                    if now - idle_since >= LINGER_S:
+                        self._thread = None  # the next profiled segment starts a new thread
+                        return
+            if not items:
+                # Requests of a task come in runs: waiting a moment for the next one saves a
+                # thread start per request; an idle moment later the thread is gone.
+                self._wake.wait(LINGER_S)
+                self._wake.clear()
+                continue
+            idle_since = 0.0
             self._wake.clear()
             now = time.monotonic()
             for p in items:
