@@ -17,7 +17,8 @@ included), which is what a saturated worker serves and which other processes on 
 machine barely disturb; ``wall req/s`` is requests per wall-clock second of the request
 thread (median of rounds), which a loaded machine makes noisy. p99 is the wall latency
 over all requests of a mode.
-A second table gives the per-segment cost of the gate alone (a span with no work).
+A second table gives the cost of an empty span per mode (the gate's share of a segment),
+and the cost of one snapshot of a thread 30 frames deep (best of 3).
 
     python benchmarks/profile_bench.py [--rounds 5] [--seconds 2] [--work-ms 20] [--json PATH]
 """
@@ -31,7 +32,9 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +46,9 @@ from reporter_proc import taskboard
 from reporter_proc.taskboard import BoardTask
 from swmp import _sink, tracing
 from swmp.config import load
-from swmp.profiling import stats
+from swmp.profiling import stacks, stats
 from swmp.profiling.gate import gate
+from swmp.profiling.sampler import Profiled
 from swmp.tracing.context import new_entry_span
 
 MODES = ("no-board", "no-task", "task-elsewhere", "sampling")
@@ -122,6 +126,34 @@ def gate_cost_ns(arena: Arena, mode: str, n: int = 200_000) -> float:
     return (time.perf_counter_ns() - t0) / n
 
 
+def snapshot_cost_us(depth: int = 30, n: int = 3000) -> float:
+    """One snapshot of a thread parked ``depth`` frames deep: stack walk, record, sink write."""
+    parked = threading.Event()
+    release = threading.Event()
+
+    def nest(k: int) -> None:
+        if k:
+            nest(k - 1)
+        else:
+            parked.set()
+            release.wait()
+
+    t = threading.Thread(target=nest, args=(depth,))
+    t.start()
+    parked.wait()
+    assert t.ident is not None
+    task = BoardTask("bench", "/work", 0, 1 << 62, 0, 10, 1 << 40)
+    item = Profiled(task, "seg", partial(stacks.thread_stack, t.ident), started_mono=time.monotonic(),
+                    depth=500, max_profile_s=3600)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        item.sample(time.monotonic())
+    cost = (time.perf_counter() - t0) / n * 1e6
+    release.set()
+    t.join()
+    return cost
+
+
 def p99(xs: list[float]) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(len(s) * 0.99))]
@@ -158,6 +190,7 @@ def main() -> None:
                     tput[mode].append(rps)
                     lat[mode] += ls
             gate_ns = {m: min(gate_cost_ns(arena, m) for _ in range(3)) for m in MODES[:3]}
+            snap_us = min(snapshot_cost_us() for _ in range(3))
         finally:
             gate.attach(None)
             arena.close()
@@ -191,10 +224,11 @@ def main() -> None:
     print(f"{'per-segment cost of an empty span (ns)':<44}")
     for m, ns in gate_ns.items():
         print(f"  {m:<16}{ns:>10.0f}")
+    print(f"one snapshot (a thread 30 frames deep, walk + record + sink): {snap_us:.1f} us")
     print(f"\nload average: {os.getloadavg()}, cpus: {os.cpu_count()}, python {platform.python_version()}")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "args": vars(args), "rows": rows, "empty_span_ns": gate_ns,
+            "args": vars(args), "rows": rows, "empty_span_ns": gate_ns, "snapshot_us": snap_us,
             "loadavg": os.getloadavg(), "python": platform.python_version(),
             "snapshot_records": sink.counts.get(R.PROFILE_SNAPSHOT, 0),
         }, indent=2))

@@ -7,8 +7,9 @@ span's end time is taken, under the same lock the sampler holds for a snapshot: 
 snapshot was dumped before the segment's end, and never under another segment's id (the
 thread or task goes on to other requests only after the stop).
 
-The thread starts with the first profiled segment and ends as soon as none is left, so a
-process with no task, or with a task no request of it matches, has no sampler thread. It
+The thread starts with the first profiled segment and ends once none is left for a second
+(``LINGER_S``), so a process with no task, or with a task no request of it matches, has no
+sampler thread. It
 holds the GIL for the stack walk and the record's serialization only; between samples it
 sleeps until the next one is due.
 """
