@@ -15,6 +15,7 @@ from ipc.arena import (
     process_start_ticks,
     read_info,
 )
+from ipc.board import Board, BoardTooLarge
 from ipc.ring import RingReader, RingStats, RingWriter
 from ipc.status import StatusBlock, StatusSnapshot
 from ipc.wakeup import Doorbell, DoorbellListener
@@ -26,6 +27,8 @@ __all__ = [
     "Arena",
     "ArenaError",
     "ArenaInfo",
+    "Board",
+    "BoardTooLarge",
     "Doorbell",
     "DoorbellListener",
     "RingReader",

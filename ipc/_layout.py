@@ -2,7 +2,7 @@
 
 ::
 
-    [ header 4 KiB | status block 8 KiB | slot 0 | slot 1 | ... ]
+    [ header 4 KiB | status block 8 KiB | board 8 KiB | slot 0 | slot 1 | ... ]
     slot = [ control 256 B | data (ring_capacity bytes) ]
 
 All integers are little-endian unsigned 64-bit words at 8-byte aligned offsets, so a
@@ -17,11 +17,13 @@ import struct
 from typing import Final
 
 MAGIC: Final = 0x314E5241504D5753  # b"SWMPARN1" read as a little-endian u64
-LAYOUT_VERSION: Final = 2  # 2: the record check word covers the record's position
+LAYOUT_VERSION: Final = 3  # 2: the record check covers its position; 3: the board
 
 HEADER_SIZE: Final = 4096
 STATUS_SIZE: Final = 8192
-SLOTS_OFFSET: Final = HEADER_SIZE + STATUS_SIZE
+BOARD_OFFSET: Final = HEADER_SIZE + STATUS_SIZE
+BOARD_SIZE: Final = 8192
+SLOTS_OFFSET: Final = BOARD_OFFSET + BOARD_SIZE
 CONTROL_SIZE: Final = 256
 META_OFFSET: Final = 128  # opaque owner-supplied bytes (the agent stores JSON here)
 META_MAX: Final = HEADER_SIZE - META_OFFSET
@@ -52,6 +54,13 @@ WAKE_FILL_SHIFT: Final = 2
 S_WAKEUPS: Final = 9
 DOC_OFFSET: Final = 128
 DOC_MAX: Final = STATUS_SIZE - DOC_OFFSET
+
+# Board words (index into the board viewed as u64): a blob the reporter publishes to every
+# writer (see ``ipc.board``). The generation is a seqlock sequence: odd while rewriting.
+B_GENERATION: Final = 0
+B_LEN: Final = 1
+BOARD_DATA_OFFSET: Final = 64
+BOARD_DATA_MAX: Final = BOARD_SIZE - BOARD_DATA_OFFSET
 
 # Slot control words (index into the control block viewed as u64).
 C_OWNER_PID: Final = 0

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from ipc import _files, _locks
 from ipc import _layout as L
+from ipc.board import Board
 from ipc.ring import RingReader, RingStats, RingWriter, read_stats
 from ipc.status import StatusBlock
 from ipc.wakeup import Doorbell, create_fifo, fifo_path
@@ -128,8 +129,10 @@ class Arena:
         self._mm = shared.mm  # shared by every Arena of this process on this file
         self._buf = memoryview(self._mm)
         self._header = self._buf[: L.HEADER_SIZE].cast("Q")
-        status_raw = self._buf[L.HEADER_SIZE : L.SLOTS_OFFSET]
+        status_raw = self._buf[L.HEADER_SIZE : L.BOARD_OFFSET]
         self.status = StatusBlock(status_raw.cast("Q"), status_raw)
+        board_raw = self._buf[L.BOARD_OFFSET : L.SLOTS_OFFSET]
+        self.board = Board(board_raw.cast("Q"), board_raw)  # the reporter posts, writers read
         self.slots = int(self._header[L.H_SLOTS])
         self.ring_capacity = int(self._header[L.H_CAPACITY])
         self._doorbell = Doorbell(path)
@@ -394,6 +397,7 @@ class Arena:
             # closes it with the last user (closing it can release locks: see _files).
             self._header.release()
             self.status.release()
+            self.board.release()
             self._buf.release()
             _files.release(self._shared)
             self._fd = -1

@@ -13,6 +13,8 @@ job is a part (docs/reporter.md follows a record through them):
   across long outages;
 * :class:`~reporter_proc.instances.Instances` announces every worker and keeps it alive;
 * :class:`~reporter_proc.publisher.StatusPublisher` heartbeats and publishes the status;
+* :class:`~reporter_proc.profile_tasks.ProfileTaskPoller` polls the OAP's profile tasks and
+  posts them on the arena's board for the workers (gRPC only);
 * :class:`~reporter_proc.lifecycle.StopState` / ``OwnerWatch`` decide when it all ends.
 
 Delivery is at-least-once: a ring position is committed only when every record before it
@@ -37,6 +39,7 @@ from reporter_proc.intake import Intake
 from reporter_proc.journal import Journal
 from reporter_proc.ledger import Ledger
 from reporter_proc.lifecycle import OwnerWatch, StopState
+from reporter_proc.profile_tasks import ProfileTaskPoller, profiling_unavailable
 from reporter_proc.publisher import Parts, StatusPublisher
 from reporter_proc.senders.base import Sender
 from reporter_proc.settings import ReporterSettings
@@ -95,6 +98,7 @@ class Reporter:
         self.intake: Intake | None = None
         self.delivery: Delivery | None = None
         self._instances: Instances | None = None
+        self.profile_tasks: ProfileTaskPoller | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._senders: list[asyncio.Task[None]] = []
@@ -252,12 +256,28 @@ class Reporter:
             self._senders.append(self._spawn(delivery.run(kind.name), f"send-{kind.name}"))
         self._spawn(instances.run(), "instances")
         self._spawn(self.publisher.run(self.owner.poll), "status")
+        self._start_profile_tasks(sender, instances)
         if spool is not None:
             busy = lambda: ledger.pending_bytes > self.settings.max_pending_bytes // 2  # noqa: E731
             replayer = Replayer(
                 spool, j, delivery.send, stop=self.stop, busy=busy, backoff=lambda n: backoff(j, n)
             )
             self._spawn(replayer.run(), "replay")
+
+    def _start_profile_tasks(self, sender: Sender, instances: Instances) -> None:
+        unavailable = profiling_unavailable(self.journal, sender)
+        if unavailable:
+            log.info("%s", unavailable)  # once: at start
+            return
+        self.profile_tasks = ProfileTaskPoller(
+            self.arena.board,
+            self.journal,
+            sender,
+            self.stop,
+            lambda: [(i.service, i.instance) for i in instances.table.values() if not i.leaving],
+            interval_s=self.settings.profile_task_interval_s,
+        )
+        self._spawn(self.profile_tasks.run(), "profile-tasks")
 
     def _spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)

@@ -46,6 +46,7 @@ class ReporterSettings:
     shutdown_deadline_s: float = 5.0
     # Features
     profile_enabled: bool = True
+    profile_task_interval_s: float = 20.0  # SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL
     meter_enabled: bool = True
     log_enabled: bool = True
     # Spool (disk buffer during long outages); empty dir = off

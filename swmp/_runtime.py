@@ -292,6 +292,10 @@ class ArenaSink(ProcessSink):
     def _release_master(self, writer: RingWriter) -> None:
         self.arena.release_slot(writer.slot)
 
+    def report_arena(self) -> Arena | None:
+        """The arena whose reporter serves this process (its board carries profile tasks)."""
+        return self.arena
+
 
 ThreadStarter = Callable[[str, ReporterSettings, Arena], Any]
 
@@ -379,6 +383,10 @@ class ThreadSink(ProcessSink):
             arena.unlink()
         if self.registry is not None:
             self.registry.release_slot()
+
+    def report_arena(self) -> Arena | None:
+        """This process's private arena: its reporter thread posts profile tasks there."""
+        return self.private if self._private_pid == os.getpid() else None
 
 
 def _check_uwsgi_threads() -> None:

@@ -237,6 +237,7 @@ def _start(config: Config) -> _Running:
     if in_worker or (not use_process and os.getpid() != owner_pid):
         run.sink.rebind()  # this process reports from now on (and is named now)
     _install_instrumentation(config)
+    _install_profiling(config)
     _register_fork_hooks()
     _register_exit()
     log.info(
@@ -286,6 +287,15 @@ def _install_instrumentation(config: Config) -> None:
             pass
         except Exception:
             log.exception("swmp: the meter reporter could not be started")
+
+
+def _install_profiling(config: Config) -> None:
+    try:
+        from swmp import profiling  # noqa: PLC0415
+
+        profiling.install(config)
+    except Exception:
+        log.exception("swmp: profiling could not be set up; tracing continues without it")
 
 
 # -- fork --------------------------------------------------------------------------------------
@@ -364,6 +374,12 @@ def _at_exit() -> None:
         run.arena.unlink()  # the name registry; process mode: the reporter unlinks
 
 
+def _uninstall_profiling() -> None:
+    profiling = sys.modules.get("swmp.profiling")
+    if profiling is not None:
+        profiling.uninstall()
+
+
 def stop() -> None:
     """Stop the agent in this process (tests, notebooks).
 
@@ -379,6 +395,7 @@ def stop() -> None:
         _running = None
         _sink.set_sink(None)
         identity.set_binder(None)
+        _uninstall_profiling()
         try:
             run.sink.leave(run.config.agent_reporter_shutdown_timeout)
         except Exception:

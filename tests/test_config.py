@@ -223,8 +223,8 @@ def test_every_declared_setting_is_read_by_the_code() -> None:
     ]
     unread = []
     for s in C.settings():
-        declaration = re.compile(r"^\s+%s:\s*[^=\n]+=\s*opt\(" % s.name, re.M)
-        uses = sum(len(re.findall(r"\b%s\b" % s.name, t)) - len(declaration.findall(t)) for t in texts)
+        declaration = re.compile(rf"^\s+{s.name}:\s*[^=\n]+=\s*opt\(", re.M)
+        uses = sum(len(re.findall(rf"\b{s.name}\b", t)) - len(declaration.findall(t)) for t in texts)
         if uses < 1:
             unread.append(s.env)
     assert not unread, f"declared and documented, but never read: {unread}"

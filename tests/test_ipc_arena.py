@@ -114,7 +114,8 @@ def test_mode_is_0600_whatever_the_umask(path: str) -> None:
 def test_header_and_layout(path: str) -> None:
     a = Arena.create(path, slots=3, ring_capacity=8192, meta=b'{"service":"s"}')
     try:
-        assert os.path.getsize(path) == L.HEADER_SIZE + L.STATUS_SIZE + 3 * (L.CONTROL_SIZE + 8192)
+        regions = L.HEADER_SIZE + L.STATUS_SIZE + L.BOARD_SIZE
+        assert os.path.getsize(path) == regions + 3 * (L.CONTROL_SIZE + 8192)
         info = ipc.read_info(path)
         assert (info.slots, info.ring_capacity) == (3, 8192)
         assert (info.owner_pid, info.uid) == (os.getpid(), os.getuid())

@@ -52,6 +52,9 @@ class MemorySender(Sender):
         self.finishes: list[Record] = []
         self.properties: list[tuple[str, str, list[tuple[str, str]], str]] = []
         self.keepalives: list[tuple[str, str, str]] = []
+        # Profile commands every fetch answers (tests set them), and the fetches asked.
+        self.profile_commands: list[dict[str, str]] = []
+        self.profile_queries: list[tuple[str, str, int]] = []
         self.calls = 0  # every call, failed or not
         self.failures = 0  # calls answered with an error
         self.started = False
@@ -116,6 +119,17 @@ class MemorySender(Sender):
         with self._lock:
             self.keepalives.append((service, instance, layer))
         self._log_line("keepalive", [[service, instance, layer]])
+
+    async def fetch_profile_commands(
+        self, service: str, instance: str, last_command_time: int
+    ) -> list[dict[str, str]]:
+        # Not counted in ``calls`` and never failed on purpose: the poller's rounds must not
+        # use up failures a test meant for the data it sends.
+        if "profile" not in self.supports:
+            raise UnsupportedError("memory sender configured without profile")
+        with self._lock:
+            self.profile_queries.append((service, instance, last_command_time))
+            return [dict(c) for c in self.profile_commands]
 
     async def close(self) -> None:
         if self._fd >= 0:

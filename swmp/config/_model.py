@@ -77,7 +77,8 @@ class Config(
             max_pending_bytes=self.agent_reporter_max_pending_bytes,
             shutdown_deadline_s=self.agent_reporter_shutdown_timeout,
             # The HTTP receiver has no meter or profiling endpoints; Kafka has no profiling.
-            profile_enabled=self.agent_profile_active and self.agent_protocol == "grpc",
+            profile_enabled=self.agent_profile_active and self.agent_protocol not in ("http", "kafka"),
+            profile_task_interval_s=self.agent_collector_get_profile_task_interval,
             meter_enabled=self.agent_meter_reporter_active and self.agent_protocol != "http",
             log_enabled=self.agent_log_reporter_active,
             spool_dir=self.agent_spool_dir,

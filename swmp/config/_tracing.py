@@ -163,36 +163,36 @@ class ProfileSettings:
     """Profiling tasks from the OAP."""
 
     agent_profile_active: bool = opt(
-        True, "SW_AGENT_PROFILE_ACTIVE", "Run profiling tasks (gRPC only).", PROFILE
+        True,
+        "SW_AGENT_PROFILE_ACTIVE",
+        "Run the OAP's profile tasks (gRPC only; see docs/profiling.md).",
+        PROFILE,
     )
     agent_collector_get_profile_task_interval: float = opt(
         20.0,
         "SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL",
-        "Seconds between two profiling-task queries.",
+        "Seconds between two queries for new profile tasks (the reporter asks the OAP).",
         PROFILE,
         check=at_least(1),
     )
     agent_profile_max_parallel: int = opt(
-        5, "SW_AGENT_PROFILE_MAX_PARALLEL", "Segments profiled at the same time.", PROFILE, check=at_least(1)
+        5,
+        "SW_AGENT_PROFILE_MAX_PARALLEL",
+        "Segments one worker profiles at the same time.",
+        PROFILE,
+        check=at_least(1),
     )
     agent_profile_duration: int = opt(
         10,
         "SW_AGENT_PROFILE_DURATION",
-        "Longest profiling of one segment, in minutes.",
+        "Longest sampling of one segment, in minutes (then it stops, the request goes on).",
         PROFILE,
         check=at_least(1),
     )
     agent_profile_dump_max_stack_depth: int = opt(
         500,
         "SW_AGENT_PROFILE_DUMP_MAX_STACK_DEPTH",
-        "Deepest stack kept in a profile snapshot.",
-        PROFILE,
-        check=at_least(1),
-    )
-    agent_profile_snapshot_transport_buffer_size: int = opt(
-        50,
-        "SW_AGENT_PROFILE_SNAPSHOT_TRANSPORT_BUFFER_SIZE",
-        "Snapshots buffered before sending.",
+        "Frames kept per snapshot (the innermost ones when a stack is deeper).",
         PROFILE,
         check=at_least(1),
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from swmp.profiling.gate import gate as _gate
 from swmp.propagation import ContextCarrier
 from swmp.tracing.constants import Component, Kind, Layer
 from swmp.tracing.ignore import rules as _rules_holder
@@ -171,6 +172,8 @@ def _start_trace(  # noqa: PLR0917 (hot path: positional calls are cheaper)
             return IgnoredSpan()
         seg = Segment()
         span = seg.first = Span(seg, 0, -1, op, kind, layer, component, peer)  # start_first(), inlined
+        if _gate.board is not None:  # profile tasks: one word compared when nothing changed
+            _gate.first_span(span)
         return span
     is_snapshot = carrier.__class__ is Snapshot
     if not is_snapshot and not carrier.sampled:
@@ -189,6 +192,8 @@ def _start_trace(  # noqa: PLR0917 (hot path: positional calls are cheaper)
         )
     elif kind == _ENTRY:
         span.add_ref(cross_process_ref(carrier))
+    if _gate.board is not None:
+        _gate.first_span(span)
     return span
 
 

@@ -64,6 +64,7 @@ class Segment:
     skip_analysis = False
     encoded: tuple[str, str, str] | None = None
     correlation: Mapping[str, str] = NO_CORRELATION
+    profile: Any = None  # swmp.profiling's Profiled while a profile task samples this segment
 
     def __init__(self, trace_id: str | None = None) -> None:
         if identity.unbound:

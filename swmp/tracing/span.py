@@ -22,6 +22,7 @@ import traceback
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from swmp.profiling.gate import gate as _gate
 from swmp.propagation import b64, encode_correlation
 from swmp.tracing.identity import identity
 from swmp.tracing.limits import limits, stats
@@ -114,6 +115,8 @@ class Span:
             self.error(ev)
         if self.end:
             return
+        if self.span_id == 0 and self.segment.profile is not None:
+            self.segment.profile.stop()  # before the end time: no snapshot after the segment's end
         self.end = _time_ns() // 1_000_000
         if _get_current() is self:
             prev = self._prev
@@ -126,6 +129,8 @@ class Span:
         """Finish the span (idempotent). Never raises."""
         if self.end:
             return
+        if self.span_id == 0 and self.segment.profile is not None:
+            self.segment.profile.stop()
         self.end = end_ms or _time_ns() // 1_000_000
         if _get_current() is self:
             prev = self._prev
@@ -193,6 +198,8 @@ class Span:
         seg = self.segment
         if seg.encoded is not None and seg.first is self:
             seg.encoded = None  # the cached endpoint of injected headers is this span's name
+        if self.span_id == 0 and _gate.by_endpoint:  # a profile task may name the final endpoint
+            _gate.consider(self)
         return self
 
     def set_peer(self, peer: str) -> Span:

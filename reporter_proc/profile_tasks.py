@@ -1,0 +1,189 @@
+"""Profile tasks: poll the OAP for them, post them on the arena's board, report them finished.
+
+The reporter alone talks to the OAP. Every ``profile_task_interval_s`` it asks
+``getProfileTaskCommands`` once for each live worker instance (each worker is an instance
+of its own; the OAP logs "notified" per instance) with the newest ``CreateTime`` it has
+seen (``lastCommandTime``: the OAP answers only newer tasks). The tasks that are not over
+go onto the board (``reporter_proc.taskboard``), which every worker reads when its
+generation changes: no pipe or socket per worker, and the same code in process and thread
+mode (in thread mode the board is that of the process's private arena).
+
+When a task's time is over (plus a short grace for snapshots still in the rings), the
+poller sends ``reportTaskFinish`` for every instance it notified and takes the task off
+the board. The snapshots themselves are ordinary ring records (``PROFILE_SNAPSHOT``),
+shipped by delivery with ``collectSnapshot``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ipc import Board
+from reporter_proc import records as R
+from reporter_proc import taskboard
+from reporter_proc.journal import Journal
+from reporter_proc.lifecycle import StopState
+from reporter_proc.senders.base import Sender, SendError
+from reporter_proc.taskboard import BoardTask
+
+log = logging.getLogger("swmp.reporter")
+
+COMMAND_NAME = "ProfileTaskQuery"
+# Snapshots dumped in a task's last moments are still in rings or batches at its end.
+FINISH_GRACE_S = 2.0
+
+
+@dataclass
+class KnownTask:
+    task: BoardTask
+    create_ms: int
+    notified: set[tuple[str, str]] = field(default_factory=set)  # (service, instance)
+    finished: bool = False
+
+
+def parse_command(cmd: dict[str, str]) -> tuple[BoardTask, int] | None:
+    """A ``ProfileTaskQuery`` command as ``(task, create_time_ms)``; None for anything else."""
+    if cmd.get("command") != COMMAND_NAME:
+        return None
+    try:
+        start = int(cmd["StartTime"])
+        task = BoardTask(
+            task_id=cmd["TaskId"],
+            endpoint=cmd["EndpointName"],
+            start_ms=start,
+            end_ms=start + int(cmd["Duration"]) * 60_000,
+            min_duration_ms=max(0, int(cmd.get("MinDurationThreshold", "0") or 0)),
+            dump_period_ms=max(taskboard.MIN_DUMP_PERIOD_MS, int(cmd["DumpPeriod"])),
+            max_sampling_count=max(0, int(cmd.get("MaxSamplingCount", "0") or 0)),
+        )
+        create = int(cmd.get("CreateTime", "0") or 0)
+    except (KeyError, ValueError):
+        return None
+    if not task.task_id or not task.endpoint:
+        return None
+    return task, create
+
+
+class ProfileTaskPoller:
+    def __init__(
+        self,
+        board: Board,
+        journal: Journal,
+        sender: Sender,
+        stop: StopState,
+        instances: Callable[[], Iterable[tuple[str, str]]],
+        *,
+        interval_s: float,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.board = board
+        self.journal = journal
+        self.sender = sender
+        self.stop = stop
+        self.instances = instances  # (service, instance) of every live worker
+        self.interval_s = max(0.05, interval_s)
+        self.clock_ms = clock_ms
+        self.last_command_time = 0
+        self.tasks: dict[str, KnownTask] = {}
+        self.posted: list[BoardTask] | None = None
+        self.polls = 0
+        self.finishes_sent = 0
+
+    async def run(self) -> None:
+        next_poll = 0.0
+        tick = min(1.0, self.interval_s)
+        while not self.stop.stopping:
+            now = time.monotonic()
+            if now >= next_poll:
+                await self.poll()
+                next_poll = now + self.interval_s
+            await self.finish_due()
+            await asyncio.sleep(tick)
+
+    async def poll(self) -> None:
+        """One round of ``getProfileTaskCommands``; errors are logged once and retried next round."""
+        last = self.last_command_time
+        newest = last
+        now = self.clock_ms()
+        for service, instance in list(self.instances()):
+            try:
+                commands = await self.sender.fetch_profile_commands(service, instance, last)
+            except SendError as exc:
+                self.journal.log_once(
+                    "profile-poll", logging.WARNING, "cannot fetch profile tasks (retrying every %.0f s): %s",
+                    self.interval_s, exc,
+                )
+                break
+            for cmd in commands:
+                parsed = parse_command(cmd)
+                if parsed is None:
+                    continue
+                task, create = parsed
+                newest = max(newest, create)
+                if task.end_ms <= now:
+                    continue  # over already (a restarted reporter hears every cached task again)
+                known = self.tasks.get(task.task_id)
+                if known is None:
+                    known = self.tasks[task.task_id] = KnownTask(task, create)
+                    log.info(
+                        "profile task %s: endpoint %r, %d min from %d, dump every %d ms, at least %d ms, "
+                        "at most %d segments per instance",
+                        task.task_id, task.endpoint, (task.end_ms - task.start_ms) // 60_000, task.start_ms,
+                        task.dump_period_ms, task.min_duration_ms, task.max_sampling_count,
+                    )
+                known.notified.add((service, instance))
+        self.polls += 1
+        self.last_command_time = newest
+        self.post()
+
+    def post(self) -> None:
+        """Put the tasks that are not over on the board (only when the set changed)."""
+        tasks = [k.task for k in self.tasks.values() if not k.finished]
+        if tasks == self.posted:
+            return
+        try:
+            self.board.publish(taskboard.encode(tasks))
+        except ValueError as exc:  # BoardTooLarge: hundreds of tasks at once
+            self.journal.log_once("profile-board", logging.ERROR, "cannot post profile tasks: %s", exc)
+            return
+        self.posted = tasks
+
+    async def finish_due(self) -> None:
+        """Report the tasks whose time (plus the grace) is over, then forget them."""
+        now = self.clock_ms()
+        changed = False
+        for task_id, known in list(self.tasks.items()):
+            if now < known.task.end_ms + FINISH_GRACE_S * 1000:
+                continue
+            if not known.finished:
+                known.finished = True
+                changed = True
+            for service, instance in sorted(known.notified):
+                try:
+                    await self.sender.report_finish(R.profile_finish(service, instance, task_id))
+                except SendError as exc:
+                    self.journal.log_once(
+                        "profile-finish", logging.WARNING, "cannot report profile task %s finished: %s",
+                        task_id, exc,
+                    )
+                    continue  # try again on the next tick
+                known.notified.discard((service, instance))
+                self.finishes_sent += 1
+            if not known.notified:
+                del self.tasks[task_id]
+        if changed:
+            self.post()
+
+
+def profiling_unavailable(journal: Journal, sender: Sender) -> str:
+    """Why this reporter polls no profile tasks ("" when it does); said once, at start."""
+    s = journal.settings
+    if "profile" not in sender.supports:
+        return f"the {s.protocol} protocol cannot carry profiling: profile tasks are not polled"
+    if not s.profile_enabled:
+        return "profiling is off (SW_AGENT_PROFILE_ACTIVE=false): profile tasks are not polled"
+    return ""

@@ -1,0 +1,164 @@
+"""The per-request check: does this new segment match an active profile task?
+
+Called by the tracing core for the first span of every recorded segment (and again when
+that span is renamed), so the common case must cost almost nothing: with a board attached,
+one load of its generation word and one comparison; only when the reporter posted a new
+table is it read and decoded again. Without tasks for this process's endpoints, nothing
+else runs.
+
+A match starts profiling the segment when every limit allows it: the task is active now
+(its start and duration, on this process's clock), fewer than ``max_sampling_count``
+segments were profiled for it in this process (each worker is an instance of its own, and
+the OAP's limit is per instance), and fewer than ``SW_AGENT_PROFILE_MAX_PARALLEL``
+segments are being profiled at this moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+from functools import partial
+from typing import Any
+
+from ipc import Board
+from ipc.board import GENERATION
+from reporter_proc import taskboard
+from reporter_proc.taskboard import BoardTask
+from swmp.profiling import stacks
+from swmp.profiling.sampler import Profiled, Sampler, StackSource, stats
+
+log = logging.getLogger("swmp.profiling")
+
+_get_running_loop = asyncio.events._get_running_loop
+_current_task = asyncio.current_task
+
+
+class Gate:
+    def __init__(self) -> None:
+        self.board: Board | None = None  # None: nothing to check (no agent, master, stopped)
+        self._words: memoryview | None = None  # the board's words: its generation, read inline
+        self.seen = -1  # the generation last read
+        self.by_endpoint: dict[str, BoardTask] = {}
+        self.started: dict[str, int] = {}  # task id -> segments profiled by this process
+        # Created on the first match in a process (see Sampler: after gevent's patching).
+        self.sampler: Sampler | None = None
+        self._made: dict[str, Sampler] = {}
+        self.max_parallel = 5
+        self.depth = 500
+        self.max_profile_s = 600.0
+
+    def configure(self, *, max_parallel: int, depth: int, duration_min: float) -> None:
+        self.max_parallel = max(1, max_parallel)
+        self.depth = max(1, depth)
+        self.max_profile_s = max(1.0, duration_min * 60)
+
+    def attach(self, board: Board | None) -> None:
+        self.board = board
+        self._words = board.words if board is not None else None
+        self.seen = -1
+        self.by_endpoint = {}
+
+    def reset_after_fork(self) -> None:
+        """A new process: no board yet, no counts, and no sampler thread (threads do not fork)."""
+        self.attach(None)
+        self.started = {}
+        self.sampler = None  # the parent's thread did not come along
+        self._made = {}
+
+    @property
+    def sampler_alive(self) -> bool:
+        return self.sampler is not None and self.sampler.thread_alive
+
+    def _sampler(self) -> Sampler:
+        sampler = self.sampler
+        if sampler is None:
+            # setdefault is atomic under the GIL: two first matches at once share one sampler
+            sampler = self.sampler = self._made.setdefault("sampler", Sampler())
+        return sampler
+
+    # -- the hot path ------------------------------------------------------------------------
+    def first_span(self, span: Any) -> None:
+        words = self._words
+        if words is None:
+            return
+        try:
+            gen = words[GENERATION]
+        except ValueError:  # the arena was closed under us (the agent is stopping)
+            self.attach(None)
+            return
+        if gen != self.seen and self.board is not None:
+            self._refresh(self.board)
+        if self.by_endpoint:
+            self.consider(span)
+
+    def _refresh(self, board: Board) -> None:
+        got = board.read()
+        if got is None:
+            return  # mid-update for too long: try again on the next segment
+        gen, doc = got
+        try:
+            tasks = taskboard.decode(doc)
+        except Exception:
+            tasks = []
+            log.error("swmp: the profile task board is unreadable; profiling is off until it changes")
+        self.by_endpoint = {t.endpoint: t for t in tasks}
+        self.seen = gen
+
+    def consider(self, span: Any) -> None:
+        """Start profiling ``span``'s segment if a task matches and every limit allows."""
+        task = self.by_endpoint.get(span.op)
+        seg = span.segment
+        if task is None or seg.profile is not None:
+            return
+        if not task.active(time.time_ns() // 1_000_000):
+            return
+        source = current_stack_source()
+        # Scheduled from the span's own start: a rename found late does not delay the threshold.
+        started_mono = time.monotonic() - max(0, time.time_ns() // 1_000_000 - span.start) / 1000
+        item = Profiled(
+            task, seg.segment_id, source, started_mono=started_mono, depth=self.depth,
+            max_profile_s=self.max_profile_s,
+        )
+        task_id, limit = task.task_id, task.max_sampling_count
+
+        def admit() -> bool:  # under the sampler's lock: counted once per profiled segment
+            started = self.started.get(task_id, 0)
+            if started >= limit:
+                return False
+            self.started[task_id] = started + 1
+            return True
+
+        if not self._sampler().try_add(item, self.max_parallel, admit):
+            return
+        seg.profile = item
+        stats.segments += 1
+
+
+def current_stack_source() -> StackSource:
+    """How to take the stack of the request running here: its asyncio task, greenlet or thread."""
+    loop = _get_running_loop()
+    if loop is not None:
+        task = _current_task(loop)
+        if task is not None:
+            return partial(stacks.coroutine_stack, task.get_coro(), threading.get_ident())
+    if _gevent_patched():
+        import greenlet  # noqa: PLC0415 (only under gevent)
+
+        return partial(stacks.greenlet_stack, greenlet.getcurrent())
+    return partial(stacks.thread_stack, threading.get_ident())
+
+
+def _gevent_patched() -> bool:
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None:
+        return False
+    try:
+        return bool(monkey.is_module_patched("threading"))
+    except Exception:
+        return False
+
+
+gate = Gate()

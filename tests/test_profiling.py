@@ -1,0 +1,407 @@
+"""Profiling: the task board, the task poller, the per-request gate and limits, the sampler,
+and the snapshot records (byte-identical to the generated ThreadSnapshot)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from ipc import Arena, BoardTooLarge
+from ipc import _layout as L
+from reporter_proc import encode, taskboard
+from reporter_proc import records as R
+from reporter_proc.journal import Journal
+from reporter_proc.lifecycle import StopState
+from reporter_proc.profile_tasks import ProfileTaskPoller, parse_command, profiling_unavailable
+from reporter_proc.protocol.generated import profile_pb2
+from reporter_proc.senders.memory import MemorySender
+from reporter_proc.settings import ReporterSettings
+from reporter_proc.taskboard import BoardTask
+from swmp import _sink, tracing
+from swmp.config import load
+from swmp.profiling import sampler as sampler_module
+from swmp.profiling import stacks
+from swmp.profiling.gate import gate
+from swmp.profiling.sampler import stats
+from swmp.tracing.context import new_entry_span, new_local_span
+from tests import pbref
+
+
+@pytest.fixture()
+def arena(tmp_path: Any) -> Iterator[Arena]:
+    a = Arena.create(str(tmp_path / "p.arena"), slots=2, ring_capacity=65536)
+    try:
+        yield a
+    finally:
+        a.close()
+        a.unlink()
+
+
+@pytest.fixture()
+def sink(arena: Arena, monkeypatch: pytest.MonkeyPatch) -> Iterator[_sink.MemorySink]:
+    monkeypatch.setattr(sampler_module, "LINGER_S", 0.05)
+    s = _sink.MemorySink()
+    _sink.set_sink(s)
+    tracing.configure(load({}))
+    gate.reset_after_fork()
+    gate.configure(max_parallel=5, depth=500, duration_min=10)
+    gate.attach(arena.board)
+    yield s
+    gate.attach(None)
+    _sink.set_sink(None)
+    deadline = time.monotonic() + 5
+    while gate.sampler_alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def task(endpoint: str = "/slow", **kw: Any) -> BoardTask:
+    fields: dict[str, Any] = {
+        "task_id": "t1", "endpoint": endpoint, "start_ms": now_ms() - 1000, "end_ms": now_ms() + 60_000,
+        "min_duration_ms": 0, "dump_period_ms": 10, "max_sampling_count": 5,
+    }
+    fields.update(kw)
+    return BoardTask(**fields)
+
+
+def post(arena: Arena, *tasks: BoardTask) -> None:
+    arena.board.publish(taskboard.encode(list(tasks)))
+
+
+def records(sink: _sink.MemorySink, rtype: int) -> list[list[Any]]:
+    return [orjson.loads(p) for t, p in sink.records if t == rtype]
+
+
+def slow_function(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+def request(op: str, seconds: float) -> None:
+    with new_entry_span(op), new_local_span("inner"):
+        slow_function(seconds)
+
+
+# -- the board -------------------------------------------------------------------------------
+def test_board_generation_and_document(arena: Arena) -> None:
+    b = arena.board
+    assert b.generation() == 0 and b.read() == (0, b"")
+    g = b.publish(b"hello")
+    assert g == 2 and b.generation() == 2 and b.read() == (2, b"hello")
+    assert b.publish(b"x") == 4 and b.read() == (4, b"x")
+    with pytest.raises(BoardTooLarge):
+        b.publish(b"x" * (L.BOARD_DATA_MAX + 1))
+    assert b.read() == (4, b"x")
+
+
+def test_board_is_shared_between_processes(arena: Arena) -> None:
+    pid = os.fork()
+    if pid == 0:  # child: attach by path and post
+        code = 1
+        try:
+            other = Arena.open(arena.path)
+            other.board.publish(b"from-child")
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    assert arena.board.read() == (2, b"from-child")
+
+
+def test_board_writer_killed_mid_update_is_repaired(arena: Arena) -> None:
+    words = arena._buf[L.BOARD_OFFSET : L.BOARD_OFFSET + 64].cast("Q")
+    words[L.B_GENERATION] = 7  # odd: a writer died in the middle
+    assert arena.board.read(attempts=3) is None
+    words.release()
+    assert arena.board.publish(b"ok") == 10
+    assert arena.board.read() == (10, b"ok")
+
+
+def test_taskboard_round_trip_and_garbage() -> None:
+    tasks = [task(), task("/b", task_id="t2", dump_period_ms=1)]
+    got = taskboard.decode(taskboard.encode(tasks))
+    assert got[0] == tasks[0]
+    assert got[1].dump_period_ms == taskboard.MIN_DUMP_PERIOD_MS  # clamped
+    assert taskboard.decode(b"") == []
+    assert taskboard.decode(b'[[1,2],"x",["a","b","c",1,1,1,1]]') == []
+
+
+# -- commands --------------------------------------------------------------------------------
+def command(**over: str) -> dict[str, str]:
+    cmd = {
+        "command": "ProfileTaskQuery", "SerialNumber": "s", "TaskId": "t1", "EndpointName": "/slow",
+        "Duration": "5", "MinDurationThreshold": "100", "DumpPeriod": "20", "MaxSamplingCount": "3",
+        "StartTime": "1000", "CreateTime": "900",
+    }
+    cmd.update(over)
+    return cmd
+
+
+def test_parse_command() -> None:
+    parsed = parse_command(command())
+    assert parsed == (BoardTask("t1", "/slow", 1000, 1000 + 5 * 60_000, 100, 20, 3), 900)
+    assert parse_command(command(command="ConfigurationDiscoveryCommand")) is None
+    assert parse_command(command(Duration="x")) is None
+    assert parse_command({"command": "ProfileTaskQuery"}) is None
+    assert parse_command(command(EndpointName="")) is None
+
+
+# -- the poller ------------------------------------------------------------------------------
+def test_poller_posts_tasks_and_reports_them_finished(arena: Arena) -> None:
+    sender = MemorySender()
+    clock = [10_000_000]
+    sender.profile_commands = [
+        command(StartTime=str(clock[0] - 1000), Duration="1", CreateTime="5"),
+        command(TaskId="old", StartTime="0", Duration="1", CreateTime="3"),  # over already
+        command(command="Other"),
+    ]
+    j = Journal(ReporterSettings())
+    poller = ProfileTaskPoller(
+        arena.board, j, sender, StopState(), lambda: [("svc", "i-w0"), ("svc", "i-w1")],
+        interval_s=1, clock_ms=lambda: clock[0],
+    )
+
+    async def scenario() -> None:
+        await poller.poll()
+        assert sender.profile_queries == [("svc", "i-w0", 0), ("svc", "i-w1", 0)]
+        assert poller.last_command_time == 5
+        gen, doc = arena.board.read() or (0, b"")
+        assert [t.task_id for t in taskboard.decode(doc)] == ["t1"]
+        await poller.poll()  # nothing new: the board is not rewritten
+        assert arena.board.generation() == gen
+        assert sender.profile_queries[-1] == ("svc", "i-w1", 5)
+        await poller.finish_due()
+        assert sender.finishes == []
+        clock[0] += 60_000 + 2_000  # the task's minute and the grace are over
+        await poller.finish_due()
+        assert sorted(sender.finishes) == [["svc", "i-w0", "t1"], ["svc", "i-w1", "t1"]]
+        assert taskboard.decode((arena.board.read() or (0, b""))[1]) == []
+        await poller.finish_due()
+        assert len(sender.finishes) == 2  # once per instance
+
+    asyncio.run(scenario())
+
+
+def test_poller_retries_a_failed_finish(arena: Arena) -> None:
+    sender = MemorySender()
+    clock = [10_000_000]
+    sender.profile_commands = [command(StartTime=str(clock[0]), Duration="1")]
+    poller = ProfileTaskPoller(
+        arena.board, Journal(ReporterSettings()), sender, StopState(), lambda: [("svc", "i")],
+        interval_s=1, clock_ms=lambda: clock[0],
+    )
+
+    async def scenario() -> None:
+        await poller.poll()
+        clock[0] += 70_000
+        sender.fail_next(1)
+        await poller.finish_due()
+        assert sender.finishes == [] and "t1" in poller.tasks
+        await poller.finish_due()
+        assert sender.finishes == [["svc", "i", "t1"]] and not poller.tasks
+
+    asyncio.run(scenario())
+
+
+def test_protocols_without_profiling_say_why() -> None:
+    http = MemorySender(supports=frozenset({"segment", "log", "management"}))
+    j = Journal(ReporterSettings(protocol="http"))
+    assert "http protocol cannot carry profiling" in profiling_unavailable(j, http)
+    off = Journal(ReporterSettings(profile_enabled=False))
+    assert "SW_AGENT_PROFILE_ACTIVE=false" in profiling_unavailable(off, MemorySender())
+    assert profiling_unavailable(Journal(ReporterSettings()), MemorySender()) == ""
+
+
+def test_config_passes_the_interval_and_the_switch() -> None:
+    rs = load({"SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL": "7"}).to_reporter_settings()
+    assert rs.profile_task_interval_s == 7.0 and rs.profile_enabled
+    assert not load({"SW_AGENT_PROFILE_ACTIVE": "false"}).to_reporter_settings().profile_enabled
+
+
+# -- the gate and the sampler ----------------------------------------------------------------
+def test_matching_request_is_sampled_until_its_segment_ends(arena: Arena, sink: _sink.MemorySink) -> None:
+    post(arena, task())
+    request("/slow", 0.2)
+    request("/other", 0.05)
+    seg = records(sink, R.SEGMENT)
+    slow = next(s for s in seg if s[R.SEG_SPANS][-1][R.SPAN_OPERATION] == "/slow")
+    first = next(sp for sp in slow[R.SEG_SPANS] if sp[R.SPAN_ID] == 0)
+    snaps = records(sink, R.PROFILE_SNAPSHOT)
+    assert len(snaps) >= 3
+    for s in snaps:
+        assert s[R.SNAP_TASK_ID] == "t1" and s[R.SNAP_SEGMENT_ID] == slow[R.SEG_SEGMENT_ID]
+        assert first[R.SPAN_START] <= s[R.SNAP_TIME] <= first[R.SPAN_END]
+    assert [s[R.SNAP_SEQUENCE] for s in snaps] == list(range(len(snaps)))
+    stack = snaps[-1][R.SNAP_STACK]
+    assert any(".slow_function:" in f for f in stack)
+    assert stack.index(next(f for f in stack if ".request:" in f)) < stack.index(
+        next(f for f in stack if ".slow_function:" in f)
+    )  # outermost first
+    time.sleep(0.1)
+    assert len(records(sink, R.PROFILE_SNAPSHOT)) == len(snaps)  # nothing after the end
+
+
+def test_no_sampler_thread_without_a_matching_request(arena: Arena, sink: _sink.MemorySink) -> None:
+    request("/slow", 0.01)
+    post(arena, task("/elsewhere"))
+    request("/slow", 0.05)
+    assert not gate.sampler_alive and records(sink, R.PROFILE_SNAPSHOT) == []
+    assert gate.by_endpoint.keys() == {"/elsewhere"}
+
+
+def test_threshold_inactive_tasks_and_renamed_endpoints(arena: Arena, sink: _sink.MemorySink) -> None:
+    post(
+        arena,
+        task(min_duration_ms=10_000),  # a request shorter than the threshold: nothing
+        task("/later", task_id="t2", start_ms=now_ms() + 60_000),  # not started yet
+        task("/route/{id}", task_id="t3"),  # the framework renames the entry span after routing
+    )
+    request("/slow", 0.05)
+    request("/later", 0.05)
+    assert records(sink, R.PROFILE_SNAPSHOT) == []
+    with new_entry_span("/route/7") as span:
+        span.set_operation("/route/{id}")
+        slow_function(0.1)
+    snaps = records(sink, R.PROFILE_SNAPSHOT)
+    assert snaps and {s[R.SNAP_TASK_ID] for s in snaps} == {"t3"}
+
+
+def test_max_sampling_count_per_process(arena: Arena, sink: _sink.MemorySink) -> None:
+    post(arena, task(max_sampling_count=2))
+    for _ in range(4):
+        request("/slow", 0.04)
+    segments_sampled = {s[R.SNAP_SEGMENT_ID] for s in records(sink, R.PROFILE_SNAPSHOT)}
+    assert len(segments_sampled) == 2
+    assert gate.started == {"t1": 2}
+
+
+def test_max_parallel(arena: Arena, sink: _sink.MemorySink) -> None:
+    gate.configure(max_parallel=2, depth=500, duration_min=10)
+    post(arena, task(max_sampling_count=10))
+    threads = [threading.Thread(target=request, args=("/slow", 0.3)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({s[R.SNAP_SEGMENT_ID] for s in records(sink, R.PROFILE_SNAPSHOT)}) == 2
+
+
+def test_stack_depth_keeps_the_innermost_frames(arena: Arena, sink: _sink.MemorySink) -> None:
+    gate.configure(max_parallel=5, depth=3, duration_min=10)
+    post(arena, task())
+    request("/slow", 0.1)
+    snaps = records(sink, R.PROFILE_SNAPSHOT)
+    assert snaps and all(len(s[R.SNAP_STACK]) <= 3 for s in snaps)
+    assert any(".slow_function:" in s[R.SNAP_STACK][-1] or "sleep" in s[R.SNAP_STACK][-1] for s in snaps)
+
+
+def test_asyncio_request_samples_its_coroutine_stack(arena: Arena, sink: _sink.MemorySink) -> None:
+    post(arena, task("/async"))
+
+    async def slow_coroutine() -> None:
+        await asyncio.sleep(0.2)
+
+    async def handler() -> None:
+        with new_entry_span("/async"):
+            await slow_coroutine()
+
+    async def main() -> None:
+        # another task keeps the loop busy: its frames must not show up in the request's stack
+        async def bystander() -> None:
+            for _ in range(50):
+                await asyncio.sleep(0.005)
+
+        await asyncio.gather(handler(), bystander())
+
+    asyncio.run(main())
+    snaps = records(sink, R.PROFILE_SNAPSHOT)
+    assert snaps
+    for s in snaps:
+        stack = s[R.SNAP_STACK]
+        assert ".handler:" in stack[0] and ".slow_coroutine:" in stack[1], stack
+        assert stack[-1].split(":")[0].endswith("tasks.py.sleep"), stack  # awaited down to asyncio.sleep
+        assert not any("bystander" in f or "run_forever" in f for f in stack)
+
+
+def test_running_coroutine_includes_its_synchronous_frames() -> None:
+    got: list[str] = []
+
+    def busy() -> None:
+        got.extend(stacks.coroutine_stack(coro, threading.get_ident(), 50))
+
+    async def outer() -> None:
+        busy()
+
+    coro = outer()
+    try:
+        coro.send(None)
+    except StopIteration:
+        pass
+    # the task's frames only (not the test's frames that drive it), its synchronous calls included
+    assert [f.split(":")[0].rsplit(".", 1)[1] for f in got] == ["outer", "busy", "coroutine_stack"]
+
+
+# -- the record format -----------------------------------------------------------------------
+def test_snapshot_record_encodes_byte_identical_to_the_generated_class(
+    arena: Arena, sink: _sink.MemorySink
+) -> None:
+    post(arena, task())
+    request("/slow", 0.05)
+    snaps = records(sink, R.PROFILE_SNAPSHOT)
+    assert snaps
+    for rec in snaps:
+        wire = encode.thread_snapshot(rec)
+        assert wire == pbref.thread_snapshot(rec).SerializeToString()
+        msg = profile_pb2.ThreadSnapshot.FromString(wire)
+        assert (msg.taskId, msg.traceSegmentId, msg.time, msg.sequence, list(msg.stack.codeSignatures)) == (
+            rec[0], rec[1], rec[2], rec[3], rec[4]
+        )
+
+
+def test_sampler_counts(arena: Arena, sink: _sink.MemorySink, caplog: Any) -> None:
+    before = stats.snapshots
+    post(arena, task())
+    with caplog.at_level(logging.ERROR, "swmp.profiling"):
+        request("/slow", 0.05)
+    assert stats.snapshots > before and not caplog.records
+
+
+def test_sampler_thread_ends_once_idle(arena: Arena, sink: _sink.MemorySink) -> None:
+    post(arena, task())
+    threads_before = stats.threads
+    request("/slow", 0.05)
+    request("/slow", 0.05)  # within the linger: the same thread
+    assert stats.threads == threads_before + 1
+    deadline = time.monotonic() + 5
+    while gate.sampler_alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not gate.sampler_alive
+
+
+def test_suspended_greenlet_stack() -> None:
+    import greenlet  # gevent's, in the dev extra
+
+    main = greenlet.getcurrent()
+
+    def parked_in_a_greenlet() -> None:
+        main.switch()
+
+    g = greenlet.greenlet(parked_in_a_greenlet)
+    g.switch()  # runs until it switches back: now suspended inside parked_in_a_greenlet
+    stack = stacks.greenlet_stack(g, 10)
+    assert stack and ".parked_in_a_greenlet:" in stack[-1]
+    g.switch()  # let it finish
+    assert g.dead and stacks.greenlet_stack(g, 10) == []
