@@ -57,7 +57,9 @@ PEER_VARIABLES: dict[str, str] = {
     "SW_AGENT_PROFILE_MAX_PARALLEL": "",
     "SW_AGENT_PROFILE_DURATION": "",
     "SW_AGENT_PROFILE_DUMP_MAX_STACK_DEPTH": "",
-    "SW_AGENT_PROFILE_SNAPSHOT_TRANSPORT_BUFFER_SIZE": "",
+    "SW_AGENT_PROFILE_SNAPSHOT_TRANSPORT_BUFFER_SIZE": (
+        "snapshots travel through the worker's ring: the ring is the buffer"
+    ),
     "SW_AGENT_LOG_REPORTER_ACTIVE": "",
     "SW_AGENT_LOG_REPORTER_SAFE_MODE": "",
     "SW_AGENT_LOG_REPORTER_MAX_BUFFER_SIZE": "buffers are sized in bytes: SW_AGENT_RING_SIZE",
