@@ -17,6 +17,7 @@ import pytest
 
 from ipc import Arena
 from reporter_proc import records as R
+from swmp import lifecycle
 from swmp._runtime import ArenaSink
 from swmp.tracing.identity import identity
 
@@ -30,6 +31,9 @@ def master_arena(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ar
     yield a
     a.close()
     identity.set(*before)
+    # The sink announced this process as a prefork master (swmp.lifecycle): later tests in
+    # this process must not see that role (meters, for one, start no thread in a master).
+    lifecycle.announce_unbound()
 
 
 def read_all(arena: Arena, slot: int) -> list[tuple[int, list[Any]]]:
