@@ -301,3 +301,20 @@ def test_uninstall_all_clears_pending_hooks() -> None:
     )
     assert out["had"] == 1
     assert out["pending"] == [] and out["hooked"] is False and out["patched"] is False
+
+
+def test_loading_every_instrumentation_module_imports_no_asyncio() -> None:
+    """The agent imports every instrumentation module at start (in the master and so in every
+    worker): none may pull asyncio or concurrent.futures in before the application does
+    (several MiB per process; the reporter loads asyncio itself, after its fork)."""
+    import subprocess
+
+    code = (
+        "import importlib, sys\n"
+        "import swmp.instrument as I\n"
+        "import swmp.profiling.gate\n"
+        "for m in I.MODULES: importlib.import_module(m)\n"
+        "print(sorted(m for m in ('asyncio', 'concurrent.futures') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

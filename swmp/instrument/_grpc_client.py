@@ -10,15 +10,18 @@ the call gets a copy with ``sw8`` appended.
 
 from __future__ import annotations
 
-import asyncio
 import functools
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._grpc_server import Ignored, method_name
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_GRPC_METHOD, TAG_GRPC_STATUS, TAG_GRPC_URL, Component, Layer
 from swmp.tracing.span import Span
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 def _start(target: str, details: Any, ignored: Ignored) -> tuple[Any, list[tuple[str, str]]]:
@@ -134,7 +137,9 @@ def _aio_done(span: Any, call: Any) -> None:
         try:
             # An intercepted call (the application's interceptors run after ours) only
             # tells its code through a coroutine: read it in a task, already done.
-            task = asyncio.get_running_loop().create_task(_await_code(span, call))
+            # asyncio is loaded: this runs on a grpc.aio channel's loop. Looked up, not
+            # imported at module level, so the agent's start never pays for asyncio.
+            task = sys.modules["asyncio"].get_running_loop().create_task(_await_code(span, call))
             _watchers.add(task)
             task.add_done_callback(_watchers.discard)
             return

@@ -15,7 +15,6 @@ segments are being profiled at this moment.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import threading
@@ -31,9 +30,6 @@ from swmp.profiling import stacks
 from swmp.profiling.sampler import Profiled, Sampler, StackSource, stats
 
 log = logging.getLogger("swmp.profiling")
-
-_get_running_loop = asyncio.events._get_running_loop
-_current_task = asyncio.current_task
 
 
 class Gate:
@@ -139,9 +135,12 @@ class Gate:
 
 def current_stack_source() -> StackSource:
     """How to take the stack of the request running here: its asyncio task, greenlet or thread."""
-    loop = _get_running_loop()
-    if loop is not None:
-        task = _current_task(loop)
+    # A running event loop means the application imported asyncio: look it up rather than
+    # import it, so processes that never use asyncio (most prefork workers) never load it.
+    aio = sys.modules.get("asyncio")
+    loop = aio.events._get_running_loop() if aio is not None else None
+    if aio is not None and loop is not None:
+        task = aio.current_task(loop)
         if task is not None:
             return partial(stacks.coroutine_stack, task.get_coro(), threading.get_ident())
     if _gevent_patched():
