@@ -7,7 +7,7 @@ batch of their kind as raw bytes (they are decoded only when sent); worker recor
 delivery - when it is full or older than ``flush_interval_s``.
 
 When to read (the cost at ordinary load): after a pass that emptied every ring, the intake
-sleeps on a timer (``poll_interval_s``: at most 20 wake-ups a second by default, down to 5
+sleeps on a timer (``poll_interval_s``: at most 4 wake-ups a second by default, down to 1
 a second while nothing comes) with the arena's "sleeping" flag set. Writers do not ring
 the doorbell for each record: only a writer whose ring passes a quarter full rings it
 (``ipc._layout.WAKE_FILL_SHIFT``), which wakes the intake at once, so a burst that fits in

@@ -49,7 +49,7 @@ class ReporterProcessSettings:
         check=at_least(1),
     )
     agent_reporter_flush_interval: float = opt(
-        0.2,
+        0.5,
         "SW_AGENT_REPORTER_FLUSH_INTERVAL",
         "Seconds a partial batch may wait before it is sent.",
         REPORTER,
