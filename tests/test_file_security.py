@@ -25,7 +25,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from ipc import Arena, DoorbellListener, process_start_ticks
+from ipc import Arena, DoorbellListener, arena_path, cleanup_stale, discover, process_start_ticks
 from ipc.private import UnsafePathError, private_directory
 from ipc.wakeup import fifo_path
 from tests import other_user as users
@@ -345,3 +345,43 @@ def test_instance_table_planted_or_linked_is_never_trusted_nor_written_through(
         holder.wait(timeout=30)
         arena.close()
         arena.unlink()
+
+
+def test_a_private_directory_planted_as_a_link_is_refused_and_discovery_follows_us(
+    shared_dir: Path, other_user: OtherUser
+) -> None:
+    me = os.getuid()
+    theirs = shared_dir / "theirs"
+    other_user.sh(f"mkdir -m 777 {theirs} && ln -s {theirs} {shared_dir}/swmp-{me}")
+    path = arena_path(os.getpid(), str(shared_dir))
+    home = os.path.dirname(path)
+    assert home.startswith(f"{shared_dir}/swmp-{me}.") and os.lstat(home).st_uid == me
+    gone = Arena.create(os.path.join(home, f"swmp-{me}-999999999-1.arena"), 1, 4096, owner_pid=999999999)
+    gone.close()
+    arena = Arena.create(path, 1, 4096)
+    try:
+        assert sorted(discover(str(shared_dir))) == sorted([path, gone.path])
+        assert cleanup_stale(str(shared_dir), min_age_s=0) == [gone.path]  # clean-up looks there too
+        assert arena_path(os.getpid(), str(shared_dir)) == path  # every process settles on it
+        assert list(theirs.iterdir()) == []  # nothing of ours went through their link
+    finally:
+        arena.close()
+        arena.unlink()
+
+
+def test_a_loose_private_directory_of_ours_is_not_used(shared_dir: Path) -> None:
+    loose = shared_dir / f"swmp-{os.getuid()}"
+    loose.mkdir(mode=0o755)
+    os.chmod(loose, 0o755)  # group and others may enter: someone may have read or put things there
+    home = private_directory(str(shared_dir))
+    assert home != str(loose) and stat.S_IMODE(os.lstat(home).st_mode) == 0o700
+
+
+def test_an_arena_directory_anyone_may_rename_in_is_refused(tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)  # no sticky bit: anyone could swap our private directory
+    with pytest.raises(UnsafePathError, match="sticky bit"):
+        arena_path(os.getpid(), str(open_dir))
+    os.chmod(open_dir, 0o1777)
+    assert os.path.dirname(arena_path(os.getpid(), str(open_dir))) == f"{open_dir}/swmp-{os.getuid()}"
