@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,15 +36,21 @@ class OtherUser:
     uid: int
     gid: int
 
+    def _as_user(self) -> dict[str, Any]:
+        """This user, no supplementary groups, a minimal environment, in ``/``."""
+        return {
+            "user": self.uid,
+            "group": self.gid,
+            "extra_groups": [],
+            "env": {"PATH": "/usr/bin:/bin", "HOME": "/"},
+            "cwd": "/",
+        }
+
     def sh(self, script: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         """Run ``script`` with ``/bin/sh`` as this user (no supplementary groups, minimal env)."""
         return subprocess.run(
             ["/bin/sh", "-c", script],
-            user=self.uid,
-            group=self.gid,
-            extra_groups=[],
-            env={"PATH": "/usr/bin:/bin", "HOME": "/"},
-            cwd="/",
+            **self._as_user(),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -54,11 +61,7 @@ class OtherUser:
         """Start ``script`` as this user in the background (its own session: stop by pid)."""
         return subprocess.Popen(
             ["/bin/sh", "-c", script],
-            user=self.uid,
-            group=self.gid,
-            extra_groups=[],
-            env={"PATH": "/usr/bin:/bin", "HOME": "/"},
-            cwd="/",
+            **self._as_user(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
