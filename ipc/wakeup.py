@@ -39,9 +39,9 @@ def create_fifo(arena_path: str) -> None:
         pass
 
 
-def open_fifo(arena_path: str, flags: int) -> int:
-    """Open the doorbell non-blocking; UnsafePathError if it is not a FIFO of ours, 0600."""
-    return open_checked(fifo_path(arena_path), flags | os.O_NONBLOCK, "fifo")
+def open_fifo(path: str, flags: int) -> int:
+    """Open the doorbell at ``path`` non-blocking; UnsafePathError if it is not a FIFO of ours, 0600."""
+    return open_checked(path, flags | os.O_NONBLOCK, "fifo")
 
 
 class Doorbell:
@@ -50,7 +50,7 @@ class Doorbell:
     RETRY_OPEN_S = 1.0
 
     def __init__(self, arena_path: str) -> None:
-        self._arena_path = arena_path
+        self._path = fifo_path(arena_path)
         self._fd = -1
         self._pid = 0
         self._next_open = 0.0
@@ -73,7 +73,7 @@ class Doorbell:
             if now < self._next_open:
                 return
             try:
-                self._fd = open_fifo(self._arena_path, os.O_WRONLY)
+                self._fd = open_fifo(self._path, os.O_WRONLY)
             except UnsafePathError:
                 self.refused += 1
                 self._next_open = now + self.RETRY_OPEN_S
@@ -107,7 +107,7 @@ class DoorbellListener:
         """Raises ``UnsafePathError`` if the doorbell is not a FIFO of ours (see above)."""
         create_fifo(arena_path)
         # O_RDWR keeps a writer end open ourselves, so the FIFO never reports EOF in a loop.
-        self._fd = open_fifo(arena_path, os.O_RDWR)
+        self._fd = open_fifo(fifo_path(arena_path), os.O_RDWR)
 
     def fileno(self) -> int:
         return self._fd
