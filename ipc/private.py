@@ -17,7 +17,9 @@ other way is refused rather than trusted.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import glob
 import logging
 import os
@@ -25,6 +27,8 @@ import secrets
 import stat
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
 
 log = logging.getLogger("ipc")
 
@@ -60,10 +64,13 @@ def private_directory(base: str, prefix: str = "swmp") -> str:
         canonical,
         problem,
     )
-    existing = fallback_directories(base, prefix)
-    if existing:
-        return existing[0]
-    return tempfile.mkdtemp(prefix=f"{prefix}-{os.geteuid()}.", dir=base)
+    # Serialized, so processes that get here at once (uWSGI lazy-apps workers) create one
+    # directory and all pick it, not one each.
+    with _directory_lock(base):
+        existing = fallback_directories(base, prefix)
+        if existing:
+            return existing[0]
+        return tempfile.mkdtemp(prefix=f"{prefix}-{os.geteuid()}.", dir=base)
 
 
 def private_directories(base: str, prefix: str = "swmp") -> list[str]:
@@ -76,8 +83,7 @@ def private_directories(base: str, prefix: str = "swmp") -> list[str]:
 def fallback_directories(base: str, prefix: str = "swmp") -> list[str]:
     """The randomly named private directories of this user in ``base`` that pass the checks.
 
-    Sorted by name, so processes of one application that look at the same time (uWSGI
-    lazy-apps workers) settle on the same one.
+    Sorted by name: every process of the user picks the first.
     """
     pattern = os.path.join(glob.escape(base), f"{prefix}-{os.geteuid()}.*")
     return [p for p in sorted(glob.glob(pattern)) if directory_problem(p) is None]
@@ -183,6 +189,30 @@ def read_file(path: str) -> bytes:
     fd = open_checked(path, os.O_RDONLY | os.O_NONBLOCK, "regular")
     with os.fdopen(fd, "rb") as f:
         return f.read()
+
+
+@contextlib.contextmanager
+def _directory_lock(path: str, timeout_s: float = 2.0) -> Iterator[None]:
+    """An exclusive ``flock`` on the directory ``path`` itself, for up to ``timeout_s``.
+
+    Anyone who can read the directory can take the same lock, so a lock held for longer
+    (someone else holding it on purpose) is waited for no more than ``timeout_s``; then we
+    go on without it, which is only the race the lock avoids.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.005)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _warn_once(key: str, message: str, *args: object) -> None:

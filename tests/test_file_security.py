@@ -383,3 +383,75 @@ def test_an_arena_directory_anyone_may_rename_in_is_refused(tmp_path: Path) -> N
         arena_path(os.getpid(), str(open_dir))
     os.chmod(open_dir, 0o1777)
     assert os.path.dirname(arena_path(os.getpid(), str(open_dir))) == f"{open_dir}/swmp-{os.getuid()}"
+
+
+@pytest.mark.servers
+@pytest.mark.timeout(180)
+def test_uwsgi_lazy_apps_workers_agree_on_one_fallback_directory(
+    shared_dir: Path, other_user: OtherUser, tmp_path: Path
+) -> None:
+    """uWSGI lazy-apps: every worker imports the application and starts the agent at once.
+    With the private directory taken, they must still find one arena and one reporter."""
+    from tests.collector import free_port
+    from tests.servers import (
+        agent_env,
+        check_announced,
+        collector_process,
+        load,
+        quiet_for,
+        run_server,
+        segments_of,
+        uwsgi_command,
+        wait_segments,
+        wait_until,
+    )
+
+    me = os.getuid()
+    other_user.sh(f"mkdir -m 777 {shared_dir}/swmp-{me}")
+    with collector_process(tmp_path) as col:
+        port = free_port()
+        env = agent_env(tmp_path, col.grpc_address, service="u")
+        env["SW_AGENT_ARENA_DIR"] = str(shared_dir)
+        cmd = uwsgi_command(port, module="examples.started_app:app", workers=4, lazy_apps=True)
+        with run_server("uwsgi", tmp_path, cmd, env, port=port, workers=4, swmp_run=False) as srv:
+            results = load(port, ["/cpu", "/io"], 200, concurrency=8)
+            assert all(r.status == 200 for r in results)
+            wait_segments(col, 200, "u")
+            quiet_for(col, 0.5)
+            assert len(segments_of(col, "u")) == 200
+            check_announced(col, srv, "u")
+            assert len(srv.reporters()) == 1
+            homes = {os.path.dirname(p) for p in srv.arena_files()}
+            assert len(homes) == 1 and homes.pop().startswith(f"{shared_dir}/swmp-{me}.")
+            assert list((shared_dir / f"swmp-{me}").iterdir()) == []
+        wait_until(lambda: not srv.reporters(), 20, "the reporter to leave with the master")
+        wait_until(lambda: not srv.arena_files(), 20, "the arena to be removed")
+
+
+def test_processes_that_fall_back_at_once_share_one_directory(
+    shared_dir: Path, other_user: OtherUser
+) -> None:
+    """Eight processes released together (as lazy-apps workers are) all pick the same fallback."""
+    other_user.sh(f"mkdir -m 777 {shared_dir}/swmp-{os.getuid()}")
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from ipc.private import private_directory
+        start = float(sys.argv[2])
+        time.sleep(max(0.0, start - time.time() - 0.05))
+        while time.time() < start:  # the last moment spinning, to be released together
+            pass
+        print(private_directory(sys.argv[1]))
+        """
+    )
+    start = str(time.time() + 2.0)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(shared_dir), start], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(8)
+    ]
+    chosen = {p.communicate(timeout=60)[0].strip() for p in procs}
+    assert len(chosen) == 1 and chosen.pop().startswith(f"{shared_dir}/swmp-{os.getuid()}.")
+    assert len(list(shared_dir.glob(f"swmp-{os.getuid()}.*"))) == 1
