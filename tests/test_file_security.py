@@ -173,12 +173,15 @@ def attack_and_deliver(
     return paths
 
 
+@pytest.mark.parametrize("reporter_process", ["true", "false"], ids=["process", "thread"])
 def test_pre_created_arena_and_private_directory(
-    shared_dir: Path, collector: Collector, other_user: OtherUser
+    shared_dir: Path, collector: Collector, other_user: OtherUser, reporter_process: str
 ) -> None:
     # Their own "arena" at both names: on the old layout the agent refused it and ran disabled.
     plant = "head -c 65536 /dev/zero > {0}\nhead -c 65536 /dev/zero > {1}\nchmod 666 {0} {1}\n"
-    paths = attack_and_deliver(shared_dir, collector, plant, other_user)
+    paths = attack_and_deliver(
+        shared_dir, collector, plant, other_user, SW_AGENT_REPORTER_PROCESS=reporter_process
+    )
     for planted in paths:  # untouched: never opened, never unlinked
         st = os.lstat(planted)
         assert st.st_uid == other_user.uid and st.st_size == 65536
