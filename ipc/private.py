@@ -80,6 +80,16 @@ def private_directories(base: str, prefix: str = "swmp") -> list[str]:
     return found + fallback_directories(base, prefix)
 
 
+def refused_directory(base: str, prefix: str = "swmp") -> str | None:
+    """Why this user's private directory in ``base`` exists but is not used (None if it is
+    fine or absent): for tools that explain where the arenas went."""
+    canonical = os.path.join(base, f"{prefix}-{os.geteuid()}")
+    if not os.path.lexists(canonical):
+        return None
+    problem = directory_problem(canonical)
+    return None if problem is None else f"{canonical} is refused ({problem})"
+
+
 def fallback_directories(base: str, prefix: str = "swmp") -> list[str]:
     """The randomly named private directories of this user in ``base`` that pass the checks.
 

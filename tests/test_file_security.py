@@ -364,6 +364,18 @@ def test_a_private_directory_planted_as_a_link_is_refused_and_discovery_follows_
         assert sorted(discover(str(shared_dir))) == sorted([path, gone.path])
         assert cleanup_stale(str(shared_dir), min_age_s=0) == [gone.path]  # clean-up looks there too
         assert arena_path(os.getpid(), str(shared_dir)) == path  # every process settles on it
+        status = subprocess.run(
+            [sys.executable, "-m", "swmp.cli", "status", "--json", "--dir", str(shared_dir)],
+            cwd=str(REPO),
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,  # 1 or 2: no reporter serves the arena; the document is still printed
+        )
+        doc = orjson.loads(status.stdout)
+        assert [a["arena"] for a in doc["agents"]] == [path]  # swmp status finds it there
+        assert f"{shared_dir}/swmp-{me} is refused (it is a symbolic link)" in " ".join(doc["notes"])
         assert list(theirs.iterdir()) == []  # nothing of ours went through their link
     finally:
         arena.close()

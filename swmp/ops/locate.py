@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from ipc import Arena, ArenaError, ArenaInfo, discover
+from ipc import Arena, ArenaError, ArenaInfo, discover, private
 from ipc.arena import DEFAULT_DIRECTORY, DEFAULT_PREFIX
 from swmp.ops.mask import mask
 
@@ -188,6 +188,9 @@ def select(
     if not os.path.isdir(directory):
         sel.error = f"no agent found: arena directory {directory} does not exist"
         return sel
+    refused = private.refused_directory(directory)
+    if refused:
+        sel.notes.append(f"{refused}: the agents use a private directory with a random name beside it")
     stale = 0
     for path in discover(directory):
         try:
