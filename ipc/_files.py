@@ -20,10 +20,13 @@ holds. Locks are not inherited across ``fork()``, so a child starts with an empt
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
 from dataclasses import dataclass, field
+
+from ipc.private import UnsafePathError
 
 _lock = threading.Lock()
 _open: dict[tuple[int, int], SharedFile] = {}
@@ -67,17 +70,23 @@ def register_new(fd: int, mm: mmap.mmap) -> SharedFile:
 def open_existing(path: str) -> tuple[SharedFile, bool]:
     """The shared entry for ``path``: ``(entry, fresh)``; ``fresh`` if we opened it now.
 
-    Raises OSError like ``os.open`` would.
+    Raises OSError like ``os.open`` would; a symbolic link at ``path`` is never followed
+    (``private.UnsafePathError``).
     """
     with _lock:
         try:
-            entry = _open.get(_key(os.stat(path)))
+            entry = _open.get(_key(os.lstat(path)))
         except OSError:
             entry = None
         if entry is not None:
             entry.refs += 1
             return entry, False
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafePathError(f"refusing {path}: it is a symbolic link") from None
+            raise
         key = _key(os.fstat(fd))
         entry = _open.get(key)
         if entry is not None:

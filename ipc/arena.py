@@ -16,10 +16,13 @@ Lifecycle
 * Whoever shuts the application down cleanly unlinks the file; :func:`cleanup_stale`
   removes arenas whose owner is gone and which nobody holds a lock on.
 
-Discovery: arenas live in one directory (``/dev/shm`` by default) under
+Discovery: arenas live in the user's private directory inside the arena directory
+(``/dev/shm/swmp-<uid>/`` by default, 0700, see ``private``) under
 ``<prefix>-<uid>-<owner pid>-<owner start ticks>.arena``: any process of the same user that
-knows the owner's pid finds it, and a reused pid names a different file. The header
-carries the same identity for tools that only have the file.
+knows the owner's pid finds it, a reused pid names a different file, and no other user can
+put anything at that name. The header carries the same identity for tools that only have
+the file. Every file is opened without following links and checked by its descriptor
+(regular file, ours, 0600) before it is mapped.
 
 POSIX locks belong to the process and closing *any* descriptor of the file releases them,
 so a process must never ``open()`` an arena file behind this module's back while it holds
@@ -37,7 +40,7 @@ import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
-from ipc import _files, _locks
+from ipc import _files, _locks, private
 from ipc import _layout as L
 from ipc.board import Board
 from ipc.ring import RingReader, RingStats, RingWriter, read_stats
@@ -91,9 +94,15 @@ def boot_time_ns() -> int:
 
 
 def arena_path(owner_pid: int, directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX) -> str:
-    """Where the arena of the application whose master is ``owner_pid`` lives."""
+    """Where the arena of the application whose master is ``owner_pid`` lives.
+
+    Inside this user's private directory in ``directory``, which is created (or checked)
+    now; raises ``private.UnsafePathError`` if ``directory`` cannot hold one safely.
+    """
     ticks = process_start_ticks(owner_pid)
-    return os.path.join(directory, f"{prefix}-{os.getuid()}-{owner_pid}-{ticks}.arena")
+    return os.path.join(
+        private.private_directory(directory, prefix), f"{prefix}-{os.getuid()}-{owner_pid}-{ticks}.arena"
+    )
 
 
 @dataclass(frozen=True)
@@ -158,7 +167,7 @@ class Arena:
             raise ArenaError(f"ring capacity must be a power of two in 4 KiB..1 GiB, got {ring_capacity}")
         if len(meta) > L.META_MAX:
             raise ArenaError(f"arena meta data is {len(meta)} bytes, at most {L.META_MAX} fit")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, MODE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, MODE)
         try:
             os.fchmod(fd, MODE)  # exactly 0600 whatever the umask
             size = L.file_size(slots, ring_capacity)
@@ -414,11 +423,10 @@ class Arena:
 
 def _map_checked(path: str, fd: int, wait_s: float) -> mmap.mmap:
     """Validate an arena file (waiting up to ``wait_s`` for its creator) and map it."""
-    st = os.fstat(fd)
-    if st.st_uid != os.getuid():
-        raise ArenaError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
-    if not stat.S_ISREG(st.st_mode):
-        raise ArenaError(f"{path} is not a regular file")
+    try:
+        private.check_descriptor(fd, path, "regular")
+    except private.UnsafePathError as exc:
+        raise ArenaError(str(exc)) from None
     deadline = time.monotonic() + wait_s
     while True:
         size = os.fstat(fd).st_size
@@ -452,7 +460,7 @@ def _unlink_quietly(path: str) -> None:
 def _unlink_if_same(path: str, arena: Arena) -> None:
     """Unlink ``path`` only if it is still the file ``arena`` had open."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except OSError:
         return
     if (st.st_dev, st.st_ino) == arena._shared.key:
@@ -469,10 +477,14 @@ def arena_unlink(path: str) -> None:
 
 
 def discover(directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX) -> Iterator[str]:
-    """Arena files of the current user in ``directory``, newest first."""
-    paths = glob.glob(os.path.join(glob.escape(directory), f"{prefix}-{os.getuid()}-*.arena"))
+    """Arena files of the current user in its private directories in ``directory``, newest first."""
+    paths = [p for d in private.private_directories(directory, prefix) for p in _arena_files(d, prefix)]
     paths.sort(key=_mtime, reverse=True)
     yield from paths
+
+
+def _arena_files(directory: str, prefix: str, suffix: str = ".arena") -> list[str]:
+    return glob.glob(os.path.join(glob.escape(directory), f"{prefix}-{os.getuid()}-*{suffix}"))
 
 
 def _mtime(path: str) -> float:
@@ -528,7 +540,8 @@ def cleanup_stale(
                 removed.append(path)
         finally:
             arena.close()
-    for fifo in glob.glob(os.path.join(glob.escape(directory), f"{prefix}-{os.getuid()}-*.arena.wake")):
+    dirs = private.private_directories(directory, prefix)
+    for fifo in [f for d in dirs for f in _arena_files(d, prefix, ".arena.wake")]:
         arena_file = fifo[: -len(".wake")]
         if not os.path.exists(arena_file):
             try:

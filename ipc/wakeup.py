@@ -6,6 +6,11 @@ not allow. Writers ring it only while the reader has said it is asleep, so a bus
 costs writers nothing; a lost ring (the store/load race between "tail published" and
 "reader going to sleep" is not fenced in pure Python) costs only the reader's bounded poll
 interval, never data.
+
+The FIFO is created (0600) in the user's private directory next to the arena and opened
+without following links; whoever opens it checks that it is a FIFO of ours closed to group
+and others, so a regular file, a link or someone else's FIFO at that name is refused (the
+writer then does not ring, the reader falls back to polling) instead of used.
 """
 
 from __future__ import annotations
@@ -15,21 +20,28 @@ import os
 import select
 import time
 
+from ipc.private import UnsafePathError, open_checked
+
 
 def fifo_path(arena_path: str) -> str:
     return arena_path + ".wake"
 
 
 def create_fifo(arena_path: str) -> None:
-    path = fifo_path(arena_path)
+    """Create the doorbell if missing. What is already there is checked when it is opened.
+
+    The umask can only take bits away from 0600: never a chmod by path, which would follow
+    a link planted between the two calls.
+    """
     try:
-        os.mkfifo(path, 0o600)
+        os.mkfifo(fifo_path(arena_path), 0o600)
     except FileExistsError:
-        return
-    try:
-        os.chmod(path, 0o600)  # exactly 0600 whatever the umask
-    except OSError:
         pass
+
+
+def open_fifo(path: str, flags: int) -> int:
+    """Open the doorbell at ``path`` non-blocking; UnsafePathError if it is not a FIFO of ours, 0600."""
+    return open_checked(path, flags | os.O_NONBLOCK, "fifo")
 
 
 class Doorbell:
@@ -43,6 +55,7 @@ class Doorbell:
         self._pid = 0
         self._next_open = 0.0
         self.rings = 0
+        self.refused = 0  # opens refused because the doorbell is not a FIFO of ours
 
     def __call__(self) -> None:
         try:
@@ -60,7 +73,11 @@ class Doorbell:
             if now < self._next_open:
                 return
             try:
-                self._fd = os.open(self._path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                self._fd = open_fifo(self._path, os.O_WRONLY)
+            except UnsafePathError:
+                self.refused += 1
+                self._next_open = now + self.RETRY_OPEN_S
+                return
             except OSError:  # ENXIO: no reader has it open; ENOENT: no arena
                 self._next_open = now + self.RETRY_OPEN_S
                 return
@@ -87,9 +104,10 @@ class DoorbellListener:
     """Reader side: a descriptor to wait on (``select``, ``loop.add_reader``) and drain."""
 
     def __init__(self, arena_path: str) -> None:
+        """Raises ``UnsafePathError`` if the doorbell is not a FIFO of ours (see above)."""
         create_fifo(arena_path)
         # O_RDWR keeps a writer end open ourselves, so the FIFO never reports EOF in a loop.
-        self._fd = os.open(fifo_path(arena_path), os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._fd = open_fifo(fifo_path(arena_path), os.O_RDWR)
 
     def fileno(self) -> int:
         return self._fd

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from ipc import Arena
+from ipc import Arena, private
 from reporter_proc import records as R
 from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
@@ -133,10 +133,9 @@ class Instances:
     def save(self) -> None:
         """Persist the table beside the arena, so a restarted reporter keeps them alive."""
         try:
-            tmp = f"{self._path}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(orjson.dumps([i.record for i in self.table.values()]))
-            os.replace(tmp, self._path)
+            # 0600 through an unguessable O_EXCL temporary: a link planted at either name is
+            # replaced, never written through.
+            private.write_file(self._path, orjson.dumps([i.record for i in self.table.values()]))
         except OSError as exc:
             self.journal.log_once(
                 "instances-file", logging.WARNING, "cannot save the instance table: %s", exc
@@ -144,8 +143,10 @@ class Instances:
 
     def restore(self) -> None:
         try:
-            with open(self._path, "rb") as f:
-                saved = orjson.loads(f.read())
+            saved = orjson.loads(private.read_file(self._path))
+        except private.UnsafePathError as exc:  # not written by us: never trust its content
+            self.journal.log_once("instances-unsafe", logging.WARNING, "ignoring the instance table: %s", exc)
+            return
         except (OSError, orjson.JSONDecodeError):
             return
         live = self.live_slots()

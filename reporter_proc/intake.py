@@ -77,7 +77,13 @@ class Intake:
     # -- waking and sleeping ---------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._listener = DoorbellListener(self.arena.path)
+        try:
+            self._listener = DoorbellListener(self.arena.path)
+        except OSError as exc:  # not a FIFO of ours (ipc.private): never use it, poll instead
+            self.journal.log_once(
+                "doorbell", logging.WARNING, "no doorbell (%s); the rings are polled on a timer", exc
+            )
+            return
         loop.add_reader(self._listener.fileno(), self._on_bell)
 
     def close(self) -> None:

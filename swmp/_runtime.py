@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ipc import Arena, RingWriter
+from ipc.private import private_directory
 from reporter_proc import records as R
 from reporter_proc.settings import ReporterSettings
 from swmp import lifecycle
@@ -352,7 +353,8 @@ class ThreadSink(ProcessSink):
                     pid,
                 )
         # A fresh name per process: a pid can come back (uWSGI re-exec keeps the master's).
-        base = os.path.join(self._arena_dir, f"swmp-{os.getuid()}-{pid}-t{uuid.uuid4().hex[:8]}.arena")
+        name = f"swmp-{os.getuid()}-{pid}-t{uuid.uuid4().hex[:8]}.arena"
+        base = os.path.join(private_directory(self._arena_dir), name)  # 0700, ours (ipc.private)
         arena = Arena.create(base, slots=1, ring_capacity=self._ring_capacity, meta=self._meta, owner_pid=pid)
         writer = arena.claim_slot()
         if writer is None:  # cannot happen on a fresh one-slot arena; be explicit anyway

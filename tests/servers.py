@@ -266,7 +266,7 @@ class Server:
         return self.proc.pid
 
     def arena_files(self) -> list[Path]:
-        return sorted(p for p in self.arena_dir.glob("*.arena"))
+        return sorted(p for p in self.arena_dir.glob("*/*.arena"))
 
     def arena_path(self) -> Path:
         """The application's shared arena (thread mode: the one that only names workers).

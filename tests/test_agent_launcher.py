@@ -108,7 +108,7 @@ def test_a_program_reports_every_span(
         f"/job/{i}" for i in range(25)
     )
     # Whoever was last out removed the arena files.
-    assert collector.wait_for(lambda: not list((tmp_path / "shm").glob("*.arena")), 15)
+    assert collector.wait_for(lambda: not list((tmp_path / "shm").glob("*/*.arena")), 15)
 
 
 def test_the_loader_does_nothing_outside_swmp_run(tmp_path: Path, collector: Collector) -> None:

@@ -156,7 +156,7 @@ def run_one_shot(tmp: Path, case: Case, env: dict[str, str]) -> Run:
         arena_dir = Path(env["SW_AGENT_ARENA_DIR"])
 
         def left() -> tuple[list[str], list[str]]:
-            return running(proc.family()), sorted(p.name for p in arena_dir.glob("*.arena"))
+            return running(proc.family()), sorted(p.name for p in arena_dir.glob("*/*.arena"))
 
         try:
             wait_until(lambda: left() == ([], []), 30, "the reporter to exit and remove the arena")

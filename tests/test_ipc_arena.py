@@ -15,6 +15,7 @@ import pytest
 import ipc
 from ipc import Arena, ArenaError, DoorbellListener, arena_path, cleanup_stale, discover
 from ipc import _layout as L
+from ipc.private import private_directory
 from ipc.wakeup import fifo_path
 
 
@@ -87,7 +88,8 @@ def test_default_location_name_and_mode() -> None:
     assert (ipc.DEFAULT_SLOTS, ipc.DEFAULT_RING_CAPACITY) == (64, 4 * 1024 * 1024)
     p = arena_path(os.getpid())
     ticks = ipc.process_start_ticks(os.getpid())
-    assert p == f"/dev/shm/swmp-{os.getuid()}-{os.getpid()}-{ticks}.arena"
+    assert p == f"/dev/shm/swmp-{os.getuid()}/swmp-{os.getuid()}-{os.getpid()}-{ticks}.arena"
+    assert os.lstat(os.path.dirname(p)).st_mode & 0o7777 == 0o700  # the private directory
     a = Arena.create(p, slots=2, ring_capacity=4096)
     try:
         assert os.stat(p).st_mode & 0o777 == 0o600
@@ -255,18 +257,19 @@ def dead_pid() -> int:
 
 def test_cleanup_stale_removes_only_arenas_nobody_uses(tmp_path: Path, pipes: Callable[[], Pipe]) -> None:
     d = str(tmp_path)
+    p = private_directory(d)  # where the agent puts them (0700, ours)
     gone = dead_pid()
-    stale = Arena.create(os.path.join(d, f"swmp-{os.getuid()}-{gone}-0.arena"), 1, 4096, owner_pid=gone)
+    stale = Arena.create(os.path.join(p, f"swmp-{os.getuid()}-{gone}-0.arena"), 1, 4096, owner_pid=gone)
     stale.close()
     alive = Arena.create(arena_path(os.getpid(), d), 1, 4096)
-    guarded = Arena.create(os.path.join(d, f"swmp-{os.getuid()}-{gone}-1.arena"), 2, 4096, owner_pid=gone)
-    working = Arena.create(os.path.join(d, f"swmp-{os.getuid()}-{gone}-2.arena"), 2, 4096, owner_pid=gone)
-    young_junk = tmp_path / f"swmp-{os.getuid()}-{gone}-9.arena"
+    guarded = Arena.create(os.path.join(p, f"swmp-{os.getuid()}-{gone}-1.arena"), 2, 4096, owner_pid=gone)
+    working = Arena.create(os.path.join(p, f"swmp-{os.getuid()}-{gone}-2.arena"), 2, 4096, owner_pid=gone)
+    young_junk = Path(p) / f"swmp-{os.getuid()}-{gone}-9.arena"
     young_junk.write_bytes(b"half-created")
-    old_junk = tmp_path / f"swmp-{os.getuid()}-{gone}-8.arena"
+    old_junk = Path(p) / f"swmp-{os.getuid()}-{gone}-8.arena"
     old_junk.write_bytes(b"")
     os.utime(old_junk, (time.time() - 60, time.time() - 60))
-    orphan_fifo = tmp_path / f"swmp-{os.getuid()}-{gone}-7.arena.wake"
+    orphan_fifo = Path(p) / f"swmp-{os.getuid()}-{gone}-7.arena.wake"
     os.mkfifo(orphan_fifo)
     ready, hold = pipes(), pipes()
 
@@ -294,7 +297,8 @@ def test_cleanup_stale_removes_only_arenas_nobody_uses(tmp_path: Path, pipes: Ca
 
 def test_a_reused_owner_pid_does_not_keep_an_arena_alive(tmp_path: Path) -> None:
     """The owner's start time is part of its identity: same pid, other process = gone."""
-    a = Arena.create(os.path.join(str(tmp_path), f"swmp-{os.getuid()}-{os.getpid()}-0.arena"), 1, 4096)
+    name = f"swmp-{os.getuid()}-{os.getpid()}-0.arena"
+    a = Arena.create(os.path.join(private_directory(str(tmp_path)), name), 1, 4096)
     assert a.info().owner_alive
     a._header[L.H_OWNER_START] = ipc.process_start_ticks(os.getpid()) + 1  # "an earlier process"
     assert not a.info().owner_alive
@@ -305,10 +309,11 @@ def test_a_reused_owner_pid_does_not_keep_an_arena_alive(tmp_path: Path) -> None
 
 def test_discover_lists_our_arenas_newest_first(tmp_path: Path) -> None:
     d = str(tmp_path)
-    older = Arena.create(os.path.join(d, f"swmp-{os.getuid()}-1-1.arena"), 1, 4096)
+    p = private_directory(d)  # where the agent puts them (0700, ours)
+    older = Arena.create(os.path.join(p, f"swmp-{os.getuid()}-1-1.arena"), 1, 4096)
     os.utime(older.path, (time.time() - 100, time.time() - 100))
-    newer = Arena.create(os.path.join(d, f"swmp-{os.getuid()}-2-2.arena"), 1, 4096)
-    (tmp_path / f"swmp-{os.getuid() + 1}-3-3.arena").write_bytes(b"")  # another user's name
+    newer = Arena.create(os.path.join(p, f"swmp-{os.getuid()}-2-2.arena"), 1, 4096)
+    (Path(p) / f"swmp-{os.getuid() + 1}-3-3.arena").write_bytes(b"")  # another user's name
     (tmp_path / "other-0-1.arena").write_bytes(b"")
     try:
         assert list(discover(d)) == [newer.path, older.path]

@@ -25,7 +25,11 @@ class ReporterProcessSettings:
         REPORTER,
     )
     agent_arena_dir: str = opt(
-        "/dev/shm", "SW_AGENT_ARENA_DIR", "Directory of the shared-memory arena file (a tmpfs).", REPORTER
+        "/dev/shm",
+        "SW_AGENT_ARENA_DIR",
+        "Directory of the shared-memory arena file (a tmpfs); the files go in a private 0700 "
+        "subdirectory `swmp-<uid>`.",
+        REPORTER,
     )
     agent_arena_slots: int = opt(
         64,

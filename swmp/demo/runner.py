@@ -338,7 +338,8 @@ class Demo:
             if not p.wait(10):
                 p.signal(signal.SIGKILL)
                 p.wait(5)
-        leftovers = sorted(x.name for x in self.arenas.iterdir()) if self.arenas.exists() else []
+        # The agents' files are in their private directory inside (which stays: it is empty).
+        leftovers = sorted(str(x.relative_to(self.arenas)) for x in self.arenas.rglob("*") if not x.is_dir())
         if leftovers:
             self.say(
                 f"warning: the agents left files behind in their arena directory: {', '.join(leftovers)}"

@@ -1,7 +1,8 @@
 """Finding the agents the CLI should look at.
 
-Arenas are the agents' discovery mechanism: one file per application in the arena
-directory, named ``swmp-<uid>-<owner pid>.arena`` and readable only by that uid. The CLI
+Arenas are the agents' discovery mechanism: one file per application in the user's private
+directory inside the arena directory (``<dir>/swmp-<uid>/``, see ``ipc.private``), named
+``swmp-<uid>-<owner pid>-<start ticks>.arena`` and readable only by that uid. The CLI
 narrows them down by service, by pid (the owner, the reporter or any worker) or by path.
 
 Two rules shape this module:
@@ -19,13 +20,14 @@ import glob
 import os
 import pwd
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from ipc import Arena, ArenaError, ArenaInfo, discover
+from ipc import Arena, ArenaError, ArenaInfo, discover, private
 from ipc.arena import DEFAULT_DIRECTORY, DEFAULT_PREFIX
 from swmp.ops.mask import mask
 
@@ -139,7 +141,19 @@ def _foreign_arenas(directory: str) -> dict[int, int]:
     """``{uid: arenas}`` of other users' arena files in ``directory`` (named, not opened)."""
     me = os.getuid()
     out: dict[int, int] = {}
-    for path in glob.glob(os.path.join(directory, f"{DEFAULT_PREFIX}-*-*.arena")):
+    # Arenas live in per-user private directories (ipc.private), unreadable by other users
+    # (root excepted): one we cannot list counts once. Files at the top are older versions'.
+    top = glob.escape(directory)
+    for d in glob.glob(os.path.join(top, f"{DEFAULT_PREFIX}-*")):
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid != me and not os.access(d, os.R_OK | os.X_OK):
+            out[st.st_uid] = out.get(st.st_uid, 0) + 1
+    paths = glob.glob(os.path.join(top, f"{DEFAULT_PREFIX}-*-*.arena"))
+    paths += glob.glob(os.path.join(top, f"{DEFAULT_PREFIX}-*", f"{DEFAULT_PREFIX}-*-*.arena"))
+    for path in paths:
         m = _NAME.match(os.path.basename(path))
         try:
             uid = os.stat(path).st_uid
@@ -174,6 +188,9 @@ def select(
     if not os.path.isdir(directory):
         sel.error = f"no agent found: arena directory {directory} does not exist"
         return sel
+    refused = private.refused_directory(directory)
+    if refused:
+        sel.notes.append(f"{refused}: the agents use a private directory with a random name beside it")
     stale = 0
     for path in discover(directory):
         try:

@@ -1,0 +1,102 @@
+"""A second local user for tests that play another user on the same machine (an attacker).
+
+The suite runs as root, so it can create a real system user for the session and run
+commands as that user; without root the tests that need one are skipped. Use::
+
+    from tests.other_user import OtherUser, other_user, shared_dir  # noqa: F401  (fixtures)
+
+    def test_x(other_user: OtherUser, shared_dir: Path) -> None:
+        other_user.sh(f"mkdir {shared_dir}/mine")      # as the other user, /bin/sh
+
+``shared_dir`` is a directory every user may create files in, with the sticky bit, like
+``/dev/shm`` and ``/tmp``: the place where one user can plant files for another.
+The user is removed at the end of the session if this module created it.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+NAME = "swmpother"
+
+
+@dataclass(frozen=True)
+class OtherUser:
+    name: str
+    uid: int
+    gid: int
+
+    def _as_user(self) -> dict[str, Any]:
+        """This user, no supplementary groups, a minimal environment, in ``/``."""
+        return {
+            "user": self.uid,
+            "group": self.gid,
+            "extra_groups": [],
+            "env": {"PATH": "/usr/bin:/bin", "HOME": "/"},
+            "cwd": "/",
+        }
+
+    def sh(self, script: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """Run ``script`` with ``/bin/sh`` as this user (no supplementary groups, minimal env)."""
+        return subprocess.run(
+            ["/bin/sh", "-c", script],
+            **self._as_user(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+        )
+
+    def popen(self, script: str) -> subprocess.Popen[bytes]:
+        """Start ``script`` as this user in the background (its own session: stop by pid)."""
+        return subprocess.Popen(
+            ["/bin/sh", "-c", script],
+            **self._as_user(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+@pytest.fixture(scope="session")
+def other_user() -> Iterator[OtherUser]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second local user")
+    created = False
+    try:
+        entry = pwd.getpwnam(NAME)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", NAME],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        created = True
+        entry = pwd.getpwnam(NAME)
+    try:
+        yield OtherUser(NAME, entry.pw_uid, entry.pw_gid)
+    finally:
+        if created:
+            subprocess.run(["userdel", NAME], check=False, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A fresh world-writable sticky directory (mode 1777), removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="swmp-shared-", dir="/tmp"))
+    try:
+        os.chmod(path, 0o1777)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
