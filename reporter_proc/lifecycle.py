@@ -27,12 +27,17 @@ class StopState:
         self.reason = ""
         self.deadline = 0.0  # monotonic: everything is done by then
         self.drain_deadline = 0.0  # monotonic: reading the rings ends by then
+        # Wait for the application to finish before calling the rings drained: a stop signal
+        # sent to the whole process group (systemd's KillMode=control-group, Ctrl-C) reaches
+        # us while workers still finish their in-flight requests and write their records.
+        self.wait_for_workers = False
 
-    def begin(self, reason: str, deadline_s: float) -> bool:
+    def begin(self, reason: str, deadline_s: float, *, wait_for_workers: bool = False) -> bool:
         """Start stopping; False when already stopping."""
         if self.stopping:
             return False
         self.stopping = True
+        self.wait_for_workers = wait_for_workers
         self.reason = reason
         now = time.monotonic()
         deadline_s = max(0.0, deadline_s)

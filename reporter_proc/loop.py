@@ -53,6 +53,10 @@ __all__ = ["EXIT_CONFIG", "EXIT_ERROR", "EXIT_OK", "Reporter", "host_properties"
 
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+# How long a stopping reporter waits for the owner after the last worker left: a server
+# master exits right after its workers (then the arena is removed); one that stays up was
+# not stopped with us.
+OWNER_GRACE_S = 2.0
 
 
 def make_sender(settings: ReporterSettings) -> Sender:
@@ -103,6 +107,7 @@ class Reporter:
         self._tasks: list[asyncio.Task[None]] = []
         self._senders: list[asyncio.Task[None]] = []
         self._stop_requested_early = ""
+        self._workers_gone_at = 0.0  # monotonic: when a stopping reporter saw no live slot
 
     # -- views (tests, the process wrapper, benchmarks) -------------------------------------
     @property
@@ -133,12 +138,18 @@ class Reporter:
         return self.publisher.document()
 
     # -- control ---------------------------------------------------------------------------
-    def request_stop(self, reason: str = "stop") -> None:
-        """Begin the graceful shutdown. Call on the reporter's loop (see stop_threadsafe)."""
+    def request_stop(self, reason: str = "stop", *, wait_for_workers: bool = True) -> None:
+        """Begin the graceful shutdown. Call on the reporter's loop (see stop_threadsafe).
+
+        ``wait_for_workers``: a reporter process keeps draining until every worker of the
+        arena has exited and the owner is gone (or the drain deadline passes), so records
+        that workers write while they finish their last requests are delivered too.
+        """
         if self._loop is None:
             self._stop_requested_early = reason
             return
-        if not self.stop.begin(reason, self.settings.shutdown_deadline_s):
+        wait = wait_for_workers and self.owner.enabled
+        if not self.stop.begin(reason, self.settings.shutdown_deadline_s, wait_for_workers=wait):
             return
         log.info(
             "reporter %d stopping (%s), deadline %.1f s",
@@ -293,15 +304,26 @@ class Reporter:
         if exc is not None:
             log.error("reporter task %s failed: %r", task.get_name(), exc, exc_info=exc)
             self.exit_code = EXIT_ERROR
-            self.request_stop("internal error")
+            self.request_stop("internal error", wait_for_workers=False)
 
     def _drained_for_stop(self, now: float) -> bool:
         assert self.intake is not None and self._instances is not None
         if self.intake.pending():
             return False
-        if self.owner.dead and now < self.stop.deadline:
-            # Workers outlive the master by a moment: keep draining while they still hold slots.
-            return not self._instances.refresh_live(now)
+        if self.stop.wait_for_workers:
+            # Workers outlive the master by a moment, and a group-wide stop signal reaches us
+            # while they still finish requests: drained means no worker holds a slot any more
+            # and the owner is gone (so teardown can remove the arena). A master that outlives
+            # its last worker by more than OWNER_GRACE_S is not stopping (only this process was
+            # told to stop); the drain deadline bounds the whole wait.
+            if self._instances.refresh_live(now):
+                self._workers_gone_at = 0.0
+                return False
+            if self.owner.dead:
+                return True
+            if not self._workers_gone_at:
+                self._workers_gone_at = now
+            return now - self._workers_gone_at >= OWNER_GRACE_S
         return True
 
     # -- shutdown --------------------------------------------------------------------------
