@@ -45,13 +45,14 @@ from reporter_proc.senders.base import Sender
 from reporter_proc.settings import ReporterSettings
 from reporter_proc.spool import Spool
 from reporter_proc.spooling import Replayer, SpoolWriter
-from reporter_proc.status import Counters
+from reporter_proc.status import Counters, exit_summary
 
 log = logging.getLogger("swmp.reporter")
 
 __all__ = ["EXIT_CONFIG", "EXIT_ERROR", "EXIT_OK", "Reporter", "host_properties", "make_sender"]
 
 
+DATA_NAMES = frozenset(k.name for k in R.DATA_KINDS)
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 # How long a stopping reporter waits for the owner after the last worker left: a server
 # master exits right after its workers (then the arena is removed); one that stays up was
@@ -212,6 +213,7 @@ class Reporter:
         loop = self._loop
         assert loop is not None
         self.arena.status.heartbeat()
+        self.publisher.carry_over()  # counts continue from the arena's earlier reporters
         if self.mode == "process":
             # First: a SIGTERM during start-up must mean "stop", not "die" (which the
             # supervisor would take for a crash and answer with a restart).
@@ -327,6 +329,21 @@ class Reporter:
         return True
 
     # -- shutdown --------------------------------------------------------------------------
+    def _log_summary(self) -> None:
+        """One line at exit: what the arena's records became since it was created."""
+        try:
+            dropped, skipped = ring_losses(self.arena)
+            level, message = exit_summary(self.publisher.totals(), DATA_NAMES, dropped, skipped)
+            log.log(
+                level,
+                "reporter %d exiting (%s); since the arena was created: %s",
+                os.getpid(),
+                self.stop.reason or "done",
+                message,
+            )
+        except Exception:  # a summary must never stand in the way of the teardown
+            log.debug("exit summary failed", exc_info=True)
+
     async def _flush_and_close(self) -> None:
         assert self.intake is not None and self.delivery is not None and self._instances is not None
         self.intake.seal_all()
@@ -370,6 +387,8 @@ class Reporter:
                 signal.signal(sig, signal.SIG_IGN)
         self.ready = False
         self.publisher.publish()
+        if self.parts.ledger is not None:  # the parts ran: say what became of the records
+            self._log_summary()
         if self.parts.spool is not None:
             self.parts.spool.spool.close()
         # With the owner dead and no worker left, nobody will ever read this arena again (the
@@ -392,6 +411,17 @@ class Reporter:
             arena.unlink()
             if self._instances is not None:
                 self._instances.remove_file()
+
+
+def ring_losses(arena: Arena) -> tuple[int, int]:
+    """``(dropped, skipped)`` records over every ring of ``arena``: writers' drops (ring
+    full, record too large) and records skipped by the readers' corruption recovery."""
+    dropped = skipped = 0
+    for slot in range(arena.slots):
+        st = arena.ring_stats(slot)
+        dropped += st.dropped_records
+        skipped += st.skipped_records
+    return dropped, skipped
 
 
 def check_capabilities(journal: Journal, sender: Sender) -> None:

@@ -230,7 +230,8 @@ def _ns(value: Any) -> int:
 def check_drops(before: Sample | None, after: Sample, limits: Thresholds) -> Check:
     def totals(s: Sample) -> tuple[int, int, int]:
         written = sum(sl.stats.written_records for sl in s.slots)
-        ring_dropped = sum(sl.stats.dropped_records for sl in s.slots)
+        # Writers' drops (ring full...) and records lost to corruption recovery.
+        ring_dropped = sum(sl.stats.dropped_records + sl.stats.skipped_records for sl in s.slots)
         reporter_dropped = counter_sum((s.document or {}).get("dropped"))
         return written, ring_dropped, reporter_dropped
 

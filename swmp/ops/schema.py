@@ -193,6 +193,7 @@ STATUS_SCHEMA: dict[str, Any] = {
                             {
                                 "written": _INT,
                                 "ring_dropped": _INT,
+                                "ring_skipped": _INT,
                                 "read": _INT,
                                 "sent": _INT,
                                 "retried": _INT,
