@@ -38,7 +38,7 @@ from reporter_proc.instances import Instance, Instances, host_properties
 from reporter_proc.intake import Intake
 from reporter_proc.journal import Journal
 from reporter_proc.ledger import Ledger
-from reporter_proc.lifecycle import OwnerWatch, StopState
+from reporter_proc.lifecycle import OwnerWatch, StopState, SupervisorWatch
 from reporter_proc.profile_tasks import ProfileTaskPoller, profiling_unavailable
 from reporter_proc.publisher import Parts, StatusPublisher
 from reporter_proc.senders.base import Sender
@@ -84,6 +84,7 @@ class Reporter:
         mode: str = "process",
         owner_pid: int = 0,
         restarts: int = 0,
+        supervisor_pid: int = 0,
     ) -> None:
         self.arena = arena
         self.settings = settings
@@ -100,6 +101,14 @@ class Reporter:
             arena, self.journal, self.stop, mode=mode, restarts=restarts, parts=self.parts
         )
         self.owner = OwnerWatch(arena, owner_pid, mode == "process", self._owner_died)
+        self.supervision = SupervisorWatch(
+            supervisor_pid if mode == "process" else 0,
+            respawn=self._respawn_supervisor,
+            wanted=lambda: not self.stop.stopping and not self.owner.gone_now(),
+            backoff_s=(settings.restart_backoff_base_s, settings.restart_backoff_max_s),
+        )
+        if supervisor_pid and mode == "process":
+            self.parts.supervisor = self.supervision.info
         self.intake: Intake | None = None
         self.delivery: Delivery | None = None
         self._instances: Instances | None = None
@@ -173,6 +182,11 @@ class Reporter:
 
     def _owner_died(self) -> None:
         self.request_stop("owner died")
+
+    def _respawn_supervisor(self) -> int:
+        from reporter_proc.process import respawn_supervisor  # noqa: PLC0415 (process imports us)
+
+        return respawn_supervisor(self.arena.path, self.settings, self.owner_pid)
 
     # -- main ------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -264,11 +278,12 @@ class Reporter:
         self.parts.read_counts = intake.read_counts
         intake.start(loop)
         self.owner.start(loop)
+        self.supervision.start(loop)
         instances.restore()
         for kind in R.DATA_KINDS:
             self._senders.append(self._spawn(delivery.run(kind.name), f"send-{kind.name}"))
         self._spawn(instances.run(), "instances")
-        self._spawn(self.publisher.run(self.owner.poll), "status")
+        self._spawn(self.publisher.run(self._tick), "status")
         self._start_profile_tasks(sender, instances)
         if spool is not None:
             busy = lambda: ledger.pending_bytes > self.settings.max_pending_bytes // 2  # noqa: E731
@@ -276,6 +291,11 @@ class Reporter:
                 spool, j, delivery.send, stop=self.stop, busy=busy, backoff=lambda n: backoff(j, n)
             )
             self._spawn(replayer.run(), "replay")
+
+    def _tick(self) -> None:
+        """About once a second, from the status task: watches that need polling."""
+        self.owner.poll()
+        self.supervision.poll()
 
     def _start_profile_tasks(self, sender: Sender, instances: Instances) -> None:
         unavailable = profiling_unavailable(self.journal, sender)
@@ -403,6 +423,7 @@ class Reporter:
                     "owner gone: %d bytes of undelivered records are discarded with the arena", abandoned
                 )
         self.owner.close()
+        self.supervision.stop()
         arena = self.arena
         arena.status.set_sleeping(False)
         arena.release_reporter()

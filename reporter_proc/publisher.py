@@ -35,6 +35,7 @@ class Parts:
     ledger: Ledger | None = None
     instances: Instances | None = None
     read_counts: dict[int, int] = field(default_factory=dict)
+    supervisor: Callable[[], dict[str, int]] | None = None  # who restarts us (process mode)
 
 
 class StatusPublisher:
@@ -109,6 +110,8 @@ class StatusPublisher:
         extra: dict[str, object] = {"counted_since_ns": self._since_ns}
         if self.stop.stopping:
             extra["stopping"] = self.stop.reason
+        if self.parts.supervisor is not None:
+            extra["supervisor"] = self.parts.supervisor()
         return extra
 
     def publish(self) -> None:

@@ -59,6 +59,7 @@ CHECK_FIGURES: dict[str, dict[str, Any]] = {
         }
     ),
     "spool": _obj({"enabled": _BOOL, "bytes": _INT, "cap": _INT, "records": _INT, "fill_ratio": _NNUM}),
+    "supervisor": _obj({"pid": _NINT, "alive": {"type": ["boolean", "null"]}, "replaced": _INT}),
 }
 
 
