@@ -98,11 +98,7 @@ class OwnerWatch:
         self._on_died()
 
     def close(self) -> None:
-        if self._fd >= 0:
-            if self._loop is not None:
-                self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = -1
+        self._fd = close_pidfd(self._loop, self._fd)
 
     def gone_now(self) -> bool:
         """Is the owner gone? Without waiting (see :meth:`gone`)."""
@@ -222,11 +218,7 @@ class SupervisorWatch:
         return {"pid": self.pid, "start_ticks": self.start_ticks, "replaced": self.replaced}
 
     def close(self) -> None:
-        if self._fd >= 0:
-            if self._loop is not None:
-                self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = -1
+        self._fd = close_pidfd(self._loop, self._fd)
 
     def stop(self) -> None:
         """The reporter is ending: no replacement any more."""
@@ -234,6 +226,15 @@ class SupervisorWatch:
             self._pending.cancel()
             self._pending = None
         self.close()
+
+
+def close_pidfd(loop: asyncio.AbstractEventLoop | None, fd: int) -> int:
+    """Stop watching and close a pidfd (if open); returns -1, the "no pidfd" value."""
+    if fd >= 0:
+        if loop is not None:
+            loop.remove_reader(fd)
+        os.close(fd)
+    return -1
 
 
 def _stat(pid: int) -> bytes:
