@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ipc import process_alive
-
 from swmp.ops import fmt
 from swmp.ops.sample import Sample, counter_sum, delta, number
 
