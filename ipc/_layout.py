@@ -52,7 +52,21 @@ S_SLEEPING: Final = 8  # own cache line: writers read it after every record
 # timer drains the ring, and no write makes a system call.
 WAKE_FILL_SHIFT: Final = 2
 S_WAKEUPS: Final = 9
-DOC_OFFSET: Final = 128
+# Entries in use in the counter table below. It shares the sleeping flag's cache line but is
+# stored only when the reporter meets a counter name for the first time (a handful of times
+# in an arena's life), so writers reading the flag see no false sharing in practice.
+S_COUNTERS: Final = 10
+# The counter table: named u64 totals since the arena was created (records sent, dropped,
+# spooled...). They live here rather than in the reporter's memory so that a restarted
+# reporter continues them, ``swmp status`` shows them with no reporter running, and the
+# last reporter can log the final totals. Entry = NUL-padded ASCII name + u64 value; only
+# the reporter writes, under the same seqlock (S_SEQ) as the document.
+COUNTERS_OFFSET: Final = 128
+COUNTER_NAME_MAX: Final = 24
+COUNTER_ENTRY: Final = COUNTER_NAME_MAX + 8
+COUNTERS_MAX: Final = 56
+# The document follows the table (1,920 bytes), on its own 2 KiB boundary.
+DOC_OFFSET: Final = 2048
 DOC_MAX: Final = STATUS_SIZE - DOC_OFFSET
 
 # Board words (index into the board viewed as u64): a blob the reporter publishes to every
@@ -80,6 +94,9 @@ C_READ_BYTES: Final = 18  # ring bytes (headers and padding included), like the 
 C_CORRUPT: Final = 19
 C_SKIPPED_BYTES: Final = 20
 C_HIGH_WATER: Final = 21  # most bytes the reader ever found waiting (tail - head)
+# Records lost to corruption recovery: well-formed records of a type the reader does not
+# take, plus an estimate of the records in bytes skipped to the tail (see RingReader).
+C_SKIPPED_RECORDS: Final = 22
 
 # Record header, one little-endian u64 word: payload length (bits 0-31), type (bits 32-47),
 # check (bits 48-63). The writer stores it as one word; the reader loads it as one word.

@@ -72,6 +72,7 @@ class RingStats:
     read_bytes: int
     corrupt_events: int
     skipped_bytes: int
+    skipped_records: int = 0
 
     @property
     def written_bytes(self) -> int:
@@ -107,6 +108,7 @@ def read_stats(slot: int, control: memoryview, capacity: int) -> RingStats:
         read_bytes=control[L.C_READ_BYTES],
         corrupt_events=control[L.C_CORRUPT],
         skipped_bytes=control[L.C_SKIPPED_BYTES],
+        skipped_records=control[L.C_SKIPPED_RECORDS],
     )
 
 
@@ -413,7 +415,8 @@ class RingReader:
     never delivered). ``mapping``/``base`` let the reader copy payloads straight out of the
     mmap (one copy, no intermediate memoryview).
 
-    Garbage handling (counted in ``corrupt_events``/``skipped_bytes``, logged once):
+    Garbage handling (counted in ``corrupt_events``/``skipped_bytes``/``skipped_records``,
+    logged once):
 
     * head word not what this reader stored: rewritten (the writer trusts it for space);
     * tail word implausible (behind the cursor, past head + capacity, unaligned): ignored
@@ -423,6 +426,15 @@ class RingReader:
     * a record header that fails its check or bounds: the reader first stops there once
       (the tail may have been garbage and the writer's next store fixes it); if the header
       is still bad at the next read, everything up to the tail is skipped.
+
+    Skipped records: a record skipped for its type counts one. Bytes skipped to the tail
+    hold records nobody can parse any more; their number comes from the writer's
+    written-records word: the reader remembers that word (``_synced``) the last time it
+    had read everything up to the tail, counts the records it took since (``_since``), and
+    at the skip counts ``written - synced - since``. Exact unless the writer was storing a
+    record at the very moment of the catch-up or the skip (the tail and the counter are two
+    stores); before its first catch-up the reader falls back to the slot's lifetime words
+    (written - read - skipped), which re-reads after a reporter restart make an undercount.
     """
 
     __slots__ = (
@@ -435,8 +447,10 @@ class RingReader:
         "_high_water",
         "_logged",
         "_shift",
+        "_since",
         "_source",
         "_suspect",
+        "_synced",
         "_valid",
         "_words",
         "slot",
@@ -477,6 +491,10 @@ class RingReader:
         self._suspect = -1  # position of a bad header seen once (see the class docstring)
         self._behind = -1  # an implausible tail value already counted
         self._logged = False
+        # Writer's written-records word when this reader last caught up with the tail (-1:
+        # not yet), and records read or skipped since: see "Skipped records" above.
+        self._synced = int(control[L.C_WRITTEN_RECORDS]) if int(control[L.C_TAIL]) == self._head else -1
+        self._since = 0
 
     @property
     def cursor(self) -> int:
@@ -504,6 +522,7 @@ class RingReader:
     def rewind(self) -> None:
         """Forget uncommitted reads: the next :meth:`read` starts at the committed head."""
         self._cursor = self._head
+        self._synced = -1  # records are read again: the count since the catch-up is off
 
     def commit(self, position: int | None = None) -> None:
         """Release everything before ``position`` (default: the cursor) to the writer.
@@ -590,6 +609,8 @@ class RingReader:
                             stop = min(tail, stop + span)
                         break
                     self._count(span, f"record of type {rtype} at {cursor} skipped")
+                    self._control[L.C_SKIPPED_RECORDS] += 1
+                    self._since += 1
                     cursor += span
                     continue
                 off += base
@@ -599,6 +620,9 @@ class RingReader:
         self._cursor = cursor
         self._suspect = -1
         self._finish(start, cursor, len(out))
+        if cursor == tail:  # caught up: the writer's count is ours again
+            self._synced = int(control[L.C_WRITTEN_RECORDS])
+            self._since = 0
         return out
 
     def _finish(self, start: int, cursor: int, count: int) -> None:
@@ -606,6 +630,7 @@ class RingReader:
             control = self._control
             control[L.C_READ_RECORDS] += count
             control[L.C_READ_BYTES] += cursor - start
+            self._since += count
 
     def _bad_header(self, cursor: int, tail: int, n: int, rtype: int) -> None:
         if self._suspect != cursor:
@@ -615,7 +640,16 @@ class RingReader:
             self._count(0, f"bad record header at {cursor} (length={n}, type={rtype})")
             return
         self._suspect = -1
-        self._control[L.C_SKIPPED_BYTES] += tail - cursor
+        control = self._control
+        control[L.C_SKIPPED_BYTES] += tail - cursor
+        written = int(control[L.C_WRITTEN_RECORDS])  # loaded after the tail: covers it
+        if self._synced >= 0:
+            lost = written - self._synced - self._since
+        else:
+            lost = written - int(control[L.C_READ_RECORDS]) - int(control[L.C_SKIPPED_RECORDS])
+        if lost > 0:
+            control[L.C_SKIPPED_RECORDS] += lost
+        self._synced, self._since = written, 0  # we are at the tail now
         self._log_once(f"bad record header at {cursor} (length={n}, type={rtype}); skipped to {tail}")
         self._cursor = tail
 
@@ -628,6 +662,7 @@ class RingReader:
             # came from a garbage tail. Go back to it.
             self._count(0, f"tail {tail} behind the cursor {self._cursor}; following the writer")
             self._cursor = tail
+            self._synced = -1
             self._behind = -1
             return
         self._behind = tail

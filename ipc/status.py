@@ -1,4 +1,4 @@
-"""The arena's status block: the reporter's heartbeat and an opaque status document.
+"""The arena's status block: the reporter's heartbeat, named counters and a status document.
 
 Only the process holding the reporter role writes here, so a seqlock is enough for
 readers in other processes (``swmp status``, ``swmp health``, the agent's supervisor):
@@ -9,13 +9,16 @@ writer, and a writer killed mid-update leaves an odd sequence that the next writ
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ipc import _layout as L
 
 _barrier_lock = threading.Lock()
+_ENTRY = struct.Struct(f"<{L.COUNTER_NAME_MAX}sQ")
 
 
 def full_barrier() -> None:
@@ -38,6 +41,7 @@ class StatusSnapshot:
     reader_sleeping: bool
     wakeups: int
     document: bytes  # whatever the reporter published (the agent uses JSON)
+    counters: dict[str, int] = field(default_factory=dict)  # totals since the arena was created
 
     def heartbeat_age_s(self, now_ns: int | None = None) -> float | None:
         if not self.heartbeat_ns:
@@ -50,6 +54,8 @@ class StatusBlock:
     def __init__(self, words: memoryview, raw: memoryview) -> None:
         self._w = words  # the block as u64 words
         self._raw = raw  # the block as bytes
+        self._entries: dict[str, int] = {}  # writer side: counter name -> table entry
+        self.unstored = 0  # counters the last store could not keep (table full, name too long)
 
     # -- writer side (the reporter) --------------------------------------------------------
     def begin_reporter(self, pid: int) -> None:
@@ -65,17 +71,57 @@ class StatusBlock:
     def heartbeat(self) -> None:
         self._w[L.S_HEARTBEAT_NS] = time.time_ns()
 
-    def publish(self, document: bytes) -> bool:
-        """Replace the status document; False (nothing written) if it is too large."""
-        if len(document) > L.DOC_MAX:
-            return False
+    def publish(self, document: bytes, counters: Mapping[str, int] | None = None) -> bool:
+        """Replace the status document and store ``counters`` (see :meth:`store_counters`)
+        in one seqlock update; False (document not written) if it is too large."""
+        fits = len(document) <= L.DOC_MAX
         w = self._w
         seq = w[L.S_SEQ]
         w[L.S_SEQ] = seq + 1
-        self._raw[L.DOC_OFFSET : L.DOC_OFFSET + len(document)] = document
-        w[L.S_DOC_LEN] = len(document)
+        if fits:
+            self._raw[L.DOC_OFFSET : L.DOC_OFFSET + len(document)] = document
+            w[L.S_DOC_LEN] = len(document)
+        if counters:
+            self._store(counters)
         w[L.S_SEQ] = seq + 2
-        return True
+        return fits
+
+    def store_counters(self, counters: Mapping[str, int]) -> int:
+        """Set the named totals (a name seen for the first time takes a new entry); returns
+        how many did not fit (table full, name longer than ``COUNTER_NAME_MAX`` bytes)."""
+        w = self._w
+        seq = w[L.S_SEQ]
+        w[L.S_SEQ] = seq + 1
+        left = self._store(counters)
+        w[L.S_SEQ] = seq + 2
+        return left
+
+    def _store(self, counters: Mapping[str, int]) -> int:
+        if not self._entries:
+            self._entries = {name: i for i, (name, _) in enumerate(self._table())}
+        raw, entries, left = self._raw, self._entries, 0
+        for name, value in counters.items():
+            i = entries.get(name)
+            if i is None:
+                key = name.encode("ascii", "replace")
+                used = len(entries)
+                if len(key) > L.COUNTER_NAME_MAX or used >= L.COUNTERS_MAX:
+                    left += 1
+                    continue
+                i = entries[name] = used
+                _ENTRY.pack_into(raw, L.COUNTERS_OFFSET + i * L.COUNTER_ENTRY, key, 0)
+                self._w[L.S_COUNTERS] = used + 1
+            self._w[(L.COUNTERS_OFFSET + i * L.COUNTER_ENTRY + L.COUNTER_NAME_MAX) // 8] = max(0, value)
+        self.unstored = left
+        return left
+
+    def _table(self) -> list[tuple[str, int]]:
+        out = []
+        raw = self._raw
+        for i in range(min(int(self._w[L.S_COUNTERS]), L.COUNTERS_MAX)):
+            key, value = _ENTRY.unpack_from(raw, L.COUNTERS_OFFSET + i * L.COUNTER_ENTRY)
+            out.append((key.rstrip(b"\0").decode("ascii", "replace"), int(value)))
+        return out
 
     def set_sleeping(self, sleeping: bool) -> None:
         """Tell writers whether to ring the doorbell.
@@ -107,16 +153,21 @@ class StatusBlock:
     def snapshot(self, attempts: int = 1000) -> StatusSnapshot:
         w = self._w
         doc = b""
+        table: list[tuple[str, int]] = []
         for _ in range(attempts):
             seq = w[L.S_SEQ]
             if seq & 1:
                 continue
             n = w[L.S_DOC_LEN]
             doc = bytes(self._raw[L.DOC_OFFSET : L.DOC_OFFSET + min(n, L.DOC_MAX)])
+            table = self._table()
             if w[L.S_SEQ] == seq:
                 break
         else:
-            doc = b""  # the writer died mid-update or is rewriting constantly: no document
+            # The writer died mid-update or is rewriting constantly: no document; the
+            # counters are still worth showing (each value is one atomic word).
+            doc = b""
+            table = self._table()
         return StatusSnapshot(
             reporter_pid=w[L.S_REPORTER_PID],
             heartbeat_ns=w[L.S_HEARTBEAT_NS],
@@ -125,4 +176,5 @@ class StatusBlock:
             reader_sleeping=bool(w[L.S_SLEEPING]),
             wakeups=w[L.S_WAKEUPS],
             document=doc,
+            counters=dict(table),
         )

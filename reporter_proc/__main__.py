@@ -27,7 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--owner-pid", type=int, default=0, help="default: the owner recorded in the arena")
     parser.add_argument("--settings", default="", help="ReporterSettings as a JSON object")
     parser.add_argument("--settings-file", default="", help="file holding that JSON object")
+    parser.add_argument(
+        "--settings-stdin", action="store_true", help="read that JSON object from standard input"
+    )
     parser.add_argument("--no-supervise", action="store_true", help="run the reporter without a supervisor")
+    parser.add_argument(
+        "--adopt", type=int, default=0, help="supervise this running reporter first (replacement supervisor)"
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -35,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     reset_signals()
     try:
-        if args.settings_file:
+        if args.settings_stdin:
+            settings = settings_from_json(sys.stdin.buffer.read())
+        elif args.settings_file:
             with open(args.settings_file, "rb") as f:
                 settings = settings_from_json(f.read())
         elif args.settings:
@@ -55,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             return 70
     if args.no_supervise:
         return run_reporter_process(args.arena, settings, owner)
-    return run_supervisor(args.arena, settings, owner)
+    return run_supervisor(args.arena, settings, owner, adopt=args.adopt)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,14 @@ deadline. :class:`OwnerWatch` notices the death of the process that owns the app
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import select
 import time
 from collections.abc import Callable
 
-from ipc import Arena, process_alive
+from ipc import Arena, process_alive, process_start_ticks
 
 log = logging.getLogger("swmp.reporter")
 
@@ -27,12 +28,17 @@ class StopState:
         self.reason = ""
         self.deadline = 0.0  # monotonic: everything is done by then
         self.drain_deadline = 0.0  # monotonic: reading the rings ends by then
+        # Wait for the application to finish before calling the rings drained: a stop signal
+        # sent to the whole process group (systemd's KillMode=control-group, Ctrl-C) reaches
+        # us while workers still finish their in-flight requests and write their records.
+        self.wait_for_workers = False
 
-    def begin(self, reason: str, deadline_s: float) -> bool:
+    def begin(self, reason: str, deadline_s: float, *, wait_for_workers: bool = False) -> bool:
         """Start stopping; False when already stopping."""
         if self.stopping:
             return False
         self.stopping = True
+        self.wait_for_workers = wait_for_workers
         self.reason = reason
         now = time.monotonic()
         deadline_s = max(0.0, deadline_s)
@@ -92,11 +98,11 @@ class OwnerWatch:
         self._on_died()
 
     def close(self) -> None:
-        if self._fd >= 0:
-            if self._loop is not None:
-                self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = -1
+        self._fd = close_pidfd(self._loop, self._fd)
+
+    def gone_now(self) -> bool:
+        """Is the owner gone? Without waiting (see :meth:`gone`)."""
+        return self.dead or (self.enabled and not process_alive(self.owner_pid, 0))
 
     def gone(self) -> bool:
         """Is the owner dead (or dying)? Decides whether we are the last one out.
@@ -120,6 +126,115 @@ class OwnerWatch:
     def _chain_broken(self) -> bool:
         ppid = os.getppid()
         return ppid != self.owner_pid and parent_of(ppid) != self.owner_pid
+
+
+class SupervisorWatch:
+    """Replaces the supervisor if it dies while the application runs (process mode).
+
+    Without it, a SIGKILLed supervisor leaves nobody to restart the next reporter that dies.
+    The reporter watches its supervisor (pidfd; polling through :meth:`poll` otherwise) and,
+    unless it is stopping or the owner is gone, starts a replacement that adopts it
+    (``respawn()`` returns the new pid), after a backoff that doubles while they keep dying.
+    """
+
+    def __init__(
+        self,
+        pid: int,
+        *,
+        respawn: Callable[[], int],
+        wanted: Callable[[], bool],
+        backoff_s: tuple[float, float] = (0.5, 30.0),
+    ) -> None:
+        self.pid = pid  # the supervisor being watched (0: none, not supervised)
+        self.start_ticks = process_start_ticks(pid) if pid > 0 else 0
+        self.replaced = 0
+        self.missing_since = 0.0  # monotonic; 0 while the supervisor lives
+        self._respawn = respawn
+        self._wanted = wanted
+        self._base, self._max = backoff_s
+        self._delay = self._base
+        self._fd = -1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._watch()
+
+    def _watch(self) -> None:
+        if self.pid <= 0 or self._loop is None:
+            return
+        try:
+            self._fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            self._gone()
+            return
+        except (OSError, AttributeError):
+            return  # old kernel: poll() notices
+        if not process_alive(self.pid, self.start_ticks):  # reused pid, or gone meanwhile
+            self._gone()
+            return
+        self._loop.add_reader(self._fd, self._gone)
+
+    def poll(self) -> None:
+        """Without a pidfd: the status task calls this about once a second."""
+        if self._fd < 0 and self.pid > 0 and not self.missing_since and not self._running():
+            self._gone()
+
+    def _running(self) -> bool:
+        return process_alive(self.pid, self.start_ticks) and not zombie(self.pid)
+
+    def _gone(self) -> None:
+        self.close()
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(self.pid, os.WNOHANG)  # a replacement is our child: reap it
+        if self.missing_since:
+            return
+        self.missing_since = time.monotonic()
+        if not self._wanted():
+            return  # stopping, or the owner is gone: nothing left to supervise
+        log.warning("supervisor %d is gone; starting a new one in %.1f s", self.pid, self._delay)
+        if self._loop is not None:
+            self._pending = self._loop.call_later(self._delay, self._replace)
+        self._delay = min(self._max, self._delay * 2)
+
+    def _replace(self) -> None:
+        self._pending = None
+        if not self._wanted():
+            return
+        try:
+            pid = self._respawn()
+        except Exception as exc:
+            log.error("cannot start a new supervisor: %r; the reporter runs unsupervised", exc)
+            return
+        self.pid, self.start_ticks = pid, process_start_ticks(pid)
+        self.replaced += 1
+        self.missing_since = 0.0
+        log.info("supervisor %d now supervises this reporter", pid)
+        self._watch()
+
+    def info(self) -> dict[str, int]:
+        """For the status document: ``swmp health`` checks that this pid is alive."""
+        return {"pid": self.pid, "start_ticks": self.start_ticks, "replaced": self.replaced}
+
+    def close(self) -> None:
+        self._fd = close_pidfd(self._loop, self._fd)
+
+    def stop(self) -> None:
+        """The reporter is ending: no replacement any more."""
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+        self.close()
+
+
+def close_pidfd(loop: asyncio.AbstractEventLoop | None, fd: int) -> int:
+    """Stop watching and close a pidfd (if open); returns -1, the "no pidfd" value."""
+    if fd >= 0:
+        if loop is not None:
+            loop.remove_reader(fd)
+        os.close(fd)
+    return -1
 
 
 def _stat(pid: int) -> bytes:

@@ -38,21 +38,26 @@ from reporter_proc.instances import Instance, Instances, host_properties
 from reporter_proc.intake import Intake
 from reporter_proc.journal import Journal
 from reporter_proc.ledger import Ledger
-from reporter_proc.lifecycle import OwnerWatch, StopState
+from reporter_proc.lifecycle import OwnerWatch, StopState, SupervisorWatch
 from reporter_proc.profile_tasks import ProfileTaskPoller, profiling_unavailable
 from reporter_proc.publisher import Parts, StatusPublisher
 from reporter_proc.senders.base import Sender
 from reporter_proc.settings import ReporterSettings
 from reporter_proc.spool import Spool
 from reporter_proc.spooling import Replayer, SpoolWriter
-from reporter_proc.status import Counters
+from reporter_proc.status import Counters, exit_summary
 
 log = logging.getLogger("swmp.reporter")
 
 __all__ = ["EXIT_CONFIG", "EXIT_ERROR", "EXIT_OK", "Reporter", "host_properties", "make_sender"]
 
 
+DATA_NAMES = frozenset(k.name for k in R.DATA_KINDS)
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+# How long a stopping reporter waits for the owner after the last worker left: a server
+# master exits right after its workers (then the arena is removed); one that stays up was
+# not stopped with us.
+OWNER_GRACE_S = 2.0
 
 
 def make_sender(settings: ReporterSettings) -> Sender:
@@ -79,6 +84,7 @@ class Reporter:
         mode: str = "process",
         owner_pid: int = 0,
         restarts: int = 0,
+        supervisor_pid: int = 0,
     ) -> None:
         self.arena = arena
         self.settings = settings
@@ -95,6 +101,14 @@ class Reporter:
             arena, self.journal, self.stop, mode=mode, restarts=restarts, parts=self.parts
         )
         self.owner = OwnerWatch(arena, owner_pid, mode == "process", self._owner_died)
+        self.supervision = SupervisorWatch(
+            supervisor_pid if mode == "process" else 0,
+            respawn=self._respawn_supervisor,
+            wanted=lambda: not self.stop.stopping and not self.owner.gone_now(),
+            backoff_s=(settings.restart_backoff_base_s, settings.restart_backoff_max_s),
+        )
+        if supervisor_pid and mode == "process":
+            self.parts.supervisor = self.supervision.info
         self.intake: Intake | None = None
         self.delivery: Delivery | None = None
         self._instances: Instances | None = None
@@ -103,6 +117,7 @@ class Reporter:
         self._tasks: list[asyncio.Task[None]] = []
         self._senders: list[asyncio.Task[None]] = []
         self._stop_requested_early = ""
+        self._workers_gone_at = 0.0  # monotonic: when a stopping reporter saw no live slot
 
     # -- views (tests, the process wrapper, benchmarks) -------------------------------------
     @property
@@ -133,12 +148,18 @@ class Reporter:
         return self.publisher.document()
 
     # -- control ---------------------------------------------------------------------------
-    def request_stop(self, reason: str = "stop") -> None:
-        """Begin the graceful shutdown. Call on the reporter's loop (see stop_threadsafe)."""
+    def request_stop(self, reason: str = "stop", *, wait_for_workers: bool = True) -> None:
+        """Begin the graceful shutdown. Call on the reporter's loop (see stop_threadsafe).
+
+        ``wait_for_workers``: a reporter process keeps draining until every worker of the
+        arena has exited and the owner is gone (or the drain deadline passes), so records
+        that workers write while they finish their last requests are delivered too.
+        """
         if self._loop is None:
             self._stop_requested_early = reason
             return
-        if not self.stop.begin(reason, self.settings.shutdown_deadline_s):
+        wait = wait_for_workers and self.owner.enabled
+        if not self.stop.begin(reason, self.settings.shutdown_deadline_s, wait_for_workers=wait):
             return
         log.info(
             "reporter %d stopping (%s), deadline %.1f s",
@@ -161,6 +182,11 @@ class Reporter:
 
     def _owner_died(self) -> None:
         self.request_stop("owner died")
+
+    def _respawn_supervisor(self) -> int:
+        from reporter_proc.process import respawn_supervisor  # noqa: PLC0415 (process imports us)
+
+        return respawn_supervisor(self.arena.path, self.settings, self.owner_pid)
 
     # -- main ------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -201,6 +227,7 @@ class Reporter:
         loop = self._loop
         assert loop is not None
         self.arena.status.heartbeat()
+        self.publisher.carry_over()  # counts continue from the arena's earlier reporters
         if self.mode == "process":
             # First: a SIGTERM during start-up must mean "stop", not "die" (which the
             # supervisor would take for a crash and answer with a restart).
@@ -251,11 +278,12 @@ class Reporter:
         self.parts.read_counts = intake.read_counts
         intake.start(loop)
         self.owner.start(loop)
+        self.supervision.start(loop)
         instances.restore()
         for kind in R.DATA_KINDS:
             self._senders.append(self._spawn(delivery.run(kind.name), f"send-{kind.name}"))
         self._spawn(instances.run(), "instances")
-        self._spawn(self.publisher.run(self.owner.poll), "status")
+        self._spawn(self.publisher.run(self._tick), "status")
         self._start_profile_tasks(sender, instances)
         if spool is not None:
             busy = lambda: ledger.pending_bytes > self.settings.max_pending_bytes // 2  # noqa: E731
@@ -263,6 +291,11 @@ class Reporter:
                 spool, j, delivery.send, stop=self.stop, busy=busy, backoff=lambda n: backoff(j, n)
             )
             self._spawn(replayer.run(), "replay")
+
+    def _tick(self) -> None:
+        """About once a second, from the status task: watches that need polling."""
+        self.owner.poll()
+        self.supervision.poll()
 
     def _start_profile_tasks(self, sender: Sender, instances: Instances) -> None:
         unavailable = profiling_unavailable(self.journal, sender)
@@ -293,18 +326,44 @@ class Reporter:
         if exc is not None:
             log.error("reporter task %s failed: %r", task.get_name(), exc, exc_info=exc)
             self.exit_code = EXIT_ERROR
-            self.request_stop("internal error")
+            self.request_stop("internal error", wait_for_workers=False)
 
     def _drained_for_stop(self, now: float) -> bool:
         assert self.intake is not None and self._instances is not None
         if self.intake.pending():
             return False
-        if self.owner.dead and now < self.stop.deadline:
-            # Workers outlive the master by a moment: keep draining while they still hold slots.
-            return not self._instances.refresh_live(now)
+        if self.stop.wait_for_workers:
+            # Workers outlive the master by a moment, and a group-wide stop signal reaches us
+            # while they still finish requests: drained means no worker holds a slot any more
+            # and the owner is gone (so teardown can remove the arena). A master that outlives
+            # its last worker by more than OWNER_GRACE_S is not stopping (only this process was
+            # told to stop); the drain deadline bounds the whole wait.
+            if self._instances.refresh_live(now):
+                self._workers_gone_at = 0.0
+                return False
+            if self.owner.dead:
+                return True
+            if not self._workers_gone_at:
+                self._workers_gone_at = now
+            return now - self._workers_gone_at >= OWNER_GRACE_S
         return True
 
     # -- shutdown --------------------------------------------------------------------------
+    def _log_summary(self) -> None:
+        """One line at exit: what the arena's records became since it was created."""
+        try:
+            dropped, skipped = ring_losses(self.arena)
+            level, message = exit_summary(self.publisher.totals(), DATA_NAMES, dropped, skipped)
+            log.log(
+                level,
+                "reporter %d exiting (%s); since the arena was created: %s",
+                os.getpid(),
+                self.stop.reason or "done",
+                message,
+            )
+        except Exception:  # a summary must never stand in the way of the teardown
+            log.debug("exit summary failed", exc_info=True)
+
     async def _flush_and_close(self) -> None:
         assert self.intake is not None and self.delivery is not None and self._instances is not None
         self.intake.seal_all()
@@ -348,6 +407,8 @@ class Reporter:
                 signal.signal(sig, signal.SIG_IGN)
         self.ready = False
         self.publisher.publish()
+        if self.parts.ledger is not None:  # the parts ran: say what became of the records
+            self._log_summary()
         if self.parts.spool is not None:
             self.parts.spool.spool.close()
         # With the owner dead and no worker left, nobody will ever read this arena again (the
@@ -362,6 +423,7 @@ class Reporter:
                     "owner gone: %d bytes of undelivered records are discarded with the arena", abandoned
                 )
         self.owner.close()
+        self.supervision.stop()
         arena = self.arena
         arena.status.set_sleeping(False)
         arena.release_reporter()
@@ -370,6 +432,17 @@ class Reporter:
             arena.unlink()
             if self._instances is not None:
                 self._instances.remove_file()
+
+
+def ring_losses(arena: Arena) -> tuple[int, int]:
+    """``(dropped, skipped)`` records over every ring of ``arena``: writers' drops (ring
+    full, record too large) and records skipped by the readers' corruption recovery."""
+    dropped = skipped = 0
+    for slot in range(arena.slots):
+        st = arena.ring_stats(slot)
+        dropped += st.dropped_records
+        skipped += st.skipped_records
+    return dropped, skipped
 
 
 def check_capabilities(journal: Journal, sender: Sender) -> None:

@@ -27,8 +27,10 @@ import dataclasses
 import gc
 import logging
 import os
+import shutil
 import signal
 import stat
+import subprocess
 import sys
 import threading
 from collections.abc import Coroutine
@@ -67,6 +69,7 @@ __all__ = [
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 REPORTER_NICE = 10  # added to the application's niceness (see lower_priority)
+
 
 # -- process plumbing --------------------------------------------------------------------------
 def _libc() -> Any:
@@ -198,7 +201,7 @@ def settings_from_json(text: str | bytes) -> ReporterSettings:
 
 # -- the reporter process ----------------------------------------------------------------------
 def run_reporter_process(
-    arena_path: str, settings: ReporterSettings, owner_pid: int, restarts: int = 0
+    arena_path: str, settings: ReporterSettings, owner_pid: int, restarts: int = 0, supervisor_pid: int = 0
 ) -> int:
     """Body of the reporter process: open the arena, run the loop, return the exit status."""
     mark_reporter_process()
@@ -226,7 +229,14 @@ def run_reporter_process(
     try:
         from reporter_proc.loop import Reporter  # noqa: PLC0415 (see the imports)
 
-        reporter = Reporter(arena, settings, mode="process", owner_pid=owner_pid, restarts=restarts)
+        reporter = Reporter(
+            arena,
+            settings,
+            mode="process",
+            owner_pid=owner_pid,
+            restarts=restarts,
+            supervisor_pid=supervisor_pid,
+        )
         if early:
             reporter.request_stop(early[0])  # taken up as soon as its loop runs
         return _run_loop(reporter.run())
@@ -252,7 +262,8 @@ def _reporter_child(
         for fd in close_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        code = run_reporter_process(arena_path, settings, owner_pid, restarts)
+        # Our parent is the supervisor: the reporter watches it and replaces it if it dies.
+        code = run_reporter_process(arena_path, settings, owner_pid, restarts, supervisor_pid=os.getppid())
     except BaseException:
         with contextlib.suppress(Exception):
             log.exception("reporter process failed")
@@ -261,11 +272,76 @@ def _reporter_child(
         os._exit(code)
 
 
-def run_supervisor(arena_path: str, settings: ReporterSettings, owner_pid: int) -> int:
-    """Body of the supervisor process (also what ``python -m reporter_proc`` runs)."""
+def run_supervisor(arena_path: str, settings: ReporterSettings, owner_pid: int, adopt: int = 0) -> int:
+    """Body of the supervisor process (also what ``python -m reporter_proc`` runs).
+
+    ``adopt``: the pid of a running reporter to supervise first (a replacement supervisor,
+    started by that reporter after its own supervisor was killed).
+    """
     mark_reporter_process()
     set_process_title(f"swmp-supervisor [{settings.service}] arena={arena_path}")
-    return Supervisor(arena_path, settings, owner_pid, fork_reporter=_fork_reporter).run()
+    return Supervisor(
+        arena_path,
+        settings,
+        owner_pid,
+        fork_reporter=_fork_reporter,
+        adopt=adopt,
+        still_reporter=lambda pid: _arena_names_reporter(arena_path, pid),
+    ).run()
+
+
+def _arena_names_reporter(arena_path: str, pid: int) -> bool:
+    """Does the arena's status block still name ``pid`` as its reporter? A reporter that
+    ends cleanly clears it; one that was killed cannot."""
+    try:
+        with Arena.open(arena_path, wait_s=0) as arena:
+            return arena.status.snapshot().reporter_pid == pid
+    except (OSError, ArenaError):
+        return False  # the arena is gone: the application ended
+
+
+def python_executable() -> str:
+    """A Python interpreter to exec (embedded in uWSGI, ``sys.executable`` is uWSGI)."""
+    exe = sys.executable
+    if exe and os.path.basename(exe).startswith("python"):
+        return exe
+    base = getattr(sys, "_base_executable", "")
+    if base and os.path.basename(base).startswith("python"):
+        return str(base)
+    found = shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}") or shutil.which("python3")
+    return found or exe
+
+
+def respawn_supervisor(arena_path: str, settings: ReporterSettings, owner_pid: int) -> int:
+    """Start a supervisor that adopts this (reporter) process: its own was killed.
+
+    Exec'd, not forked: this process runs an event loop and network clients that must not
+    be duplicated. The settings go through a pipe (they may hold a token: never in argv).
+    Returns the new supervisor's pid; raises OSError if it could not be started.
+    """
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    argv = [
+        python_executable(),
+        "-m",
+        "reporter_proc",
+        "--arena",
+        arena_path,
+        "--owner-pid",
+        str(owner_pid),
+        "--adopt",
+        str(os.getpid()),
+        "--settings-stdin",
+    ]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, env=env, close_fds=True)
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(settings_to_json(settings).encode())
+    finally:
+        proc.stdin.close()
+    return proc.pid
 
 
 # -- spawning from the application -------------------------------------------------------------

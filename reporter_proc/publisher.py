@@ -35,6 +35,7 @@ class Parts:
     ledger: Ledger | None = None
     instances: Instances | None = None
     read_counts: dict[int, int] = field(default_factory=dict)
+    supervisor: Callable[[], dict[str, int]] | None = None  # who restarts us (process mode)
 
 
 class StatusPublisher:
@@ -49,18 +50,41 @@ class StatusPublisher:
         self.parts = parts
         self.started_ns = time.time_ns()
         self.rates = Rates()
+        # Totals an earlier reporter of this arena left in its counter table (see carry_over).
+        self.carried: dict[str, int] = {}
+        self._carried_sent = 0
+        self._since_ns = 0  # the arena's creation: what the totals count from
+
+    def carry_over(self) -> None:
+        """Continue the counts of the arena's earlier reporters (call once we hold the role)."""
+        self.carried = self.arena.status.snapshot().counters
+        self._since_ns = self.arena.info().created_ns
+        self.journal.counters.seed(self.carried)
+        self._carried_sent = sum(
+            n for name, n in self.carried.items() if name.startswith("sent.") and name[5:] in _DATA_NAMES
+        )
+
+    def totals(self) -> dict[str, int]:
+        """The counts since the arena was created, as stored in its counter table."""
+        self.document()  # brings the derived counts (read, dropped.spool) up to date
+        return self.journal.counters.flat()
 
     def document(self) -> bytes:
         j = self.journal
         c = j.counters
         p = self.parts
         s = j.settings
-        c.read = {R.NAMES.get(t, "unknown"): n for t, n in p.read_counts.items()}
+        carried = self.carried
+        read: dict[str, int] = {k[5:]: n for k, n in carried.items() if k.startswith("read.")}
+        for t, n in p.read_counts.items():
+            name = R.NAMES.get(t, "unknown")
+            read[name] = read.get(name, 0) + n
+        c.read = read
         read_total = sum(n for t, n in p.read_counts.items() if t in R.BY_TYPE and R.BY_TYPE[t].data)
-        sent_total = sum(n for k, n in c.sent.items() if k in _DATA_NAMES)
+        sent_total = sum(n for k, n in c.sent.items() if k in _DATA_NAMES) - self._carried_sent
         self.rates.update(read_total, sent_total)
         spool = p.spool
-        c.dropped["spool"] = spool.dropped if spool is not None else 0
+        c.dropped["spool"] = carried.get("dropped.spool", 0) + (spool.dropped if spool is not None else 0)
         instances = p.instances.table.values() if p.instances is not None else ()
         return build_document(
             pid=os.getpid(),
@@ -79,14 +103,30 @@ class StatusPublisher:
             instances=[InstanceView(i.slot, i.pid, i.instance, i.last_keepalive_ns) for i in instances],
             max_instances=s.status_max_instances,
             rates=self.rates,
-            extra={"stopping": self.stop.reason} if self.stop.stopping else None,
+            extra=self._extra(),
         )
+
+    def _extra(self) -> dict[str, object]:
+        extra: dict[str, object] = {"counted_since_ns": self._since_ns}
+        if self.stop.stopping:
+            extra["stopping"] = self.stop.reason
+        if self.parts.supervisor is not None:
+            extra["supervisor"] = self.parts.supervisor()
+        return extra
 
     def publish(self) -> None:
         status = self.arena.status
         status.heartbeat()
         try:
-            status.publish(self.document())
+            doc = self.document()  # first: it brings the derived counts up to date
+            status.publish(doc, self.journal.counters.flat())
+            if status.unstored:
+                self.journal.log_once(
+                    "counter-table",
+                    logging.WARNING,
+                    "the arena's counter table is full: %d counters are not kept across restarts",
+                    status.unstored,
+                )
         except Exception as exc:  # never let reporting on ourselves take us down
             self.journal.log_once("status", logging.ERROR, "cannot publish the status document: %r", exc)
 

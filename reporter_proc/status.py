@@ -8,13 +8,16 @@ trimmed further and the error text shortened.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-DOC_LIMIT = 8192 - 128 - 64  # the status block's document area, with a margin
+from ipc import _layout as L
+
+DOC_LIMIT = L.DOC_MAX - 64  # the status block's document area, with a margin
 _MAX_ERROR_CHARS = 300
 
 
@@ -39,6 +42,26 @@ class Counters:
 
     def add(self, table: dict[str, int], key: str, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
+
+    # -- the arena's counter table (totals that outlive this reporter) ----------------------
+    _TABLES = ("read", "sent", "dropped")
+    _SCALARS = ("retried", "failed", "spooled", "replayed")
+
+    def flat(self) -> dict[str, int]:
+        """Every count under its table name (``sent.segment``, ``dropped.backend``...)."""
+        out = {f"{t}.{k}": n for t in self._TABLES for k, n in getattr(self, t).items()}
+        out.update((name, getattr(self, name)) for name in self._SCALARS)
+        return out
+
+    def seed(self, carried: dict[str, int]) -> None:
+        """Start from the totals an earlier reporter of this arena left (``read.*`` and
+        ``dropped.spool`` are recomputed from their sources: the publisher adds those)."""
+        for name, n in carried.items():
+            table, _, key = name.partition(".")
+            if table in ("sent", "dropped") and key and name != "dropped.spool":
+                self.add(getattr(self, table), key, n)
+            elif not key and name in self._SCALARS:
+                setattr(self, name, getattr(self, name) + n)
 
     def success(self) -> None:
         self.backend_state = "ok"
@@ -155,3 +178,35 @@ def _instances(instances: list[InstanceView], limit: int) -> dict[str, dict[str,
         str(i.slot): {"pid": i.pid, "instance": i.instance, "last_keepalive_ns": i.last_keepalive_ns}
         for i in chosen
     }
+
+
+# Records the application chose not to send are counted but not "lost".
+_NOT_LOST = frozenset({"disabled"})
+
+
+def exit_summary(
+    totals: dict[str, int], data_kinds: frozenset[str], ring_dropped: int, ring_skipped: int
+) -> tuple[int, str]:
+    """The one line a reporter logs as it exits: ``(level, message)``.
+
+    ``totals`` are the arena's counter table (since the arena was created); ring drops
+    (a full ring, a record too large) and records skipped by corruption recovery are
+    counted by the rings themselves. WARNING when anything was lost, else INFO.
+    """
+    sent = [f"{k} {totals.get('sent.' + k, 0)}" for k in sorted(data_kinds) if totals.get("sent." + k)]
+    lost = {
+        k[8:]: n
+        for k, n in sorted(totals.items())
+        if k.startswith("dropped.") and n and k[8:] not in _NOT_LOST
+    }
+    if ring_dropped:
+        lost["ring"] = ring_dropped
+    if ring_skipped:
+        lost["corrupt"] = ring_skipped
+    total_lost = sum(lost.values())
+    detail = " (" + ", ".join(f"{k} {n}" for k, n in lost.items()) + ")" if lost else ""
+    message = (
+        f"delivered {', '.join(sent) or 'nothing'}; spooled {totals.get('spooled', 0)}, "
+        f"replayed {totals.get('replayed', 0)}; lost {total_lost}{detail}"
+    )
+    return (logging.WARNING if total_lost else logging.INFO), message

@@ -38,8 +38,16 @@ class Supervisor:
         owner_pid: int,
         *,
         fork_reporter: Callable[[str, ReporterSettings, int, int, tuple[int, ...]], int],
+        adopt: int = 0,
+        still_reporter: Callable[[int], bool] | None = None,
     ) -> None:
         self._fork_reporter = fork_reporter
+        # A replacement supervisor (the previous one was killed) starts by watching the
+        # reporter that started it, which is not its child: no exit status to wait for, so
+        # ``still_reporter(pid)`` (does the arena still name that pid as its reporter?) tells
+        # a death (the role was never given back) from a clean exit.
+        self._adopt = adopt
+        self._still_reporter = still_reporter
         self.arena_path = arena_path
         self.settings = settings
         self.owner_pid = owner_pid
@@ -69,10 +77,14 @@ class Supervisor:
             if self.stop_signal:
                 return EXIT_OK
             started = time.monotonic()
-            pid = self._fork_reporter(
-                self.arena_path, s, self.owner_pid, self.restarts, (self._wake_r, self._wake_w)
-            )
-            code = self._wait(pid)
+            if self._adopt:
+                pid, self._adopt = self._adopt, 0
+                code = self._wait(pid, child=False)
+            else:
+                pid = self._fork_reporter(
+                    self.arena_path, s, self.owner_pid, self.restarts, (self._wake_r, self._wake_w)
+                )
+                code = self._wait(pid)
             if self.stop_signal or self.owner_dead or not self._owner_alive():
                 return EXIT_OK
             if code == EXIT_OK:
@@ -110,9 +122,17 @@ class Supervisor:
             if self._owner_fd in ready or (self._owner_fd < 0 and not self._owner_alive()):
                 self.owner_dead = True
 
-    def _wait(self, pid: int) -> int:
+    def _adopted_exit(self, pid: int) -> int:
+        """Exit status of an adopted reporter (not our child), as far as the arena tells."""
+        try:
+            died = self._still_reporter is not None and self._still_reporter(pid)
+        except Exception:  # arena gone or unreadable: the application ended
+            died = False
+        return EXIT_ERROR if died else EXIT_OK
+
+    def _wait(self, pid: int, *, child: bool = True) -> int:
         """Wait for the reporter to exit, forwarding stop signals; returns its exit code
-        (negative: killed by that signal)."""
+        (negative: killed by that signal). ``child=False``: an adopted reporter."""
         try:
             child_fd = os.pidfd_open(pid)
         except OSError:
@@ -147,14 +167,20 @@ class Supervisor:
                     # The reporter watches the owner too and is draining; give it its deadline.
                     self.owner_dead = True
                     kill_at = kill_at or time.monotonic() + grace
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    return os.waitstatus_to_exitcode(status)
+                if not child:
+                    if (child_fd >= 0 and child_fd in ready) or (child_fd < 0 and not process_alive(pid, 0)):
+                        return self._adopted_exit(pid)
+                else:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        return os.waitstatus_to_exitcode(status)
                 if kill_at and time.monotonic() >= kill_at:
                     log.error("reporter %d missed its shutdown deadline; killing it", pid)
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                     kill_at = 0.0
+                    if not child:
+                        return EXIT_ERROR
                     _, status = os.waitpid(pid, 0)
                     return os.waitstatus_to_exitcode(status)
         except ChildProcessError:

@@ -49,8 +49,9 @@ def test_healthy_agent_exits_0(shm: Path, procs: Any, new_arena: Any) -> None:
     rc, doc = health_json(shm)
     assert rc == 0 and doc["healthy"] is True
     c = checks_of(doc)
-    assert [n for n, v in c.items() if v["status"] != "ok"] == ["spool"]  # no spool configured
-    assert c["spool"]["status"] == "skip"
+    # No spool configured; the stand-in reporter names no supervisor.
+    assert [n for n, v in c.items() if v["status"] != "ok"] == ["spool", "supervisor"]
+    assert c["spool"]["status"] == "skip" and c["supervisor"]["status"] == "skip"
     assert c["drops"]["figures"]["dropped"] == 0
     assert c["reporter"]["figures"]["pid"] == doc["agents"][0]["reporter_pid"]
 

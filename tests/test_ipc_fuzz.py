@@ -81,10 +81,13 @@ def test_garbage_in_the_data_area(done: list[int], unread: list[int], first_bad:
     s = r.stats()
     assert s.corrupt_events >= 1
     assert s.skipped_bytes == tail - bad_at
+    # Every record in the clobbered bytes is counted as lost, none more.
+    assert s.skipped_records == len(recs) - first_bad
     assert r.cursor == tail
 
     assert w.write(3, b"after the garbage")
     assert r.read() == [(3, b"after the garbage")]
+    assert r.stats().skipped_records == len(recs) - first_bad
 
 
 @FUZZ

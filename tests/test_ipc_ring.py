@@ -158,7 +158,7 @@ class RingModel(RuleBasedStateMachine):
         assert s.oversize_records == self.oversize
         assert (s.read_records, s.read_bytes) == (self.read_records, self.read_bytes)
         assert s.high_water == self.high_water
-        assert (s.corrupt_events, s.skipped_bytes) == (0, 0)
+        assert (s.corrupt_events, s.skipped_bytes, s.skipped_records) == (0, 0, 0)
         assert 0 <= s.used <= CAP
         assert self.r.pending() is (self.cursor < self.tail)
         assert self.r.backlog() == self.tail - self.head
@@ -237,6 +237,7 @@ def test_reserved_and_unknown_types_are_skipped_by_the_reader() -> None:
     s = r.stats()
     assert s.corrupt_events == s.written_records - 3
     assert s.skipped_bytes == 16 * s.corrupt_events
+    assert s.skipped_records == s.corrupt_events
 
 
 def test_threads_of_one_process_are_serialized() -> None:
@@ -288,3 +289,21 @@ def test_writer_inherited_across_fork_is_disabled_in_the_child() -> None:
     assert answer == b"0 1"
     assert w.write(1, b"parent-2")
     assert r.read() == [(1, b"parent-1"), (1, b"parent-2")]
+
+
+def test_records_skipped_to_the_tail_are_counted_by_a_reader_that_never_caught_up() -> None:
+    """A reader started on a backlog (a new reporter) has no catch-up point yet: it counts
+    the records lost in the bytes it skips from the slot's lifetime words."""
+    w, _, c = anonymous_ring(CAP)
+    for i in range(6):
+        assert w.write(1, b"r%d" % i)
+    data = memoryview(c.obj)[L.CONTROL_SIZE :]
+    third = 2 * 16  # each record: 8-byte header + 2-byte payload, padded to 16
+    data[third : third + 8] = b"\xff" * 8
+    r = RingReader(0, c, data)
+    assert r.read() == [(1, b"r0"), (1, b"r1")]
+    assert r.read() == []  # the bad header got its second chance: skipped to the tail
+    assert r.cursor == int(c[L.C_TAIL])
+    assert r.stats().skipped_records == 4
+    assert w.write(1, b"after") and r.read() == [(1, b"after")]
+    assert r.stats().skipped_records == 4

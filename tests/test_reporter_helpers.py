@@ -210,6 +210,9 @@ if "ignore" in mode:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGTERM])
+if "log" in mode:  # the reporter's INFO lines (it inherits the owner's logging) to a file
+    import logging
+    logging.basicConfig(level=logging.INFO, filename=ready_file + ".log", format="%(levelname)s %(message)s")
 arena = Arena.create(arena_path, slots=4, ring_capacity=256 * 1024)
 settings = settings_from_json(settings_json)
 pids = []

@@ -150,7 +150,9 @@ def test_a_killed_reporter_is_restarted_and_loses_nothing(owners: Any, tmp_path:
     second = o.reporter_pid(not_pid=first)
     wait_for(lambda: status_doc(o.arena).get("restarts") == 1 and status_doc(o.arena)["pid"] == second, 10)
     write_all(o.arena_path, segs("after", 20))
-    wait_for(lambda: status_doc(o.arena).get("read", {}).get("segment") == 170, 10, "re-read")
+    # Counts continue across restarts (the arena's counter table): the first reporter's 100,
+    # plus the second one's 170 (the 100 it re-reads, never committed, included).
+    wait_for(lambda: status_doc(o.arena).get("read", {}).get("segment") == 270, 10, "re-read")
     os.kill(o.spawned[0], signal.SIGTERM)
     wait_for(lambda: not pid_alive(second), 10)
     ids = trace_ids(str(tmp_path / "delivered.jsonl"))

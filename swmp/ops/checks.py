@@ -9,7 +9,8 @@ ones count towards the exit status:
 * liveness  - what restarting the pod would fix: reporter alive, heartbeat fresh, rings
   drained;
 * readiness - liveness plus the backend being reachable;
-* all       - readiness plus the drop ratio and the spool's size.
+* all       - readiness plus the drop ratio, the spool's size and the supervisor (which
+  restarts a reporter that dies).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ipc import process_alive
 from swmp.ops import fmt
 from swmp.ops.sample import Sample, counter_sum, delta, number
 
-CHECKS: tuple[str, ...] = ("reporter", "heartbeat", "rings", "backend", "drops", "spool")
+CHECKS: tuple[str, ...] = ("reporter", "heartbeat", "rings", "backend", "drops", "spool", "supervisor")
 MODES: dict[str, tuple[str, ...]] = {
     "liveness": ("reporter", "heartbeat", "rings"),
     "readiness": ("reporter", "heartbeat", "rings", "backend"),
@@ -73,6 +75,7 @@ def evaluate(before: Sample | None, after: Sample, limits: Thresholds, mode: str
         check_backend(after, limits),
         check_drops(before, after, limits),
         check_spool(after),
+        check_supervisor(after),
     ]
     for c in checks:
         c.selected = c.name in selected
@@ -230,7 +233,8 @@ def _ns(value: Any) -> int:
 def check_drops(before: Sample | None, after: Sample, limits: Thresholds) -> Check:
     def totals(s: Sample) -> tuple[int, int, int]:
         written = sum(sl.stats.written_records for sl in s.slots)
-        ring_dropped = sum(sl.stats.dropped_records for sl in s.slots)
+        # Writers' drops (ring full...) and records lost to corruption recovery.
+        ring_dropped = sum(sl.stats.dropped_records + sl.stats.skipped_records for sl in s.slots)
         reporter_dropped = counter_sum((s.document or {}).get("dropped"))
         return written, ring_dropped, reporter_dropped
 
@@ -292,3 +296,30 @@ def check_spool(s: Sample) -> Check:
         return Check("spool", OK, f"spool holds {fmt.size(used)} (no cap)", figures)
     why = f"spool {fmt.percent(used / cap)} full ({fmt.size(used)} of {fmt.size(cap)})"
     return Check("spool", OK, why, figures)
+
+
+# -- supervisor ---------------------------------------------------------------------------
+def check_supervisor(s: Sample) -> Check:
+    sup = s.doc_dict("supervisor")
+    pid = _ns(sup.get("pid"))
+    figures: dict[str, Any] = {"pid": pid or None, "alive": None, "replaced": _ns(sup.get("replaced"))}
+    if s.reporter_pid is None or not sup:
+        why = "no live reporter" if s.reporter_pid is None else "the reporter runs without a supervisor"
+        return Check("supervisor", SKIP, why, figures)
+    alive = pid > 0 and process_alive(pid, _ns(sup.get("start_ticks"))) and not _zombie(pid)
+    figures["alive"] = alive
+    if not alive:
+        why = f"supervisor pid {pid} is gone: a reporter that dies now is not restarted until it is replaced"
+        return Check("supervisor", FAIL, why, figures)
+    extra = f" (replaced {figures['replaced']} time(s))" if figures["replaced"] else ""
+    return Check("supervisor", OK, f"pid {pid}{extra}", figures)
+
+
+def _zombie(pid: int) -> bool:
+    """Dead but not yet reaped (its parent is busy): gone for our purpose."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :][:1] in (b"Z", b"X")

@@ -141,7 +141,7 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
                 f"retried {fmt.count(t['retried'])}",
                 f"failed {fmt.count(t['failed'])}",
                 f"spooled {fmt.count(t['spooled'])}",
-                f"dropped {fmt.count(t['ring_dropped'] + t['reporter_dropped'])}",
+                f"dropped {fmt.count(t['ring_dropped'] + t['ring_skipped'] + t['reporter_dropped'])}",
             ),
         )
     )

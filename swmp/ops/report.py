@@ -147,6 +147,8 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
 
     written = sum(sl.stats.written_records for sl in s.slots)
     ring_dropped = sum(sl.stats.dropped_records for sl in s.slots)
+    # Records lost to corruption recovery (bytes the reader had to skip).
+    ring_skipped = sum(sl.stats.skipped_records for sl in s.slots)
     written_before = sum(sl.stats.written_records for sl in before.slots) if before is not None else 0
     rates = s.doc_dict("rates")
     ident = identity(s)
@@ -176,6 +178,7 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
         "totals": {
             "written": written,
             "ring_dropped": ring_dropped,
+            "ring_skipped": ring_skipped,
             "read": counter_sum(doc.get("read")),
             "sent": counter_sum(doc.get("sent")),
             "retried": number(doc.get("retried")),

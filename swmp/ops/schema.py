@@ -59,6 +59,7 @@ CHECK_FIGURES: dict[str, dict[str, Any]] = {
         }
     ),
     "spool": _obj({"enabled": _BOOL, "bytes": _INT, "cap": _INT, "records": _INT, "fill_ratio": _NNUM}),
+    "supervisor": _obj({"pid": _NINT, "alive": {"type": ["boolean", "null"]}, "replaced": _INT}),
 }
 
 
@@ -193,6 +194,7 @@ STATUS_SCHEMA: dict[str, Any] = {
                             {
                                 "written": _INT,
                                 "ring_dropped": _INT,
+                                "ring_skipped": _INT,
                                 "read": _INT,
                                 "sent": _INT,
                                 "retried": _INT,
