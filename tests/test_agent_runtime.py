@@ -23,7 +23,7 @@ from reporter_proc import records as R
 from reporter_proc.process import start_reporter_thread
 from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
-from swmp import agent
+from swmp import agent, lifecycle
 from swmp._runtime import ArenaSink, ThreadSink, prefork_master, worker_instance_name
 from swmp.tracing.identity import identity
 
@@ -81,6 +81,9 @@ def test_a_forked_child_without_hooks_takes_its_own_slot_and_restamps(arena: Are
     pid = os.fork()
     if pid == 0:  # no agent hook registered here: the per-write pid check must notice
         try:
+            # Forked by a reporting process: a helper unless a server hook says it is a
+            # worker (as Celery's worker_process_init does); helpers: tests/test_fork_children.py
+            lifecycle.declare_server_worker()
             ok = sink.write(R.SEGMENT, segment(identity.instance, "/child"))
             os.write(w, b"1" if ok and sink.slot == 1 else b"0")
         finally:
