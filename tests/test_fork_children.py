@@ -74,9 +74,7 @@ def test_helpers_forked_by_workers_stay_inert(tmp_path: Path, reporter_process: 
 
             # The workers still report: one entry segment per request.
             wait_segments(col, answered, service="forks")
-            operations = [
-                span["operationName"] for seg in segments_of(col, "forks") for span in seg["spans"]
-            ]
+            operations = [span["operationName"] for seg in segments_of(col, "forks") for span in seg["spans"]]
             assert not [op for op in operations if op.startswith("/helper/")]
             # Only the workers were announced as instances, never a helper.
             pids = {int(p["Process No."]) for reports in announced(col).values() for p in reports}
