@@ -176,8 +176,7 @@ class ProcessSink:
 
     # -- no ring: retry, count ---------------------------------------------------------------
     def _retry_claim(self) -> RingWriter | None:
-        """A worker without a slot tries once more (rate-limited by the caller's clock)."""
-        self._retry_at = time.monotonic() + CLAIM_RETRY_S
+        """A worker without a slot tries once more (a failed claim sets the next time)."""
         self.rebind(retry=True)
         return self._writer
 
@@ -245,8 +244,10 @@ class ProcessSink:
                 if claimed is not None:
                     self._writer, self._slot = claimed
                     self.role = lifecycle.WORKER
-                elif not was_unavailable:
-                    self._unpublished["workers"] += 1
+                else:
+                    self._retry_at = time.monotonic() + CLAIM_RETRY_S
+                    if not was_unavailable:
+                        self._unpublished["workers"] += 1
             except Exception:
                 self._warn_once("attach", "swmp: process %d cannot report", pid, exc_info=True)
             finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -18,8 +19,9 @@ import pytest
 
 from ipc import Arena
 from reporter_proc import records as R
-from swmp import _runtime
+from swmp import _runtime, lifecycle
 from swmp._runtime import ArenaSink
+from swmp.tracing.identity import identity
 from tests.collector import free_port
 from tests.servers import (
     agent_env,
@@ -32,6 +34,15 @@ from tests.servers import (
     wait_until,
 )
 from tests.test_cli_support import cli_json
+
+
+@pytest.fixture(autouse=True)
+def _give_back_process_state() -> Iterator[None]:
+    """The sink names this process and gives it a role: later tests must not inherit them."""
+    before = (identity.service, identity.instance)
+    yield
+    identity.set(*before)
+    lifecycle.announce_unbound()
 
 
 def _segment(op: str = "/x") -> bytes:
