@@ -33,7 +33,7 @@ from tests.servers import (
     wait_segments,
     wait_until,
 )
-from tests.test_cli_support import cli_json
+from tests.test_cli_support import cli, cli_json
 
 
 @pytest.fixture(autouse=True)
@@ -155,3 +155,5 @@ def test_gunicorn_with_more_workers_than_slots_counts_every_lost_segment(tmp_pat
             (agent,) = status["agents"]
             assert agent["totals"]["no_slot_dropped"] >= served[lost_pid]
             assert agent["totals"]["no_slot_workers"] == 1
+            text = cli("status", "--dir", shm, "--interval", "0").stdout
+            assert "no slot:" in text and "by 1 worker(s)" in text, text
