@@ -1,4 +1,4 @@
-"""Helpers forked by a worker stay inert, in both reporter modes, under real Gunicorn.
+"""Helpers forked by a worker stay inert, in both reporter modes, under real Gunicorn and uWSGI.
 
 A helper is a process that a server worker forks from its request code: ``os.fork``, a
 ``multiprocessing`` fork pool, ``subprocess`` with ``preexec_fn``. It must claim no ring
@@ -25,6 +25,7 @@ from tests.servers import (
     request,
     run_server,
     segments_of,
+    uwsgi_command,
     wait_segments,
     wait_until,
 )
@@ -39,8 +40,11 @@ def _arena_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.endswith((".arena", ".wake")))
 
 
+@pytest.mark.parametrize("server_kind", ["gunicorn", "uwsgi"])
 @pytest.mark.parametrize("reporter_process", [True, False], ids=["process", "thread"])
-def test_helpers_forked_by_workers_stay_inert(tmp_path: Path, reporter_process: bool) -> None:
+def test_helpers_forked_by_workers_stay_inert(
+    tmp_path: Path, reporter_process: bool, server_kind: str
+) -> None:
     with collector_process(tmp_path) as col:
         port = free_port()
         # One spare slot: a helper that claimed slots would find it free.
@@ -51,10 +55,12 @@ def test_helpers_forked_by_workers_stay_inert(tmp_path: Path, reporter_process: 
             reporter_process=reporter_process,
             extra={"SW_AGENT_ARENA_SLOTS": str(WORKERS + 1)},
         )
-        cmd = gunicorn_command(
-            port, app="tests.e2e_apps.fork_app:app", workers=WORKERS, worker_class="gthread", threads=2
-        )
-        with run_server("gunicorn", tmp_path, cmd, env, port=port, workers=WORKERS) as server:
+        app = "tests.e2e_apps.fork_app:app"
+        if server_kind == "gunicorn":
+            cmd = gunicorn_command(port, app=app, workers=WORKERS, worker_class="gthread", threads=2)
+        else:
+            cmd = uwsgi_command(port, module=app, workers=WORKERS, threads=2)
+        with run_server(server_kind, tmp_path, cmd, env, port=port, workers=WORKERS) as server:
             workers = set(server.worker_pids())
             helpers: set[int] = set()
             answered = 0
@@ -76,9 +82,13 @@ def test_helpers_forked_by_workers_stay_inert(tmp_path: Path, reporter_process: 
             wait_segments(col, answered, service="forks")
             operations = [span["operationName"] for seg in segments_of(col, "forks") for span in seg["spans"]]
             assert not [op for op in operations if op.startswith("/helper/")]
+
             # Only the workers were announced as instances, never a helper.
-            pids = {int(p["Process No."]) for reports in announced(col).values() for p in reports}
-            assert pids and pids <= workers, (pids, workers)
+            def announced_pids() -> set[int]:
+                return {int(p["Process No."]) for reports in announced(col).values() for p in reports}
+
+            wait_until(lambda: workers <= announced_pids(), 30, "every worker announced")
+            assert announced_pids() == workers
             assert set(server.live_slots().values()) <= workers
 
             arena_dir = Path(env["SW_AGENT_ARENA_DIR"])
@@ -94,5 +104,7 @@ def test_helpers_forked_by_workers_stay_inert(tmp_path: Path, reporter_process: 
                 # One private arena per worker, none per helper (preexec_fn used to leak one).
                 private = [n for n in _arena_files(arena_dir) if n.endswith(".arena") and "-t" in n]
                 assert len(private) == WORKERS, _arena_files(arena_dir)
-        # Stopped: nothing left behind in the arena directory.
-        wait_until(lambda: not _arena_files(arena_dir), 30, "no arena file left")
+        if server_kind == "gunicorn":
+            # Stopped: nothing left behind. (uWSGI's SIGINT kills its workers without their
+            # exit hooks; a later start removes what they left: not this test's subject.)
+            wait_until(lambda: not _arena_files(arena_dir), 30, "no arena file left")
