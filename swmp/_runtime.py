@@ -110,7 +110,7 @@ class ProcessSink:
         self._retry_at = 0.0  # monotonic time of the next claim attempt (role "unavailable")
         self._publish_at = 0.0  # monotonic time from which drop counts may be published
         self._unpublished = {"no_slot": 0, "helper": 0, "workers": 0}  # not yet in the arena
-        self.role = ""  # "worker" | "master" | "unavailable", for this process
+        self.role = ""  # "worker" | "master" | "unavailable" | "helper", for this process
         self._writer: RingWriter | None = None
         self._slot: int | None = None
         # The master's log ring (see the module docstring): claimed on its first LOG record.
@@ -191,12 +191,11 @@ class ProcessSink:
 
     def publish_drops(self) -> None:
         """Move this process's unpublished drop counts to where ``swmp status`` reads them."""
-        counts = self._unpublished
-        if not any(counts.values()):
+        if not any(self._unpublished.values()):
             return
-        pending = dict(counts)
-        for key in counts:
-            counts[key] = 0
+        # Swapped, not copied and zeroed, to keep the window small: a drop that another
+        # thread of this process counts at the very same instant can still be missed.
+        pending, self._unpublished = self._unpublished, {"no_slot": 0, "helper": 0, "workers": 0}
         try:
             self._publish(pending)
         except Exception:
