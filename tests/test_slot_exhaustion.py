@@ -33,6 +33,7 @@ from tests.servers import (
     wait_segments,
     wait_until,
 )
+from tests.slot_holder import SlotHolder
 from tests.test_cli_support import cli, cli_json
 
 
@@ -55,18 +56,8 @@ def test_a_worker_without_a_slot_counts_its_drops_and_claims_a_freed_slot(
 ) -> None:
     monkeypatch.setattr(_runtime, "CLAIM_RETRY_S", 0.05)
     arena = Arena.create(str(tmp_path / "one.arena"), slots=1, ring_capacity=1 << 16)
-    r, w = os.pipe()
-    r2, w2 = os.pipe()
-    holder = os.fork()
-    if holder == 0:  # another process holds the only slot until told to leave
-        try:
-            arena.claim_slot()
-            os.write(w, b"1")
-            os.read(r2, 1)
-        finally:
-            os._exit(0)
+    holder = SlotHolder(arena)  # another process holds the only slot
     try:
-        assert os.read(r, 1) == b"1"
         sink = ArenaSink(arena, "svc", "base", owner_pid=os.getppid())
         for _ in range(5):
             assert not sink.write(R.SEGMENT, _segment())
@@ -74,9 +65,7 @@ def test_a_worker_without_a_slot_counts_its_drops_and_claims_a_freed_slot(
         # The first drop is published at once (at most once a second after that).
         lost = arena.lost_counts()
         assert lost.no_slot_workers == 1 and lost.no_slot_records >= 1
-        os.write(w2, b"x")  # the holder leaves: its slot is free
-        os.waitpid(holder, 0)
-        holder = 0
+        holder.release()  # the holder leaves: its slot is free
         dropped = 5
         deadline = time.monotonic() + 30
         while not sink.write(R.SEGMENT, _segment("/after")):
@@ -91,11 +80,7 @@ def test_a_worker_without_a_slot_counts_its_drops_and_claims_a_freed_slot(
         lost = arena.lost_counts()
         assert (lost.no_slot_records, lost.no_slot_workers, lost.helper_records) == (dropped, 1, 0)
     finally:
-        if holder:
-            os.write(w2, b"x")
-            os.waitpid(holder, 0)
-        for fd in (r, w, r2, w2):
-            os.close(fd)
+        holder.release()
         arena.close()
 
 
