@@ -38,6 +38,12 @@ H_OWNER_START: Final = 5  # owner's start time in clock ticks since boot (guards
 H_CREATED_NS: Final = 6
 H_META_LEN: Final = 7
 H_UID: Final = 8
+# Records the owner's processes could not write into any ring, counted here because such a
+# process has no ring (and so no slot counters) to count them in. Shared by every process:
+# updated read-add-write under LOCK_COUNTERS (see ``Arena.add_counts``), never per record.
+H_NO_SLOT_RECORDS: Final = 9  # dropped by workers that found every ring slot taken
+H_NO_SLOT_WORKERS: Final = 10  # workers that found every slot taken (each counted once)
+H_HELPER_RECORDS: Final = 11  # written in helpers (children forked by a worker), which stay inert
 
 # Status block words (index into the status block viewed as u64).
 S_SEQ: Final = 0  # seqlock sequence: odd while the document is being rewritten
@@ -150,6 +156,7 @@ def file_size(slots: int, capacity: int) -> int:
 LOCK_BASE: Final = 1 << 40
 LOCK_REPORTER: Final = LOCK_BASE
 LOCK_CREATOR: Final = LOCK_BASE + 1
+LOCK_COUNTERS: Final = LOCK_BASE + 2  # serializes updates of the shared header counters
 
 
 def slot_lock_offset(slot: int) -> int:

@@ -30,6 +30,15 @@ def try_lock(fd: int, offset: int) -> bool:
     return True
 
 
+def lock_wait(fd: int, offset: int) -> bool:
+    """Take an exclusive lock on one byte, waiting for its holder; False on error."""
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX, 1, offset, os.SEEK_SET)
+    except OSError:
+        return False
+    return True
+
+
 def unlock(fd: int, offset: int) -> None:
     try:
         fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset, os.SEEK_SET)

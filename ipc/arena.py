@@ -126,6 +126,18 @@ class ArenaInfo:
         return process_alive(self.owner_pid, self.owner_start_ticks)
 
 
+_COUNTER_WORDS = frozenset((L.H_NO_SLOT_RECORDS, L.H_NO_SLOT_WORKERS, L.H_HELPER_RECORDS))
+
+
+@dataclass(frozen=True)
+class LostCounts:
+    """Records written where no ring could take them, counted in the arena header."""
+
+    no_slot_records: int  # by workers that found every slot taken: lost telemetry
+    no_slot_workers: int  # workers that found every slot taken (once each)
+    helper_records: int  # in helpers (forked by a worker): inert by design
+
+
 class Arena:
     """A mapped arena file. Create with :meth:`create`, attach with :meth:`open`."""
 
@@ -355,6 +367,34 @@ class Arena:
         """``(last owner pid, claims so far, claimed at ns)`` as recorded in the slot."""
         c = self._control(slot)
         return int(c[L.C_OWNER_PID]), int(c[L.C_CLAIMS]), int(c[L.C_CLAIMED_NS])
+
+    # -- counters of records that no ring took ------------------------------------------------
+    def add_counts(self, increments: dict[int, int]) -> None:
+        """Add to shared header counters (``{header word: n}``, ``H_NO_SLOT_RECORDS``...).
+
+        Several processes add: the read-add-write runs under a byte-range lock (waited
+        for: it is held for a few instructions, and the kernel drops it if its holder
+        dies). Callers batch their increments; this is a system call pair per call.
+        """
+        shared = self._shared
+        with shared.lock:  # POSIX locks are per process: threads serialize here first
+            if not _locks.lock_wait(self._fd, L.LOCK_COUNTERS):
+                return
+            try:
+                for word, n in increments.items():
+                    if word in _COUNTER_WORDS and n > 0:
+                        self._header[word] = int(self._header[word]) + n
+            finally:
+                _locks.unlock(self._fd, L.LOCK_COUNTERS)
+
+    def lost_counts(self) -> LostCounts:
+        """What no ring took: see :class:`LostCounts`."""
+        h = self._header
+        return LostCounts(
+            no_slot_records=int(h[L.H_NO_SLOT_RECORDS]),
+            no_slot_workers=int(h[L.H_NO_SLOT_WORKERS]),
+            helper_records=int(h[L.H_HELPER_RECORDS]),
+        )
 
     # -- the reporter role -----------------------------------------------------------------
     def try_become_reporter(self) -> bool:

@@ -73,12 +73,19 @@ class Doorbell:
             if now < self._next_open:
                 return
             try:
-                self._fd = open_fifo(self._path, os.O_WRONLY)
+                # O_RDWR, not O_WRONLY: this descriptor is itself a reader of the FIFO, so a
+                # write never finds the FIFO without one. With O_WRONLY, a reporter that dies
+                # leaves writers with EPIPE *and SIGPIPE*, which kills a worker whose server
+                # set SIGPIPE to SIG_DFL. Without a reporter the FIFO fills up (64 KiB of
+                # pending wake-ups) and further rings are EAGAIN, which is ignored below;
+                # the next reporter drains what is pending as one wake-up. (Linux defines
+                # O_RDWR on a FIFO: it opens at once, reader or not.)
+                self._fd = open_fifo(self._path, os.O_RDWR)
             except UnsafePathError:
                 self.refused += 1
                 self._next_open = now + self.RETRY_OPEN_S
                 return
-            except OSError:  # ENXIO: no reader has it open; ENOENT: no arena
+            except OSError:  # ENOENT: no arena
                 self._next_open = now + self.RETRY_OPEN_S
                 return
         try:

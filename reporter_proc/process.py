@@ -562,6 +562,12 @@ def start_reporter_thread(
     Flushes at interpreter exit (atexit) within the shutdown deadline. ``arena`` lets the
     caller share its own Arena object; ``sender`` overrides the protocol (tests).
     """
+    # gRPC core's own fork handlers (on by default) resume its pollers in every child the
+    # application forks while this thread's channel is busy: a helper forked then (uWSGI,
+    # subprocess with preexec_fn) aborted in epoll_wait on a descriptor subprocess had
+    # closed. No child ever uses this channel, so the handlers buy nothing; an explicit
+    # setting of the application wins. Read by gRPC when it initializes, on first use.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     handle = ReporterThread(arena_path, settings, arena=arena, sender=sender)
     handle.start()
     atexit.register(handle._at_exit)

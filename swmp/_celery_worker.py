@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from swmp import lifecycle
+
 log = logging.getLogger("swmp.agent")
 
 _UID = "swmp-worker-process"
@@ -37,6 +39,9 @@ def on_process_init(**_: Any) -> None:
     if run is None:
         return
     try:
+        # Forked by the worker's main process, which may report itself: without this the
+        # child would be taken for a helper of it (swmp.lifecycle) and stay inert.
+        lifecycle.declare_server_worker()
         run.sink.rebind()
     except Exception:
         log.debug("swmp: celery pool child could not take its ring", exc_info=True)

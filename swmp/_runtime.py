@@ -33,6 +33,19 @@ first LOG record it writes claims the *highest* free slot of the arena and annou
 instance ``<base>-master``; only LOG records go there, and the master still opens no
 connection (the reporter drains that ring like any other). In thread mode the master's
 records are dropped and counted, as before.
+
+Two kinds of process have no ring, and the sink drops their records and counts them:
+
+* a **helper** (``swmp.lifecycle``: a child that a worker forked - a multiprocessing fork
+  pool, ``subprocess`` with ``preexec_fn``, ``os.fork`` in request code) is inert by design:
+  no slot, no instance, no reporter thread, no arena;
+* a **worker that found every slot taken** (more workers than ``SW_AGENT_ARENA_SLOTS``)
+  tries the claim again at most every :data:`CLAIM_RETRY_S` seconds, from its writes (no
+  timer, no thread): a slot freed by a worker that left is taken within that time.
+
+In process mode both counts reach the arena header (``Arena.add_counts``), batched: at the
+first drop, then at most every :data:`PUBLISH_S` seconds, and when the process leaves, so
+``swmp status`` shows them and ``swmp health`` fails its ``drops`` check on lost records.
 """
 
 from __future__ import annotations
@@ -41,11 +54,13 @@ import logging
 import os
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from ipc import Arena, RingWriter
+from ipc import _layout as L
 from ipc.private import private_directory
 from reporter_proc import records as R
 from reporter_proc.settings import ReporterSettings
@@ -56,6 +71,10 @@ from swmp.tracing.identity import identity
 __all__ = ["ArenaSink", "ProcessSink", "ThreadSink", "prefork_master", "worker_instance_name"]
 
 log = logging.getLogger("swmp.agent")
+
+CLAIM_RETRY_S = 1.0  # a worker without a slot tries again at most this often
+PUBLISH_S = 1.0  # drop counts reach the shared arena header at most this often per process
+
 
 def worker_instance_name(base: str, slot: int) -> str:
     """Instance name of the worker on ``slot``: stable across worker restarts."""
@@ -89,7 +108,10 @@ class ProcessSink:
         self.properties = dict(properties or {})
         self.owner_pid = owner_pid or os.getpid()
         self.dropped_no_slot = 0  # records dropped because this process has no ring
-        self.role = ""  # "worker" | "master" | "unavailable", for this process
+        self._retry_at = 0.0  # monotonic time of the next claim attempt (role "unavailable")
+        self._publish_at = 0.0  # monotonic time from which drop counts may be published
+        self._unpublished = {"no_slot": 0, "helper": 0, "workers": 0}  # not yet in the arena
+        self.role = ""  # "worker" | "master" | "unavailable" | "helper", for this process
         self._writer: RingWriter | None = None
         self._slot: int | None = None
         # The master's log ring (see the module docstring): claimed on its first LOG record.
@@ -117,8 +139,12 @@ class ProcessSink:
             if writer is None:
                 if rtype == R.LOG and self.role == "master":
                     return self._write_master_log(payload)
-                self.dropped_no_slot += 1
-                return False
+                if self.role == lifecycle.UNAVAILABLE and time.monotonic() >= self._retry_at:
+                    writer = self._retry_claim()
+                if writer is None:
+                    self._count_drop()
+                    return False
+                payload = R.restamp_instance(rtype, payload, identity.instance)
             return writer.write(rtype, payload)
         except Exception:  # the host application must never see our failure
             self.dropped_no_slot += 1
@@ -149,34 +175,79 @@ class ProcessSink:
         """A ring for the master's own log records; None where the mode has none."""
         return None
 
-    def rebind(self) -> None:
+    # -- no ring: retry, count ---------------------------------------------------------------
+    def _retry_claim(self) -> RingWriter | None:
+        """A worker without a slot tries once more (a failed claim sets the next time)."""
+        self.rebind(retry=True)
+        return self._writer
+
+    def _count_drop(self) -> None:
+        self.dropped_no_slot += 1
+        kind = "helper" if self.role == lifecycle.HELPER else "no_slot"
+        self._unpublished[kind] += 1
+        now = time.monotonic()
+        if now >= self._publish_at:
+            self._publish_at = now + PUBLISH_S
+            self.publish_drops()
+
+    def publish_drops(self) -> None:
+        """Move this process's unpublished drop counts to where ``swmp status`` reads them."""
+        if not any(self._unpublished.values()):
+            return
+        # Swapped, not copied and zeroed, to keep the window small: a drop that another
+        # thread of this process counts at the very same instant can still be missed.
+        pending, self._unpublished = self._unpublished, {"no_slot": 0, "helper": 0, "workers": 0}
+        try:
+            self._publish(pending)
+        except Exception:
+            log.debug("swmp: drop counts not published", exc_info=True)
+
+    def _publish(self, counts: dict[str, int]) -> None:
+        """Add ``counts`` to the shared arena (nothing where the mode has none)."""
+
+    def rebind(self, *, retry: bool = False) -> None:
         """Take this process's ring and name (after fork, or on first use). Idempotent.
 
         Announces the fork first if nothing did yet (this write's pid check was first),
         and the binding after (``swmp.lifecycle``: meters start their thread on it).
+        ``retry``: this process found no free slot before; try the claim again.
         """
         lifecycle.check_fork()
-        if self._bind():
+        if self._bind(retry):
             lifecycle.announce_bound(self.role)
 
-    def _bind(self) -> bool:
+    def _bind(self, retry: bool = False) -> bool:
         """Claim under the per-pid lock; True when this call did the claim."""
         pid = os.getpid()
         lock = self._claim_locks.setdefault(pid, threading.Lock())
         with lock:
             if self._pid == pid:
-                return False
+                again = retry and self.role == lifecycle.UNAVAILABLE and self._writer is None
+                promoted = self.role == lifecycle.HELPER and not lifecycle.is_helper()
+                if not (again or promoted):
+                    return False  # bound already
+            if self._pid != pid:
+                self._unpublished = {"no_slot": 0, "helper": 0, "workers": 0}  # the parent's
+                self._retry_at = self._publish_at = 0.0
+            was_unavailable = self._pid == pid and self.role == lifecycle.UNAVAILABLE
             self._writer = None
             self._slot = None
             try:
                 if prefork_master(self.owner_pid):
                     self.role = lifecycle.MASTER
                     return True
+                if lifecycle.is_helper():
+                    self.role = lifecycle.HELPER  # inert: no slot, no name, no thread, no arena
+                    return True
                 self.role = lifecycle.UNAVAILABLE
                 claimed = self._attach(pid)
                 if claimed is not None:
                     self._writer, self._slot = claimed
                     self.role = lifecycle.WORKER
+                else:
+                    self._retry_at = time.monotonic() + CLAIM_RETRY_S
+                    if not was_unavailable:
+                        self._unpublished["workers"] += 1
             except Exception:
                 self._warn_once("attach", "swmp: process %d cannot report", pid, exc_info=True)
             finally:
@@ -216,6 +287,8 @@ class ProcessSink:
 
     def leave(self, timeout: float = 5.0) -> None:
         """Clean exit of this process: say goodbye and free the slot for the next one."""
+        if self._pid == os.getpid():
+            self.publish_drops()
         master = self._master_writer
         if master is not None and self._master_pid == os.getpid():
             self._master_writer = None
@@ -268,7 +341,7 @@ class ArenaSink(ProcessSink):
             self._warn_once(
                 "full",
                 "swmp: all %d ring slots of %s are taken; telemetry of process %d is dropped "
-                "(raise SW_AGENT_ARENA_SLOTS)",
+                "and counted until a slot frees up (raise SW_AGENT_ARENA_SLOTS)",
                 self.arena.slots,
                 self.arena.path,
                 pid,
@@ -279,6 +352,15 @@ class ArenaSink(ProcessSink):
 
     def _release(self, timeout: float) -> None:
         self.arena.release_slot()
+
+    def _publish(self, counts: dict[str, int]) -> None:
+        self.arena.add_counts(
+            {
+                L.H_NO_SLOT_RECORDS: counts["no_slot"],
+                L.H_NO_SLOT_WORKERS: counts["workers"],
+                L.H_HELPER_RECORDS: counts["helper"],
+            }
+        )
 
     def _attach_master(self, pid: int) -> RingWriter | None:
         writer = self.arena.claim_slot(highest=True)

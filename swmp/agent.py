@@ -310,9 +310,11 @@ def _after_fork_in_child() -> None:
     run = _running
     if run is not None:
         identity.set_binder(run.sink.rebind)  # re-armed: the child names itself on first use
-    if run is None or not lifecycle.prefork_server():
-        # Other forks (multiprocessing, subprocess with preexec_fn, which runs these hooks
-        # and then execs) take their ring on their first record, if they ever write one.
+    if run is None or lifecycle.is_helper() or not lifecycle.prefork_server():
+        # Helpers (forked by a worker: multiprocessing, subprocess with preexec_fn, which
+        # runs these hooks and then execs, os.fork in request code) stay inert: no slot, no
+        # reporter thread, no arena, nothing that touches the parent's gRPC channel. Other
+        # forks outside a prefork server take their ring on their first record, if ever.
         return
     try:
         run.sink.rebind()

@@ -12,11 +12,22 @@ one order, whatever the server. This module is where those moments are *announce
   reporter or its supervisor (forked from the application, but not part of it).
 * **bound** - the sink claimed (or declined) a ring for this process: its *role* is then
   known: ``"worker"`` (it reports), ``"master"`` (a prefork master: serves no requests,
-  never reports), ``"unavailable"`` (no free slot).
+  never reports), ``"unavailable"`` (no free slot yet; the sink retries now and then),
+  ``"helper"`` (see below).
 * **leaving** - the interpreter exits or the agent stops here: in-process producers write
   their last records before the sink says goodbye.
 
 It also answers "may this process report?" for parts that start before the sink binds.
+
+**Helpers.** A process forked by a process that reports (a server worker, a single-process
+application) or by another helper is a *helper*: a ``multiprocessing`` fork pool, the short
+child of ``subprocess`` with ``preexec_fn``, a plain ``os.fork`` in request code. It is not a
+server worker: it claims no ring slot, is no instance, and in thread mode starts no reporter
+thread and never touches the parent's gRPC channel (a channel used across fork crashed or hung
+such children). Its records are dropped and counted. Under a prefork server we know (Gunicorn,
+uWSGI) a process whose parent is not the master is a helper too, even if its parent had not
+bound yet. A server hook that knows better (Celery's ``worker_process_init``) declares the
+process a worker with :func:`declare_server_worker`.
 """
 
 from __future__ import annotations
@@ -38,6 +49,9 @@ log = logging.getLogger("swmp.agent")
 WORKER = "worker"
 MASTER = "master"
 UNAVAILABLE = "unavailable"
+HELPER = "helper"
+# Roles of a process whose children are helpers: it reports (or tries to), or is a helper.
+_HELPER_PARENTS = frozenset((WORKER, UNAVAILABLE, HELPER))
 
 Hook = Callable[[], None]
 RoleHook = Callable[[str], None]
@@ -106,11 +120,32 @@ def _forked() -> None:
     pid = os.getpid()
     if _here.pid == pid:
         return
+    parent_role = _here.role  # still the parent's: memory is inherited, the hooks run first
     _here.pid = pid
     _here.role = ""
     if forking_reporter() or in_reporter_process():
         return  # the reporter (or its supervisor) is not a process of the application
+    if parent_role in _HELPER_PARENTS or _forked_outside_the_master(_here.owner_pid):
+        _here.role = HELPER
     _run(_fork_hooks)
+
+
+def _forked_outside_the_master(owner_pid: int) -> bool:
+    """Under Gunicorn or uWSGI, only the master forks server workers."""
+    if not owner_pid or not prefork_server():
+        return False
+    try:
+        return os.getppid() != owner_pid
+    except OSError:
+        return False
+
+
+def declare_server_worker() -> None:
+    """A server hook says this process is a server worker (e.g. Celery's pool child), not a
+    helper of the process that forked it. The sink's next bind claims a slot."""
+    check_fork()
+    if _here.role == HELPER:
+        _here.role = ""
 
 
 def check_fork() -> None:
@@ -136,7 +171,7 @@ def announce_leaving() -> None:
 
 def announce_unbound() -> None:
     """The sink left this process's ring (the agent stopped here): the role is unknown again."""
-    if _here.pid == os.getpid():
+    if _here.pid == os.getpid() and _here.role != HELPER:
         _here.role = ""
 
 
@@ -150,13 +185,19 @@ def is_reporting_worker() -> bool:
     return role() == WORKER
 
 
+def is_helper() -> bool:
+    """Forked by a reporting process and not a server worker: stays inert (see the module doc)."""
+    check_fork()
+    return _here.role == HELPER
+
+
 def may_report_here() -> bool:
     """False in the reporter process and in a prefork master (they serve no requests)."""
     if forking_reporter() or in_reporter_process():
         return False
     known = role()
     if known:
-        return known != MASTER
+        return known not in (MASTER, HELPER)
     owner = _here.owner_pid
     return not (owner and prefork_master(owner))
 

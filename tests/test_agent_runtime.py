@@ -23,9 +23,10 @@ from reporter_proc import records as R
 from reporter_proc.process import start_reporter_thread
 from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
-from swmp import agent
+from swmp import agent, lifecycle
 from swmp._runtime import ArenaSink, ThreadSink, prefork_master, worker_instance_name
 from swmp.tracing.identity import identity
+from tests.slot_holder import SlotHolder
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +82,9 @@ def test_a_forked_child_without_hooks_takes_its_own_slot_and_restamps(arena: Are
     pid = os.fork()
     if pid == 0:  # no agent hook registered here: the per-write pid check must notice
         try:
+            # Forked by a reporting process: a helper unless a server hook says it is a
+            # worker (as Celery's worker_process_init does); helpers: tests/test_fork_children.py
+            lifecycle.declare_server_worker()
             ok = sink.write(R.SEGMENT, segment(identity.instance, "/child"))
             os.write(w, b"1" if ok and sink.slot == 1 else b"0")
         finally:
@@ -112,30 +116,16 @@ def test_leave_says_goodbye_and_frees_the_slot(arena: Arena) -> None:
 
 def test_all_slots_taken_drops_counts_and_logs_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     arena = Arena.create(str(tmp_path / "one.arena"), slots=1, ring_capacity=1 << 16)
-    r, w = os.pipe()
-    r2, w2 = os.pipe()
-    holder = os.fork()
-    if holder == 0:  # another process holds the only slot
-        try:
-            arena.claim_slot()
-            os.write(w, b"1")
-            os.read(r2, 1)
-        finally:
-            os._exit(0)
     try:
-        assert os.read(r, 1) == b"1"
-        sink = sink_for(arena)
-        with caplog.at_level(logging.ERROR, logger="swmp.agent"):
-            assert not sink.write(R.SEGMENT, segment("x"))
-            assert not sink.write(R.SEGMENT, segment("x"))
-        assert sink.dropped_no_slot == 2
-        assert sink.role == "unavailable"
-        assert len([rec for rec in caplog.records if "ring slots" in rec.getMessage()]) == 1
+        with SlotHolder(arena):  # another process holds the only slot
+            sink = sink_for(arena)
+            with caplog.at_level(logging.ERROR, logger="swmp.agent"):
+                assert not sink.write(R.SEGMENT, segment("x"))
+                assert not sink.write(R.SEGMENT, segment("x"))
+            assert sink.dropped_no_slot == 2
+            assert sink.role == "unavailable"
+            assert len([rec for rec in caplog.records if "ring slots" in rec.getMessage()]) == 1
     finally:
-        os.write(w2, b"x")
-        os.waitpid(holder, 0)
-        for fd in (r, w, r2, w2):
-            os.close(fd)
         arena.close()
 
 

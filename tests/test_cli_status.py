@@ -98,6 +98,9 @@ def test_status_json(shm: Path, running: dict[str, Any]) -> None:
         "retried": 4,
         "failed": 0,
         "reporter_dropped": 0,
+        "no_slot_dropped": 0,
+        "no_slot_workers": 0,
+        "helper_dropped": 0,
         "spooled": 9,
     }
     by_slot = {s["slot"]: s for s in agent["slots"]}

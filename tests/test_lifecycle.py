@@ -68,7 +68,10 @@ def test_binding_gives_the_role_until_the_next_fork(events: list[Any]) -> None:
     lifecycle.announce_bound(lifecycle.WORKER)
     assert events == [("bound", "worker")]
     assert lifecycle.role() == "worker" and lifecycle.is_reporting_worker()
-    assert in_child(lifecycle.role) == ""  # a child is not bound by its parent's binding
+    # A child is not bound by its parent's binding: forked by a reporting process, it is
+    # a helper (inert) until a server hook declares it a worker.
+    assert in_child(lifecycle.role) == "helper"
+    assert in_child(lambda: (lifecycle.declare_server_worker(), lifecycle.role())[1]) == ""
     lifecycle.announce_unbound()
     assert lifecycle.role() == ""
 

@@ -239,17 +239,24 @@ def check_drops(before: Sample | None, after: Sample, limits: Thresholds) -> Che
         return written, ring_dropped, reporter_dropped
 
     w1, rd1, pd1 = totals(after)
+    # Records of workers that found no free ring slot: any of them fails the check, whatever
+    # the ratio (a worker without a slot loses everything it does, which a ratio hides).
+    # Helpers' records (forked by a worker, inert by design) are shown, never a failure.
+    ns1, hp1 = after.lost.no_slot_records, after.lost.helper_records
     if before is None:
         written, ring_dropped, reporter_dropped, over = w1, rd1, pd1, "totals"
+        no_slot, helpers = ns1, hp1
         seconds = None
     else:
         w0, rd0, pd0 = totals(before)
         written, ring_dropped = delta(w1, w0), delta(rd1, rd0)
         reporter_dropped = delta(pd1, pd0)
+        no_slot = delta(ns1, before.lost.no_slot_records)
+        helpers = delta(hp1, before.lost.helper_records)
         over = "interval"
         seconds = after.mono_s - before.mono_s
-    offered = written + ring_dropped  # every record a worker tried to write
-    dropped = ring_dropped + reporter_dropped
+    offered = written + ring_dropped + no_slot  # every record a worker tried to write
+    dropped = ring_dropped + reporter_dropped + no_slot
     # Reporter drops can concern records offered before the interval: keep the ratio in 0..1.
     ratio = dropped / max(offered, dropped) if dropped else 0.0
     figures = {
@@ -259,15 +266,18 @@ def check_drops(before: Sample | None, after: Sample, limits: Thresholds) -> Che
         "dropped": dropped,
         "ring_dropped": ring_dropped,
         "reporter_dropped": reporter_dropped,
+        "no_slot_dropped": no_slot,
+        "helper_dropped": helpers,
         "ratio": ratio,
         "max_ratio": limits.max_drop_ratio,
     }
     span = f"over {fmt.duration(seconds)}" if seconds is not None else "in total"
-    if ratio > limits.max_drop_ratio:
+    if ratio > limits.max_drop_ratio or no_slot:
         why = (
             f"{fmt.percent(ratio)} of records dropped {span} "
-            f"({ring_dropped} in rings, {reporter_dropped} by reporter, of {offered}; "
-            f"max {fmt.percent(limits.max_drop_ratio)})"
+            f"({ring_dropped} in rings, {reporter_dropped} by reporter, {no_slot} for want of "
+            f"a ring slot, of {offered}; max {fmt.percent(limits.max_drop_ratio)}, and none "
+            f"for want of a slot)"
         )
         return Check("drops", FAIL, why, figures)
     if not offered and not dropped:

@@ -133,6 +133,7 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
     out.append(_row("reporter", reporter))
 
     t = a["totals"]
+    no_slot = t.get("no_slot_dropped", 0)
     out.append(
         _row(
             "totals",
@@ -141,10 +142,21 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
                 f"retried {fmt.count(t['retried'])}",
                 f"failed {fmt.count(t['failed'])}",
                 f"spooled {fmt.count(t['spooled'])}",
-                f"dropped {fmt.count(t['ring_dropped'] + t['ring_skipped'] + t['reporter_dropped'])}",
+                f"dropped {fmt.count(t['ring_dropped'] + t['ring_skipped'] + t['reporter_dropped'] + no_slot)}",
             ),
         )
     )
+    if t.get("no_slot_dropped") or t.get("no_slot_workers") or t.get("helper_dropped"):
+        out.append(
+            _row(
+                "no ring",
+                _join(
+                    f"no slot: {fmt.count(t.get('no_slot_dropped', 0))} dropped "
+                    f"by {fmt.count(t.get('no_slot_workers', 0))} worker(s) (raise SW_AGENT_ARENA_SLOTS)",
+                    f"helpers: {fmt.count(t.get('helper_dropped', 0))} not reported",
+                ),
+            )
+        )
     rates = a["rates"]
     sp = a["spool"]
     out.append(

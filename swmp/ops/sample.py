@@ -15,8 +15,11 @@ from typing import Any
 import orjson
 
 from ipc import RingStats, StatusSnapshot
+from ipc.arena import LostCounts
 from swmp.ops.locate import Target
 from swmp.ops.mask import mask
+
+NOTHING_LOST = LostCounts(0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class Sample:
     document: dict[str, Any] | None  # the reporter's published status (masked), if any
     document_error: str
     slots: tuple[SlotSample, ...]
+    # Records no ring took (arena header): workers without a slot, and inert helpers.
+    lost: LostCounts = NOTHING_LOST
 
     # -- conveniences over the status document (which may be missing or partial) -------------
     def doc_dict(self, key: str) -> dict[str, Any]:
@@ -122,6 +127,7 @@ def take(target: Target) -> Sample:
         document=document,
         document_error=error,
         slots=tuple(slots),
+        lost=arena.lost_counts(),
     )
 
 

@@ -54,6 +54,8 @@ CHECK_FIGURES: dict[str, dict[str, Any]] = {
             "dropped": _INT,
             "ring_dropped": _INT,
             "reporter_dropped": _INT,
+            "no_slot_dropped": _INT,
+            "helper_dropped": _INT,
             "ratio": {"type": "number", "minimum": 0, "maximum": 1},
             "max_ratio": _NUM,
         }
@@ -200,6 +202,9 @@ STATUS_SCHEMA: dict[str, Any] = {
                                 "retried": _INT,
                                 "failed": _INT,
                                 "reporter_dropped": _INT,
+                                "no_slot_dropped": _INT,
+                                "no_slot_workers": _INT,
+                                "helper_dropped": _INT,
                                 "spooled": _INT,
                             }
                         ),
