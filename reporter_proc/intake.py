@@ -214,6 +214,7 @@ class Intake:
         open_batches = self.open
         hold = self.ledger.hold
         batch_max = self.journal.settings.batch_max_records
+        bytes_max = self.journal.settings.batch_max_bytes
         for rtype, payload in recs:
             counts[rtype] = counts.get(rtype, 0) + 1
             kind = by_type.get(rtype)
@@ -229,6 +230,9 @@ class Intake:
                 continue
             # Kept as the raw bytes until sent: delivery decodes (and checks) them.
             batch = open_batches.get(kind.name)
+            if batch is not None and batch.nbytes + len(payload) > bytes_max:
+                self.seal(kind.name)  # sealed by bytes: one request stays under the backend's limit
+                batch = None
             if batch is None:
                 batch = open_batches[kind.name] = Batch(kind.name, time.monotonic())
             hold(batch, chunk, payload)

@@ -21,6 +21,7 @@ from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
 from reporter_proc.senders.base import FatalSendError, Record, SendError, UnsupportedError
 from reporter_proc.spool import Spool, SpoolBusy
+from reporter_proc.spooldir import AUTO, OFF_VALUES, SpoolUnsafe, default_base
 
 log = logging.getLogger("swmp.reporter")
 
@@ -35,11 +36,17 @@ class SpoolWriter:
     def open(cls, journal: Journal) -> SpoolWriter | None:
         """The spool of this service, or None when spooling is off or impossible."""
         s = journal.settings
-        if not s.spool_dir:
+        base = s.spool_dir.strip()
+        if base.lower() in OFF_VALUES or s.spool_max_bytes <= 0:
             return None
-        directory = os.path.join(s.spool_dir, re.sub(r"[^A-Za-z0-9_.-]", "_", s.service) or "default")
+        if base.lower() == AUTO:
+            base = default_base()
+        directory = os.path.join(base, re.sub(r"[^A-Za-z0-9_.-]", "_", s.service) or "default")
         try:
             spool = Spool(directory, s.spool_max_bytes, s.spool_segment_bytes)
+        except SpoolUnsafe as exc:
+            log.error("spool disabled, its directory is not private: %s", exc)
+            return None
         except (OSError, SpoolBusy) as exc:
             log.error("spool disabled: %s", exc)
             return None

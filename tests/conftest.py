@@ -8,6 +8,12 @@ They start nothing until a test asks for them.
 
 from __future__ import annotations
 
+import os
+
+# The agent spools by default into a per-user directory: tests must not leave data there for
+# each other (or for the developer's own runs). Tests of the default spool unset this.
+os.environ.setdefault("SW_AGENT_SPOOL_DIR", "off")
+
 from tests.brokers import rabbitmq
 from tests.cli_fixtures import new_arena, procs, shm
 from tests.daemons import mariadb_server, memcached_server, postgres_server, redis_server

@@ -48,6 +48,14 @@ class ReporterProcessSettings:
         REPORTER,
         check=at_least(1),
     )
+    agent_reporter_batch_max_bytes: int = opt(
+        4 * MIB,
+        "SW_AGENT_REPORTER_BATCH_MAX_BYTES",
+        "Most payload bytes in one batch (well under the OAP's 50 MiB gRPC message limit); "
+        "a batch the backend still finds too large is split and retried.",
+        REPORTER,
+        check=at_least(KIB),
+    )
     agent_reporter_flush_interval: float = opt(
         0.2,
         "SW_AGENT_REPORTER_FLUSH_INTERVAL",
@@ -77,9 +85,12 @@ class ReporterProcessSettings:
         check=at_least(0),
     )
     agent_spool_dir: str = opt(
-        "",
+        "auto",
         "SW_AGENT_SPOOL_DIR",
-        "Directory for spooling data during a long backend outage; empty = off.",
+        "Directory for spooling data during a long backend outage (one private sub-directory per "
+        "service). `auto`: `$XDG_STATE_HOME/swmp/spool`, else `~/.local/state/swmp/spool`, else "
+        "`/var/tmp/swmp-<uid>/spool`; empty or `off` = no spool. A directory another user could "
+        "tamper with is refused (spool off, logged).",
         REPORTER,
     )
     agent_spool_max_bytes: int = opt(
