@@ -273,8 +273,37 @@ class Delivery:
             )
         batch.decoded = []
 
-    # -- memory full, shutdown -------------------------------------------------------------
-    def spill(self) -> None:
+    # -- rings under pressure, memory full, shutdown ----------------------------------------
+    def failing(self) -> bool:
+        return self.journal.counters.consecutive_failures > 0
+
+    def relieve(self) -> None:
+        """A ring is half full of records waiting for a failing backend: take them out of the
+        rings so the writers never overflow while the reporter has room.
+
+        With a spool they go to disk (durable: a reporter killed now loses nothing); without
+        one they stay in memory only, up to ``max_pending_bytes``.
+        """
+        if self.spool is not None:
+            self.spill(memory_full=False)
+            self.journal.log_once(
+                "relieve-spool",
+                logging.WARNING,
+                "backend unavailable: moving unsent records from the rings to the spool",
+            )
+            return
+        for queue in self.queues.values():
+            for batch in queue:
+                if batch.chunks:
+                    self.ledger.release(batch)
+        self.journal.log_once(
+            "release",
+            logging.WARNING,
+            "backend unavailable and no spool: keeping unsent records in memory only (up to %d bytes)",
+            self.journal.settings.max_pending_bytes,
+        )
+
+    def spill(self, *, memory_full: bool = True) -> None:
         """Memory is full and a spool is set: move every unsent batch to disk.
 
         Their records count as resolved, so the rings move on, and they leave the queues
@@ -292,9 +321,10 @@ class Delivery:
             queue.clear()
             self._spill_one(head)
             queue.append(head)
-        self.journal.log_once(
-            "spill", logging.WARNING, "reporter memory full: spilling unsent records to the spool"
-        )
+        if memory_full:
+            self.journal.log_once(
+                "spill", logging.WARNING, "reporter memory full: spilling unsent records to the spool"
+            )
 
     def _spill_one(self, batch: Batch) -> None:
         assert self.spool is not None

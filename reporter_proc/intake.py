@@ -73,6 +73,9 @@ class Intake:
         self._listener: DoorbellListener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_fill = arena.ring_capacity >> L.WAKE_FILL_SHIFT
+        # Ring bytes read but not yet resolved above which, while the backend fails, the
+        # records are taken out of the ring (Delivery.relieve) instead of filling it up.
+        self._pressure = arena.ring_capacity // 2
 
     # -- waking and sleeping ---------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -195,6 +198,9 @@ class Intake:
                     self._more = True
                 self.dispatch(recs, chunk)
             ledger.close(chunk)
+            if reader.cursor - reader.head >= self._pressure and self.delivery.failing():
+                self.seal_all()
+                self.delivery.relieve()
             if ledger.pending_bytes >= limit:
                 self._more = True
                 if self._spill is None:

@@ -57,7 +57,7 @@ class ReporterSettings:
     # directory (reporter_proc.spooldir). The agent's config defaults to "auto"; this value
     # stays off so code that builds settings by hand (tests, benchmarks) opts in.
     spool_dir: str = ""
-    spool_max_bytes: int = 256 * 1024 * 1024
+    spool_max_bytes: int = 1024 * 1024 * 1024
     spool_segment_bytes: int = 4 * 1024 * 1024  # one spool file is sealed at this size
     # Reporter process lifecycle
     supervise: bool = True  # a tiny supervisor restarts a reporter that died abnormally

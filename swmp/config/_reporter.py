@@ -94,9 +94,10 @@ class ReporterProcessSettings:
         REPORTER,
     )
     agent_spool_max_bytes: int = opt(
-        256 * MIB,
+        1024 * MIB,
         "SW_AGENT_SPOOL_MAX_BYTES",
-        "Size cap of the spool directory.",
+        "Size cap of the spool directory (a 10-minute outage at 1,000 segments/s of ~500 bytes "
+        "needs ~320 MiB); above it the oldest records are dropped and counted.",
         REPORTER,
         check=at_least(0),
     )
