@@ -12,6 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.outage_bench import run_outage
+from ipc import Arena
+from reporter_proc import records as R
+from reporter_proc.process import ReporterThread
+from reporter_proc.settings import ReporterSettings
+from tests.collector import Collector
+from tests.test_reporter_helpers import segment, spawn_writer
 
 
 def test_an_outage_with_default_settings_loses_nothing_and_delivery_resumes(tmp_path: Path) -> None:
@@ -25,3 +31,43 @@ def test_an_outage_with_default_settings_loses_nothing_and_delivery_resumes(tmp_
     assert res.spooled > 0 and res.replayed > 0
     assert not res.dropped
     assert 0 <= res.resume_s < 30  # measured ~1 s on a quiet machine; only "resumed" is asserted
+
+
+def test_a_batch_the_grpc_backend_finds_too_large_is_split_and_delivered(tmp_path: Path) -> None:
+    # The test collector's gRPC server takes 4 MiB per message (grpcio's default), like an
+    # OAP with a lowered limit: a batch above it is answered RESOURCE_EXHAUSTED.
+    arena = Arena.create(str(tmp_path / "big.arena"), slots=2, ring_capacity=32 << 20)
+    big = [(R.SEGMENT, segment(f"big-{i}", spans=200)) for i in range(300)]  # ~9 MB of JSON
+    giant = (R.SEGMENT, segment("giant", spans=60_000))  # ~6 MB on the wire alone
+    assert sum(len(p) for _, p in big) > 8 << 20
+    # Forked before this process creates any gRPC object.
+    writer = spawn_writer(arena.path, [*big[:150], giant, *big[150:]], hold=True)
+    writer.wait_written()
+    handle = None
+    try:
+        with Collector() as c:
+            s = ReporterSettings(
+                protocol="grpc",
+                backends=(c.grpc_address,),
+                service="svc",
+                batch_max_records=100_000,
+                batch_max_bytes=64 << 20,  # one batch for everything: the backend must refuse it
+                flush_interval_s=0.5,
+                retry_backoff_base_s=0.05,
+                status_interval_s=0.1,
+            )
+            handle = ReporterThread(arena.path, s, arena=arena)
+            handle.start()
+            assert c.wait_for(lambda: len(c.segments) >= 300, 60)
+            assert handle.stop(10)
+            reporter = handle.reporter
+            assert reporter is not None
+            got = sorted(seg.traceId for seg in c.segments)
+            assert got == sorted(f"big-{i}" for i in range(300))
+            assert reporter.counters.dropped.get("too_large") == 1
+            assert reporter.counters.dropped.get("backend", 0) == 0
+    finally:
+        if handle is not None:
+            handle.stop(10)
+        assert writer.release() == 0
+        arena.close()

@@ -307,3 +307,20 @@ def test_intake_batches_raw_bytes_per_kind_and_hands_worker_records_over(tmp_pat
         arena.release_slot()
     finally:
         arena.close()
+
+
+def test_a_batch_given_up_reaches_the_spool_as_its_ring_bytes(tmp_path: Path) -> None:
+    # No re-serialization on the way to disk, even after the batch was decoded for its sends.
+    j = journal(spool_dir=str(tmp_path / "spool"), retry_max_attempts=2)
+    spool = SpoolWriter.open(j)
+    assert spool is not None
+    d, _ = _delivery(j, MemorySender(fail_next=5), spool)
+    payloads = [segment(f"raw{i}") + b"  " for i in range(5)]  # trailing blanks: orjson would drop them
+    batch = _batch(d.ledger, "segment", payloads)
+    asyncio.run(d.deliver(batch))
+    assert batch.decoded == [] and j.counters.spooled == 5
+    f = spool.spool.oldest()
+    assert f is not None
+    items, _ = spool.spool.read(f, 10)
+    assert [p for _, p in items] == payloads
+    spool.spool.close()
