@@ -119,6 +119,15 @@ def test_the_default_directory_is_private_per_user(tmp_path: Path, monkeypatch: 
     w.spool.close()
 
 
+def test_two_applications_of_one_service_get_a_spool_each(tmp_path: Path) -> None:
+    j = journal(spool_dir=str(tmp_path / "spool"))
+    first, second = SpoolWriter.open(j), SpoolWriter.open(j)
+    assert first is not None and second is not None
+    assert first.spool.directory.endswith("/svc") and second.spool.directory.endswith("/svc.1")
+    first.spool.close()
+    second.spool.close()
+
+
 # -- the files in it ---------------------------------------------------------------------------
 def test_files_the_user_did_not_write_are_never_replayed(tmp_path: Path, caplog: Any) -> None:
     d = tmp_path / "spool"
