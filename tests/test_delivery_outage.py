@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks.outage_bench import run_outage
 from ipc import Arena
 from reporter_proc import records as R
@@ -66,6 +68,40 @@ def test_a_batch_the_grpc_backend_finds_too_large_is_split_and_delivered(tmp_pat
             assert got == sorted(f"big-{i}" for i in range(300))
             assert reporter.counters.dropped.get("too_large") == 1
             assert reporter.counters.dropped.get("backend", 0) == 0
+    finally:
+        if handle is not None:
+            handle.stop(10)
+        assert writer.release() == 0
+        arena.close()
+
+
+@pytest.mark.parametrize("status", [413, 400])
+def test_http_too_large_or_bad_request_costs_no_good_record(tmp_path: Path, status: int) -> None:
+    # The HTTP receiver answers the first segment call 413 (or 400): the real HTTP sender maps
+    # it to TooLargeError (InvalidDataError) and delivery sends halves, which are accepted.
+    arena = Arena.create(str(tmp_path / "h.arena"), slots=2, ring_capacity=1 << 20)
+    writer = spawn_writer(arena.path, [(R.SEGMENT, segment(f"h-{i}")) for i in range(64)], hold=True)
+    writer.wait_written()
+    handle = None
+    try:
+        with Collector() as c:
+            c.fail_next(1, http_status=status, methods=["/v3/segments"])
+            s = ReporterSettings(
+                protocol="http",
+                backends=(c.http_address,),
+                service="svc",
+                batch_max_records=1000,
+                flush_interval_s=0.3,
+                retry_backoff_base_s=0.05,
+            )
+            handle = ReporterThread(arena.path, s, arena=arena)
+            handle.start()
+            assert c.wait_for(lambda: len(c.segments) >= 64, 30)
+            assert handle.stop(10)
+            reporter = handle.reporter
+            assert reporter is not None
+            assert sorted(seg.traceId for seg in c.segments) == sorted(f"h-{i}" for i in range(64))
+            assert not {k: v for k, v in reporter.counters.dropped.items() if v}
     finally:
         if handle is not None:
             handle.stop(10)
