@@ -122,6 +122,7 @@ def run_outage(
     writers: int = 2,
     spans: int = 3,
     deadline_s: float = 120.0,
+    ring_bytes: int = 0,
     env: dict[str, str] | None = None,
     log: Any = print,
 ) -> OutageResult:
@@ -144,6 +145,8 @@ def run_outage(
     settings = config.to_reporter_settings()
     old_state = os.environ.get("XDG_STATE_HOME")
     os.environ["XDG_STATE_HOME"] = str(workdir / "state")  # the default spool lands in here
+    if ring_bytes:
+        os.environ["SWMP_TEST_RING_BYTES"] = str(ring_bytes)
     owner: Owner | None = None
     pids: list[int] = []
     result = OutageResult()
@@ -221,6 +224,7 @@ def run_outage(
             owner.cleanup()
         for c in collectors:
             c.stop()
+        os.environ.pop("SWMP_TEST_RING_BYTES", None)
         if old_state is None:
             os.environ.pop("XDG_STATE_HOME", None)
         else:
@@ -236,6 +240,7 @@ def main() -> int:
     ap.add_argument("--writers", type=int, default=2)
     ap.add_argument("--spans", type=int, default=3, help="spans per segment")
     ap.add_argument("--deadline", type=float, default=900.0, help="seconds allowed to catch up")
+    ap.add_argument("--ring-bytes", type=int, default=0, help="ring per writer; 0 = the agent's default")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args()
     import tempfile
@@ -250,6 +255,7 @@ def main() -> int:
             writers=args.writers,
             spans=args.spans,
             deadline_s=args.deadline,
+            ring_bytes=args.ring_bytes or load({}).agent_ring_size,
         )
     rows = asdict(res)
     width = max(len(k) for k in rows)

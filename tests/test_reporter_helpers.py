@@ -210,7 +210,8 @@ if "ignore" in mode:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGTERM])
-arena = Arena.create(arena_path, slots=4, ring_capacity=256 * 1024)
+ring = int(os.environ.get("SWMP_TEST_RING_BYTES", 256 * 1024))  # benchmarks/outage_bench.py
+arena = Arena.create(arena_path, slots=4, ring_capacity=ring)
 settings = settings_from_json(settings_json)
 pids = []
 if "detach" in mode:
