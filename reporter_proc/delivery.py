@@ -22,7 +22,15 @@ from reporter_proc import records as R
 from reporter_proc.journal import Journal
 from reporter_proc.ledger import Batch, Ledger
 from reporter_proc.lifecycle import StopState
-from reporter_proc.senders.base import FatalSendError, Record, Sender, SendError, UnsupportedError
+from reporter_proc.senders.base import (
+    FatalSendError,
+    InvalidDataError,
+    Record,
+    Sender,
+    SendError,
+    TooLargeError,
+    UnsupportedError,
+)
 from reporter_proc.spooling import SpoolWriter
 
 RETRYABLE = (SendError, asyncio.TimeoutError, OSError)
@@ -108,6 +116,8 @@ class Delivery:
         c = j.counters
         kind = batch.kind
         if batch.decoded is None:
+            if batch.spilled:
+                return  # moved to the spool before its first send: the replayer sends it
             batch.decoded = decode(j, R.BY_NAME[kind], batch.payloads)
         attempt = 0
         while batch.decoded:
@@ -118,6 +128,13 @@ class Delivery:
             except UnsupportedError as exc:
                 j.unsupported(kind, n, exc)
                 return
+            except (TooLargeError, InvalidDataError) as exc:
+                keep: list[Record] = []
+                await self.split(kind, records, exc, keep)
+                batch.decoded = keep
+                if len(keep) < n:
+                    continue  # progress: send what is left at once
+                failure: BaseException = exc  # the parts failed for another reason: wait
             except FatalSendError as exc:
                 c.failure(f"{type(exc).__name__}: {exc}")
                 j.dropped("rejected", n)
@@ -125,17 +142,7 @@ class Delivery:
                 j.log_once(f"fatal-{kind}", logging.ERROR, "backend refused %d %s records: %s", n, kind, exc)
                 return
             except RETRYABLE as exc:
-                attempt += 1
-                c.failure(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-                now = time.monotonic()
-                if attempt >= j.settings.retry_max_attempts or self.stop.past_deadline(now):
-                    self.give_up(batch, exc)
-                    return
-                c.retried += 1
-                delay = backoff(j, attempt)
-                if self.stop.stopping:
-                    delay = min(delay, self.stop.remaining())
-                await asyncio.sleep(delay)
+                failure = exc
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the encoder choked on something: find the bad records
@@ -144,10 +151,86 @@ class Delivery:
                     batch.decoded = []
                     return
                 await self.isolate(batch)
+                continue
             else:
                 c.add(c.sent, kind, n)
                 c.success()
                 return
+            attempt += 1
+            c.failure(f"{type(failure).__name__}: {failure}" if str(failure) else type(failure).__name__)
+            if self.should_give_up(attempt):
+                self.give_up(batch, failure)
+                return
+            c.retried += 1
+            delay = backoff(j, attempt)
+            if self.stop.stopping:
+                delay = min(delay, self.stop.remaining())
+            await asyncio.sleep(delay)
+
+    def should_give_up(self, attempt: int) -> bool:
+        """After a failed attempt: stop retrying this batch (to spool or drop it)?
+
+        With a spool, after ``retry_max_attempts`` (the batch waits on disk, nothing is
+        lost). Without one, only when memory is full or the shutdown forces it: until then
+        the batch waits in memory, retried about once a second (``retry_backoff_max_s``).
+        """
+        s = self.journal.settings
+        if self.stop.past_deadline(time.monotonic()):
+            return True
+        if attempt < s.retry_max_attempts:
+            return False
+        memory_full = self.ledger.pending_bytes >= s.max_pending_bytes
+        return self.spool is not None or self.stop.stopping or memory_full
+
+    async def split(self, kind: str, records: list[Record], exc: FatalSendError, keep: list[Record]) -> None:
+        """The backend refused ``records`` as too large or invalid: send halves, recursively.
+
+        A single record refused is dropped and counted (``dropped.too_large`` or
+        ``dropped.rejected``); records whose part failed for a retryable reason go to
+        ``keep`` for the caller's next attempt.
+        """
+        j = self.journal
+        if len(records) == 1:
+            if isinstance(exc, TooLargeError):
+                j.dropped("too_large")
+                j.log_once(
+                    f"too-large-{kind}",
+                    logging.WARNING,
+                    "dropped a %s record the backend finds too large (%s); more are only counted",
+                    kind,
+                    exc,
+                )
+            else:
+                j.dropped("rejected")
+                j.log_once(
+                    f"invalid-{kind}",
+                    logging.WARNING,
+                    "dropped a %s record the backend refused as invalid (%s); more are only counted",
+                    kind,
+                    exc,
+                )
+            return
+        mid = len(records) // 2
+        for part in (records[:mid], records[mid:]):
+            try:
+                await self.send(kind, part)
+            except (TooLargeError, InvalidDataError) as part_exc:
+                await self.split(kind, part, part_exc, keep)
+            except UnsupportedError:
+                keep.extend(part)  # the caller's next attempt shuts the kind
+            except FatalSendError as part_exc:
+                j.dropped("rejected", len(part))
+                msg = "backend refused %d %s records: %s"
+                j.log_once(f"fatal-{kind}", logging.ERROR, msg, len(part), kind, part_exc)
+            except RETRYABLE:
+                keep.extend(part)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                keep.extend(part)  # an encoder problem: the caller's next attempt isolates it
+            else:
+                j.counters.add(j.counters.sent, kind, len(part))
+                j.counters.success()
 
     async def isolate(self, batch: Batch) -> None:
         """Send records one by one so one bad record costs itself, not its batch."""
@@ -190,24 +273,65 @@ class Delivery:
             )
         batch.decoded = []
 
-    # -- memory full, shutdown -------------------------------------------------------------
-    def spill(self) -> None:
+    # -- rings under pressure, memory full, shutdown ----------------------------------------
+    def failing(self) -> bool:
+        return self.journal.counters.consecutive_failures > 0
+
+    def relieve(self) -> None:
+        """A ring is half full of records waiting for a failing backend: take them out of the
+        rings so the writers never overflow while the reporter has room.
+
+        With a spool they go to disk (durable: a reporter killed now loses nothing); without
+        one they stay in memory only, up to ``max_pending_bytes``.
+        """
+        if self.spool is not None:
+            self.spill(memory_full=False)
+            self.journal.log_once(
+                "relieve-spool",
+                logging.WARNING,
+                "backend unavailable: moving unsent records from the rings to the spool",
+            )
+            return
+        for queue in self.queues.values():
+            for batch in queue:
+                if batch.chunks:
+                    self.ledger.release(batch)
+        self.journal.log_once(
+            "release",
+            logging.WARNING,
+            "backend unavailable and no spool: keeping unsent records in memory only (up to %d bytes)",
+            self.journal.settings.max_pending_bytes,
+        )
+
+    def spill(self, *, memory_full: bool = True) -> None:
         """Memory is full and a spool is set: move every unsent batch to disk.
 
-        Their records count as resolved, so the rings move on. A batch whose send is in
-        progress is copied too: if that send succeeds after all, replay sends it again
-        (at-least-once, as documented).
+        Their records count as resolved, so the rings move on, and they leave the queues
+        (their memory is freed). The batch at the head of a queue may be in the middle of a
+        send: it is copied and stays; if that send succeeds after all, replay sends it again
+        (at-least-once, as documented). It is not sent at all when it had not started yet.
         """
         assert self.spool is not None
         for queue in self.queues.values():
+            if not queue:
+                continue
+            head = queue.popleft()
             for batch in queue:
-                if not batch.spilled and len(batch):
-                    batch.spilled = True
-                    self.spool.write(spool_items(batch))
-                    self.ledger.resolve(batch)
-        self.journal.log_once(
-            "spill", logging.WARNING, "reporter memory full: spilling unsent records to the spool"
-        )
+                self._spill_one(batch)
+            queue.clear()
+            self._spill_one(head)
+            queue.append(head)
+        if memory_full:
+            self.journal.log_once(
+                "spill", logging.WARNING, "reporter memory full: spilling unsent records to the spool"
+            )
+
+    def _spill_one(self, batch: Batch) -> None:
+        assert self.spool is not None
+        if not batch.spilled and len(batch):
+            batch.spilled = True
+            self.spool.write(spool_items(batch))
+            self.ledger.resolve(batch)
 
     def abandon(self) -> int:
         """After the shutdown deadline: spool what is left, or leave it unresolved in the
@@ -227,9 +351,10 @@ class Delivery:
 
 
 def spool_items(batch: Batch) -> list[tuple[int, bytes]]:
-    """What the spool keeps of ``batch``: the raw payloads, or the records still unsent."""
+    """What the spool keeps of ``batch``: the raw payloads as read from the ring (never
+    re-encoded), or, once some of its records were sent or dropped, those still unsent."""
     rtype = R.BY_NAME[batch.kind].rtype
-    if batch.decoded is None:
+    if batch.decoded is None or len(batch.decoded) == len(batch.payloads):
         return [(rtype, p) for p in batch.payloads]
     dumps = orjson.dumps
     return [(rtype, dumps(r)) for r in batch.decoded]

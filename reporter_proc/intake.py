@@ -73,6 +73,9 @@ class Intake:
         self._listener: DoorbellListener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_fill = arena.ring_capacity >> L.WAKE_FILL_SHIFT
+        # Ring bytes read but not yet resolved above which, while the backend fails, the
+        # records are taken out of the ring (Delivery.relieve) instead of filling it up.
+        self._pressure = arena.ring_capacity // 2
 
     # -- waking and sleeping ---------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -201,6 +204,9 @@ class Intake:
                     self._more = True
                 self.dispatch(recs, chunk)
             ledger.close(chunk)
+            if reader.cursor - reader.head >= self._pressure and self.delivery.failing():
+                self.seal_all()
+                self.delivery.relieve()
             if ledger.pending_bytes >= limit:
                 self._more = True
                 if self._spill is None:
@@ -220,6 +226,7 @@ class Intake:
         open_batches = self.open
         hold = self.ledger.hold
         batch_max = self.journal.settings.batch_max_records
+        bytes_max = self.journal.settings.batch_max_bytes
         for rtype, payload in recs:
             counts[rtype] = counts.get(rtype, 0) + 1
             kind = by_type.get(rtype)
@@ -235,6 +242,9 @@ class Intake:
                 continue
             # Kept as the raw bytes until sent: delivery decodes (and checks) them.
             batch = open_batches.get(kind.name)
+            if batch is not None and batch.nbytes + len(payload) > bytes_max:
+                self.seal(kind.name)  # sealed by bytes: one request stays under the backend's limit
+                batch = None
             if batch is None:
                 batch = open_batches[kind.name] = Batch(kind.name, time.monotonic())
             hold(batch, chunk, payload)

@@ -87,6 +87,16 @@ class Ledger:
         if chunk.left == 0:
             self._advance(chunk.slot)
 
+    def release(self, batch: Batch) -> None:
+        """Hand ``batch``'s ring bytes back before it is resolved: from now on it lives only in
+        the reporter's memory (still counted in ``pending_bytes``), so the writers can go on
+        while the backend is down. The price: a reporter killed now loses it."""
+        for chunk, n in batch.chunks.items():
+            chunk.left -= n
+            if chunk.left == 0:
+                self._advance(chunk.slot)
+        batch.chunks = {}
+
     def resolve(self, batch: Batch) -> None:
         """Every record of ``batch`` is sent, spooled or counted: its ring bytes may go."""
         for chunk, n in batch.chunks.items():

@@ -34,6 +34,8 @@ class ReporterSettings:
     kafka_extra: dict[str, str] = field(default_factory=dict)  # SW_KAFKA_REPORTER_CONFIG_*
     # Batching and timing
     batch_max_records: int = 1000
+    # A batch is sealed at this many payload bytes too: far below the OAP's 50 MiB gRPC limit.
+    batch_max_bytes: int = 4 * 1024 * 1024
     flush_interval_s: float = 0.5
     # Wake-ups below saturation (a full ring rings the doorbell): each costs ~0.3-0.6 ms of
     # CPU (event loop, epoll, a pass over the rings), which dominated the reporter's cost
@@ -44,7 +46,9 @@ class ReporterSettings:
     send_timeout_s: float = 10.0
     retry_max_attempts: int = 5
     retry_backoff_base_s: float = 0.5
-    retry_backoff_max_s: float = 30.0
+    # Capped at 1 s: while the backend is down, the oldest batch is retried about once a
+    # second, so delivery resumes within ~1 s of its return (issue 16).
+    retry_backoff_max_s: float = 1.0
     max_pending_bytes: int = 64 * 1024 * 1024
     shutdown_deadline_s: float = 5.0
     # Features
@@ -52,9 +56,11 @@ class ReporterSettings:
     profile_task_interval_s: float = 20.0  # SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL
     meter_enabled: bool = True
     log_enabled: bool = True
-    # Spool (disk buffer during long outages); empty dir = off
+    # Spool (disk buffer during long outages); "" or "off" = off, "auto" = a private per-user
+    # directory (reporter_proc.spooldir). The agent's config defaults to "auto"; this value
+    # stays off so code that builds settings by hand (tests, benchmarks) opts in.
     spool_dir: str = ""
-    spool_max_bytes: int = 256 * 1024 * 1024
+    spool_max_bytes: int = 1024 * 1024 * 1024
     spool_segment_bytes: int = 4 * 1024 * 1024  # one spool file is sealed at this size
     # Reporter process lifecycle
     supervise: bool = True  # a tiny supervisor restarts a reporter that died abnormally

@@ -17,17 +17,27 @@ the newest, and never silently.
 
 One reporter per directory: an ``flock`` on ``.lock`` guards it (two applications
 configured with the same spool directory would otherwise replay each other's files twice).
+
+Another local user must not get in (``reporter_proc.spooldir`` checks the directory): files
+are created with ``O_EXCL | O_NOFOLLOW`` and mode 0600 (never truncated through a path
+someone could have planted), and only regular files owned by this user and private to it
+are ever indexed and replayed; anything else in the directory is skipped and counted
+(:attr:`Spool.foreign_files`).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import io
 import logging
 import os
 import struct
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from reporter_proc.spooldir import SpoolUnsafe, make_private_dir, own_private_file
 
 log = logging.getLogger("swmp.reporter")
 
@@ -54,14 +64,18 @@ class SpoolFile:
 
 class Spool:
     def __init__(self, directory: str, max_bytes: int, segment_bytes: int = 4 * 1024 * 1024) -> None:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        directory = make_private_dir(directory)  # raises SpoolUnsafe
         self.directory = directory
+        self._uid = os.geteuid()
         self.max_bytes = max(1, max_bytes)
         # Several files under the cap, so dropping the oldest loses a fraction, not all.
         self.segment_bytes = max(4096, min(segment_bytes, self.max_bytes // 4 or 1))
         self._lock_fd = os.open(
-            os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+            os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
         )
+        if not own_private_file(os.fstat(self._lock_fd), self._uid):
+            os.close(self._lock_fd)
+            raise SpoolUnsafe(f"{directory}/.lock is not a private file of this user")
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -70,6 +84,7 @@ class Spool:
         self.files: list[SpoolFile] = []
         self.dropped_records = 0
         self.torn_tails = 0
+        self.foreign_files = 0  # files in the directory this user did not write: never replayed
         self._active: SpoolFile | None = None
         self._fd = -1
         self._index()
@@ -84,6 +99,13 @@ class Spool:
             except ValueError:
                 continue
             path = os.path.join(self.directory, name)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if not own_private_file(st, self._uid):
+                self.foreign_files += 1
+                continue
             size, records, torn = _scan(path)
             if torn:
                 self.torn_tails += 1
@@ -92,6 +114,13 @@ class Spool:
                 continue
             self.files.append(SpoolFile(seq, path, size, records))
         self.files.sort(key=lambda f: f.seq)
+        if self.foreign_files:
+            log.warning(
+                "spool %s: skipped %d files that are not private regular files of this user; "
+                "they are never replayed",
+                self.directory,
+                self.foreign_files,
+            )
 
     @property
     def total_bytes(self) -> int:
@@ -119,7 +148,14 @@ class Spool:
         if active is None or active.size >= self.segment_bytes:
             active = self._open_new()
         # One write per call: a crash leaves at most this call's tail torn.
-        os.write(self._fd, buf)
+        try:
+            written = os.write(self._fd, buf)
+        except OSError:
+            self.seal()  # the file may end in a torn record now: never append after it
+            raise
+        if written < len(buf):  # the disk filled up during the write
+            self.seal()
+            raise OSError(errno.ENOSPC, "short write to the spool")
         active.size += len(buf)
         active.records += n
         self._enforce_cap()
@@ -128,9 +164,21 @@ class Spool:
     def _open_new(self) -> SpoolFile:
         self.seal()
         seq = (self.files[-1].seq + 1) if self.files else 1
-        path = os.path.join(self.directory, f"{seq:012d}.spool")
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        os.write(self._fd, MAGIC)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+        while True:  # a name already taken (a skipped foreign file) is never reused
+            path = os.path.join(self.directory, f"{seq:012d}.spool")
+            try:
+                self._fd = os.open(path, flags, 0o600)
+                break
+            except FileExistsError:
+                seq += 1
+        try:
+            os.write(self._fd, MAGIC)
+        except OSError:
+            os.close(self._fd)
+            self._fd = -1
+            _unlink(path)
+            raise
         f = SpoolFile(seq, path, len(MAGIC), 0, sealed=False)
         self.files.append(f)
         self._active = f
@@ -176,7 +224,7 @@ class Spool:
         """Up to ``max_records`` records of ``f`` from its replay offset, and the end offset."""
         out: list[tuple[int, bytes]] = []
         try:
-            with open(f.path, "rb") as fh:
+            with _open_own(f.path, self._uid) as fh:
                 fh.seek(f.offset)
                 pos = f.offset
                 while len(out) < max_records and pos < f.size:
@@ -189,7 +237,7 @@ class Spool:
                         break
                     out.append((rtype, payload))
                     pos += _REC_SIZE + n
-        except FileNotFoundError:
+        except (FileNotFoundError, SpoolUnsafe):
             pos = f.size
         if not out:
             pos = f.size  # nothing readable left: let ack() retire the file
@@ -217,10 +265,19 @@ class Spool:
             self._lock_fd = -1
 
 
+def _open_own(path: str, uid: int) -> io.BufferedReader:
+    """Open a spool file for reading, refusing a symlink or a file that is not ours."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not own_private_file(os.fstat(fd), uid):
+        os.close(fd)
+        raise SpoolUnsafe(f"{path} is not a private file of this user")
+    return open(fd, "rb")
+
+
 def _scan(path: str) -> tuple[int, int, bool]:
     """(valid bytes, records, torn tail?) of a spool file, walking headers and checking crcs."""
     try:
-        with open(path, "rb") as fh:
+        with _open_own(path, os.geteuid()) as fh:
             if fh.read(len(MAGIC)) != MAGIC:
                 return 0, 0, True
             pos = len(MAGIC)
@@ -239,7 +296,7 @@ def _scan(path: str) -> tuple[int, int, bool]:
                     return pos, records, True
                 pos += _REC_SIZE + n
                 records += 1
-    except OSError:
+    except (OSError, SpoolUnsafe):
         return 0, 0, True
 
 

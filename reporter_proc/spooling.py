@@ -21,8 +21,11 @@ from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
 from reporter_proc.senders.base import FatalSendError, Record, SendError, UnsupportedError
 from reporter_proc.spool import Spool, SpoolBusy
+from reporter_proc.spooldir import AUTO, OFF_VALUES, SpoolUnsafe, default_base
 
 log = logging.getLogger("swmp.reporter")
+
+_MAX_SIBLINGS = 16  # spool directories one service may use on a host at once
 
 
 class SpoolWriter:
@@ -35,13 +38,31 @@ class SpoolWriter:
     def open(cls, journal: Journal) -> SpoolWriter | None:
         """The spool of this service, or None when spooling is off or impossible."""
         s = journal.settings
-        if not s.spool_dir:
+        base = s.spool_dir.strip()
+        if base.lower() in OFF_VALUES or s.spool_max_bytes <= 0:
             return None
-        directory = os.path.join(s.spool_dir, re.sub(r"[^A-Za-z0-9_.-]", "_", s.service) or "default")
-        try:
-            spool = Spool(directory, s.spool_max_bytes, s.spool_segment_bytes)
-        except (OSError, SpoolBusy) as exc:
-            log.error("spool disabled: %s", exc)
+        if base.lower() == AUTO:
+            base = default_base()
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", s.service) or "default"
+        spool: Spool | None = None
+        # Several applications of one service on a host (same user) each need a directory of
+        # their own: the first free one of <service>, <service>.1, ... (the lock says which
+        # are free; a free one left over by an earlier run is replayed by whoever takes it).
+        for n in range(_MAX_SIBLINGS):
+            directory = os.path.join(base, name if n == 0 else f"{name}.{n}")
+            try:
+                spool = Spool(directory, s.spool_max_bytes, s.spool_segment_bytes)
+                break
+            except SpoolBusy:
+                continue
+            except SpoolUnsafe as exc:
+                log.error("spool disabled, its directory is not private: %s", exc)
+                return None
+            except OSError as exc:
+                log.error("spool disabled: %s", exc)
+                return None
+        if spool is None:
+            log.error("spool disabled: %s", f"{_MAX_SIBLINGS} spool directories of {name} are in use")
             return None
         if spool.total_records:
             log.info("spool %s holds %d records to replay", directory, spool.total_records)

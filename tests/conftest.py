@@ -8,10 +8,24 @@ They start nothing until a test asks for them.
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 from tests.brokers import rabbitmq
 from tests.cli_fixtures import new_arena, procs, shm
 from tests.daemons import mariadb_server, memcached_server, postgres_server, redis_server
 from tests.realpeers import kafka_broker, oap_server, oap_with_kafka
+
+# The agent spools by default into a per-user directory: tests must not leave data there for
+# each other (or for the developer's own runs). Off for the suite; a child that drops the SW_*
+# variables still spools into this session's own state directory, removed at exit. Tests of
+# the default spool set XDG_STATE_HOME themselves.
+os.environ.setdefault("SW_AGENT_SPOOL_DIR", "off")
+_STATE = tempfile.mkdtemp(prefix="swmp-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE
+atexit.register(shutil.rmtree, _STATE, True)
 
 __all__ = [
     "kafka_broker",

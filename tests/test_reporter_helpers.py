@@ -213,7 +213,8 @@ if "ignore" in mode:
 if "log" in mode:  # the reporter's INFO lines (it inherits the owner's logging) to a file
     import logging
     logging.basicConfig(level=logging.INFO, filename=ready_file + ".log", format="%(levelname)s %(message)s")
-arena = Arena.create(arena_path, slots=4, ring_capacity=256 * 1024)
+ring = int(os.environ.get("SWMP_TEST_RING_BYTES", 256 * 1024))  # benchmarks/outage_bench.py
+arena = Arena.create(arena_path, slots=4, ring_capacity=ring)
 settings = settings_from_json(settings_json)
 pids = []
 if "detach" in mode:

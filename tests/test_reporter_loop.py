@@ -127,18 +127,20 @@ def test_failed_sends_are_retried_and_delivered(arena: Arena, run: Any) -> None:
     assert "told to fail" in c.last_error
 
 
-def test_after_the_retry_budget_a_batch_is_dropped_and_counted(arena: Arena, run: Any) -> None:
+def test_without_a_spool_a_batch_is_dropped_and_counted_once_memory_is_full(arena: Arena, run: Any) -> None:
+    # Memory for one record only: after its retry budget each batch (of one record) is given
+    # up, since no memory is left to keep it in.
     sender = MemorySender(fail_next=1000)
-    r = run(sender, batch_max_records=10, retry_max_attempts=2)
+    r = run(sender, batch_max_records=10, retry_max_attempts=2, max_pending_bytes=1)
     write_all(arena.path, segments_for("x", 25))
     wait_for(lambda: r.reporter.counters.dropped["backend"] == 25)
     c = r.reporter.counters
-    assert c.failed == 3  # batches of 10, 10, 5
-    assert c.retried == 3
+    assert c.failed == 25
+    assert c.retried == 25
     assert c.backend_state == "failing"
     wait_for(lambda: all(arena.reader(s).backlog() == 0 for s in range(arena.slots)), 5, "commit")
     doc = wait_for(lambda: (d := status_doc(arena))["dropped"]["backend"] == 25 and d, 5, "status")
-    assert doc["backend"]["state"] == "failing" and doc["failed"] == 3
+    assert doc["backend"]["state"] == "failing" and doc["failed"] == 25
     r.stop()
 
 

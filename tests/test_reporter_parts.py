@@ -144,11 +144,66 @@ def test_delivery_gives_up_into_the_spool_with_the_raw_bytes(tmp_path: Path) -> 
     spool.spool.close()
 
 
-def test_delivery_without_a_spool_counts_the_drop() -> None:
+def test_delivery_without_a_spool_keeps_retrying_while_memory_has_room() -> None:
+    # Issue 16: retry_max_attempts alone must not drop data the reporter can still hold.
     j = journal()
+    sender = MemorySender(fail_next=20)  # far more failures than retry_max_attempts=3
+    d, _ = _delivery(j, sender)
+    asyncio.run(d.deliver(_batch(d.ledger, "meter", [meter_record("m")])))
+    assert drops(j) == {}
+    assert len(sender.meters) == 1 and sender.failures == 20
+
+
+def test_delivery_without_a_spool_counts_the_drop_when_memory_is_full() -> None:
+    j = journal(max_pending_bytes=10)  # the one pending record already fills memory
     d, _ = _delivery(j, MemorySender(fail_next=99))
     asyncio.run(d.deliver(_batch(d.ledger, "meter", [meter_record("m")])))
     assert drops(j) == {"backend": 1}
+
+
+def test_a_batch_too_large_for_the_backend_is_split_and_a_lone_giant_dropped() -> None:
+    j = journal()
+    small = [segment(f"s{i}") for i in range(40)]
+    giant = segment("giant", spans=200)
+    limit = max(len(p) for p in small) * 8  # about 8 small records per call
+    assert len(giant) > limit
+    sender = MemorySender(max_call_bytes=limit)
+    d, _ = _delivery(j, sender)
+    asyncio.run(d.deliver(_batch(d.ledger, "segment", [*small[:20], giant, *small[20:]])))
+    assert sorted(r[R.SEG_TRACE_ID] for r in sender.segments) == sorted(f"s{i}" for i in range(40))
+    assert drops(j) == {"too_large": 1}
+    assert "TooLargeError" in sender.refused
+
+
+def test_a_poison_record_costs_only_itself() -> None:
+    j = journal()
+    payloads = [segment(f"ok{i}") for i in range(99)]
+    payloads.insert(37, segment("POISON"))
+    sender = MemorySender(poison=b"POISON")
+    d, _ = _delivery(j, sender)
+    asyncio.run(d.deliver(_batch(d.ledger, "segment", payloads)))
+    assert sorted(r[R.SEG_TRACE_ID] for r in sender.segments) == sorted(f"ok{i}" for i in range(99))
+    assert drops(j) == {"rejected": 1}
+    assert set(sender.refused) == {"InvalidDataError"}
+    assert len(sender.refused) <= 2 * 7 + 1  # halving: about 2 log2(n) refused calls, not n
+
+
+def test_spilled_batches_leave_memory_and_are_not_sent_twice(tmp_path: Path) -> None:
+    j = journal(spool_dir=str(tmp_path / "spool"))
+    spool = SpoolWriter.open(j)
+    assert spool is not None
+    sender = MemorySender()
+    d, _ = _delivery(j, sender, spool)
+    batches = [_batch(d.ledger, "log", [log_record(f"b{i}-{k}") for k in range(3)]) for i in range(4)]
+    for b in batches:
+        d.put(b)
+    d.spill()
+    assert d.ledger.pending_bytes == 0
+    assert list(d.queues["log"]) == [batches[0]]  # the head stays: its send may be under way
+    asyncio.run(d.deliver(batches[0]))
+    assert sender.logs == []  # spilled before its first send: only the spool sends it
+    assert spool.spool.total_records == 12
+    spool.spool.close()
 
 
 class _ChokesOn(MemorySender):
@@ -252,3 +307,20 @@ def test_intake_batches_raw_bytes_per_kind_and_hands_worker_records_over(tmp_pat
         arena.release_slot()
     finally:
         arena.close()
+
+
+def test_a_batch_given_up_reaches_the_spool_as_its_ring_bytes(tmp_path: Path) -> None:
+    # No re-serialization on the way to disk, even after the batch was decoded for its sends.
+    j = journal(spool_dir=str(tmp_path / "spool"), retry_max_attempts=2)
+    spool = SpoolWriter.open(j)
+    assert spool is not None
+    d, _ = _delivery(j, MemorySender(fail_next=5), spool)
+    payloads = [segment(f"raw{i}") + b"  " for i in range(5)]  # trailing blanks: orjson would drop them
+    batch = _batch(d.ledger, "segment", payloads)
+    asyncio.run(d.deliver(batch))
+    assert batch.decoded == [] and j.counters.spooled == 5
+    f = spool.spool.oldest()
+    assert f is not None
+    items, _ = spool.spool.read(f, 10)
+    assert [p for _, p in items] == payloads
+    spool.spool.close()

@@ -12,7 +12,14 @@ import pytest
 
 from reporter_proc.encode import EncodeError
 from reporter_proc.senders import create_sender
-from reporter_proc.senders.base import FatalSendError, Sender, SendError, UnsupportedError
+from reporter_proc.senders.base import (
+    FatalSendError,
+    InvalidDataError,
+    Sender,
+    SendError,
+    TooLargeError,
+    UnsupportedError,
+)
 from reporter_proc.senders.grpc_sender import GrpcSender
 from reporter_proc.senders.http_sender import HttpSender
 from reporter_proc.settings import ReporterSettings
@@ -398,3 +405,28 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@pytest.mark.parametrize(
+    ("protocol", "code", "status", "error"),
+    [
+        ("grpc", grpc.StatusCode.INVALID_ARGUMENT, 0, InvalidDataError),
+        ("http", None, 400, InvalidDataError),
+        ("http", None, 413, TooLargeError),
+    ],
+)
+def test_refusals_by_content_have_their_own_error_classes(
+    collector: Collector, protocol: str, code: Any, status: int, error: type[SendError]
+) -> None:
+    # Delivery splits on these instead of dropping the batch (docs/reporter.md).
+    if code is not None:
+        collector.fail_next(1, grpc_code=code)
+    else:
+        collector.fail_next(1, http_status=status)
+    address = collector.grpc_address if protocol == "grpc" else collector.http_address
+
+    async def body(s: Sender) -> None:
+        with pytest.raises(error):
+            await s.send_segments([SEGMENT])
+
+    run(using(_make(protocol, address), body))

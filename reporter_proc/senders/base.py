@@ -8,7 +8,17 @@ code path whatever the protocol.
 Error contract: a method returns normally when the backend accepted the data, raises
 :class:`SendError` for failures worth retrying (refused, timeout, unavailable) and
 :class:`FatalSendError` for failures that retrying cannot fix (bad credentials, rejected
-payload, a kind the protocol does not carry). Nothing else escapes.
+payload, a kind the protocol does not carry). Two kinds of fatal failure say more, because
+the caller can still save most of the data:
+
+* :class:`TooLargeError` - the request was too big for the backend (gRPC
+  ``RESOURCE_EXHAUSTED``, HTTP 413, Kafka ``MessageSizeTooLarge``): the caller splits the
+  batch and sends the halves; a single record that is still too large is dropped and counted;
+* :class:`InvalidDataError` - the backend refused the content (gRPC ``INVALID_ARGUMENT``,
+  HTTP 400): some record is malformed, so the caller sends smaller parts to find it and
+  drops only that record.
+
+Nothing else escapes.
 """
 
 from __future__ import annotations
@@ -29,6 +39,14 @@ class SendError(Exception):
 
 class FatalSendError(SendError):
     """The backend refused the data for a reason retrying will not fix."""
+
+
+class TooLargeError(FatalSendError):
+    """The request was larger than the backend takes; smaller requests may pass."""
+
+
+class InvalidDataError(FatalSendError):
+    """The backend refused the content of the request; one record in it may be to blame."""
 
 
 class UnsupportedError(FatalSendError):

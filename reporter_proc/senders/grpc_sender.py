@@ -27,7 +27,15 @@ from grpc import aio
 
 from reporter_proc import encode
 from reporter_proc.senders._common import Backends, encode_all, first_line
-from reporter_proc.senders.base import KINDS, FatalSendError, Record, Sender, SendError
+from reporter_proc.senders.base import (
+    KINDS,
+    FatalSendError,
+    InvalidDataError,
+    Record,
+    Sender,
+    SendError,
+    TooLargeError,
+)
 from reporter_proc.settings import ReporterSettings
 
 log = logging.getLogger("swmp.reporter.grpc")
@@ -54,7 +62,18 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 60_000),  # notice a dead backend behind a silent NAT/LB
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.enable_retries", 0),  # the reporter loop owns retries and counts them
+    # Reconnect at least once a second while the backend is down (gRPC's default backoff
+    # grows to 120 s), so delivery resumes within about a second of its return.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+
+def _too_large(details: str | None) -> bool:
+    """RESOURCE_EXHAUSTED also means "overloaded": only a size complaint asks for a split."""
+    text = (details or "").lower()
+    return "larger than" in text or "too large" in text or "message length" in text
 
 
 def _decode_commands(data: bytes) -> list[dict[str, str]]:
@@ -134,6 +153,10 @@ class GrpcSender(Sender):
         if isinstance(exc, aio.AioRpcError):
             code = exc.code()
             message = f"{what} to {self.address}: {code.name} {first_line(exc.details())}"
+            if code is grpc.StatusCode.INVALID_ARGUMENT:
+                return InvalidDataError(message)
+            if code is grpc.StatusCode.RESOURCE_EXHAUSTED and _too_large(exc.details()):
+                return TooLargeError(message)
             if code in FATAL_CODES:
                 return FatalSendError(message)
         else:

@@ -17,7 +17,14 @@ import aiohttp
 
 from reporter_proc import jsonwire
 from reporter_proc.senders._common import Backends, encode_all, first_line
-from reporter_proc.senders.base import FatalSendError, Record, Sender, SendError
+from reporter_proc.senders.base import (
+    FatalSendError,
+    InvalidDataError,
+    Record,
+    Sender,
+    SendError,
+    TooLargeError,
+)
 from reporter_proc.settings import ReporterSettings
 
 log = logging.getLogger("swmp.reporter.http")
@@ -68,6 +75,10 @@ class HttpSender(Sender):
             self._fail_over(generation)
             raise SendError(f"POST {url}: {type(exc).__name__} {first_line(exc)}") from exc
         message = f"POST {url}: HTTP {resp.status} {detail}"
+        if resp.status == 413:
+            raise TooLargeError(message)
+        if resp.status == 400:
+            raise InvalidDataError(message)
         if 400 <= resp.status < 500 and resp.status not in RETRYABLE_4XX:
             raise FatalSendError(message)
         self._fail_over(generation)

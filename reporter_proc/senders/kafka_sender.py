@@ -25,7 +25,7 @@ from aiokafka import errors as kafka_errors
 from reporter_proc import encode
 from reporter_proc.records import LOG_SEGMENT_ID, METER_INSTANCE, SEG_SEGMENT_ID
 from reporter_proc.senders._common import encode_all, first_line
-from reporter_proc.senders.base import FatalSendError, Record, Sender, SendError
+from reporter_proc.senders.base import FatalSendError, Record, Sender, SendError, TooLargeError
 from reporter_proc.settings import ReporterSettings
 
 log = logging.getLogger("swmp.reporter.kafka")
@@ -160,6 +160,8 @@ class KafkaSender(Sender):
             await asyncio.wait_for(asyncio.gather(*futures), self._timeout)
         except asyncio.CancelledError:
             raise
+        except kafka_errors.MessageSizeTooLargeError as exc:
+            raise TooLargeError(f"Kafka topic {topic}: {type(exc).__name__} {first_line(exc)}") from exc
         except _FATAL as exc:
             raise FatalSendError(f"Kafka topic {topic}: {type(exc).__name__} {first_line(exc)}") from exc
         except (kafka_errors.KafkaError, asyncio.TimeoutError, OSError) as exc:

@@ -1,7 +1,10 @@
 """An in-memory :class:`Sender` for tests and benchmarks.
 
 It keeps every call it got, can be told to fail the next N calls (with :class:`SendError`
-or :class:`FatalSendError`), to block until released, or to add a delay. With a ``path``
+or :class:`FatalSendError`), to block until released, or to add a delay. Like a real
+backend it can also refuse calls by content: ``max_call_bytes`` answers
+:class:`TooLargeError` to a call whose records' JSON exceeds that size, and ``poison`` answers
+:class:`InvalidDataError` to any call holding a record whose JSON contains that marker. With a ``path``
 it also appends one JSON line per accepted call to that file, which is how a test observes
 what a reporter running in *another process* delivered (``protocol="memory"`` plus
 ``ReporterSettings.memory_path``).
@@ -21,9 +24,11 @@ import orjson
 from reporter_proc.senders.base import (
     KINDS,
     FatalSendError,
+    InvalidDataError,
     Record,
     Sender,
     SendError,
+    TooLargeError,
     UnsupportedError,
 )
 
@@ -40,11 +45,16 @@ class MemorySender(Sender):
         delay_s: float = 0.0,
         supports: frozenset[str] = KINDS,
         address: str = "memory",
+        max_call_bytes: int = 0,
+        poison: bytes = b"",
     ) -> None:
         self.supports = supports
         self.address = address
         self.path = path
         self.delay_s = delay_s
+        self.max_call_bytes = max_call_bytes  # 0 = no limit
+        self.poison = poison  # b"" = none
+        self.refused: list[str] = []  # the error class name of every call refused by content
         self.segments: list[Record] = []
         self.logs: list[Record] = []
         self.meters: list[Record] = []
@@ -162,9 +172,26 @@ class MemorySender(Sender):
 
     async def _accept(self, kind: str, name: str, records: list[Record], into: list[Record]) -> None:
         await self._enter(kind)
+        self._judge(records)
         with self._lock:
             into.extend(records)
         self._log_line(name, records)
+
+    def _judge(self, records: list[Record]) -> None:
+        """Refuse a call by its content, as a backend with size and validity rules would."""
+        if not (self.max_call_bytes or self.poison):
+            return
+        encoded = [orjson.dumps(r) for r in records]
+        error: FatalSendError | None = None
+        if self.poison and any(self.poison in e for e in encoded):
+            error = InvalidDataError("memory sender: a record is invalid")
+        elif self.max_call_bytes and sum(len(e) for e in encoded) > self.max_call_bytes:
+            error = TooLargeError(f"memory sender: call larger than {self.max_call_bytes} bytes")
+        if error is not None:
+            with self._lock:
+                self.failures += 1
+                self.refused.append(type(error).__name__)
+            raise error
 
     def _log_line(self, name: str, records: list[Any]) -> None:
         if self._fd >= 0:

@@ -70,6 +70,7 @@ class Config(
             kafka_compression=self.kafka_reporter_config.get("compression_type", ""),
             kafka_extra=extra,
             batch_max_records=self.agent_reporter_batch_size,
+            batch_max_bytes=self.agent_reporter_batch_max_bytes,
             flush_interval_s=self.agent_reporter_flush_interval,
             keepalive_interval_s=self.agent_collector_heartbeat_period,
             properties_every_n_keepalives=self.agent_collector_properties_report_period_factor,

@@ -52,6 +52,14 @@ class ReporterProcessSettings:
         REPORTER,
         check=at_least(1),
     )
+    agent_reporter_batch_max_bytes: int = opt(
+        4 * MIB,
+        "SW_AGENT_REPORTER_BATCH_MAX_BYTES",
+        "Most payload bytes in one batch (well under the OAP's 50 MiB gRPC message limit); "
+        "a batch the backend still finds too large is split and retried.",
+        REPORTER,
+        check=at_least(KIB),
+    )
     agent_reporter_flush_interval: float = opt(
         0.5,
         "SW_AGENT_REPORTER_FLUSH_INTERVAL",
@@ -81,15 +89,19 @@ class ReporterProcessSettings:
         check=at_least(0),
     )
     agent_spool_dir: str = opt(
-        "",
+        "auto",
         "SW_AGENT_SPOOL_DIR",
-        "Directory for spooling data during a long backend outage; empty = off.",
+        "Directory for spooling data during a long backend outage (one private sub-directory per "
+        "service). `auto`: `$XDG_STATE_HOME/swmp/spool`, else `~/.local/state/swmp/spool`, else "
+        "`/var/tmp/swmp-<uid>/spool`; empty or `off` = no spool. A directory another user could "
+        "tamper with is refused (spool off, logged).",
         REPORTER,
     )
     agent_spool_max_bytes: int = opt(
-        256 * MIB,
+        1024 * MIB,
         "SW_AGENT_SPOOL_MAX_BYTES",
-        "Size cap of the spool directory.",
+        "Size cap of the spool directory (a 10-minute outage at 1,000 segments/s of ~500 bytes "
+        "needs ~320 MiB); above it the oldest records are dropped and counted.",
         REPORTER,
         check=at_least(0),
     )
