@@ -1,0 +1,200 @@
+"""TLS to gRPC/HTTP backends: custom CA, mutual TLS, server-name override, and refusals.
+
+The backend is the in-test collector (tests/collector.py) served over TLS with a test CA
+made by ``openssl`` (tests/tls_support.py). Every refusal is checked twice: the sender
+fails (or is not built at all), and the collector saw no call, so nothing went in clear.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from reporter_proc.senders import create_sender
+from reporter_proc.senders.base import Sender, SendError
+from reporter_proc.senders.tls import SecurityConfigError
+from reporter_proc.settings import ReporterSettings
+from swmp import config as swmp_config
+from tests.collector import Collector
+from tests.test_senders import SEGMENT, run
+from tests.tls_support import SERVER_NAME, Pki, make_pki
+
+TOKEN = "tls-test-token-8d1f"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def _server_creds(pki: Pki, cert: str = "server", require_client: bool = False) -> grpc.ServerCredentials:
+    key_pem = (pki.dir / f"{cert}.key").read_bytes()
+    cert_pem = (pki.dir / f"{cert}.pem").read_bytes()
+    return grpc.ssl_server_credentials(
+        [(key_pem, cert_pem)],
+        root_certificates=pki.ca.read_bytes() if require_client else None,
+        require_client_auth=require_client,
+    )
+
+
+def _server_ssl(pki: Pki, cert: str = "server", require_client: bool = False) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki.dir / f"{cert}.pem", pki.dir / f"{cert}.key")
+    if require_client:
+        context.load_verify_locations(pki.ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+@pytest.fixture
+def tls_collector(pki: Pki, request: pytest.FixtureRequest) -> Iterator[Collector]:
+    """A collector on TLS; ``request.param`` = (certificate name, require a client certificate)."""
+    cert, require_client = getattr(request, "param", ("server", False))
+    collector = Collector(
+        grpc_credentials=_server_creds(pki, cert, require_client),
+        http_ssl=_server_ssl(pki, cert, require_client),
+    )
+    collector.start()
+    try:
+        yield collector
+    finally:
+        collector.stop()
+
+
+def _settings(protocol: str, backend: str, **over: Any) -> ReporterSettings:
+    base = ReporterSettings(protocol=protocol, backends=(backend,), send_timeout_s=5.0, authentication=TOKEN)
+    return dataclasses.replace(base, **over)
+
+
+def _address(collector: Collector, protocol: str) -> str:
+    return collector.grpc_address if protocol == "grpc" else collector.http_address
+
+
+async def _send_one(sender: Sender) -> None:
+    await sender.start()
+    try:
+        await sender.send_segments([SEGMENT])
+    finally:
+        await sender.close()
+
+
+PROTOCOLS = ["grpc", "http"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_custom_ca_delivers_with_the_token(tls_collector: Collector, pki: Pki, protocol: str) -> None:
+    settings = _settings(protocol, _address(tls_collector, protocol), tls_ca_file=str(pki.ca))
+    run(_send_one(create_sender(settings)))
+    assert len(tls_collector.segments) == 1
+    assert tls_collector.auth == [TOKEN]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("tls_collector", [("server", True)], indirect=True)
+def test_mutual_tls(tls_collector: Collector, pki: Pki, protocol: str) -> None:
+    address = _address(tls_collector, protocol)
+    with_cert = _settings(protocol, address, tls_ca_file=str(pki.ca), tls_cert_file=str(pki.client),
+                          tls_key_file=str(pki.client_key))
+    run(_send_one(create_sender(with_cert)))
+    assert len(tls_collector.segments) == 1
+
+    # Without a client certificate the server ends the handshake: an error, and still TLS.
+    without = _settings(protocol, address, tls_ca_file=str(pki.ca))
+    with pytest.raises(SendError):
+        run(_send_one(create_sender(without)))
+    assert len(tls_collector.segments) == 1
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("tls_collector", [("named", False)], indirect=True)
+def test_server_name_override(tls_collector: Collector, pki: Pki, protocol: str) -> None:
+    # The certificate names only collector.test; the address is 127.0.0.1.
+    address = _address(tls_collector, protocol)
+    with pytest.raises(SendError):
+        run(_send_one(create_sender(_settings(protocol, address, tls_ca_file=str(pki.ca)))))
+    assert tls_collector.segments == []
+    named = _settings(protocol, address, tls_ca_file=str(pki.ca), tls_server_name=SERVER_NAME)
+    run(_send_one(create_sender(named)))
+    assert len(tls_collector.segments) == 1
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_wrong_ca_fails_and_is_not_downgraded(tls_collector: Collector, pki: Pki, protocol: str) -> None:
+    address = _address(tls_collector, protocol)
+    for trust in ({"tls_ca_file": str(pki.otherca)}, {"force_tls": True}):  # another CA; the system's
+        with pytest.raises(SendError):
+            run(_send_one(create_sender(_settings(protocol, address, **trust))))
+    assert tls_collector.segments == [] and tls_collector.auth == []
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"force_tls": True, "backends": ("http://127.0.0.1:12800",)}, "says http:// but TLS is required"),
+        ({"tls_ca_file": "CA", "backends": ("http://127.0.0.1:12800",)}, "says http:// but TLS is required"),
+        ({"tls_ca_file": "/nonexistent/ca.pem"}, "cannot read the CA file"),
+        ({"tls_ca_file": "KEY"}, "holds no usable CA certificate"),
+        ({"tls_ca_file": "CA", "tls_cert_file": "CLIENT"}, "SW_AGENT_TLS_CERT_FILE is set but SW_AGENT_TLS_KEY_FILE"),
+        ({"tls_key_file": "KEY"}, "SW_AGENT_TLS_KEY_FILE is set but SW_AGENT_TLS_CERT_FILE"),
+        ({"tls_cert_file": "CLIENT", "tls_key_file": "OTHERKEY"}, "do not load as a certificate and its key"),
+    ],
+)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bad_tls_settings_refuse_to_build_the_sender(
+    pki: Pki, protocol: str, over: dict[str, Any], message: str
+) -> None:
+    files = {"CA": pki.ca, "KEY": pki.client_key, "CLIENT": pki.client, "OTHERKEY": pki.server_key}
+    over = {k: (str(files[v]) if isinstance(v, str) and v in files else v) for k, v in over.items()}
+    settings = dataclasses.replace(_settings(protocol, "127.0.0.1:1"), **over)
+    with pytest.raises(SecurityConfigError, match=message):
+        create_sender(settings)
+
+
+def test_plain_backend_without_tls_settings_stays_plain() -> None:
+    # No TLS asked for: an http:// backend is what the operator wrote, not an error.
+    sender = create_sender(_settings("http", "http://127.0.0.1:1"))
+    assert sender.address == "http://127.0.0.1:1"
+
+
+def test_config_passes_tls_settings_to_the_reporter(pki: Pki) -> None:
+    config = swmp_config.load(
+        {
+            "SW_AGENT_TLS_CA_FILE": str(pki.ca),
+            "SW_AGENT_TLS_CERT_FILE": str(pki.client),
+            "SW_AGENT_TLS_KEY_FILE": str(pki.client_key),
+            "SW_AGENT_TLS_SERVER_NAME": SERVER_NAME,
+            "SW_AGENT_FORCE_TLS": "true",
+        }
+    )
+    s = config.to_reporter_settings()
+    assert (s.tls_ca_file, s.tls_cert_file, s.tls_key_file) == (str(pki.ca), str(pki.client), str(pki.client_key))
+    assert s.tls_server_name == SERVER_NAME and s.force_tls
+
+
+def test_refusal_reaches_the_log_without_the_token(
+    pki: Pki, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """The reporter's own start path: a SecurityConfigError is logged and exits 'configuration'."""
+    from ipc import Arena
+    from reporter_proc.exits import EXIT_CONFIG
+    from reporter_proc.loop import Reporter
+    from reporter_proc.process import _run_loop
+
+    settings = _settings("grpc", "http://127.0.0.1:1", force_tls=True)
+    arena = Arena.create(str(tmp_path / "arena"), slots=1, ring_capacity=64 * 1024, meta=b"{}")
+    try:
+        with caplog.at_level(logging.INFO, logger="swmp"):
+            code = _run_loop(Reporter(arena, settings, mode="thread").run())
+    finally:
+        arena.unlink()
+        arena.close()
+    assert code == EXIT_CONFIG
+    assert "says http:// but TLS is required" in caplog.text
+    assert TOKEN not in caplog.text
