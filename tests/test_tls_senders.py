@@ -100,8 +100,13 @@ def test_custom_ca_delivers_with_the_token(tls_collector: Collector, pki: Pki, p
 @pytest.mark.parametrize("tls_collector", [("server", True)], indirect=True)
 def test_mutual_tls(tls_collector: Collector, pki: Pki, protocol: str) -> None:
     address = _address(tls_collector, protocol)
-    with_cert = _settings(protocol, address, tls_ca_file=str(pki.ca), tls_cert_file=str(pki.client),
-                          tls_key_file=str(pki.client_key))
+    with_cert = _settings(
+        protocol,
+        address,
+        tls_ca_file=str(pki.ca),
+        tls_cert_file=str(pki.client),
+        tls_key_file=str(pki.client_key),
+    )
     run(_send_one(create_sender(with_cert)))
     assert len(tls_collector.segments) == 1
 
@@ -141,7 +146,10 @@ def test_wrong_ca_fails_and_is_not_downgraded(tls_collector: Collector, pki: Pki
         ({"tls_ca_file": "CA", "backends": ("http://127.0.0.1:12800",)}, "says http:// but TLS is required"),
         ({"tls_ca_file": "/nonexistent/ca.pem"}, "cannot read the CA file"),
         ({"tls_ca_file": "KEY"}, "holds no usable CA certificate"),
-        ({"tls_ca_file": "CA", "tls_cert_file": "CLIENT"}, "SW_AGENT_TLS_CERT_FILE is set but SW_AGENT_TLS_KEY_FILE"),
+        (
+            {"tls_ca_file": "CA", "tls_cert_file": "CLIENT"},
+            "SW_AGENT_TLS_CERT_FILE is set but SW_AGENT_TLS_KEY_FILE",
+        ),
         ({"tls_key_file": "KEY"}, "SW_AGENT_TLS_KEY_FILE is set but SW_AGENT_TLS_CERT_FILE"),
         ({"tls_cert_file": "CLIENT", "tls_key_file": "OTHERKEY"}, "do not load as a certificate and its key"),
     ],
@@ -174,7 +182,11 @@ def test_config_passes_tls_settings_to_the_reporter(pki: Pki) -> None:
         }
     )
     s = config.to_reporter_settings()
-    assert (s.tls_ca_file, s.tls_cert_file, s.tls_key_file) == (str(pki.ca), str(pki.client), str(pki.client_key))
+    assert (s.tls_ca_file, s.tls_cert_file, s.tls_key_file) == (
+        str(pki.ca),
+        str(pki.client),
+        str(pki.client_key),
+    )
     assert s.tls_server_name == SERVER_NAME and s.force_tls
 
 

@@ -42,40 +42,92 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def _new_key(name: str, cwd: Path) -> None:
-    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", f"{name}.key", cwd=cwd)
+    _openssl(
+        "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", f"{name}.key", cwd=cwd
+    )
 
 
 def _ca(name: str, cwd: Path) -> None:
     _new_key(name, cwd)
-    _openssl("req", "-x509", "-new", "-key", f"{name}.key", "-out", f"{name}.pem", "-days", "3",
-             "-subj", f"/CN=swmp {name}", "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=cwd)
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "3",
+        "-subj",
+        f"/CN=swmp {name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=cwd,
+    )
 
 
 def _leaf(name: str, san: str, usage: str, cwd: Path) -> None:
     _new_key(name, cwd)
-    _openssl("req", "-new", "-key", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=swmp {name}", cwd=cwd)
+    _openssl(
+        "req", "-new", "-key", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=swmp {name}", cwd=cwd
+    )
     ext = cwd / f"{name}.ext"
     lines = [f"extendedKeyUsage={usage}", "basicConstraints=CA:FALSE"]
     if san:
         lines.append(f"subjectAltName={san}")
     ext.write_text("\n".join(lines) + "\n")
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", f"{name}.pem", "-days", "3", "-extfile", ext.name, cwd=cwd)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "3",
+        "-extfile",
+        ext.name,
+        cwd=cwd,
+    )
 
 
 def make_pki(directory: Path) -> Pki:
     """Create the CA, certificates and keystore described above in ``directory``."""
     if shutil.which("openssl") is None:
-        pytest.fail("TLS tests need the `openssl` command (Debian: apt-get install -y openssl)", pytrace=False)
+        pytest.fail(
+            "TLS tests need the `openssl` command (Debian: apt-get install -y openssl)", pytrace=False
+        )
     directory.mkdir(parents=True, exist_ok=True)
     _ca("ca", directory)
     _ca("otherca", directory)
     _leaf("server", "DNS:localhost,IP:127.0.0.1", "serverAuth", directory)
     _leaf("named", f"DNS:{SERVER_NAME}", "serverAuth", directory)
     _leaf("client", "", "clientAuth", directory)
-    _openssl("pkcs12", "-export", "-in", "server.pem", "-inkey", "server.key", "-certfile", "ca.pem",
-             "-name", "server", "-out", "server.p12", "-passout", f"pass:{KEYSTORE_PASSWORD}", cwd=directory)
+    _openssl(
+        "pkcs12",
+        "-export",
+        "-in",
+        "server.pem",
+        "-inkey",
+        "server.key",
+        "-certfile",
+        "ca.pem",
+        "-name",
+        "server",
+        "-out",
+        "server.p12",
+        "-passout",
+        f"pass:{KEYSTORE_PASSWORD}",
+        cwd=directory,
+    )
     for key in directory.glob("*.key"):
         key.chmod(0o600)
     return Pki(directory)
