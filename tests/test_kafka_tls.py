@@ -56,7 +56,7 @@ def reporters(tmp_path: Path) -> Iterator[list[Run]]:
 
 
 def _start(
-    tmp_path: Path, broker: KafkaBroker, bootstrap: str, env: dict[str, str], runs: list[Run], count: int = 5
+    tmp_path: Path, bootstrap: str, env: dict[str, str], runs: list[Run], *, count: int = 5
 ) -> tuple[Run, ipc.Arena, Any]:
     """An arena with ``count`` segments written, and a real reporter draining it to Kafka."""
     namespace = f"tls{uuid.uuid4().hex[:8]}"
@@ -150,16 +150,27 @@ def _sasl(broker: KafkaBroker, mechanism: str, password: str | None = None) -> d
     }
 
 
+def _ssl(b: KafkaBroker) -> tuple[str, dict[str, str]]:
+    return b.ssl_bootstrap, {
+        "SW_KAFKA_REPORTER_CONFIG_security_protocol": "SSL",
+        "SW_KAFKA_REPORTER_CONFIG_ssl_cafile": _ca(b),
+    }
+
+
+def _sasl_ssl(b: KafkaBroker, mechanism: str) -> tuple[str, dict[str, str]]:
+    # Upper-case keys (as a shell user may write them) work as the peer's lower-case ones.
+    return b.sasl_ssl_bootstrap, {
+        "SW_KAFKA_REPORTER_CONFIG_SECURITY_PROTOCOL": "SASL_SSL",
+        "SW_KAFKA_REPORTER_CONFIG_SSL_CAFILE": _ca(b),
+        **_sasl(b, mechanism),
+    }
+
+
 CASES = {
-    "ssl": lambda b: (b.ssl_bootstrap, {"SW_KAFKA_REPORTER_CONFIG_security_protocol": "SSL",
-                                        "SW_KAFKA_REPORTER_CONFIG_ssl_cafile": _ca(b)}),
-    "sasl_ssl-scram": lambda b: (b.sasl_ssl_bootstrap, {"SW_KAFKA_REPORTER_CONFIG_security_protocol": "SASL_SSL",
-                                                        "SW_KAFKA_REPORTER_CONFIG_ssl_cafile": _ca(b),
-                                                        **_sasl(b, "SCRAM-SHA-256")}),
-    "sasl_ssl-plain": lambda b: (b.sasl_ssl_bootstrap, {"SW_KAFKA_REPORTER_CONFIG_SECURITY_PROTOCOL": "SASL_SSL",
-                                                        "SW_KAFKA_REPORTER_CONFIG_SSL_CAFILE": _ca(b),
-                                                        **_sasl(b, "PLAIN")}),
-}  # fmt: skip
+    "ssl": _ssl,
+    "sasl_ssl-scram": lambda b: _sasl_ssl(b, "SCRAM-SHA-256"),
+    "sasl_ssl-plain": lambda b: _sasl_ssl(b, "PLAIN"),
+}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -167,7 +178,7 @@ def test_records_reach_the_topic(
     kafka_broker: KafkaBroker, tmp_path: Path, reporters: list[Run], case: str
 ) -> None:
     bootstrap, env = CASES[case](kafka_broker)
-    run, arena, procs = _start(tmp_path, kafka_broker, bootstrap, env, reporters)
+    run, arena, procs = _start(tmp_path, bootstrap, env, reporters)
     try:
         keys = _segment_keys(kafka_broker.bootstrap, f"{run.namespace}-skywalking-segments", 5)
         assert len(set(keys)) == 5, run.log()
@@ -186,7 +197,7 @@ def test_wrong_password_is_refused_with_a_reason_and_never_sent_plain(
         "SW_KAFKA_REPORTER_CONFIG_ssl_cafile": _ca(kafka_broker),
         **_sasl(kafka_broker, "SCRAM-SHA-512", wrong),
     }
-    run, arena, procs = _start(tmp_path, kafka_broker, kafka_broker.sasl_ssl_bootstrap, env, reporters)
+    run, arena, procs = _start(tmp_path, kafka_broker.sasl_ssl_bootstrap, env, reporters)
     try:
         support.wait_for(lambda: "SASL authentication failed" in run.log(), 60, "the refusal in the log")
         support.wait_for(
@@ -209,7 +220,7 @@ def test_untrusted_certificate_is_refused(
 ) -> None:
     # No ssl_cafile: the system's CAs do not know the test CA.
     env = {"SW_KAFKA_REPORTER_CONFIG_security_protocol": "SSL"}
-    run, arena, procs = _start(tmp_path, kafka_broker, kafka_broker.ssl_bootstrap, env, reporters)
+    run, arena, procs = _start(tmp_path, kafka_broker.ssl_bootstrap, env, reporters)
     try:
         support.wait_for(lambda: "TLS handshake failed" in run.log(), 60, "the refusal in the log")
     finally:
@@ -244,7 +255,7 @@ def test_incomplete_security_config_stops_the_reporter(
     env = {
         k: {"CA": _ca(kafka_broker), "PASSWORD": kafka_broker.sasl_password}.get(v, v) for k, v in env.items()
     }
-    run, arena, procs = _start(tmp_path, kafka_broker, kafka_broker.ssl_bootstrap, env, reporters, count=2)
+    run, arena, procs = _start(tmp_path, kafka_broker.ssl_bootstrap, env, reporters, count=2)
     try:
         assert run.proc.wait(timeout=60) == EXIT_CONFIG, run.log()
     finally:

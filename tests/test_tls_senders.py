@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,3 +211,87 @@ def test_refusal_reaches_the_log_without_the_token(
     assert code == EXIT_CONFIG
     assert "says http:// but TLS is required" in caplog.text
     assert TOKEN not in caplog.text
+
+
+# -- Kafka security settings (the broker tests are in test_kafka_tls.py) -------------------------
+def _kafka(**extra: str) -> ReporterSettings:
+    return ReporterSettings(protocol="kafka", kafka_extra=extra)
+
+
+def test_kafka_security_from_the_peer_names(pki: Pki) -> None:
+    from reporter_proc.senders.kafka_sender import kafka_security, producer_kwargs
+
+    settings = _kafka(
+        security_protocol="sasl_ssl",
+        ssl_cafile=str(pki.ca),
+        ssl_check_hostname="False",
+        sasl_mechanism="scram-sha-512",
+        sasl_plain_username="agent",
+        sasl_plain_password="12345",  # numeric: must stay a string
+        linger_ms="5",
+    )
+    sec = kafka_security(settings)
+    assert sec["security_protocol"] == "SASL_SSL" and sec["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert sec["sasl_plain_password"] == "12345"
+    context = sec["ssl_context"]
+    assert isinstance(context, ssl.SSLContext)
+    assert context.verify_mode == ssl.CERT_REQUIRED and not context.check_hostname
+    assert producer_kwargs(settings) == {"linger_ms": 5}  # security keys are not passed twice
+    assert kafka_security(_kafka()) == {"security_protocol": "PLAINTEXT"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"security_protocol": "TLS"}, "is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
+        ({"ssl_cafile": "CA"}, "ssl_cafile set but security_protocol is PLAINTEXT"),
+        ({"security_protocol": "SASL_PLAINTEXT", "ssl_cafile": "CA", "sasl_plain_username": "u",
+          "sasl_plain_password": "p"}, "ssl_cafile set but security_protocol is SASL_PLAINTEXT"),
+        ({"sasl_plain_username": "u", "sasl_plain_password": "p"}, "set but security_protocol is PLAINTEXT"),
+        ({"security_protocol": "SASL_SSL", "sasl_plain_username": "u"}, "needs sasl_plain_username and"),
+        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "MD5", "sasl_plain_username": "u",
+          "sasl_plain_password": "p"}, "sasl_mechanism 'MD5' is not one of"),
+        ({"security_protocol": "SSL", "ssl_capath": "/etc/ssl"}, "unsupported Kafka security setting"),
+        ({"security_protocol": "SSL", "ssl_cafile": "/nonexistent"}, "cannot read the CA file (ssl_cafile)"),
+        ({"security_protocol": "SSL", "ssl_certfile": "CLIENT"}, "ssl_certfile is set but ssl_keyfile"),
+        ({"security_protocol": "SSL", "ssl_check_hostname": "maybe"}, "is not true or false"),
+    ],
+)  # fmt: skip
+def test_kafka_security_refuses_what_it_cannot_honour(pki: Pki, extra: dict[str, str], message: str) -> None:
+    from reporter_proc.senders.kafka_sender import KafkaSender
+
+    files = {"CA": str(pki.ca), "CLIENT": str(pki.client)}
+    extra = {k: files.get(v, v) for k, v in extra.items()}
+    with pytest.raises(SecurityConfigError, match=re.escape(message)):
+        KafkaSender(_kafka(**extra))
+    with pytest.raises(SecurityConfigError):
+        create_sender(_kafka(**extra))
+
+
+def test_kafka_fallback_keeps_security_and_masks_secrets(pki: Pki, caplog: pytest.LogCaptureFixture) -> None:
+    """A rejected tuning option drops that option, never the SASL/SSL arguments; nothing secret is logged."""
+    from reporter_proc.senders.kafka_sender import KafkaSender
+
+    secret = "pw-0b9c2e"
+    sender = KafkaSender(
+        _kafka(
+            acks="2",  # refused by aiokafka: the fallback kicks in
+            security_protocol="SASL_SSL",
+            ssl_cafile=str(pki.ca),
+            sasl_plain_username="agent",
+            sasl_plain_password=secret,
+        )
+    )
+
+    async def body() -> Any:
+        producer = sender._new_producer()
+        try:
+            return producer.client._security_protocol, producer.client._sasl_plain_password
+        finally:
+            await producer.stop()
+
+    with caplog.at_level(logging.DEBUG):
+        protocol, password = run(body())
+    assert (protocol, password) == ("SASL_SSL", secret)
+    assert "Kafka producer rejected" in caplog.text
+    assert secret not in caplog.text
