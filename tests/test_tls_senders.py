@@ -7,10 +7,15 @@ fails (or is not built at all), and the collector saw no call, so nothing went i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import re
+import signal
 import ssl
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -295,3 +300,119 @@ def test_kafka_fallback_keeps_security_and_masks_secrets(pki: Pki, caplog: pytes
     assert (protocol, password) == ("SASL_SSL", secret)
     assert "Kafka producer rejected" in caplog.text
     assert secret not in caplog.text
+
+
+# -- the token under a real Gunicorn -------------------------------------------------------------
+APP = """
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"ok"]
+"""
+
+
+def _family(root: int) -> list[int]:
+    """``root`` and every process descending from it (workers, supervisor, reporter)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    family, grew = {root}, True
+    while grew:
+        more = {pid for pid, ppid in parents.items() if ppid in family} - family
+        family |= more
+        grew = bool(more)
+    return sorted(family)
+
+
+@pytest.mark.servers
+def test_token_stays_out_of_arguments_logs_and_status(pki: Pki, tmp_path: Path) -> None:
+    """Gunicorn under the agent, gRPC over TLS with a token: the token reaches the collector
+    and nowhere else: not in any process's arguments, the output (agent at DEBUG), or ``swmp status``."""
+    import ipc
+    from tests import test_cli_support as support
+    from tests.collector import free_port
+
+    (tmp_path / "app.py").write_text(APP)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    port = free_port()
+    secret = f"tok-{os.urandom(6).hex()}"
+    collector = Collector(grpc_credentials=_server_creds(pki), enable_http=False).start()
+    env = support.env(
+        SW_AGENT_ARENA_DIR=str(shm),
+        SW_AGENT_NAME="tls-gunicorn",
+        SW_AGENT_COLLECTOR_BACKEND_SERVICES=collector.grpc_address,
+        SW_AGENT_AUTHENTICATION=secret,
+        SW_AGENT_TLS_CA_FILE=str(pki.ca),
+        SW_AGENT_LOGGING_LEVEL="DEBUG",
+    )
+    log_file = tmp_path / "gunicorn.log"
+    with open(log_file, "wb") as log_out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "swmp.cli", "run", "--", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{port}",
+             "--control-socket", str(tmp_path / "gunicorn.ctl"), "app:app"],
+            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log_out, stderr=log_out,
+        )  # fmt: skip
+    family: list[int] = []
+    try:
+        path = support.wait_for(lambda: next(iter(ipc.discover(str(shm))), None), 60, "the agent's arena")
+        with ipc.Arena.open(path) as arena:
+            support.wait_for(lambda: len(arena.live_slots()) == 2, 60, "two workers")
+            support.wait_for(arena.reporter_pid, 60, "the reporter")
+
+            # Both workers announced through the reporter: every call so far went over TLS.
+            try:
+                support.wait_for(
+                    lambda: len(collector.properties) >= 2, 60, "both workers at the TLS collector"
+                )
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"{exc}; calls {dict(collector.calls)}; log:\n{log_file.read_text()[-4000:]}"
+                ) from None
+            family = _family(server.pid)
+            roles = {arena.reporter_pid(), *arena.live_slots().values()}
+            assert roles <= set(family)
+            assert len(family) >= 5  # master, 2 workers, supervisor, reporter
+            for pid in family:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                assert secret.encode() not in cmdline, (pid, cmdline)
+            status = support.cli("status", "--dir", str(shm), "--interval", "0")
+            status_json = support.cli("status", "--dir", str(shm), "--interval", "0", "--json")
+            assert status.returncode == 0, status.stdout + status.stderr
+            everything = status.stdout + status.stderr + status_json.stdout + status_json.stderr
+            assert "tls-gunicorn" in everything and secret not in everything
+        assert set(collector.auth) == {secret}
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+        for pid in family:  # anything left of the family goes too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        collector.stop()
+    assert secret not in log_file.read_text(errors="replace")  # gunicorn's and the agent's output
+
+
+def test_reporter_command_line_refuses_secrets(tmp_path: Path) -> None:
+    """``python -m reporter_proc --settings JSON`` would show a token to every local user (ps)."""
+    from reporter_proc.process import settings_to_json
+    from tests import test_cli_support as support
+
+    for settings in (
+        ReporterSettings(authentication=TOKEN),
+        ReporterSettings(protocol="kafka", kafka_extra={"SASL.PLAIN.PASSWORD": TOKEN}),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "reporter_proc", "--arena", str(tmp_path / "none"),
+             "--settings", settings_to_json(settings), "--no-supervise"],
+            cwd=support.REPO, env=support.env(), capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 78, proc.stderr
+        assert "--settings holds a secret" in proc.stderr and TOKEN not in proc.stderr

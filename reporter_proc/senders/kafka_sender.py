@@ -27,7 +27,13 @@ from reporter_proc import encode
 from reporter_proc.records import LOG_SEGMENT_ID, METER_INSTANCE, SEG_SEGMENT_ID
 from reporter_proc.senders._common import encode_all, first_line
 from reporter_proc.senders.base import FatalSendError, Record, Sender, SendError
-from reporter_proc.senders.tls import MASK, SecurityConfigError, client_context
+from reporter_proc.senders.tls import (
+    KAFKA_SECRET_KEYS,
+    MASK,
+    SecurityConfigError,
+    client_context,
+    kafka_key,
+)
 from reporter_proc.settings import ReporterSettings
 
 log = logging.getLogger("swmp.reporter.kafka")
@@ -55,8 +61,7 @@ _SSL_KEYS = frozenset({"ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_passwor
                        "ssl_ciphers", "ssl_check_hostname"})
 _SASL_KEYS = frozenset({"sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
                         "sasl_kerberos_service_name", "sasl_kerberos_domain_name"})
-# Values that are never logged, converted or shown.
-SECRET_KEYS = frozenset({"sasl_plain_password", "ssl_password"})
+SECRET_KEYS = KAFKA_SECRET_KEYS
 
 
 def _convert(value: str) -> Any:
@@ -74,7 +79,7 @@ def _convert(value: str) -> Any:
 
 def _normalized(extra: dict[str, Any]) -> dict[str, Any]:
     """Keys matched case-insensitively, Java-style dots or dashes read as underscores."""
-    return {raw.strip().lower().replace(".", "_").replace("-", "_"): value for raw, value in extra.items()}
+    return {kafka_key(raw): value for raw, value in extra.items()}
 
 
 def masked(kwargs: dict[str, Any]) -> dict[str, Any]:

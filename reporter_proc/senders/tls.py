@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from reporter_proc.settings import ReporterSettings
 
 MASK = "****"
+# SW_KAFKA_REPORTER_CONFIG_* values that are never logged, converted or shown.
+KAFKA_SECRET_KEYS = frozenset({"sasl_plain_password", "ssl_password"})
 
 
 class SecurityConfigError(ValueError):
@@ -121,3 +123,14 @@ def agent_context(settings: ReporterSettings) -> ssl.SSLContext:
     """The client context for HTTP from the SW_AGENT_TLS_* settings."""
     return client_context(ca_file=settings.tls_ca_file, cert_file=settings.tls_cert_file,
                           key_file=settings.tls_key_file)
+
+
+def kafka_key(raw: str) -> str:
+    """A SW_KAFKA_REPORTER_CONFIG_* key as a producer argument name ("Linger.MS" -> "linger_ms")."""
+    return raw.strip().lower().replace(".", "_").replace("-", "_")
+
+
+def has_secret(settings: ReporterSettings) -> bool:
+    """True when the settings carry a credential (the token, a Kafka SASL or key password)."""
+    return bool(settings.authentication) or any(
+        value for key, value in settings.kafka_extra.items() if kafka_key(key) in KAFKA_SECRET_KEYS)
