@@ -258,6 +258,10 @@ def test_incomplete_security_config_stops_the_reporter(
     run, arena, procs = _start(tmp_path, kafka_broker.ssl_bootstrap, env, reporters, count=2)
     try:
         assert run.proc.wait(timeout=60) == EXIT_CONFIG, run.log()
+        health = support.cli("health", "--dir", str(tmp_path / "shm"), "--liveness", "--interval", "0")
+        assert health.returncode == 1 and "FAIL reporter: no live reporter process" in health.stdout, (
+            health.stdout
+        )
     finally:
         _stop(run, arena, procs)
     text = run.log()

@@ -416,3 +416,17 @@ def test_reporter_command_line_refuses_secrets(tmp_path: Path) -> None:
         )  # fmt: skip
         assert proc.returncode == 78, proc.stderr
         assert "--settings holds a secret" in proc.stderr and TOKEN not in proc.stderr
+
+
+def test_kafka_ciphers_and_crl_are_applied_or_refused(pki: Pki) -> None:
+    from reporter_proc.senders.kafka_sender import kafka_security
+
+    base = {"security_protocol": "SSL", "ssl_cafile": str(pki.ca)}
+    context = kafka_security(_kafka(**base, ssl_ciphers="ECDHE-ECDSA-AES128-GCM-SHA256"))["ssl_context"]
+    assert {c["name"] for c in context.get_ciphers() if c["protocol"] == "TLSv1.2"} == {
+        "ECDHE-ECDSA-AES128-GCM-SHA256"
+    }
+    with pytest.raises(SecurityConfigError, match="selects no cipher"):
+        kafka_security(_kafka(**base, ssl_ciphers="NO-SUCH-CIPHER"))
+    with pytest.raises(SecurityConfigError, match="cannot read the CRL file"):
+        kafka_security(_kafka(**base, ssl_crlfile="/nonexistent/crl.pem"))
