@@ -430,3 +430,60 @@ def test_kafka_ciphers_and_crl_are_applied_or_refused(pki: Pki) -> None:
         kafka_security(_kafka(**base, ssl_ciphers="NO-SUCH-CIPHER"))
     with pytest.raises(SecurityConfigError, match="cannot read the CRL file"):
         kafka_security(_kafka(**base, ssl_crlfile="/nonexistent/crl.pem"))
+
+
+def test_real_reporter_with_a_wrong_ca_counts_and_logs_once(pki: Pki, tmp_path: Path) -> None:
+    """The reporter process against a TLS collector it must not trust: every batch fails and is
+    counted in the status, the failure is logged once, and the collector receives nothing."""
+    import orjson
+
+    from reporter_proc.process import settings_to_json
+    from tests import test_cli_support as support
+
+    collector = Collector(grpc_credentials=_server_creds(pki), enable_http=False).start()
+    settings = dataclasses.replace(
+        _settings("grpc", collector.grpc_address, tls_ca_file=str(pki.otherca)),
+        flush_interval_s=0.02,
+        status_interval_s=0.05,
+        keepalive_interval_s=0.2,
+        retry_max_attempts=2,
+        retry_backoff_base_s=0.01,
+        retry_backoff_max_s=0.05,
+        send_timeout_s=2.0,
+    )
+    settings_file = tmp_path / "settings.json"
+    settings_file.write_text(settings_to_json(settings))
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    arena = support.make_arena(shm, meta={"service": "wrong-ca"})
+    procs = support.Procs(tmp_path)
+    stderr = tmp_path / "reporter.stderr"
+    with open(stderr, "wb") as err:
+        reporter = subprocess.Popen(
+            [sys.executable, "-m", "reporter_proc", "--arena", arena.path, "--owner-pid", str(os.getpid()),
+             "--settings-file", str(settings_file), "--no-supervise", "--log-level", "INFO"],
+            cwd=support.REPO, env=support.env(), stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+        )  # fmt: skip
+
+    def status() -> dict[str, Any]:
+        raw = arena.status.snapshot().document
+        return orjson.loads(raw) if raw else {}
+
+    try:
+        support.wait_for(lambda: arena.reporter_pid() == reporter.pid, 30, "the reporter")
+        procs.writer(arena, count=5, rate=20, valid=True)
+        support.wait_for(lambda: status().get("dropped", {}).get("backend", 0) >= 10, 60, "batches given up")
+        backend = status()["backend"]
+        assert backend["state"] != "ok" and backend["consecutive_failures"] >= 2, backend
+    finally:
+        reporter.send_signal(signal.SIGTERM)
+        reporter.wait(timeout=60)
+        procs.cleanup()
+        collector.stop()
+        arena.unlink()
+        arena.close()
+    text = stderr.read_text(errors="replace")
+    ours = [line for line in text.splitlines() if " swmp.reporter" in line and "backend unavailable" in line]
+    assert len(ours) == 1, text
+    assert collector.calls == {} and collector.auth == []
+    assert TOKEN not in text
