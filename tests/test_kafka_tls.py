@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,10 +25,10 @@ import pytest
 
 import ipc
 from reporter_proc.exits import EXIT_CONFIG
-from reporter_proc.process import settings_to_json
 from swmp import config as swmp_config
 from tests import test_cli_support as support
 from tests.realpeers import KafkaBroker
+from tests.tls_support import start_reporter
 
 pytestmark = pytest.mark.e2e
 
@@ -75,22 +73,12 @@ def _start(
         retry_backoff_max_s=0.2,
         status_interval_s=0.1,
     )
-    # The settings (with the password) go through a 0600 file, never the command line.
-    settings_file = tmp_path / f"{namespace}.json"
-    settings_file.write_text(settings_to_json(settings))
-    settings_file.chmod(0o600)
     shm = tmp_path / "shm"
     shm.mkdir(exist_ok=True)
     arena = support.make_arena(shm, meta={"service": "kafka-tls", "protocol": "kafka"})
     procs = support.Procs(tmp_path)
     procs.writer(arena, count=count, valid=True)
-    stderr = tmp_path / f"{namespace}.stderr"
-    with open(stderr, "wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "reporter_proc", "--arena", arena.path, "--owner-pid", str(os.getpid()),
-             "--settings-file", str(settings_file), "--no-supervise", "--log-level", "INFO"],
-            cwd=support.REPO, env=support.env(), stdin=subprocess.DEVNULL, stderr=err, stdout=err,
-        )  # fmt: skip
+    proc, stderr = start_reporter(arena.path, settings, tmp_path, namespace)
     run = Run(proc, stderr, namespace)
     runs.append(run)
     return run, arena, procs

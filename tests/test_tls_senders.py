@@ -30,7 +30,7 @@ from reporter_proc.settings import ReporterSettings
 from swmp import config as swmp_config
 from tests.collector import Collector
 from tests.test_senders import SEGMENT, run
-from tests.tls_support import SERVER_NAME, Pki, make_pki
+from tests.tls_support import SERVER_NAME, Pki, make_pki, start_reporter
 
 TOKEN = "tls-test-token-8d1f"
 
@@ -437,7 +437,6 @@ def test_real_reporter_with_a_wrong_ca_counts_and_logs_once(pki: Pki, tmp_path: 
     counted in the status, the failure is logged once, and the collector receives nothing."""
     import orjson
 
-    from reporter_proc.process import settings_to_json
     from tests import test_cli_support as support
 
     collector = Collector(grpc_credentials=_server_creds(pki), enable_http=False).start()
@@ -451,19 +450,11 @@ def test_real_reporter_with_a_wrong_ca_counts_and_logs_once(pki: Pki, tmp_path: 
         retry_backoff_max_s=0.05,
         send_timeout_s=2.0,
     )
-    settings_file = tmp_path / "settings.json"
-    settings_file.write_text(settings_to_json(settings))
     shm = tmp_path / "shm"
     shm.mkdir()
     arena = support.make_arena(shm, meta={"service": "wrong-ca"})
     procs = support.Procs(tmp_path)
-    stderr = tmp_path / "reporter.stderr"
-    with open(stderr, "wb") as err:
-        reporter = subprocess.Popen(
-            [sys.executable, "-m", "reporter_proc", "--arena", arena.path, "--owner-pid", str(os.getpid()),
-             "--settings-file", str(settings_file), "--no-supervise", "--log-level", "INFO"],
-            cwd=support.REPO, env=support.env(), stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-        )  # fmt: skip
+    reporter, stderr = start_reporter(arena.path, settings, tmp_path, "wrong-ca")
 
     def status() -> dict[str, Any]:
         raw = arena.status.snapshot().document

@@ -14,12 +14,16 @@ EC P-256 keys keep generation fast (a few hundred ms for the whole set).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from reporter_proc.settings import ReporterSettings
 
 KEYSTORE_PASSWORD = "swmp-test-keystore"
 SERVER_NAME = "collector.test"
@@ -131,3 +135,27 @@ def make_pki(directory: Path) -> Pki:
     for key in directory.glob("*.key"):
         key.chmod(0o600)
     return Pki(directory)
+
+
+def start_reporter(
+    arena_path: str, settings: ReporterSettings, directory: Path, name: str
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """The real reporter (``python -m reporter_proc``, no supervisor) draining ``arena_path``.
+
+    Its settings, secrets included, go through a 0600 file (never the command line); its
+    output (INFO and up) goes to the returned file, for tests that check what it says.
+    """
+    from reporter_proc.process import settings_to_json
+    from tests import test_cli_support as support
+
+    settings_file = directory / f"{name}.settings.json"
+    settings_file.touch(mode=0o600)
+    settings_file.write_text(settings_to_json(settings))
+    output = directory / f"{name}.stderr"
+    with open(output, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reporter_proc", "--arena", arena_path, "--owner-pid", str(os.getpid()),
+             "--settings-file", str(settings_file), "--no-supervise", "--log-level", "INFO"],
+            cwd=support.REPO, env=support.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+        )  # fmt: skip
+    return proc, output
