@@ -13,10 +13,11 @@ it a second server per session. Import the types (``KafkaBroker``, ``OapServer``
 
 Fixtures (registered by ``tests/conftest.py``):
   ``kafka_broker``    KafkaBroker: ``.bootstrap`` "127.0.0.1:PORT", ``.pid``, ``.run_dir``;
-                      secured listeners of the same broker: ``.ssl_bootstrap``,
-                      ``.sasl_ssl_bootstrap``, ``.sasl_plaintext_bootstrap`` (server
-                      certificate from ``.pki``, a tests.tls_support.Pki; SASL user
-                      ``.sasl_user`` / ``.sasl_password`` for PLAIN and SCRAM-SHA-256/512)
+                      secured listeners of the same broker: ``.ssl_bootstrap`` (mutual TLS:
+                      a client certificate of ``.pki`` is required), ``.sasl_ssl_bootstrap``,
+                      ``.sasl_plaintext_bootstrap`` (server certificate from ``.pki``, a
+                      tests.tls_support.Pki; SASL user ``.sasl_user`` / ``.sasl_password``
+                      for PLAIN and SCRAM-SHA-256/512)
   ``oap_server``      OapServer: ``.grpc`` "127.0.0.1:P", ``.rest``, ``.graphql``, ``.pid``,
                       ``.run_dir``, ``.query`` (an OapGraphQL client)
   ``oap_with_kafka``  OapServer whose Kafka fetcher consumes from ``kafka_broker``
@@ -178,10 +179,18 @@ def start_kafka(run_dir: Path) -> KafkaBroker:
         port, cport, ssl_port, sasl_ssl_port, sasl_port = free_ports(5)
         attempt_dir = run_dir / f"try{attempt}" if attempt else run_dir
         t0 = time.monotonic()
-        env = {"KAFKA_PORT": str(port), "KAFKA_CONTROLLER_PORT": str(cport), "KAFKA_SSL_PORT": str(ssl_port),
-               "KAFKA_SASL_SSL_PORT": str(sasl_ssl_port), "KAFKA_SASL_PLAINTEXT_PORT": str(sasl_port),
-               "KAFKA_KEYSTORE": str(pki.server_p12), "KAFKA_KEYSTORE_PASSWORD": KEYSTORE_PASSWORD,
-               "KAFKA_SASL_USER": user, "KAFKA_SASL_PASSWORD": password}
+        env = {
+            "KAFKA_PORT": str(port),
+            "KAFKA_CONTROLLER_PORT": str(cport),
+            "KAFKA_SSL_PORT": str(ssl_port),
+            "KAFKA_SASL_SSL_PORT": str(sasl_ssl_port),
+            "KAFKA_SASL_PLAINTEXT_PORT": str(sasl_port),
+            "KAFKA_KEYSTORE": str(pki.server_p12),
+            "KAFKA_KEYSTORE_PASSWORD": KEYSTORE_PASSWORD,
+            "KAFKA_SASL_USER": user,
+            "KAFKA_SASL_PASSWORD": password,
+            "KAFKA_SSL_CLIENT_CA": str(pki.ca),
+        }
         rc, out = _run_launcher("start_kafka.sh", env, attempt_dir)
         if rc == 0:
             return KafkaBroker(

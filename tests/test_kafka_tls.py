@@ -138,11 +138,14 @@ def _sasl(broker: KafkaBroker, mechanism: str, password: str | None = None) -> d
     }
 
 
-def _ssl(b: KafkaBroker) -> tuple[str, dict[str, str]]:
-    return b.ssl_bootstrap, {
-        "SW_KAFKA_REPORTER_CONFIG_security_protocol": "SSL",
-        "SW_KAFKA_REPORTER_CONFIG_ssl_cafile": _ca(b),
-    }
+def _ssl(b: KafkaBroker, client_cert: bool = True) -> tuple[str, dict[str, str]]:
+    # The SSL listener requires a client certificate (mutual TLS).
+    assert b.pki is not None
+    env = {"SW_KAFKA_REPORTER_CONFIG_security_protocol": "SSL", "SW_KAFKA_REPORTER_CONFIG_ssl_cafile": _ca(b)}
+    if client_cert:
+        env["SW_KAFKA_REPORTER_CONFIG_ssl_certfile"] = str(b.pki.client)
+        env["SW_KAFKA_REPORTER_CONFIG_ssl_keyfile"] = str(b.pki.client_key)
+    return b.ssl_bootstrap, env
 
 
 def _sasl_ssl(b: KafkaBroker, mechanism: str) -> tuple[str, dict[str, str]]:
@@ -158,6 +161,10 @@ CASES = {
     "ssl": _ssl,
     "sasl_ssl-scram": lambda b: _sasl_ssl(b, "SCRAM-SHA-256"),
     "sasl_ssl-plain": lambda b: _sasl_ssl(b, "PLAIN"),
+    "sasl_plaintext-scram512": lambda b: (
+        b.sasl_plaintext_bootstrap,
+        {"SW_KAFKA_REPORTER_CONFIG_security_protocol": "SASL_PLAINTEXT", **_sasl(b, "SCRAM-SHA-512")},
+    ),
 }
 
 
@@ -207,13 +214,33 @@ def test_untrusted_certificate_is_refused(
     kafka_broker: KafkaBroker, tmp_path: Path, reporters: list[Run]
 ) -> None:
     # No ssl_cafile: the system's CAs do not know the test CA.
-    env = {"SW_KAFKA_REPORTER_CONFIG_security_protocol": "SSL"}
-    run, arena, procs = _start(tmp_path, kafka_broker.ssl_bootstrap, env, reporters)
+    bootstrap, env = _ssl(kafka_broker)
+    del env["SW_KAFKA_REPORTER_CONFIG_ssl_cafile"]
+    run, arena, procs = _start(tmp_path, bootstrap, env, reporters)
     try:
         support.wait_for(lambda: "TLS handshake failed" in run.log(), 60, "the refusal in the log")
     finally:
         _stop(run, arena, procs)
     assert "CERTIFICATE_VERIFY_FAILED" in run.log()
+    assert _segment_keys(kafka_broker.bootstrap, f"{run.namespace}-skywalking-segments", 1, timeout=3) == []
+
+
+def test_missing_client_certificate_gets_nothing_through(
+    kafka_broker: KafkaBroker, tmp_path: Path, reporters: list[Run]
+) -> None:
+    # With TLS 1.3 the broker checks the client certificate after the client's side of the
+    # handshake: the client sees the connection closed, not a TLS error, so the log says only
+    # "not reachable". What matters: nothing arrives, and the sender never drops TLS.
+    bootstrap, env = _ssl(kafka_broker, client_cert=False)
+    run, arena, procs = _start(tmp_path, bootstrap, env, reporters)
+    try:
+        support.wait_for(
+            lambda: _published(arena).get("backend", {}).get("consecutive_failures", 0) >= 2,
+            60,
+            "failures counted in the status",
+        )
+    finally:
+        _stop(run, arena, procs)
     assert _segment_keys(kafka_broker.bootstrap, f"{run.namespace}-skywalking-segments", 1, timeout=3) == []
 
 

@@ -17,6 +17,7 @@
 #   KAFKA_SSL_PORT  KAFKA_SASL_SSL_PORT  KAFKA_SASL_PLAINTEXT_PORT
 #   KAFKA_KEYSTORE (PKCS12 file: server key + chain)  KAFKA_KEYSTORE_PASSWORD
 #   KAFKA_SASL_USER / KAFKA_SASL_PASSWORD  one user for SASL PLAIN, SCRAM-SHA-256 and -512
+#   KAFKA_SSL_CLIENT_CA (PEM)  if set, the SSL listener requires a client certificate from it
 # Stop it with: scripts/realpeers/stop_pid.sh RUN_DIR/kafka.pid
 set -euo pipefail
 
@@ -103,6 +104,13 @@ ssl.keystore.password=${KAFKA_KEYSTORE_PASSWORD:-}
 ssl.key.password=${KAFKA_KEYSTORE_PASSWORD:-}
 ssl.client.auth=none
 EOF
+  if [ -n "${KAFKA_SSL_CLIENT_CA:-}" ]; then
+    cat >> "$RUN_DIR/server.properties" <<EOF
+listener.name.ssl.ssl.client.auth=required
+listener.name.ssl.ssl.truststore.type=PEM
+listener.name.ssl.ssl.truststore.location=$KAFKA_SSL_CLIENT_CA
+EOF
+  fi
 ;; esac
 case "$SECURED" in *SASL*)
   if [ -z "${KAFKA_SASL_USER:-}" ] || [ -z "${KAFKA_SASL_PASSWORD:-}" ]; then
