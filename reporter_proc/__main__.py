@@ -1,4 +1,4 @@
-"""Exec entry: ``python -m reporter_proc --arena PATH [--owner-pid PID] [--settings JSON]``.
+"""Exec entry: ``python -m reporter_proc --arena PATH [--owner-pid PID] [--settings-file FILE]``.
 
 For launchers that prefer exec to fork (a clean interpreter without the application's
 modules). Runs the supervisor in this process (``--no-supervise``: the reporter itself);
@@ -18,6 +18,7 @@ from reporter_proc.process import (
     run_supervisor,
     settings_from_json,
 )
+from reporter_proc.senders.tls import has_secret
 from reporter_proc.settings import ReporterSettings
 
 
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reporter_proc", description=__doc__)
     parser.add_argument("--arena", required=True, help="path of the arena file to drain")
     parser.add_argument("--owner-pid", type=int, default=0, help="default: the owner recorded in the arena")
-    parser.add_argument("--settings", default="", help="ReporterSettings as a JSON object")
+    parser.add_argument("--settings", default="", help="settings JSON (no secrets: use --settings-file)")
     parser.add_argument("--settings-file", default="", help="file holding that JSON object")
     parser.add_argument(
         "--settings-stdin", action="store_true", help="read that JSON object from standard input"
@@ -48,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
                 settings = settings_from_json(f.read())
         elif args.settings:
             settings = settings_from_json(args.settings)
+            if has_secret(settings):
+                # Anyone on the host can read a command line (ps, /proc/PID/cmdline).
+                print("bad reporter settings: --settings holds a secret (authentication token or Kafka "
+                      "password), which every local user could read in the command line; "
+                      "use --settings-file with a 0600 file", file=sys.stderr)
+                return 78
         else:
             settings = ReporterSettings()
     except (OSError, ValueError, TypeError) as exc:

@@ -20,6 +20,11 @@ class ReporterSettings:
     backends: tuple[str, ...] = ("127.0.0.1:11800",)
     authentication: str = ""
     force_tls: bool = False
+    # TLS to gRPC/HTTP backends (any of these set also means TLS; see senders/tls.py)
+    tls_ca_file: str = ""  # PEM CA bundle to trust instead of the system's
+    tls_cert_file: str = ""  # PEM client certificate (mTLS), with tls_key_file
+    tls_key_file: str = ""
+    tls_server_name: str = ""  # name the server certificate must carry (override of the host)
     # gRPC segments: False = batched collectInSync (measured cheaper on both ends, see
     # docs/performance.md); True = one long-lived client stream of `collect`.
     grpc_segment_stream: bool = False

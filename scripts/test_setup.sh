@@ -38,6 +38,7 @@ if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then missing
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v flock >/dev/null 2>&1 || missing+=(util-linux)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # test CAs for the TLS tests
 # Real servers for the instrumentation tests (started by tests/ fixtures on 127.0.0.1, never as
 # system services), the browser for web page tests, and mysqlclient's build needs. Checked
 # with dpkg: a package's binaries may live outside PATH (/usr/lib/postgresql/*/bin).

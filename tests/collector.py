@@ -34,6 +34,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -94,7 +95,12 @@ class Collector:
         dump_file: str | None = None,
         enable_grpc: bool = True,
         enable_http: bool = True,
+        grpc_credentials: grpc.ServerCredentials | None = None,
+        http_ssl: ssl.SSLContext | None = None,
     ) -> None:
+        # TLS tests: a secure gRPC port with these credentials, HTTPS with this context.
+        self._grpc_credentials = grpc_credentials
+        self._http_ssl = http_ssl
         self._want_grpc_port = grpc_port
         self._want_http_port = http_port
         self._enable_grpc = enable_grpc
@@ -143,7 +149,11 @@ class Collector:
         meter_pb2_grpc.add_MeterReportServiceServicer_to_server(_Meter(self), server)  # type: ignore[no-untyped-call]
         management_pb2_grpc.add_ManagementServiceServicer_to_server(_Management(self), server)  # type: ignore[no-untyped-call]
         profile_pb2_grpc.add_ProfileTaskServicer_to_server(_Profile(self), server)  # type: ignore[no-untyped-call]
-        self.grpc_port = server.add_insecure_port(f"127.0.0.1:{self._want_grpc_port}")
+        where = f"127.0.0.1:{self._want_grpc_port}"
+        if self._grpc_credentials is not None:
+            self.grpc_port = server.add_secure_port(where, self._grpc_credentials)
+        else:
+            self.grpc_port = server.add_insecure_port(where)
         if not self.grpc_port:
             raise OSError(f"cannot bind gRPC port {self._want_grpc_port}")
         server.start()
@@ -153,6 +163,8 @@ class Collector:
         handler = type("Handler", (_HttpHandler,), {"collector": self})
         server = ThreadingHTTPServer(("127.0.0.1", self._want_http_port), handler)
         server.daemon_threads = True
+        if self._http_ssl is not None:
+            server.socket = self._http_ssl.wrap_socket(server.socket, server_side=True)
         self.http_port = server.server_address[1]
         thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="collector-http", daemon=True

@@ -12,7 +12,12 @@ only: importing a fixture function into a test module defines a second fixture, 
 it a second server per session. Import the types (``KafkaBroker``, ``OapServer``) freely.
 
 Fixtures (registered by ``tests/conftest.py``):
-  ``kafka_broker``    KafkaBroker: ``.bootstrap`` "127.0.0.1:PORT", ``.pid``, ``.run_dir``
+  ``kafka_broker``    KafkaBroker: ``.bootstrap`` "127.0.0.1:PORT", ``.pid``, ``.run_dir``;
+                      secured listeners of the same broker: ``.ssl_bootstrap`` (mutual TLS:
+                      a client certificate of ``.pki`` is required), ``.sasl_ssl_bootstrap``,
+                      ``.sasl_plaintext_bootstrap`` (server certificate from ``.pki``, a
+                      tests.tls_support.Pki; SASL user ``.sasl_user`` / ``.sasl_password``
+                      for PLAIN and SCRAM-SHA-256/512)
   ``oap_server``      OapServer: ``.grpc`` "127.0.0.1:P", ``.rest``, ``.graphql``, ``.pid``,
                       ``.run_dir``, ``.query`` (an OapGraphQL client)
   ``oap_with_kafka``  OapServer whose Kafka fetcher consumes from ``kafka_broker``
@@ -41,6 +46,7 @@ from pathlib import Path
 import pytest
 
 from tests.oap_graphql import OapGraphQL
+from tests.tls_support import KEYSTORE_PASSWORD, Pki, make_pki
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts" / "realpeers"
@@ -64,6 +70,12 @@ class KafkaBroker:
     pid: int
     run_dir: Path
     startup_s: float = 0.0
+    ssl_bootstrap: str = ""
+    sasl_ssl_bootstrap: str = ""
+    sasl_plaintext_bootstrap: str = ""
+    pki: Pki | None = None
+    sasl_user: str = "swmp-agent"
+    sasl_password: str = "swmp-test-sasl-password"
 
     def stop(self) -> None:
         stop_pid_file(self.run_dir / "kafka.pid")
@@ -155,16 +167,31 @@ def stop_pid_file(pid_file: Path) -> None:
 
 
 def start_kafka(run_dir: Path) -> KafkaBroker:
-    """Start a single-node broker on free ports; raise PeerStartError if it does not come up."""
+    """Start a single-node broker on free ports; raise PeerStartError if it does not come up.
+
+    Besides PLAINTEXT it listens with SSL, SASL_SSL and SASL_PLAINTEXT (a test CA made here).
+    """
     check_tools(f"kafka-{KAFKA_VERSION}")
+    pki = make_pki(run_dir / "pki")
+    user, password = KafkaBroker.sasl_user, KafkaBroker.sasl_password
     out = ""
     for attempt in range(_ATTEMPTS):
-        port, cport = free_ports(2)
+        port, cport, ssl_port, sasl_ssl_port, sasl_port = free_ports(5)
         attempt_dir = run_dir / f"try{attempt}" if attempt else run_dir
         t0 = time.monotonic()
-        rc, out = _run_launcher(
-            "start_kafka.sh", {"KAFKA_PORT": str(port), "KAFKA_CONTROLLER_PORT": str(cport)}, attempt_dir
-        )
+        env = {
+            "KAFKA_PORT": str(port),
+            "KAFKA_CONTROLLER_PORT": str(cport),
+            "KAFKA_SSL_PORT": str(ssl_port),
+            "KAFKA_SASL_SSL_PORT": str(sasl_ssl_port),
+            "KAFKA_SASL_PLAINTEXT_PORT": str(sasl_port),
+            "KAFKA_KEYSTORE": str(pki.server_p12),
+            "KAFKA_KEYSTORE_PASSWORD": KEYSTORE_PASSWORD,
+            "KAFKA_SASL_USER": user,
+            "KAFKA_SASL_PASSWORD": password,
+            "KAFKA_SSL_CLIENT_CA": str(pki.ca),
+        }
+        rc, out = _run_launcher("start_kafka.sh", env, attempt_dir)
         if rc == 0:
             return KafkaBroker(
                 bootstrap=f"127.0.0.1:{port}",
@@ -173,6 +200,10 @@ def start_kafka(run_dir: Path) -> KafkaBroker:
                 pid=_pid_from(attempt_dir, "kafka.pid"),
                 run_dir=attempt_dir,
                 startup_s=time.monotonic() - t0,
+                ssl_bootstrap=f"127.0.0.1:{ssl_port}",
+                sasl_ssl_bootstrap=f"127.0.0.1:{sasl_ssl_port}",
+                sasl_plaintext_bootstrap=f"127.0.0.1:{sasl_port}",
+                pki=pki,
             )
         stop_pid_file(attempt_dir / "kafka.pid")
         if rc != _PORT_IN_USE:

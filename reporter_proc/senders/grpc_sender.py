@@ -36,6 +36,7 @@ from reporter_proc.senders.base import (
     SendError,
     TooLargeError,
 )
+from reporter_proc.senders.tls import check_no_plain_backend, client_context, read_file, tls_requested
 from reporter_proc.settings import ReporterSettings
 
 log = logging.getLogger("swmp.reporter.grpc")
@@ -87,6 +88,25 @@ def _decode_commands(data: bytes) -> list[dict[str, str]]:
     return out
 
 
+def channel_credentials(settings: ReporterSettings) -> grpc.ChannelCredentials | None:
+    """TLS credentials from the settings, or None for a plaintext channel.
+
+    Files are read here, when the sender is built: a missing or unreadable one is a
+    :class:`SecurityConfigError` (the reporter refuses to start), never a plaintext channel.
+    """
+    if not tls_requested(settings):
+        return None
+    check_no_plain_backend(settings.backends, "gRPC")
+    # gRPC parses the PEM lazily, at the first handshake: load it once now (same checks and
+    # messages as HTTP) so a bad file is refused at start with a reason.
+    client_context(ca_file=settings.tls_ca_file, cert_file=settings.tls_cert_file,
+                   key_file=settings.tls_key_file)
+    ca = read_file(settings.tls_ca_file, "CA file") if settings.tls_ca_file else None
+    cert = read_file(settings.tls_cert_file, "client certificate") if settings.tls_cert_file else None
+    key = read_file(settings.tls_key_file, "client key") if settings.tls_key_file else None
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
 class GrpcSender(Sender):
     name = "grpc"
     supports = KINDS
@@ -95,7 +115,10 @@ class GrpcSender(Sender):
                  stream_max_age_s: float = 30.0) -> None:
         self._backends = Backends(settings.backends, "gRPC")
         self.address = self._backends.current
-        self._tls = settings.force_tls
+        self._credentials = channel_credentials(settings)
+        self._channel_options: list[tuple[str, int | str]] = list(_CHANNEL_OPTIONS)
+        if settings.tls_server_name:
+            self._channel_options.append(("grpc.ssl_target_name_override", settings.tls_server_name))
         self._timeout = settings.send_timeout_s
         self._metadata: tuple[tuple[str, str], ...] | None = (
             (("authentication", settings.authentication),) if settings.authentication else None)
@@ -118,10 +141,10 @@ class GrpcSender(Sender):
 
     def _open(self) -> None:
         address = self._backends.current
-        if self._tls:
-            channel = aio.secure_channel(address, grpc.ssl_channel_credentials(), options=_CHANNEL_OPTIONS)
+        if self._credentials is not None:
+            channel = aio.secure_channel(address, self._credentials, options=self._channel_options)
         else:
-            channel = aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            channel = aio.insecure_channel(address, options=self._channel_options)
         self._channel = channel
         self._generation = self._backends.generation
         self.address = address

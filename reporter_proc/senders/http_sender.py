@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 import aiohttp
 
@@ -25,6 +26,7 @@ from reporter_proc.senders.base import (
     SendError,
     TooLargeError,
 )
+from reporter_proc.senders.tls import agent_context, check_no_plain_backend, tls_requested
 from reporter_proc.settings import ReporterSettings
 
 log = logging.getLogger("swmp.reporter.http")
@@ -40,7 +42,14 @@ class HttpSender(Sender):
     def __init__(self, settings: ReporterSettings) -> None:
         self._backends = Backends(settings.backends, "HTTP")
         self.address = self._backends.current
-        self._scheme = "https" if settings.force_tls else "http"
+        tls = tls_requested(settings)
+        if tls:
+            check_no_plain_backend(settings.backends, "HTTP")
+        self._scheme = "https" if tls else "http"
+        # One verifying context for every https:// request (a bare "host:port" with TLS on,
+        # or an explicit https:// backend); None lets aiohttp use its default for https.
+        self._ssl: ssl.SSLContext | None = agent_context(settings) if tls else None
+        self._server_name = settings.tls_server_name or None
         self._timeout = settings.send_timeout_s
         self._headers = {"Content-Type": "application/json"}
         if settings.authentication:
@@ -64,7 +73,8 @@ class HttpSender(Sender):
         generation = self._backends.generation
         url = self._url(path)
         try:
-            async with session.post(url, data=body) as resp:
+            async with session.post(url, data=body, ssl=self._ssl or True,
+                                    server_hostname=self._server_name) as resp:
                 if 200 <= resp.status < 300:
                     await resp.read()  # let the connection go back to the pool
                     return

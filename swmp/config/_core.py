@@ -47,7 +47,10 @@ class CoreSettings:
         "", "SW_AGENT_AUTHENTICATION", "Authentication token sent to the OAP (gRPC metadata).", CORE
     )
     agent_force_tls: bool = opt(
-        False, "SW_AGENT_FORCE_TLS", "Use TLS to the backend (no client cert).", CORE
+        False,
+        "SW_AGENT_FORCE_TLS",
+        "Use TLS to the gRPC/HTTP backend (system CAs unless SW_AGENT_TLS_CA_FILE).",
+        CORE,
     )
     agent_logging_level: str = opt(
         "INFO",

@@ -105,4 +105,28 @@ class ReporterProcessSettings:
         REPORTER,
         check=at_least(0),
     )
-
+    agent_tls_ca_file: str = opt(
+        "",
+        "SW_AGENT_TLS_CA_FILE",
+        "PEM file of the CA(s) to trust for the gRPC/HTTP backend instead of the system's; implies TLS.",
+        REPORTER,
+    )
+    agent_tls_cert_file: str = opt(
+        "",
+        "SW_AGENT_TLS_CERT_FILE",
+        "PEM client certificate for mutual TLS to the gRPC/HTTP backend (with SW_AGENT_TLS_KEY_FILE); "
+        "implies TLS.",
+        REPORTER,
+    )
+    agent_tls_key_file: str = opt(
+        "",
+        "SW_AGENT_TLS_KEY_FILE",
+        "PEM private key (unencrypted) of SW_AGENT_TLS_CERT_FILE; implies TLS.",
+        REPORTER,
+    )
+    agent_tls_server_name: str = opt(
+        "",
+        "SW_AGENT_TLS_SERVER_NAME",
+        "Name the backend's certificate must carry when it differs from the address's host; implies TLS.",
+        REPORTER,
+    )
