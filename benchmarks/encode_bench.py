@@ -32,6 +32,7 @@ import google.protobuf
 import orjson
 
 from reporter_proc import encode
+from reporter_proc.process import tune_gc
 from reporter_proc.protocol.generated import tracing_pb2
 
 
@@ -118,6 +119,8 @@ def main() -> None:
     ap.add_argument("--json", metavar="PATH", help="write results as JSON")
     args = ap.parse_args()
     n_segments, repeats = (50, 2) if args.quick else (2000, 15)
+    tune_gc()  # the reporter process's collector settings (decoding 2,000 records otherwise
+    # triggers hundreds of young collections that rescan everything still alive)
 
     native = encode.NATIVE is not None
     rows = []
