@@ -36,6 +36,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Final, TypeVar
 
+import orjson
+
 from reporter_proc._wire import (
     _F1,
     _F2,
@@ -83,6 +85,7 @@ __all__ = [
     "profile_task_query",
     "segment",
     "segment_collection",
+    "segment_payload",
     "thread_snapshot",
 ]
 
@@ -354,4 +357,35 @@ segment: Callable[[Record], bytes] = NATIVE.segment if NATIVE else segment_py
 log: Callable[[Record], bytes] = NATIVE.log if NATIVE else log_py
 segment_collection: Callable[[Sequence[bytes]], bytes] = (
     NATIVE.segment_collection if NATIVE else segment_collection_py)
+
+
+def segment_from_json_py(payload: bytes) -> bytes:
+    """SEGMENT record as the worker wrote it (JSON) -> SegmentObject, by decoding it first."""
+    try:
+        rec = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise EncodeError(f"SEGMENT record is not JSON: {exc}") from None
+    if rec.__class__ is not list:  # what delivery's decode would have refused
+        raise EncodeError(f"SEGMENT record is not a list: {type(rec).__name__}")
+    return segment(rec)
+
+
+_segment_json: Callable[[bytes], bytes | None] | None = NATIVE.segment_json if NATIVE else None
+
+
+def segment_payload(rec: bytes | Record) -> bytes:
+    """A SEGMENT record, still the JSON bytes read from the ring or already decoded.
+
+    Raw bytes take the native fast path (no Python objects built) when it is built and the
+    payload is on it; otherwise they are decoded and encoded, which gives the same bytes or
+    the EncodeError. Senders that list "segment" in ``raw_kinds`` get raw bytes from
+    delivery; the spool replay still hands them decoded records.
+    """
+    if rec.__class__ is bytes:
+        if _segment_json is not None:
+            out = _segment_json(rec)
+            if out is not None:
+                return out
+        return segment_from_json_py(rec)
+    return segment(rec)
 
