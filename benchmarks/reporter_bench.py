@@ -11,9 +11,11 @@ class, on its own event loop in this process, i.e. one core) drains them through
 * ``grpc``    - the real gRPC sender (``collectInSync`` batches) to a sink in another
   process that only counts the bytes it receives.
 
-``encode`` and ``grpc`` run once per encoder (``--encoders native,pure``, interleaved, same
-records): the native encoder (``reporter_proc._encode_native``, when built) and the
-pure-Python one, side by side with the ratio; ``memory`` encodes nothing and runs once.
+``encode`` and ``grpc`` run once per encoder (``--encoders native,native-decoded,pure``,
+interleaved, same records): ``native`` (``reporter_proc._encode_native`` when built, segments
+straight from the ring's JSON bytes), ``native-decoded`` (the same C encoder on records decoded
+by orjson) and ``pure`` (pure Python, decoded records), side by side with the ratio native/pure;
+``memory`` decodes every record and encodes nothing, and runs once.
 
 The clock runs from the reporter being ready to the last segment acknowledged.
 
@@ -23,7 +25,7 @@ cap, and the reporter reads until the cap stops it; the growth of this process's
 compared with the payload bytes it holds (records stay raw bytes until they are sent).
 
     python benchmarks/reporter_bench.py [--quick] [--json PATH] [--protocols memory,encode,grpc]
-                                        [--spans 1,5,20] [--encoders native,pure]
+                                        [--spans 1,5,20] [--encoders native,native-decoded,pure]
     python benchmarks/reporter_bench.py --memory-cap 64 [--json PATH]
 """
 
@@ -179,6 +181,7 @@ class EncodeOnlySender(MemorySender):
     """Encodes every batch like the gRPC sender would, then drops the bytes."""
 
     name = "encode"
+    raw_kinds = frozenset({"segment"})  # as the gRPC sender: raw JSON bytes in
 
     def __init__(self) -> None:
         super().__init__()
@@ -187,21 +190,25 @@ class EncodeOnlySender(MemorySender):
 
     async def send_segments(self, records: list[Record]) -> None:
         # Looked up per call, like the gRPC sender does: use_encoder() switches both.
-        body = encode.segment_collection([encode.segment(r) for r in records])
+        body = encode.segment_collection([encode.segment_payload(r) for r in records])
         self.bytes += len(body)
         self.count += len(records)
 
 
-ENCODERS: dict[str, tuple[Any, Any, Any]] = {
-    "pure": (encode.segment_py, encode.log_py, encode.segment_collection_py),
+# name -> (segment, log, segment_collection, JSON fast path or None)
+ENCODERS: dict[str, tuple[Any, Any, Any, Any]] = {
+    "pure": (encode.segment_py, encode.log_py, encode.segment_collection_py, None),
 }
 if encode.NATIVE is not None:
-    ENCODERS["native"] = (encode.NATIVE.segment, encode.NATIVE.log, encode.NATIVE.segment_collection)
+    _N = encode.NATIVE
+    ENCODERS["native"] = (_N.segment, _N.log, _N.segment_collection, _N.segment_json)
+    # the native encoder on records decoded by orjson (what it did before the JSON fast path)
+    ENCODERS["native-decoded"] = (_N.segment, _N.log, _N.segment_collection, None)
 
 
 def use_encoder(name: str) -> None:
     """Point reporter_proc.encode's public functions (what the senders call) at one encoder."""
-    encode.segment, encode.log, encode.segment_collection = ENCODERS[name]
+    encode.segment, encode.log, encode.segment_collection, encode._segment_json = ENCODERS[name]
 
 
 def make_sender(protocol: str, settings: ReporterSettings) -> Any:
@@ -365,8 +372,9 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--protocols", default="memory,encode,grpc")
     parser.add_argument("--spans", default="1,5,20")
-    parser.add_argument("--encoders", default="native,pure" if encode.NATIVE is not None else "pure",
-                        help="encoders to compare for encode/grpc (default: native,pure when built)")
+    available = ",".join(e for e in ("native", "native-decoded", "pure") if e in ENCODERS)
+    parser.add_argument("--encoders", default=available,
+                        help="encoders to compare for encode/grpc (default: all available)")
     parser.add_argument("--memory-cap", type=int, metavar="MIB", help="measure the memory cap instead")
     args = parser.parse_args()
     if args.memory_cap:
@@ -437,7 +445,7 @@ def print_table(results: list[dict[str, Any]], encoders: list[str]) -> None:
         rows.setdefault((r["protocol"], r["spans_per_segment"]), {})[r["encoder"]] = r
     cols = ["-", *encoders]
     header = f"{'protocol':<9}{'spans':>6}{'segments':>10}{'rec bytes':>10}" + "".join(
-        f"{(e if e != '-' else 'no encode') + ' seg/s':>18}{'seg/cpu-s':>11}" for e in cols)
+        f"{(e if e != '-' else 'no encode') + ' seg/s':>22}{'seg/cpu-s':>11}" for e in cols)
     if "native" in encoders and "pure" in encoders:
         header += f"{'native/pure':>13}"
     print(header)
@@ -447,8 +455,8 @@ def print_table(results: list[dict[str, Any]], encoders: list[str]) -> None:
         line = f"{protocol:<9}{spans:>6}{first['segments']:>10}{first['record_bytes']:>10}"
         for e in cols:
             r = by_encoder.get(e)
-            line += (f"{r['segments_per_s']:>18,.0f}{r['segments_per_cpu_s']:>11,.0f}" if r
-                     else f"{'':>18}{'':>11}")
+            line += (f"{r['segments_per_s']:>22,.0f}{r['segments_per_cpu_s']:>11,.0f}" if r
+                     else f"{'':>22}{'':>11}")
         if "native" in by_encoder and "pure" in by_encoder:
             native, pure = by_encoder["native"], by_encoder["pure"]
             ratio = native["segments_per_cpu_s"] / max(1.0, pure["segments_per_cpu_s"])
