@@ -5,6 +5,9 @@ Compares, in one run and on the same records:
               SerializeToString() (the obvious way);
   pure        reporter_proc.encode.segment_py (hand-written wire encoder, cached strings);
   native      reporter_proc._encode_native.segment (the C encoder, same bytes), when built;
+  from-json   reporter_proc._encode_native.segment_json: the C encoder reading the record's
+              JSON bytes directly (what the gRPC sender does), so its figure replaces
+              decode + native;
 and, per batch, wrapping the segments in a SegmentCollection each way. For scale, the
 ``decode`` column is what the reporter spends before encoding: orjson.loads of the record
 as the worker wrote it.
@@ -137,18 +140,24 @@ def main() -> None:
             "pb_collection_us": via_pb, "pure_collection_us": via_pure,
             "decode_us": lambda _recs, raw=raw: [orjson.loads(b) for b in raw]}
         if native:
-            fns.update(native_us=via_native_each, native_collection_us=via_native)
+            assert encode.NATIVE is not None
+            from_json = encode.NATIVE.segment_json
+            assert [from_json(b) for b in raw] == via_native_each(recs), "JSON fast path disagrees"
+            fns.update(native_us=via_native_each, native_collection_us=via_native,
+                       from_json_us=lambda _recs, raw=raw, f=from_json: [f(b) for b in raw])
         row.update(best_us_per_span(fns, recs, spans, repeats))
         row["bytes_per_span"] = len(via_pure(recs)) / spans
         row["pure_vs_pb"] = row["pb_collection_us"] / row["pure_collection_us"]
         if native:
             row["native_vs_pure"] = row["pure_collection_us"] / row["native_collection_us"]
+            row["from_json_vs_decode_pure"] = (row["decode_us"] + row["pure_us"]) / row["from_json_us"]
         rows.append(row)
 
     print(f"Python {platform.python_version()}, protobuf {google.protobuf.__version__} "
           f"({_pb_impl()}); us per span, best of {repeats}; {n_segments} segments per batch"
           + ("" if native else "; native encoder not built"))
-    print(f"{'spans/seg':>9} | {'decode':>7} | {'pb-objects':>10} {'pure':>7} {'native':>7} | "
+    print(f"{'spans/seg':>9} | {'decode':>7} | {'pb-objects':>10} {'pure':>7} {'native':>7} "
+          f"{'from-json':>9} | "
           f"{'pb+coll':>8} {'pure+coll':>10} {'native+coll':>12} | {'pure/pb':>7} {'native/pure':>11} | "
           f"{'B/span':>6}")
     def nat(r: dict[str, Any], key: str, width: int) -> str:
@@ -156,7 +165,8 @@ def main() -> None:
 
     for r in rows:
         print(f"{r['spans_per_segment']:>9} | {r['decode_us']:>7.2f} | {r['pb_objects_us']:>10.2f} "
-              f"{r['pure_us']:>7.2f} {nat(r, 'native_us', 7)} | {r['pb_collection_us']:>8.2f} "
+              f"{r['pure_us']:>7.2f} {nat(r, 'native_us', 7)} {nat(r, 'from_json_us', 9)} | "
+              f"{r['pb_collection_us']:>8.2f} "
               f"{r['pure_collection_us']:>10.2f} {nat(r, 'native_collection_us', 12)} | "
               f"{r['pure_vs_pb']:>6.2f}x {nat(r, 'native_vs_pure', 10)}x | {r['bytes_per_span']:>6.0f}")
     if args.json:
