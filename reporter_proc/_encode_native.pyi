@@ -1,4 +1,4 @@
-"""Type stub of the optional C encoder (reporter_proc/_encode_native.c)."""
+"""Type stub of the optional C encoder (reporter_proc/_native/*.c)."""
 
 from collections.abc import Sequence
 from typing import Any

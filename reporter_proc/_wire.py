@@ -15,7 +15,7 @@ are cached already encoded with their field tag, in small dicts that are cleared
 fill up, so a runaway cardinality costs memory only up to the bound.
 
 ``EncodeError`` lives here (not in ``encode.py``) so that the native encoder
-(``_encode_native.c``) can import it without importing the encoder it accelerates.
+(``_native/*.c``) can import it without importing the encoder it accelerates.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Mapping choices where the record format leaves room (the tests pin them):
 - PROFILE_SNAPSHOT: ``stack`` is always set.
 
 Native accelerator: when ``reporter_proc._encode_native`` (C, built by ``pip install`` from
-``_encode_native.c``, optional) is importable, ``segment``, ``log`` and ``segment_collection``
+``_native/*.c``, optional) is importable, ``segment``, ``log`` and ``segment_collection``
 are its functions, which produce the same bytes and raise the same ``EncodeError``; the
 pure-Python versions stay available as ``segment_py``, ``log_py`` and
 ``segment_collection_py``. ``SWMP_ENCODE_PURE=1`` in the reporter's environment forces pure

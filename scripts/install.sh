@@ -8,7 +8,7 @@
 # Chromium, the dev/bench Python extras, the jars) is installed by scripts/test_setup.sh, which
 # scripts/test.sh runs first.
 #
-# pip also compiles the reporter's optional native encoder (reporter_proc/_encode_native.c)
+# pip also compiles the reporter's optional native encoder (reporter_proc/_native/*.c)
 # when a C compiler and the Python headers are present (Debian/Ubuntu: gcc python3-dev);
 # without them the install still succeeds and the reporter encodes in pure Python.
 #

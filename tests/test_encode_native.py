@@ -1,4 +1,4 @@
-"""The native encoder (reporter_proc/_encode_native.c) is the pure-Python encoder, byte for byte.
+"""The native encoder (reporter_proc/_native/*.c) is the pure-Python encoder, byte for byte.
 
 The module under test is compiled from the current C source into a temporary directory by
 ``setup.py build_ext`` (the build ``pip install`` runs), so these tests never pass on a stale
