@@ -1,11 +1,11 @@
 /* Decoded SEGMENT / LOG records (Python lists) -> SkyWalking v3 protobuf bytes.
  *
- * The optional accelerator of reporter_proc/encode.py. It must produce exactly the bytes the
- * pure-Python encoder produces for every valid record, and raise
- * reporter_proc._wire.EncodeError (and nothing else but BaseExceptions) for every record the
- * pure-Python encoder rejects; tests/test_encode_native.py checks both over generated records.
+ * It must produce exactly the bytes the pure-Python encoder produces for every valid record,
+ * and raise reporter_proc._wire.EncodeError (and nothing else but BaseExceptions) for every
+ * record the pure-Python encoder rejects; tests/test_encode_native.py checks both over
+ * generated records.
  *
- * The rules it mirrors (see encode.py's docstring for the wire rules):
+ * The rules it mirrors (wire rules: reporter_proc/_wire.py):
  *   - a string slot: a str is written unless empty; any other falsy value is left out; a truthy
  *     non-str is an error. Where the Python encoder uses the value as a cache key it hashes it
  *     even when falsy, so a falsy unhashable value is an error there (the `hashed` flag);

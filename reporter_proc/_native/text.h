@@ -1,4 +1,5 @@
-/* Byte-level text checks of the native JSON reader (json.c): hex digits of a \u escape,
+/* Byte-level text checks of the native JSON reader (json.c): the hex digits of a \u escape
+ * (0, or 1 when not hex),
  * strict UTF-8 (what Python's and orjson's decoders accept), printable ASCII runs. */
 #ifndef SWMP_NATIVE_TEXT_H
 #define SWMP_NATIVE_TEXT_H
