@@ -3,8 +3,14 @@
 Compares, in one run and on the same records:
   pb-objects  build a SegmentObject field by field with the generated classes, then
               SerializeToString() (the obvious way);
-  hand        reporter_proc.encode.segment (hand-written wire encoder, cached strings);
-and, per batch, wrapping the segments in a SegmentCollection both ways.
+  pure        reporter_proc.encode.segment_py (hand-written wire encoder, cached strings);
+  native      reporter_proc._encode_native.segment (the C encoder, same bytes), when built;
+  from-json   reporter_proc._encode_native.segment_json: the C encoder reading the record's
+              JSON bytes directly (what the gRPC sender does), so its figure replaces
+              decode + native;
+and, per batch, wrapping the segments in a SegmentCollection each way. For scale, the
+``decode`` column is what the reporter spends before encoding: orjson.loads of the record
+as the worker wrote it.
 
 Workload: a typical HTTP segment, an entry span with 3 tags plus N-1 exit spans with 3 tags,
 unique trace/segment ids per segment. Figures are microseconds per span (best of R repeats).
@@ -26,8 +32,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import google.protobuf
+import orjson
 
 from reporter_proc import encode
+from reporter_proc.process import tune_gc
 from reporter_proc.protocol.generated import tracing_pb2
 
 
@@ -76,12 +84,24 @@ def via_pb_each(recs: list[list[Any]]) -> list[bytes]:
     return [pb_segment(r).SerializeToString() for r in recs]
 
 
-def via_hand(recs: list[list[Any]]) -> bytes:
-    return encode.segment_collection([encode.segment(r) for r in recs])
+def via_pure(recs: list[list[Any]]) -> bytes:
+    return encode.segment_collection_py([encode.segment_py(r) for r in recs])
 
 
-def via_hand_each(recs: list[list[Any]]) -> list[bytes]:
-    return [encode.segment(r) for r in recs]
+def via_pure_each(recs: list[list[Any]]) -> list[bytes]:
+    return [encode.segment_py(r) for r in recs]
+
+
+def via_native(recs: list[list[Any]]) -> bytes:
+    assert encode.NATIVE is not None
+    native = encode.NATIVE
+    return native.segment_collection([native.segment(r) for r in recs])
+
+
+def via_native_each(recs: list[list[Any]]) -> list[bytes]:
+    assert encode.NATIVE is not None
+    segment = encode.NATIVE.segment
+    return [segment(r) for r in recs]
 
 
 def best_us_per_span(fns: dict[str, Callable[[list[list[Any]]], object]], recs: list[list[Any]],
@@ -102,29 +122,53 @@ def main() -> None:
     ap.add_argument("--json", metavar="PATH", help="write results as JSON")
     args = ap.parse_args()
     n_segments, repeats = (50, 2) if args.quick else (2000, 15)
+    tune_gc()  # the reporter process's collector settings (decoding 2,000 records otherwise
+    # triggers hundreds of young collections that rescan everything still alive)
 
+    native = encode.NATIVE is not None
     rows = []
-    for n_spans in (1, 3, 10):
+    for n_spans in (1, 3, 5, 10):
         recs = [make_segment(i, n_spans) for i in range(n_segments)]
-        # same bytes both ways, or the comparison means nothing
-        assert via_hand(recs) == via_pb(recs), "encoders disagree"
+        raw = [orjson.dumps(r) for r in recs]
+        # same bytes every way, or the comparison means nothing
+        assert via_pure(recs) == via_pb(recs), "encoders disagree"
+        assert not native or via_native(recs) == via_pb(recs), "native encoder disagrees"
         spans = n_segments * n_spans
         row: dict[str, Any] = {"spans_per_segment": n_spans, "segments": n_segments}
-        row.update(best_us_per_span({"pb_objects_us": via_pb_each, "hand_us": via_hand_each,
-                                     "pb_collection_us": via_pb, "hand_collection_us": via_hand},
-                                    recs, spans, repeats))
-        row["bytes_per_span"] = len(via_hand(recs)) / spans
-        row["speedup"] = row["pb_collection_us"] / row["hand_collection_us"]
+        fns: dict[str, Callable[[list[list[Any]]], object]] = {
+            "pb_objects_us": via_pb_each, "pure_us": via_pure_each,
+            "pb_collection_us": via_pb, "pure_collection_us": via_pure,
+            "decode_us": lambda _recs, raw=raw: [orjson.loads(b) for b in raw]}
+        if native:
+            assert encode.NATIVE is not None
+            from_json = encode.NATIVE.segment_json
+            assert [from_json(b) for b in raw] == via_native_each(recs), "JSON fast path disagrees"
+            fns.update(native_us=via_native_each, native_collection_us=via_native,
+                       from_json_us=lambda _recs, raw=raw, f=from_json: [f(b) for b in raw])
+        row.update(best_us_per_span(fns, recs, spans, repeats))
+        row["bytes_per_span"] = len(via_pure(recs)) / spans
+        row["pure_vs_pb"] = row["pb_collection_us"] / row["pure_collection_us"]
+        if native:
+            row["native_vs_pure"] = row["pure_collection_us"] / row["native_collection_us"]
+            row["from_json_vs_decode_pure"] = (row["decode_us"] + row["pure_us"]) / row["from_json_us"]
         rows.append(row)
 
     print(f"Python {platform.python_version()}, protobuf {google.protobuf.__version__} "
-          f"({_pb_impl()}); us per span, best of {repeats}; {n_segments} segments per batch")
-    print(f"{'spans/seg':>9} | {'pb-objects':>10} {'hand':>8} | {'pb+collection':>13} "
-          f"{'hand+collection':>15} | {'speed-up':>8} | {'B/span':>6}")
+          f"({_pb_impl()}); us per span, best of {repeats}; {n_segments} segments per batch"
+          + ("" if native else "; native encoder not built"))
+    print(f"{'spans/seg':>9} | {'decode':>7} | {'pb-objects':>10} {'pure':>7} {'native':>7} "
+          f"{'from-json':>9} | "
+          f"{'pb+coll':>8} {'pure+coll':>10} {'native+coll':>12} | {'pure/pb':>7} {'native/pure':>11} | "
+          f"{'B/span':>6}")
+    def nat(r: dict[str, Any], key: str, width: int) -> str:
+        return f"{r[key]:>{width}.2f}" if native else f"{'-':>{width}}"
+
     for r in rows:
-        print(f"{r['spans_per_segment']:>9} | {r['pb_objects_us']:>10.2f} {r['hand_us']:>8.2f} | "
-              f"{r['pb_collection_us']:>13.2f} {r['hand_collection_us']:>15.2f} | "
-              f"{r['speedup']:>7.2f}x | {r['bytes_per_span']:>6.0f}")
+        print(f"{r['spans_per_segment']:>9} | {r['decode_us']:>7.2f} | {r['pb_objects_us']:>10.2f} "
+              f"{r['pure_us']:>7.2f} {nat(r, 'native_us', 7)} {nat(r, 'from_json_us', 9)} | "
+              f"{r['pb_collection_us']:>8.2f} "
+              f"{r['pure_collection_us']:>10.2f} {nat(r, 'native_collection_us', 12)} | "
+              f"{r['pure_vs_pb']:>6.2f}x {nat(r, 'native_vs_pure', 10)}x | {r['bytes_per_span']:>6.0f}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "benchmark": "encode_bench", "python": platform.python_version(),

@@ -11,6 +11,12 @@ class, on its own event loop in this process, i.e. one core) drains them through
 * ``grpc``    - the real gRPC sender (``collectInSync`` batches) to a sink in another
   process that only counts the bytes it receives.
 
+``encode`` and ``grpc`` run once per encoder (``--encoders native,native-decoded,pure``,
+interleaved, same records): ``native`` (``reporter_proc._encode_native`` when built, segments
+straight from the ring's JSON bytes), ``native-decoded`` (the same C encoder on records decoded
+by orjson) and ``pure`` (pure Python, decoded records), side by side with the ratio native/pure;
+``memory`` decodes every record and encodes nothing, and runs once.
+
 The clock runs from the reporter being ready to the last segment acknowledged.
 
 ``--memory-cap MIB``: instead, what the reporter's memory cap (``max_pending_bytes``) costs in
@@ -19,6 +25,7 @@ cap, and the reporter reads until the cap stops it; the growth of this process's
 compared with the payload bytes it holds (records stay raw bytes until they are sent).
 
     python benchmarks/reporter_bench.py [--quick] [--json PATH] [--protocols memory,encode,grpc]
+                                        [--spans 1,5,20] [--encoders native,native-decoded,pure]
     python benchmarks/reporter_bench.py --memory-cap 64 [--json PATH]
 """
 
@@ -40,6 +47,7 @@ sys.path.insert(0, ROOT)
 import orjson  # noqa: E402
 
 from ipc import Arena  # noqa: E402
+from reporter_proc import encode  # noqa: E402
 from reporter_proc import records as R  # noqa: E402
 from reporter_proc.loop import Reporter  # noqa: E402
 from reporter_proc.process import tune_gc  # noqa: E402
@@ -173,20 +181,34 @@ class EncodeOnlySender(MemorySender):
     """Encodes every batch like the gRPC sender would, then drops the bytes."""
 
     name = "encode"
+    raw_kinds = frozenset({"segment"})  # as the gRPC sender: raw JSON bytes in
 
     def __init__(self) -> None:
         super().__init__()
-        from reporter_proc import encode
-
-        self._encode = encode
         self.bytes = 0
         self.count = 0
 
     async def send_segments(self, records: list[Record]) -> None:
-        enc = self._encode
-        body = enc.segment_collection([enc.segment(r) for r in records])
+        # Looked up per call, like the gRPC sender does: use_encoder() switches both.
+        body = encode.segment_collection([encode.segment_payload(r) for r in records])
         self.bytes += len(body)
         self.count += len(records)
+
+
+# name -> (segment, log, segment_collection, JSON fast path or None)
+ENCODERS: dict[str, tuple[Any, Any, Any, Any]] = {
+    "pure": (encode.segment_py, encode.log_py, encode.segment_collection_py, None),
+}
+if encode.NATIVE is not None:
+    _N = encode.NATIVE
+    ENCODERS["native"] = (_N.segment, _N.log, _N.segment_collection, _N.segment_json)
+    # the native encoder on records decoded by orjson (what it did before the JSON fast path)
+    ENCODERS["native-decoded"] = (_N.segment, _N.log, _N.segment_collection, None)
+
+
+def use_encoder(name: str) -> None:
+    """Point reporter_proc.encode's public functions (what the senders call) at one encoder."""
+    encode.segment, encode.log, encode.segment_collection, encode._segment_json = ENCODERS[name]
 
 
 def make_sender(protocol: str, settings: ReporterSettings) -> Any:
@@ -227,8 +249,10 @@ def prepare(protocol: str, spans: int, count: int, workdir: str) -> Arena:
     return arena
 
 
-def one_run(arena: Arena, protocol: str, spans: int, count: int, port: int) -> dict[str, Any]:
+def one_run(arena: Arena, protocol: str, spans: int, count: int, port: int, *,
+            encoder: str) -> dict[str, Any]:
     try:
+        use_encoder("pure" if encoder == "-" else encoder)
         settings = ReporterSettings(
             service="bench-service",
             protocol="grpc" if protocol == "grpc" else "memory",
@@ -251,6 +275,7 @@ def one_run(arena: Arena, protocol: str, spans: int, count: int, port: int) -> d
             raise SystemExit(f"{protocol}: sent {c.sent} of {count} (dropped {c.dropped})")
         return {
             "protocol": protocol,
+            "encoder": encoder,
             "spans_per_segment": spans,
             "segments": count,
             "record_bytes": len(make_segment(0, spans)),
@@ -347,6 +372,9 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--protocols", default="memory,encode,grpc")
     parser.add_argument("--spans", default="1,5,20")
+    available = ",".join(e for e in ("native", "native-decoded", "pure") if e in ENCODERS)
+    parser.add_argument("--encoders", default=available,
+                        help="encoders to compare for encode/grpc (default: all available)")
     parser.add_argument("--memory-cap", type=int, metavar="MIB", help="measure the memory cap instead")
     args = parser.parse_args()
     if args.memory_cap:
@@ -368,6 +396,11 @@ def main() -> None:
         return
     protocols = [p for p in args.protocols.split(",") if p]
     sizes = [int(s) for s in args.spans.split(",") if s]
+    encoders = [e for e in args.encoders.split(",") if e]
+    missing = [e for e in encoders if e not in ENCODERS]
+    if missing:
+        raise SystemExit(f"encoder(s) not available: {missing} (native: run "
+                         "`python setup.py build_ext --inplace` or `pip install -e .`)")
     counts = {1: 40_000, 5: 20_000, 20: 6_000}
     if args.quick:
         counts = {1: 2_000, 5: 1_000, 20: 300}
@@ -376,16 +409,19 @@ def main() -> None:
     sink = None
     port = 0
     try:
-        plan = [(protocol, spans, counts.get(spans, 5_000)) for spans in sizes for protocol in protocols]
-        arenas = [prepare(protocol, spans, n, workdir) for protocol, spans, n in plan]
+        # Encoders alternate within each (size, protocol): side by side under the same load.
+        plan = [(protocol, spans, counts.get(spans, 5_000), encoder)
+                for spans in sizes for protocol in protocols
+                for encoder in (["-"] if protocol == "memory" else encoders)]
+        arenas = [prepare(f"{protocol}-{encoder}", spans, n, workdir) for protocol, spans, n, encoder in plan]
         if "grpc" in protocols:
             sink, port = start_sink(workdir)
         results = []
-        for arena, (protocol, spans, n) in zip(arenas, plan, strict=True):
-            results.append(one_run(arena, protocol, spans, n, port))
+        for arena, (protocol, spans, n, encoder) in zip(arenas, plan, strict=True):
+            results.append(one_run(arena, protocol, spans, n, port, encoder=encoder))
             r = results[-1]
             print(
-                f"  {protocol:<7} {spans:>2} spans: {r['segments_per_s']:>10,.0f} seg/s",
+                f"  {protocol:<7} {encoder:<6} {spans:>2} spans: {r['segments_per_s']:>10,.0f} seg/s",
                 file=sys.stderr,
                 flush=True,
             )
@@ -394,23 +430,38 @@ def main() -> None:
             sink.kill()
             sink.wait()
         shutil.rmtree(workdir, ignore_errors=True)
-    header = (
-        f"{'protocol':<9}{'spans':>6}{'segments':>10}{'rec bytes':>10}{'seg/s':>12}{'spans/s':>12}"
-        f"{'us/seg':>9}{'seg/cpu-s':>12}"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        print(
-            f"{r['protocol']:<9}{r['spans_per_segment']:>6}{r['segments']:>10}{r['record_bytes']:>10}"
-            f"{r['segments_per_s']:>12,.0f}{r['spans_per_s']:>12,.0f}{r['us_per_segment']:>9.1f}"
-            f"{r['segments_per_cpu_s']:>12,.0f}"
-        )
+    print_table(results, encoders)
     if args.json:
-        meta = {"python": sys.version.split()[0], "quick": args.quick, "writers": WRITERS}
+        meta = {"python": sys.version.split()[0], "quick": args.quick, "writers": WRITERS,
+                "encoders": encoders, "load_average": os.getloadavg()}
         with open(args.json, "wb") as f:
             f.write(orjson.dumps({"results": results, "meta": meta}, option=orjson.OPT_INDENT_2))
 
+
+def print_table(results: list[dict[str, Any]], encoders: list[str]) -> None:
+    """One row per protocol and size; per encoder seg/s (wall) and seg/cpu-s side by side."""
+    rows: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for r in results:
+        rows.setdefault((r["protocol"], r["spans_per_segment"]), {})[r["encoder"]] = r
+    cols = ["-", *encoders]
+    header = f"{'protocol':<9}{'spans':>6}{'segments':>10}{'rec bytes':>10}" + "".join(
+        f"{(e if e != '-' else 'no encode') + ' seg/s':>22}{'seg/cpu-s':>11}" for e in cols)
+    if "native" in encoders and "pure" in encoders:
+        header += f"{'native/pure':>13}"
+    print(header)
+    print("-" * len(header))
+    for (protocol, spans), by_encoder in rows.items():
+        first = next(iter(by_encoder.values()))
+        line = f"{protocol:<9}{spans:>6}{first['segments']:>10}{first['record_bytes']:>10}"
+        for e in cols:
+            r = by_encoder.get(e)
+            line += (f"{r['segments_per_s']:>22,.0f}{r['segments_per_cpu_s']:>11,.0f}" if r
+                     else f"{'':>22}{'':>11}")
+        if "native" in by_encoder and "pure" in by_encoder:
+            native, pure = by_encoder["native"], by_encoder["pure"]
+            ratio = native["segments_per_cpu_s"] / max(1.0, pure["segments_per_cpu_s"])
+            line += f"{ratio:>12.2f}x"
+        print(line)
 
 if __name__ == "__main__":
     main()

@@ -60,6 +60,9 @@ class Sender(abc.ABC):
     name: str = "abstract"
     supports: frozenset[str] = frozenset()
     address: str = ""
+    raw_kinds: frozenset[str] = frozenset()
+    """Kinds whose send method takes the records as the raw JSON bytes read from the rings
+    (delivery skips decoding them; the spool replay may still pass decoded records)."""
 
     async def start(self) -> None:  # noqa: B027 (optional hook)
         """Create channels, sessions or producers. Called inside the reporter's event loop."""

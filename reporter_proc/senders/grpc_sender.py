@@ -110,6 +110,7 @@ def channel_credentials(settings: ReporterSettings) -> grpc.ChannelCredentials |
 class GrpcSender(Sender):
     name = "grpc"
     supports = KINDS
+    raw_kinds = frozenset({"segment"})  # encoded from the JSON bytes (encode.segment_payload)
 
     def __init__(self, settings: ReporterSettings, *, segment_stream: bool | None = None,
                  stream_max_age_s: float = 30.0) -> None:
@@ -210,7 +211,7 @@ class GrpcSender(Sender):
 
     # -- data ------------------------------------------------------------------------------
     async def send_segments(self, records: list[Record]) -> None:
-        segments = encode_all(encode.segment, records)
+        segments = encode_all(encode.segment_payload, records)
         if not segments:
             return
         if self.segment_stream:

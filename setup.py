@@ -1,0 +1,24 @@
+"""Build of the optional native encoder; everything else is declared in pyproject.toml.
+
+``reporter_proc._encode_native`` (C, CPython API only, sources in ``reporter_proc/_native/``)
+speeds up the reporter's encoding of segments and logs. It is ``optional``: without a
+compiler or Python headers the install goes on and the reporter uses the pure-Python encoder
+(``reporter_proc/encode.py``), which produces the same bytes.
+"""
+
+from setuptools import Extension, setup
+
+NATIVE = "reporter_proc/_native/"
+
+setup(
+    ext_modules=[
+        Extension(
+            "reporter_proc._encode_native",
+            sources=[NATIVE + "module.c", NATIVE + "records.c", NATIVE + "json.c"],
+            depends=[NATIVE + "wire.h", NATIVE + "text.h"],
+            optional=True,
+            extra_compile_args=["-O2", "-std=c99", "-fvisibility=hidden", "-Wall", "-Wextra",
+                                "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
+        )
+    ]
+)
