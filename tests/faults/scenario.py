@@ -1,0 +1,270 @@
+"""One fault scenario: Gunicorn under ``swmp run`` with the real reporter, paced load, and
+the line it prints.
+
+    with App(tmp, backend, "outage", workers=3) as app, PacedLoad(app.port, 100) as load:
+        ...fault...
+    outcome = settle(backend, app.service, load.stop(), name="outage")
+    print(outcome.line())            # outage: served 3000 / delivered 3000 / duplicated 0 / lost 0 ...
+
+Accounting, by trace id (every request carries its own, see :mod:`tests.faults.load`):
+*served* = answered 2xx; *delivered* = served ids the backend received at least once;
+*duplicated* = segments received more than once for one id; *lost* = served - delivered.
+Requests that got no answer but whose segment arrived anyway are counted *unanswered
+delivered* (a worker finished the request after the client gave up): never a loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.collector import free_port
+from tests.faults.backend import FaultBackend
+from tests.faults.load import LoadTally
+from tests.servers import (
+    REPO_ROOT,
+    SWMP_RUN,
+    Proc,
+    Server,
+    agent_env,
+    gunicorn_command,
+    port_open,
+    wait_until,
+)
+
+RATE = float(os.environ.get("SWMP_FAULT_RATE", "100"))  # requests (= segments) per second
+OUTAGE_S = float(os.environ.get("SWMP_FAULT_OUTAGE_S", "20"))  # the long outage scenario
+FAULT_S = float(os.environ.get("SWMP_FAULT_S", "12"))  # black hole, error answers
+QUIET_S = 10.0  # settle: nothing new for this long and the delivery is taken as final
+SETTLE_TIMEOUT_S = float(os.environ.get("SWMP_FAULT_SETTLE_S", "120"))
+
+
+@dataclass
+class Outcome:
+    name: str
+    served: int
+    delivered: int
+    duplicated: int
+    lost: int
+    unanswered: int
+    unanswered_delivered: int
+    settle_s: float
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in self.notes.items())
+        return (
+            f"{self.name}: served {self.served} / delivered {self.delivered} / duplicated "
+            f"{self.duplicated} / lost {self.lost} (unanswered {self.unanswered}, of which delivered "
+            f"{self.unanswered_delivered}; settled in {self.settle_s:.1f} s{'; ' + extra if extra else ''})"
+        )
+
+
+def account(name: str, tally: LoadTally, received: Counter[str], settle_s: float = 0.0) -> Outcome:
+    served = set(tally.served)
+    delivered = served & set(received)
+    duplicated = sum(n - 1 for tid, n in received.items() if n > 1 and (tid in served or tid in tally.failed))
+    unanswered = set(tally.failed)
+    return Outcome(
+        name,
+        served=len(served),
+        delivered=len(delivered),
+        duplicated=duplicated,
+        lost=len(served - delivered),
+        unanswered=len(unanswered),
+        unanswered_delivered=len(unanswered & set(received)),
+        settle_s=settle_s,
+    )
+
+
+def settle(backend: FaultBackend, service: str, tally: LoadTally, name: str) -> Outcome:
+    """Wait until every served request's segment arrived, or nothing new came for
+    :data:`QUIET_S` (what is missing then is lost), and account."""
+    started = time.monotonic()
+    want = set(tally.served)
+    last_count, last_change = -1, time.monotonic()
+    while time.monotonic() - started < SETTLE_TIMEOUT_S:
+        received = backend.received(service)
+        if want <= set(received):
+            time.sleep(0.5)  # a late duplicate (a batch re-sent after a kill) still counts
+            break
+        count = sum(received.values())
+        if count != last_count:
+            last_count, last_change = count, time.monotonic()
+        elif time.monotonic() - last_change > QUIET_S:
+            break
+        time.sleep(0.1)
+    outcome = account(name, tally, backend.received(service), time.monotonic() - started)
+    print("\nFAULT " + outcome.line(), flush=True)
+    return outcome
+
+
+# -- the application ---------------------------------------------------------------------------
+class App:
+    """``swmp run -- gunicorn`` (sync workers, examples/app.py) reporting through the proxy.
+
+    Every process it started is stopped by pid on exit (also when the test failed): the
+    server's tree plus anything carrying its private arena directory.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        backend: FaultBackend,
+        service: str,
+        *,
+        workers: int = 3,
+        env: dict[str, str] | None = None,
+        wait_claims: int | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.service = service
+        self.workers = workers
+        self.port = free_port()
+        self.wait_claims = workers if wait_claims is None else wait_claims
+        app_dir = workdir / service
+        app_dir.mkdir(parents=True, exist_ok=True)
+        self.env = agent_env(app_dir, backend.address, service=service, extra=env)
+        self.proc = Proc(
+            [*SWMP_RUN, *gunicorn_command(self.port, workers=workers)],
+            self.env,
+            app_dir / f"gunicorn-{self.port}.log",
+            marker=self.env["SW_AGENT_ARENA_DIR"],
+        )
+        self.server = Server(
+            "gunicorn", self.proc, self.port, Path(self.env["SW_AGENT_ARENA_DIR"]), workers, self.env
+        )
+
+    def start(self) -> App:
+        self.proc.start()
+        self.server.arena_path()  # named after the master's start time: read it while it lives
+        self.proc.wait_log(r"Booting worker with pid", count=self.workers, timeout=60)
+        wait_until(lambda: port_open(self.port), 60, f"port {self.port}")
+        if self.wait_claims:
+            self.server.wait_workers_claimed(self.wait_claims, timeout=60)
+        self.server.wait_reporter(timeout=30)
+        return self
+
+    def __enter__(self) -> App:
+        try:
+            return self.start()
+        except BaseException:
+            self.proc.kill_all()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.stop(signal.SIGTERM, timeout=20)
+
+    def family(self) -> list[psutil.Process]:
+        return [p for p in self.proc.family() if _running(p)]
+
+    def reporters(self) -> list[psutil.Process]:
+        return self.server.reporters()
+
+    def supervisors(self) -> list[psutil.Process]:
+        return self.server.named_processes("swmp-supervisor")
+
+    def stop_and_leftovers(
+        self, sig: int = signal.SIGTERM, *, group: bool = False, within: float = 30.0
+    ) -> list[str]:
+        """Signal the master (or its whole process group, as systemd and Ctrl-C do) and
+        wait up to ``within`` s for every process of the application to exit; returns a
+        description of those still running then (they are killed afterwards by ``__exit__``)."""
+        if group:
+            os.killpg(os.getpgid(self.proc.pid), sig)
+        else:
+            self.proc.send(sig)
+        family = self.proc.family()
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if self.proc.popen is not None:
+                self.proc.popen.poll()  # reap the master
+            if not any(_running(p) for p in family + self.proc.family()):
+                return []
+            time.sleep(0.1)
+        return [f"{p.pid} {_name(p)}" for p in family + self.proc.family() if _running(p)]
+
+    def status(self) -> dict[str, Any]:
+        """This application's agent in ``swmp status --json`` (one reading)."""
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "swmp.cli",
+                "status",
+                "--json",
+                "--interval",
+                "0",
+                "--dir",
+                str(self.server.arena_dir),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO_ROOT,
+            env=self.env,
+            timeout=60,
+            check=False,
+        )
+        doc = json.loads(out.stdout or "{}")
+        agents = [a for a in doc.get("agents", []) if a.get("service") == self.service]
+        return agents[0] if agents else {}
+
+    def health(self) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "swmp.cli", "health", "--json", "--dir", str(self.server.arena_dir)],
+            capture_output=True,
+            text=True,
+            cwd=REPO_ROOT,
+            env=self.env,
+            timeout=60,
+            check=False,
+        )
+
+
+def counted_drops(agent: dict[str, Any]) -> int:
+    """Every record the agent says it dropped (rings, reporter, and any newer drop counter)."""
+    totals = agent.get("totals", {})
+    return sum(int(v or 0) for k, v in totals.items() if "drop" in k)
+
+
+def unique_service(prefix: str) -> str:
+    """A service name of this run only (a spool of an earlier run is never replayed into it)."""
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.Error:
+        return "?"
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(path: Path, size: str = "1m") -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` (root only), unmounted on exit."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
