@@ -45,11 +45,14 @@ from tests.servers import (
     wait_until,
 )
 
+# Durations: each is longer than the whole retry budget of a batch on the code before issue 16
+# (5 attempts, 0.5-8 s of backoff, send timeout + 1 s per attempt), so giving up shows as loss.
 RATE = float(os.environ.get("SWMP_FAULT_RATE", "100"))  # requests (= segments) per second
-OUTAGE_S = float(os.environ.get("SWMP_FAULT_OUTAGE_S", "20"))  # the long outage scenario
-FAULT_S = float(os.environ.get("SWMP_FAULT_S", "12"))  # black hole, error answers
-QUIET_S = 10.0  # settle: nothing new for this long and the delivery is taken as final
-SETTLE_TIMEOUT_S = float(os.environ.get("SWMP_FAULT_SETTLE_S", "120"))
+OUTAGE_S = float(os.environ.get("SWMP_FAULT_OUTAGE_S", "15"))  # backend port closed
+BLACKHOLE_S = float(os.environ.get("SWMP_FAULT_BLACKHOLE_S", "20"))  # accepts, never answers
+FAULT_S = float(os.environ.get("SWMP_FAULT_S", "10"))  # error answers, disk-full outage
+QUIET_S = 10.0  # settle: nothing new for this long and nothing pending: the delivery is final
+SETTLE_TIMEOUT_S = float(os.environ.get("SWMP_FAULT_SETTLE_S", "90"))
 
 
 @dataclass
@@ -90,12 +93,16 @@ def account(name: str, tally: LoadTally, received: Counter[str], settle_s: float
     )
 
 
-def settle(backend: FaultBackend, service: str, tally: LoadTally, name: str) -> Outcome:
+def settle(
+    backend: FaultBackend, service: str, tally: LoadTally, name: str, app: App | None = None
+) -> Outcome:
     """Wait until every served request's segment arrived, or nothing new came for
-    :data:`QUIET_S` (what is missing then is lost), and account."""
+    :data:`QUIET_S` while the agent (``app``, when still running) holds nothing pending in
+    memory or in its spool; what is missing then is lost. Bounded by SETTLE_TIMEOUT_S."""
     started = time.monotonic()
     want = set(tally.served)
     last_count, last_change = -1, time.monotonic()
+    held = 0
     while time.monotonic() - started < SETTLE_TIMEOUT_S:
         received = backend.received(service)
         if want <= set(received):
@@ -105,11 +112,28 @@ def settle(backend: FaultBackend, service: str, tally: LoadTally, name: str) -> 
         if count != last_count:
             last_count, last_change = count, time.monotonic()
         elif time.monotonic() - last_change > QUIET_S:
-            break
+            held = app.held_records() if app is not None else 0
+            if not held:
+                break
+            last_change = time.monotonic()  # the reporter still holds data: it may yet send it
         time.sleep(0.1)
     outcome = account(name, tally, backend.received(service), time.monotonic() - started)
+    if held:
+        outcome.notes["still_held"] = held
     print("\nFAULT " + outcome.line(), flush=True)
     return outcome
+
+
+def heal_and_time_resume(backend: FaultBackend, within: float) -> float | None:
+    """Heal the backend; seconds until the next segment arrives (None: not within ``within``)."""
+    before = backend.collector.segment_count
+    healed = time.monotonic()
+    backend.heal()
+    while time.monotonic() - healed < within:
+        if backend.collector.segment_count > before:
+            return round(time.monotonic() - healed, 2)
+        time.sleep(0.01)
+    return None
 
 
 # -- the application ---------------------------------------------------------------------------
@@ -222,6 +246,11 @@ class App:
         agents = [a for a in doc.get("agents", []) if a.get("service") == self.service]
         return agents[0] if agents else {}
 
+    def held_records(self) -> int:
+        """Bytes pending in the reporter's memory plus records in its spool (0 when gone)."""
+        agent = self.status() if self.proc.alive() else {}
+        return int(agent.get("pending_bytes") or 0) + int((agent.get("spool") or {}).get("records") or 0)
+
     def health(self) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "swmp.cli", "health", "--json", "--dir", str(self.server.arena_dir)],
@@ -260,7 +289,7 @@ def _name(p: psutil.Process) -> str:
 
 
 @contextlib.contextmanager
-def tiny_tmpfs(path: Path, size: str = "1m") -> Iterator[Path]:
+def tiny_tmpfs(path: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` mounted at ``path`` (root only), unmounted on exit."""
     path.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
