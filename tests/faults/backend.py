@@ -101,9 +101,10 @@ class IdCollector(Collector):
         with self._lock:
             return Counter({tid: n for (svc, tid), n in self.trace_ids.items() if svc == service})
 
-    def pings_of(self, service: str) -> int:
+    def properties_of(self, service: str) -> int:
+        """Instance-properties reports received for ``service`` (called under the lock too)."""
         with self._lock:
-            return sum(1 for p in self.pings if p.service == service)
+            return sum(1 for p in self.properties if p.service == service)
 
 
 class FaultBackend:

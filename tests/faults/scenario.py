@@ -155,6 +155,7 @@ class App:
         wait_claims: int | None = None,
     ) -> None:
         self.workdir = workdir
+        self.backend = backend
         self.service = service
         self.workers = workers
         self.port = free_port()
@@ -180,6 +181,13 @@ class App:
         if self.wait_claims:
             self.server.wait_workers_claimed(self.wait_claims, timeout=60)
         self.server.wait_reporter(timeout=30)
+        # Ready means delivering: the reporter has imported its client, connected and
+        # announced the workers (a loaded machine takes seconds; a fault injected before
+        # that would hit records that never had a chance).
+        announced = self.backend.collector.wait_for(
+            lambda: self.backend.collector.properties_of(self.service) >= self.wait_claims, timeout=60
+        )
+        assert announced, f"{self.service}: workers not announced to the backend\n{self.proc.tail()}"
         return self
 
     def __enter__(self) -> App:
