@@ -51,7 +51,7 @@ RATE = float(os.environ.get("SWMP_FAULT_RATE", "100"))  # requests (= segments) 
 OUTAGE_S = float(os.environ.get("SWMP_FAULT_OUTAGE_S", "15"))  # backend port closed
 BLACKHOLE_S = float(os.environ.get("SWMP_FAULT_BLACKHOLE_S", "20"))  # accepts, never answers
 FAULT_S = float(os.environ.get("SWMP_FAULT_S", "10"))  # error answers, disk-full outage
-QUIET_S = 10.0  # settle: nothing new for this long and nothing pending: the delivery is final
+QUIET_S = 6.0  # settle: nothing new for this long and nothing pending: the delivery is final
 SETTLE_TIMEOUT_S = float(os.environ.get("SWMP_FAULT_SETTLE_S", "90"))
 
 
@@ -255,8 +255,11 @@ class App:
         return agents[0] if agents else {}
 
     def held_records(self) -> int:
-        """Bytes pending in the reporter's memory plus records in its spool (0 when gone)."""
+        """Bytes pending in a live reporter's memory plus records in its spool (0 when no
+        reporter runs: a dead one's last status document promises nothing)."""
         agent = self.status() if self.proc.alive() else {}
+        if not (agent.get("reporter") or {}).get("alive"):
+            return 0
         return int(agent.get("pending_bytes") or 0) + int((agent.get("spool") or {}).get("records") or 0)
 
     def health(self) -> subprocess.CompletedProcess[str]:
