@@ -229,20 +229,10 @@ class App:
             time.sleep(0.1)
         return [f"{p.pid} {_name(p)}" for p in family + self.proc.family() if _running(p)]
 
-    def status(self) -> dict[str, Any]:
-        """This application's agent in ``swmp status --json`` (one reading)."""
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "swmp.cli",
-                "status",
-                "--json",
-                "--interval",
-                "0",
-                "--dir",
-                str(self.server.arena_dir),
-            ],
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``swmp ARGS --dir <this application's arena directory>``, as an operator runs it."""
+        return subprocess.run(
+            [sys.executable, "-m", "swmp.cli", *args, "--dir", str(self.server.arena_dir)],
             capture_output=True,
             text=True,
             cwd=REPO_ROOT,
@@ -250,7 +240,10 @@ class App:
             timeout=60,
             check=False,
         )
-        doc = json.loads(out.stdout or "{}")
+
+    def status(self) -> dict[str, Any]:
+        """This application's agent in ``swmp status --json`` (one reading)."""
+        doc = json.loads(self.cli("status", "--json", "--interval", "0").stdout or "{}")
         agents = [a for a in doc.get("agents", []) if a.get("service") == self.service]
         return agents[0] if agents else {}
 
@@ -263,15 +256,7 @@ class App:
         return int(agent.get("pending_bytes") or 0) + int((agent.get("spool") or {}).get("records") or 0)
 
     def health(self) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "swmp.cli", "health", "--json", "--dir", str(self.server.arena_dir)],
-            capture_output=True,
-            text=True,
-            cwd=REPO_ROOT,
-            env=self.env,
-            timeout=60,
-            check=False,
-        )
+        return self.cli("health", "--json")
 
 
 def counted_drops(agent: dict[str, Any]) -> int:
