@@ -15,8 +15,10 @@ Durations (CI defaults; the documented long run is in docs/reliability.md)::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -27,6 +29,7 @@ import pytest
 
 from tests.faults.backend import FaultBackend, fault_backend
 from tests.faults.load import PacedLoad
+from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import (
     BLACKHOLE_S,
     FAULT_S,
@@ -85,7 +88,56 @@ def assert_nothing_lost(outcome: Outcome) -> None:
     assert outcome.lost == 0, outcome.line()
 
 
-# -- control: the harness itself, no fault ----------------------------------------------------
+# -- the harness itself ------------------------------------------------------------------------
+@contextlib.contextmanager
+def echo_server() -> Iterator[int]:
+    """A TCP echo server on a free port (one thread per connection)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):  # the proxy resets it on purpose
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def test_proxy_passes_refuses_and_black_holes() -> None:
+    with echo_server() as port, FaultProxy(("127.0.0.1", port)) as proxy:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as c:
+            c.sendall(b"ping")
+            assert c.recv(4) == b"ping"
+            proxy.set_mode("blackhole")  # the live connection stops answering too
+            c.sendall(b"lost")
+            c.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                c.recv(4)
+            proxy.set_mode("pass")  # the black-holed connection is reset: clients reconnect
+            c.settimeout(10)
+            with pytest.raises(OSError):
+                c.sendall(b"x")
+                if not c.recv(1):
+                    raise ConnectionResetError("closed")
+        proxy.set_mode("closed")
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+        proxy.set_mode("pass")  # the same port again
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as c:
+            c.sendall(b"back")
+            assert c.recv(4) == b"back"
+
+
+# -- control: the harness end to end, no fault --------------------------------------------------
 def test_no_fault_everything_delivered(tmp_path: Path, healthy: FaultBackend) -> None:
     with App(tmp_path, healthy, unique_service("control")) as app:
         with PacedLoad(app.port, RATE) as load:
@@ -204,7 +256,7 @@ def test_process_group_sigterm_under_load_loses_nothing(tmp_path: Path, healthy:
     assert leftovers == []
     assert slow, "no request was in flight at the SIGTERM"
     assert_nothing_lost(outcome)
-    assert not list(app.server.arena_dir.glob("*.arena")), "arena left behind"
+    assert not app.server.arena_path().exists(), "arena left behind"
 
 
 @pytest.mark.xfail(
@@ -222,8 +274,9 @@ def test_master_sigterm_during_outage_then_restart_loses_nothing(
         leftovers = app.stop_and_leftovers(signal.SIGTERM)
     assert leftovers == [], "processes still running after SIGTERM during an outage"
     healthy.heal()
-    # The same application started again: what the first run kept is delivered now.
-    with App(tmp_path / "again", healthy, service) as again:
+    # The same application (same service, same directories) started again: what the first
+    # run kept is delivered now.
+    with App(tmp_path, healthy, service) as again:
         outcome = settle(healthy, service, load.tally, "master SIGTERM in outage, restart", again)
     assert_nothing_lost(outcome)
 
@@ -270,6 +323,8 @@ def test_disk_full_spool_counts_what_it_drops(tmp_path: Path, healthy: FaultBack
             outcome.notes["spool_free_at_heal"] = filled.f_bavail * filled.f_frsize
             print("FAULT   " + outcome.line(), flush=True)
             assert app.stop_and_leftovers() == []
+    # The scenario happened: the spool filled its disk.
+    assert filled.f_bavail * filled.f_frsize < 64 * 1024, outcome.line()
     # The application never noticed; every loss is counted.
     assert outcome.unanswered == 0, outcome.line()
     assert counted_drops(agent) >= outcome.lost, outcome.line()
