@@ -77,7 +77,9 @@ def run_fault(app: App, backend: FaultBackend, name: str, fault: str, seconds: f
         time.sleep(seconds)
         resumed = heal_and_time_resume(backend, AFTER_S)
         load.wait_served(int(RATE * AFTER_S / 2))
+    elapsed = time.monotonic() - load.started
     outcome = settle(backend, app.service, load.tally, name, app)
+    outcome.notes["served_per_s"] = round(outcome.served / elapsed)
     outcome.notes["resumed_s"] = resumed if resumed is not None else f">{AFTER_S:g}"
     print("FAULT   " + outcome.line(), flush=True)
     return outcome

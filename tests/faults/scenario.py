@@ -48,6 +48,7 @@ from tests.servers import (
 # Durations: each is longer than the whole retry budget of a batch on the code before issue 16
 # (5 attempts, 0.5-8 s of backoff, send timeout + 1 s per attempt), so giving up shows as loss.
 RATE = float(os.environ.get("SWMP_FAULT_RATE", "100"))  # requests (= segments) per second
+WORKERS = int(os.environ.get("SWMP_FAULT_WORKERS", "3"))  # Gunicorn sync workers per application
 OUTAGE_S = float(os.environ.get("SWMP_FAULT_OUTAGE_S", "15"))  # backend port closed
 BLACKHOLE_S = float(os.environ.get("SWMP_FAULT_BLACKHOLE_S", "20"))  # accepts, never answers
 FAULT_S = float(os.environ.get("SWMP_FAULT_S", "10"))  # error answers, disk-full outage
@@ -81,7 +82,7 @@ def account(name: str, tally: LoadTally, received: Counter[str], settle_s: float
     delivered = served & set(received)
     duplicated = sum(n - 1 for tid, n in received.items() if n > 1 and (tid in served or tid in tally.failed))
     unanswered = set(tally.failed)
-    return Outcome(
+    outcome = Outcome(
         name,
         served=len(served),
         delivered=len(delivered),
@@ -91,6 +92,9 @@ def account(name: str, tally: LoadTally, received: Counter[str], settle_s: float
         unanswered_delivered=len(unanswered & set(received)),
         settle_s=settle_s,
     )
+    if tally.late:  # the load could not keep the asked rate (a busy machine): say so
+        outcome.notes["late_skipped"] = tally.late
+    return outcome
 
 
 def settle(
@@ -150,7 +154,7 @@ class App:
         backend: FaultBackend,
         service: str,
         *,
-        workers: int = 3,
+        workers: int = WORKERS,
         env: dict[str, str] | None = None,
         wait_claims: int | None = None,
     ) -> None:
