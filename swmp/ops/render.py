@@ -133,7 +133,7 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
     out.append(_row("reporter", reporter))
 
     t = a["totals"]
-    no_slot = t.get("no_slot_dropped", 0)
+    dropped = t["ring_dropped"] + t["ring_skipped"] + t["reporter_dropped"] + t.get("no_slot_dropped", 0)
     out.append(
         _row(
             "totals",
@@ -142,7 +142,7 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
                 f"retried {fmt.count(t['retried'])}",
                 f"failed {fmt.count(t['failed'])}",
                 f"spooled {fmt.count(t['spooled'])}",
-                f"dropped {fmt.count(t['ring_dropped'] + t['ring_skipped'] + t['reporter_dropped'] + no_slot)}",
+                f"dropped {fmt.count(dropped)}",
             ),
         )
     )
