@@ -151,9 +151,6 @@ def test_no_fault_everything_delivered(tmp_path: Path, healthy: FaultBackend) ->
 
 
 # -- backend faults ----------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True, reason="fixed by branch outage (spool by default, no give-up, capped backoff)"
-)
 def test_outage_under_load_loses_nothing(tmp_path: Path, healthy: FaultBackend) -> None:
     with App(tmp_path, healthy, unique_service("outage")) as app:
         outcome = run_fault(app, healthy, f"outage {OUTAGE_S:.0f} s at {RATE:.0f}/s", "outage", OUTAGE_S)
@@ -161,7 +158,6 @@ def test_outage_under_load_loses_nothing(tmp_path: Path, healthy: FaultBackend) 
     assert_nothing_lost(outcome)
 
 
-@pytest.mark.xfail(strict=True, reason="fixed by branch outage (never give a batch up while it can be kept)")
 def test_backend_that_never_answers_loses_nothing(tmp_path: Path, healthy: FaultBackend) -> None:
     # A 1 s send timeout: the hung calls time out and are retried many times within the fault.
     env = {"SW_AGENT_REPORTER_SEND_TIMEOUT": "1"}
@@ -171,7 +167,6 @@ def test_backend_that_never_answers_loses_nothing(tmp_path: Path, healthy: Fault
     assert_nothing_lost(outcome)
 
 
-@pytest.mark.xfail(strict=True, reason="fixed by branch outage (never give a batch up for unavailability)")
 def test_backend_answering_unavailable_loses_nothing(tmp_path: Path, healthy: FaultBackend) -> None:
     with App(tmp_path, healthy, unique_service("errors")) as app:
         outcome = run_fault(app, healthy, f"UNAVAILABLE {FAULT_S:.0f} s", "answer_errors", FAULT_S)
@@ -180,9 +175,6 @@ def test_backend_answering_unavailable_loses_nothing(tmp_path: Path, healthy: Fa
     assert healthy.collector.failed_calls, "the collector never answered an error"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="fixed by branch outage (byte-limited batches, split on RESOURCE_EXHAUSTED)"
-)
 def test_oversize_rejection_splits_and_loses_nothing(tmp_path: Path, healthy: FaultBackend) -> None:
     # A second of records per batch: well over the strict collector's 16 KiB per message.
     env = {"SW_AGENT_REPORTER_FLUSH_INTERVAL": "1"}
@@ -213,7 +205,6 @@ def test_reporter_sigkill_under_load_loses_nothing(tmp_path: Path, healthy: Faul
     assert_nothing_lost(outcome)
 
 
-@pytest.mark.xfail(strict=True, reason="fixed by branch procs (supervisor death noticed and recovered)")
 def test_supervisor_and_reporter_sigkill_loses_nothing(tmp_path: Path, healthy: FaultBackend) -> None:
     with App(tmp_path, healthy, unique_service("supervisor-kill")) as app:
         with PacedLoad(app.port, RATE) as load:
@@ -232,7 +223,6 @@ def test_supervisor_and_reporter_sigkill_loses_nothing(tmp_path: Path, healthy: 
     assert_nothing_lost(outcome)
 
 
-@pytest.mark.xfail(strict=True, reason="fixed by branch procs (drain until every worker of the arena exited)")
 def test_process_group_sigterm_under_load_loses_nothing(tmp_path: Path, healthy: FaultBackend) -> None:
     with App(tmp_path, healthy, unique_service("pgroup")) as app:
         slow: list[str] = []
@@ -261,9 +251,6 @@ def test_process_group_sigterm_under_load_loses_nothing(tmp_path: Path, healthy:
     assert not app.server.arena_path().exists(), "arena left behind"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="fixed by branch outage (spool on by default, replayed by the next start)"
-)
 def test_master_sigterm_during_outage_then_restart_loses_nothing(
     tmp_path: Path, healthy: FaultBackend
 ) -> None:
@@ -283,17 +270,15 @@ def test_master_sigterm_during_outage_then_restart_loses_nothing(
     assert_nothing_lost(outcome)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="fixed by branch forks (slot exhaustion counted, fails the drops check)"
-)
 def test_slot_exhaustion_is_counted_and_unhealthy(tmp_path: Path, healthy: FaultBackend) -> None:
     env = {"SW_AGENT_ARENA_SLOTS": "2"}
     with App(tmp_path, healthy, unique_service("slots"), workers=4, env=env, wait_claims=2) as app:
         with PacedLoad(app.port, RATE) as load:
             load.wait_served(int(RATE * 3))
+            # While records are being lost: health looks at an interval, as a probe does.
+            health = app.health()
         outcome = settle(healthy, app.service, load.tally, "slot exhaustion (4 workers, 2 slots)", app)
         agent = app.status()
-        health = app.health()
         outcome.notes["counted_drops"] = counted_drops(agent)
         outcome.notes["health_exit"] = health.returncode
         print("FAULT   " + outcome.line(), flush=True)
