@@ -37,7 +37,10 @@ ROUTES = {"/fork": 3, "/pool": 2, "/preexec": 5}
 
 
 def _arena_files(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.endswith((".arena", ".wake")))
+    """Arena and doorbell files in ``directory`` and in the private per-user directories in it."""
+    found = [p for p in directory.glob("*") if p.name.endswith((".arena", ".wake"))]
+    found += [p for p in directory.glob("*/*") if p.name.endswith((".arena", ".wake"))]
+    return sorted(p.name for p in found)
 
 
 @pytest.mark.parametrize("server_kind", ["gunicorn", "uwsgi"])
