@@ -92,9 +92,18 @@ class OapServer:
     namespace: str = ""
     startup_s: float = 0.0
     query: OapGraphQL = field(init=False, repr=False)
+    # The UTC day it started on: its H2 storage has one table per day and creates only the
+    # day it started on, so past midnight it refuses every write ("Table ..._<day> not found").
+    day: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.query = OapGraphQL(self.graphql)
+        self.day = _utc_day()
+
+    def take_over(self, other: OapServer) -> None:
+        """Become ``other`` (a fresh OAP), so the tests' session object stays the same."""
+        for name in ("grpc", "rest", "graphql", "pid", "run_dir", "startup_s", "query", "day"):
+            setattr(self, name, getattr(other, name))
 
     @property
     def log_file(self) -> Path:
@@ -102,6 +111,10 @@ class OapServer:
 
     def stop(self) -> None:
         stop_pid_file(self.run_dir / "oap.pid")
+
+
+def _utc_day() -> str:
+    return time.strftime("%Y%m%d", time.gmtime())
 
 
 def unique_name(prefix: str = "swmp-test") -> str:
@@ -347,6 +360,21 @@ def oap_server(
     server = _oap_fixture(request, tmp_path_factory.mktemp("oap"), None, "oap")
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _oap_of_today(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A session that crossed midnight (UTC) gets a fresh OAP before its next OAP test."""
+    for name, kafka in (("oap_server", False), ("oap_with_kafka", True)):
+        if name not in request.fixturenames:
+            continue
+        server: OapServer = request.getfixturevalue(name)
+        if server.day == _utc_day():
+            continue
+        server.stop()
+        broker = request.getfixturevalue("kafka_broker") if kafka else None
+        fresh = _oap_fixture(request, tmp_path_factory.mktemp("oap-next-day"), broker, f"{name} (new day)")
+        server.take_over(fresh)
 
 
 @pytest.fixture(scope="session")
