@@ -165,6 +165,18 @@ class Delivery:
             if self.should_give_up(attempt):
                 self.give_up(batch, failure)
                 return
+            if attempt == j.settings.retry_max_attempts:
+                # Kept, not given up (no spool, memory not full): still say so once, or a
+                # broken backend (a wrong CA, a wrong address) shows only in the status.
+                j.log_once(
+                    "keeping",
+                    logging.WARNING,
+                    "backend unavailable (%r): %d %s records kept in memory after %d attempts; retrying",
+                    failure,
+                    n,
+                    kind,
+                    attempt,
+                )
             c.retried += 1
             delay = backoff(j, attempt)
             if self.stop.stopping:
