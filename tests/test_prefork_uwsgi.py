@@ -128,6 +128,10 @@ def test_reload_keeps_exactly_one_reporter(tmp_path: Path, how: str, lazy_apps: 
             cmd = uwsgi_command(port, workers=3, extra=extra)
         with run_server("uwsgi", tmp_path, cmd, env, port=port, workers=3, swmp_run=not lazy_apps) as srv:
             first = load(port, ["/cpu"], 90, concurrency=3)
+            # A client has its answer before the worker's WSGI close() ends the span and writes
+            # the segment; a brutal reload (SIGTERM) kills the workers at once and can take the
+            # last one with it (seen: 179 of 180). So the reload comes once they are written.
+            wait_segments(col, 90, "r")
             reporter = [p.pid for p in srv.reporters()]
             assert len(reporter) == 1
             old = set(srv.worker_pids())
