@@ -1,9 +1,12 @@
-"""Build of the optional native encoder; everything else is declared in pyproject.toml.
+"""Build of the optional native modules; everything else is declared in pyproject.toml.
 
 ``reporter_proc._encode_native`` (C, CPython API only, sources in ``reporter_proc/_native/``)
 speeds up the reporter's encoding of segments and logs. It is ``optional``: without a
 compiler or Python headers the install goes on and the reporter uses the pure-Python encoder
 (``reporter_proc/encode.py``), which produces the same bytes.
+
+``swmp._spancore`` (C, sources in ``swmp/_native/``) is the native core of a span's life in
+the application's workers; without it ``swmp.tracing.span`` uses its pure-Python core.
 """
 
 from setuptools import Extension, setup
@@ -19,6 +22,14 @@ setup(
             optional=True,
             extra_compile_args=["-O2", "-std=c99", "-fvisibility=hidden", "-Wall", "-Wextra",
                                 "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
-        )
+        ),
+        Extension(
+            "swmp._spancore",
+            sources=["swmp/_native/spancore.c"],
+            optional=True,
+            extra_compile_args=["-O2", "-std=c99", "-fvisibility=hidden", "-Wall", "-Wextra",
+                                "-Wno-unused-parameter", "-Wno-missing-field-initializers",
+                                "-Wno-cast-function-type"],
+        ),
     ]
 )

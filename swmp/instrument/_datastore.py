@@ -33,7 +33,7 @@ from swmp.tracing.constants import (
     Layer,
 )
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NOOP, NoopSpan, Span, current_span
+from swmp.tracing.span import NO_TAGS, NOOP, NoopSpan, Span, current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -55,7 +55,8 @@ def failed(where: str, e: Exception) -> NoopSpan:
 
 def guarded(start: Callable[..., Any]) -> Callable[..., Any]:
     """``start`` (which reads the driver's arguments and opens a span) made unable to fail
-    the application's call: see :func:`failed`."""
+    the application's call: see :func:`failed`. The wrappers made here inline the same
+    guard around the unwrapped function (``__swmp_start__``): one call less per traced call."""
     where = f"{start.__module__}.{start.__qualname__}"
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -66,10 +67,19 @@ def guarded(start: Callable[..., Any]) -> Callable[..., Any]:
 
     run.__name__ = start.__name__
     run.__qualname__ = start.__qualname__
+    run.__swmp_start__ = (start, where)  # type: ignore[attr-defined]
     return run
 
 
-_NO_TAGS = Span.tags  # the class-level "no tags yet" marker
+def unguarded(start: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
+    """The function a :func:`guarded` wraps and the place its failures are logged under."""
+    inner = getattr(start, "__swmp_start__", None)
+    if inner is not None:
+        return inner  # type: ignore[no-any-return]
+    return start, f"{start.__module__}.{start.__qualname__}"
+
+
+_NO_TAGS = NO_TAGS
 _DATABASE = Layer.DATABASE
 _CACHE = Layer.CACHE
 
@@ -87,8 +97,27 @@ def configure(config: Config) -> None:
     settings.collect_keys = config.plugin_cache_collect_keys
 
 
+_peers: dict[tuple[Any, Any], str] = {}
+
+
 def peer(host: Any, port: Any) -> str:
-    """``host:port``; a Unix socket path alone; IPv6 literals bracketed."""
+    """``host:port``; a Unix socket path alone; IPv6 literals bracketed. A worker talks to a
+    few servers: the text of each is made once (the memo is bounded: cleared when full)."""
+    try:
+        return _peers[host, port]
+    except (KeyError, TypeError):  # TypeError: an unhashable host (never seen; still served)
+        pass
+    text = _peer_text(host, port)
+    try:
+        if len(_peers) >= 1024:
+            _peers.clear()
+        _peers[host, port] = text
+    except TypeError:
+        pass
+    return text
+
+
+def _peer_text(host: Any, port: Any) -> str:
     h = host.decode() if isinstance(host, bytes) else str(host or "")
     if h.startswith("/") or port in (None, ""):
         return h
@@ -202,6 +231,19 @@ READ_COMMANDS = frozenset(_READ.split())
 WRITE_COMMANDS = frozenset(_WRITE.split())
 
 
+_cache_ops: dict[str, str] = {}
+
+
+def _cache_op(cmd: str) -> str:
+    """:func:`cache_op`, remembered per command name (a bounded set in practice)."""
+    k = _cache_ops.get(cmd)
+    if k is None:
+        k = cache_op(cmd)
+        if len(_cache_ops) < 4096:
+            _cache_ops[cmd] = k
+    return k
+
+
 def cache_op(cmd: str) -> str:
     """``"read"``, ``"write"`` or ``""`` for a Redis or memcached command name."""
     if cmd in READ_COMMANDS:
@@ -226,13 +268,19 @@ def cache_span(  # noqa: PLR0917
     ``cache.type``/``cache.cmd``/``cache.op``/``cache.key`` (and ``db.instance`` if given)."""
     span = _ctx.new_exit_span(op, address, component, _CACHE)
     if span.__class__ is Span:
-        span.tag(TAG_CACHE_TYPE, cache_type)
-        span.tag(TAG_CACHE_CMD, cmd)
-        k = cache_op(cmd) if kind is None else kind
-        if k:
-            span.tag(TAG_CACHE_OP, k)
+        k = _cache_op(cmd) if kind is None else kind
+        if span.tags is _NO_TAGS and len(cmd) <= limits.tag_value_max:
+            # The common case in one list (what the span.tag calls below would build).
+            tags = span.tags = [TAG_CACHE_TYPE, cache_type, TAG_CACHE_CMD, cmd]
+            if k:
+                tags += (TAG_CACHE_OP, k)
+        else:
+            span.tag(TAG_CACHE_TYPE, cache_type)
+            span.tag(TAG_CACHE_CMD, cmd)
+            if k:
+                span.tag(TAG_CACHE_OP, k)
         if key is not None and settings.collect_keys:
-            span.tag(TAG_CACHE_KEY, text(key))
+            span.tag(TAG_CACHE_KEY, key if key.__class__ is str else text(key))
         if instance:
             span.tag(TAG_DB_INSTANCE, instance)
     return span
@@ -356,7 +404,8 @@ def cursor_method(
         if is_async:
 
             async def traced(self: Any, query: Any, args: Any, rest: Any) -> Any:
-                args = rows(args)
+                if many:
+                    args = rows(args)
                 with start(self, query, args):
                     return await orig(self, query, args, *rest)
 
@@ -374,7 +423,8 @@ def cursor_method(
                 args = () if method == "callproc" else None
             if outside() is None:
                 return orig(self, query, args, *rest)
-            args = rows(args)
+            if many:
+                args = rows(args)
             with start(self, query, args):
                 return orig(self, query, args, *rest)
 
@@ -393,13 +443,19 @@ def traced_method(
     when called inside a trace, and is called directly otherwise. For an async method, the
     wrapper returns the driver's own coroutine outside a trace."""
 
-    start = guarded(start)
+    begin, place = unguarded(start)
+
+    def opened(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Span | NoopSpan:
+        try:
+            return begin(self, args, kwargs)  # type: ignore[no-any-return]
+        except Exception as e:
+            return failed(place, e)
 
     def make(orig: Any) -> Any:
         if is_async:
 
             async def traced(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-                with start(self, args, kwargs):
+                with opened(self, args, kwargs):
                     return await orig(self, *args, **kwargs)
 
             def amethod(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -412,7 +468,11 @@ def traced_method(
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
             if outside() is None:
                 return orig(self, *args, **kwargs)
-            with start(self, args, kwargs):
+            try:  # opened(), inlined: this runs on every traced call
+                span = begin(self, args, kwargs)
+            except Exception as e:
+                span = failed(place, e)
+            with span:
                 return orig(self, *args, **kwargs)
 
         return method

@@ -46,15 +46,17 @@ def _key(key: Any) -> Any:
 def _command(cmd: str) -> Any:
     op = "Memcached/" + cmd
 
-    @_ds.guarded
-    def start(client: Any, key: Any) -> Any:
-        return _ds.cache_span(op, _address(client), _COMPONENT, "Memcached", cmd, _key(key))
+    place = f"{__name__}.{cmd}"
 
     def make(orig: Any) -> Any:
         def method(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
             if _outside() is None:
                 return orig(self, key, *args, **kwargs)
-            with start(self, key):
+            try:  # the span may fail to open (a changed client), never the call
+                span = _ds.cache_span(op, _address(self), _COMPONENT, "Memcached", cmd, _key(key))
+            except Exception as e:
+                span = _ds.failed(place, e)
+            with span:
                 return orig(self, key, *args, **kwargs)
 
         return method

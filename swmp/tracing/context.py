@@ -30,6 +30,7 @@ from swmp.tracing.limits import limits, stats
 from swmp.tracing.sampling import sampler as _sampler_holder
 from swmp.tracing.segment import Segment, cross_process_ref, cross_thread_ref
 from swmp.tracing.span import NOOP, IgnoredSpan, NoopSpan, Span, current_span
+from swmp.tracing.span import exit_child as _exit_child
 
 _get_current = current_span.get
 _ENTRY = Kind.ENTRY
@@ -230,7 +231,7 @@ def new_entry_span(
     return span
 
 
-def new_exit_span(
+def _new_exit_span(
     op: str,
     peer: str,
     component: int = Component.PYTHON,
@@ -254,6 +255,27 @@ def new_exit_span(
             seg._open.append(None)
             return Span(seg, n, parent.span_id, op, _EXIT, layer, component, peer)
     return seg.start_span(parent.span_id, op, _EXIT, layer, component, peer)  # the rare cases
+
+
+if _exit_child is None:
+    new_exit_span = _new_exit_span
+else:
+    _native_exit_child = _exit_child
+
+    def new_exit_span(
+        op: str,
+        peer: str,
+        component: int = Component.PYTHON,
+        layer: int = Layer.HTTP,
+        carrier: Snapshot | None = None,
+    ) -> Span | NoopSpan:
+        """An exit span: a child of the current span, or the first span of a new segment
+        (with ``carrier``, continuing a captured trace); :data:`NOOP` directly inside an
+        exit span or an ignored trace."""
+        span = _native_exit_child(op, peer, component, layer)  # the common case, native
+        if span is not None:
+            return span
+        return _new_exit_span(op, peer, component, layer, carrier)
 
 
 def new_local_span(

@@ -37,7 +37,7 @@ from swmp.propagation import b64
 from swmp.tracing.identity import identity
 from swmp.tracing.ids import new_id
 from swmp.tracing.limits import limits, stats
-from swmp.tracing.span import IgnoredSpan, NoopSpan, Span, b64_cached
+from swmp.tracing.span import IgnoredSpan, NoopSpan, Span, b64_cached, span_rows
 
 log = logging.getLogger("swmp.tracing")
 
@@ -142,32 +142,13 @@ class Segment:
     # -- output ------------------------------------------------------------------------------
     def to_record(self) -> list[Any]:
         """The SEGMENT record (positional layout of ``reporter_proc.records``)."""
-        skip = self.skip_analysis
         return [
             self.trace_id,
             self.segment_id,
             identity.service,
             identity.instance,
             self.size_limited,
-            [
-                [
-                    s.span_id,
-                    s.parent_id,
-                    s.start,
-                    s.end,
-                    s.op,
-                    s.peer,
-                    s.kind,
-                    s.layer,
-                    s.component,
-                    s.is_error,
-                    skip,
-                    s.tags,
-                    s.logs,
-                    s.refs,
-                ]
-                for s in self.finished
-            ],
+            span_rows(self.finished, self.skip_analysis),
         ]
 
     def emit(self) -> None:

@@ -1,8 +1,11 @@
 """Spans: what one operation recorded, and the no-op stand-ins used when nothing is recorded.
 
-A :class:`Span` keeps its fields in ``__slots__`` in the order of the record format, with
-tags, logs and refs as flat lists created on first use (a shared empty tuple until then),
-so serializing it is one list display and no per-span dict is ever built.
+A :class:`Span` keeps the fields of the record format, with tags, logs and refs as flat
+lists created on first use (a shared empty tuple until then), so serializing it is one list
+display and no per-span dict is ever built. Its core (fields, creation, ``with``, finish)
+is native when ``swmp._spancore`` is built (swmp/_native/spancore.c says why: it is the
+path every traced call takes, between I/O waits that leave the CPU caches cold), else the
+pure-Python :class:`PySpanCore`; the two are interchangeable.
 
 Activation is separate from creation: ``with span:`` makes it the current span of this
 context (thread / asyncio task) and finishes it on exit, while a span that is only
@@ -17,13 +20,16 @@ segment is still emitted exactly once, when its last open span finishes.
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from swmp.profiling.gate import gate as _gate
 from swmp.propagation import b64, encode_correlation
+from swmp.tracing.constants import Kind
 from swmp.tracing.identity import identity
 from swmp.tracing.limits import limits, stats
 
@@ -68,19 +74,19 @@ def _clip(raw: Any, limit: int, seg: Segment) -> str:
     return value
 
 
-class Span:
-    """One recorded operation. Create spans through ``swmp.tracing.context`` (or the API)."""
+class PySpanCore:
+    """The fields and life cycle of a span in pure Python: the reference implementation of
+    ``swmp._spancore.SpanCore`` (used when the native module is not built, or with
+    ``SWMP_TRACE_PURE=1``). Both produce the same records (tests/test_spancore.py)."""
 
     # Defaults of the fields most spans never change: they are set on the instance only
     # when they do (no __slots__ here on purpose), which makes creating a span cheaper.
-    recording = True
     end = 0
     is_error = False
     tags: Any = _EMPTY
     logs: Any = _EMPTY
     refs: Any = _EMPTY
     _prev: Any = None
-    _logged_exc = 0  # id() of the exception last logged by error(): the same one is logged once
 
     def __init__(  # noqa: PLR0917 (hot path: positional calls are cheaper)
         self,
@@ -104,7 +110,7 @@ class Span:
         self.component = component
 
     # -- context ---------------------------------------------------------------------------
-    def __enter__(self) -> Span:
+    def __enter__(self) -> Any:
         self._prev = _get_current()
         _set_current(self)
         return self
@@ -112,7 +118,7 @@ class Span:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         # finish(), inlined: one call less per span on the hot path.
         if ev is not None:
-            self.error(ev)
+            self.error(ev)  # type: ignore[attr-defined]  # Span's
         if self.end:
             return
         if self.span_id == 0 and self.segment.profile is not None:
@@ -123,7 +129,7 @@ class Span:
             while prev is not None and prev.end:
                 prev = prev._prev
             _set_current(prev)
-        self.segment.closed(self)
+        self.segment.closed(self)  # type: ignore[arg-type]
 
     def finish(self, end_ms: int | None = None) -> None:
         """Finish the span (idempotent). Never raises."""
@@ -137,7 +143,92 @@ class Span:
             while prev is not None and prev.end:
                 prev = prev._prev
             _set_current(prev)
-        self.segment.closed(self)
+        self.segment.closed(self)  # type: ignore[arg-type]
+
+
+def _py_rows(spans: list[Any], skip: bool) -> list[list[Any]]:
+    """The span part of a SEGMENT record (positional layout of ``reporter_proc.records``)."""
+    return [
+        [
+            s.span_id,
+            s.parent_id,
+            s.start,
+            s.end,
+            s.op,
+            s.peer,
+            s.kind,
+            s.layer,
+            s.component,
+            s.is_error,
+            skip,
+            s.tags,
+            s.logs,
+            s.refs,
+        ]
+        for s in spans
+    ]
+
+
+def _count_lost() -> None:
+    stats.spans_lost += 1
+
+
+PURE_ENV = "SWMP_TRACE_PURE"
+
+
+def _native() -> Any:
+    """The native module when it is built and not turned off, else None."""
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        return None
+    try:
+        from swmp import _spancore  # noqa: PLC0415
+    except ImportError:
+        return None
+    _spancore.setup(current_span, _EMPTY, _count_lost)
+    return _spancore
+
+
+_native_core = _native()
+NATIVE = _native_core is not None
+_Core: type[PySpanCore] = _native_core.SpanCore if NATIVE else PySpanCore
+span_rows: Callable[[list[Any], bool], list[list[Any]]] = _native_core.rows if NATIVE else _py_rows
+NO_TAGS = _EMPTY  # what ``tags``/``logs``/``refs`` hold until the first one is added
+
+
+class Span(_Core):  # type: ignore[valid-type,misc]
+    """One recorded operation. Create spans through ``swmp.tracing.context`` (or the API)."""
+
+    recording = True
+    _logged_exc = 0  # id() of the exception last logged by error(): the same one is logged once
+
+    if TYPE_CHECKING:
+        # The fields (declared here for the type checker: the core defines them).
+        segment: Segment
+        span_id: int
+        parent_id: int
+        start: int
+        end: int
+        op: str
+        peer: str
+        kind: int
+        layer: int
+        component: int
+        is_error: bool
+        tags: Any
+        logs: Any
+        refs: Any
+        _prev: Any
+
+        def __init__(  # noqa: PLR0917
+            self, segment: Segment, span_id: int, parent_id: int, op: str, kind: int, layer: int,
+            component: int, peer: str,
+        ) -> None: ...
+
+        def __enter__(self) -> Span: ...
+
+        def __exit__(self, et: Any, ev: Any, tb: Any) -> None: ...
+
+        def finish(self, end_ms: int | None = None) -> None: ...
 
     # -- data ------------------------------------------------------------------------------
     def tag(self, key: str, value: Any) -> Span:
@@ -328,3 +419,10 @@ class IgnoredSpan(NoopSpan):
 
 
 NOOP = NoopSpan()
+
+# exit_child(op, peer, component, layer): the native common case of an exit span (see
+# context.new_exit_span), or None when the span core is pure Python.
+exit_child: Callable[[str, str, int, int], Span | None] | None = None
+if _native_core is not None:
+    _native_core.setup_exit(Span, Kind.EXIT, limits)
+    exit_child = _native_core.exit_child

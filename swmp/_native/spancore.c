@@ -1,0 +1,658 @@
+/* swmp._spancore: the optional native core of a span's life (swmp/tracing/span.py).
+ *
+ * Why native: a span is created, made current and finished on every traced call, and in a
+ * worker that call sits between blocking I/O (a query, a cache round trip). After each wait
+ * the CPU caches are cold, and interpreted code then pays per distinct bytecode and object
+ * it touches: measured here, the same ~90 bytecodes that cost 2.5 us in a warm loop cost
+ * ~5-6 us between PostgreSQL round trips. This module keeps that path in a few hundred
+ * instructions of C.
+ *
+ * What it is: ``SpanCore``, the base class of ``swmp.tracing.span.Span``, holding the
+ * record's fields in a C struct (readable and writable from Python like attributes) and
+ * implementing construction, ``__enter__``, ``__exit__`` and ``finish`` exactly as the
+ * pure-Python ``PySpanCore`` in span.py does (tests/test_spancore.py runs the tracing tests
+ * under both and compares records); plus ``rows``, the span part of a SEGMENT record. The
+ * rarely used methods (tags, logs, errors, propagation) stay in Python, in ``Span``.
+ *
+ * The segment is a Python object (swmp.tracing.segment.Segment): its lock-free bookkeeping
+ * (``finished``, ``_open``, ``_token``) is done here with the same list operations, each
+ * atomic under the GIL, and ``emit()`` is called on it exactly when Segment.closed would.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *segment;
+    PyObject *span_id;
+    PyObject *parent_id;
+    PyObject *start;
+    PyObject *end;
+    PyObject *op;
+    PyObject *peer;
+    PyObject *kind;
+    PyObject *layer;
+    PyObject *component;
+    PyObject *is_error;
+    PyObject *tags;
+    PyObject *logs;
+    PyObject *refs;
+    PyObject *prev; /* _prev: the span that was current when this one was entered */
+} SpanCore;
+
+/* Set once by setup(): the context variable of the current span, the shared "nothing yet"
+ * tuple of tags/logs/refs, and the function counting a lost span (stats.spans_lost). */
+static PyObject *current_var = NULL;
+static PyObject *empty = NULL;
+static PyObject *count_lost = NULL;
+/* For exit_child(): the Python class of recorded spans, the exit kind, the span limits. */
+static PyTypeObject *span_class = NULL;
+static PyObject *exit_kind = NULL;
+static PyObject *limits = NULL;
+
+static PyObject *s_finished, *s_open, *s_token, *s_emit, *s_error, *s_profile, *s_stop, *s_end, *s_prev,
+    *s_ids, *s_span_limit;
+static PyTypeObject SpanCoreType;
+
+static PyObject *now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* the clock of time.time_ns() */
+    return PyLong_FromLongLong((long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+}
+
+static int check_setup(void) {
+    if (current_var == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup() was not called");
+        return -1;
+    }
+    return 0;
+}
+
+/* A span of ``type`` with its start time now; steals ``span_id`` (the others are borrowed). */
+static PyObject *make_span(PyTypeObject *type, PyObject *segment, PyObject *span_id, PyObject *parent_id,
+                           PyObject *op, PyObject *kind, PyObject *layer, PyObject *component, PyObject *peer) {
+    PyObject *start = now_ms();
+    if (start == NULL) {
+        Py_DECREF(span_id);
+        return NULL;
+    }
+    SpanCore *self = (SpanCore *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(span_id);
+        Py_DECREF(start);
+        return NULL;
+    }
+    self->segment = Py_NewRef(segment);
+    self->span_id = span_id;
+    self->parent_id = Py_NewRef(parent_id);
+    self->op = Py_NewRef(op);
+    self->kind = Py_NewRef(kind);
+    self->layer = Py_NewRef(layer);
+    self->component = Py_NewRef(component);
+    self->peer = Py_NewRef(peer);
+    self->start = start;
+    self->end = PyLong_FromLong(0);
+    self->is_error = Py_NewRef(Py_False);
+    self->tags = Py_NewRef(empty);
+    self->logs = Py_NewRef(empty);
+    self->refs = Py_NewRef(empty);
+    self->prev = Py_NewRef(Py_None);
+    return (PyObject *)self;
+}
+
+static PyObject *spancore_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (check_setup() < 0) {
+        return NULL;
+    }
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
+        PyErr_SetString(PyExc_TypeError, "Span() takes positional arguments only");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(args) != 8) {
+        PyErr_Format(PyExc_TypeError, "Span() takes 8 positional arguments (%zd given)", PyTuple_GET_SIZE(args));
+        return NULL;
+    }
+    /* (segment, span_id, parent_id, op, kind, layer, component, peer) */
+#define ARG(i) PyTuple_GET_ITEM(args, i)
+    return make_span(type, ARG(0), Py_NewRef(ARG(1)), ARG(2), ARG(3), ARG(4), ARG(5), ARG(6), ARG(7));
+#undef ARG
+}
+
+static int spancore_init(PyObject *self, PyObject *args, PyObject *kwds) {
+    return 0; /* everything is done by __new__ (a subclass's __init__ may add more) */
+}
+
+static int spancore_traverse(SpanCore *self, visitproc visit, void *arg) {
+    Py_VISIT(self->segment);
+    Py_VISIT(self->span_id);
+    Py_VISIT(self->parent_id);
+    Py_VISIT(self->start);
+    Py_VISIT(self->end);
+    Py_VISIT(self->op);
+    Py_VISIT(self->peer);
+    Py_VISIT(self->kind);
+    Py_VISIT(self->layer);
+    Py_VISIT(self->component);
+    Py_VISIT(self->is_error);
+    Py_VISIT(self->tags);
+    Py_VISIT(self->logs);
+    Py_VISIT(self->refs);
+    Py_VISIT(self->prev);
+    return 0;
+}
+
+static int spancore_clear(SpanCore *self) {
+    Py_CLEAR(self->segment);
+    Py_CLEAR(self->span_id);
+    Py_CLEAR(self->parent_id);
+    Py_CLEAR(self->start);
+    Py_CLEAR(self->end);
+    Py_CLEAR(self->op);
+    Py_CLEAR(self->peer);
+    Py_CLEAR(self->kind);
+    Py_CLEAR(self->layer);
+    Py_CLEAR(self->component);
+    Py_CLEAR(self->is_error);
+    Py_CLEAR(self->tags);
+    Py_CLEAR(self->logs);
+    Py_CLEAR(self->refs);
+    Py_CLEAR(self->prev);
+    return 0;
+}
+
+/* A static base type: a Python subclass's own dealloc/traverse handle its type reference. */
+static void spancore_dealloc(SpanCore *self) {
+    PyObject_GC_UnTrack(self);
+    spancore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* -- the context -------------------------------------------------------------------------- */
+
+static PyObject *get_current(void) {
+    PyObject *value = NULL;
+    if (PyContextVar_Get(current_var, NULL, &value) < 0) {
+        return NULL;
+    }
+    if (value == NULL) {
+        value = Py_NewRef(Py_None);
+    }
+    return value; /* new reference */
+}
+
+static int set_current(PyObject *value) {
+    PyObject *token = PyContextVar_Set(current_var, value);
+    if (token == NULL) {
+        return -1;
+    }
+    Py_DECREF(token);
+    return 0;
+}
+
+/* ``obj.end`` is true: the fields of our own spans directly, other objects by attribute. */
+static int has_ended(PyObject *obj) {
+    if (PyObject_TypeCheck(obj, &SpanCoreType)) {
+        return PyObject_IsTrue(((SpanCore *)obj)->end);
+    }
+    PyObject *end = PyObject_GetAttr(obj, s_end);
+    if (end == NULL) {
+        return -1;
+    }
+    int r = PyObject_IsTrue(end);
+    Py_DECREF(end);
+    return r;
+}
+
+static PyObject *prev_of(PyObject *obj) {
+    if (PyObject_TypeCheck(obj, &SpanCoreType)) {
+        return Py_NewRef(((SpanCore *)obj)->prev);
+    }
+    return PyObject_GetAttr(obj, s_prev);
+}
+
+/* If this span is current, the nearest ancestor that is still open becomes current. */
+static int leave_context(SpanCore *self) {
+    PyObject *cur = get_current();
+    if (cur == NULL) {
+        return -1;
+    }
+    int is_self = cur == (PyObject *)self;
+    Py_DECREF(cur);
+    if (!is_self) {
+        return 0;
+    }
+    PyObject *prev = Py_NewRef(self->prev);
+    while (prev != Py_None) {
+        int ended = has_ended(prev);
+        if (ended < 0) {
+            Py_DECREF(prev);
+            return -1;
+        }
+        if (!ended) {
+            break;
+        }
+        PyObject *up = prev_of(prev);
+        Py_DECREF(prev);
+        if (up == NULL) {
+            return -1;
+        }
+        prev = up;
+    }
+    int r = set_current(prev);
+    Py_DECREF(prev);
+    return r;
+}
+
+/* -- finishing -------------------------------------------------------------------------- */
+
+static int lost(void) {
+    PyObject *r = PyObject_CallNoArgs(count_lost);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Segment.closed(span): record the span as finished, give back its open token, and emit the
+ * segment if it was the last one open and the emit token is still there. */
+static int segment_closed(SpanCore *self) {
+    PyObject *seg = self->segment;
+    PyObject *finished = PyObject_GetAttr(seg, s_finished);
+    if (finished == NULL) {
+        return -1;
+    }
+    int r = PyList_Check(finished) ? PyList_Append(finished, (PyObject *)self) : -1;
+    Py_DECREF(finished);
+    if (r < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "segment.finished is not a list");
+        }
+        return -1;
+    }
+    PyObject *open = PyObject_GetAttr(seg, s_open);
+    if (open == NULL) {
+        return -1;
+    }
+    if (!PyList_Check(open)) {
+        Py_DECREF(open);
+        PyErr_SetString(PyExc_TypeError, "segment._open is not a list");
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(open);
+    if (n == 0) {
+        Py_DECREF(open);
+        return lost();
+    }
+    r = PyList_SetSlice(open, n - 1, n, NULL); /* pop() */
+    Py_ssize_t left = PyList_GET_SIZE(open);
+    Py_DECREF(open);
+    if (r < 0) {
+        return -1;
+    }
+    if (left) {
+        return 0;
+    }
+    PyObject *token = PyObject_GetAttr(seg, s_token);
+    if (token == NULL) {
+        return -1;
+    }
+    if (!PyList_Check(token)) {
+        Py_DECREF(token);
+        PyErr_SetString(PyExc_TypeError, "segment._token is not a list");
+        return -1;
+    }
+    n = PyList_GET_SIZE(token);
+    if (n == 0) {
+        /* Already emitted (a span that raced the segment's end): counted, not re-emitted. */
+        Py_DECREF(token);
+        return lost();
+    }
+    r = PyList_SetSlice(token, n - 1, n, NULL);
+    Py_DECREF(token);
+    if (r < 0) {
+        return -1;
+    }
+    PyObject *res = PyObject_CallMethodNoArgs(seg, s_emit);
+    if (res == NULL) {
+        return -1;
+    }
+    Py_DECREF(res);
+    return 0;
+}
+
+/* The end of a span: profiling stopped first (no snapshot after the segment's end), the end
+ * time, the context, the segment's bookkeeping. ``end_ms`` NULL or false: now. */
+static int finish_span(SpanCore *self, PyObject *end_ms) {
+    int ended = PyObject_IsTrue(self->end);
+    if (ended != 0) {
+        return ended < 0 ? -1 : 0;
+    }
+    if (PyLong_CheckExact(self->span_id) && PyLong_AsLong(self->span_id) == 0) {
+        PyObject *profile = PyObject_GetAttr(self->segment, s_profile);
+        if (profile == NULL) {
+            return -1;
+        }
+        if (profile != Py_None) {
+            PyObject *r = PyObject_CallMethodNoArgs(profile, s_stop);
+            if (r == NULL) {
+                Py_DECREF(profile);
+                return -1;
+            }
+            Py_DECREF(r);
+        }
+        Py_DECREF(profile);
+    }
+    PyObject *end;
+    int given = end_ms == NULL ? 0 : PyObject_IsTrue(end_ms);
+    if (given < 0) {
+        return -1;
+    }
+    end = given ? Py_NewRef(end_ms) : now_ms();
+    if (end == NULL) {
+        return -1;
+    }
+    Py_SETREF(self->end, end);
+    if (leave_context(self) < 0) {
+        return -1;
+    }
+    return segment_closed(self);
+}
+
+static PyObject *spancore_enter(SpanCore *self, PyObject *unused) {
+    PyObject *cur = get_current();
+    if (cur == NULL) {
+        return NULL;
+    }
+    Py_SETREF(self->prev, cur);
+    if (set_current((PyObject *)self) < 0) {
+        return NULL;
+    }
+    return Py_NewRef(self);
+}
+
+static PyObject *spancore_exit(SpanCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "__exit__ takes 3 arguments");
+        return NULL;
+    }
+    if (args[1] != Py_None) {
+        PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, s_error, args[1]);
+        if (r == NULL) {
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    if (finish_span(self, NULL) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *spancore_finish(SpanCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *end_ms = NULL;
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs + nkw > 1) {
+        PyErr_SetString(PyExc_TypeError, "finish() takes at most 1 argument");
+        return NULL;
+    }
+    if (nargs == 1) {
+        end_ms = args[0];
+    } else if (nkw == 1) {
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0)) ||
+            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "end_ms") != 0) {
+            PyErr_SetString(PyExc_TypeError, "finish() got an unexpected keyword argument");
+            return NULL;
+        }
+        end_ms = args[0];
+    }
+    if (finish_span(self, end_ms) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef spancore_methods[] = {
+    {"__enter__", (PyCFunction)spancore_enter, METH_NOARGS, "Make this span the current one."},
+    {"__exit__", (PyCFunction)(void (*)(void))spancore_exit, METH_FASTCALL,
+     "Record the exception if any, and finish."},
+    {"finish", (PyCFunction)(void (*)(void))spancore_finish, METH_FASTCALL | METH_KEYWORDS,
+     "finish(end_ms=None): finish the span (idempotent)."},
+    {NULL, NULL, 0, NULL},
+};
+
+#define FIELD(name, member) {name, T_OBJECT_EX, offsetof(SpanCore, member), 0, NULL}
+static PyMemberDef spancore_members[] = {
+    FIELD("segment", segment),
+    FIELD("span_id", span_id),
+    FIELD("parent_id", parent_id),
+    FIELD("start", start),
+    FIELD("end", end),
+    FIELD("op", op),
+    FIELD("peer", peer),
+    FIELD("kind", kind),
+    FIELD("layer", layer),
+    FIELD("component", component),
+    FIELD("is_error", is_error),
+    FIELD("tags", tags),
+    FIELD("logs", logs),
+    FIELD("refs", refs),
+    FIELD("_prev", prev),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SpanCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "swmp._spancore.SpanCore",
+    .tp_basicsize = sizeof(SpanCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The fields and life cycle of a span (see swmp.tracing.span).",
+    .tp_new = spancore_new,
+    .tp_init = spancore_init,
+    .tp_dealloc = (destructor)spancore_dealloc,
+    .tp_traverse = (traverseproc)spancore_traverse,
+    .tp_clear = (inquiry)spancore_clear,
+    .tp_methods = spancore_methods,
+    .tp_members = spancore_members,
+};
+
+/* -- the record -------------------------------------------------------------------------- */
+
+/* rows(spans, skip_analysis): [[span_id, parent_id, start, end, op, peer, kind, layer,
+ * component, is_error, skip_analysis, tags, logs, refs], ...], the SEGMENT record's spans. */
+static PyObject *rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "rows(spans: list, skip_analysis)");
+        return NULL;
+    }
+    PyObject *spans = args[0];
+    PyObject *skip = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(spans);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(spans, i);
+        if (!PyObject_TypeCheck(item, &SpanCoreType)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "rows() takes spans of SpanCore");
+            return NULL;
+        }
+        SpanCore *s = (SpanCore *)item;
+        PyObject *row = PyList_New(14);
+        if (row == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *fields[14] = {s->span_id, s->parent_id, s->start, s->end, s->op, s->peer, s->kind,
+                                s->layer, s->component, s->is_error, skip, s->tags, s->logs, s->refs};
+        for (int k = 0; k < 14; k++) {
+            PyList_SET_ITEM(row, k, Py_NewRef(fields[k]));
+        }
+        PyList_SET_ITEM(out, i, row);
+    }
+    return out;
+}
+
+/* A list attribute of the segment (borrowed checks, new reference). */
+static PyObject *seg_list(PyObject *seg, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(seg, name);
+    if (v != NULL && !PyList_Check(v)) {
+        Py_DECREF(v);
+        PyErr_Format(PyExc_TypeError, "segment.%U is not a list", name);
+        return NULL;
+    }
+    return v;
+}
+
+/* exit_child(op, peer, component, layer): the common case of context.new_exit_span, a child
+ * exit span of the current open span (not itself an exit span) whose segment is still
+ * open and under the span limit. None in every other case: the caller then takes the
+ * general path, which decides those (and counts what it must). */
+static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "exit_child(op, peer, component, layer)");
+        return NULL;
+    }
+    if (span_class == NULL) {
+        Py_RETURN_NONE;
+    }
+    PyObject *cur = get_current();
+    if (cur == NULL) {
+        return NULL;
+    }
+    if (Py_TYPE(cur) != span_class) {
+        Py_DECREF(cur);
+        Py_RETURN_NONE;
+    }
+    SpanCore *parent = (SpanCore *)cur;
+    int r = PyObject_IsTrue(parent->end);
+    if (r == 0) {
+        r = PyObject_RichCompareBool(parent->kind, exit_kind, Py_EQ);
+    }
+    if (r != 0) {
+        Py_DECREF(cur);
+        if (r < 0) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    PyObject *seg = parent->segment;
+    PyObject *token = seg_list(seg, s_token);
+    if (token == NULL) {
+        Py_DECREF(cur);
+        return NULL;
+    }
+    Py_ssize_t alive = PyList_GET_SIZE(token);
+    Py_DECREF(token);
+    if (!alive) {
+        Py_DECREF(cur);
+        Py_RETURN_NONE;
+    }
+    PyObject *ids = PyObject_GetAttr(seg, s_ids);
+    PyObject *n = ids == NULL ? NULL : PyIter_Next(ids);
+    Py_XDECREF(ids);
+    PyObject *limit = n == NULL ? NULL : PyObject_GetAttr(limits, s_span_limit);
+    r = limit == NULL ? -1 : PyObject_RichCompareBool(n, limit, Py_LT);
+    Py_XDECREF(limit);
+    if (r <= 0) {
+        /* Over the limit (the general path counts it) or an error (none expected: raised). */
+        Py_XDECREF(n);
+        Py_DECREF(cur);
+        if (r < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_RuntimeError, "segment span ids exhausted");
+            }
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    PyObject *open = seg_list(seg, s_open);
+    r = open == NULL ? -1 : PyList_Append(open, Py_None);
+    Py_XDECREF(open);
+    if (r < 0) {
+        Py_DECREF(n);
+        Py_DECREF(cur);
+        return NULL;
+    }
+    PyObject *span = make_span(span_class, seg, n, parent->span_id, args[0], exit_kind, args[3], args[2], args[1]);
+    Py_DECREF(cur);
+    return span;
+}
+
+static PyObject *setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "setup(current_span: ContextVar, empty: tuple, count_lost: callable)");
+        return NULL;
+    }
+    if (!PyContextVar_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "setup(): current_span must be a ContextVar");
+        return NULL;
+    }
+    Py_XSETREF(current_var, Py_NewRef(args[0]));
+    Py_XSETREF(empty, Py_NewRef(args[1]));
+    Py_XSETREF(count_lost, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+static PyObject *setup_exit(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &SpanCoreType)) {
+        PyErr_SetString(PyExc_TypeError, "setup_exit(span_class: type[SpanCore], exit_kind: int, limits)");
+        return NULL;
+    }
+    Py_XSETREF(span_class, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(exit_kind, Py_NewRef(args[1]));
+    Py_XSETREF(limits, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
+     "setup(current_span, empty, count_lost): what the spans share with swmp.tracing.span."},
+    {"setup_exit", (PyCFunction)(void (*)(void))setup_exit, METH_FASTCALL,
+     "setup_exit(span_class, exit_kind, limits): what exit_child() needs."},
+    {"exit_child", (PyCFunction)(void (*)(void))exit_child, METH_FASTCALL,
+     "exit_child(op, peer, component, layer): a child exit span of the current span, or None."},
+    {"rows", (PyCFunction)(void (*)(void))rows, METH_FASTCALL,
+     "rows(spans, skip_analysis): the span lists of a SEGMENT record."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef spancore_module = {
+    PyModuleDef_HEAD_INIT, "swmp._spancore", "The native core of a span's life (see spancore.c).", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__spancore(void) {
+#define INTERN(var, text)                          \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) { \
+        return NULL;                                \
+    }
+    INTERN(s_finished, "finished");
+    INTERN(s_open, "_open");
+    INTERN(s_token, "_token");
+    INTERN(s_emit, "emit");
+    INTERN(s_error, "error");
+    INTERN(s_profile, "profile");
+    INTERN(s_stop, "stop");
+    INTERN(s_end, "end");
+    INTERN(s_prev, "_prev");
+    INTERN(s_ids, "_ids");
+    INTERN(s_span_limit, "span_limit");
+#undef INTERN
+    if (PyType_Ready(&SpanCoreType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&spancore_module);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(m, "SpanCore", (PyObject *)&SpanCoreType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,38 @@
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
+
+class SpanCore:
+    segment: Any
+    span_id: int
+    parent_id: int
+    start: int
+    end: int
+    op: str
+    peer: str
+    kind: int
+    layer: int
+    component: int
+    is_error: bool
+    tags: Any
+    logs: Any
+    refs: Any
+    _prev: Any
+    def __init__(
+        self,
+        segment: Any,
+        span_id: int,
+        parent_id: int,
+        op: str,
+        kind: int,
+        layer: int,
+        component: int,
+        peer: str,
+        /,
+    ) -> None: ...
+    def __enter__(self) -> Any: ...
+    def __exit__(self, et: Any, ev: Any, tb: Any, /) -> None: ...
+    def finish(self, end_ms: int | None = None) -> None: ...
+
+def setup(current_span: ContextVar[Any], empty: tuple[()], count_lost: Callable[[], None], /) -> None: ...
+def rows(spans: list[Any], skip_analysis: bool, /) -> list[list[Any]]: ...
