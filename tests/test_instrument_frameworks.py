@@ -206,6 +206,35 @@ def test_asgi_middleware_error(sink: _sink.MemorySink) -> None:
     assert seg[R.SEG_SPANS][0][R.SPAN_IS_ERROR] is True
 
 
+@pytest.mark.parametrize(
+    ("headers", "trace", "url"),
+    [
+        # The spec's spelling: lowercased bytes; sw8 continued, host from the header.
+        ([(b"x-a", b"1"), (b"sw8", SW8.encode()), (b"host", b"h:8")], "trace-up", "http://h:8/p"),
+        # Other spellings some servers and tests use: still found, in one pass.
+        ([(b"Host", b"H:9"), (b"SW8", SW8.encode())], "trace-up", "http://H:9/p"),
+        ([("host", "s:1"), ("sw8", SW8)], "trace-up", "http://s:1/p"),
+        # No host header: the server address; no sw8: a new trace.
+        ([(b"x-b", b"2")], None, "http://127.0.0.1:80/p"),
+        # Not a header list at all: traced, no continuation, the server address.
+        (17, None, "http://127.0.0.1:80/p"),
+    ],
+)
+def test_asgi_headers_are_found_in_any_spelling(
+    sink: _sink.MemorySink, headers: Any, trace: str | None, url: str
+) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    sent = asyncio.run(_asgi_call(ASGIMiddleware(app), "/p", headers))
+    assert sent[0]["status"] == 204
+    (seg,) = segments(sink)
+    (span,) = seg[R.SEG_SPANS]
+    assert (seg[R.SEG_TRACE_ID] == "trace-up") is (trace is not None)
+    assert tags_of(span) == {"http.method": "GET", "http.url": url, "http.status_code": "204"}
+
+
 def test_registry_disable_failure_version_and_absent(caplog: pytest.LogCaptureFixture) -> None:
     def fake(name: str, package: str | None, supported: tuple[str, str], fail: bool) -> str:
         mod = types.ModuleType(f"swmp_test_plugin_{name}")

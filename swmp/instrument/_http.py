@@ -32,8 +32,23 @@ def split_url(url: str) -> tuple[str, str, str]:
         return "", "/", str(url)
 
 
+# The tag text of every status code a server sends: made once, not per response.
+_STATUS_TEXT = {code: str(code) for code in range(100, 600)}
+
+
 def record_status(span: Any, status: int) -> None:
     """Tag the status code; 4xx/5xx mark the span as an error (as the SkyWalking agents do)."""
-    span.tag(TAG_HTTP_STATUS, status)
+    text = _STATUS_TEXT.get(status) if status.__class__ is int else None
+    span.tag(TAG_HTTP_STATUS, status if text is None else text)
     if status >= 400:
+        span.error()
+
+
+def record_status_text(span: Any, status: str) -> None:
+    """:func:`record_status` from a WSGI status line (``"200 OK"``); ValueError if it has no
+    number. The tag is the same text ``record_status`` would make of the number."""
+    code = status[:3]
+    n = int(code)
+    span.tag(TAG_HTTP_STATUS, code if code.isascii() and code.isdigit() and code[0] != "0" else str(n))
+    if n >= 400:
         span.error()

@@ -12,11 +12,13 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from swmp.instrument._http import record_status
-from swmp.propagation import from_headers, header_lookup
+from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_PARAMS, TAG_HTTP_URL, Component, Layer
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NOOP, Span
+from swmp.tracing.span import NO_TAGS, NOOP, Span
+
+_HTTP = Layer.HTTP
 
 NAME = "asgi"
 
@@ -27,22 +29,46 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def _url(scope: Scope, path: str) -> str:
-    host = header_lookup(scope.get("headers") or (), "host")
-    if isinstance(host, (bytes, bytearray)):
-        host = bytes(host).decode("latin-1")
+def _text(value: Any) -> Any:
+    return bytes(value).decode("latin-1") if isinstance(value, (bytes, bytearray)) else value
+
+
+def _wanted(headers: Any) -> tuple[Any, Any, Any, Any]:
+    """``host``, ``sw8``, ``sw8-correlation`` and ``sw8-x`` of an ASGI header list, in one pass
+    (names are lowercased bytes by the spec; other spellings are still found)."""
+    host = sw8 = corr = sw8x = None
+    try:
+        for pair in headers:
+            k = pair[0]
+            if k.__class__ is not bytes or not k.islower():
+                k = k.lower() if isinstance(k, (bytes, bytearray)) else str(k).lower().encode("latin-1")
+            if k == b"host":
+                host = pair[1]
+            elif k[:3] == b"sw8":
+                if k == b"sw8":
+                    sw8 = pair[1]
+                elif k == b"sw8-correlation":
+                    corr = pair[1]
+                elif k == b"sw8-x":
+                    sw8x = pair[1]
+    except Exception:  # not a header list: nothing to continue, the URL without a host
+        pass
+    return host, sw8, corr, sw8x
+
+
+def _url(scope: Scope, path: str, host: Any) -> str:
+    host = _text(host)
     if not host:
         server = scope.get("server") or ("", "")
         host = f"{server[0]}:{server[1]}"
     return f"{scope.get('scheme', 'http')}://{host}{scope.get('root_path', '')}{path}"
 
 
-async def trace_asgi(
+async def trace_asgi(  # noqa: PLR0917 (once per request: positional calls are cheaper)
     app: ASGIApp,
     scope: Scope,
     receive: Receive,
     send: Send,
-    *,
     component: int = Component.PYTHON,
     collect_params: bool = False,
     params_limit: int = 1024,
@@ -56,24 +82,19 @@ async def trace_asgi(
         await app(scope, receive, send)
         return
     path = scope.get("path") or "/"
-    headers = scope.get("headers") or ()
+    host, sw8, corr, sw8x = _wanted(scope.get("headers") or ())
     carrier = None
-    sw8 = header_lookup(headers, "sw8")
     if sw8 is not None:
         carrier = from_headers(
-            sw8,
-            header_lookup(headers, "sw8-correlation"),
-            header_lookup(headers, "sw8-x"),
-            limits.correlation_max_elements,
-            limits.correlation_max_value_length,
+            sw8, corr, sw8x, limits.correlation_max_elements, limits.correlation_max_value_length
         )
-    span = _ctx.new_entry_span(path, carrier, component, Layer.HTTP)
+    span = _ctx.new_entry_span(path, carrier, component, _HTTP)
     if span is NOOP:
         await app(scope, receive, send)
         return
     with span:
-        if isinstance(span, Span):
-            _tag(span, scope, method, path, collect_params, params_limit)
+        if span.__class__ is Span:
+            _tag(span, scope, method, path, host, collect_params, params_limit)
 
             async def _send(message: Message) -> None:
                 if message.get("type") == "http.response.start":
@@ -89,11 +110,15 @@ async def trace_asgi(
 
 
 def _tag(  # noqa: PLR0917
-    span: Span, scope: Scope, method: str, path: str, collect_params: bool, params_limit: int
+    span: Span, scope: Scope, method: str, path: str, host: Any, collect_params: bool, params_limit: int
 ) -> None:
     try:
-        span.tag(TAG_HTTP_METHOD, method)
-        span.tag(TAG_HTTP_URL, _url(scope, path))
+        url = _url(scope, path, host)
+        if span.tags is NO_TAGS and method.__class__ is str and len(url) <= limits.tag_value_max:
+            span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]  # the two tags, in one list
+        else:
+            span.tag(TAG_HTTP_METHOD, method)
+            span.tag(TAG_HTTP_URL, url)
         client = scope.get("client")
         if client:
             span.peer = f"{client[0]}:{client[1]}"
@@ -123,13 +148,7 @@ class ASGIMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await trace_asgi(
-            self.app,
-            scope,
-            receive,
-            send,
-            component=self.component,
-            collect_params=self.collect_params,
-            params_limit=self.params_limit,
+            self.app, scope, receive, send, self.component, self.collect_params, self.params_limit
         )
 
 
@@ -142,15 +161,7 @@ def traced_asgi_method(component: int, collect_params: bool, params_limit: int) 
             def call(s: Scope, r: Receive, d: Send) -> Awaitable[None]:
                 return orig(self, s, r, d)  # type: ignore[no-any-return]
 
-            await trace_asgi(
-                call,
-                scope,
-                receive,
-                send,
-                component=component,
-                collect_params=collect_params,
-                params_limit=params_limit,
-            )
+            await trace_asgi(call, scope, receive, send, component, collect_params, params_limit)
 
         return method
 

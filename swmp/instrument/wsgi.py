@@ -13,12 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from swmp.instrument._http import record_status
+from swmp.instrument._http import record_status_text
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_PARAMS, TAG_HTTP_URL, Component, Layer
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NOOP, Span, current_span
+from swmp.tracing.span import NO_TAGS, NOOP, Span, current_span
+
+_get_current = current_span.get
+_set_current = current_span.set
+_HTTP = Layer.HTTP
 
 NAME = "wsgi"
 
@@ -55,11 +59,10 @@ def _url(environ: dict[str, Any], path: str) -> str:
     return f"{environ.get('wsgi.url_scheme', 'http')}://{host}{environ.get('SCRIPT_NAME', '')}{path}"
 
 
-def trace_wsgi(
+def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper)
     app: WSGIApp,
     environ: dict[str, Any],
     start_response: Callable[..., Any],
-    *,
     component: int = Component.PYTHON,
     collect_params: bool = False,
     params_limit: int = 1024,
@@ -81,21 +84,25 @@ def trace_wsgi(
         if sw8 is not None
         else None
     )
-    span = _ctx.new_entry_span(path, carrier, component, Layer.HTTP)
-    if span is NOOP:
-        return app(environ, start_response)
+    span: Any = _ctx.new_entry_span(path, carrier, component, _HTTP)
     if span.__class__ is not Span:
+        if span is NOOP:
+            return app(environ, start_response)
         with span:  # not recorded: only keeps nested instrumentation quiet
             return app(environ, start_response)
-    assert isinstance(span, Span)
-    prev = current_span.get()
+    prev = _get_current()
     span.__enter__()
     try:
-        span.tag(TAG_HTTP_METHOD, method)
-        span.tag(TAG_HTTP_URL, _url(environ, path))
+        url = _url(environ, path)
+        if span.tags is NO_TAGS and len(url) <= limits.tag_value_max and method.__class__ is str:
+            span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]  # the two tags, in one list
+        else:
+            span.tag(TAG_HTTP_METHOD, method)
+            span.tag(TAG_HTTP_URL, url)
         remote = environ.get("REMOTE_ADDR")
         if remote:
-            span.peer = f"{remote}:{environ.get('REMOTE_PORT', '')}" if environ.get("REMOTE_PORT") else remote
+            port = environ.get("REMOTE_PORT")
+            span.peer = f"{remote}:{port}" if port else remote
         if collect_params:
             qs = environ.get("QUERY_STRING")
             if qs:
@@ -105,7 +112,7 @@ def trace_wsgi(
 
     def _start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
         try:
-            record_status(span, int(status[:3]))
+            record_status_text(span, status)
         except (ValueError, TypeError):
             pass
         if exc_info is None:
@@ -120,9 +127,9 @@ def trace_wsgi(
         raise
     # The body runs outside the application call: leave the span open until close(), but
     # give the context back now.
-    if current_span.get() is span:
-        current_span.set(prev)
-    if isinstance(result, (list, tuple)):
+    if _get_current() is span:
+        _set_current(prev)
+    if result.__class__ is list or isinstance(result, (list, tuple)):
         span.finish()
         return result
     return _Body(result, span)
@@ -145,12 +152,7 @@ class WSGIMiddleware:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         return trace_wsgi(
-            self.app,
-            environ,
-            start_response,
-            component=self.component,
-            collect_params=self.collect_params,
-            params_limit=self.params_limit,
+            self.app, environ, start_response, self.component, self.collect_params, self.params_limit
         )
 
 
@@ -164,14 +166,7 @@ def traced_wsgi_method(component: int, collect_params: bool, params_limit: int) 
             def call(e: dict[str, Any], s: Any) -> Any:
                 return orig(self, e, s)
 
-            return trace_wsgi(
-                call,
-                environ,
-                start_response,
-                component=component,
-                collect_params=collect_params,
-                params_limit=params_limit,
-            )
+            return trace_wsgi(call, environ, start_response, component, collect_params, params_limit)
 
         return method
 
