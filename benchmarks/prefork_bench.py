@@ -21,7 +21,8 @@ cost per request can grow as the rate falls).
 
 Per variant, route and load (medians over rounds): requests/s, p50/p99 latency, CPU
 microseconds per request summed over every process of the application (master, workers,
-supervisor, reporter; psutil) and what it adds over no agent, worker and reporter RSS
+supervisor, reporter; psutil) and what it adds over no agent (``+us``; ``+wrk`` is the
+workers' share of it, ``rep`` the reporter process's CPU per request), worker and reporter RSS
 (and the reporter's PSS), and requests served vs segments received (the
 server is stopped gracefully and the reporter drained before the collector is read).
 wrk's count misses requests in flight when it stops, so segments may exceed requests by
@@ -100,6 +101,10 @@ class Measure:
     errors: int = 0
     load: str = "max"  # "max" (wrk, saturation) or the fixed rate's share of no agent's max
     reporter_pss_mib: float = 0.0
+    # The same CPU split by role (us per request): the workers, and the reporter process
+    # (the rest is the master and the reporter's supervisor).
+    worker_cpu_us: float = 0.0
+    reporter_cpu_us: float = 0.0
 
 
 # -- wrk ---------------------------------------------------------------------------------------
@@ -282,9 +287,12 @@ def sample(app: App, rnd: int, args: argparse.Namespace, rate: float = 0.0, load
     after = cpu_seconds(procs)
     app.served += res["requests"]
     app.errors += res["errors"]
-    cpu = sum(after[pid] - before.get(pid, after[pid]) for pid in after)
+    used = {pid: after[pid] - before.get(pid, after[pid]) for pid in after}
+    cpu = sum(used.values())
     worker_pids = set(app.srv.worker_pids())
     workers = [p for p in procs if p.pid in worker_pids]
+    reporter_pids = {p.pid for p in procs if is_reporter(p)}
+    per_req = 1e6 / max(1, res["requests"])
     return Measure(
         variant=app.variant,
         route=app.route,
@@ -298,6 +306,8 @@ def sample(app: App, rnd: int, args: argparse.Namespace, rate: float = 0.0, load
         errors=res["errors"],
         load=load,
         reporter_pss_mib=pss_mib([p for p in procs if is_reporter(p)]),
+        worker_cpu_us=sum(used.get(pid, 0.0) for pid in worker_pids) * per_req,
+        reporter_cpu_us=sum(used.get(pid, 0.0) for pid in reporter_pids) * per_req,
     )
 
 
@@ -327,6 +337,8 @@ def summarize(measures: list[Measure], apps: list[App]) -> list[dict[str, Any]]:
                 "worker_rss_mib": _median([m.worker_rss_mib for m in ms]),
                 "reporter_rss_mib": _median([m.reporter_rss_mib for m in ms]),
                 "reporter_pss_mib": _median([m.reporter_pss_mib for m in ms]),
+                "worker_cpu_us": _median([m.worker_cpu_us for m in ms]),
+                "reporter_cpu_us": _median([m.reporter_cpu_us for m in ms]),
                 "requests_served": sum(a.served for a in mine),
                 "segments_received": sum(a.segments for a in mine),
                 "errors": sum(a.errors for a in mine),
@@ -339,6 +351,7 @@ def summarize(measures: list[Measure], apps: list[App]) -> list[dict[str, Any]]:
         r["rps_vs_none"] = r["rps"] / b["rps"] if b else None
         r["p99_vs_none"] = r["p99_ms"] / b["p99_ms"] if b else None
         r["cpu_us_added"] = r["cpu_us_per_req"] - b["cpu_us_per_req"] if b else None
+        r["worker_cpu_us_added"] = r["worker_cpu_us"] - b["worker_cpu_us"] if b else None
         r["segments_lost"] = (
             0 if r["variant"] == "none" else max(0, r["requests_served"] - r["segments_received"])
         )
@@ -348,7 +361,8 @@ def summarize(measures: list[Measure], apps: list[App]) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'variant':<18} {'route':<5} {'load':>4} {'req/s':>7} {'x none':>6} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'x none':>6} {'CPU us/req':>10} {'+us':>5} {'worker MiB':>10} {'rep. RSS':>8} {'rep. PSS':>8} "
+        f"{'x none':>6} {'CPU us/req':>10} {'+us':>5} {'+wrk':>5} {'rep':>5} "
+        f"{'worker MiB':>10} {'rep. RSS':>8} {'rep. PSS':>8} "
         f"{'served':>7} {'segments':>8} {'lost':>5}"
     )
     lines = [head, "-" * len(head)]
@@ -357,7 +371,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['variant']:<18} {r['route']:<5} {r['load']:>4} {r['rps']:>7.0f} "
             f"{r['rps_vs_none'] or 0:>6.2f} "
             f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['p99_vs_none'] or 0:>6.2f} "
-            f"{r['cpu_us_per_req']:>10.0f} {r['cpu_us_added'] or 0:>5.0f} {r['worker_rss_mib']:>10.1f} "
+            f"{r['cpu_us_per_req']:>10.0f} {r['cpu_us_added'] or 0:>5.0f} "
+            f"{r['worker_cpu_us_added'] or 0:>5.0f} {r['reporter_cpu_us']:>5.0f} "
+            f"{r['worker_rss_mib']:>10.1f} "
             f"{r['reporter_rss_mib']:>8.1f} {r['reporter_pss_mib']:>8.1f} "
             f"{r['requests_served']:>7} {r['segments_received']:>8} {r['segments_lost']:>5}"
         )

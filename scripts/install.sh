@@ -8,9 +8,10 @@
 # Chromium, the dev/bench Python extras, the jars) is installed by scripts/test_setup.sh, which
 # scripts/test.sh runs first.
 #
-# pip also compiles the reporter's optional native encoder (reporter_proc/_native/*.c)
-# when a C compiler and the Python headers are present (Debian/Ubuntu: gcc python3-dev);
-# without them the install still succeeds and the reporter encodes in pure Python.
+# pip also compiles the optional native modules, the reporter's encoder
+# (reporter_proc/_native/*.c) and the workers' span core (swmp/_native/spancore.c), when a C
+# compiler and the Python headers are present (Debian/Ubuntu: gcc python3-dev); without
+# them the install still succeeds and both run in pure Python.
 #
 # Environment: PYTHON (python3 by default, must be >= 3.10).
 set -euo pipefail
