@@ -2,8 +2,10 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
+from swmp.tracing.segment import Segment
+
 class SpanCore:
-    segment: Any
+    segment: Segment
     span_id: int
     parent_id: int
     start: int
@@ -20,7 +22,7 @@ class SpanCore:
     _prev: Any
     def __init__(
         self,
-        segment: Any,
+        segment: Segment,
         span_id: int,
         parent_id: int,
         op: str,

@@ -231,13 +231,18 @@ def new_entry_span(
     return span
 
 
-def _new_exit_span(
+def new_exit_span(
     op: str,
     peer: str,
     component: int = Component.PYTHON,
     layer: int = Layer.HTTP,
     carrier: Snapshot | None = None,
 ) -> Span | NoopSpan:
+    if _exit_child is not None:
+        # The common case (a child of an open span) in C; None: the cases below decide.
+        span = _exit_child(op, peer, component, layer)
+        if span is not None:
+            return span
     parent = _get_current()
     if parent is not None and parent.end:
         parent = _parent()
@@ -255,27 +260,6 @@ def _new_exit_span(
             seg._open.append(None)
             return Span(seg, n, parent.span_id, op, _EXIT, layer, component, peer)
     return seg.start_span(parent.span_id, op, _EXIT, layer, component, peer)  # the rare cases
-
-
-if _exit_child is None:
-    new_exit_span = _new_exit_span
-else:
-    _native_exit_child = _exit_child
-
-    def new_exit_span(
-        op: str,
-        peer: str,
-        component: int = Component.PYTHON,
-        layer: int = Layer.HTTP,
-        carrier: Snapshot | None = None,
-    ) -> Span | NoopSpan:
-        """An exit span: a child of the current span, or the first span of a new segment
-        (with ``carrier``, continuing a captured trace); :data:`NOOP` directly inside an
-        exit span or an ignored trace."""
-        span = _native_exit_child(op, peer, component, layer)  # the common case, native
-        if span is not None:
-            return span
-        return _new_exit_span(op, peer, component, layer, carrier)
 
 
 def new_local_span(

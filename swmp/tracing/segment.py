@@ -153,17 +153,7 @@ class Segment:
 
     def emit(self) -> None:
         try:
-            # to_record(), inlined: once per segment, on every traced request's path
-            payload = _dumps(
-                [
-                    self.trace_id,
-                    self.segment_id,
-                    identity.service,
-                    identity.instance,
-                    self.size_limited,
-                    span_rows(self.finished, self.skip_analysis),
-                ]
-            )
+            payload = _dumps(self.to_record())
         except Exception as e:
             stats.serialize_errors += 1
             _log_once("serialize", "swmp: could not serialize a segment: %r", e)

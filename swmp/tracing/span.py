@@ -195,40 +195,17 @@ span_rows: Callable[[list[Any], bool], list[list[Any]]] = _native_core.rows if N
 NO_TAGS = _EMPTY  # what ``tags``/``logs``/``refs`` hold until the first one is added
 
 
-class Span(_Core):  # type: ignore[valid-type,misc]
+if TYPE_CHECKING:
+    from swmp._spancore import SpanCore as _CoreType  # the fields and methods both cores have
+else:
+    _CoreType = _Core
+
+
+class Span(_CoreType):
     """One recorded operation. Create spans through ``swmp.tracing.context`` (or the API)."""
 
     recording = True
     _logged_exc = 0  # id() of the exception last logged by error(): the same one is logged once
-
-    if TYPE_CHECKING:
-        # The fields (declared here for the type checker: the core defines them).
-        segment: Segment
-        span_id: int
-        parent_id: int
-        start: int
-        end: int
-        op: str
-        peer: str
-        kind: int
-        layer: int
-        component: int
-        is_error: bool
-        tags: Any
-        logs: Any
-        refs: Any
-        _prev: Any
-
-        def __init__(  # noqa: PLR0917
-            self, segment: Segment, span_id: int, parent_id: int, op: str, kind: int, layer: int,
-            component: int, peer: str,
-        ) -> None: ...
-
-        def __enter__(self) -> Span: ...
-
-        def __exit__(self, et: Any, ev: Any, tb: Any) -> None: ...
-
-        def finish(self, end_ms: int | None = None) -> None: ...
 
     # -- data ------------------------------------------------------------------------------
     def tag(self, key: str, value: Any) -> Span:
