@@ -67,11 +67,47 @@ def test_ids_unique_across_os_fork() -> None:
 
 
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "fork"), reason="needs libc fork()")
-def test_ids_unique_across_fork_without_python_hooks() -> None:
-    """uWSGI forks workers from C: Python's at-fork hooks do not run; the pid check must catch it."""
+def test_ids_unique_across_fork_without_python_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uWSGI forks workers from C: Python's at-fork hooks do not run. Without uwsgidecorators
+    either, swmp.lifecycle says the hooks are not reliable and its pid source is getpid:
+    the check on every id must catch the fork."""
+    monkeypatch.setattr(ids, "_current_pid", os.getpid)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.fork.restype = ctypes.c_int
     child_ids = _collect_from_children(libc.fork)
     parent_ids = [ids.new_id() for _ in range(IDS_PER_CHILD)]
     all_ids = child_ids + parent_ids
     assert len(set(all_ids)) == len(all_ids) == (N_CHILDREN + 1) * IDS_PER_CHILD
+
+
+def test_drawing_ids_and_tracing_a_request_make_no_getpid_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the fork hooks are reliable (here: no uWSGI), the steady state makes no system
+    call per id or per traced request for the fork check."""
+    from swmp import _sink, lifecycle
+    from swmp.tracing import Component, Layer
+    from swmp.tracing.context import new_entry_span, new_exit_span
+
+    assert lifecycle.FORK_HOOKS_RELIABLE
+    ids.new_id()
+    calls = []
+    real = os.getpid
+
+    def counting() -> int:
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(os, "getpid", counting)
+    sink = _sink.MemorySink()
+    _sink.set_sink(sink)
+    try:
+        for _ in range(100):
+            ids.new_id()
+            with (
+                new_entry_span("/r", None, Component.FLASK, Layer.HTTP),
+                new_exit_span("/x", "p:1", Component.REQUESTS, Layer.HTTP),
+            ):
+                pass
+    finally:
+        _sink.set_sink(None)
+    assert len(sink.records) == 100
+    assert calls == []

@@ -8,14 +8,19 @@ GIL: ``itertools.count`` is implemented in C) makes ids unique within a process.
 
 The prefix is re-drawn after fork twice over: ``os.register_at_fork`` covers servers that
 run at-fork hooks (Gunicorn), and a pid check on every id covers uWSGI, which does not
-(unless ``--py-call-osafterfork``). The pid check costs one ``getpid`` per id, and ids are
-only drawn per segment, not per span.
+(unless ``--py-call-osafterfork``). The check compares with ``swmp.lifecycle.current_pid``:
+where the fork hooks are reliable (everywhere but uWSGI without ``uwsgidecorators``) that is
+the pid the hooks keep, so drawing an id makes no system call; elsewhere it is ``getpid``.
+(A system call per request is not only its own cost: in a VM it leaves the request's later
+work slower, see docs/performance.md.)
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+
+from swmp import lifecycle
 
 _pid = 0
 _prefix = ""
@@ -29,15 +34,18 @@ def _reseed() -> None:
     _pid = os.getpid()
 
 
+_current_pid = lifecycle.current_pid
+
+
 def new_id() -> str:
-    if os.getpid() != _pid:
+    if _current_pid() != _pid:
         _reseed()
     return _prefix + str(next(_counter))
 
 
 def process_prefix() -> str:
     """This process's id prefix (for tests and diagnostics)."""
-    if os.getpid() != _pid:
+    if _current_pid() != _pid:
         _reseed()
     return _prefix
 
