@@ -1,0 +1,298 @@
+"""The writer's end of a ring: appends records, never blocks, counts what it drops.
+
+The protocol (publication order, ownership of the control words) is described in
+``ipc/ring.py``; the byte layout in ``ipc/_layout.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ipc import _layout as L
+from ipc.ring_stats import RingStats, read_stats
+
+log = logging.getLogger("ipc")
+
+
+# Writers alive in this process, so a fork can disable the copies the child inherits.
+_writers: weakref.WeakSet[RingWriter] = weakref.WeakSet()
+
+
+def _disable_inherited_writers() -> None:
+    for writer in list(_writers):
+        writer._disable("inherited across fork")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disable_inherited_writers)
+
+
+class RingWriter:
+    """Appends records to one slot's ring. Thread-safe within one process.
+
+    ``control`` is the slot's control block viewed as u64 words, ``data`` its data area,
+    ``status`` the arena's status block as u64 words (for the reader's sleeping flag).
+
+    ``write(rtype, payload) -> bool`` is an attribute holding a closure rather than a
+    method: every piece of state it touches is a local or a closure cell, which is what
+    gets the hot path under a microsecond (see docs/performance.md). A writer inherited
+    by a forked child, or whose slot was released, is disabled: it drops (and counts)
+    everything, because the slot is no longer this process's to write.
+    """
+
+    __slots__ = ("__weakref__", "_cap", "_control", "_lost", "_max_payload", "slot", "write")
+
+    write: Callable[[int, bytes], bool]
+
+    def __init__(
+        self,
+        slot: int,
+        control: memoryview,
+        data: memoryview,
+        status: memoryview,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
+        capacity = len(data)
+        if capacity < 4096 or capacity & (capacity - 1) or control.format != "Q":
+            raise ValueError("ring data must be a power of two >= 4096 bytes, control a u64 view")
+        self.slot = slot
+        self._control = control
+        self._cap = capacity
+        # A record may use at most half the ring: with worst-case end padding it still fits.
+        self._max_payload = capacity // 2 - L.RECORD_HEADER_SIZE
+        self._lost = 0  # writes refused after the writer was disabled (not in shared memory)
+        self.write = _make_write(slot, control=control, data=data, status=status, wake=wake, cap=capacity)
+        _writers.add(self)
+
+    @property
+    def capacity(self) -> int:
+        return self._cap
+
+    @property
+    def max_payload(self) -> int:
+        return self._max_payload
+
+    @property
+    def tail(self) -> int:
+        """The published tail (what the reader can see)."""
+        return int(self._control[L.C_TAIL])
+
+    @property
+    def disabled_drops(self) -> int:
+        """Records refused after this writer was disabled (fork, slot released)."""
+        return self._lost
+
+    def stats(self) -> RingStats:
+        return read_stats(self.slot, self._control, self._cap)
+
+    def _disable(self, why: str) -> None:
+        logged = False
+
+        def refuse(rtype: int, payload: bytes) -> bool:
+            nonlocal logged
+            self._lost += 1
+            if not logged:
+                logged = True
+                log.warning("ring slot %d: writer %s; records are dropped", self.slot, why)
+            return False
+
+        self.write = refuse
+
+
+def _no_wake() -> None:
+    pass
+
+
+_HEADER_PACK = L.RECORD_HEADER.pack_into
+
+
+def _pack_generic(buf: memoryview, offset: int, *fields: Any) -> None:
+    """Same arguments as the cached packers' ``pack_into``: (n, rtype, check, payload)."""
+    n, rtype, check, payload = fields
+    _HEADER_PACK(buf, offset, n, rtype, check)
+    buf[offset + 8 : offset + 8 + n] = payload
+
+
+def _refuse(buf: memoryview, offset: int, *fields: Any) -> None:
+    raise OverflowError("record larger than the ring's max_payload")
+
+
+class _Packers(dict[int, Callable[..., None]]):
+    """``pack_into`` of ``Struct("<IHH{n}s")`` per payload length ``n``, made on first use.
+
+    Bounded (a Struct is a few hundred bytes): past the limit, lengths not seen yet get the
+    generic two-step packer. Lengths over ``max_payload`` get one that raises, which sends
+    the record to the slow path (and its oversize count) at no cost to the fast path.
+    """
+
+    def __init__(self, max_payload: int) -> None:
+        super().__init__()
+        self.max_payload = max_payload
+
+    def __missing__(self, n: int) -> Callable[..., None]:
+        if n > self.max_payload:
+            return _refuse
+        if len(self) >= L.RECORD_PACKER_CACHE:
+            return _pack_generic
+        packer = self[n] = struct.Struct(f"<IHH{n}s").pack_into
+        return packer
+
+
+def _make_write(
+    slot: int,
+    *,
+    control: memoryview,
+    data: memoryview,
+    status: memoryview,
+    wake: Callable[[], None] | None,
+    cap: int,
+) -> Callable[[int, bytes], bool]:
+    """Build the writer's hot path as a closure over locals (see :class:`RingWriter`).
+
+    Measured choices (docs/performance.md): one cached ``Struct("<IHH{n}s").pack_into``
+    stores header and payload in a single call; the writer does not load the head on every
+    record but keeps ``limit``, a position it may write up to (the lower of the end of the
+    current lap and the head it last saw plus the capacity). The head only grows, so the
+    bound is conservative; the slow path refreshes it when a record does not fit under it.
+    Records that would end exactly at the end of the lap also take the slow path, so the
+    check word's lap tag only changes there.
+    """
+    mask = cap - 1
+    max_payload = cap // 2 - L.RECORD_HEADER_SIZE
+    pad = L.PAD_TYPE
+    C_HEAD, C_TAIL, C_WRITTEN = L.C_HEAD, L.C_TAIL, L.C_WRITTEN_RECORDS
+    S_SLEEPING = L.S_SLEEPING
+    wake_fill = cap >> L.WAKE_FILL_SHIFT
+    packers = _Packers(max_payload)
+    wake = wake if wake is not None else _no_wake
+    lock = threading.Lock()
+    acquire = lock.acquire
+    release = lock.release
+    # The writer is the only one that moves the tail, so it keeps its own copy and carries
+    # on from whatever the previous owner of the slot published.
+    tail = int(control[C_TAIL])
+    tag = L.lap_tag(tail, cap)
+    limit = 0  # the first record takes the slow path, which loads the head
+    written = int(control[C_WRITTEN])
+    insane_head = -1  # a head word found inconsistent with our tail (see slow())
+    problem_logged = False
+
+    def drop(n: int, oversize: bool) -> None:
+        control[L.C_DROPPED_RECORDS] += 1
+        control[L.C_DROPPED_BYTES] += n
+        if oversize:
+            control[L.C_OVERSIZE] += 1
+
+    def slow(rtype: int, payload: bytes) -> str | bool:
+        """Everything off the fast path: wrap, full ring, bad input, corrupt head word.
+
+        Called with the lock held. Returns True/False (written/dropped) or a message to log
+        (after the lock is released: a log handler may itself write to this ring).
+        """
+        nonlocal tail, tag, limit, written, insane_head
+        n = len(payload)
+        span = (n + 15) & -8
+        if not 0 < rtype < pad:
+            drop(n, False)
+            return f"record type {rtype!r} is outside 1..65534"
+        if n > max_payload:
+            drop(n, True)
+            return False
+        t = tail
+        head = int(control[C_HEAD])
+        used = t - head
+        # Re-storing our own tail costs nothing here and repairs a garbage tail word, so
+        # a reader that waits for us to publish is never left waiting on a full ring.
+        control[C_TAIL] = t
+        if t & 7 and head < L.POSITION_LIMIT:
+            # Our tail is garbage for certain (positions are 8-byte aligned): this writer
+            # took it from a garbage word when the slot was claimed. Start at the head.
+            t = (head + 7) & -8
+            used = t - head
+        elif not 0 <= used <= cap:
+            # Impossible for a head the reader stored: one of the two words is garbage.
+            # A garbage head is rewritten by the reader at its next read, so the first time
+            # we only drop. If the same head is still there next time, nobody is repairing
+            # it: our tail must be the garbage one (e.g. adopted from a garbage word when
+            # the slot was claimed), so we continue from the head instead.
+            if head != insane_head or head >= L.POSITION_LIMIT:
+                insane_head = head
+                limit = 0
+                drop(n, False)
+                return f"head word {head} is inconsistent with tail {t}"
+            insane_head = -1
+            t = (head + 7) & -8
+            used = t - head
+        offset = t & mask
+        room = cap - offset
+        extra = room if span > room else 0
+        if used + extra + span > cap:
+            limit = 0
+            drop(n, False)
+            return False
+        if extra:
+            # The record would straddle the end: fill the rest with a padding record.
+            data[offset : offset + 8] = L.header_word(room - 8, pad, t, cap).to_bytes(8, "little")
+            t += room
+            offset = 0
+        data[offset : offset + 8] = L.header_word(n, rtype, t, cap).to_bytes(8, "little")
+        data[offset + 8 : offset + 8 + n] = payload
+        t += span
+        control[C_TAIL] = t  # publish: one aligned 8-byte store, after the bytes
+        tail = t
+        written += 1
+        control[C_WRITTEN] = written
+        tag = L.lap_tag(t, cap)
+        limit = min((t | mask) + 1, head + cap + 1)
+        return True
+
+    def write(rtype: int, payload: bytes) -> bool:
+        """Append one record; False (counted as dropped) when it does not fit right now."""
+        nonlocal tail, written, problem_logged
+        acquire()
+        try:
+            n = len(payload)
+            t = tail
+            end = t + ((n + 15) & -8)
+            if end < limit:
+                # Header (u32 length, u16 type, u16 check) and payload in one call. A type
+                # outside 0..65535 makes it raise (handled below); types 0 and 65535 are not
+                # checked here: the reader skips and counts such records.
+                packers[n](data, t & mask, n, rtype, (n ^ rtype ^ tag) & 0xFFFF, payload)
+                control[C_TAIL] = tail = end  # publish: one aligned 8-byte store, after the bytes
+                written += 1
+                control[C_WRITTEN] = written
+                outcome: str | bool = True
+            else:
+                outcome = slow(rtype, payload)
+        except Exception as exc:
+            # A payload struct does not take (memoryview...) goes the generic way; anything
+            # else (a str payload, a torn-down mapping) is dropped, never raised.
+            try:
+                outcome = slow(rtype, payload)
+            except Exception:
+                outcome = f"write failed: {exc!r}"
+                try:
+                    drop(0, False)
+                except Exception:
+                    pass
+        finally:
+            # The lock release is an atomic read-modify-write (a full barrier on x86-64), so
+            # the tail store above is visible before the sleeping flag is loaded below.
+            release()
+        if outcome is True:
+            if status[S_SLEEPING] and tail - int(control[C_HEAD]) >= wake_fill:
+                wake()
+            return True
+        if outcome is not False and not problem_logged:
+            problem_logged = True
+            log.error("ring slot %d: %s; dropped (further problems are only counted)", slot, outcome)
+        return False
+
+    return write
