@@ -12,12 +12,8 @@ import logging
 import sys
 
 from ipc import Arena, ArenaError
-from reporter_proc.process import (
-    reset_signals,
-    run_reporter_process,
-    run_supervisor,
-    settings_from_json,
-)
+from reporter_proc.plumbing import reset_signals
+from reporter_proc.process import run_reporter_process, run_supervisor, settings_from_json
 from reporter_proc.senders.tls import has_secret
 from reporter_proc.settings import ReporterSettings
 

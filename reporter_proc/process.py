@@ -1,4 +1,5 @@
-"""Starting and keeping the reporter alive: fork, signals, titles, supervision, thread mode.
+"""Starting and keeping the reporter alive: fork, supervision, adoption, settings across exec
+(the process plumbing is in ``plumbing.py``, thread mode in ``thread_mode.py``).
 
 Process tree (``spawn_reporter`` called in the application's master)::
 
@@ -20,11 +21,8 @@ or 4 (Gunicorn <= 23 halts the server when a child exits with those).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import dataclasses
-import gc
 import logging
 import os
 import shutil
@@ -33,20 +31,28 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import orjson
 
 from ipc import Arena, ArenaError, process_alive
 from reporter_proc.exits import EXIT_ERROR, EXIT_OK
+
+# The process plumbing and thread mode have modules of their own; the names callers import
+# from here stay importable from here.
+from reporter_proc.plumbing import (
+    _flush_std,
+    _run_loop,
+    lower_priority,
+    reset_signals,
+    set_pdeathsig,
+    set_process_title,
+    tune_gc,
+)
 from reporter_proc.role import forking_reporter, in_reporter_process, mark_reporter_process, set_forking
-from reporter_proc.senders.base import Sender
 from reporter_proc.settings import ReporterSettings
 from reporter_proc.supervisor import Supervisor
-
-if TYPE_CHECKING:
-    from reporter_proc.loop import Reporter
+from reporter_proc.thread_mode import ReporterThread, start_reporter_thread
 
 # The reporter itself (asyncio and every part, ~8 MiB of memory) is imported only where it
 # runs: in the forked reporter process or on the reporter thread, never in the application's
@@ -64,119 +70,9 @@ __all__ = [
     "settings_to_json",
     "spawn_reporter",
     "start_reporter_thread",
+    "tune_gc",
 ]
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
-REPORTER_NICE = 10  # added to the application's niceness (see lower_priority)
-
-
-# -- process plumbing --------------------------------------------------------------------------
-def _libc() -> Any:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def set_pdeathsig(sig: int) -> bool:
-    """Ask the kernel to send ``sig`` when the thread that forked us dies (Linux)."""
-    try:
-        return bool(_libc().prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
-def set_process_title(title: str) -> None:
-    """What ``ps`` shows (else a forked child looks like ``uwsgi --master``)."""
-    try:
-        import setproctitle  # noqa: PLC0415  (optional dependency)
-
-        setproctitle.setproctitle(title)
-    except ImportError:
-        pass
-    # Embedded in uWSGI, setproctitle cannot find argv; uWSGI exposes its own setter.
-    uwsgi = sys.modules.get("uwsgi")
-    setprocname = getattr(uwsgi, "setprocname", None)
-    if callable(setprocname):
-        try:
-            setprocname(title)
-        except Exception:
-            pass
-    try:  # the kernel's short name (top, /proc/PID/comm), 15 bytes at most
-        name = title.split(" ", 1)[0].encode()[:15]
-        _libc().prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def lower_priority() -> None:
-    """Make the reporter (and its supervisor) yield the CPU to the application.
-
-    Reporting is background work that needs a few percent of a core; when the machine is
-    saturated, an equal-priority reporter waking every few milliseconds preempts request
-    handling and shows up in the workers' tail latency (p99 68 ms vs 24 ms at nice 10 in
-    benchmarks/prefork_bench.py on a saturated 2-core machine). At nice 10 it still gets
-    ~10% of a core against one busy worker, several times what it needs.
-    """
-    with contextlib.suppress(OSError):
-        os.nice(REPORTER_NICE)
-
-
-def reset_signals() -> None:
-    """Undo the signal state inherited from the application server.
-
-    uWSGI children inherit HUP, INT, QUIT, PIPE, TERM and XFSZ as *ignored* (a plain
-    ``kill`` would do nothing), Gunicorn's arbiter leaves its Python handlers and its
-    wake-up fd behind; none of that may apply here. Everything goes back to the default,
-    PIPE stays ignored (Python's own convention: sockets report EPIPE instead), and the
-    blocked mask is cleared.
-    """
-    with contextlib.suppress(ValueError, OSError):
-        signal.set_wakeup_fd(-1)
-    for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        target = signal.SIG_IGN if sig == signal.SIGPIPE else signal.SIG_DFL
-        with contextlib.suppress(OSError, ValueError, RuntimeError):
-            signal.signal(sig, target)
-    with contextlib.suppress(OSError, ValueError):
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-
-
-def _flush_std() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-
-
-def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
-    """Run ``coro`` on a new plain selector loop (whatever policy the application set)."""
-    import asyncio  # noqa: PLC0415 (only where a reporter runs)
-
-    loop = asyncio.SelectorEventLoop()
-    try:
-        asyncio.set_event_loop(loop)
-        return loop.run_until_complete(coro)
-    finally:
-        with contextlib.suppress(Exception):
-            for task in asyncio.all_tasks(loop):
-                task.cancel()
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        asyncio.set_event_loop(None)
-        loop.close()
-
-
-def tune_gc() -> None:
-    """Garbage-collector settings for a process that only runs the reporter.
-
-    The reporter was forked from the application: ``gc.freeze()`` moves every inherited
-    object out of the collector's sight (no scans of the application's heap, no
-    copy-on-write faults from touching it). Its own data are acyclic lists that reference
-    counting frees, while a batch in flight keeps ~100 k young containers alive; at the
-    default threshold (700) the collector rescans them hundreds of times per batch,
-    which doubled the decode cost in the benchmark. Not used in thread mode: the
-    application's collector settings are not ours to change.
-    """
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
 
 
 # -- settings across exec ----------------------------------------------------------------------
@@ -473,102 +369,3 @@ def close_inherited_sockets() -> int:
         except OSError:
             pass
     return closed
-
-
-# -- thread mode -------------------------------------------------------------------------------
-class ReporterThread:
-    """Handle on a reporter running on a daemon thread of the application process."""
-
-    def __init__(
-        self,
-        arena_path: str,
-        settings: ReporterSettings,
-        *,
-        arena: Arena | None = None,
-        sender: Sender | None = None,
-    ) -> None:
-        self.arena_path = arena_path
-        self.settings = settings
-        self.reporter: Reporter | None = None
-        self.exit_code: int | None = None
-        self._arena = arena
-        self._sender = sender
-        self._created = threading.Event()
-        self._stop_reason = ""
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._main, name="swmp-reporter", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        self._created.wait(5.0)
-
-    def _main(self) -> None:
-        try:
-            arena = self._arena
-            if arena is None:
-                # Deliberately never closed: closing any descriptor of the arena file would
-                # drop this process's POSIX locks, including the ring slot its app holds.
-                arena = Arena.open(self.arena_path)
-            from reporter_proc.loop import Reporter  # noqa: PLC0415 (see the imports)
-
-            reporter = Reporter(arena, self.settings, sender=self._sender, mode="thread")
-            with self._lock:
-                self.reporter = reporter
-                if self._stop_reason:
-                    reporter.stop_threadsafe(self._stop_reason)
-        except Exception as exc:
-            log.error("reporter thread cannot start: %s", exc)
-            self.exit_code = EXIT_ERROR
-            self._created.set()
-            return
-        self._created.set()
-        try:
-            self.exit_code = _run_loop(reporter.run())
-        except Exception:
-            log.exception("reporter thread failed")
-            self.exit_code = EXIT_ERROR
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def stop(self, timeout: float | None = None) -> bool:
-        """Flush and stop; True when the thread ended within ``timeout`` (default: the
-        shutdown deadline plus a second)."""
-        with self._lock:
-            self._stop_reason = "stop"
-            if self.reporter is not None:
-                self.reporter.stop_threadsafe("stop")
-        if timeout is None:
-            timeout = self.settings.shutdown_deadline_s + 1.0
-        if self._thread.ident is not None:
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def _at_exit(self) -> None:
-        if self._thread.is_alive():
-            self.stop(self.settings.shutdown_deadline_s + 1.0)
-
-
-def start_reporter_thread(
-    arena_path: str,
-    settings: ReporterSettings,
-    *,
-    arena: Arena | None = None,
-    sender: Sender | None = None,
-) -> ReporterThread:
-    """Run the reporter on a daemon thread with its own event loop (no fork).
-
-    Flushes at interpreter exit (atexit) within the shutdown deadline. ``arena`` lets the
-    caller share its own Arena object; ``sender`` overrides the protocol (tests).
-    """
-    # gRPC core's own fork handlers (on by default) resume its pollers in every child the
-    # application forks while this thread's channel is busy: a helper forked then (uWSGI,
-    # subprocess with preexec_fn) aborted in epoll_wait on a descriptor subprocess had
-    # closed. No child ever uses this channel, so the handlers buy nothing; an explicit
-    # setting of the application wins. Read by gRPC when it initializes, on first use.
-    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-    handle = ReporterThread(arena_path, settings, arena=arena, sender=sender)
-    handle.start()
-    atexit.register(handle._at_exit)
-    return handle

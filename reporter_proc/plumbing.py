@@ -1,0 +1,132 @@
+"""What a process forked from the application does to itself before it runs the reporter:
+parent-death signal, title, priority, signal dispositions, std streams, the event loop's
+run and the garbage collector's tuning. Used by ``reporter_proc.process`` (supervisor and
+reporter processes) and ``reporter_proc.thread_mode`` (the loop's run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import logging
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+log = logging.getLogger("swmp.reporter")
+
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+REPORTER_NICE = 10  # added to the application's niceness (see lower_priority)
+
+
+# -- process plumbing --------------------------------------------------------------------------
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def set_pdeathsig(sig: int) -> bool:
+    """Ask the kernel to send ``sig`` when the thread that forked us dies (Linux)."""
+    try:
+        return bool(_libc().prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def set_process_title(title: str) -> None:
+    """What ``ps`` shows (else a forked child looks like ``uwsgi --master``)."""
+    try:
+        import setproctitle  # noqa: PLC0415  (optional dependency)
+
+        setproctitle.setproctitle(title)
+    except ImportError:
+        pass
+    # Embedded in uWSGI, setproctitle cannot find argv; uWSGI exposes its own setter.
+    uwsgi = sys.modules.get("uwsgi")
+    setprocname = getattr(uwsgi, "setprocname", None)
+    if callable(setprocname):
+        try:
+            setprocname(title)
+        except Exception:
+            pass
+    try:  # the kernel's short name (top, /proc/PID/comm), 15 bytes at most
+        name = title.split(" ", 1)[0].encode()[:15]
+        _libc().prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def lower_priority() -> None:
+    """Make the reporter (and its supervisor) yield the CPU to the application.
+
+    Reporting is background work that needs a few percent of a core; when the machine is
+    saturated, an equal-priority reporter waking every few milliseconds preempts request
+    handling and shows up in the workers' tail latency (p99 68 ms vs 24 ms at nice 10 in
+    benchmarks/prefork_bench.py on a saturated 2-core machine). At nice 10 it still gets
+    ~10% of a core against one busy worker, several times what it needs.
+    """
+    with contextlib.suppress(OSError):
+        os.nice(REPORTER_NICE)
+
+
+def reset_signals() -> None:
+    """Undo the signal state inherited from the application server.
+
+    uWSGI children inherit HUP, INT, QUIT, PIPE, TERM and XFSZ as *ignored* (a plain
+    ``kill`` would do nothing), Gunicorn's arbiter leaves its Python handlers and its
+    wake-up fd behind; none of that may apply here. Everything goes back to the default,
+    PIPE stays ignored (Python's own convention: sockets report EPIPE instead), and the
+    blocked mask is cleared.
+    """
+    with contextlib.suppress(ValueError, OSError):
+        signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        target = signal.SIG_IGN if sig == signal.SIGPIPE else signal.SIG_DFL
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            signal.signal(sig, target)
+    with contextlib.suppress(OSError, ValueError):
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
+    """Run ``coro`` on a new plain selector loop (whatever policy the application set)."""
+    import asyncio  # noqa: PLC0415 (only where a reporter runs)
+
+    loop = asyncio.SelectorEventLoop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        with contextlib.suppress(Exception):
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def tune_gc() -> None:
+    """Garbage-collector settings for a process that only runs the reporter.
+
+    The reporter was forked from the application: ``gc.freeze()`` moves every inherited
+    object out of the collector's sight (no scans of the application's heap, no
+    copy-on-write faults from touching it). Its own data are acyclic lists that reference
+    counting frees, while a batch in flight keeps ~100 k young containers alive; at the
+    default threshold (700) the collector rescans them hundreds of times per batch,
+    which doubled the decode cost in the benchmark. Not used in thread mode: the
+    application's collector settings are not ours to change.
+    """
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)

@@ -1,0 +1,119 @@
+"""The reporter on a daemon thread of the application process (``SW_AGENT_REPORTER_PROCESS=false``):
+the same reporter, its own event loop, no fork."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from ipc import Arena
+from reporter_proc.exits import EXIT_ERROR
+from reporter_proc.plumbing import _run_loop
+from reporter_proc.senders.base import Sender
+from reporter_proc.settings import ReporterSettings
+
+if TYPE_CHECKING:
+    from reporter_proc.loop import Reporter
+
+log = logging.getLogger("swmp.reporter")
+
+
+class ReporterThread:
+    """Handle on a reporter running on a daemon thread of the application process."""
+
+    def __init__(
+        self,
+        arena_path: str,
+        settings: ReporterSettings,
+        *,
+        arena: Arena | None = None,
+        sender: Sender | None = None,
+    ) -> None:
+        self.arena_path = arena_path
+        self.settings = settings
+        self.reporter: Reporter | None = None
+        self.exit_code: int | None = None
+        self._arena = arena
+        self._sender = sender
+        self._created = threading.Event()
+        self._stop_reason = ""
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._main, name="swmp-reporter", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._created.wait(5.0)
+
+    def _main(self) -> None:
+        try:
+            arena = self._arena
+            if arena is None:
+                # Deliberately never closed: closing any descriptor of the arena file would
+                # drop this process's POSIX locks, including the ring slot its app holds.
+                arena = Arena.open(self.arena_path)
+            from reporter_proc.loop import Reporter  # noqa: PLC0415 (see the imports)
+
+            reporter = Reporter(arena, self.settings, sender=self._sender, mode="thread")
+            with self._lock:
+                self.reporter = reporter
+                if self._stop_reason:
+                    reporter.stop_threadsafe(self._stop_reason)
+        except Exception as exc:
+            log.error("reporter thread cannot start: %s", exc)
+            self.exit_code = EXIT_ERROR
+            self._created.set()
+            return
+        self._created.set()
+        try:
+            self.exit_code = _run_loop(reporter.run())
+        except Exception:
+            log.exception("reporter thread failed")
+            self.exit_code = EXIT_ERROR
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Flush and stop; True when the thread ended within ``timeout`` (default: the
+        shutdown deadline plus a second)."""
+        with self._lock:
+            self._stop_reason = "stop"
+            if self.reporter is not None:
+                self.reporter.stop_threadsafe("stop")
+        if timeout is None:
+            timeout = self.settings.shutdown_deadline_s + 1.0
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _at_exit(self) -> None:
+        if self._thread.is_alive():
+            self.stop(self.settings.shutdown_deadline_s + 1.0)
+
+
+def start_reporter_thread(
+    arena_path: str,
+    settings: ReporterSettings,
+    *,
+    arena: Arena | None = None,
+    sender: Sender | None = None,
+) -> ReporterThread:
+    """Run the reporter on a daemon thread with its own event loop (no fork).
+
+    Flushes at interpreter exit (atexit) within the shutdown deadline. ``arena`` lets the
+    caller share its own Arena object; ``sender`` overrides the protocol (tests).
+    """
+    # gRPC core's own fork handlers (on by default) resume its pollers in every child the
+    # application forks while this thread's channel is busy: a helper forked then (uWSGI,
+    # subprocess with preexec_fn) aborted in epoll_wait on a descriptor subprocess had
+    # closed. No child ever uses this channel, so the handlers buy nothing; an explicit
+    # setting of the application wins. Read by gRPC when it initializes, on first use.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    handle = ReporterThread(arena_path, settings, arena=arena, sender=sender)
+    handle.start()
+    atexit.register(handle._at_exit)
+    return handle
