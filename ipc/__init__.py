@@ -9,13 +9,10 @@ from ipc.arena import (
     ArenaInfo,
     arena_path,
     arena_unlink,
-    cleanup_stale,
-    discover,
-    process_alive,
-    process_start_ticks,
-    read_info,
 )
+from ipc.arena_files import cleanup_stale, discover, read_info
 from ipc.board import Board, BoardTooLarge
+from ipc.procinfo import process_alive, process_start_ticks
 from ipc.ring import RingReader, RingStats, RingWriter
 from ipc.status import StatusBlock, StatusSnapshot
 from ipc.wakeup import Doorbell, DoorbellListener

@@ -35,14 +35,14 @@ from __future__ import annotations
 import glob
 import mmap
 import os
-import stat
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ipc import _files, _locks, private
 from ipc import _layout as L
 from ipc.board import Board
+from ipc.procinfo import boot_time_ns, process_alive, process_start_ticks
 from ipc.ring import RingReader, RingStats, RingWriter, read_stats
 from ipc.status import StatusBlock
 from ipc.wakeup import Doorbell, create_fifo, fifo_path
@@ -57,40 +57,6 @@ MODE = 0o600
 
 class ArenaError(Exception):
     """The arena cannot be created or opened (bad file, wrong owner, bad size...)."""
-
-
-def process_start_ticks(pid: int) -> int:
-    """Start time of ``pid`` in clock ticks since boot, or 0 if it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return 0
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = data[data.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return 0
-
-
-def process_alive(pid: int, start_ticks: int) -> bool:
-    if pid <= 0:
-        return False
-    ticks = process_start_ticks(pid)
-    return ticks != 0 and start_ticks in (0, ticks)
-
-
-def boot_time_ns() -> int:
-    """When this machine booted (wall clock), or 0 if unknown."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            for line in f:
-                if line.startswith(b"btime "):
-                    return int(line.split()[1]) * 1_000_000_000
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def arena_path(owner_pid: int, directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX) -> str:
@@ -138,6 +104,29 @@ class LostCounts:
     helper_records: int  # in helpers (forked by a worker): inert by design
 
 
+class SlotViews:
+    """Where each slot's control words and ring data are in the mapped file."""
+
+    def __init__(self, buf: memoryview, slots: int, ring_capacity: int) -> None:
+        self._buf = buf
+        self._slots = slots
+        self._capacity = ring_capacity
+        self._stride = L.slot_stride(ring_capacity)
+
+    def base(self, slot: int) -> int:
+        if not 0 <= slot < self._slots:
+            raise IndexError(f"slot {slot} out of range 0..{self._slots - 1}")
+        return L.SLOTS_OFFSET + slot * self._stride
+
+    def control(self, slot: int) -> memoryview:
+        base = self.base(slot)
+        return self._buf[base : base + L.CONTROL_SIZE].cast("Q")
+
+    def data(self, slot: int) -> memoryview:
+        base = self.base(slot) + L.CONTROL_SIZE
+        return self._buf[base : base + self._capacity]
+
+
 class Arena:
     """A mapped arena file. Create with :meth:`create`, attach with :meth:`open`."""
 
@@ -156,6 +145,7 @@ class Arena:
         self.board = Board(board_raw.cast("Q"), board_raw)  # the reporter posts, writers read
         self.slots = int(self._header[L.H_SLOTS])
         self.ring_capacity = int(self._header[L.H_CAPACITY])
+        self.views = SlotViews(self._buf, self.slots, self.ring_capacity)
         self._doorbell = Doorbell(path)
         self._claimed: dict[int, RingWriter] = {}  # slots claimed through this object
         self._claimed_pid = os.getpid()
@@ -271,19 +261,6 @@ class Arena:
         )
 
     # -- slots -----------------------------------------------------------------------------
-    def _base(self, slot: int) -> int:
-        if not 0 <= slot < self.slots:
-            raise IndexError(f"slot {slot} out of range 0..{self.slots - 1}")
-        return L.SLOTS_OFFSET + slot * L.slot_stride(self.ring_capacity)
-
-    def _control(self, slot: int) -> memoryview:
-        base = self._base(slot)
-        return self._buf[base : base + L.CONTROL_SIZE].cast("Q")
-
-    def _data(self, slot: int) -> memoryview:
-        base = self._base(slot) + L.CONTROL_SIZE
-        return self._buf[base : base + self.ring_capacity]
-
     def _mine(self) -> dict[int, RingWriter]:
         """Slots claimed through this object *by this process* (a forked child has none)."""
         if self._claimed_pid != os.getpid():
@@ -309,13 +286,13 @@ class Arena:
                 if slot in held or not _locks.try_lock(self._fd, L.slot_lock_offset(slot)):
                     continue
                 held.add(slot)
-                c = self._control(slot)
+                c = self.views.control(slot)
                 pid = os.getpid()
                 c[L.C_OWNER_PID] = pid
                 c[L.C_OWNER_START] = process_start_ticks(pid)
                 c[L.C_CLAIMS] += 1
                 c[L.C_CLAIMED_NS] = time.time_ns()
-                writer = RingWriter(slot, c, self._data(slot), self.status._w, self._doorbell)
+                writer = RingWriter(slot, c, self.views.data(slot), self.status._w, self._doorbell)
                 self._mine()[slot] = writer
                 return writer
         return None
@@ -356,16 +333,16 @@ class Arena:
             return set(self._shared.held().slots)
 
     def reader(self, slot: int, types: Collection[int] | None = None) -> RingReader:
-        base = self._base(slot) + L.CONTROL_SIZE
-        control, data = self._control(slot), self._data(slot)
+        base = self.views.base(slot) + L.CONTROL_SIZE
+        control, data = self.views.control(slot), self.views.data(slot)
         return RingReader(slot, control, data, mapping=self._mm, base=base, types=types)
 
     def ring_stats(self, slot: int) -> RingStats:
-        return read_stats(slot, self._control(slot), self.ring_capacity)
+        return read_stats(slot, self.views.control(slot), self.ring_capacity)
 
     def slot_identity(self, slot: int) -> tuple[int, int, int]:
         """``(last owner pid, claims so far, claimed at ns)`` as recorded in the slot."""
-        c = self._control(slot)
+        c = self.views.control(slot)
         return int(c[L.C_OWNER_PID]), int(c[L.C_CLAIMS]), int(c[L.C_CLAIMED_NS])
 
     # -- counters of records that no ring took ------------------------------------------------
@@ -514,79 +491,3 @@ def arena_unlink(path: str) -> None:
     _unlink_quietly(fifo_path(path))
     for sidecar in glob.glob(glob.escape(path) + ".*"):
         _unlink_quietly(sidecar)
-
-
-def discover(directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX) -> Iterator[str]:
-    """Arena files of the current user in its private directories in ``directory``, newest first."""
-    paths = [p for d in private.private_directories(directory, prefix) for p in _arena_files(d, prefix)]
-    paths.sort(key=_mtime, reverse=True)
-    yield from paths
-
-
-def _arena_files(directory: str, prefix: str, suffix: str = ".arena") -> list[str]:
-    return glob.glob(os.path.join(glob.escape(directory), f"{prefix}-{os.getuid()}-*{suffix}"))
-
-
-def _mtime(path: str) -> float:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return 0.0
-
-
-def read_info(path: str) -> ArenaInfo:
-    with Arena.open(path, wait_s=0) as arena:
-        return arena.info()
-
-
-def _name_pid(path: str, prefix: str) -> int:
-    """The owner pid in an arena file name (``<prefix>-<uid>-<pid>[-...].arena``), or 0."""
-    name = os.path.basename(path)[len(prefix) + 1 :]
-    parts = name.split("-")
-    try:
-        return int(parts[1].split(".")[0])
-    except (IndexError, ValueError):
-        return 0
-
-
-def cleanup_stale(
-    directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX, min_age_s: float = 10.0
-) -> list[str]:
-    """Remove arenas whose owner is dead and that nobody holds a lock on.
-
-    "Nobody" means no reporter and no worker slot: an orphaned reporter still draining, or
-    a worker that outlived its master, keeps the file alive. Files that cannot be read as
-    arenas are removed only if older than ``min_age_s`` (a creator may be mid-way) and the
-    pid in their name is gone. Doorbell FIFOs whose arena is gone are removed too.
-    Returns the removed arena paths.
-    """
-    removed = []
-    for path in discover(directory, prefix):
-        try:
-            arena = Arena.open(path, wait_s=0)
-        except (ArenaError, OSError):
-            try:
-                old = time.time() - _mtime(path) > min_age_s
-                pid = _name_pid(path, prefix)
-                if old and (pid <= 0 or process_start_ticks(pid) == 0):
-                    arena_unlink(path)
-                    removed.append(path)
-            except OSError:
-                pass
-            continue
-        try:
-            if arena._replaceable() and not arena.own_slots() and not arena.is_reporter:
-                _unlink_if_same(path, arena)
-                removed.append(path)
-        finally:
-            arena.close()
-    dirs = private.private_directories(directory, prefix)
-    for fifo in [f for d in dirs for f in _arena_files(d, prefix, ".arena.wake")]:
-        arena_file = fifo[: -len(".wake")]
-        if not os.path.exists(arena_file):
-            try:
-                if stat.S_ISFIFO(os.lstat(fifo).st_mode):
-                    os.unlink(fifo)
-            except OSError:
-                pass
-    return removed

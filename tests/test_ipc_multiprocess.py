@@ -184,7 +184,7 @@ def test_writer_killed_inside_a_record_exposes_nothing(arena: Arena) -> None:
         # payload in place, tail untouched.
         tail = w.tail
         rec = make_record(1, 3, 500)
-        data = arena._data(w.slot)
+        data = arena.views.data(w.slot)
         off = tail % arena.ring_capacity
         data[off : off + 8] = L.header_word(len(rec), 1, tail, arena.ring_capacity).to_bytes(8, "little")
         data[off + 8 : off + 8 + len(rec) // 2] = rec[: len(rec) // 2]

@@ -1,0 +1,100 @@
+"""Finding arena files and removing the stale ones (owner gone, nobody holding a lock).
+
+The arena file itself, its creation, attachment and locks are in ``ipc/arena.py``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+import time
+from collections.abc import Iterator
+
+from ipc import private
+from ipc.arena import (
+    DEFAULT_DIRECTORY,
+    DEFAULT_PREFIX,
+    Arena,
+    ArenaError,
+    ArenaInfo,
+    _unlink_if_same,
+    arena_unlink,
+)
+from ipc.procinfo import process_start_ticks
+
+
+def discover(directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX) -> Iterator[str]:
+    """Arena files of the current user in its private directories in ``directory``, newest first."""
+    paths = [p for d in private.private_directories(directory, prefix) for p in _arena_files(d, prefix)]
+    paths.sort(key=_mtime, reverse=True)
+    yield from paths
+
+
+def _arena_files(directory: str, prefix: str, suffix: str = ".arena") -> list[str]:
+    return glob.glob(os.path.join(glob.escape(directory), f"{prefix}-{os.getuid()}-*{suffix}"))
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def read_info(path: str) -> ArenaInfo:
+    with Arena.open(path, wait_s=0) as arena:
+        return arena.info()
+
+
+def _name_pid(path: str, prefix: str) -> int:
+    """The owner pid in an arena file name (``<prefix>-<uid>-<pid>[-...].arena``), or 0."""
+    name = os.path.basename(path)[len(prefix) + 1 :]
+    parts = name.split("-")
+    try:
+        return int(parts[1].split(".")[0])
+    except (IndexError, ValueError):
+        return 0
+
+
+def cleanup_stale(
+    directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX, min_age_s: float = 10.0
+) -> list[str]:
+    """Remove arenas whose owner is dead and that nobody holds a lock on.
+
+    "Nobody" means no reporter and no worker slot: an orphaned reporter still draining, or
+    a worker that outlived its master, keeps the file alive. Files that cannot be read as
+    arenas are removed only if older than ``min_age_s`` (a creator may be mid-way) and the
+    pid in their name is gone. Doorbell FIFOs whose arena is gone are removed too.
+    Returns the removed arena paths.
+    """
+    removed = []
+    for path in discover(directory, prefix):
+        try:
+            arena = Arena.open(path, wait_s=0)
+        except (ArenaError, OSError):
+            try:
+                old = time.time() - _mtime(path) > min_age_s
+                pid = _name_pid(path, prefix)
+                if old and (pid <= 0 or process_start_ticks(pid) == 0):
+                    arena_unlink(path)
+                    removed.append(path)
+            except OSError:
+                pass
+            continue
+        try:
+            if arena._replaceable() and not arena.own_slots() and not arena.is_reporter:
+                _unlink_if_same(path, arena)
+                removed.append(path)
+        finally:
+            arena.close()
+    dirs = private.private_directories(directory, prefix)
+    for fifo in [f for d in dirs for f in _arena_files(d, prefix, ".arena.wake")]:
+        arena_file = fifo[: -len(".wake")]
+        if not os.path.exists(arena_file):
+            try:
+                if stat.S_ISFIFO(os.lstat(fifo).st_mode):
+                    os.unlink(fifo)
+            except OSError:
+                pass
+    return removed
