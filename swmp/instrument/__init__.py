@@ -30,7 +30,7 @@ import importlib.util
 import logging
 import re
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from swmp.instrument import _hook
 
@@ -39,43 +39,56 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swmp.instrument")
 
+class Plugin(NamedTuple):
+    """What :func:`install_all` needs to know of an instrumentation *without importing it*:
+    its module, ``NAME``, ``PEER_NAMES`` and ``TRIGGER`` (a test checks they match the module).
+    A worker then imports only the instrumentations of libraries it uses (~0.6 MiB less
+    per process than importing all of them)."""
+
+    module: str
+    name: str
+    peer_names: tuple[str, ...]
+    trigger: str | None
+
+
 # Order matters only for readability of the status report.
-MODULES: tuple[str, ...] = (
-    "swmp.instrument.flask",
-    "swmp.instrument.django",
-    "swmp.instrument.starlette",
-    "swmp.instrument.falcon",
-    "swmp.instrument.pyramid",
-    "swmp.instrument.bottle",
-    "swmp.instrument.http_server",
-    "swmp.instrument.requests",
-    "swmp.instrument.urllib3",
-    "swmp.instrument.http_client",
-    "swmp.instrument.httpx",
-    "swmp.instrument.celery",
-    "swmp.instrument.grpcio",
-    "swmp.instrument.aiohttp",
-    "swmp.instrument.tornado",
-    "swmp.instrument.sanic",
-    "swmp.instrument.websockets",
-    "swmp.instrument.log_reporter",
-    "swmp.instrument.loguru",
-    "swmp.instrument.structlog",
-    "swmp.instrument.threads",
-    "swmp.instrument.psycopg2",
-    "swmp.instrument.psycopg",
-    "swmp.instrument.asyncpg",
-    "swmp.instrument.pymysql",
-    "swmp.instrument.mysqlclient",
-    "swmp.instrument.aiomysql",
-    "swmp.instrument.redis",
-    "swmp.instrument.pymemcache",
-    "swmp.instrument.kafka",
-    "swmp.instrument.confluent_kafka",
-    "swmp.instrument.aiokafka",
-    "swmp.instrument.pika",
-    "swmp.instrument.aiormq",
+PLUGINS: tuple[Plugin, ...] = (
+    Plugin("swmp.instrument.flask", "flask", ("sw_flask",), "flask"),
+    Plugin("swmp.instrument.django", "django", ("sw_django",), "django"),
+    Plugin("swmp.instrument.starlette", "starlette", ("sw_fastapi",), "starlette.applications"),
+    Plugin("swmp.instrument.falcon", "falcon", ("sw_falcon", "sw_falcon_v3"), "falcon"),
+    Plugin("swmp.instrument.pyramid", "pyramid", ("sw_pyramid",), "pyramid.router"),
+    Plugin("swmp.instrument.bottle", "bottle", ("sw_bottle",), "bottle"),
+    Plugin("swmp.instrument.http_server", "http_server", ("sw_http_server",), "http.server"),
+    Plugin("swmp.instrument.requests", "requests", ("sw_requests",), "requests"),
+    Plugin("swmp.instrument.urllib3", "urllib3", ("sw_urllib3", "sw_urllib3_v2"), "urllib3"),
+    Plugin("swmp.instrument.http_client", "http.client", ("sw_urllib_request",), "http.client"),
+    Plugin("swmp.instrument.httpx", "httpx", ("sw_httpx",), "httpx"),
+    Plugin("swmp.instrument.celery", "celery", ("sw_celery",), "celery"),
+    Plugin("swmp.instrument.grpcio", "grpc", ("sw_grpc",), "grpc"),
+    Plugin("swmp.instrument.aiohttp", "aiohttp", ("sw_aiohttp",), "aiohttp"),
+    Plugin("swmp.instrument.tornado", "tornado", ("sw_tornado",), "tornado.web"),
+    Plugin("swmp.instrument.sanic", "sanic", ("sw_sanic", "sw_sanic_v2"), "sanic"),
+    Plugin("swmp.instrument.websockets", "websockets", ("sw_websockets",), "websockets"),
+    Plugin("swmp.instrument.log_reporter", "logging", (), None),
+    Plugin("swmp.instrument.loguru", "loguru", ("sw_loguru",), "loguru"),
+    Plugin("swmp.instrument.structlog", "structlog", (), "structlog"),
+    Plugin("swmp.instrument.threads", "threading", (), None),
+    Plugin("swmp.instrument.psycopg2", "psycopg2", ("sw_psycopg2",), "psycopg2"),
+    Plugin("swmp.instrument.psycopg", "psycopg", ("sw_psycopg",), "psycopg"),
+    Plugin("swmp.instrument.asyncpg", "asyncpg", ("sw_asyncpg",), "asyncpg"),
+    Plugin("swmp.instrument.pymysql", "pymysql", ("sw_pymysql",), "pymysql"),
+    Plugin("swmp.instrument.mysqlclient", "mysqlclient", ("sw_mysqlclient",), "MySQLdb"),
+    Plugin("swmp.instrument.aiomysql", "aiomysql", (), "aiomysql"),
+    Plugin("swmp.instrument.redis", "redis", ("sw_redis",), "redis"),
+    Plugin("swmp.instrument.pymemcache", "pymemcache", (), "pymemcache"),
+    Plugin("swmp.instrument.kafka", "kafka", ("sw_kafka",), "kafka"),
+    Plugin("swmp.instrument.confluent_kafka", "confluent_kafka", ("sw_confluent_kafka",), "confluent_kafka"),
+    Plugin("swmp.instrument.aiokafka", "aiokafka", (), "aiokafka"),
+    Plugin("swmp.instrument.pika", "pika", ("sw_rabbitmq",), "pika"),
+    Plugin("swmp.instrument.aiormq", "aiormq", ("sw_aiormq",), "aiormq"),
 )
+MODULES: tuple[str, ...] = tuple(p.module for p in PLUGINS)
 
 INSTALLED = "installed"
 DISABLED = "disabled"
@@ -188,11 +201,19 @@ def _present(module: str) -> bool:
         return False
 
 
-def _deferred(mod: Any, name: str, config: Config, trigger: str) -> None:
-    """Runs inside the import of ``trigger``, right after its body executed."""
+def _deferred(plugin: Plugin, config: Config) -> None:
+    """Runs inside the import of the plugin's trigger, right after its body executed: the
+    instrumentation module is imported only now."""
+    name = plugin.name
+    try:
+        mod = importlib.import_module(plugin.module)
+    except Exception as e:
+        log.warning("swmp: instrumentation %s cannot be imported (%r); skipped", plugin.module, e)
+        _status[name] = f"failed: {e!r}"
+        return
     status = _install(mod, name, config, imported=True)
     _status[name] = status
-    log.debug("swmp: %s imported; %s instrumentation %s", trigger, name, status)
+    log.debug("swmp: %s imported; %s instrumentation %s", plugin.trigger, name, status)
 
 
 def install_all(config: Config) -> dict[str, str]:
@@ -202,24 +223,24 @@ def install_all(config: Config) -> dict[str, str]:
     when (if ever) the application imports them. Never raises.
     """
     out: dict[str, str] = {}
-    for path in MODULES:
-        try:
-            mod = importlib.import_module(path)
-        except Exception as e:
-            log.warning("swmp: instrumentation %s cannot be imported (%r); skipped", path, e)
-            out[path] = f"failed: {e!r}"
-            continue
-        name: str = getattr(mod, "NAME", path)
-        trigger: str | None = getattr(mod, "TRIGGER", None)
-        disabled = is_disabled(name, config.agent_disable_plugins, getattr(mod, "PEER_NAMES", ()))
-        if trigger is None or trigger in sys.modules or disabled:
-            status = _install(mod, name, config)
+    for plugin in PLUGINS:
+        name, trigger = plugin.name, plugin.trigger
+        if is_disabled(name, config.agent_disable_plugins, plugin.peer_names):
+            status = DISABLED
+        elif trigger is None or trigger in sys.modules:
+            try:
+                mod = importlib.import_module(plugin.module)
+            except Exception as e:
+                log.warning("swmp: instrumentation %s cannot be imported (%r); skipped", plugin.module, e)
+                status = f"failed: {e!r}"
+            else:
+                status = _install(mod, name, config)
         elif not _present(trigger):
             status = ABSENT
         else:
             try:
                 _status.pop(name, None)
-                _hook.defer(trigger, functools.partial(_deferred, mod, name, config, trigger), key=name)
+                _hook.defer(trigger, functools.partial(_deferred, plugin, config), key=name)
                 status = _status.get(name, DEFERRED)  # the hook may have run at once (a race)
             except Exception as e:
                 log.warning("swmp: cannot defer the %s instrumentation (%r); skipped", name, e)
