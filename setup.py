@@ -7,6 +7,8 @@ compiler or Python headers the install goes on and the reporter uses the pure-Py
 
 ``swmp._spancore`` (C, sources in ``swmp/_native/``) is the native core of a span's life in
 the application's workers; without it ``swmp.tracing.span`` uses its pure-Python core.
+``ipc._ringwrite`` (C, ``ipc/_native/``) is the fast path of a ring writer; without it
+``ipc.ring_writer`` writes in pure Python (the same bytes).
 """
 
 from setuptools import Extension, setup
@@ -28,6 +30,14 @@ setup(
             sources=["swmp/_native/spancore.c"],
             optional=True,
             extra_compile_args=["-O2", "-std=c99", "-fvisibility=hidden", "-Wall", "-Wextra",
+                                "-Wno-unused-parameter", "-Wno-missing-field-initializers",
+                                "-Wno-cast-function-type"],
+        ),
+        Extension(
+            "ipc._ringwrite",
+            sources=["ipc/_native/ringwrite.c"],
+            optional=True,
+            extra_compile_args=["-O2", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra",
                                 "-Wno-unused-parameter", "-Wno-missing-field-initializers",
                                 "-Wno-cast-function-type"],
         ),

@@ -144,6 +144,42 @@ class _Packers(dict[int, Callable[..., None]]):
         return packer
 
 
+class _State:
+    """The writer's own copies (pure Python; ``ipc._ringwrite.Writer`` holds the same fields):
+    its tail, the lap tag of the check word, ``limit`` (the fast path writes below it), the
+    written count, and a head word found inconsistent (see ``slow``)."""
+
+    __slots__ = ("insane_head", "limit", "tag", "tail", "written")
+
+    def __init__(self) -> None:
+        self.tail = self.tag = self.limit = self.written = 0
+        self.insane_head = -1
+
+
+PURE_ENV = "SWMP_RING_PURE"
+
+
+def _native_writer() -> Any:
+    """``ipc._ringwrite.Writer`` when it is built and not turned off (``SWMP_RING_PURE=1``)."""
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        return None
+    try:
+        import ipc._ringwrite as _ringwrite  # noqa: PLC0415, PLR0402 (mypy: ipc.__all__ lists no private module)
+    except ImportError:
+        return None
+    ok = (_ringwrite.C_TAIL, _ringwrite.C_WRITTEN, _ringwrite.C_HEAD, _ringwrite.S_SLEEPING) == (
+        L.C_TAIL,
+        L.C_WRITTEN_RECORDS,
+        L.C_HEAD,
+        L.S_SLEEPING,
+    ) and (_ringwrite.WAKE_FILL_SHIFT, _ringwrite.HEADER_SIZE) == (L.WAKE_FILL_SHIFT, L.RECORD_HEADER_SIZE)
+    return _ringwrite.Writer if ok else None  # a build of another layout: the pure path
+
+
+_NativeWriter = _native_writer()
+NATIVE = _NativeWriter is not None
+
+
 def _make_write(
     slot: int,
     *,
@@ -152,8 +188,10 @@ def _make_write(
     status: memoryview,
     wake: Callable[[], None] | None,
     cap: int,
+    native: bool = NATIVE,
 ) -> Callable[[int, bytes], bool]:
-    """Build the writer's hot path as a closure over locals (see :class:`RingWriter`).
+    """Build the writer's hot path (see :class:`RingWriter`): the native ``Writer.write``
+    when it is built, else a closure over locals; both share the slow path below.
 
     Measured choices (docs/performance.md): one cached ``Struct("<IHH{n}s").pack_into``
     stores header and payload in a single call; the writer does not load the head on every
@@ -171,17 +209,24 @@ def _make_write(
     wake_fill = cap >> L.WAKE_FILL_SHIFT
     packers = _Packers(max_payload)
     wake = wake if wake is not None else _no_wake
-    lock = threading.Lock()
-    acquire = lock.acquire
-    release = lock.release
+
+    def report(problem: str) -> None:
+        log.error("ring slot %d: %s; dropped (further problems are only counted)", slot, problem)
+
+    # The native writer holds buffer exports for its life: it gets views of its own (a
+    # view with exports cannot be released, and the arena releases its status view on close).
+    st: Any = (
+        _NativeWriter(data[:], control[:], status[:], cap, wake, report)
+        if native and _NativeWriter is not None
+        else _State()
+    )
     # The writer is the only one that moves the tail, so it keeps its own copy and carries
     # on from whatever the previous owner of the slot published.
-    tail = int(control[C_TAIL])
-    tag = L.lap_tag(tail, cap)
-    limit = 0  # the first record takes the slow path, which loads the head
-    written = int(control[C_WRITTEN])
-    insane_head = -1  # a head word found inconsistent with our tail (see slow())
-    problem_logged = False
+    st.tail = int(control[C_TAIL])
+    st.tag = L.lap_tag(st.tail, cap)
+    st.limit = 0  # the first record takes the slow path, which loads the head
+    st.written = int(control[C_WRITTEN])
+    st.insane_head = -1
 
     def drop(n: int, oversize: bool) -> None:
         control[L.C_DROPPED_RECORDS] += 1
@@ -195,7 +240,6 @@ def _make_write(
         Called with the lock held. Returns True/False (written/dropped) or a message to log
         (after the lock is released: a log handler may itself write to this ring).
         """
-        nonlocal tail, tag, limit, written, insane_head
         n = len(payload)
         span = (n + 15) & -8
         if not 0 < rtype < pad:
@@ -204,7 +248,7 @@ def _make_write(
         if n > max_payload:
             drop(n, True)
             return False
-        t = tail
+        t = st.tail
         head = int(control[C_HEAD])
         used = t - head
         # Re-storing our own tail costs nothing here and repairs a garbage tail word, so
@@ -221,19 +265,19 @@ def _make_write(
             # we only drop. If the same head is still there next time, nobody is repairing
             # it: our tail must be the garbage one (e.g. adopted from a garbage word when
             # the slot was claimed), so we continue from the head instead.
-            if head != insane_head or head >= L.POSITION_LIMIT:
-                insane_head = head
-                limit = 0
+            if head != st.insane_head or head >= L.POSITION_LIMIT:
+                st.insane_head = head
+                st.limit = 0
                 drop(n, False)
                 return f"head word {head} is inconsistent with tail {t}"
-            insane_head = -1
+            st.insane_head = -1
             t = (head + 7) & -8
             used = t - head
         offset = t & mask
         room = cap - offset
         extra = room if span > room else 0
         if used + extra + span > cap:
-            limit = 0
+            st.limit = 0
             drop(n, False)
             return False
         if extra:
@@ -245,54 +289,67 @@ def _make_write(
         data[offset + 8 : offset + 8 + n] = payload
         t += span
         control[C_TAIL] = t  # publish: one aligned 8-byte store, after the bytes
-        tail = t
-        written += 1
-        control[C_WRITTEN] = written
-        tag = L.lap_tag(t, cap)
-        limit = min((t | mask) + 1, head + cap + 1)
+        st.tail = t
+        st.written += 1
+        control[C_WRITTEN] = st.written
+        st.tag = L.lap_tag(t, cap)
+        st.limit = min((t | mask) + 1, head + cap + 1)
         return True
+
+    def guarded_slow(rtype: int, payload: bytes) -> str | bool:
+        # Anything the slow path cannot take (a str payload, a torn-down mapping) is
+        # dropped, never raised.
+        try:
+            return slow(rtype, payload)
+        except Exception as exc:
+            try:
+                drop(0, False)
+            except Exception:
+                pass
+            return f"write failed: {exc!r}"
+
+    if not isinstance(st, _State):
+        st.set_slow(guarded_slow)
+        return st.write  # type: ignore[no-any-return]
+
+    lock = threading.Lock()
+    acquire = lock.acquire
+    release = lock.release
+    problem_logged = False
 
     def write(rtype: int, payload: bytes) -> bool:
         """Append one record; False (counted as dropped) when it does not fit right now."""
-        nonlocal tail, written, problem_logged
+        nonlocal problem_logged
         acquire()
         try:
             n = len(payload)
-            t = tail
+            t = st.tail
             end = t + ((n + 15) & -8)
-            if end < limit:
+            if end < st.limit:
                 # Header (u32 length, u16 type, u16 check) and payload in one call. A type
                 # outside 0..65535 makes it raise (handled below); types 0 and 65535 are not
                 # checked here: the reader skips and counts such records.
-                packers[n](data, t & mask, n, rtype, (n ^ rtype ^ tag) & 0xFFFF, payload)
-                control[C_TAIL] = tail = end  # publish: one aligned 8-byte store, after the bytes
-                written += 1
-                control[C_WRITTEN] = written
+                packers[n](data, t & mask, n, rtype, (n ^ rtype ^ st.tag) & 0xFFFF, payload)
+                control[C_TAIL] = st.tail = end  # publish: one aligned 8-byte store, after the bytes
+                st.written += 1
+                control[C_WRITTEN] = st.written
                 outcome: str | bool = True
             else:
-                outcome = slow(rtype, payload)
-        except Exception as exc:
-            # A payload struct does not take (memoryview...) goes the generic way; anything
-            # else (a str payload, a torn-down mapping) is dropped, never raised.
-            try:
-                outcome = slow(rtype, payload)
-            except Exception:
-                outcome = f"write failed: {exc!r}"
-                try:
-                    drop(0, False)
-                except Exception:
-                    pass
+                outcome = guarded_slow(rtype, payload)
+        except Exception:
+            # A payload struct does not take (memoryview...) goes the generic way.
+            outcome = guarded_slow(rtype, payload)
         finally:
             # The lock release is an atomic read-modify-write (a full barrier on x86-64), so
             # the tail store above is visible before the sleeping flag is loaded below.
             release()
         if outcome is True:
-            if status[S_SLEEPING] and tail - int(control[C_HEAD]) >= wake_fill:
+            if status[S_SLEEPING] and st.tail - int(control[C_HEAD]) >= wake_fill:
                 wake()
             return True
         if outcome is not False and not problem_logged:
             problem_logged = True
-            log.error("ring slot %d: %s; dropped (further problems are only counted)", slot, outcome)
+            report(outcome)
         return False
 
     return write
