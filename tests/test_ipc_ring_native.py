@@ -51,15 +51,14 @@ class Ring:
         self.wakes += 1
 
     def state(self) -> tuple[bytes, list[int], int]:
-        """The published bytes (what a reader may see: the last lap before the tail; bytes
-        past the tail are private to the writer, and the pure version's packer can leave a
-        partial header there when it refuses a value), the control words, the wake-ups."""
-        tail = int(self.control[L.C_TAIL])
+        """The published bytes (what a reader may still read: head to tail; other bytes are
+        private to the writer or consumed, and the pure version's packer can leave a partial
+        header at the tail when it refuses a value), the control words, the wake-ups."""
+        tail, head = int(self.control[L.C_TAIL]), int(self.control[L.C_HEAD])
         published = b""
-        if tail <= L.POSITION_LIMIT:
+        if head <= tail <= L.POSITION_LIMIT:
             data = bytes(self.data)
-            start = max(0, tail - CAP)
-            published = bytes(data[p % CAP] for p in range(start, tail))
+            published = bytes(data[p % CAP] for p in range(max(head, tail - CAP), tail))
         return published, list(self.control[: L.C_HEAD + 8]), self.wakes
 
 
@@ -89,7 +88,11 @@ OPS = st.lists(
 
 
 @native_only
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("SWMP_FUZZ_EXAMPLES", "300")),  # more for a longer search
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(ops=OPS)
 def test_native_and_pure_writers_leave_the_same_ring(ops: list[tuple[Any, ...]]) -> None:
     logging.getLogger("ipc").setLevel(logging.CRITICAL)

@@ -30,9 +30,6 @@
 #define S_SLEEPING 8
 
 enum { F_TAIL, F_TAG, F_LIMIT, F_WRITTEN, F_INSANE };
-/* Sane values for the fast path: positions below ipc/_layout.py's POSITION_LIMIT (2**62),
- * so tail + a record never overflows. */
-#define SANE_MAX (1LL << 62)
 
 typedef struct {
     PyObject_HEAD
@@ -44,12 +41,14 @@ typedef struct {
     uint64_t *ctl;
     uint64_t *st;
     long long cap, mask, max_payload, wake_fill;
-    /* The writer's own copies (see ring_writer.py), as C integers while they are sane; a
-     * value that is not (a garbage word adopted from shared memory: up to 2**64 - 1, or a
-     * limit past it) is kept as the Python int in the matching object field, and while any
-     * of tail, limit or written is such a value every write takes the (Python) slow path. */
-    long long tail, tag, limit, written, insane_head;
+    /* The writer's own copies (see ring_writer.py), as C integers while they fit (positions
+     * are u64 words; garbage adopted from shared memory can be any of them); a value that
+     * does not (a limit past 2**64 - 1, a negative one) is kept as the Python int in the
+     * matching object field, and the fast path then decides as Python's ints would. */
+    uint64_t tail, tag, limit, written;
+    long long insane_head;
     PyObject *big[5];
+    int limit_huge; /* big[F_LIMIT] is above every u64 position (not negative) */
     int problem_logged;
     PyObject *wake;   /* wake(): ring the reader's doorbell */
     PyObject *slow;   /* slow(rtype, payload) -> True | False | str, never raises */
@@ -194,26 +193,49 @@ static int fast(Writer *self, PyObject *rtype_obj, PyObject *payload) {
     if (n > self->max_payload) {
         return 0;
     }
-    if (self->big[F_TAIL] != NULL || self->big[F_LIMIT] != NULL || self->big[F_WRITTEN] != NULL ||
-        self->big[F_TAG] != NULL) {
+    if (self->big[F_TAIL] != NULL || self->big[F_WRITTEN] != NULL || self->big[F_TAG] != NULL ||
+        (self->big[F_LIMIT] != NULL && !self->limit_huge) || self->written == UINT64_MAX) {
         return 0;
     }
-    long long t = self->tail;
-    long long end = t + ((n + 15) & -8LL);
-    if (end >= self->limit) {
+    uint64_t t = self->tail;
+    uint64_t span = (uint64_t)((n + 15) & -8LL);
+    if (t > UINT64_MAX - span) {
+        return 0; /* the tail word cannot hold the end: Python's store would fail too */
+    }
+    uint64_t end = t + span;
+    if (self->big[F_LIMIT] == NULL && end >= self->limit) {
         return 0;
     }
-    unsigned char *at = self->d + (t & self->mask);
-    uint64_t check = (uint64_t)((n ^ rtype ^ self->tag) & 0xFFFF);
+    unsigned char *at = self->d + (t & (uint64_t)self->mask);
+    uint64_t check = ((uint64_t)n ^ (uint64_t)rtype ^ self->tag) & 0xFFFF;
     uint64_t header = (uint64_t)(uint32_t)n | ((uint64_t)rtype << 32) | (check << 48);
     memcpy(at + 8, bytes, (size_t)n);
     memcpy(at, &header, 8); /* little-endian: u32 length, u16 type, u16 check */
     /* Publish: one aligned 8-byte store, after the bytes (release: not moved before them). */
-    __atomic_store_n(&self->ctl[C_TAIL], (uint64_t)end, __ATOMIC_RELEASE);
+    __atomic_store_n(&self->ctl[C_TAIL], end, __ATOMIC_RELEASE);
     self->tail = end;
     self->written += 1;
-    __atomic_store_n(&self->ctl[C_WRITTEN], (uint64_t)self->written, __ATOMIC_RELAXED);
+    __atomic_store_n(&self->ctl[C_WRITTEN], self->written, __ATOMIC_RELAXED);
     return 1;
+}
+
+/* tail - head >= wake_fill, as Python computes it (a garbage tail is a Python int). */
+static int wake_due(Writer *self, uint64_t head) {
+    if (self->big[F_TAIL] == NULL) {
+        return head <= self->tail && self->tail - head >= (uint64_t)self->wake_fill;
+    }
+    PyObject *h = PyLong_FromUnsignedLongLong(head);
+    PyObject *d = h == NULL ? NULL : PyNumber_Subtract(self->big[F_TAIL], h);
+    PyObject *f = d == NULL ? NULL : PyLong_FromLongLong(self->wake_fill);
+    int due = f == NULL ? 0 : PyObject_RichCompareBool(d, f, Py_GE);
+    Py_XDECREF(h);
+    Py_XDECREF(d);
+    Py_XDECREF(f);
+    if (due < 0 || PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return due;
 }
 
 static PyObject *writer_write(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -242,8 +264,7 @@ static PyObject *writer_write(Writer *self, PyObject *const *args, Py_ssize_t na
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
         if (__atomic_load_n(&self->st[S_SLEEPING], __ATOMIC_RELAXED) != 0) {
             uint64_t head = __atomic_load_n(&self->ctl[C_HEAD], __ATOMIC_RELAXED);
-            if (self->big[F_TAIL] == NULL && head <= (uint64_t)self->tail &&
-                (long long)((uint64_t)self->tail - head) >= self->wake_fill) {
+            if (wake_due(self, head)) {
                 PyObject *r = PyObject_CallNoArgs(self->wake);
                 if (r == NULL) {
                     PyErr_Clear(); /* the reader's timer still comes */
@@ -281,22 +302,18 @@ static PyMethodDef writer_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static long long *field_ptr(Writer *self, int which) {
-    switch (which) {
-    case F_TAIL: return &self->tail;
-    case F_TAG: return &self->tag;
-    case F_LIMIT: return &self->limit;
-    case F_WRITTEN: return &self->written;
-    default: return &self->insane_head;
-    }
-}
-
 static PyObject *field_get(Writer *self, void *closure) {
     int which = (int)(intptr_t)closure;
     if (self->big[which] != NULL) {
         return Py_NewRef(self->big[which]);
     }
-    return PyLong_FromLongLong(*field_ptr(self, which));
+    switch (which) {
+    case F_TAIL: return PyLong_FromUnsignedLongLong(self->tail);
+    case F_TAG: return PyLong_FromUnsignedLongLong(self->tag);
+    case F_LIMIT: return PyLong_FromUnsignedLongLong(self->limit);
+    case F_WRITTEN: return PyLong_FromUnsignedLongLong(self->written);
+    default: return PyLong_FromLongLong(self->insane_head);
+    }
 }
 
 static int field_set(Writer *self, PyObject *value, void *closure) {
@@ -305,18 +322,37 @@ static int field_set(Writer *self, PyObject *value, void *closure) {
         PyErr_SetString(PyExc_TypeError, "an int is required");
         return -1;
     }
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
-    if (v == -1 && PyErr_Occurred()) {
-        return -1;
+    if (which == F_INSANE) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (v == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        if (overflow || v < -1) {
+            Py_XSETREF(self->big[which], Py_NewRef(value));
+        } else {
+            Py_CLEAR(self->big[which]);
+            self->insane_head = v;
+        }
+        return 0;
     }
-    long long lo = which == F_INSANE ? -1 : 0;
-    if (overflow || v < lo || v > SANE_MAX) {
+    int sign = _PyLong_Sign(value);
+    unsigned long long v = sign < 0 ? 0 : PyLong_AsUnsignedLongLong(value);
+    if (sign < 0 || (v == (unsigned long long)-1 && PyErr_Occurred())) {
+        PyErr_Clear(); /* negative, or past 2**64 - 1 */
         Py_XSETREF(self->big[which], Py_NewRef(value));
+        if (which == F_LIMIT) {
+            self->limit_huge = sign > 0;
+        }
         return 0;
     }
     Py_CLEAR(self->big[which]);
-    *field_ptr(self, which) = v;
+    switch (which) {
+    case F_TAIL: self->tail = v; break;
+    case F_TAG: self->tag = v; break;
+    case F_LIMIT: self->limit = v; break;
+    default: self->written = v; break;
+    }
     return 0;
 }
 
