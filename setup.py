@@ -14,32 +14,20 @@ the application's workers; without it ``swmp.tracing.span`` uses its pure-Python
 from setuptools import Extension, setup
 
 NATIVE = "reporter_proc/_native/"
+FLAGS = ["-O2", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
+         "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
+
+
+def native(name: str, sources: list[str], depends: list[str] | None = None) -> Extension:
+    """An optional C module: without a compiler the install goes on in pure Python."""
+    return Extension(name, sources=sources, depends=depends or [], optional=True, extra_compile_args=FLAGS)
+
 
 setup(
     ext_modules=[
-        Extension(
-            "reporter_proc._encode_native",
-            sources=[NATIVE + "module.c", NATIVE + "records.c", NATIVE + "json.c"],
-            depends=[NATIVE + "wire.h", NATIVE + "text.h"],
-            optional=True,
-            extra_compile_args=["-O2", "-std=c99", "-fvisibility=hidden", "-Wall", "-Wextra",
-                                "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
-        ),
-        Extension(
-            "swmp._spancore",
-            sources=["swmp/_native/spancore.c"],
-            optional=True,
-            extra_compile_args=["-O2", "-std=c99", "-fvisibility=hidden", "-Wall", "-Wextra",
-                                "-Wno-unused-parameter", "-Wno-missing-field-initializers",
-                                "-Wno-cast-function-type"],
-        ),
-        Extension(
-            "ipc._ringwrite",
-            sources=["ipc/_native/ringwrite.c"],
-            optional=True,
-            extra_compile_args=["-O2", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra",
-                                "-Wno-unused-parameter", "-Wno-missing-field-initializers",
-                                "-Wno-cast-function-type"],
-        ),
+        native("reporter_proc._encode_native", [NATIVE + "module.c", NATIVE + "records.c", NATIVE + "json.c"],
+               [NATIVE + "wire.h", NATIVE + "text.h"]),
+        native("swmp._spancore", ["swmp/_native/spancore.c"]),
+        native("ipc._ringwrite", ["ipc/_native/ringwrite.c"]),
     ]
 )

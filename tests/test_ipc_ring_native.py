@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from ipc import _layout as L
 from ipc import ring_writer
 from ipc.ring_reader import RingReader
+from tests.native_build import HAVE_CC, assert_current
 
 CAP = 4096
 ROOT = Path(__file__).resolve().parent.parent
-HAVE_CC = shutil.which(os.environ.get("CC", "cc")) is not None or shutil.which("gcc") is not None
 native_only = pytest.mark.skipif(not ring_writer.NATIVE, reason="the native ring writer is not built")
 
 
@@ -126,10 +125,7 @@ def test_the_native_writer_is_built_and_current() -> None:
     assert ring_writer.NATIVE, "ipc._ringwrite did not build (pip install -e . builds it)"
     from ipc import _ringwrite  # type: ignore[attr-defined]
 
-    built = Path(_ringwrite.__file__)
-    source = ROOT / "ipc" / "_native" / "ringwrite.c"
-    if built.parent == source.parent.parent:  # an in-place build of this checkout
-        assert built.stat().st_mtime + 1 >= source.stat().st_mtime, "stale build: run pip install -e ."
+    assert_current(_ringwrite.__file__, ROOT / "ipc" / "_native" / "ringwrite.c")
 
 
 @native_only

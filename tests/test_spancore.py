@@ -14,7 +14,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tracemalloc
@@ -27,9 +26,9 @@ from swmp.config import load
 from swmp.tracing import Component, Layer
 from swmp.tracing import span as span_module
 from swmp.tracing.context import new_entry_span, new_exit_span
+from tests.native_build import HAVE_CC, assert_current
 
 ROOT = Path(__file__).resolve().parent.parent
-HAVE_CC = shutil.which(os.environ.get("CC", "cc")) is not None or shutil.which("gcc") is not None
 native_only = pytest.mark.skipif(not span_module.NATIVE, reason="the native span core is not built")
 
 
@@ -48,11 +47,7 @@ def test_the_native_core_is_built_and_current() -> None:
     assert span_module.NATIVE, "swmp._spancore did not build (pip install -e . builds it)"
     from swmp import _spancore
 
-    built = Path(_spancore.__file__)
-    source = ROOT / "swmp" / "_native" / "spancore.c"
-    if built.parent == source.parent.parent:  # an in-place build of this checkout
-        # (the build copies the file with whole seconds)
-        assert built.stat().st_mtime + 1 >= source.stat().st_mtime, "stale build: run pip install -e ."
+    assert_current(_spancore.__file__, ROOT / "swmp" / "_native" / "spancore.c")
     assert span_module.Span.__mro__[1] is _spancore.SpanCore
 
 

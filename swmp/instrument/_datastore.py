@@ -55,8 +55,7 @@ def failed(where: str, e: Exception) -> NoopSpan:
 
 def guarded(start: Callable[..., Any]) -> Callable[..., Any]:
     """``start`` (which reads the driver's arguments and opens a span) made unable to fail
-    the application's call: see :func:`failed`. The wrappers made here inline the same
-    guard around the unwrapped function (``__swmp_start__``): one call less per traced call."""
+    the application's call: see :func:`failed`."""
     where = f"{start.__module__}.{start.__qualname__}"
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -67,19 +66,9 @@ def guarded(start: Callable[..., Any]) -> Callable[..., Any]:
 
     run.__name__ = start.__name__
     run.__qualname__ = start.__qualname__
-    run.__swmp_start__ = (start, where)  # type: ignore[attr-defined]
     return run
 
 
-def unguarded(start: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
-    """The function a :func:`guarded` wraps and the place its failures are logged under."""
-    inner = getattr(start, "__swmp_start__", None)
-    if inner is not None:
-        return inner  # type: ignore[no-any-return]
-    return start, f"{start.__module__}.{start.__qualname__}"
-
-
-_NO_TAGS = NO_TAGS
 _DATABASE = Layer.DATABASE
 _CACHE = Layer.CACHE
 
@@ -192,7 +181,7 @@ def sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
     if span.__class__ is Span:
         if statement.__class__ is not str:
             statement = text(statement)
-        if span.tags is _NO_TAGS and len(statement) <= limits.tag_value_max:
+        if span.tags is NO_TAGS and len(statement) <= limits.tag_value_max:
             # The common case in one list (what three span.tag calls would build): this
             # runs on every traced query.
             span.tags = [TAG_DB_TYPE, db_type, TAG_DB_INSTANCE, instance, TAG_DB_STATEMENT, statement]
@@ -231,19 +220,6 @@ READ_COMMANDS = frozenset(_READ.split())
 WRITE_COMMANDS = frozenset(_WRITE.split())
 
 
-_cache_ops: dict[str, str] = {}
-
-
-def _cache_op(cmd: str) -> str:
-    """:func:`cache_op`, remembered per command name (a bounded set in practice)."""
-    k = _cache_ops.get(cmd)
-    if k is None:
-        k = cache_op(cmd)
-        if len(_cache_ops) < 4096:
-            _cache_ops[cmd] = k
-    return k
-
-
 def cache_op(cmd: str) -> str:
     """``"read"``, ``"write"`` or ``""`` for a Redis or memcached command name."""
     if cmd in READ_COMMANDS:
@@ -268,8 +244,8 @@ def cache_span(  # noqa: PLR0917
     ``cache.type``/``cache.cmd``/``cache.op``/``cache.key`` (and ``db.instance`` if given)."""
     span = _ctx.new_exit_span(op, address, component, _CACHE)
     if span.__class__ is Span:
-        k = _cache_op(cmd) if kind is None else kind
-        if span.tags is _NO_TAGS and len(cmd) <= limits.tag_value_max:
+        k = cache_op(cmd) if kind is None else kind
+        if span.tags is NO_TAGS and len(cmd) <= limits.tag_value_max:
             # The common case in one list (what the span.tag calls below would build).
             tags = span.tags = [TAG_CACHE_TYPE, cache_type, TAG_CACHE_CMD, cmd]
             if k:
@@ -387,7 +363,7 @@ def cursor_method(
     op = prefix + method
 
     def rows(args: Any) -> Any:
-        if many and settings.params_max and args is not None and not isinstance(args, (list, tuple)):
+        if settings.params_max and args is not None and not isinstance(args, (list, tuple)):
             return list(args)  # the tag must not consume what the driver still needs
         return args
 
@@ -441,13 +417,14 @@ def traced_method(
 ) -> Callable[[Any], Any]:
     """A ``patch`` wrapper factory: the method runs inside ``start(self, args, kwargs)``'s span
     when called inside a trace, and is called directly otherwise. For an async method, the
-    wrapper returns the driver's own coroutine outside a trace."""
+    wrapper returns the driver's own coroutine outside a trace. ``start`` failing is logged
+    once (see :func:`failed`): the call goes on without a span."""
 
-    begin, place = unguarded(start)
+    place = f"{start.__module__}.{start.__qualname__}"
 
     def opened(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Span | NoopSpan:
         try:
-            return begin(self, args, kwargs)  # type: ignore[no-any-return]
+            return start(self, args, kwargs)
         except Exception as e:
             return failed(place, e)
 
@@ -469,7 +446,7 @@ def traced_method(
             if outside() is None:
                 return orig(self, *args, **kwargs)
             try:  # opened(), inlined: this runs on every traced call
-                span = begin(self, args, kwargs)
+                span = start(self, args, kwargs)
             except Exception as e:
                 span = failed(place, e)
             with span:

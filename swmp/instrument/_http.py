@@ -43,12 +43,3 @@ def record_status(span: Any, status: int) -> None:
     if status >= 400:
         span.error()
 
-
-def record_status_text(span: Any, status: str) -> None:
-    """:func:`record_status` from a WSGI status line (``"200 OK"``); ValueError if it has no
-    number. The tag is the same text ``record_status`` would make of the number."""
-    code = status[:3]
-    n = int(code)
-    span.tag(TAG_HTTP_STATUS, code if code.isascii() and code.isdigit() and code[0] != "0" else str(n))
-    if n >= 400:
-        span.error()

@@ -79,12 +79,10 @@ def _pipeline_span(pipe: Any) -> Any:
     return _ds.cache_span(op, address, _COMPONENT, "Redis", " ".join(cmds), keys or None, db, kind)
 
 
-@_ds.guarded
 def _command_start(client: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
     return _command_span(client, args)
 
 
-@_ds.guarded
 def _pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -> Any:
     # An empty pipeline sends nothing: no span.
     return _pipeline_span(pipe) if pipe.command_stack else NOOP

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from swmp.instrument._http import record_status_text
+from swmp.instrument._http import record_status
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_PARAMS, TAG_HTTP_URL, Component, Layer
@@ -112,7 +112,7 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
 
     def _start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
         try:
-            record_status_text(span, status)
+            record_status(span, int(status[:3]))
         except (ValueError, TypeError):
             pass
         if exc_info is None:
@@ -129,7 +129,7 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     # give the context back now.
     if _get_current() is span:
         _set_current(prev)
-    if result.__class__ is list or isinstance(result, (list, tuple)):
+    if isinstance(result, (list, tuple)):
         span.finish()
         return result
     return _Body(result, span)

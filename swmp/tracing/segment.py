@@ -159,7 +159,7 @@ class Segment:
             _log_once("serialize", "swmp: could not serialize a segment: %r", e)
             return
         try:
-            ok = _sink._sink.write(SEGMENT, payload)  # get_sink(), inlined
+            ok = _sink.get_sink().write(SEGMENT, payload)
         except Exception as e:
             ok = False
             _log_once("sink", "swmp: the sink failed to take a segment: %r", e)
