@@ -1,6 +1,8 @@
-"""Cache clients against a real Redis and memcached (tests/daemons.py): redis-py (sync and
-asyncio, pipelines, transactions, Pub/Sub publish) and pymemcache record one exit span per
-command or pipeline, leave results and errors as they are, and nothing outside a trace."""
+"""Cache clients against a real Redis, a real 3-master Redis Cluster and memcached
+(tests/daemons.py, tests/redis_cluster.py): redis-py (sync and asyncio, pipelines,
+transactions, commands run at once while WATCHing, Pub/Sub publish, RedisCluster) and
+pymemcache record one exit span per command or pipeline, leave results and errors as they
+are, and nothing outside a trace."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ import pytest
 from swmp.tracing import Component, Layer
 from tests.daemons import ServerInfo
 from tests.datastore_support import Traced, only, start_traced, stop_traced, traced
+from tests.redis_cluster import ClusterInfo, redis_cluster
 
-__all__ = ["traced"]
+__all__ = ["redis_cluster", "traced"]
 
 
 @pytest.fixture()
@@ -68,6 +71,81 @@ def test_redis_pipeline_and_transaction_are_one_span_each(traced: Traced, r: Any
     assert tx.tags["cache.key"] == "rk:p rk:p rk:p"
     assert plain.op == "Redis/PIPELINE"
     assert (plain.tags["cache.cmd"], plain.tags["cache.op"]) == ("GET EXISTS", "read")
+
+
+def test_redis_commands_a_watching_pipeline_runs_at_once(
+    traced: Traced, r: Any, redis_server: ServerInfo
+) -> None:
+    """After WATCH a pipeline sends each command immediately (not at execute): each is a
+    command span like the client's; the MULTI block is still one span."""
+    import redis
+
+    r.set("rk:w", 5)
+    r.set("rk:wstr", "text")
+    with traced.trace() as got:
+        with r.pipeline() as pipe:
+            assert pipe.watch("rk:w") is True
+            current = int(pipe.get("rk:w"))
+            pipe.multi()
+            pipe.set("rk:w", current + 1)
+            assert pipe.execute() == [True]
+        with r.pipeline() as pipe:  # an error of a command run at once reaches the app as is
+            pipe.watch("rk:wstr")
+            with pytest.raises(redis.ResponseError, match="not an integer"):
+                pipe.incr("rk:wstr")
+            assert pipe.unwatch() is True
+        with r.pipeline() as pipe:  # the watched key changes: EXEC fails with WatchError
+            pipe.watch("rk:w")
+            r.set("rk:w", 0)
+            pipe.multi()
+            pipe.incr("rk:w")
+            with pytest.raises(redis.WatchError):
+                pipe.execute()
+    assert r.get("rk:w") == b"0"
+    ops = [e.op for e in got.exits]
+    assert ops == ["Redis/WATCH", "Redis/GET", "Redis/MULTI", "Redis/WATCH", "Redis/INCRBY", "Redis/UNWATCH",
+                   "Redis/WATCH", "Redis/SET", "Redis/MULTI"]  # fmt: skip
+    assert [e.error for e in got.exits] == [False] * 4 + [True] + [False] * 3 + [True]
+    watch, get, multi = got.exits[:3]
+    for e in (watch, get, multi):
+        assert e.peer == f"127.0.0.1:{redis_server.port}"
+        assert (e.component, e.layer) == (Component.REDIS, Layer.CACHE)
+    assert get.tags == {"cache.type": "Redis", "cache.cmd": "GET", "cache.op": "read", "cache.key": "rk:w",
+                        "db.instance": "3"}  # fmt: skip
+    assert watch.tags == {"cache.type": "Redis", "cache.cmd": "WATCH", "cache.key": "rk:w",
+                          "db.instance": "3"}  # fmt: skip
+    assert (multi.tags["cache.cmd"], multi.tags["cache.key"]) == ("SET", "rk:w")
+    assert got.exits[4].logs[0]["error.kind"] == "ResponseError"
+    assert got.exits[8].logs[0]["error.kind"] == "WatchError"
+
+
+def test_redis_asyncio_watching_pipeline(traced: Traced, redis_server: ServerInfo) -> None:
+    import redis.asyncio as aredis
+
+    async def main() -> None:
+        client = aredis.Redis(host=redis_server.host, port=redis_server.port, db=2)
+        try:
+            await client.set("rk:aw", 7)
+            with traced.trace() as got:
+                async with client.pipeline() as pipe:
+                    await pipe.watch("rk:aw")
+                    current = int(await pipe.get("rk:aw"))
+                    pipe.multi()
+                    pipe.set("rk:aw", current * 2)
+                    assert await pipe.execute() == [True]
+            assert [e.op for e in got.exits] == ["Redis/WATCH", "Redis/GET", "Redis/MULTI"]
+            assert got.exits[1].tags == {"cache.type": "Redis", "cache.cmd": "GET", "cache.op": "read",
+                                         "cache.key": "rk:aw", "db.instance": "2"}  # fmt: skip
+            assert got.exits[1].peer == f"127.0.0.1:{redis_server.port}"
+            assert await client.get("rk:aw") == b"14"
+            with traced.untraced():
+                async with client.pipeline() as pipe:
+                    await pipe.watch("rk:aw")
+                    assert await pipe.get("rk:aw") == b"14"
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
 
 
 def test_redis_publish(traced: Traced, r: Any) -> None:
@@ -142,6 +220,117 @@ def test_cache_keys_can_be_left_out(redis_server: ServerInfo, memcached_server: 
     assert len(got.exits) == 3
     assert all("cache.key" not in e.tags for e in got.exits)
     assert got.exits[0].tags["cache.cmd"] == "SET"
+
+
+# -- RedisCluster ------------------------------------------------------------------------------
+def _owner(rc: Any, key: str) -> str:
+    return str(rc.get_node_from_key(key).name)
+
+
+def test_redis_cluster_commands_and_pipeline(traced: Traced, redis_cluster: ClusterInfo) -> None:
+    """One span per command, its peer the master that owns the key's slot; a command sent to
+    every master lists them; a cluster pipeline is one span, its peer the startup nodes."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    rc = RedisCluster(host=redis_cluster.host, port=redis_cluster.ports[0])
+    try:
+        keys = [f"ck:{i}" for i in range(12)]
+        owners = {_owner(rc, k) for k in keys}
+        assert len(owners) == 3, "the keys should land on every master"
+        rc.set("ck:str", "text")
+        with traced.trace() as got:
+            for k in keys:
+                assert rc.set(k, k) is True
+            assert rc.get("ck:0") == b"ck:0"
+            with pytest.raises(redis.ResponseError, match="not an integer"):
+                rc.incr("ck:str")
+            assert rc.dbsize(target_nodes=RedisCluster.PRIMARIES) >= 13  # every master, summed
+            pipe = rc.pipeline()
+            pipe.set("ck:p", 1).incr("ck:p").get("ck:1")
+            assert pipe.execute() == [True, 2, b"ck:1"]
+            assert rc.pipeline().execute() == []  # nothing queued: no span
+        ops = [e.op for e in got.exits]
+        assert ops == ["Redis/SET"] * 12 + ["Redis/GET", "Redis/INCRBY", "Redis/DBSIZE", "Redis/PIPELINE"]
+        for k, e in zip(keys, got.exits, strict=False):
+            assert e.peer == _owner(rc, k)
+            assert e.tags == {"cache.type": "Redis", "cache.cmd": "SET", "cache.op": "write", "cache.key": k,
+                              "db.instance": "0"}  # fmt: skip
+            assert (e.component, e.layer, e.error) == (Component.REDIS, Layer.CACHE, False)
+        get, incr, dbsize, pipeline = got.exits[12:]
+        assert (get.peer, get.tags["cache.op"]) == (_owner(rc, "ck:0"), "read")
+        assert incr.error and incr.peer == _owner(rc, "ck:str")
+        assert incr.logs[0]["error.kind"] == "ResponseError"
+        assert sorted(dbsize.peer.split(";")) == sorted(redis_cluster.nodes)
+        # A sync cluster pipeline knows only its nodes manager's table: the start-up node given plus
+        # those it found (here every master), sorted.
+        assert pipeline.peer == ";".join(sorted(redis_cluster.nodes))
+        assert pipeline.tags == {"cache.type": "Redis", "cache.cmd": "SET INCRBY GET", "cache.op": "write",
+                                 "cache.key": "ck:p ck:p ck:1", "db.instance": "0"}  # fmt: skip
+        with traced.untraced():
+            assert rc.get("ck:1") == b"ck:1"
+            assert rc.pipeline().get("ck:1").execute() == [b"ck:1"]
+    finally:
+        rc.close()
+
+
+def test_redis_cluster_asyncio(traced: Traced, redis_cluster: ClusterInfo) -> None:
+    import redis
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    async def main() -> None:
+        startup = [ClusterNode(redis_cluster.host, p) for p in redis_cluster.ports[1:]]
+        rc = RedisCluster(startup_nodes=startup)
+        try:
+            await rc.initialize()
+            await rc.set("ack:str", "text")
+            with traced.trace() as got:
+                assert await rc.set("ack:1", "x") is True
+                assert await rc.get("ack:1") == b"x"
+                with pytest.raises(redis.ResponseError):
+                    await rc.incr("ack:str")
+                assert await rc.dbsize(target_nodes=RedisCluster.PRIMARIES) >= 2
+                async with rc.pipeline() as pipe:
+                    pipe.get("ack:1").exists("ack:1")
+                    assert await pipe.execute() == [b"x", 1]
+            ops = [e.op for e in got.exits]
+            assert ops == ["Redis/SET", "Redis/GET", "Redis/INCRBY", "Redis/DBSIZE", "Redis/PIPELINE"]
+            s, g, i, d, p = got.exits
+            assert s.peer == g.peer == _owner(rc, "ack:1")
+            assert s.tags == {"cache.type": "Redis", "cache.cmd": "SET", "cache.op": "write",
+                              "cache.key": "ack:1", "db.instance": "0"}  # fmt: skip
+            assert i.error and i.peer == _owner(rc, "ack:str")
+            assert sorted(d.peer.split(";")) == sorted(redis_cluster.nodes)
+            assert p.peer == ";".join(redis_cluster.nodes[1:])
+            assert (p.tags["cache.cmd"], p.tags["cache.op"]) == ("GET EXISTS", "read")
+            assert [e.error for e in got.exits] == [False, False, True, False, False]
+            with traced.untraced():
+                assert await rc.get("ack:1") == b"x"
+        finally:
+            await rc.aclose()
+
+    asyncio.run(main())
+
+
+def test_redis_cluster_instrumentation_failing_never_fails_the_call(
+    traced: Traced, redis_cluster: ClusterInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redis.cluster import RedisCluster
+
+    import swmp.instrument.redis as instrumented
+
+    def changed(client: Any) -> str:
+        raise AttributeError("startup_nodes")
+
+    rc = RedisCluster(host=redis_cluster.host, port=redis_cluster.ports[0])
+    monkeypatch.setattr(instrumented, "_startup", changed)
+    try:
+        with traced.trace() as got:
+            assert rc.set("ck:f", 1) is True
+            assert rc.pipeline().get("ck:f").execute() == [b"1"]
+        assert got.exits == []
+    finally:
+        rc.close()
 
 
 # -- pymemcache ---------------------------------------------------------------------------------

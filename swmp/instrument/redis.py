@@ -1,21 +1,28 @@
 """redis-py, sync and ``redis.asyncio``: one exit span per command (``Redis/<COMMAND>``, as
-the SkyWalking Python agent names it; Pub/Sub ``PUBLISH`` included) and one per pipeline or
+the SkyWalking Python agent names it; Pub/Sub ``PUBLISH`` included, and the commands a
+pipeline runs at once while it ``WATCH``es, ``WATCH`` itself too) and one per pipeline or
 transaction execution (``Redis/PIPELINE`` or ``Redis/MULTI``, ``cache.cmd`` listing its
 commands). Component Redis (7), layer Cache; tags ``cache.type``, ``cache.cmd``,
 ``cache.op`` (read/write), ``cache.key`` (unless ``SW_PLUGIN_CACHE_COLLECT_KEYS=false``) and
 ``db.instance`` (the database index).
 
-Not covered: ``RedisCluster``, and commands a pipeline runs at once while it ``WATCH``es.
+``RedisCluster`` (sync and asyncio): one span per command, its peer the node(s) the command
+was sent to (``;``-joined), the startup nodes if it never got that far; one ``Redis/PIPELINE``
+(``Redis/MULTI`` for a transaction) span per cluster pipeline execution, its peer the
+startup nodes.
+
+Not covered: the commands a cluster transaction runs at once while it ``WATCH``es.
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
 from swmp.instrument._patch import patch_all, restore_all
 from swmp.tracing.constants import Component
-from swmp.tracing.span import NOOP
+from swmp.tracing.span import NOOP, Span
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -88,6 +95,94 @@ def _pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -> Any:
     return _pipeline_span(pipe) if pipe.command_stack else NOOP
 
 
+# -- RedisCluster -------------------------------------------------------------------------------
+# The node a cluster command goes to is decided inside redis-py (key slot, MOVED/ASK
+# redirects, retries after a topology change): working it out beforehand would repeat that
+# work. So the command's span starts with the startup nodes as its peer, and the wrapper of
+# ``_execute_command(node, ...)`` (called once per node the command is sent to) puts the
+# real node(s) in. ``_route`` holds ``[span, node names...]`` of the cluster span opened last
+# in this context; a call whose current span is not that one (a pipeline, a span that failed
+# to open) leaves everything as it is. Never reset: a stale entry is told apart by its span.
+_route: ContextVar[list[Any] | None] = ContextVar("swmp_redis_route", default=None)
+_transactions: tuple[type, ...] = ()  # the cluster pipelines' transaction strategies
+
+
+def _startup(client: Any) -> str:
+    nodes = client.startup_nodes
+    if isinstance(nodes, dict):
+        # A sync cluster pipeline holds its nodes manager's table (names -> nodes), which by
+        # now also lists the nodes found at start-up: sorted, so the peer stays one text.
+        return ";".join(sorted(nodes))
+    return ";".join(n.name for n in nodes)
+
+
+def _cluster_start(client: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
+    cmd = _name(args[0]) if args else ""
+    span = _ds.cache_span(
+        "Redis/" + cmd, _startup(client), _COMPONENT, "Redis", cmd, args[1] if len(args) > 1 else None, "0"
+    )
+    if span.__class__ is Span:
+        _route.set([span])
+    return span
+
+
+def _routed(orig: Any) -> Any:
+    """``_execute_command(node, *args)``: the node joins the peer of the command's span."""
+
+    def method(self: Any, target_node: Any, *args: Any, **kwargs: Any) -> Any:
+        span = _outside()
+        if span is not None:
+            route = _route.get()
+            if route is not None and route[0] is span:
+                try:
+                    name = target_node.name
+                    if name not in route:
+                        route.append(name)
+                        span.set_peer(";".join(route[1:]))
+                except Exception:  # a node without a name: the startup nodes stay the peer
+                    pass
+        return orig(self, target_node, *args, **kwargs)
+
+    return method
+
+
+def _cluster_pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -> Any:
+    # redis-py 6+ queues in an execution strategy; before, in the pipeline's command_stack.
+    strategy = getattr(pipe, "_execution_strategy", None)
+    stack = pipe.command_stack if strategy is None else strategy._command_queue
+    if not stack:  # nothing queued: nothing sent
+        return NOOP
+    cmds = [_name(c.args[0]) for c in stack if c.args]
+    kinds = {_ds.cache_op(c) for c in cmds}
+    kind = "write" if "write" in kinds else "read" if kinds == {"read"} else ""
+    keys = (
+        " ".join(_ds.text(c.args[1]) for c in stack if len(c.args) > 1) if _ds.settings.collect_keys else None
+    )
+    client = getattr(pipe, "cluster_client", pipe)  # asyncio: the pipeline holds its client
+    op = "Redis/MULTI" if isinstance(strategy, _transactions) else "Redis/PIPELINE"
+    return _ds.cache_span(op, _startup(client), _COMPONENT, "Redis", " ".join(cmds), keys or None, "0", kind)
+
+
+def _cluster_targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
+    global _transactions
+    try:
+        import redis.asyncio.cluster as acluster  # noqa: PLC0415
+        from redis import cluster  # noqa: PLC0415
+    except ImportError:  # redis-py before 4.3: no (asyncio) cluster client
+        return []
+    # Cluster transactions came with the execution strategies (redis-py 6).
+    found = (getattr(m, "TransactionStrategy", None) for m in (cluster, acluster))
+    _transactions = tuple(c for c in found if c is not None)
+    return [
+        (cluster.RedisCluster, "execute_command", _ds.traced_method(_cluster_start)),
+        (cluster.RedisCluster, "_execute_command", _routed),
+        (cluster.ClusterPipeline, "execute", _ds.traced_method(_cluster_pipeline_start)),
+        (acluster.RedisCluster, "execute_command", _ds.traced_method(_cluster_start, is_async=True)),
+        (acluster.RedisCluster, "_execute_command", _routed),
+        (acluster.ClusterPipeline, "execute", _ds.traced_method(_cluster_pipeline_start, is_async=True)),
+    ]
+
+
 def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
     import redis.asyncio.client as aclient  # noqa: PLC0415
     from redis import client  # noqa: PLC0415
@@ -95,8 +190,13 @@ def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
     return [
         (client.Redis, "execute_command", _ds.traced_method(_command_start)),
         (client.Pipeline, "execute", _ds.traced_method(_pipeline_start)),
+        # While it WATCHes, a pipeline sends each command at once through this method (not
+        # execute_command, which it overrides to queue): a command span like the client's.
+        (client.Pipeline, "immediate_execute_command", _ds.traced_method(_command_start)),
         (aclient.Redis, "execute_command", _ds.traced_method(_command_start, is_async=True)),
         (aclient.Pipeline, "execute", _ds.traced_method(_pipeline_start, is_async=True)),
+        (aclient.Pipeline, "immediate_execute_command", _ds.traced_method(_command_start, is_async=True)),
+        *_cluster_targets(),
     ]
 
 
