@@ -312,6 +312,60 @@ def test_redis_cluster_asyncio(traced: Traced, redis_cluster: ClusterInfo) -> No
     asyncio.run(main())
 
 
+def test_redis_cluster_transactions(traced: Traced, redis_cluster: ClusterInfo) -> None:
+    """A cluster transaction goes to the master of its keys' slot: its MULTI span and (sync)
+    the WATCH and the commands run at once while watching name that node."""
+    import redis
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    rc = RedisCluster(host=redis_cluster.host, port=redis_cluster.ports[0])
+    try:
+        rc.set("{ct}a", 3)
+        owner = _owner(rc, "{ct}a")
+        with traced.trace() as got:
+            with rc.pipeline(transaction=True) as pipe:
+                pipe.watch("{ct}a")  # the sync ClusterPipeline's watch() returns None
+                current = int(pipe.get("{ct}a"))
+                pipe.multi()
+                pipe.set("{ct}a", current + 1).incr("{ct}b")
+                assert pipe.execute()[1] == 1  # SET: b"OK" here (redis-py 8.1 skips its callback)
+            with rc.pipeline(transaction=True) as pipe:  # the watched key changes
+                pipe.watch("{ct}a")
+                rc.set("{ct}a", 0)
+                pipe.multi()
+                pipe.incr("{ct}a")
+                with pytest.raises(redis.WatchError):
+                    pipe.execute()
+        ops = [e.op for e in got.exits]
+        assert ops == ["Redis/WATCH", "Redis/GET", "Redis/MULTI", "Redis/WATCH", "Redis/SET", "Redis/MULTI"]
+        assert [e.peer for e in got.exits] == [owner] * 6
+        assert [e.error for e in got.exits] == [False] * 5 + [True]
+        watch, get, multi = got.exits[:3]
+        assert watch.tags == {"cache.type": "Redis", "cache.cmd": "WATCH", "cache.key": "{ct}a",
+                              "db.instance": "0"}  # fmt: skip
+        assert get.tags == {"cache.type": "Redis", "cache.cmd": "GET", "cache.op": "read",
+                            "cache.key": "{ct}a", "db.instance": "0"}  # fmt: skip
+        assert (multi.tags["cache.cmd"], multi.tags["cache.key"]) == ("SET INCRBY", "{ct}a {ct}b")
+    finally:
+        rc.close()
+
+    async def main() -> None:
+        arc = AsyncRedisCluster(host=redis_cluster.host, port=redis_cluster.ports[0])
+        try:
+            await arc.initialize()
+            with traced.trace() as got:
+                async with arc.pipeline(transaction=True) as pipe:
+                    pipe.set("{ct}c", 1).incr("{ct}c")
+                    assert (await pipe.execute())[1] == 2
+            e = only(got)
+            assert (e.op, e.peer, e.tags["cache.cmd"]) == ("Redis/MULTI", _owner(arc, "{ct}c"), "SET INCRBY")
+        finally:
+            await arc.aclose()
+
+    asyncio.run(main())
+
+
 def test_redis_cluster_instrumentation_failing_never_fails_the_call(
     traced: Traced, redis_cluster: ClusterInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:

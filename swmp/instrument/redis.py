@@ -146,6 +146,18 @@ def _routed(orig: Any) -> Any:
     return method
 
 
+def _slot_node(strategy: Any, client: Any) -> str:
+    """Where a cluster transaction goes: the master of the slot its keys share (redis-py
+    records it as commands are added), else the startup nodes."""
+    slots = getattr(strategy, "_pipeline_slots", None)
+    if slots:
+        try:
+            return str(client.nodes_manager.get_node_from_slot(next(iter(slots))).name)
+        except Exception:  # a slot no node serves yet: redis-py raises for it on its own
+            pass
+    return _startup(client)
+
+
 def _cluster_pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -> Any:
     # redis-py 6+ queues in an execution strategy; before, in the pipeline's command_stack.
     strategy = getattr(pipe, "_execution_strategy", None)
@@ -159,28 +171,51 @@ def _cluster_pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -
         " ".join(_ds.text(c.args[1]) for c in stack if len(c.args) > 1) if _ds.settings.collect_keys else None
     )
     client = getattr(pipe, "cluster_client", pipe)  # asyncio: the pipeline holds its client
-    op = "Redis/MULTI" if isinstance(strategy, _transactions) else "Redis/PIPELINE"
-    return _ds.cache_span(op, _startup(client), _COMPONENT, "Redis", " ".join(cmds), keys or None, "0", kind)
+    if isinstance(strategy, _transactions):
+        op, address = "Redis/MULTI", _slot_node(strategy, client)
+    else:
+        op, address = "Redis/PIPELINE", _startup(client)
+    return _ds.cache_span(op, address, _COMPONENT, "Redis", " ".join(cmds), keys or None, "0", kind)
+
+
+def _cluster_immediate_start(strategy: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
+    """A sync cluster transaction's WATCH and the commands it runs at once while watching."""
+    cmd = _name(args[0]) if args else ""
+    address = _slot_node(strategy, strategy._pipe)
+    return _ds.cache_span(
+        "Redis/" + cmd, address, _COMPONENT, "Redis", cmd, args[1] if len(args) > 1 else None, "0"
+    )
 
 
 def _cluster_targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
+    """The cluster clients this redis-py has: sync since 4.1, asyncio since 4.3,
+    transactions (execution strategies) since 6."""
     global _transactions
-    try:
-        import redis.asyncio.cluster as acluster  # noqa: PLC0415
-        from redis import cluster  # noqa: PLC0415
-    except ImportError:  # redis-py before 4.3: no (asyncio) cluster client
-        return []
-    # Cluster transactions came with the execution strategies (redis-py 6).
-    found = (getattr(m, "TransactionStrategy", None) for m in (cluster, acluster))
-    _transactions = tuple(c for c in found if c is not None)
-    return [
-        (cluster.RedisCluster, "execute_command", _ds.traced_method(_cluster_start)),
-        (cluster.RedisCluster, "_execute_command", _routed),
-        (cluster.ClusterPipeline, "execute", _ds.traced_method(_cluster_pipeline_start)),
-        (acluster.RedisCluster, "execute_command", _ds.traced_method(_cluster_start, is_async=True)),
-        (acluster.RedisCluster, "_execute_command", _routed),
-        (acluster.ClusterPipeline, "execute", _ds.traced_method(_cluster_pipeline_start, is_async=True)),
-    ]
+    import importlib  # noqa: PLC0415
+
+    targets: list[tuple[Any, str, Callable[[Any], Any]]] = []
+    transactions = []
+    for name, is_async in (("redis.cluster", False), ("redis.asyncio.cluster", True)):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        targets += [
+            (mod.RedisCluster, "execute_command", _ds.traced_method(_cluster_start, is_async=is_async)),
+            (mod.RedisCluster, "_execute_command", _routed),
+            (mod.ClusterPipeline, "execute", _ds.traced_method(_cluster_pipeline_start, is_async=is_async)),
+        ]
+        strategy = getattr(mod, "TransactionStrategy", None)
+        if strategy is not None:
+            transactions.append(strategy)
+            if not is_async:
+                # asyncio: redis-py makes these commands' coroutines in a helper thread,
+                # outside the caller's context (no current span there): not covered.
+                targets.append(
+                    (strategy, "_immediate_execute_command", _ds.traced_method(_cluster_immediate_start))
+                )
+    _transactions = tuple(transactions)
+    return targets
 
 
 def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
