@@ -7,11 +7,14 @@ commands). Component Redis (7), layer Cache; tags ``cache.type``, ``cache.cmd``,
 ``db.instance`` (the database index).
 
 ``RedisCluster`` (sync and asyncio): one span per command, its peer the node(s) the command
-was sent to (``;``-joined), the startup nodes if it never got that far; one ``Redis/PIPELINE``
-(``Redis/MULTI`` for a transaction) span per cluster pipeline execution, its peer the
-startup nodes.
+was sent to (``;``-joined), the startup nodes if it never got that far; one
+``Redis/PIPELINE`` span per cluster pipeline execution, its peer the startup nodes (sync:
+every node the client knows, sorted); a cluster transaction is one ``Redis/MULTI`` span,
+its peer the master of its keys' slot, and (sync) its ``WATCH`` and the commands it runs at
+once while watching are command spans with that peer.
 
-Not covered: the commands a cluster transaction runs at once while it ``WATCH``es.
+Not covered: an asyncio cluster transaction's ``WATCH`` and the commands it runs at once
+while watching (redis-py makes them in a helper thread, outside the caller's trace).
 """
 
 from __future__ import annotations
@@ -102,7 +105,9 @@ def _pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -> Any:
 # ``_execute_command(node, ...)`` (called once per node the command is sent to) puts the
 # real node(s) in. ``_route`` holds ``[span, node names...]`` of the cluster span opened last
 # in this context; a call whose current span is not that one (a pipeline, a span that failed
-# to open) leaves everything as it is. Never reset: a stale entry is told apart by its span.
+# to open) leaves everything as it is. Never reset (the wrapper has no end hook): a stale
+# entry is told apart by its span, and keeps that finished span alive only until the next
+# cluster command in the same context.
 _route: ContextVar[list[Any] | None] = ContextVar("swmp_redis_route", default=None)
 _transactions: tuple[type, ...] = ()  # the cluster pipelines' transaction strategies
 
