@@ -6,8 +6,9 @@ commands). Component Redis (7), layer Cache; tags ``cache.type``, ``cache.cmd``,
 ``cache.op`` (read/write), ``cache.key`` (unless ``SW_PLUGIN_CACHE_COLLECT_KEYS=false``) and
 ``db.instance`` (the database index).
 
-``RedisCluster`` (sync and asyncio): one span per command, its peer the node(s) the command
-was sent to (``;``-joined), the startup nodes if it never got that far; one
+``RedisCluster`` (sync and asyncio): one span per command, its peer the node(s) redis-py
+sent it to (``;``-joined; a ``MOVED``/``ASK`` redirect it follows on its own is not seen),
+the startup nodes if it never got that far; one
 ``Redis/PIPELINE`` span per cluster pipeline execution, its peer the startup nodes (sync:
 every node the client knows, sorted); a cluster transaction is one ``Redis/MULTI`` span,
 its peer the master of its keys' slot, and (sync) its ``WATCH`` and the commands it runs at
