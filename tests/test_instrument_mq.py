@@ -372,11 +372,17 @@ def test_confluent_serializing_producer_and_deserializing_consumer(
     from confluent_kafka.serialization import StringDeserializer, StringSerializer
 
     topic, group = unique_name("topic"), unique_name("group")
+    strings = StringSerializer()
+
+    def with_schema_header(value: Any, ctx: Any) -> Any:
+        ctx.headers.append(("schema-id", b"7"))  # as Schema Registry serializers can do
+        return strings(value, ctx)
+
     sp = confluent_kafka.SerializingProducer(
         {
             "bootstrap.servers": kafka_broker.bootstrap,
-            "key.serializer": StringSerializer(),
-            "value.serializer": StringSerializer(),
+            "key.serializer": strings,
+            "value.serializer": with_schema_header,
         }
     )
     delivered: list[Any] = []
@@ -408,8 +414,9 @@ def test_confluent_serializing_producer_and_deserializing_consumer(
         headers = list(msg.headers() or [])
     finally:
         dc.close()
-    assert headers[0] == ("app-header", b"kept")
-    assert [k for k, _ in headers[1:]] == ["sw8"]
+    # sw8 added before serialization; what the serializer adds to the headers is sent too.
+    assert [k for k, _ in headers] == ["app-header", "sw8", "schema-id"]
+    assert headers[0] == ("app-header", b"kept") and headers[2] == ("schema-id", b"7")
     wait_for(lambda: len(spans_of(sink, Kind.ENTRY, Component.KAFKA_CONSUMER)) == 1)
     consumer = spans_of(sink, Kind.ENTRY, Component.KAFKA_CONSUMER)[0]
     cspan = consumer[1]
@@ -423,9 +430,10 @@ def test_confluent_serializing_producer_and_deserializing_consumer(
 def test_confluent_deserializing_consumer_records_undeserializable_messages(
     sink: _sink.MemorySink, kafka_broker: KafkaBroker
 ) -> None:
-    """A send outside a trace adds no span and no header; a message whose value fails to
-    deserialize still gets its entry span, and the library's exception reaches the caller."""
-    from confluent_kafka.error import ValueDeserializationError
+    """A send outside a trace adds no span and no header; a serialization error inside one
+    marks the exit span; a message whose value fails to deserialize still gets its entry
+    span. The library's exceptions reach the caller."""
+    from confluent_kafka.error import ValueDeserializationError, ValueSerializationError
     from confluent_kafka.serialization import StringSerializer
     from confluent_kafka.serializing_producer import SerializingProducer
 
@@ -436,6 +444,11 @@ def test_confluent_deserializing_consumer_records_undeserializable_messages(
     sp.produce(topic, value="payload")
     assert sp.flush(30) == 0
     assert spans_of(sink, Kind.EXIT, Component.KAFKA_PRODUCER) == []
+    with new_entry_span("/bad"), pytest.raises(ValueSerializationError):
+        sp.produce(topic, value=12)  # not a str
+    _seg, span = one_exit(sink, Component.KAFKA_PRODUCER)
+    assert span[R.SPAN_IS_ERROR]
+    sink.clear()
 
     def fails(value: Any, ctx: Any) -> Any:
         raise ValueError("not for this consumer")

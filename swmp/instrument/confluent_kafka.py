@@ -1,12 +1,27 @@
-"""confluent-kafka: an exit span per ``Producer.produce`` inside a trace (``sw8`` in the
-message headers) and an entry span per message returned by ``Consumer.poll`` / ``consume``.
+"""confluent-kafka: an exit span per ``Producer.produce`` / ``SerializingProducer.produce``
+inside a trace (``sw8`` in the message headers) and an entry span per message returned by
+``Consumer.poll`` / ``consume`` and ``DeserializingConsumer.poll``.
 
 ``Producer`` and ``Consumer`` are compiled types whose methods cannot be replaced, so the
 module's ``confluent_kafka.Producer`` / ``confluent_kafka.Consumer`` names are replaced by
 subclasses that add the spans (what ``from confluent_kafka import Producer`` returns once
 the library is imported under the agent). Instances are still instances of the original
-types. Not covered: ``SerializingProducer`` / ``DeserializingConsumer`` (they derive from the
-compiled types directly) and references taken before the agent started.
+types. Not covered there: references taken before the agent started.
+
+``SerializingProducer`` and ``DeserializingConsumer`` are Python classes deriving from the
+compiled types directly (not from the subclasses above), so their own ``__init__`` (to keep
+``bootstrap.servers`` / ``group.id``), ``produce`` and ``poll`` are patched in place: every
+name they are reached by (``confluent_kafka``, ``confluent_kafka.serializing_producer`` /
+``deserializing_consumer``, references taken earlier) and every application subclass is
+traced. Their names are not replaced: the library's methods call
+``super(SerializingProducer, self)`` through the module's global name. ``produce`` gets the
+traced headers before serialization, so the span covers serialization and the hand-over (a
+serialization error marks it as an error) and serializers see the new list / dict (one that
+writes the schema id into the headers writes it there: it reaches the message, the caller's
+object stays unmodified). ``poll`` records the message it returns, and also one that fails to
+deserialize (the ``Key``/``ValueDeserializationError``'s ``kafka_message``) before the
+exception propagates; ``DeserializingConsumer.consume`` is the library's
+``NotImplementedError``. ``ShareConsumer`` / ``DeserializingShareConsumer`` are not traced.
 
 Span shapes are those of the kafka-python instrumentation: ``Kafka/<topic>/Producer`` and
 ``Kafka/<topic>/Consumer/<group.id>``, components 40/41, ``mq.broker`` = the configured
@@ -14,8 +29,8 @@ Span shapes are those of the kafka-python instrumentation: ``Kafka/<topic>/Produ
 operation names and an ``mq.queue`` tag; keys are usually unique, which would make one
 endpoint per message in the OAP, so swmp leaves them out.) The producer span covers
 ``produce`` (the hand-over to librdkafka's queue); delivery reports arrive later through
-``poll``/``flush`` callbacks, unchanged. Calls that pass ``timestamp`` or ``headers``
-positionally are sent untraced.
+``poll``/``flush`` callbacks, unchanged. Calls that pass ``headers`` positionally (and, to
+``Producer.produce``, ``timestamp``) are sent untraced.
 """
 
 from __future__ import annotations
