@@ -343,6 +343,130 @@ def test_swmp_reporter_kafka_sends_are_not_traced(sink: _sink.MemorySink, kafka_
     assert _consume("aiokafka", kafka_broker.bootstrap, sender.topics["segment"], unique_name("g")) == []
 
 
+def _deserializing_consumer(bootstrap: str, topic: str, group: str, value_deserializer: Any) -> Any:
+    """A DeserializingConsumer[str, str] from the module the library defines it in."""
+    from confluent_kafka.deserializing_consumer import DeserializingConsumer
+    from confluent_kafka.serialization import StringDeserializer
+
+    dc = DeserializingConsumer[str, str](
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "key.deserializer": StringDeserializer(),
+            "value.deserializer": value_deserializer,
+        }
+    )
+    dc.subscribe([topic])
+    return dc
+
+
+@pytest.mark.e2e  # the real Kafka broker (tests/realpeers.py)
+def test_confluent_serializing_producer_and_deserializing_consumer(
+    sink: _sink.MemorySink, kafka_broker: KafkaBroker
+) -> None:
+    """SerializingProducer / DeserializingConsumer (pure-Python subclasses of the compiled
+    types) get the spans of Producer / Consumer, whichever name they are reached by."""
+    import confluent_kafka
+    from confluent_kafka.serialization import StringDeserializer, StringSerializer
+
+    topic, group = unique_name("topic"), unique_name("group")
+    strings = StringSerializer()
+
+    def with_schema_header(value: Any, ctx: Any) -> Any:
+        ctx.headers.append(("schema-id", b"7"))  # as Schema Registry serializers can do
+        return strings(value, ctx)
+
+    sp = confluent_kafka.SerializingProducer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap,
+            "key.serializer": strings,
+            "value.serializer": with_schema_header,
+        }
+    )
+    delivered: list[Any] = []
+    own = [("app-header", b"kept")]
+    with new_entry_span("/orders"):
+        result = sp.produce(
+            topic, key="k1", value="payload", headers=own, on_delivery=lambda e, m: delivered.append(e)
+        )
+    assert result is None and own == [("app-header", b"kept")]
+    assert sp.flush(30) == 0 and delivered == [None]
+
+    producer = one_exit(sink, Component.KAFKA_PRODUCER)
+    pspan = producer[1]
+    assert pspan[R.SPAN_OPERATION] == f"Kafka/{topic}/Producer"
+    assert pspan[R.SPAN_LAYER] == Layer.MQ
+    assert pspan[R.SPAN_PEER] == kafka_broker.bootstrap
+    assert tags(pspan) == {"mq.broker": kafka_broker.bootstrap, "mq.topic": topic}
+    assert not pspan[R.SPAN_IS_ERROR]
+
+    dc = _deserializing_consumer(kafka_broker.bootstrap, topic, group, StringDeserializer())
+    try:
+        msg = None
+        for _ in range(60):
+            msg = dc.poll(0.5)
+            if msg is not None:
+                break
+        assert msg is not None
+        assert (msg.key(), msg.value()) == ("k1", "payload")  # deserialized, as without the agent
+        headers = list(msg.headers() or [])
+    finally:
+        dc.close()
+    # sw8 added before serialization; what the serializer adds to the headers is sent too.
+    assert [k for k, _ in headers] == ["app-header", "sw8", "schema-id"]
+    assert headers[0] == ("app-header", b"kept") and headers[2] == ("schema-id", b"7")
+    wait_for(lambda: len(spans_of(sink, Kind.ENTRY, Component.KAFKA_CONSUMER)) == 1)
+    consumer = spans_of(sink, Kind.ENTRY, Component.KAFKA_CONSUMER)[0]
+    cspan = consumer[1]
+    assert cspan[R.SPAN_OPERATION] == f"Kafka/{topic}/Consumer/{group}"
+    assert cspan[R.SPAN_LAYER] == Layer.MQ
+    assert tags(cspan) == {"mq.broker": kafka_broker.bootstrap, "mq.topic": topic}
+    assert_continues(producer, consumer, dict(headers)["sw8"])
+
+
+@pytest.mark.e2e  # the real Kafka broker (tests/realpeers.py)
+def test_confluent_deserializing_consumer_records_undeserializable_messages(
+    sink: _sink.MemorySink, kafka_broker: KafkaBroker
+) -> None:
+    """A send outside a trace adds no span and no header; a serialization error inside one
+    marks the exit span; a message whose value fails to deserialize still gets its entry
+    span. The library's exceptions reach the caller."""
+    from confluent_kafka.error import ValueDeserializationError, ValueSerializationError
+    from confluent_kafka.serialization import StringSerializer
+    from confluent_kafka.serializing_producer import SerializingProducer
+
+    topic, group = unique_name("topic"), unique_name("group")
+    sp = SerializingProducer(
+        {"bootstrap.servers": kafka_broker.bootstrap, "value.serializer": StringSerializer()}
+    )
+    sp.produce(topic, value="payload")
+    assert sp.flush(30) == 0
+    assert spans_of(sink, Kind.EXIT, Component.KAFKA_PRODUCER) == []
+    with new_entry_span("/bad"), pytest.raises(ValueSerializationError):
+        sp.produce(topic, value=12)  # not a str
+    _seg, span = one_exit(sink, Component.KAFKA_PRODUCER)
+    assert span[R.SPAN_IS_ERROR]
+    sink.clear()
+
+    def fails(value: Any, ctx: Any) -> Any:
+        raise ValueError("not for this consumer")
+
+    dc = _deserializing_consumer(kafka_broker.bootstrap, topic, group, fails)
+    try:
+        with pytest.raises(ValueDeserializationError) as raised:
+            for _ in range(60):
+                dc.poll(0.5)
+    finally:
+        dc.close()
+    assert raised.value.kafka_message.headers() is None  # no header added
+    wait_for(lambda: len(spans_of(sink, Kind.ENTRY, Component.KAFKA_CONSUMER)) == 1)
+    _seg, cspan = spans_of(sink, Kind.ENTRY, Component.KAFKA_CONSUMER)[0]
+    assert cspan[R.SPAN_OPERATION] == f"Kafka/{topic}/Consumer/{group}"
+    assert cspan[R.SPAN_REFS] == []
+
+
 # ------------------------------------------------------------------------------------ RabbitMQ
 def _declare(url: str) -> str:
     import pika
@@ -626,6 +750,8 @@ def test_mq_instrumentations_install_on_first_import_and_honour_disable() -> Non
         is_patched(aiokafka.AIOKafkaProducer, "send"),
         is_patched(aiormq.Channel, "basic_publish"),
         confluent_kafka.Producer is confluent_kafka.cimpl.Producer,
+        is_patched(confluent_kafka.SerializingProducer, "produce"),
+        is_patched(confluent_kafka.DeserializingConsumer, "poll"),
     ]
     report(before=before, imported_at_start=imported_at_start, after=after, patched=patched)
     """
@@ -636,9 +762,11 @@ def test_mq_instrumentations_install_on_first_import_and_honour_disable() -> Non
     assert found["after"] == dict.fromkeys(libs, "installed")
     assert found["patched"][:4] == [True, True, True, True]
     assert found["patched"][4] is False  # confluent_kafka.Producer is swmp's subclass now
+    assert found["patched"][5:] == [True, True]
 
     found, _ = run_child(
         body, env={"SW_AGENT_DISABLE_PLUGINS": "sw_kafka,sw_confluent_kafka,aiokafka,sw_rabbitmq,sw_aiormq"}
     )
     assert found["before"] == dict.fromkeys(libs, "disabled")
     assert found["patched"][:4] == [False, False, False, False] and found["patched"][4] is True
+    assert found["patched"][5:] == [False, False]

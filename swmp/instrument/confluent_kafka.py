@@ -1,12 +1,27 @@
-"""confluent-kafka: an exit span per ``Producer.produce`` inside a trace (``sw8`` in the
-message headers) and an entry span per message returned by ``Consumer.poll`` / ``consume``.
+"""confluent-kafka: an exit span per ``Producer.produce`` / ``SerializingProducer.produce``
+inside a trace (``sw8`` in the message headers) and an entry span per message returned by
+``Consumer.poll`` / ``consume`` and ``DeserializingConsumer.poll``.
 
 ``Producer`` and ``Consumer`` are compiled types whose methods cannot be replaced, so the
 module's ``confluent_kafka.Producer`` / ``confluent_kafka.Consumer`` names are replaced by
 subclasses that add the spans (what ``from confluent_kafka import Producer`` returns once
 the library is imported under the agent). Instances are still instances of the original
-types. Not covered: ``SerializingProducer`` / ``DeserializingConsumer`` (they derive from the
-compiled types directly) and references taken before the agent started.
+types. Not covered there: references taken before the agent started.
+
+``SerializingProducer`` and ``DeserializingConsumer`` are Python classes deriving from the
+compiled types directly (not from the subclasses above), so their own ``__init__`` (to keep
+``bootstrap.servers`` / ``group.id``), ``produce`` and ``poll`` are patched in place: every
+name they are reached by (``confluent_kafka``, ``confluent_kafka.serializing_producer`` /
+``deserializing_consumer``, references taken earlier) and every application subclass is
+traced. Their names are not replaced: the library's methods call
+``super(SerializingProducer, self)`` through the module's global name. ``produce`` gets the
+traced headers before serialization, so the span covers serialization and the hand-over (a
+serialization error marks it as an error) and serializers see the new list / dict (one that
+writes the schema id into the headers writes it there: it reaches the message, the caller's
+object stays unmodified). ``poll`` records the message it returns, and also one that fails to
+deserialize (the ``Key``/``ValueDeserializationError``'s ``kafka_message``) before the
+exception propagates; ``DeserializingConsumer.consume`` is the library's
+``NotImplementedError``. ``ShareConsumer`` / ``DeserializingShareConsumer`` are not traced.
 
 Span shapes are those of the kafka-python instrumentation: ``Kafka/<topic>/Producer`` and
 ``Kafka/<topic>/Consumer/<group.id>``, components 40/41, ``mq.broker`` = the configured
@@ -14,15 +29,18 @@ Span shapes are those of the kafka-python instrumentation: ``Kafka/<topic>/Produ
 operation names and an ``mq.queue`` tag; keys are usually unique, which would make one
 endpoint per message in the OAP, so swmp leaves them out.) The producer span covers
 ``produce`` (the hand-over to librdkafka's queue); delivery reports arrive later through
-``poll``/``flush`` callbacks, unchanged. Calls that pass ``timestamp`` or ``headers``
-positionally are sent untraced.
+``poll``/``flush`` callbacks, unchanged. Calls that pass ``headers`` positionally (and, to
+``Producer.produce``, ``timestamp``) are sent untraced.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
+from swmp.instrument._patch import Target, patch_all, restore_all
 from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
@@ -36,7 +54,9 @@ TRIGGER = "confluent_kafka"
 
 _get_current = current_span.get
 _originals: dict[str, Any] = {}
-_POSITIONAL_BEFORE_HEADERS = 4  # value, key, partition, on_delivery (after topic)
+_targets: list[Target] = []
+_PRODUCER_BEFORE_HEADERS = 4  # Producer.produce: value, key, partition, on_delivery (after topic)
+_SERIALIZING_BEFORE_HEADERS = 5  # SerializingProducer.produce: key, value, partition, on_delivery, timestamp
 
 
 def _conf(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> str:
@@ -45,7 +65,16 @@ def _conf(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> str:
         v = args[0].get(name)
     if v is None:
         return ""
-    return v if isinstance(v, str) else ";".join(v)
+    return v if isinstance(v, str) else ";".join(map(str, v))
+
+
+def _remember(client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Keep the client's ``bootstrap.servers`` and ``group.id`` for its spans."""
+    try:
+        client._swmp_brokers = _conf(args, kwargs, "bootstrap.servers")
+        client._swmp_group = _conf(args, kwargs, "group.id")
+    except Exception:
+        _mq.warn_once("confluent.conf", "swmp: reading a confluent-kafka configuration failed")
 
 
 def _with_headers(span: Any, headers: Any) -> Any:
@@ -54,51 +83,66 @@ def _with_headers(span: Any, headers: Any) -> Any:
     return _mq.kafka_headers(span, headers)
 
 
+def _produce(
+    send: Callable[..., Any],
+    client: Any,
+    topic: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    limit: int,
+) -> Any:
+    """``send(topic, *args, **kwargs)`` inside an exit span with ``sw8`` in its headers, when
+    a trace is current and the headers are not passed positionally (more than ``limit`` args)."""
+    if _get_current() is None or len(args) > limit:
+        return send(topic, *args, **kwargs)
+    brokers = getattr(client, "_swmp_brokers", "")
+    span, traced = _mq.kafka_send_span(topic, brokers, kwargs.get("headers"), _with_headers)
+    if span is None:
+        return send(topic, *args, **kwargs)
+    with span:
+        return send(topic, *args, **{**kwargs, "headers": traced})
+
+
+def _record(client: Any, msg: Any) -> None:
+    """The entry span of one message the consumer returns (none for errors and timeouts)."""
+    try:
+        if msg is None or msg.error() is not None:
+            return
+        topic = msg.topic() or ""
+        group = getattr(client, "_swmp_group", "")
+        _mq.kafka_consumed(topic, group, msg.headers(), getattr(client, "_swmp_brokers", ""))
+    except Exception:
+        _mq.warn_once("confluent.consume", "swmp: tracing a confluent-kafka message failed")
+
+
 def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
     class Producer(base_producer):  # type: ignore[misc]
         __doc__ = base_producer.__doc__
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._swmp_brokers = _conf(args, kwargs, "bootstrap.servers")
+            _remember(self, args, kwargs)
 
         def produce(self, topic: Any, *args: Any, **kwargs: Any) -> Any:
-            if _get_current() is None or len(args) > _POSITIONAL_BEFORE_HEADERS:
-                return super().produce(topic, *args, **kwargs)
-            span, traced = _mq.kafka_send_span(
-                topic, self._swmp_brokers, kwargs.get("headers"), _with_headers
-            )
-            if span is None:
-                return super().produce(topic, *args, **kwargs)
-            with span:
-                return super().produce(topic, *args, **{**kwargs, "headers": traced})
+            return _produce(super().produce, self, topic, args, kwargs, limit=_PRODUCER_BEFORE_HEADERS)
 
     class Consumer(base_consumer):  # type: ignore[misc]
         __doc__ = base_consumer.__doc__
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._swmp_brokers = _conf(args, kwargs, "bootstrap.servers")
-            self._swmp_group = _conf(args, kwargs, "group.id")
-
-        def _swmp_record(self, msg: Any) -> None:
-            try:
-                if msg is None or msg.error() is not None:
-                    return
-                topic = msg.topic() or ""
-                _mq.kafka_consumed(topic, self._swmp_group, msg.headers(), self._swmp_brokers)
-            except Exception:
-                _mq.warn_once("confluent.consume", "swmp: tracing a confluent-kafka message failed")
+            _remember(self, args, kwargs)
 
         def poll(self, *args: Any, **kwargs: Any) -> Any:
             msg = super().poll(*args, **kwargs)
-            self._swmp_record(msg)
+            _record(self, msg)
             return msg
 
         def consume(self, *args: Any, **kwargs: Any) -> Any:
             msgs = super().consume(*args, **kwargs)
             for m in msgs:
-                self._swmp_record(m)
+                _record(self, m)
             return msgs
 
     for cls, base in ((Producer, base_producer), (Consumer, base_consumer)):
@@ -107,11 +151,52 @@ def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
     return Producer, Consumer
 
 
+# -- SerializingProducer / DeserializingConsumer: Python classes, patched in place ----------
+def _make_init(orig: Any) -> Any:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        _remember(self, args, kwargs)
+
+    return __init__
+
+
+def _make_produce(orig: Any) -> Any:
+    def produce(self: Any, topic: Any, *args: Any, **kwargs: Any) -> Any:
+        send = functools.partial(orig, self)
+        return _produce(send, self, topic, args, kwargs, limit=_SERIALIZING_BEFORE_HEADERS)
+
+    return produce
+
+
+def _make_poll(orig: Any) -> Any:
+    def poll(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            msg = orig(self, *args, **kwargs)
+        except Exception as e:
+            # A message that failed to deserialize was still delivered (ConsumeError's
+            # message is an error and is skipped).
+            _record(self, getattr(e, "kafka_message", None))
+            raise
+        _record(self, msg)
+        return msg
+
+    return poll
+
+
 def install(config: Config) -> None:
     import confluent_kafka  # noqa: PLC0415
 
     if _originals:
         return
+    sp, dc = confluent_kafka.SerializingProducer, confluent_kafka.DeserializingConsumer
+    targets: list[Target] = [
+        (sp, "__init__", _make_init),
+        (sp, "produce", _make_produce),
+        (dc, "__init__", _make_init),
+        (dc, "poll", _make_poll),
+    ]
+    patch_all(targets)
+    _targets[:] = targets
     producer, consumer = _types(confluent_kafka.Producer, confluent_kafka.Consumer)
     _originals["Producer"] = confluent_kafka.Producer
     _originals["Consumer"] = confluent_kafka.Consumer
@@ -125,3 +210,5 @@ def uninstall() -> None:
     for name, cls in _originals.items():
         setattr(confluent_kafka, name, cls)
     _originals.clear()
+    restore_all(_targets)
+    _targets.clear()
