@@ -25,6 +25,7 @@ from reporter_proc import records as R
 from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
 from reporter_proc.senders.base import Sender, SendError, UnsupportedError
+from reporter_proc.ticks import until_next_tick
 
 log = logging.getLogger("swmp.reporter")
 
@@ -199,7 +200,7 @@ class Instances:
                         break
                     if time.monotonic() >= inst.due and self.table.get(inst.slot) is inst:
                         await self.keep_alive(inst)
-            await asyncio.sleep(tick)
+            await until_next_tick(tick)
 
     async def _announce_once(self, inst: Instance) -> None:
         if not inst.props_sent and self.managed:

@@ -4,22 +4,25 @@ A *pass* visits every ring (round-robin, so no ring starves) and reads up to
 ``_READ_CHUNK`` records from each, bounded by the memory cap. Data records join the open
 batch of their kind as raw bytes (they are decoded only when sent); worker records
 (WORKER_START/STOP) go to the instance table at once. A batch is sealed - handed to
-delivery - when it is full or older than ``flush_interval_s``.
+delivery - when it is full (records or bytes), and every open batch is sealed on each
+flush tick.
 
-When to read (the cost at ordinary load): after a pass that emptied every ring, the intake
-sleeps on a timer (``poll_interval_s``: at most 4 wake-ups a second by default, down to 1
-a second while nothing comes) with the arena's "sleeping" flag set. Writers do not ring
-the doorbell for each record: only a writer whose ring passes a quarter full rings it
-(``ipc._layout.WAKE_FILL_SHIFT``), which wakes the intake at once, so a burst that fits in
-a ring never overflows it. Below saturation no worker makes a system call to report, and
-the reporter wakes a bounded number of times a second whatever the request rate.
+When to read (the cost at ordinary load): the intake wakes on the flush ticks
+(``flush_interval_s``, 1 s by default, on the grid of :mod:`reporter_proc.ticks`, so in the
+same turn of the loop as the status heartbeat and the other periodic jobs), reads what
+came and sends it (``poll_interval_s``, 1 s too, can make it read more often than it
+sends). Between ticks it sleeps with the arena's "sleeping" flag set. Writers do
+not ring the doorbell for each record: only a writer whose ring passes a quarter full
+rings it (``ipc._layout.WAKE_FILL_SHIFT``), which wakes the intake at once, so a burst that
+fits in a ring never overflows it. Below saturation no worker makes a system call to
+report, and the reporter wakes once per flush tick whatever the request rate; at
+saturation it reads pass after pass.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +33,7 @@ from reporter_proc.delivery import Delivery, decode
 from reporter_proc.journal import Journal
 from reporter_proc.ledger import Batch, Chunk, Ledger
 from reporter_proc.lifecycle import StopState
+from reporter_proc.ticks import next_tick
 
 log = logging.getLogger("swmp.reporter")
 
@@ -38,7 +42,7 @@ _READ_CHUNK = 256  # records taken from one ring before looking at the next
 # in ~25 us, so a pass stays in the tens of milliseconds: sends, keep-alives and the
 # heartbeat (at least once a second) never wait long behind a busy intake.
 _PASS_BUDGET = 1024
-_IDLE_FACTOR = 4  # an idle intake polls every 4 x poll_interval_s (0.2 s by default)
+_STOPPING_POLL_S = 0.05  # a stopping intake looks for the workers' last records this often
 
 
 class Intake:
@@ -68,6 +72,7 @@ class Intake:
         self._drained_for_stop = drained_for_stop
         self._next_reader = 0  # round-robin start of the next pass
         self._more = False  # the last pass stopped at a limit: records are waiting
+        self._held = False  # the last pass stopped at the memory cap: wake when memory frees
         self._waiter: asyncio.Future[None] | None = None
         self._bell = False
         self._listener: DoorbellListener | None = None
@@ -128,30 +133,27 @@ class Intake:
     # -- the loop --------------------------------------------------------------------------
     async def run(self) -> None:
         """Read until the stop says the rings are drained (or the drain deadline passed)."""
-        s = self.journal.settings
+        loop = self._loop
+        assert loop is not None
         status = self.arena.status
-        flush_after = s.flush_interval_s
-        idle_s = s.poll_interval_s
+        s = self.journal.settings
+        flush_period, read_period = s.flush_interval_s, s.poll_interval_s
+        flush_at = next_tick(loop.time(), flush_period)
         while True:
             n = self.drain_pass()
-            now = time.monotonic()
-            self.seal_due(now, flush_after)
+            now = loop.time()
+            if now >= flush_at:
+                self.seal_all()
+                flush_at = next_tick(now, flush_period)
             stop = self.stop
             if stop.stopping and (now >= stop.drain_deadline or self._drained_for_stop(now)):
                 return
             if n and self._more:
                 await asyncio.sleep(0)  # let the senders run between passes
                 continue
-            # Nothing came since the last pass: wake less and less often (up to _IDLE_FACTOR
-            # poll intervals), so an idle application costs a few wake-ups a second; the
-            # doorbell still wakes us at once when a ring fills up.
-            idle_s = s.poll_interval_s if n else min(idle_s * 2, s.poll_interval_s * _IDLE_FACTOR)
-            timeout = idle_s
-            oldest = self.oldest_born()
-            if oldest is not None:
-                timeout = min(timeout, max(0.0, oldest + flush_after - now))
+            timeout = min(flush_at, next_tick(now, read_period)) - now
             if stop.stopping:
-                timeout = min(timeout, 0.05)
+                timeout = min(timeout, _STOPPING_POLL_S)
             if self.memory_full():
                 # Waiting for sends, not for writers: do not make writers ring the bell.
                 await self._sleep(timeout)
@@ -168,6 +170,12 @@ class Intake:
                 self._bell = False
                 status.count_wakeup()
 
+    def on_freed(self) -> None:
+        """A batch was resolved: wake a pass only if the last one stopped at the memory cap
+        (otherwise the records wait for the next tick, as they would have anyway)."""
+        if self._held:
+            self.poke()
+
     def memory_full(self) -> bool:
         return self.ledger.pending_bytes >= self.journal.settings.max_pending_bytes and self._spill is None
 
@@ -177,9 +185,10 @@ class Intake:
     def drain_pass(self) -> int:
         limit = self.journal.settings.max_pending_bytes
         ledger = self.ledger
-        self._more = False
+        self._more = self._held = False
         if ledger.pending_bytes >= limit:
             if self._spill is None:
+                self._held = True
                 return 0
             self.spill()
         total = 0
@@ -210,6 +219,7 @@ class Intake:
             if ledger.pending_bytes >= limit:
                 self._more = True
                 if self._spill is None:
+                    self._held = True
                     break
                 self.spill()
         return total
@@ -246,7 +256,7 @@ class Intake:
                 self.seal(kind.name)  # sealed by bytes: one request stays under the backend's limit
                 batch = None
             if batch is None:
-                batch = open_batches[kind.name] = Batch(kind.name, time.monotonic())
+                batch = open_batches[kind.name] = Batch(kind.name)
             hold(batch, chunk, payload)
             if len(batch.payloads) >= batch_max:
                 self.seal(kind.name)
@@ -256,15 +266,6 @@ class Intake:
             self._on_worker_record(kind.rtype, rec)
 
     # -- batches ---------------------------------------------------------------------------
-    def oldest_born(self) -> float | None:
-        return min(b.born for b in self.open.values()) if self.open else None
-
-    def seal_due(self, now: float, flush_after: float) -> None:
-        if not self.open:
-            return
-        for kind in [k for k, b in self.open.items() if now - b.born >= flush_after]:
-            self.seal(kind)
-
     def seal(self, kind: str) -> None:
         self.delivery.put(self.open.pop(kind))
 

@@ -38,16 +38,15 @@ class Chunk:
 class Batch:
     """Records of one kind on their way out, as raw ring payloads until they are sent."""
 
-    __slots__ = ("born", "chunks", "decoded", "kind", "nbytes", "payloads", "spilled")
+    __slots__ = ("chunks", "decoded", "kind", "nbytes", "payloads", "spilled")
 
-    def __init__(self, kind: str, born: float) -> None:
+    def __init__(self, kind: str) -> None:
         self.kind = kind
         self.payloads: list[bytes] = []
         # Decoded records, filled by delivery just before the first send attempt.
         self.decoded: list[list[Any]] | None = None
         self.chunks: dict[Chunk, int] = {}
         self.nbytes = 0
-        self.born = born
         self.spilled = False  # already copied to the spool (and resolved)
 
     def __len__(self) -> int:

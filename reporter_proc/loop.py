@@ -273,7 +273,7 @@ class Reporter:
             spill=delivery.spill if spool is not None else None,
             drained_for_stop=self._drained_for_stop,
         )
-        ledger.on_freed = intake.poke  # memory freed: a reader held back may go on
+        ledger.on_freed = intake.on_freed  # memory freed: a reader held back may go on
         self.parts.spool, self.parts.ledger, self.parts.instances = spool, ledger, instances
         self.parts.read_counts = intake.read_counts
         intake.start(loop)

@@ -16,7 +16,6 @@ shipped by delivery with ``collectSnapshot``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -29,6 +28,7 @@ from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
 from reporter_proc.senders.base import Sender, SendError
 from reporter_proc.taskboard import BoardTask
+from reporter_proc.ticks import until_next_tick
 
 log = logging.getLogger("swmp.reporter")
 
@@ -102,7 +102,7 @@ class ProfileTaskPoller:
                 await self.poll()
                 next_poll = now + self.interval_s
             await self.finish_due()
-            await asyncio.sleep(tick)
+            await until_next_tick(tick)
 
     async def poll(self) -> None:
         """One round of ``getProfileTaskCommands``; errors are logged once and retried next round."""

@@ -6,7 +6,6 @@ the document). The publisher only looks at the other parts; it changes nothing i
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -22,6 +21,7 @@ from reporter_proc.lifecycle import StopState
 from reporter_proc.senders.base import Sender
 from reporter_proc.spooling import SpoolWriter
 from reporter_proc.status import InstanceView, Rates, build_document
+from reporter_proc.ticks import until_next_tick
 
 _DATA_NAMES = frozenset(k.name for k in R.DATA_KINDS)
 
@@ -131,9 +131,10 @@ class StatusPublisher:
             self.journal.log_once("status", logging.ERROR, "cannot publish the status document: %r", exc)
 
     async def run(self, tick: Callable[[], None]) -> None:
-        """Publish every ``status_interval_s`` (at most 1 s); ``tick`` runs first each time."""
+        """Publish every ``status_interval_s`` (at most 1 s, on the reporter's tick grid);
+        ``tick`` runs first each time."""
         interval = min(1.0, max(0.05, self.journal.settings.status_interval_s))
         while True:
-            await asyncio.sleep(interval)
+            await until_next_tick(interval)
             tick()
             self.publish()

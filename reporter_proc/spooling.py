@@ -22,6 +22,7 @@ from reporter_proc.lifecycle import StopState
 from reporter_proc.senders.base import FatalSendError, Record, SendError, UnsupportedError
 from reporter_proc.spool import Spool, SpoolBusy
 from reporter_proc.spooldir import AUTO, OFF_VALUES, SpoolUnsafe, default_base
+from reporter_proc.ticks import IDLE_CHECK_S, until_next_tick
 
 log = logging.getLogger("swmp.reporter")
 
@@ -109,14 +110,15 @@ class Replayer:
 
     async def run(self) -> None:
         failures = 0
-        delay = 0.0
         while not self.stop.closing:
-            await asyncio.sleep(delay)
-            delay = 0.2
+            # Nothing to replay (or live records first): look again on the reporter's next
+            # one-second tick, in the same wake-up as its other periodic work.
             if self.stop.stopping or not self.spool or self._busy():
+                await until_next_tick(IDLE_CHECK_S)
                 continue
             f = self.spool.oldest()
             if f is None:
+                await until_next_tick(IDLE_CHECK_S)
                 continue
             items, end = self.spool.read(f, self.journal.settings.batch_max_records)
             try:
@@ -124,12 +126,12 @@ class Replayer:
             except (SendError, asyncio.TimeoutError, OSError) as exc:
                 self.journal.counters.failure(f"{type(exc).__name__}: {exc}")
                 failures += 1
-                delay = self._backoff(failures)
+                await asyncio.sleep(self._backoff(failures))
                 continue
             self.journal.counters.success()
             failures = 0
             self.spool.ack(f, end, len(items))
-            delay = 0.0
+            await asyncio.sleep(0)  # the next read at once, after the loop's other work
 
     async def replay(self, items: list[tuple[int, bytes]]) -> None:
         """Send one read of the spool; raises the retryable errors, counts the rest."""

@@ -34,7 +34,7 @@ FAST = dict(retry_backoff_base_s=0.001, retry_backoff_max_s=0.002, retry_max_att
 
 
 def _batch(ledger: Ledger, payloads: list[bytes]) -> Batch:
-    batch = Batch("segment", 0.0)
+    batch = Batch("segment")
     chunk = ledger.open(0, len(payloads))
     for p in payloads:
         ledger.hold(batch, chunk, p)

@@ -80,7 +80,7 @@ def test_restamp_replaces_only_the_instance_field() -> None:
 def test_the_ledger_commits_a_ring_only_past_fully_resolved_reads() -> None:
     commits: list[tuple[int, int]] = []
     ledger = Ledger(lambda slot, pos: commits.append((slot, pos)))
-    a, b = Batch("segment", 0.0), Batch("log", 0.0)
+    a, b = Batch("segment"), Batch("log")
     first = ledger.open(0, 100)
     ledger.hold(a, first, b"x" * 10)
     ledger.close(first)
@@ -99,7 +99,7 @@ def test_the_ledger_commits_a_ring_only_past_fully_resolved_reads() -> None:
 
 # -- delivery ----------------------------------------------------------------------------------
 def _batch(ledger: Ledger, kind: str, payloads: list[bytes]) -> Batch:
-    batch = Batch(kind, 0.0)
+    batch = Batch(kind)
     chunk = ledger.open(0, len(payloads))
     for p in payloads:
         ledger.hold(batch, chunk, p)

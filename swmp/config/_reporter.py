@@ -61,9 +61,10 @@ class ReporterProcessSettings:
         check=at_least(KIB),
     )
     agent_reporter_flush_interval: float = opt(
-        0.5,
+        1.0,
         "SW_AGENT_REPORTER_FLUSH_INTERVAL",
-        "Seconds a partial batch may wait before it is sent.",
+        "Seconds between the reporter's reads of the rings below saturation: records are "
+        "sent at most this long after they are written (a ring a quarter full is read at once).",
         REPORTER,
         check=at_least(0.001),
     )
