@@ -105,6 +105,9 @@ class Measure:
     # (the rest is the master and the reporter's supervisor).
     worker_cpu_us: float = 0.0
     reporter_cpu_us: float = 0.0
+    # A worker's private memory (USS): its RSS also counts the pages of its ring, which it
+    # shares with the reporter (one copy in RAM, up to the ring's size in every RSS).
+    worker_uss_mib: float = 0.0
 
 
 # -- wrk ---------------------------------------------------------------------------------------
@@ -178,6 +181,16 @@ def pss_mib(procs: list[psutil.Process]) -> float:
     for p in procs:
         try:
             total += p.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            pass
+    return total / (1 << 20)
+
+
+def uss_mib(procs: list[psutil.Process]) -> float:
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_full_info().uss
         except (psutil.Error, AttributeError):
             pass
     return total / (1 << 20)
@@ -308,6 +321,7 @@ def sample(app: App, rnd: int, args: argparse.Namespace, rate: float = 0.0, load
         reporter_pss_mib=pss_mib([p for p in procs if is_reporter(p)]),
         worker_cpu_us=sum(used.get(pid, 0.0) for pid in worker_pids) * per_req,
         reporter_cpu_us=sum(used.get(pid, 0.0) for pid in reporter_pids) * per_req,
+        worker_uss_mib=uss_mib(workers) / max(1, len(workers)),
     )
 
 
@@ -335,6 +349,7 @@ def summarize(measures: list[Measure], apps: list[App]) -> list[dict[str, Any]]:
                 "p99_ms": _median([m.p99_ms for m in ms]),
                 "cpu_us_per_req": _median([m.cpu_us_per_req for m in ms]),
                 "worker_rss_mib": _median([m.worker_rss_mib for m in ms]),
+                "worker_uss_mib": _median([m.worker_uss_mib for m in ms]),
                 "reporter_rss_mib": _median([m.reporter_rss_mib for m in ms]),
                 "reporter_pss_mib": _median([m.reporter_pss_mib for m in ms]),
                 "worker_cpu_us": _median([m.worker_cpu_us for m in ms]),
@@ -362,7 +377,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'variant':<18} {'route':<5} {'load':>4} {'req/s':>7} {'x none':>6} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'x none':>6} {'CPU us/req':>10} {'+us':>5} {'+wrk':>5} {'rep':>5} "
-        f"{'worker MiB':>10} {'rep. RSS':>8} {'rep. PSS':>8} "
+        f"{'worker MiB':>10} {'wrk USS':>7} {'rep. RSS':>8} {'rep. PSS':>8} "
         f"{'served':>7} {'segments':>8} {'lost':>5}"
     )
     lines = [head, "-" * len(head)]
@@ -373,7 +388,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['p99_vs_none'] or 0:>6.2f} "
             f"{r['cpu_us_per_req']:>10.0f} {r['cpu_us_added'] or 0:>5.0f} "
             f"{r['worker_cpu_us_added'] or 0:>5.0f} {r['reporter_cpu_us']:>5.0f} "
-            f"{r['worker_rss_mib']:>10.1f} "
+            f"{r['worker_rss_mib']:>10.1f} {r['worker_uss_mib']:>7.1f} "
             f"{r['reporter_rss_mib']:>8.1f} {r['reporter_pss_mib']:>8.1f} "
             f"{r['requests_served']:>7} {r['segments_received']:>8} {r['segments_lost']:>5}"
         )
