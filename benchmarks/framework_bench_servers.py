@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -129,6 +130,14 @@ def build_aiohttp() -> Serve:
     def serve(n: int) -> None:
         loop.run_until_complete(many(n))
 
+    def close() -> None:
+        # The connection's handler task waits for the next request: end the connection and
+        # let the task finish, or the loop is discarded with it pending ("Task was destroyed").
+        protocol.connection_lost(None)
+        loop.run_until_complete(asyncio.sleep(0.01))
+        loop.close()
+
+    weakref.finalize(serve, close)
     return serve
 
 
