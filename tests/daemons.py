@@ -405,32 +405,19 @@ def start_mariadb() -> tuple[Daemon, ServerInfo]:
     return d, ServerInfo("mysql", "127.0.0.1", d.port, d.pid, USER, PASSWORD, DATABASE, str(d.dir))
 
 
+# Every redis-server the tests start: loopback only, its own directory, no persistence, in
+# the foreground (stopped by pid).
+REDIS_ARGS = (
+    "--bind", "127.0.0.1", "--dir", "{dir}", "--save", "", "--appendonly", "no",
+    "--daemonize", "no", "--protected-mode", "no",
+)  # fmt: skip
+
+
 def start_redis() -> tuple[Daemon, ServerInfo]:
     _need(REDIS_SERVER)
 
     def make(port: int) -> Daemon:
-        return Daemon(
-            "redis",
-            [
-                REDIS_SERVER,
-                "--port",
-                "{port}",
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                "{dir}",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--protected-mode",
-                "no",
-            ],
-            port=port,
-            user="redis",
-        )
+        return Daemon("redis", [REDIS_SERVER, "--port", "{port}", *REDIS_ARGS], port=port, user="redis")
 
     d = start_with_retry(make, lambda d: talk(d.port, b"PING\r\n", b"+PONG"))
     return d, ServerInfo("redis", "127.0.0.1", d.port, d.pid, database="0", dir=str(d.dir))

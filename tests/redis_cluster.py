@@ -19,7 +19,16 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.daemons import REDIS_SERVER, Daemon, DaemonError, _need, free_port, start_with_retry, talk
+from tests.daemons import (
+    REDIS_ARGS,
+    REDIS_SERVER,
+    Daemon,
+    DaemonError,
+    _need,
+    free_port,
+    start_with_retry,
+    talk,
+)
 
 REDIS_CLI = "/usr/bin/redis-cli"
 MASTERS = 3
@@ -50,18 +59,7 @@ def _node(port: int) -> Daemon:
             "{dir}/nodes.conf",
             "--cluster-node-timeout",
             "5000",
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            "{dir}",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
+            *REDIS_ARGS,
         ],
         port=port,
         user="redis",
