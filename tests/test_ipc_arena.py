@@ -225,6 +225,39 @@ def test_one_process_never_claims_a_slot_twice_and_closing_a_second_handle_keeps
         b.close()
 
 
+def test_a_child_that_closed_the_inherited_descriptor_claims_through_the_arena_again(
+    path: str, tmp_path: Path, pipes: Callable[[], Pipe]
+) -> None:
+    """A forked child closes every inherited descriptor (billiard's ``close_open_fds`` in
+    Celery's embedded beat) and the number goes to another file: the child's claim must not
+    lock a byte of that file (it would take slot 0, held by the parent) nor close it."""
+    arena = Arena.create(path, slots=4, ring_capacity=4096)
+    try:
+        w0 = arena.claim_slot()
+        assert w0 is not None and w0.slot == 0
+        answer = pipes()
+
+        def child() -> None:
+            fd = arena._shared.fd
+            os.close(fd)
+            other = os.open(str(tmp_path / "other"), os.O_RDWR | os.O_CREAT, 0o600)
+            assert other == fd  # the lowest free number: the arena's old one
+            writer = arena.claim_slot()
+            slots = arena.live_slots()
+            arena.release_slot()
+            arena.close()
+            os.fstat(other)  # still open: the arena never closed a number that is not its own
+            answer.send(json.dumps([writer and writer.slot, slots]).encode())
+
+        pid = fork(child)
+        slot, slots = json.loads(answer.recv())
+        assert reap(pid) == 0
+        assert slot == 1 and slots == {"0": os.getpid()}
+        assert arena.live_slots() == {} and arena.own_slots() == {0}
+    finally:
+        arena.close()
+
+
 def test_reporter_lock_is_exclusive_across_processes(path: str, pipes: Callable[[], Pipe]) -> None:
     a = Arena.create(path, slots=1, ring_capacity=4096)
     try:

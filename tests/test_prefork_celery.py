@@ -388,3 +388,50 @@ def test_beat_publishes_into_traces_the_worker_continues(tmp_path: Path, redis_s
                 assert run["traceId"] == exits.pop(ref["parentTraceSegmentId"])["traceId"]
             assert not exits
             assert {s["serviceInstance"] for s in sends} == {"beat-w0"}
+
+
+def test_embedded_beat_sends_tasks_prefork_children_run(tmp_path: Path, redis_server: ServerInfo) -> None:
+    """``celery worker -B``: beat runs in a child process of the worker (not a pool child);
+    its sends are exit spans, each task run an entry span in a pool child continuing the
+    send's trace; every run the worker logged as succeeded has its segment, nothing breaks."""
+    broker, queue = f"redis://127.0.0.1:{redis_server.port}/13", new_queue()
+    with collector_process(tmp_path) as col:
+        env = celery_env(tmp_path, col.grpc_address, broker, queue)
+        env["CELERY_BEAT_EVERY"] = "0.2"
+        cmd = worker_command("prefork", 2, ["-B", "-s", str(tmp_path / "schedule")])
+        with run_celery(tmp_path, env, cmd, children=2) as worker:
+            wait_until(lambda: len(succeeded(worker)) >= 8, 60, "8 scheduled runs to succeed")
+            pool_pids = set(worker.worker_pids())
+            worker.proc.send(signal.SIGTERM)
+            assert wait_exit(worker) == 0, worker.proc.tail()
+            wait_until(lambda: not worker.arena_path().exists(), 30, "the arena to be removed")
+            quiet_for(col, 0.5)
+            done = succeeded(worker)
+            log = worker.proc.log()
+        segs = segments_of(col, "cel")
+        sends = [s for s in segs if s["spans"][0].get("spanType") == "Exit"]
+        runs = [s for s in segs if s["spans"][0].get("spanType") != "Exit"]
+        assert len(sends) + len(runs) == len(segs)
+        assert len(runs) == len(done) >= 8  # every run the worker logged has its segment
+        exits = {}
+        for seg in sends:
+            (span,) = seg["spans"]  # beat has no request: the exit span is the segment
+            assert span["operationName"] == TASK_OP and span["spanLayer"] == "MQ"
+            exits[seg["traceSegmentId"]] = seg
+        beat_instances = {s["serviceInstance"] for s in sends}
+        run_instances = {s["serviceInstance"] for s in runs}
+        assert len(beat_instances) == 1 and not beat_instances & run_instances
+        assert run_instances <= child_names(3)
+        for run in runs:
+            entry = entry_span(run)
+            assert entry["operationName"] == TASK_OP and entry["componentId"] == 7011
+            (ref,) = entry["refs"]
+            send = exits.pop(ref["parentTraceSegmentId"])
+            assert run["traceId"] == send["traceId"]
+            assert ref["parentServiceInstance"] == send["serviceInstance"]
+        # What beat sent after the last run (stopped with the worker) stays in the queue.
+        assert len(exits) <= len(sends) - len(runs)
+        assert len(pool_pids) == 3  # the two pool children and beat
+        # Nothing from the agent in the worker's output: no error, no corrupt ring, no loss.
+        for word in ("Traceback", "swmp:", "ring slot", "invalid record", "lost "):
+            assert word not in log, log[-3000:]
