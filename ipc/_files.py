@@ -52,6 +52,7 @@ class SharedFile:
     reporter: bool = False  # this process holds the reporter lock
     lock: threading.Lock = field(default_factory=threading.Lock)
     fd_pid: int = field(default_factory=os.getpid)  # the process that opened ``fd``
+    mm_pid: int = field(default_factory=os.getpid)  # the process that made the entry and map
 
     def descriptor(self) -> int:
         """``fd``, made sure to still name the file in a process that inherited it (see the
@@ -155,10 +156,15 @@ def release(entry: SharedFile) -> None:
         if _open.get(entry.key) is entry:
             del _open[entry.key]
         fd, entry.fd = entry.fd, -1
+        inherited = entry.mm_pid != os.getpid()
         if fd >= 0 and not entry._names_the_file(fd):
             fd = -1  # an inherited number now naming another file: never close it
         mm, entry.mm = entry.mm, None
-    if mm is not None:
+    if mm is not None and inherited:
+        # The map holds a dup() of the parent's descriptor, which the child may have closed
+        # (and the number be another file's now): closing the map would close that number.
+        _parked.append(mm)
+    elif mm is not None:
         try:
             mm.close()
         except BufferError:

@@ -235,19 +235,24 @@ def test_a_child_that_closed_the_inherited_descriptor_claims_through_the_arena_a
     try:
         w0 = arena.claim_slot()
         assert w0 is not None and w0.slot == 0
+        arena._doorbell()  # the parent rang once: its descriptor of the FIFO is open
+        assert arena._doorbell._fd >= 0
         answer = pipes()
 
         def child() -> None:
-            fd = arena._shared.fd
-            os.close(fd)
-            other = os.open(str(tmp_path / "other"), os.O_RDWR | os.O_CREAT, 0o600)
-            assert other == fd  # the lowest free number: the arena's old one
+            fds = sorted((arena._shared.fd, arena._doorbell._fd))
+            for fd in fds:
+                os.close(fd)
+            others = [os.open(str(tmp_path / f"other{i}"), os.O_RDWR | os.O_CREAT, 0o600) for i in (0, 1)]
+            assert others == fds  # the lowest free numbers: the arena's and the doorbell's
             writer = arena.claim_slot()
+            assert writer is not None and writer.write(1, b"y")
             slots = arena.live_slots()
             arena.release_slot()
             arena.close()
-            os.fstat(other)  # still open: the arena never closed a number that is not its own
-            answer.send(json.dumps([writer and writer.slot, slots]).encode())
+            for fd in others:  # still open: never closed a number that is not the agent's
+                os.fstat(fd)
+            answer.send(json.dumps([writer.slot, slots]).encode())
 
         pid = fork(child)
         slot, slots = json.loads(answer.recv())
