@@ -26,6 +26,7 @@ from tests.celery_support import (
     celery_env,
     new_queue,
     publish,
+    publish_canvas,
     run_celery,
     succeeded,
     wait_exit,
@@ -434,4 +435,67 @@ def test_embedded_beat_sends_tasks_prefork_children_run(tmp_path: Path, redis_se
         assert len(pool_pids) == 3  # the two pool children and beat
         # Nothing from the agent in the worker's output: no error, no corrupt ring, no loss.
         for word in ("Traceback", "swmp:", "ring slot", "invalid record", "lost "):
+            assert word not in log, log[-3000:]
+
+
+# -- canvas --------------------------------------------------------------------------------------
+def test_chord_chain_and_group_are_one_trace(tmp_path: Path, redis_server: ServerInfo) -> None:
+    """A publisher sends, inside one entry span, a chord of 12 ``add`` with a ``tsum``
+    callback, a chain of two and a group of three (Redis broker and result backend) to a
+    prefork worker: every run is an entry span of the publisher's trace; header and group
+    tasks and the chain's first one hang off the publisher's exit spans, the callback off the
+    exit span inside the header run that completed the chord (it sent it), the chain's
+    second task off the first one's run. Every exit span is the parent of exactly one run."""
+    n = 12
+    broker, queue = f"redis://127.0.0.1:{redis_server.port}/14", new_queue()
+    app = "tests.e2e_apps.celery_canvas"
+    backend = {"CELERY_RESULT_BACKEND": f"redis://127.0.0.1:{redis_server.port}/15"}
+    with collector_process(tmp_path) as col:
+        env_w = celery_env(tmp_path / "cel", col.grpc_address, broker, queue, extra=backend)
+        env_p = celery_env(tmp_path / "pub", col.grpc_address, broker, queue, service="pub", extra=backend)
+        with run_celery(tmp_path, env_w, worker_command("prefork", 2, app=app), children=2) as worker:
+            results = publish_canvas(env_p, n, tmp_path)
+            assert results["chord"] == sum(2 * i for i in range(n))
+            assert results["chain"] == 13 and results["group"] == [100, 101, 102]
+            runs_expected = n + 1 + 2 + 3
+            wait_until(lambda: len(succeeded(worker)) >= runs_expected, 60, "every run to succeed")
+            wait_segments(col, runs_expected, "cel")
+            wait_segments(col, 1, "pub")
+            quiet_for(col, 0.5)
+            log = worker.proc.log()
+        trace_id = results["trace_id"]
+        (pub,) = segments_of(col, "pub")
+        assert pub["traceId"] == trace_id and entry_span(pub)["operationName"] == "/canvas"
+        runs = segments_of(col, "cel")
+        assert len(runs) == runs_expected and {s["traceId"] for s in runs} == {trace_id}
+        assert {s["serviceInstance"] for s in runs} <= child_names(2)
+
+        exits = {}  # (segment, span id) -> (segment, its entry operation, the exit span)
+        for seg in [pub, *runs]:
+            for span in exit_spans(seg):
+                if span["operationName"].startswith("celery/"):
+                    key = (seg["traceSegmentId"], int(span.get("spanId", 0)))
+                    exits[key] = (seg, entry_span(seg)["operationName"], span)
+        pub_exits = Counter(
+            op for seg, _, span in exits.values() if seg is pub for op in [span["operationName"]]
+        )
+        assert pub_exits == {"celery/canvas.add": n + 1 + 3}  # chord header, chain head, group
+
+        parents: dict[str, list[str]] = {}  # run operation -> operations of the parent's entry
+        for run in runs:
+            entry = entry_span(run)
+            assert entry["componentId"] == 7011 and entry["spanLayer"] == "MQ"
+            (ref,) = entry["refs"]
+            key = (ref["parentTraceSegmentId"], int(ref.get("parentSpanId", 0)))
+            parent_seg, parent_op, parent_exit = exits.pop(key)  # each exit is one run's parent
+            assert parent_exit["operationName"] == entry["operationName"]
+            assert ref["parentEndpoint"] == parent_op
+            assert ref["parentService"] == parent_seg["service"]
+            assert ref["parentServiceInstance"] == parent_seg["serviceInstance"]
+            assert ref["networkAddressUsedAtPeer"] == parent_exit["peer"] == f"127.0.0.1:{redis_server.port}"
+            parents.setdefault(entry["operationName"], []).append(parent_op)
+        assert not exits  # and every exit span has its run
+        assert parents["celery/canvas.tsum"] == ["celery/canvas.add"]  # sent by a header run
+        assert Counter(parents["celery/canvas.add"]) == {"/canvas": n + 1 + 3, "celery/canvas.add": 1}
+        for word in ("Traceback", "swmp:", "ring slot", "lost "):
             assert word not in log, log[-3000:]
