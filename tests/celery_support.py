@@ -143,3 +143,13 @@ def publish_canvas(env: dict[str, str], n: int, workdir: Path) -> dict[str, Any]
     assert done.returncode == 0, log.read_text()
     results: dict[str, Any] = json.loads(out.read_text())
     return results
+
+
+def slot_claims(server: Server) -> dict[int, int]:
+    """``{slot: claims so far}`` of every slot of the worker's arena ever claimed (the
+    arena counts each claim in the slot's control words)."""
+    from ipc import Arena
+
+    with Arena.open(str(server.arena_path()), wait_s=0) as arena:
+        claims = {slot: arena.slot_identity(slot)[1] for slot in range(arena.slots)}
+    return {slot: n for slot, n in claims.items() if n}
