@@ -403,7 +403,10 @@ def test_beat_publishes_into_traces_the_worker_continues(tmp_path: Path, redis_s
             assert {s["serviceInstance"] for s in sends} == {"beat-w0"}
 
 
-def test_embedded_beat_sends_tasks_prefork_children_run(tmp_path: Path, redis_server: ServerInfo) -> None:
+@pytest.mark.parametrize("reporter_process", [True, False], ids=["process", "thread"])
+def test_embedded_beat_sends_tasks_prefork_children_run(
+    tmp_path: Path, redis_server: ServerInfo, reporter_process: bool
+) -> None:
     """``celery worker -B``: beat runs in a child process of the worker (not a pool child);
     its sends are exit spans, each task run an entry span in a pool child continuing the
     send's trace; every run the worker logged as succeeded has its segment, nothing breaks."""
@@ -411,6 +414,7 @@ def test_embedded_beat_sends_tasks_prefork_children_run(tmp_path: Path, redis_se
     with collector_process(tmp_path) as col:
         env = celery_env(tmp_path, col.grpc_address, broker, queue)
         env["CELERY_BEAT_EVERY"] = "0.2"
+        env["SW_AGENT_REPORTER_PROCESS"] = "true" if reporter_process else "false"
         cmd = worker_command("prefork", 2, ["-B", "-s", str(tmp_path / "schedule")])
         with run_celery(tmp_path, env, cmd, children=2) as worker:
             wait_until(lambda: len(succeeded(worker)) >= 8, 60, "8 scheduled runs to succeed")
@@ -445,6 +449,9 @@ def test_embedded_beat_sends_tasks_prefork_children_run(tmp_path: Path, redis_se
         # What beat sent after the last run (stopped with the worker) stays in the queue.
         assert len(exits) <= len(sends) - len(runs)
         assert len(pool_pids) == 3  # the two pool children and beat
+        assert len(sends) == log.count("Scheduler: Sending due task")  # every send, the last ones too
+        if not reporter_process:  # beat's own reporter thread was stopped (and flushed) as it left
+            assert re.search(r"INFO/Beat\] reporter \d+ exiting \(stop\)", log), log[-3000:]
         check_agent_quiet(log)
 
 
