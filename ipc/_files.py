@@ -16,6 +16,13 @@ than let the garbage collector close it at some random later moment.
 The registry also remembers which locks this process holds, since ``F_GETLK`` never
 reports a process's own locks: without it a process could "claim" a slot it already
 holds. Locks are not inherited across ``fork()``, so a child starts with an empty set.
+
+A forked child may close the descriptors it inherited (billiard's ``close_open_fds`` in
+Celery's embedded beat process, daemonizing code), and the number may then name another
+file of the application. Locking a byte of that file would "claim" a slot another process
+holds (two writers on one ring), and closing it would close someone else's file. So a
+process that did not open the descriptor checks it (:meth:`SharedFile.descriptor`) before
+each use and opens the arena again when the number no longer names it.
 """
 
 from __future__ import annotations
@@ -37,12 +44,51 @@ _parked: list[object] = []  # descriptors and mappings we must never close
 class SharedFile:
     fd: int
     key: tuple[int, int]
+    path: str
     mm: mmap.mmap | None = None  # the process's one mapping of the file (see above)
     refs: int = 1
     pid: int = field(default_factory=os.getpid)
     slots: set[int] = field(default_factory=set)  # slot locks this process holds
     reporter: bool = False  # this process holds the reporter lock
     lock: threading.Lock = field(default_factory=threading.Lock)
+    fd_pid: int = field(default_factory=os.getpid)  # the process that opened ``fd``
+    mm_pid: int = field(default_factory=os.getpid)  # the process that made the entry and map
+
+    def descriptor(self) -> int:
+        """``fd``, made sure to still name the file in a process that inherited it (see the
+        module doc): opened again if it does not; -1 if that fails (every use then fails
+        like a lock held by someone else, never on another file)."""
+        fd = self.fd
+        if fd < 0 or self._names_the_file(fd):
+            return fd
+        pid = os.getpid()
+        with _lock:
+            if self.fd_pid == pid:  # another thread opened it again meanwhile
+                return self.fd
+            self.fd = -1  # the old number is not ours any more: never close it
+            try:
+                new = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                return -1
+            try:
+                same = _key(os.fstat(new)) == self.key
+            except OSError:
+                same = False
+            if not same:  # the path names another file now (the arena was replaced)
+                os.close(new)
+                return -1
+            self.fd, self.fd_pid = new, pid
+            return new
+
+    def _names_the_file(self, fd: int) -> bool:
+        """Is ``fd`` (ours if we opened it; checked on every use if inherited: the process
+        may close it later) a descriptor of this file?"""
+        if self.fd_pid == os.getpid():
+            return True
+        try:
+            return _key(os.fstat(fd)) == self.key
+        except OSError:
+            return False
 
     def held(self) -> SharedFile:
         """This entry with the lock bookkeeping reset if we are a forked child."""
@@ -58,11 +104,11 @@ def _key(st: os.stat_result) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
-def register_new(fd: int, mm: mmap.mmap) -> SharedFile:
-    """Register a descriptor this process just created the file with (``O_EXCL``)."""
+def register_new(fd: int, mm: mmap.mmap, path: str) -> SharedFile:
+    """Register a descriptor this process just created the file at ``path`` with (``O_EXCL``)."""
     key = _key(os.fstat(fd))
     with _lock:
-        entry = SharedFile(fd, key, mm)
+        entry = SharedFile(fd, key, path, mm)
         _open[key] = entry
         return entry
 
@@ -96,7 +142,7 @@ def open_existing(path: str) -> tuple[SharedFile, bool]:
             _parked.append(fd)
             entry.refs += 1
             return entry, False
-        entry = SharedFile(fd, key)
+        entry = SharedFile(fd, key, path)
         _open[key] = entry
         return entry, True
 
@@ -110,8 +156,15 @@ def release(entry: SharedFile) -> None:
         if _open.get(entry.key) is entry:
             del _open[entry.key]
         fd, entry.fd = entry.fd, -1
+        inherited = entry.mm_pid != os.getpid()
+        if fd >= 0 and not entry._names_the_file(fd):
+            fd = -1  # an inherited number now naming another file: never close it
         mm, entry.mm = entry.mm, None
-    if mm is not None:
+    if mm is not None and inherited:
+        # The map holds a dup() of the parent's descriptor, which the child may have closed
+        # (and the number be another file's now): closing the map would close that number.
+        _parked.append(mm)
+    elif mm is not None:
         try:
             mm.close()
         except BufferError:

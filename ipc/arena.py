@@ -135,7 +135,6 @@ class Arena:
         self.path = path
         self.created = created
         self._shared = shared
-        self._fd = shared.fd
         self._mm = shared.mm  # shared by every Arena of this process on this file
         self._buf = memoryview(self._mm)
         self._header = self._buf[: L.HEADER_SIZE].cast("Q")
@@ -151,6 +150,13 @@ class Arena:
         self._claimed_pid = os.getpid()
         self._reporter = False
         self._closed = False
+        self._detached = False  # closed, and the registry entry released
+
+    @property
+    def _fd(self) -> int:
+        """The arena's descriptor in this process (-1 once closed; see ``_files``: checked
+        and opened again in a forked child that closed the one it inherited)."""
+        return -1 if self._detached else self._shared.descriptor()
 
     # -- creation and attachment -----------------------------------------------------------
     @classmethod
@@ -193,7 +199,7 @@ class Arena:
         h[L.H_MAGIC] = L.MAGIC  # last: attachers wait for it
         h.release()
         create_fifo(path)
-        return cls(path, _files.register_new(fd, mm), created=True)
+        return cls(path, _files.register_new(fd, mm, path), created=True)
 
     @classmethod
     def open(cls, path: str, wait_s: float = 2.0) -> Arena:
@@ -426,7 +432,7 @@ class Arena:
             self.board.release()
             self._buf.release()
             _files.release(self._shared)
-            self._fd = -1
+            self._detached = True
 
     def unlink(self) -> None:
         arena_unlink(self.path)

@@ -52,6 +52,7 @@ class Doorbell:
     def __init__(self, arena_path: str) -> None:
         self._path = fifo_path(arena_path)
         self._fd = -1
+        self._key = (0, 0)  # (st_dev, st_ino) of the FIFO we opened
         self._pid = 0
         self._next_open = 0.0
         self.rings = 0
@@ -81,6 +82,8 @@ class Doorbell:
                 # the next reporter drains what is pending as one wake-up. (Linux defines
                 # O_RDWR on a FIFO: it opens at once, reader or not.)
                 self._fd = open_fifo(self._path, os.O_RDWR)
+                st = os.fstat(self._fd)
+                self._key = (st.st_dev, st.st_ino)
             except UnsafePathError:
                 self.refused += 1
                 self._next_open = now + self.RETRY_OPEN_S
@@ -99,12 +102,22 @@ class Doorbell:
                 self._next_open = time.monotonic() + self.RETRY_OPEN_S
 
     def close(self) -> None:
-        if self._fd >= 0:
+        fd, self._fd = self._fd, -1
+        if fd < 0:
+            return
+        if self._pid != os.getpid():
+            # Inherited across fork: the child may have closed it already (billiard's
+            # close_open_fds) and the number name another file now: never close that one.
             try:
-                os.close(self._fd)
+                st = os.fstat(fd)
             except OSError:
-                pass
-            self._fd = -1
+                return
+            if (st.st_dev, st.st_ino) != self._key:
+                return
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 class DoorbellListener:

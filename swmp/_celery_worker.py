@@ -14,6 +14,12 @@ until it writes). Celery says so itself, in the child, with two signals:
   kernel, but there would be no goodbye record, and in thread mode the child's reporter
   thread would die with records still in its ring.
 
+``celery worker -B`` runs beat in another child of the worker's main process (a billiard
+``Process``, not a pool child), which says so with ``beat_embedded_init``: it takes its ring
+slot and name then, like a pool child, and leaves in billiard's exit finalizers (that process
+too ends with ``os._exit``; SIGTERM from the worker's shutdown raises ``SystemExit`` in it,
+which ends its service loop and runs them).
+
 Connected when ``celery`` is imported (or at once if it already is); independent of the
 Celery instrumentation, so ``SW_AGENT_DISABLE_PLUGINS=celery`` keeps the worker's processes
 named and flushed. The solo, threads, gevent and eventlet pools run tasks in the worker's
@@ -47,6 +53,20 @@ def on_process_init(**_: Any) -> None:
         log.debug("swmp: celery pool child could not take its ring", exc_info=True)
 
 
+def on_beat_embedded_init(**_: Any) -> None:
+    from swmp import agent  # noqa: PLC0415
+
+    if agent.current() is None:
+        return
+    on_process_init()
+    try:
+        from multiprocessing.util import Finalize  # noqa: PLC0415 (billiard's exit runs these)
+
+        Finalize(None, on_process_shutdown, exitpriority=0)
+    except Exception:
+        log.debug("swmp: celery beat process cannot leave cleanly", exc_info=True)
+
+
 def on_process_shutdown(**_: Any) -> None:
     from swmp import agent  # noqa: PLC0415
 
@@ -64,3 +84,4 @@ def connect() -> None:
 
     signals.worker_process_init.connect(on_process_init, weak=False, dispatch_uid=_UID + "-init")
     signals.worker_process_shutdown.connect(on_process_shutdown, weak=False, dispatch_uid=_UID + "-shutdown")
+    signals.beat_embedded_init.connect(on_beat_embedded_init, weak=False, dispatch_uid=_UID + "-beat")

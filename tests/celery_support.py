@@ -17,12 +17,13 @@ import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from tests.servers import SWMP_RUN, Proc, Server, agent_env, wait_until
 
 CELERY = [sys.executable, "-m", "celery", "-A", "examples.celery_app"]
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_SUCCEEDED = re.compile(r"Task examples\.\w+\[([0-9a-f-]+)\] succeeded")
+_SUCCEEDED = re.compile(r"Task [\w.]+\[([0-9a-f-]+)\] succeeded")
 
 
 def celery_env(
@@ -46,9 +47,12 @@ def new_queue() -> str:
     return f"swmp-{uuid.uuid4().hex[:10]}"
 
 
-def worker_command(pool: str = "prefork", concurrency: int = 4, extra: Sequence[str] = ()) -> list[str]:
+def worker_command(
+    pool: str = "prefork", concurrency: int = 4, extra: Sequence[str] = (), *, app: str = ""
+) -> list[str]:
+    """A worker of ``examples.celery_app`` (or of ``app``)."""
     return [
-        *CELERY,
+        *(CELERY if not app else [*CELERY[:-1], app]),
         "worker",
         "--pool",
         pool,
@@ -118,3 +122,34 @@ def wait_exit(server: Server, timeout: float = 60.0) -> int | None:
     if code is not None:
         wait_until(lambda: not server.reporters(), 30, "the reporter to finish")
     return code
+
+
+def publish_canvas(env: dict[str, str], n: int, workdir: Path) -> dict[str, Any]:
+    """Run ``tests/e2e_apps/celery_canvas.py`` under ``swmp run`` with ``env``: a chord of ``n``
+    tasks, a chain and a group sent inside one entry span; returns their results and the
+    trace id once they are all done."""
+    out = workdir / f"canvas-{uuid.uuid4().hex[:6]}.json"
+    log = workdir / f"{out.stem}.log"
+    with open(log, "wb") as f:
+        done = subprocess.run(
+            [*SWMP_RUN, sys.executable, "-m", "tests.e2e_apps.celery_canvas", str(n), str(out)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 0, log.read_text()
+    results: dict[str, Any] = json.loads(out.read_text())
+    return results
+
+
+def slot_claims(server: Server) -> dict[int, int]:
+    """``{slot: claims so far}`` of every slot of the worker's arena ever claimed (the
+    arena counts each claim in the slot's control words)."""
+    from ipc import Arena
+
+    with Arena.open(str(server.arena_path()), wait_s=0) as arena:
+        claims = {slot: arena.slot_identity(slot)[1] for slot in range(arena.slots)}
+    return {slot: n for slot, n in claims.items() if n}

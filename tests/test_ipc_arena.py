@@ -225,6 +225,44 @@ def test_one_process_never_claims_a_slot_twice_and_closing_a_second_handle_keeps
         b.close()
 
 
+def test_a_child_that_closed_the_inherited_descriptor_claims_through_the_arena_again(
+    path: str, tmp_path: Path, pipes: Callable[[], Pipe]
+) -> None:
+    """A forked child closes every inherited descriptor (billiard's ``close_open_fds`` in
+    Celery's embedded beat) and the number goes to another file: the child's claim must not
+    lock a byte of that file (it would take slot 0, held by the parent) nor close it."""
+    arena = Arena.create(path, slots=4, ring_capacity=4096)
+    try:
+        w0 = arena.claim_slot()
+        assert w0 is not None and w0.slot == 0
+        arena._doorbell()  # the parent rang once: its descriptor of the FIFO is open
+        assert arena._doorbell._fd >= 0
+        answer = pipes()
+
+        def child() -> None:
+            fds = sorted((arena._shared.fd, arena._doorbell._fd))
+            for fd in fds:
+                os.close(fd)
+            others = [os.open(str(tmp_path / f"other{i}"), os.O_RDWR | os.O_CREAT, 0o600) for i in (0, 1)]
+            assert others == fds  # the lowest free numbers: the arena's and the doorbell's
+            writer = arena.claim_slot()
+            assert writer is not None and writer.write(1, b"y")
+            slots = arena.live_slots()
+            arena.release_slot()
+            arena.close()
+            for fd in others:  # still open: never closed a number that is not the agent's
+                os.fstat(fd)
+            answer.send(json.dumps([writer.slot, slots]).encode())
+
+        pid = fork(child)
+        slot, slots = json.loads(answer.recv())
+        assert reap(pid) == 0
+        assert slot == 1 and slots == {"0": os.getpid()}
+        assert arena.live_slots() == {} and arena.own_slots() == {0}
+    finally:
+        arena.close()
+
+
 def test_reporter_lock_is_exclusive_across_processes(path: str, pipes: Callable[[], Pipe]) -> None:
     a = Arena.create(path, slots=1, ring_capacity=4096)
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 from collections import Counter
@@ -26,7 +27,9 @@ from tests.celery_support import (
     celery_env,
     new_queue,
     publish,
+    publish_canvas,
     run_celery,
+    slot_claims,
     succeeded,
     wait_exit,
     worker_command,
@@ -100,6 +103,16 @@ def check_linked(col: CollectorProcess, web_service: str, cel_service: str) -> d
         assert ref["networkAddressUsedAtPeer"] == parent["peer"]
     assert not used or max(used.values()) == 1
     return {seg["traceId"]: seg for seg in segments_of(col, cel_service)}
+
+
+_AGENT_TROUBLE = re.compile(r"Traceback|swmp:|ring slot|invalid record|lost [1-9]")
+
+
+def check_agent_quiet(log: str) -> None:
+    """Nothing from the agent in a worker's output: no error or warning, no corrupt ring,
+    no record lost (the reporter's exit line says ``lost 0`` in thread mode)."""
+    found = _AGENT_TROUBLE.search(log)
+    assert found is None, log[max(0, found.start() - 2000) : found.end() + 500]
 
 
 def child_names(n: int, service: str = "cel") -> set[str]:
@@ -388,3 +401,153 @@ def test_beat_publishes_into_traces_the_worker_continues(tmp_path: Path, redis_s
                 assert run["traceId"] == exits.pop(ref["parentTraceSegmentId"])["traceId"]
             assert not exits
             assert {s["serviceInstance"] for s in sends} == {"beat-w0"}
+
+
+@pytest.mark.parametrize("reporter_process", [True, False], ids=["process", "thread"])
+def test_embedded_beat_sends_tasks_prefork_children_run(
+    tmp_path: Path, redis_server: ServerInfo, reporter_process: bool
+) -> None:
+    """``celery worker -B``: beat runs in a child process of the worker (not a pool child);
+    its sends are exit spans, each task run an entry span in a pool child continuing the
+    send's trace; every run the worker logged as succeeded has its segment, nothing breaks."""
+    broker, queue = f"redis://127.0.0.1:{redis_server.port}/13", new_queue()
+    with collector_process(tmp_path) as col:
+        env = celery_env(tmp_path, col.grpc_address, broker, queue)
+        env["CELERY_BEAT_EVERY"] = "0.2"
+        env["SW_AGENT_REPORTER_PROCESS"] = "true" if reporter_process else "false"
+        cmd = worker_command("prefork", 2, ["-B", "-s", str(tmp_path / "schedule")])
+        with run_celery(tmp_path, env, cmd, children=2) as worker:
+            wait_until(lambda: len(succeeded(worker)) >= 8, 60, "8 scheduled runs to succeed")
+            pool_pids = set(worker.worker_pids())
+            worker.proc.send(signal.SIGTERM)
+            assert wait_exit(worker) == 0, worker.proc.tail()
+            wait_until(lambda: not worker.arena_path().exists(), 30, "the arena to be removed")
+            quiet_for(col, 0.5)
+            done = succeeded(worker)
+            log = worker.proc.log()
+        segs = segments_of(col, "cel")
+        sends = [s for s in segs if s["spans"][0].get("spanType") == "Exit"]
+        runs = [s for s in segs if s["spans"][0].get("spanType") != "Exit"]
+        assert len(sends) + len(runs) == len(segs)
+        assert len(runs) == len(done) >= 8  # every run the worker logged has its segment
+        exits = {}
+        for seg in sends:
+            (span,) = seg["spans"]  # beat has no request: the exit span is the segment
+            assert span["operationName"] == TASK_OP and span["spanLayer"] == "MQ"
+            exits[seg["traceSegmentId"]] = seg
+        beat_instances = {s["serviceInstance"] for s in sends}
+        run_instances = {s["serviceInstance"] for s in runs}
+        assert len(beat_instances) == 1 and not beat_instances & run_instances
+        assert run_instances <= child_names(3)
+        for run in runs:
+            entry = entry_span(run)
+            assert entry["operationName"] == TASK_OP and entry["componentId"] == 7011
+            (ref,) = entry["refs"]
+            send = exits.pop(ref["parentTraceSegmentId"])
+            assert run["traceId"] == send["traceId"]
+            assert ref["parentServiceInstance"] == send["serviceInstance"]
+        # What beat sent after the last run (stopped with the worker) stays in the queue.
+        assert len(exits) <= len(sends) - len(runs)
+        assert len(pool_pids) == 3  # the two pool children and beat
+        assert len(sends) == log.count("Scheduler: Sending due task")  # every send, the last ones too
+        if not reporter_process:  # beat's own reporter thread was stopped (and flushed) as it left
+            assert re.search(r"INFO/Beat\] reporter \d+ exiting \(stop\)", log), log[-3000:]
+        check_agent_quiet(log)
+
+
+# -- canvas --------------------------------------------------------------------------------------
+def test_chord_chain_and_group_are_one_trace(tmp_path: Path, redis_server: ServerInfo) -> None:
+    """A publisher sends, inside one entry span, a chord of 12 ``add`` with a ``tsum``
+    callback, a chain of two and a group of three (Redis broker and result backend) to a
+    prefork worker: every run is an entry span of the publisher's trace; header and group
+    tasks and the chain's first one hang off the publisher's exit spans, the callback off the
+    exit span inside the header run that completed the chord (it sent it), the chain's
+    second task off the first one's run. Every exit span is the parent of exactly one run."""
+    n = 12
+    broker, queue = f"redis://127.0.0.1:{redis_server.port}/14", new_queue()
+    app = "tests.e2e_apps.celery_canvas"
+    backend = {"CELERY_RESULT_BACKEND": f"redis://127.0.0.1:{redis_server.port}/15"}
+    with collector_process(tmp_path) as col:
+        env_w = celery_env(tmp_path / "cel", col.grpc_address, broker, queue, extra=backend)
+        env_p = celery_env(tmp_path / "pub", col.grpc_address, broker, queue, service="pub", extra=backend)
+        with run_celery(tmp_path, env_w, worker_command("prefork", 2, app=app), children=2) as worker:
+            results = publish_canvas(env_p, n, tmp_path)
+            assert results["chord"] == sum(2 * i for i in range(n))
+            assert results["chain"] == 13 and results["group"] == [100, 101, 102]
+            runs_expected = n + 1 + 2 + 3
+            wait_until(lambda: len(succeeded(worker)) >= runs_expected, 60, "every run to succeed")
+            wait_segments(col, runs_expected, "cel")
+            wait_segments(col, 1, "pub")
+            quiet_for(col, 0.5)
+            log = worker.proc.log()
+        trace_id = results["trace_id"]
+        (pub,) = segments_of(col, "pub")
+        assert pub["traceId"] == trace_id and entry_span(pub)["operationName"] == "/canvas"
+        runs = segments_of(col, "cel")
+        assert len(runs) == runs_expected and {s["traceId"] for s in runs} == {trace_id}
+        assert {s["serviceInstance"] for s in runs} <= child_names(2)
+
+        exits = {}  # (segment, span id) -> (segment, its entry operation, the exit span)
+        for seg in [pub, *runs]:
+            for span in exit_spans(seg):
+                if span["operationName"].startswith("celery/"):
+                    key = (seg["traceSegmentId"], int(span.get("spanId", 0)))
+                    exits[key] = (seg, entry_span(seg)["operationName"], span)
+        pub_exits = Counter(
+            op for seg, _, span in exits.values() if seg is pub for op in [span["operationName"]]
+        )
+        assert pub_exits == {"celery/canvas.add": n + 1 + 3}  # chord header, chain head, group
+
+        parents: dict[str, list[str]] = {}  # run operation -> operations of the parent's entry
+        for run in runs:
+            entry = entry_span(run)
+            assert entry["componentId"] == 7011 and entry["spanLayer"] == "MQ"
+            (ref,) = entry["refs"]
+            key = (ref["parentTraceSegmentId"], int(ref.get("parentSpanId", 0)))
+            parent_seg, parent_op, parent_exit = exits.pop(key)  # each exit is one run's parent
+            assert parent_exit["operationName"] == entry["operationName"]
+            assert ref["parentEndpoint"] == parent_op
+            assert ref["parentService"] == parent_seg["service"]
+            assert ref["parentServiceInstance"] == parent_seg["serviceInstance"]
+            assert ref["networkAddressUsedAtPeer"] == parent_exit["peer"] == f"127.0.0.1:{redis_server.port}"
+            parents.setdefault(entry["operationName"], []).append(parent_op)
+        assert not exits  # and every exit span has its run
+        assert parents["celery/canvas.tsum"] == ["celery/canvas.add"]  # sent by a header run
+        assert Counter(parents["celery/canvas.add"]) == {"/canvas": n + 1 + 3, "celery/canvas.add": 1}
+        check_agent_quiet(log)
+
+
+# -- recycling -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("reporter_process", [True, False], ids=["process", "thread"])
+def test_max_memory_per_child_replaces_children_after_each_task(
+    tmp_path: Path, redis_server: ServerInfo, reporter_process: bool
+) -> None:
+    """``--max-memory-per-child`` below any interpreter's size: billiard replaces a child after
+    every task. 60 tasks on 2 children, so 62 children in all: every task's segment arrives
+    once, from a child named after one of the 2 slots; every child claimed slot 0 or 1 and
+    released it for its replacement (no slot exhaustion, no other slot ever claimed)."""
+    n = 60
+    broker, queue = f"redis://127.0.0.1:{redis_server.port}/9", new_queue()
+    with collector_process(tmp_path) as col:
+        env = celery_env(tmp_path, col.grpc_address, broker, queue)
+        env["SW_AGENT_REPORTER_PROCESS"] = "true" if reporter_process else "false"
+        cmd = worker_command("prefork", 2, ["--max-memory-per-child", "1"])
+        with run_celery(tmp_path, env, cmd, children=2) as worker:
+            sent = publish(broker, [queue], n, tmp_path)[queue]
+            wait_until(lambda: len(succeeded(worker)) >= n, 90, f"{n} tasks to succeed")
+            # One task per child: each of the n children leaves after its task and is
+            # replaced; the 2 replacements of the last ones take the slots again.
+            wait_until(lambda: sum(slot_claims(worker).values()) >= n + 2, 30, "the last replacements")
+            worker.wait_workers_claimed()
+            claims = slot_claims(worker)
+            assert claims == {0: claims[0], 1: claims[1]} and claims[0] + claims[1] == n + 2, claims
+            wait_segments(col, n, "cel")
+            quiet_for(col, 0.5)
+            segs = segments_of(col, "cel")
+            assert Counter(s["traceId"] for s in segs) == Counter(sent.values())
+            assert {s["serviceInstance"] for s in segs} <= child_names(2)
+            assert {inst for (svc, inst) in announced(col) if svc == "cel"} == child_names(2)
+            check_announced(col, worker, "cel")
+            log = worker.proc.log()
+            assert len(set(re.findall(r"/(ForkPoolWorker-\d+)\] Task \S+ succeeded", log))) == n
+            check_agent_quiet(log)
