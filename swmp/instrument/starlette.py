@@ -1,6 +1,6 @@
 """Starlette and FastAPI: the ASGI middleware wrapped around every application's middleware
 stack, by patching ``Starlette.build_middleware_stack`` and the same method of every
-subclass that overrides it (FastAPI does, since 0.91, without calling Starlette's): the
+subclass that overrides it (FastAPI does, without calling Starlette's): the
 subclasses that exist when the agent installs, and those defined later (found through
 ``Starlette.__init_subclass__``, so a FastAPI imported after Starlette is covered at the
 moment its class is created). A stack already wrapped (an override that calls ``super()``)
