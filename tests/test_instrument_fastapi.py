@@ -340,3 +340,41 @@ def test_installed_after_fastapi_was_imported() -> None:
 
     assert asyncio.run(asgi_get(app, "/after"))[0]["status"] == 200
     assert not segments(s)
+
+
+def test_starlette_subclasses_built_stack_wrapped_once(sink: _sink.MemorySink) -> None:
+    """A subclass overriding ``build_middleware_stack`` (and calling ``super()``) is traced
+    with one middleware; class keywords still reach a mixin's ``__init_subclass__``."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from swmp.instrument.starlette import _Traced
+
+    seen: list[Any] = []
+
+    class Mixin:
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            seen.append(kwargs)
+            super().__init_subclass__()
+
+    class Custom(Starlette, Mixin, flavour="x"):  # type: ignore[call-arg]
+        def build_middleware_stack(self) -> Any:
+            return super().build_middleware_stack()
+
+    assert seen == [{"flavour": "x"}]
+    with pytest.raises(TypeError):  # what Python says without the agent too
+
+        class Bad(Starlette, flavour="y"):  # type: ignore[call-arg]
+            pass
+
+    async def hello(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("hi")
+
+    app = Custom(routes=[Route("/hi/{who}", hello)])
+    sent = asyncio.run(asgi_get(app, "/hi/you"))
+    assert sent[0]["status"] == 200
+    assert app.middleware_stack.__class__ is _Traced
+    assert app.middleware_stack.app.__class__ is not _Traced  # type: ignore[attr-defined]
+    (seg,) = segments(sink)
+    assert entry(seg)[R.SPAN_OPERATION] == "/hi/{who}"

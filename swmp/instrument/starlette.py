@@ -30,7 +30,7 @@ import sys
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._patch import patch, restore
+from swmp.instrument._patch import is_patched, patch, restore
 from swmp.instrument._route import name_request
 from swmp.instrument.asgi import ASGIMiddleware
 from swmp.tracing.constants import Component, Kind
@@ -154,7 +154,7 @@ class _Installer:
         """Patch a Starlette subclass (FastAPI, an application's own) that builds its own
         middleware stack; FastAPI's route class along with FastAPI. Never raises."""
         try:
-            if _BUILD in cls.__dict__:
+            if _BUILD in cls.__dict__ and not is_patched(cls, _BUILD):
                 patch(cls, _BUILD, self.make_build)
                 _patched_classes.append(cls)
             if self.routes and cls.__module__ == "fastapi.applications":
