@@ -29,27 +29,33 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def _wanted(headers: Any) -> tuple[Any, Any, Any, Any]:
-    """``host``, ``sw8``, ``sw8-correlation`` and ``sw8-x`` of an ASGI header list, in one pass
-    (names are lowercased bytes by the spec; other spellings are still found)."""
-    host = sw8 = corr = sw8x = None
+# The header names the entry span reads, by their index in _wanted()'s answer.
+_WANTED = {b"host": 0, b"sw8": 1, b"sw8-correlation": 2, b"sw8-x": 3}
+_WANTED_LENGTHS = frozenset(len(name) for name in _WANTED)
+_wanted_index = _WANTED.get
+
+
+def _wanted(headers: Any) -> list[Any]:
+    """``[host, sw8, sw8-correlation, sw8-x]`` of an ASGI header list, in one pass, one dict
+    lookup per header (names are lowercased bytes by the spec; other spellings are still
+    found: a name that is not all lowercase and has the length of one of ours is lowercased
+    and looked up again)."""
+    found: list[Any] = [None, None, None, None]
     try:
         for pair in headers:
             k = pair[0]
-            if k.__class__ is not bytes or not k.islower():
+            i = _wanted_index(k) if k.__class__ is bytes else None
+            if i is None:
+                if k.__class__ is bytes and (len(k) not in _WANTED_LENGTHS or k.islower()):
+                    continue
                 k = k.lower() if isinstance(k, (bytes, bytearray)) else str(k).lower().encode("latin-1")
-            if k == b"host":
-                host = pair[1]
-            elif k[:3] == b"sw8":
-                if k == b"sw8":
-                    sw8 = pair[1]
-                elif k == b"sw8-correlation":
-                    corr = pair[1]
-                elif k == b"sw8-x":
-                    sw8x = pair[1]
+                i = _wanted_index(bytes(k))
+                if i is None:
+                    continue
+            found[i] = pair[1]
     except Exception:  # not a header list: nothing to continue, the URL without a host
         pass
-    return host, sw8, corr, sw8x
+    return found
 
 
 def _entry(scope: Scope, component: int, collect_params: bool, params_limit: int) -> Any:
