@@ -378,3 +378,59 @@ def test_starlette_subclasses_built_stack_wrapped_once(sink: _sink.MemorySink) -
     assert app.middleware_stack.app.__class__ is not _Traced  # type: ignore[attr-defined]
     (seg,) = segments(sink)
     assert entry(seg)[R.SPAN_OPERATION] == "/hi/{who}"
+
+
+def test_query_string_option_reaches_fastapi() -> None:
+    """``SW_PLUGIN_FASTAPI_COLLECT_HTTP_PARAMS`` tags FastAPI's spans (its own stack builder
+    is patched with the same settings as Starlette's)."""
+    from fastapi import FastAPI
+
+    from swmp import instrument, tracing
+    from swmp.config import load
+
+    s = _sink.MemorySink()
+    _sink.set_sink(s)
+    cfg = load({}, agent_log_reporter_active=False, plugin_fastapi_collect_http_params=True)
+    tracing.configure(cfg)
+    try:
+        instrument.install_all(cfg)
+        app = FastAPI()
+
+        @app.get("/q")
+        async def q(a: int = 0) -> int:
+            return a
+
+        async def run() -> list[dict[str, Any]]:
+            scope_qs = b"a=5&b=x"
+            sent: list[dict[str, Any]] = []
+
+            async def receive() -> dict[str, Any]:
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            scope = {
+                "type": "http",
+                "asgi": {"version": "3.0"},
+                "method": "GET",
+                "path": "/q",
+                "raw_path": b"/q",
+                "headers": [(b"host", b"example:80")],
+                "query_string": scope_qs,
+                "scheme": "http",
+                "server": ("127.0.0.1", 80),
+                "client": ("127.0.0.1", 5000),
+                "root_path": "",
+                "http_version": "1.1",
+            }
+            await app(scope, receive, send)
+            return sent
+
+        sent = asyncio.run(run())
+        assert sent[0]["status"] == 200 and sent[1]["body"] == b"5"
+        (seg,) = segments(s)
+        assert tags_of(entry(seg))["http.params"] == "a=5&b=x"
+    finally:
+        instrument.uninstall_all()
+        _sink.set_sink(None)
