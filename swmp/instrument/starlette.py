@@ -3,8 +3,8 @@ stack, by patching ``Starlette.build_middleware_stack`` and the same method of e
 subclass that overrides it (FastAPI does, without calling Starlette's): the
 subclasses that exist when the agent installs, and those defined later (found through
 ``Starlette.__init_subclass__``, so a FastAPI imported after Starlette is covered at the
-moment its class is created). A stack already wrapped (an override that calls ``super()``)
-is not wrapped twice. Component FastAPI (7014); SkyWalking has no separate id for
+moment its class is created). A stack already wrapped (an override that returns what
+``super()`` built) is not wrapped twice. Component FastAPI (7014); SkyWalking has no separate id for
 Starlette.
 
 The span is renamed to the matched route's path template when the route handles the
