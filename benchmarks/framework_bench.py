@@ -261,6 +261,18 @@ def starlette_app() -> Any:
     return Starlette(routes=[Route("/users/{uid:int}", user)])
 
 
+def fastapi_app() -> Any:
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/users/{uid}")
+    async def user(uid: int) -> dict[str, int]:  # a typed parameter, validated; JSON answer
+        return {"uid": uid}
+
+    return app
+
+
 class _FalconUser:
     def on_get(self, req: Any, resp: Any, uid: int) -> None:
         resp.text = str(uid)
@@ -347,6 +359,7 @@ CASES: list[Case] = [
     wsgi_case("django-wsgi", django_wsgi_app, "Gunicorn sync/gthread"),
     asgi_case("django-asgi", django_asgi_app, "Gunicorn + Uvicorn worker", "/ausers/42"),
     asgi_case("starlette", starlette_app, "Gunicorn + Uvicorn worker"),
+    asgi_case("fastapi", fastapi_app, "Uvicorn / Gunicorn + Uvicorn worker"),
     wsgi_case("falcon-wsgi", falcon_wsgi_app, "Gunicorn sync/gthread"),
     asgi_case("falcon-asgi", falcon_asgi_app, "Gunicorn + Uvicorn worker"),
     wsgi_case("pyramid", pyramid_app, "Gunicorn sync/gthread"),
