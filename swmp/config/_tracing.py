@@ -65,7 +65,7 @@ class TraceSettings:
     agent_cause_exception_depth: int = opt(
         10,
         "SW_AGENT_CAUSE_EXCEPTION_DEPTH",
-        "Stack frames kept when an error is recorded on a span or log.",
+        "Stack frames kept (the innermost: where it was raised) when an error is recorded on a span or log.",
         TRACE,
         check=at_least(0),
     )

@@ -13,12 +13,11 @@ already reported as a stdlib record and is not reported twice.
 
 from __future__ import annotations
 
-import traceback
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._patch import patch, restore
 from swmp.instrument.log_reporter import level_number, reporting, write_log
-from swmp.tracing.limits import limits
+from swmp.tracing.limits import format_stack
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -41,11 +40,7 @@ def _make_sink(safe_mode: bool) -> Any:
             tags = ["level", record["level"].name, "logger", "loguru", "thread", record["thread"].name]
             exc = record["exception"]
             if exc is not None and exc.type is not None:
-                stack = "".join(
-                    traceback.format_exception(
-                        exc.type, exc.value, exc.traceback, limit=limits.exception_depth
-                    )
-                )
+                stack = format_stack(exc.type, exc.value, exc.traceback)
                 tags += ["exception", stack]
             ts = int(record["time"].timestamp() * 1000)
             body = str(record["message"])

@@ -8,6 +8,9 @@ not accounting.
 
 from __future__ import annotations
 
+import traceback
+from types import TracebackType
+
 
 class Limits:
     __slots__ = (
@@ -61,3 +64,14 @@ class Stats:
 
 limits = Limits()
 stats = Stats()
+
+
+def format_stack(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> str:
+    """The exception as text with the innermost ``exception_depth`` frames of its stack.
+
+    Innermost, not outermost (``traceback``'s positive ``limit``): the outer frames of a
+    request are the server's and the framework's, the same every time (under FastAPI the
+    handler is some twenty frames deep), while the inner ones say where it was raised.
+    """
+    depth = limits.exception_depth
+    return "".join(traceback.format_exception(kind, exc, tb, limit=-depth if depth > 0 else 0))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,7 @@ from swmp.profiling.gate import gate as _gate
 from swmp.propagation import b64, encode_correlation
 from swmp.tracing.constants import Kind
 from swmp.tracing.identity import identity
-from swmp.tracing.limits import limits, stats
+from swmp.tracing.limits import format_stack, limits, stats
 
 if TYPE_CHECKING:
     from swmp.tracing.segment import Segment
@@ -245,11 +244,7 @@ class Span(_CoreType):
                 return self
             self._logged_exc = id(exc)
             try:
-                stack = "".join(
-                    traceback.format_exception(
-                        type(exc), exc, exc.__traceback__, limit=limits.exception_depth
-                    )
-                )
+                stack = format_stack(type(exc), exc, exc.__traceback__)
             except Exception:
                 stack = ""
             self.log(
