@@ -48,45 +48,48 @@ _TOUCHED = ("handle_request", "handle_exception")  # recompiled by Sanic's touch
 
 
 def _makers(templates: bool, collect_params: bool, params_limit: int) -> dict[str, Any]:
-    def op_of(app: Any, request: Any) -> tuple[str, bool]:
-        """The operation name, and whether it is a route template."""
-        path: str = request.path
+    def start(app: Any, request: Any) -> Any:
+        """The request's entry span (None: not traced), named and tagged."""
+        path: str = request.path  # a property that decodes the URL: read once
+        method: str = request.method
+        headers = request.headers
+        host = headers.getone("host", None)
+        op = path
+        routed = False
         if templates:
             try:
-                route = app.router.get(path, request.method, request.headers.getone("host", None))[0]
-                return f"/{route.path}", True
+                op = f"/{app.router.get(path, method, host)[0].path}"
+                routed = True
             except Exception:
                 pass  # no route (404/405): Sanic answers it, the span keeps the path
-        return path, False
-
-    def decorate(span: Span, request: Any) -> None:
-        # Not request.url: it resolves proxy headers and the server name every time;
-        # the Host header is what aiohttp and Tornado report too.
-        info = request.conn_info
-        scheme = "https" if info is not None and info.ssl else "http"
-        span.tag(TAG_HTTP_URL, f"{scheme}://{request.headers.get('host', '')}{request.path}")
-        ip = request.ip
-        if ip:
-            port = request.port
-            span.peer = f"{ip}:{port}" if port else ip
-        if collect_params:
-            qs = request.query_string
-            if qs:
-                span.tag(TAG_HTTP_PARAMS, qs[:params_limit] if params_limit >= 0 else qs)
+        span = http_entry_span(op, headers, method, _SANIC)
+        if span is None:
+            if routed:
+                name_request(op)  # e.g. the entry span of an ASGI server around Sanic
+            return None
+        if span.__class__ is Span:
+            try:
+                # Not request.url: it resolves proxy headers and the server name every
+                # time; the Host header is what aiohttp and Tornado report too.
+                info = request.conn_info
+                scheme = "https" if info is not None and info.ssl else "http"
+                span.tag(TAG_HTTP_URL, f"{scheme}://{host or ''}{path}")
+                ip = request.ip
+                if ip:
+                    port = request.port
+                    span.peer = f"{ip}:{port}" if port else ip
+                if collect_params:
+                    qs = request.query_string
+                    if qs:
+                        span.tag(TAG_HTTP_PARAMS, qs[:params_limit] if params_limit >= 0 else qs)
+            except Exception:
+                pass
+        return span
 
     def make_handle_request(orig: Any) -> Any:
         async def handle_request(self: Any, request: Any) -> Any:
             try:
-                op, routed = op_of(self, request)
-                span = http_entry_span(op, request.headers, request.method, _SANIC)
-                if span is None:
-                    if routed:
-                        name_request(op)  # e.g. the entry span of an ASGI server around Sanic
-                elif span.__class__ is Span:
-                    try:
-                        decorate(span, request)
-                    except Exception:
-                        pass
+                span = start(self, request)
             except Exception:
                 span = None
             if span is None:
