@@ -164,3 +164,65 @@ def test_uninstalled_is_untraced(sink: _sink.MemorySink) -> None:
     assert serve(make_app(), [("/users/3", {}), ("/boom", {})])[0] == (200, b"3")
     assert not is_patched(sanic.Sanic, "handle_request")  # _startup did not wrap again
     assert segments(sink) == []
+
+
+async def _asgi_get(app: Any, path: str) -> int:
+    body = [{"type": "http.request", "body": b"", "more_body": False}]
+    out: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if body:
+            return body.pop()
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def send(m: dict[str, Any]) -> None:
+        out.append(m)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"h:1"), (b"sw8", SW8.encode())],
+        "client": ("10.0.0.1", 5000),
+        "server": ("h", 1),
+    }
+    await app(scope, receive, send)
+    return int(out[0]["status"])
+
+
+def test_asgi_mode(sink: _sink.MemorySink) -> None:
+    """Sanic as an ASGI application: ``ASGIApp`` calls the same ``handle_request``."""
+    app = make_app()
+
+    async def main() -> list[int]:
+        life_in: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        await life_in.put({"type": "lifespan.startup"})
+        life_out: list[dict[str, Any]] = []
+
+        async def life_send(m: dict[str, Any]) -> None:
+            life_out.append(m)
+
+        lifespan = {"type": "lifespan", "asgi": {"version": "3.0"}}
+        life = asyncio.ensure_future(app(lifespan, life_in.get, life_send))
+        while not life_out:  # started (touch-up included)
+            await asyncio.sleep(0.01)
+        statuses = [await _asgi_get(app, "/users/4"), await _asgi_get(app, "/boom")]
+        await life_in.put({"type": "lifespan.shutdown"})
+        await life
+        return statuses
+
+    assert asyncio.run(main()) == [200, 500]
+    ok, boom = (seg[R.SEG_SPANS][0] for seg in segments(sink))
+    assert ok[R.SPAN_OPERATION] == "/users/<uid:int>" and ok[R.SPAN_COMPONENT] == Component.SANIC
+    assert ok[R.SPAN_REFS][0][1:4] == ["trace-up", "seg-up", 4]
+    assert tags_of(ok) == {"http.method": "GET", "http.url": "http://h:1/users/4", "http.status_code": "200"}
+    assert ok[R.SPAN_PEER] == "10.0.0.1:5000"
+    assert boom[R.SPAN_IS_ERROR] and tags_of(boom)["http.status_code"] == "500"
+    assert "boom-sanic" in orjson.dumps(boom[R.SPAN_LOGS]).decode()
