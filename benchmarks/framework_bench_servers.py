@@ -1,13 +1,16 @@
 """Cases of ``benchmarks/framework_bench.py`` for the frameworks that are their own servers
 (aiohttp, Tornado, Sanic) and for gRPC: measured with the same function and table.
 
-These frameworks have no WSGI/ASGI callable to call in memory, so each case runs the real
-server on 127.0.0.1 in the benchmark's own event loop (gRPC sync: its thread pool) and
-sends ``GET /users/42`` (gRPC: a unary call) over one kept-alive connection from a client
-that is not instrumented (raw asyncio streams; for gRPC a channel made with the library's
-own, unpatched, channel function). ``traced - bare`` is then the server-side entry span
-(plus the route naming and error hooks), as for the other cases; the socket round trip is
-in both modes and makes ``bare`` larger than for the in-memory cases.
+These frameworks have no WSGI/ASGI callable to call in memory. aiohttp and Sanic: their
+own server protocol object (the real request path: parser, handler task, router,
+middleware, response writer) is fed ``GET /users/42`` from memory, one request after the
+other on one kept-alive connection, without sockets. Tornado and gRPC: the real server
+runs on 127.0.0.1 in the benchmark's own event loop (gRPC sync: its thread pool) and gets
+the request over one kept-alive connection from a client that is not instrumented (raw
+asyncio streams; for gRPC a channel made with the library's own, unpatched, channel
+function); the socket round trip is in both modes and makes ``bare`` larger. ``traced -
+bare`` is the server-side entry span (plus the route naming and error hooks), as for the
+other cases.
 """
 
 from __future__ import annotations
@@ -98,6 +101,40 @@ class _MemoryTransport(asyncio.Transport):
         return 0
 
 
+class _SanicTransport(_MemoryTransport):
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+
+def _memory_serve(
+    loop: asyncio.AbstractEventLoop, start: Callable[[], Awaitable[tuple[Any, _MemoryTransport]]]
+) -> Serve:
+    """``start()`` makes a server protocol connected to a memory transport, in ``loop``;
+    ``serve(n)`` feeds it n requests, one after the other, in that loop."""
+    protocol, transport = loop.run_until_complete(start())
+
+    async def many(n: int) -> None:
+        for _ in range(n):
+            transport.out.clear()
+            transport.waiter = loop.create_future()
+            protocol.data_received(_REQUEST)
+            await transport.waiter
+
+    def serve(n: int) -> None:
+        loop.run_until_complete(many(n))
+
+    def close() -> None:
+        # A server's handler task may wait for the next request (aiohttp): end the
+        # connection and let it finish, or the loop is discarded with it pending ("Task was
+        # destroyed but it is pending" at exit).
+        protocol.connection_lost(None)
+        loop.run_until_complete(asyncio.sleep(0.01))
+        loop.close()
+
+    weakref.finalize(serve, close)
+    return serve
+
+
 def build_aiohttp() -> Serve:
     """aiohttp's own server protocol (``RequestHandler``) fed from memory: the real request
     path (parser, handler task, middlewares, router, response writer), no sockets."""
@@ -118,27 +155,7 @@ def build_aiohttp() -> Serve:
         protocol.connection_made(transport)
         return protocol, transport
 
-    protocol, transport = loop.run_until_complete(start())
-
-    async def many(n: int) -> None:
-        for _ in range(n):
-            transport.out.clear()
-            transport.waiter = loop.create_future()
-            protocol.data_received(_REQUEST)
-            await transport.waiter
-
-    def serve(n: int) -> None:
-        loop.run_until_complete(many(n))
-
-    def close() -> None:
-        # The connection's handler task waits for the next request: end the connection and
-        # let the task finish, or the loop is discarded with it pending ("Task was destroyed").
-        protocol.connection_lost(None)
-        loop.run_until_complete(asyncio.sleep(0.01))
-        loop.close()
-
-    weakref.finalize(serve, close)
-    return serve
+    return _memory_serve(loop, start)
 
 
 def build_tornado() -> Serve:
@@ -166,14 +183,17 @@ _sanic_apps = 0
 
 
 def build_sanic(hooks: bool = False) -> Serve:
-    """``hooks``: the app also gets a no-op request middleware and a no-op response signal
-    handler, what any instrumentation of Sanic must add (the ``generic`` comparison)."""
+    """Sanic's ``HttpProtocol`` fed from memory (the app is started by ``create_server``
+    first, as under its server). ``hooks``: the app also gets a no-op request middleware
+    and a no-op response signal handler, what an instrumentation through Sanic's own hooks
+    adds (swmp's did until it wrapped ``handle_request``; the ``generic`` comparison)."""
     import socket
 
     from sanic import Sanic, response
 
     global _sanic_apps
     _sanic_apps += 1
+    loop = asyncio.new_event_loop()
     app = Sanic(f"bench{_sanic_apps}", configure_logging=False)
     app.config.ACCESS_LOG = False
     app.config.TOUCHUP = False  # Sanic cannot touch up a second app in one process
@@ -190,15 +210,23 @@ def build_sanic(hooks: bool = False) -> Serve:
         app.register_middleware(nothing, "request")
         app.signal("http.lifecycle.response")(nothing)
 
-    async def start() -> int:
+    async def start() -> tuple[Any, _MemoryTransport]:
+        from sanic.models.server_types import Signal
+        from sanic.server.protocols.http_protocol import HttpProtocol
+
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         server = await app.create_server(sock=sock, return_asyncio_server=True)
         assert server is not None
-        await server.startup()
-        return int(sock.getsockname()[1])
+        await server.startup()  # the app started as under its server (router, signals)
+        protocol = HttpProtocol(
+            loop=loop, app=app, signal=Signal(), connections=set(), state={"requests_count": 0}
+        )
+        transport = _SanicTransport()
+        protocol.connection_made(transport)
+        return protocol, transport
 
-    return _loop_serve(start)
+    return _memory_serve(loop, start)
 
 
 def _raw_channel(target: str, aio: bool = False) -> Any:

@@ -90,7 +90,7 @@ def server_position() -> tuple[int, bool]:
             return os.getpid(), worker_id > 0 and master <= 0
         except Exception:
             pass
-    master = _gunicorn_master_of_this_worker()
+    master = _gunicorn_master_of_this_worker() or _sanic_main_of_this_worker()
     if master:
         return master, True
     return os.getpid(), False
@@ -115,6 +115,25 @@ def _gunicorn_master_of_this_worker() -> int:
             return os.getppid()
         frame = frame.f_back
     return 0
+
+
+def _sanic_main_of_this_worker() -> int:
+    """The Sanic main process's pid when this process is one of its server workers (0
+    otherwise).
+
+    Sanic's worker manager (``sanic app:app --workers N``) starts each worker with
+    multiprocessing's *spawn*: a new interpreter, which runs ``swmp run``'s loader and so
+    starts an agent of its own. The manager sets ``SANIC_WORKER_NAME`` (``Sanic-Server-0-0``)
+    in the environment the worker is started with, and is its parent: the worker then
+    joins the main process's arena and reporter and takes a slot of it (``-w0``,
+    ``-w1``, ...), as a Gunicorn worker does, instead of being slot 0 of an arena of its
+    own. Sanic's other processes (reloader, inspector) are no ``Server``.
+    """
+    name = os.environ.get("SANIC_WORKER_NAME", "")
+    if "Server" not in name:
+        return 0
+    parent = os.getppid()
+    return parent if parent > 1 else 0
 
 
 def _instance_base(config: Config, owner_pid: int) -> str:

@@ -229,3 +229,16 @@ def test_server_position_under_gunicorn(monkeypatch: pytest.MonkeyPatch) -> None
     namespace: dict[str, Any] = {}
     exec(compile(source, os.path.join("site-packages", "gunicorn", "arbiter.py"), "exec"), namespace)
     assert namespace["Arbiter"]().spawn_worker(agent.server_position) == (4242, True)
+
+
+def test_server_position_of_a_sanic_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "uwsgi", raising=False)
+    monkeypatch.delitem(sys.modules, "gunicorn.arbiter", raising=False)
+    monkeypatch.delenv("SANIC_WORKER_NAME", raising=False)
+    assert agent.server_position() == (os.getpid(), False)
+    # Sanic's worker manager spawns its server workers with their name in the environment:
+    # the manager (the parent) owns the application, as a Gunicorn arbiter does.
+    monkeypatch.setenv("SANIC_WORKER_NAME", "Sanic-Server-1-0")
+    assert agent.server_position() == (os.getppid(), True)
+    monkeypatch.setenv("SANIC_WORKER_NAME", "Sanic-Reloader-0")  # serves no requests
+    assert agent.server_position() == (os.getpid(), False)

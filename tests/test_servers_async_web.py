@@ -180,6 +180,20 @@ def test_aiohttp_under_gunicorn_worker(workdir: Path, col: CollectorProcess) -> 
             assert tags(span)["http.status_code"] == "200"
 
 
+def test_sanic_workers_are_distinct_instances(servers: dict[str, int], col: CollectorProcess) -> None:
+    """``--workers 2``: Sanic spawns its workers (new interpreters, each starting an agent);
+    they join the main process's arena as Gunicorn workers do, one slot and instance each."""
+    seen: set[str] = set()
+    for _ in range(60):  # the kernel spreads the connections over the two workers
+        trace = new_trace()
+        assert request(servers["sanic"], "/users/5", trace).status == 200
+        span = the_span(segments_of_trace(col, trace), operationName=TEMPLATES["sanic"])
+        seen.add(span["_segment"]["serviceInstance"])
+        if len(seen) == 2:
+            break
+    assert seen == {"sanic-w0", "sanic-w1"}
+
+
 @pytest.mark.parametrize("framework", list(COMPONENTS))
 def test_unmatched_path_keeps_the_path(
     servers: dict[str, int], col: CollectorProcess, framework: str
