@@ -62,9 +62,10 @@ class _Body:
             self._span.finish()
 
 
-# ``"200"`` -> ``("200", 200)`` for every status code: the tag text and the code of a
-# status line, found with one dict lookup instead of int() per response.
-_STATUS = {str(code): (str(code), code) for code in range(100, 600)}
+# ``"200"`` -> ``(("http.status_code", "200"), 200)`` for every status code: the status tag
+# (key and text, ready to extend the tag list) and the code of a status line, found with
+# one dict lookup instead of int() and a new tuple per response.
+_STATUS = {str(code): ((TAG_HTTP_STATUS, str(code)), code) for code in range(100, 600)}
 
 
 def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper)
@@ -79,7 +80,10 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     # with the CPU caches cold behind a real framework, docs/performance.md).
     get = environ.get
     method = get("REQUEST_METHOD") or "GET"
-    if _ctx.policy.rules.ignore_method(method):
+    rules = _ctx.policy.rules
+    # No call at all when no method is ignored (IgnoreRules keeps them in ``_methods``; any
+    # other rules object is asked).
+    if getattr(rules, "_methods", True) and rules.ignore_method(method):
         return app(environ, start_response)
     path = get("PATH_INFO") or "/"
     sw8 = get("HTTP_SW8")
@@ -126,7 +130,7 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
             hit = _STATUS.get(status[:3])
             tags = span.tags
             if hit is not None and tags.__class__ is list and limits.tag_value_max >= 3:
-                tags += (TAG_HTTP_STATUS, hit[0])  # record_status(), inlined
+                tags += hit[0]  # record_status(), inlined
                 if hit[1] >= 400:
                     span.error()
             else:
