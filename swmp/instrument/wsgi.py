@@ -152,7 +152,7 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     if _get_current() is span:
         _set_current(prev)
     cls = result.__class__
-    if cls is list or cls is tuple:
+    if cls is list or cls is tuple or isinstance(result, (list, tuple)):  # exact types first
         span.finish()
         return result
     return _Body(result, span)
