@@ -98,6 +98,48 @@ def test_wsgi_middleware_with_streamed_body_and_nesting(sink: _sink.MemorySink) 
     assert tags_of(seg[R.SEG_SPANS][0])["http.method"] == "POST"
 
 
+def test_wsgi_status_lines(sink: _sink.MemorySink) -> None:
+    """The status tag and error flag from the status line: text and bytes, 2xx and 4xx; a line
+    that is not a status is passed on untouched and leaves no tag."""
+    statuses: list[Any] = ["201 Created", b"404 Not Found", "abc", None]
+    seen: list[Any] = []
+    for status in statuses:
+
+        def app(environ: dict[str, Any], start_response: Any, status: Any = status) -> Iterator[bytes]:
+            start_response(status, [])
+            yield b"x"
+
+        environ: dict[str, Any] = {"PATH_INFO": "/s"}
+        setup_testing_defaults(environ)
+        body = WSGIMiddleware(app)(environ, lambda s, h, exc=None: seen.append(s))
+        assert b"".join(body) == b"x"
+        body.close()  # type: ignore[attr-defined]
+    assert seen == statuses
+    spans = [seg[R.SEG_SPANS][0] for seg in segments(sink)]
+    assert [tags_of(s).get("http.status_code") for s in spans] == ["201", "404", None, None]
+    assert [s[R.SPAN_IS_ERROR] for s in spans] == [False, True, False, False]
+
+
+def test_flask_inside_the_wsgi_middleware_names_the_outer_span(sink: _sink.MemorySink) -> None:
+    import flask
+
+    app = flask.Flask("nested")
+
+    @app.route("/users/<int:uid>")
+    def user(uid: int) -> str:
+        return str(uid)
+
+    environ: dict[str, Any] = {"PATH_INFO": "/users/3"}
+    setup_testing_defaults(environ)
+    body = WSGIMiddleware(app.wsgi_app)(environ, lambda s, h, exc=None: None)
+    assert b"".join(body) == b"3"
+    body.close()  # type: ignore[attr-defined]
+    (seg,) = segments(sink)
+    (span,) = seg[R.SEG_SPANS]  # Flask's own entry span is not opened inside the middleware's
+    assert span[R.SPAN_OPERATION] == "/users/<int:uid>" and span[R.SPAN_COMPONENT] == Component.PYTHON
+    assert tags_of(span)["http.status_code"] == "200"
+
+
 def test_ignored_method_is_not_traced(sink: _sink.MemorySink) -> None:
     tracing.configure(load({}, plugin_http_ignore_method="OPTIONS"))
 

@@ -11,12 +11,20 @@ after that, in the server's own context.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from types import MethodType as _bind
 from typing import Any
 
 from swmp.instrument._http import record_status
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_PARAMS, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.constants import (
+    TAG_HTTP_METHOD,
+    TAG_HTTP_PARAMS,
+    TAG_HTTP_STATUS,
+    TAG_HTTP_URL,
+    Component,
+    Layer,
+)
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NO_TAGS, NOOP, Span, current_span
 
@@ -54,9 +62,10 @@ class _Body:
             self._span.finish()
 
 
-def _url(environ: dict[str, Any], path: str) -> str:
-    host = environ.get("HTTP_HOST") or f"{environ.get('SERVER_NAME', '')}:{environ.get('SERVER_PORT', '')}"
-    return f"{environ.get('wsgi.url_scheme', 'http')}://{host}{environ.get('SCRIPT_NAME', '')}{path}"
+# ``"200"`` -> ``(("http.status_code", "200"), 200)`` for every status code: the status tag
+# (key and text, ready to extend the tag list) and the code of a status line, found with
+# one dict lookup instead of int() and a new tuple per response.
+_STATUS = {str(code): ((TAG_HTTP_STATUS, str(code)), code) for code in range(100, 600)}
 
 
 def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper)
@@ -67,17 +76,22 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     collect_params: bool = False,
     params_limit: int = 1024,
 ) -> Iterable[bytes]:
-    method = environ.get("REQUEST_METHOD") or "GET"
-    pol = _ctx.policy
-    if pol.rules.ignore_method(method):
+    # Per-request path: helpers are inlined here (each Python call it saves is paid again
+    # with the CPU caches cold behind a real framework, docs/performance.md).
+    get = environ.get
+    method = get("REQUEST_METHOD") or "GET"
+    rules = _ctx.policy.rules
+    # No call at all when no method is ignored (IgnoreRules keeps them in ``_methods``; any
+    # other rules object is asked).
+    if getattr(rules, "_methods", True) and rules.ignore_method(method):
         return app(environ, start_response)
-    path = environ.get("PATH_INFO") or "/"
-    sw8 = environ.get("HTTP_SW8")
+    path = get("PATH_INFO") or "/"
+    sw8 = get("HTTP_SW8")
     carrier = (
         from_headers(
             sw8,
-            environ.get("HTTP_SW8_CORRELATION"),
-            environ.get("HTTP_SW8_X"),
+            get("HTTP_SW8_CORRELATION"),
+            get("HTTP_SW8_X"),
             limits.correlation_max_elements,
             limits.correlation_max_value_length,
         )
@@ -93,18 +107,19 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     prev = _get_current()
     span.__enter__()
     try:
-        url = _url(environ, path)
+        host = get("HTTP_HOST") or f"{get('SERVER_NAME', '')}:{get('SERVER_PORT', '')}"
+        url = f"{get('wsgi.url_scheme', 'http')}://{host}{get('SCRIPT_NAME', '')}{path}"
         if span.tags is NO_TAGS and len(url) <= limits.tag_value_max and method.__class__ is str:
             span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]  # the two tags, in one list
         else:
             span.tag(TAG_HTTP_METHOD, method)
             span.tag(TAG_HTTP_URL, url)
-        remote = environ.get("REMOTE_ADDR")
+        remote = get("REMOTE_ADDR")
         if remote:
-            port = environ.get("REMOTE_PORT")
+            port = get("REMOTE_PORT")
             span.peer = f"{remote}:{port}" if port else remote
         if collect_params:
-            qs = environ.get("QUERY_STRING")
+            qs = get("QUERY_STRING")
             if qs:
                 span.tag(TAG_HTTP_PARAMS, qs[:params_limit] if params_limit >= 0 else qs)
     except Exception:
@@ -112,7 +127,14 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
 
     def _start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
         try:
-            record_status(span, int(status[:3]))
+            hit = _STATUS.get(status[:3])
+            tags = span.tags
+            if hit is not None and tags.__class__ is list and limits.tag_value_max >= 3:
+                tags += hit[0]  # record_status(), inlined
+                if hit[1] >= 400:
+                    span.error()
+            else:
+                record_status(span, int(status[:3]))
         except (ValueError, TypeError):
             pass
         if exc_info is None:
@@ -129,7 +151,8 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     # give the context back now.
     if _get_current() is span:
         _set_current(prev)
-    if isinstance(result, (list, tuple)):
+    cls = result.__class__
+    if cls is list or cls is tuple or isinstance(result, (list, tuple)):  # exact types first
         span.finish()
         return result
     return _Body(result, span)
@@ -163,10 +186,10 @@ def traced_wsgi_method(component: int, collect_params: bool, params_limit: int) 
 
     def make(orig: Any) -> Any:
         def method(self: Any, environ: dict[str, Any], start_response: Any) -> Any:
-            def call(e: dict[str, Any], s: Any) -> Any:
-                return orig(self, e, s)
-
-            return trace_wsgi(call, environ, start_response, component, collect_params, params_limit)
+            # The original bound to the instance: no closure, no extra frame per request.
+            return trace_wsgi(
+                _bind(orig, self), environ, start_response, component, collect_params, params_limit
+            )
 
         return method
 
