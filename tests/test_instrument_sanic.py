@@ -20,6 +20,7 @@ from swmp import _sink, instrument, propagation, tracing
 from swmp.config import load
 from swmp.instrument._patch import is_patched
 from swmp.tracing import Component, Kind
+from tests.test_instrument_frameworks import segments, tags_of
 
 sanic = pytest.importorskip("sanic")
 
@@ -42,15 +43,6 @@ def sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[_sink.MemorySink]:
     yield s
     instrument.uninstall_all()
     _sink.set_sink(None)
-
-
-def segments(sink: _sink.MemorySink) -> list[list[Any]]:
-    return [orjson.loads(p) for t, p in sink.records if t == R.SEGMENT]
-
-
-def tags_of(span: list[Any]) -> dict[str, str]:
-    t = span[R.SPAN_TAGS]
-    return dict(zip(t[::2], t[1::2], strict=True))
 
 
 def make_app() -> Any:
