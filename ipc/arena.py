@@ -152,12 +152,6 @@ class Arena:
         self._closed = False
         self._detached = False  # closed, and the registry entry released
 
-    @property
-    def _fd(self) -> int:
-        """The arena's descriptor in this process (-1 once closed; see ``_files``: checked
-        and opened again in a forked child that closed the one it inherited)."""
-        return -1 if self._detached else self._shared.descriptor()
-
     # -- creation and attachment -----------------------------------------------------------
     @classmethod
     def create(
@@ -289,7 +283,7 @@ class Arena:
         with shared.lock:
             held = shared.held().slots
             for slot in order:
-                if slot in held or not _locks.try_lock(self._fd, L.slot_lock_offset(slot)):
+                if slot in held or not _locks.try_lock(_descriptor(self), L.slot_lock_offset(slot)):
                     continue
                 held.add(slot)
                 c = self.views.control(slot)
@@ -318,11 +312,11 @@ class Arena:
             writer._disable("released its slot")
             with shared.lock:
                 shared.held().slots.discard(s)
-                _locks.unlock(self._fd, L.slot_lock_offset(s))
+                _locks.unlock(_descriptor(self), L.slot_lock_offset(s))
 
     def slot_owner(self, slot: int) -> int | None:
         """Pid of the live process holding ``slot`` (None if free or held by this process)."""
-        return _locks.holder(self._fd, L.slot_lock_offset(slot))
+        return _locks.holder(_descriptor(self), L.slot_lock_offset(slot))
 
     def live_slots(self) -> dict[int, int]:
         """``{slot: pid}`` for every slot held by a live process other than this one."""
@@ -361,14 +355,14 @@ class Arena:
         """
         shared = self._shared
         with shared.lock:  # POSIX locks are per process: threads serialize here first
-            if not _locks.lock_wait(self._fd, L.LOCK_COUNTERS):
+            if not _locks.lock_wait(_descriptor(self), L.LOCK_COUNTERS):
                 return
             try:
                 for word, n in increments.items():
                     if word in _COUNTER_WORDS and n > 0:
                         self._header[word] = int(self._header[word]) + n
             finally:
-                _locks.unlock(self._fd, L.LOCK_COUNTERS)
+                _locks.unlock(_descriptor(self), L.LOCK_COUNTERS)
 
     def lost_counts(self) -> LostCounts:
         """What no ring took: see :class:`LostCounts`."""
@@ -389,7 +383,7 @@ class Arena:
         with shared.lock:
             if shared.held().reporter:
                 return False  # another Arena object of this process has the role
-            if not _locks.try_lock(self._fd, L.LOCK_REPORTER):
+            if not _locks.try_lock(_descriptor(self), L.LOCK_REPORTER):
                 return False
             shared.reporter = True
         self._reporter = True
@@ -402,12 +396,12 @@ class Arena:
             self.status.end_reporter()
             with self._shared.lock:
                 self._shared.held().reporter = False
-                _locks.unlock(self._fd, L.LOCK_REPORTER)
+                _locks.unlock(_descriptor(self), L.LOCK_REPORTER)
             self._reporter = False
 
     def reporter_pid(self) -> int | None:
         """Pid of the live reporter, or None. (This process's own role is not reported.)"""
-        return _locks.holder(self._fd, L.LOCK_REPORTER)
+        return _locks.holder(_descriptor(self), L.LOCK_REPORTER)
 
     @property
     def is_reporter(self) -> bool:
@@ -497,3 +491,10 @@ def arena_unlink(path: str) -> None:
     _unlink_quietly(fifo_path(path))
     for sidecar in glob.glob(glob.escape(path) + ".*"):
         _unlink_quietly(sidecar)
+
+
+def _descriptor(arena: Arena) -> int:
+    """``arena``'s descriptor in this process (-1 once closed; see ``_files``: checked and
+    opened again in a forked child that closed the one it inherited). A function, not a
+    method: the class is at its size limit (tests/test_structure.py)."""
+    return -1 if arena._detached else arena._shared.descriptor()

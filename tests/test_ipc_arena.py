@@ -144,7 +144,7 @@ def test_exactly_one_of_many_racing_processes_creates(path: str, pipes: Callable
     def racer() -> None:
         os.read(go.r, 1)
         a = Arena.create_or_open(path, slots=4, ring_capacity=4096)
-        st = os.fstat(a._fd)
+        st = os.fstat(a._shared.descriptor())
         answers.send(json.dumps([a.created, st.st_ino, a.slots]).encode() + b"\n")
         a.close()
 
@@ -243,8 +243,15 @@ def test_a_child_that_closed_the_inherited_descriptor_claims_through_the_arena_a
             fds = sorted((arena._shared.fd, arena._doorbell._fd))
             for fd in fds:
                 os.close(fd)
-            others = [os.open(str(tmp_path / f"other{i}"), os.O_RDWR | os.O_CREAT, 0o600) for i in (0, 1)]
-            assert others == fds  # the lowest free numbers: the arena's and the doorbell's
+            # Other files take exactly those numbers (dup2: a lower number left free by
+            # earlier tests must not decide which number the new file gets).
+            others = []
+            for i, fd in enumerate(fds):
+                new = os.open(str(tmp_path / f"other{i}"), os.O_RDWR | os.O_CREAT, 0o600)
+                if new != fd:
+                    os.dup2(new, fd)
+                    os.close(new)
+                others.append(fd)
             writer = arena.claim_slot()
             assert writer is not None and writer.write(1, b"y")
             slots = arena.live_slots()

@@ -248,6 +248,9 @@ def test_sigkill_of_a_child_and_warm_shutdown_under_load(tmp_path: Path, redis_s
             assert {s["serviceInstance"] for s in segments_of(col, "cel")} <= child_names(4)
 
 
+BACKLOG = 3000
+
+
 def test_cold_shutdown_delivers_what_children_committed(tmp_path: Path, redis_server: ServerInfo) -> None:
     """SIGQUIT while 4 children work through a backlog: they are terminated at once, and every
     task the worker logged as succeeded has its segment; nothing of the agent is left."""
@@ -255,13 +258,15 @@ def test_cold_shutdown_delivers_what_children_committed(tmp_path: Path, redis_se
     with collector_process(tmp_path) as col:
         env = celery_env(tmp_path, col.grpc_address, broker, queue)
         with run_celery(tmp_path, env, worker_command("prefork", 4), children=4) as worker:
-            sent = publish(broker, [queue], 400, tmp_path)[queue]
+            # A backlog the 4 children need seconds for (they run ~1,000 of these tasks a
+            # second on an idle machine), so that the stop lands in the middle of it.
+            sent = publish(broker, [queue], BACKLOG, tmp_path)[queue]
             wait_until(lambda: len(succeeded(worker)) >= 60, 60, "60 tasks to succeed")
             worker.proc.send(signal.SIGQUIT)
             assert wait_exit(worker) is not None
             wait_until(lambda: not worker.arena_path().exists(), 30, "the arena to be removed")
             done = succeeded(worker)
-            assert 60 <= len(done) < 400, len(done)  # stopped in the middle of the backlog
+            assert 60 <= len(done) < BACKLOG, len(done)  # stopped in the middle of the backlog
             quiet_for(col, 0.5)
             got = Counter(s["traceId"] for s in segments_of(col, "cel"))
             assert max(got.values()) == 1 and set(got) <= set(sent.values())
