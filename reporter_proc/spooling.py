@@ -111,13 +111,11 @@ class Replayer:
     async def run(self) -> None:
         failures = 0
         while not self.stop.closing:
-            # Nothing to replay (or live records first): look again on the reporter's next
-            # one-second tick, in the same wake-up as its other periodic work.
-            if self.stop.stopping or not self.spool or self._busy():
-                await until_next_tick(IDLE_CHECK_S)
-                continue
-            f = self.spool.oldest()
+            waiting = self.stop.stopping or not self.spool or self._busy()  # live records first
+            f = None if waiting else self.spool.oldest()
             if f is None:
+                # Nothing to replay now: look again on the reporter's next one-second tick,
+                # in the same wake-up as its other periodic work.
                 await until_next_tick(IDLE_CHECK_S)
                 continue
             items, end = self.spool.read(f, self.journal.settings.batch_max_records)

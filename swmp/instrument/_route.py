@@ -30,7 +30,9 @@ def request_span() -> Span | None:
 def name_request(template: str) -> None:
     """Name the request's entry span after the route that matched (``/users/{id}``), so
     every id in a path is one endpoint. Never raises."""
-    s = request_span()
+    s = _get_current()
+    if not (s.__class__ is Span and s.kind == _ENTRY and not s.end):
+        s = request_span()  # the common case above (the entry span is current) needs no walk
     if s is not None and template:
         s.set_operation(template)
 

@@ -106,9 +106,12 @@ def _entry(scope: Scope, component: int, collect_params: bool, params_limit: int
     return span
 
 
-def _status_sender(span: Span, send: Send) -> Send:
-    """``send`` that tags the response status on ``span`` first. A plain function returning
-    ``send``'s awaitable (what the application awaits), so no coroutine per message."""
+def _status_sender(span: Any, send: Send) -> Send:
+    """``send`` that tags the response status on ``span`` first (``send`` itself for a span
+    that records nothing). A plain function returning ``send``'s awaitable (what the
+    application awaits), so no coroutine per message."""
+    if span.__class__ is not Span:
+        return send
 
     def _send(message: Message) -> Awaitable[None]:
         try:
@@ -137,7 +140,7 @@ async def trace_asgi(  # noqa: PLR0917 (once per request: positional calls are c
         await app(scope, receive, send)
         return
     with span:
-        await app(scope, receive, _status_sender(span, send) if span.__class__ is Span else send)
+        await app(scope, receive, _status_sender(span, send))
 
 
 class ASGIMiddleware:
@@ -162,7 +165,7 @@ class ASGIMiddleware:
             await self.app(scope, receive, send)
             return
         with span:
-            await self.app(scope, receive, _status_sender(span, send) if span.__class__ is Span else send)
+            await self.app(scope, receive, _status_sender(span, send))
 
 
 def traced_asgi_method(component: int, collect_params: bool, params_limit: int) -> Callable[[Any], Any]:
@@ -177,7 +180,7 @@ def traced_asgi_method(component: int, collect_params: bool, params_limit: int) 
                 return
             with span:
                 await orig(
-                    self, scope, receive, _status_sender(span, send) if span.__class__ is Span else send
+                    self, scope, receive, _status_sender(span, send)
                 )
 
         return method

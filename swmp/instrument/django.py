@@ -21,8 +21,7 @@ from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import name_request, record_exception
 from swmp.instrument.asgi import traced_asgi_method
 from swmp.instrument.wsgi import traced_wsgi_method
-from swmp.tracing.constants import Component, Kind
-from swmp.tracing.span import Span, current_span
+from swmp.tracing.constants import Component
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -35,9 +34,6 @@ SUPPORTED = ("3.2", "6")
 # install(), each when it is imported.
 TRIGGER = "django"
 
-_get_current = current_span.get
-_ENTRY = Kind.ENTRY
-
 _WSGI = "django.core.handlers.wsgi"
 _ASGI = "django.core.handlers.asgi"
 
@@ -48,13 +44,7 @@ def _name_after_route(orig: Any) -> Any:
         try:
             route = match.route
             if route is not None:
-                # The handler's entry span is normally the current span here (no middleware
-                # opens one): rename it directly, else look for it (name_request).
-                s = _get_current()
-                if s.__class__ is Span and s.kind == _ENTRY and not s.end:
-                    s.set_operation("/" + route.lstrip("^"))
-                else:
-                    name_request("/" + route.lstrip("^"))
+                name_request("/" + route.lstrip("^"))
         except Exception:
             pass
         return match

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import name_request, record_exception
 from swmp.instrument.wsgi import traced_wsgi_method
-from swmp.tracing.constants import Component, Kind
-from swmp.tracing.span import Span, current_span
+from swmp.tracing.constants import Component
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -26,9 +25,6 @@ SUPPORTED = ("2.0", "4")
 # Patched once this module has executed: Flask is defined by then.
 TRIGGER = "flask"
 
-_get_current = current_span.get
-_ENTRY = Kind.ENTRY
-
 
 def _name_after_rule(orig: Any) -> Any:
     def match_request(self: Any) -> None:
@@ -36,13 +32,7 @@ def _name_after_rule(orig: Any) -> Any:
         try:
             rule = self.request.url_rule
             if rule is not None:
-                # The entry span of wsgi_app is the current span here (nothing runs between
-                # the two): rename it directly, else look for it (name_request).
-                s = _get_current()
-                if s.__class__ is Span and s.kind == _ENTRY and not s.end and rule.rule:
-                    s.set_operation(rule.rule)
-                else:
-                    name_request(rule.rule)
+                name_request(rule.rule)
         except Exception:
             pass
 

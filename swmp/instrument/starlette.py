@@ -33,8 +33,7 @@ from typing import TYPE_CHECKING, Any
 from swmp.instrument._patch import is_patched, patch, restore
 from swmp.instrument._route import name_request
 from swmp.instrument.asgi import ASGIMiddleware
-from swmp.tracing.constants import Component, Kind
-from swmp.tracing.span import Span, current_span
+from swmp.tracing.constants import Component
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -57,20 +56,6 @@ _mount_prefix: ContextVar[str] = ContextVar("swmp_starlette_mount", default="")
 _patched_classes: list[type] = []
 
 
-_get_current = current_span.get
-_ENTRY = Kind.ENTRY
-
-
-def _name(template: str) -> None:
-    """``name_request(template)``, the common case first: the entry span is the current
-    span (the handler has not opened one of its own yet)."""
-    s = _get_current()
-    if s.__class__ is Span and s.kind == _ENTRY and not s.end:
-        s.set_operation(template)
-    else:
-        name_request(template)
-
-
 class _Traced(ASGIMiddleware):
     """The middleware put around an application's stack by this instrumentation."""
 
@@ -81,7 +66,7 @@ def _name_after_route(orig: Any) -> Any:
     async def handle(self: Any, scope: Any, receive: Any, send: Any) -> None:
         if scope.get("type") == "http":
             try:
-                _name(_mount_prefix.get() + self.path_format)
+                name_request(_mount_prefix.get() + self.path_format)
             except Exception:
                 pass
         await orig(self, scope, receive, send)
@@ -123,7 +108,7 @@ def _name_after_api_route(orig: Any) -> Any:
                 if ctx is not None and ctx.original_route is self:
                     template = ctx.path_format
                     if template.__class__ is str and template:
-                        _name(_mount_prefix.get() + template)
+                        name_request(_mount_prefix.get() + template)
         except Exception:
             pass
         await orig(self, scope, receive, send)
