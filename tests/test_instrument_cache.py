@@ -10,9 +10,12 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
+from reporter_proc import records as R
 from swmp.tracing import Component, Layer
+from swmp.tracing.context import new_local_span
 from tests.daemons import ServerInfo
 from tests.datastore_support import Traced, only, start_traced, stop_traced, traced
 from tests.redis_cluster import ClusterInfo, redis_cluster
@@ -314,7 +317,8 @@ def test_redis_cluster_asyncio(traced: Traced, redis_cluster: ClusterInfo) -> No
 
 def test_redis_cluster_transactions(traced: Traced, redis_cluster: ClusterInfo) -> None:
     """A cluster transaction goes to the master of its keys' slot: its MULTI span and (sync)
-    the WATCH and the commands run at once while watching name that node."""
+    the WATCH and the commands run at once while watching name that node (asyncio: see
+    test_redis_cluster_asyncio_transaction_watch)."""
     import redis
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
     from redis.cluster import RedisCluster
@@ -360,6 +364,81 @@ def test_redis_cluster_transactions(traced: Traced, redis_cluster: ClusterInfo) 
                     assert (await pipe.execute())[1] == 2
             e = only(got)
             assert (e.op, e.peer, e.tags["cache.cmd"]) == ("Redis/MULTI", _owner(arc, "{ct}c"), "SET INCRBY")
+        finally:
+            await arc.aclose()
+
+    asyncio.run(main())
+
+
+def _trace_ids(traced: Traced) -> set[str]:
+    """The trace ids of the segments the last ``traced.trace()`` block recorded."""
+    records = traced.sink.records
+    return {orjson.loads(payload)[R.SEG_TRACE_ID] for rtype, payload in records if rtype == R.SEGMENT}
+
+
+def test_redis_cluster_asyncio_transaction_watch(traced: Traced, redis_cluster: ClusterInfo) -> None:
+    """An asyncio cluster transaction's WATCH and the commands it runs at once while watching
+    (redis-py makes their coroutines in a helper thread, awaited by the caller) are command
+    spans in the caller's trace, children of its current span, their peer the master of the
+    keys' slot; their results and errors, and EXEC's WatchError, reach the caller as they are."""
+    import redis
+    from redis.asyncio.cluster import RedisCluster
+
+    async def main() -> None:
+        arc = RedisCluster(host=redis_cluster.host, port=redis_cluster.ports[0])
+        try:
+            await arc.initialize()
+            await arc.set("{act}a", 3)
+            await arc.set("{act}s", "text")
+            owner = _owner(arc, "{act}a")
+            # "handler" (span 1) is the caller's current span.
+            with traced.trace() as got, new_local_span("handler"):
+                async with arc.pipeline(transaction=True) as pipe:
+                    assert await pipe.watch("{act}a") is None  # ClusterPipeline.watch returns nothing
+                    current = int(await pipe.get("{act}a"))
+                    pipe.multi()
+                    pipe.set("{act}a", current + 1).incr("{act}b")
+                    assert (await pipe.execute())[1] == 1
+                async with arc.pipeline(transaction=True) as pipe:  # a command run at once fails
+                    await pipe.watch("{act}s")
+                    with pytest.raises(redis.ResponseError, match="not an integer"):
+                        await pipe.incr("{act}s")
+                    assert await pipe.unwatch() is None
+                async with arc.pipeline(transaction=True) as pipe:  # the watched key changes
+                    await pipe.watch("{act}a")
+                    await arc.set("{act}a", 0)
+                    pipe.multi()
+                    pipe.incr("{act}a")
+                    with pytest.raises(redis.WatchError) as raised:
+                        await pipe.execute()
+                async with arc.pipeline(transaction=True) as pipe:  # cancelled as it would be
+                    await pipe.watch("{act}a")
+                    with pytest.raises(TimeoutError):
+                        await asyncio.wait_for(pipe.blpop(["{act}empty"], timeout=5), 0.3)
+            assert type(raised.value) is redis.WatchError
+            assert str(raised.value) == "Watched variable changed."
+            assert await arc.get("{act}a") == b"0"
+            ops = [e.op for e in got.exits]
+            assert ops == ["Redis/WATCH", "Redis/GET", "Redis/MULTI", "Redis/WATCH", "Redis/INCRBY",
+                           "Redis/UNWATCH", "Redis/WATCH", "Redis/SET", "Redis/MULTI", "Redis/WATCH",
+                           "Redis/BLPOP"]  # fmt: skip
+            assert [e.peer for e in got.exits] == [owner] * 11  # one hash tag: one slot
+            assert [e.parent_id for e in got.exits] == [1] * 11
+            assert (got.segments, len(_trace_ids(traced))) == (1, 1)  # the caller's one trace
+            assert [e.error for e in got.exits] == [False] * 4 + [True] + [False] * 3 + [True, False, True]
+            watch, get = got.exits[:2]
+            assert (watch.component, watch.layer) == (Component.REDIS, Layer.CACHE)
+            assert watch.tags == {"cache.type": "Redis", "cache.cmd": "WATCH", "cache.key": "{act}a",
+                                  "db.instance": "0"}  # fmt: skip
+            assert get.tags == {"cache.type": "Redis", "cache.cmd": "GET", "cache.op": "read",
+                                "cache.key": "{act}a", "db.instance": "0"}  # fmt: skip
+            assert got.exits[4].logs[0]["error.kind"] == "ResponseError"
+            assert got.exits[8].logs[0]["error.kind"] == "WatchError"
+            assert got.exits[10].logs[0]["error.kind"] == "CancelledError"
+            with traced.untraced():
+                async with arc.pipeline(transaction=True) as pipe:
+                    await pipe.watch("{act}a")
+                    assert await pipe.get("{act}a") == b"0"
         finally:
             await arc.aclose()
 

@@ -11,11 +11,9 @@ sent it to (``;``-joined; a ``MOVED``/``ASK`` redirect it follows on its own is 
 the startup nodes if it never got that far; one
 ``Redis/PIPELINE`` span per cluster pipeline execution, its peer the startup nodes (sync:
 every node the client knows, sorted); a cluster transaction is one ``Redis/MULTI`` span,
-its peer the master of its keys' slot, and (sync) its ``WATCH`` and the commands it runs at
-once while watching are command spans with that peer.
-
-Not covered: an asyncio cluster transaction's ``WATCH`` and the commands it runs at once
-while watching (redis-py makes them in a helper thread, outside the caller's trace).
+its peer the master of its keys' slot, and its ``WATCH`` and the commands it runs at once
+while watching are command spans with that peer (asyncio too: see
+:func:`_traced_when_awaited`).
 """
 
 from __future__ import annotations
@@ -185,12 +183,49 @@ def _cluster_pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -
 
 
 def _cluster_immediate_start(strategy: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
-    """A sync cluster transaction's WATCH and the commands it runs at once while watching."""
+    """A cluster transaction's WATCH and the commands it runs at once while watching."""
     cmd = _name(args[0]) if args else ""
-    address = _slot_node(strategy, strategy._pipe)
+    address = _slot_node(strategy, getattr(strategy._pipe, "cluster_client", strategy._pipe))
     return _ds.cache_span(
         "Redis/" + cmd, address, _COMPONENT, "Redis", cmd, args[1] if len(args) > 1 else None, "0"
     )
+
+
+_IMMEDIATE_PLACE = f"{__name__}._cluster_immediate_start"
+
+
+def _traced_when_awaited(orig: Any) -> Any:
+    """The asyncio cluster transaction's ``_immediate_execute_command`` (its WATCH, UNWATCH and
+    the commands it runs at once while watching), traced from inside its coroutine.
+
+    Where the caller's context is lost: redis-py (6.2 to 8.1 and its main branch) has the
+    sync ``TransactionStrategy.execute_command`` (behind ``watch()``, ``unwatch()`` and every
+    command method of the pipeline) run ``asyncio.run(self._execute_command(...))`` in a new
+    ``threading.Thread``, whose context is empty. That coroutine works out the slot and then
+    *returns* ``self._immediate_execute_command(...)`` unawaited: the coroutine object is
+    made in the helper thread but handed back to ``watch()`` / the application, which await
+    it in the caller's own task. The usual async wrapper decides when it is called, i.e. in
+    the helper thread, and saw no trace.
+
+    This wrapper decides when its coroutine starts running, which is where it is awaited:
+    the caller's task and context, so the span is a child of the caller's current span, in
+    its trace. Nothing has to be captured and carried across the thread (which redis-py
+    gives no way to do), no thread or loop of redis-py's is touched, and redis-py's own
+    coroutine is awaited as it is: results, exceptions and cancellation unchanged. Should a
+    later redis-py await it inside its thread instead, the check finds no trace there and
+    the command goes untraced (never a wrong parent)."""
+
+    async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _outside() is None:
+            return await orig(self, *args, **kwargs)
+        try:
+            span = _cluster_immediate_start(self, args, kwargs)
+        except Exception as e:
+            span = _ds.failed(_IMMEDIATE_PLACE, e)
+        with span:
+            return await orig(self, *args, **kwargs)
+
+    return method
 
 
 def _cluster_targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
@@ -214,12 +249,8 @@ def _cluster_targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
         strategy = getattr(mod, "TransactionStrategy", None)
         if strategy is not None:
             transactions.append(strategy)
-            if not is_async:
-                # asyncio: redis-py makes these commands' coroutines in a helper thread,
-                # outside the caller's context (no current span there): not covered.
-                targets.append(
-                    (strategy, "_immediate_execute_command", _ds.traced_method(_cluster_immediate_start))
-                )
+            immediate = _traced_when_awaited if is_async else _ds.traced_method(_cluster_immediate_start)
+            targets.append((strategy, "_immediate_execute_command", immediate))
     _transactions = tuple(transactions)
     return targets
 
