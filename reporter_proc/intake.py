@@ -7,15 +7,18 @@ batch of their kind as raw bytes (they are decoded only when sent); worker recor
 delivery - when it is full (records or bytes), and every open batch is sealed on each
 flush tick.
 
-When to read (the cost at ordinary load): the intake wakes on the flush ticks
-(``flush_interval_s``, 1 s by default, on the grid of :mod:`reporter_proc.ticks`, so in the
-same turn of the loop as the status heartbeat and the other periodic jobs), reads what
-came and sends it (``poll_interval_s``, 1 s too, can make it read more often than it
-sends). Between ticks it sleeps with the arena's "sleeping" flag set. Writers do
+When to read and send (the cost at ordinary load): the intake wakes on its read ticks
+(``poll_interval_s``, 1 s, on the grid of :mod:`reporter_proc.ticks`, so in the same turn of
+the loop as the status heartbeat and the other periodic jobs) and reads what came. It sends
+a batch when it is full, on a read tick when it holds ``send_early_records`` (500) records,
+and on every flush tick whatever it holds (``flush_interval_s``, 5 s by default): a send
+costs about the same CPU whatever it carries, so a quiet application sends seldom and a
+busy one about once a second. Between ticks it sleeps with the arena's "sleeping" flag
+set. Writers do
 not ring the doorbell for each record: only a writer whose ring passes a quarter full
 rings it (``ipc._layout.WAKE_FILL_SHIFT``), which wakes the intake at once, so a burst that
 fits in a ring never overflows it. Below saturation no worker makes a system call to
-report, and the reporter wakes once per flush tick whatever the request rate; at
+report, and the reporter wakes once per read tick whatever the request rate; at
 saturation it reads pass after pass.
 """
 
@@ -71,6 +74,7 @@ class Intake:
         self._spill = spill  # memory is full and there is a spool: move unsent batches there
         self._drained_for_stop = drained_for_stop
         self._next_reader = 0  # round-robin start of the next pass
+        self.passes = 0  # passes over the rings so far (tests wait for ticks with it)
         self._more = False  # the last pass stopped at a limit: records are waiting
         self._held = False  # the last pass stopped at the memory cap: wake when memory frees
         self._waiter: asyncio.Future[None] | None = None
@@ -139,12 +143,20 @@ class Intake:
         s = self.journal.settings
         flush_period, read_period = s.flush_interval_s, s.poll_interval_s
         flush_at = next_tick(loop.time(), flush_period)
+        early_at = next_tick(loop.time(), read_period)
         while True:
             n = self.drain_pass()
+            self.passes += 1
             now = loop.time()
             if now >= flush_at:
                 self.seal_all()
                 flush_at = next_tick(now, flush_period)
+            elif now >= early_at:
+                # Once per read tick, not per pass: at saturation passes follow each other
+                # and batches fill up to batch_max_records on their own.
+                self.seal_large(s.send_early_records)
+            if now >= early_at:
+                early_at = next_tick(now, read_period)
             stop = self.stop
             if stop.stopping and (now >= stop.drain_deadline or self._drained_for_stop(now)):
                 return
@@ -272,6 +284,12 @@ class Intake:
     def seal_all(self) -> None:
         for kind in list(self.open):
             self.seal(kind)
+
+    def seal_large(self, records: int) -> None:
+        """Seal the open batches holding at least ``records`` records."""
+        for kind, batch in list(self.open.items()):
+            if len(batch.payloads) >= records:
+                self.seal(kind)
 
     def abandoned_bytes(self) -> int:
         return sum(max(0, r.backlog()) for r in self.readers)

@@ -450,6 +450,24 @@ def test_sigterm_style_stop_flushes_what_is_in_the_rings(arena: Arena, run: Any)
     assert sender.closed
 
 
+def test_a_large_batch_goes_on_the_next_read_tick_a_small_one_waits_for_the_flush_tick(
+    arena: Arena, run: Any
+) -> None:
+    """Below saturation a send costs about the same whatever it carries: a batch is sent
+    early (on a read tick) only once it holds ``send_early_records``; the rest waits for the
+    flush tick (here never: 60 s) or the stop."""
+    r = run(batch_max_records=1000, flush_interval_s=60, send_early_records=100)
+    write_all(arena.path, segments_for("big", 150))
+    wait_for(lambda: len(r.sender.segments) == 150, 10, "the large batch sent before any flush tick")
+    write_all(arena.path, segments_for("small", 30))
+    wait_for(lambda: r.reporter.counters.read.get("segment") == 180, 10, "the small batch read")
+    passes = r.reporter.intake.passes
+    wait_for(lambda: r.reporter.intake.passes >= passes + 5, 10, "five more read ticks")
+    assert len(r.sender.segments) == 150  # 30 < 100: held until the flush tick
+    r.stop()  # the stop sends what is held
+    assert len(r.sender.segments) == 180
+
+
 def test_memory_sender_supports_everything_by_default() -> None:
     assert MemorySender().supports == KINDS
 

@@ -61,10 +61,12 @@ class ReporterProcessSettings:
         check=at_least(KIB),
     )
     agent_reporter_flush_interval: float = opt(
-        1.0,
+        5.0,
         "SW_AGENT_REPORTER_FLUSH_INTERVAL",
-        "Seconds between the reporter's reads of the rings below saturation: records are "
-        "sent at most this long after they are written (a ring a quarter full is read at once).",
+        "Longest time in seconds a record waits in the reporter below saturation before it is "
+        "sent (plus up to the 1 s between its reads of the rings). A batch of 500 records or "
+        "more is sent at the next read, a full one at once: a send costs about the same CPU "
+        "whatever it carries, so a quiet application sends seldom and a busy one about once a second.",
         REPORTER,
         check=at_least(0.001),
     )
