@@ -124,15 +124,18 @@ def wait_exit(server: Server, timeout: float = 60.0) -> int | None:
     return code
 
 
-def publish_canvas(env: dict[str, str], n: int, workdir: Path) -> dict[str, Any]:
-    """Run ``tests/e2e_apps/celery_canvas.py`` under ``swmp run`` with ``env``: a chord of ``n``
-    tasks, a chain and a group sent inside one entry span; returns their results and the
-    trace id once they are all done."""
+def publish_canvas(
+    env: dict[str, str], n: int, workdir: Path, module: str = "tests.e2e_apps.celery_canvas"
+) -> dict[str, Any]:
+    """Run ``tests/e2e_apps/celery_canvas.py`` (or another publisher ``module`` taking the same
+    ``N OUT.json`` arguments) under ``swmp run`` with ``env``: a chord of ``n`` tasks, a chain
+    and a group sent inside one entry span; returns their results and the trace id once they
+    are all done."""
     out = workdir / f"canvas-{uuid.uuid4().hex[:6]}.json"
     log = workdir / f"{out.stem}.log"
     with open(log, "wb") as f:
         done = subprocess.run(
-            [*SWMP_RUN, sys.executable, "-m", "tests.e2e_apps.celery_canvas", str(n), str(out)],
+            [*SWMP_RUN, sys.executable, "-m", module, str(n), str(out)],
             cwd=REPO_ROOT,
             env=env,
             stdout=f,
