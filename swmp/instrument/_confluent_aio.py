@@ -241,13 +241,15 @@ def install() -> None:
     from confluent_kafka.aio.producer import _producer_batch_processor as batches  # noqa: PLC0415
 
     targets = [
+        (batches.ProducerBatchManager, "add_message", _make_add_message),  # before produce
         (aio.AIOProducer, "produce", _make_produce),
-        (aio.AsyncSerializingProducer, "produce", _make_serializing_produce),
-        (batches.ProducerBatchManager, "add_message", _make_add_message),
         (aio.AIOConsumer, "__init__", _make_consumer_init),
         (aio.AIOConsumer, "poll", _make_poll),
         (aio.AIOConsumer, "consume", _make_consume),
     ]
+    serializing = getattr(aio, "AsyncSerializingProducer", None)  # 2.16+
+    if serializing is not None:
+        targets.append((serializing, "produce", _make_serializing_produce))
     for owner, name, make in targets:
         patch(owner, name, make)
         _patched.append((owner, name))
