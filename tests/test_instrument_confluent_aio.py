@@ -248,3 +248,37 @@ def test_aio_produce_outside_a_trace_and_errors(sink: _sink.MemorySink, kafka_br
     assert undeserializable.headers() is None  # sent outside a trace: no header added
     ((_cseg, cspan),) = _check_consumers(sink, bootstrap, topic, group, 1)
     assert cspan[R.SPAN_REFS] == []  # recorded before deserialization failed; a new trace
+
+
+def test_aio_message_failures_reach_the_future_as_without_the_agent(
+    sink: _sink.MemorySink, kafka_broker: KafkaBroker
+) -> None:
+    """A message librdkafka refuses (larger than ``message.max.bytes``): the traced one (sent
+    on its own with its headers) fails on its future exactly as the untraced one in the same
+    batch (sent by ``produce_batch``), and the rest of the batch is delivered."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.aio import AIOProducer
+
+    bootstrap, topic = kafka_broker.bootstrap, unique_name("topic")
+
+    async def main() -> list[Any]:
+        producer = AIOProducer({"bootstrap.servers": bootstrap, "message.max.bytes": 1000}, buffer_timeout=0)
+        try:
+            with new_entry_span("/big"):
+                futs = [await producer.produce(topic, b"x" * 2000)]
+            futs.append(await producer.produce(topic, b"y" * 2000))
+            with new_entry_span("/small"):
+                futs.append(await producer.produce(topic, b"small"))
+            await producer.flush()
+            return await asyncio.gather(*futs, return_exceptions=True)
+        finally:
+            await producer.close()
+
+    big_traced, big_plain, small = _run(main)
+    for failed in (big_traced, big_plain):
+        assert isinstance(failed, KafkaException)
+        assert failed.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    assert small.value() == b"small" and small.error() is None
+    assert len(spans_of(sink, Kind.EXIT, Component.KAFKA_PRODUCER)) == 2  # produce itself succeeded
+    headers = _consume("confluent-kafka", bootstrap, topic, unique_name("group"))
+    assert [k for k, _ in headers] == ["sw8"]
