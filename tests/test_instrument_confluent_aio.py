@@ -253,9 +253,10 @@ def test_aio_produce_outside_a_trace_and_errors(sink: _sink.MemorySink, kafka_br
 def test_aio_message_failures_reach_the_future_as_without_the_agent(
     sink: _sink.MemorySink, kafka_broker: KafkaBroker
 ) -> None:
-    """A message librdkafka refuses (larger than ``message.max.bytes``): the traced one (sent
-    on its own with its headers) fails on its future exactly as the untraced one in the same
-    batch (sent by ``produce_batch``), and the rest of the batch is delivered."""
+    """A message librdkafka refuses (larger than ``message.max.bytes``) or the broker refuses
+    (an invalid topic name): the traced one (sent on its own with its headers) fails on its
+    future exactly as the untraced one in the same batch (sent by ``produce_batch``), and the
+    rest of the batch is delivered."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.aio import AIOProducer
 
@@ -269,16 +270,24 @@ def test_aio_message_failures_reach_the_future_as_without_the_agent(
             futs.append(await producer.produce(topic, b"y" * 2000))
             with new_entry_span("/small"):
                 futs.append(await producer.produce(topic, b"small"))
+            with new_entry_span("/bad-topic"):
+                futs.append(await producer.produce("bad topic!", b"v"))
+            futs.append(await producer.produce("bad topic!", b"v"))
             await producer.flush()
             return await asyncio.gather(*futs, return_exceptions=True)
         finally:
             await producer.close()
 
-    big_traced, big_plain, small = _run(main)
+    big_traced, big_plain, small, bad_traced, bad_plain = _run(main)
     for failed in (big_traced, big_plain):
         assert isinstance(failed, KafkaException)
         assert failed.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    for failed in (bad_traced, bad_plain):
+        assert isinstance(failed, KafkaException)
+        assert failed.args[0].code() == KafkaError.TOPIC_EXCEPTION
     assert small.value() == b"small" and small.error() is None
-    assert len(spans_of(sink, Kind.EXIT, Component.KAFKA_PRODUCER)) == 2  # produce itself succeeded
+    # The produce calls themselves succeeded; delivery failures arrive later, on the futures.
+    spans = spans_of(sink, Kind.EXIT, Component.KAFKA_PRODUCER)
+    assert [s[R.SPAN_IS_ERROR] for _seg, s in spans] == [False] * 3
     headers = _consume("confluent-kafka", bootstrap, topic, unique_name("group"))
     assert [k for k, _ in headers] == ["sw8"]
