@@ -1,11 +1,14 @@
 """Cost of the message-queue instrumentation per message, on the real clients and brokers.
 
-For each client (kafka-python, confluent-kafka, aiokafka, pika with a blocking connection,
-aio-pika over aiormq) two operations are timed, instrumented and not, in one run:
+For each client (kafka-python, confluent-kafka, confluent-kafka's asyncio ``AIOProducer`` /
+``AIOConsumer`` as ``confluent-aio``, aiokafka, pika with a blocking connection, aio-pika over
+aiormq) two operations are timed, instrumented and not, in one run:
 
 * ``publish``: N sends, each inside its own entry span (the application's request), so the
   instrumented run adds the exit span, the ``sw8`` headers and the larger segment. Only the
   send calls are timed; delivery (flush, confirms) is waited for untimed afterwards.
+  ``confluent-aio`` times the ``produce`` calls and the ``flush`` that hands the buffered
+  batch to librdkafka (where the instrumented run produces its traced messages one by one).
 * ``consume``: reading N messages that carry ``sw8`` headers (Kafka: seek back to the
   start of a topic and poll; RabbitMQ: a ``basic_consume`` callback over a prefilled
   queue). The instrumented run adds one entry span and segment per message.
@@ -48,6 +51,7 @@ PAYLOAD = b"x" * 100
 MODULES = {
     "kafka-python": "swmp.instrument.kafka",
     "confluent-kafka": "swmp.instrument.confluent_kafka",
+    "confluent-aio": "swmp.instrument.confluent_kafka",
     "aiokafka": "swmp.instrument.aiokafka",
     "pika": "swmp.instrument.pika",
     "aio-pika": "swmp.instrument.aiormq",
@@ -210,6 +214,81 @@ class Confluent:
         for p, c in self.objects.values():
             p.flush(10)
             c.close()
+
+
+class ConfluentAio:
+    """confluent-kafka's asyncio clients; like ``Confluent``, one pair of objects per mode."""
+
+    def __init__(self, bootstrap: str, n: int) -> None:
+        self.n = n
+        self.bootstrap = bootstrap
+        self.loop = asyncio.new_event_loop()
+        self.topic_pub = f"bench-{uuid.uuid4().hex[:8]}"
+        self.topic_con = f"bench-{uuid.uuid4().hex[:8]}"
+        self.objects: dict[bool, tuple[Any, Any]] = {}
+
+    def make(self, instrumented: bool) -> None:
+        from confluent_kafka.aio import AIOConsumer, AIOProducer
+
+        async def make() -> tuple[Any, Any]:
+            p = AIOProducer({"bootstrap.servers": self.bootstrap, "linger.ms": 5}, buffer_timeout=0)
+            conf = {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": uuid.uuid4().hex,
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+            }
+            return p, AIOConsumer(conf)
+
+        self.objects[instrumented] = self.loop.run_until_complete(make())
+
+    def prefill(self) -> None:
+        p = self.objects[True][0]
+
+        async def fill() -> None:
+            for _ in range(self.n):
+                with new_entry_span("/prefill"):
+                    await p.produce(self.topic_con, PAYLOAD)
+            await p.flush(30)
+
+        self.loop.run_until_complete(fill())
+
+    def publish(self, instrumented: bool) -> float:
+        p = self.objects[instrumented][0]
+        produce, topic = p.produce, self.topic_pub
+
+        async def run() -> None:
+            for _ in range(self.n):
+                with new_entry_span("/publish"):
+                    await produce(topic, PAYLOAD)
+            await p.flush(0)  # the hand-over of the buffer, not the delivery
+
+        t = timed(lambda: self.loop.run_until_complete(run()))
+        self.loop.run_until_complete(p.flush(30))
+        return t
+
+    def consume(self, instrumented: bool) -> float:
+        from confluent_kafka import TopicPartition
+
+        c = self.objects[instrumented][1]
+        self.loop.run_until_complete(c.assign([TopicPartition(self.topic_con, 0, 0)]))
+
+        async def run() -> None:
+            got = 0
+            while got < self.n:
+                msgs = await c.consume(min(500, self.n - got), 1.0)
+                got += sum(1 for m in msgs if m.error() is None)
+
+        return timed(lambda: self.loop.run_until_complete(run()))
+
+    def close(self) -> None:
+        async def stop() -> None:
+            for p, c in self.objects.values():
+                await p.close()
+                await c.close()
+
+        self.loop.run_until_complete(stop())
+        self.loop.close()
 
 
 class AioKafka:
@@ -502,6 +581,8 @@ def make_harness(client: str, kafka: str, amqp: str, n: int) -> Any:
         return Kafka(kafka, n)
     if client == "confluent-kafka":
         return Confluent(kafka, n)
+    if client == "confluent-aio":
+        return ConfluentAio(kafka, n)
     if client == "aiokafka":
         return AioKafka(kafka, n)
     return Pika(amqp, n) if client == "pika" else AioPika(amqp, n)
@@ -509,7 +590,7 @@ def make_harness(client: str, kafka: str, amqp: str, n: int) -> Any:
 
 def bench_client(client: str, harness: Any, rounds: int, config: Any, ring: Ring) -> dict[str, Any]:
     n = harness.n
-    two_objects = isinstance(harness, Confluent)
+    two_objects = isinstance(harness, (Confluent, ConfluentAio))
     if two_objects:
         for mode in (False, True):
             set_instrumented(client, mode, config)
@@ -559,7 +640,7 @@ def main() -> None:
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args()
     clients = [c for c in args.only or list(MODULES) if c != "in-process"]
-    need_kafka = any("kafka" in c for c in clients)
+    need_kafka = any("kafka" in c or "confluent" in c for c in clients)
     need_amqp = any("pika" in c for c in clients)
 
     config = load({}, agent_log_reporter_active=False)

@@ -31,6 +31,10 @@ endpoint per message in the OAP, so swmp leaves them out.) The producer span cov
 ``produce`` (the hand-over to librdkafka's queue); delivery reports arrive later through
 ``poll``/``flush`` callbacks, unchanged. Calls that pass ``headers`` positionally (and, to
 ``Producer.produce``, ``timestamp``) are sent untraced.
+
+The asyncio clients (``confluent_kafka.aio``, confluent-kafka 2.13+) are traced by
+``swmp.instrument._confluent_aio``: they run the sync ``Producer`` / ``Consumer`` above in a
+thread pool, so their spans are made on the event loop instead (see there).
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument import _mq
+from swmp.instrument import _confluent_aio, _hook, _mq
+from swmp.instrument._confluent_aio import record as _record
 from swmp.instrument._patch import Target, patch_all, restore_all
 from swmp.tracing.span import current_span
 
@@ -104,21 +109,10 @@ def _produce(
         return send(topic, *args, **{**kwargs, "headers": traced})
 
 
-def _record(client: Any, msg: Any) -> None:
-    """The entry span of one message the consumer returns (none for errors and timeouts)."""
-    try:
-        if msg is None or msg.error() is not None:
-            return
-        topic = msg.topic() or ""
-        group = getattr(client, "_swmp_group", "")
-        _mq.kafka_consumed(topic, group, msg.headers(), getattr(client, "_swmp_brokers", ""))
-    except Exception:
-        _mq.warn_once("confluent.consume", "swmp: tracing a confluent-kafka message failed")
-
-
 def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
     class Producer(base_producer):  # type: ignore[misc]
         __doc__ = base_producer.__doc__
+        _swmp_batch_headers = True  # produce_batch sends the aio clients' traced headers
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -127,8 +121,14 @@ def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
         def produce(self, topic: Any, *args: Any, **kwargs: Any) -> Any:
             return _produce(super().produce, self, topic, args, kwargs, limit=_PRODUCER_BEFORE_HEADERS)
 
+        def produce_batch(self, topic: Any, messages: Any, *args: Any, **kwargs: Any) -> Any:
+            if _confluent_aio.carries_traced(messages):
+                return _confluent_aio.produce_batch(self, topic, messages, args, kwargs, base=base_producer)
+            return super().produce_batch(topic, messages, *args, **kwargs)
+
     class Consumer(base_consumer):  # type: ignore[misc]
         __doc__ = base_consumer.__doc__
+        _swmp_aio = False  # True: wrapped by an AIOConsumer, which records on the event loop
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -136,13 +136,15 @@ def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
 
         def poll(self, *args: Any, **kwargs: Any) -> Any:
             msg = super().poll(*args, **kwargs)
-            _record(self, msg)
+            if not self._swmp_aio:
+                _record(self, msg)
             return msg
 
         def consume(self, *args: Any, **kwargs: Any) -> Any:
             msgs = super().consume(*args, **kwargs)
-            for m in msgs:
-                _record(self, m)
+            if not self._swmp_aio:
+                for m in msgs:
+                    _record(self, m)
             return msgs
 
     for cls, base in ((Producer, base_producer), (Consumer, base_consumer)):
@@ -202,6 +204,7 @@ def install(config: Config) -> None:
     _originals["Consumer"] = confluent_kafka.Consumer
     confluent_kafka.Producer = producer  # type: ignore[misc,assignment]
     confluent_kafka.Consumer = consumer  # type: ignore[misc,assignment]
+    _hook.defer("confluent_kafka.aio", _confluent_aio.install, key="confluent_kafka.aio")
 
 
 def uninstall() -> None:
@@ -212,3 +215,4 @@ def uninstall() -> None:
     _originals.clear()
     restore_all(_targets)
     _targets.clear()
+    _confluent_aio.uninstall()
