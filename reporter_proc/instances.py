@@ -174,6 +174,23 @@ class Instances:
                     live[slot] = me
         return live
 
+    def table_live(self) -> dict[int, int]:
+        """``{slot: pid}`` of the table's slots that are held: what the keeper needs each
+        tick. Only these slots are looked at - a lock query each (in a forked reporter the
+        arena's inherited descriptor is checked too: about three system calls a slot) -
+        not every slot of the arena, which cost ~200 system calls a second in an idle
+        reporter with 64 slots."""
+        out: dict[int, int] = {}
+        me = os.getpid() if self._own_process_slots else 0
+        for slot, inst in self.table.items():
+            if inst.pid == me:  # thread mode: our own locks are invisible to F_GETLK
+                out[slot] = me
+                continue
+            pid = self.arena.slot_owner(slot)
+            if pid is not None:
+                out[slot] = pid
+        return out
+
     def refresh_live(self, now: float, every: float = 0.1) -> dict[int, int]:
         """The live slots, looked up at most once per ``every`` seconds."""
         if now - self.last_live_check >= every:
@@ -186,8 +203,7 @@ class Instances:
         s = self.journal.settings
         tick = min(1.0, max(0.05, s.keepalive_interval_s))
         while True:
-            self.refresh_live(time.monotonic(), every=0.0)
-            live = self.live
+            live = self.table_live()
             gone = [slot for slot, inst in self.table.items() if inst.leaving or live.get(slot) != inst.pid]
             if gone:
                 for slot in gone:
