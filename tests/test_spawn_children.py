@@ -24,14 +24,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.collector import CollectorProcess
+from tests.collector import CollectorProcess, free_port
 from tests.servers import (
     SWMP_RUN,
     Proc,
     agent_env,
     collector_process,
+    gunicorn_command,
     is_swmp,
     quiet_for,
+    request,
+    run_server,
     segments_of,
     wait_segments,
     wait_until,
@@ -191,3 +194,52 @@ def test_pool_processes_join_the_application(
     assert all(n.startswith(f"{service}-w") for n in names), names
     # Nothing left behind once the application ended.
     wait_until(lambda: not _arena_files(arena_dir), 30, "no arena file left")
+
+
+WEB_APP = textwrap.dedent(
+    """
+    import json, multiprocessing, os
+
+    import swmp
+
+
+    def child():
+        with swmp.entry_span("spawned-by-worker"):
+            swmp.tag("pid", str(os.getpid()))
+        return os.getpid()
+
+
+    def app(environ, start_response):
+        pool = multiprocessing.get_context("spawn").Pool(1)
+        pid = pool.apply(child)
+        pool.close()
+        pool.join()
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [json.dumps({"worker": os.getpid(), "child": pid}).encode()]
+    """
+)
+
+
+def test_a_gunicorn_workers_spawn_child_joins_the_master(tmp_path: Path, col: CollectorProcess) -> None:
+    """A spawn pool opened by a Gunicorn worker: its process is one more instance of the
+    application (a slot of the master's arena, so not ``-w0`` a second time), reported by the
+    master's one reporter."""
+    (tmp_path / "spawn_web.py").write_text(WEB_APP)
+    service = f"{SERVICE}-gunicorn"
+    env = agent_env(tmp_path, col.grpc_address, service=service)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    port = free_port()
+    cmd = gunicorn_command(port, app="spawn_web:app", workers=2)
+    with run_server("gunicorn", tmp_path, cmd, env, port=port, workers=2) as server:
+        slots = server.live_slots()
+        res = request(port, "/")
+        assert res.status == 200, res
+        body = json.loads(res.body)
+        assert body["worker"] in slots.values()
+        (seg,) = wait_segments(col, 1, service=service)
+        assert seg["spans"][0]["operationName"] == "spawned-by-worker"
+        worker_names = {f"{service}-w{slot}" for slot in slots}
+        assert seg["serviceInstance"].startswith(f"{service}-w")
+        assert seg["serviceInstance"] not in worker_names, (seg["serviceInstance"], worker_names)
+        assert len(server.reporters()) == 1
+        assert [p.name for p in server.arena_files()] == [server.arena_path().name]
