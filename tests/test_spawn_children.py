@@ -39,6 +39,7 @@ from tests.servers import (
     wait_segments,
     wait_until,
 )
+from tests.web_checks import new_trace, running, segments_of_trace
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
@@ -243,3 +244,35 @@ def test_a_gunicorn_workers_spawn_child_joins_the_master(tmp_path: Path, col: Co
         assert seg["serviceInstance"] not in worker_names, (seg["serviceInstance"], worker_names)
         assert len(server.reporters()) == 1
         assert [p.name for p in server.arena_files()] == [server.arena_path().name]
+
+
+def test_uvicorn_workers_share_one_reporter(tmp_path: Path, col: CollectorProcess) -> None:
+    """``uvicorn --workers 2`` spawns its workers with multiprocessing: they join the main
+    process's arena (slots 0 and 1 when they first record); one reporter in all (it was one
+    each for the main process, the resource tracker and every worker)."""
+    service = f"{SERVICE}-uvicorn"
+    env = agent_env(tmp_path, col.grpc_address, service=service)
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "tests.e2e_apps.web_asgi:app",
+        "--port",
+        str(port),
+        "--workers",
+        "2",
+    ]
+    with running(tmp_path, "uvicorn", argv, env, port) as proc:
+        instances: set[str] = set()
+        for _ in range(60):  # the kernel spreads the connections over the two workers
+            trace = new_trace()
+            assert request(port, "/starlette/users/3", trace).status == 200
+            (seg,) = segments_of_trace(col, trace)
+            instances.add(seg["serviceInstance"])
+            if len(instances) == 2:
+                break
+        assert instances == {f"{service}-w0", f"{service}-w1"}
+        reporters = [p for p in proc.family() if is_swmp(p, "swmp-reporter") and p.status() != "zombie"]
+        assert len(reporters) == 1, [" ".join(p.cmdline()) for p in reporters]
+        assert len(_arena_files(Path(env["SW_AGENT_ARENA_DIR"]))) == 1
