@@ -11,7 +11,9 @@ Order matters and is the point of this module. In the process that owns the appl
    and only if no live reporter already holds the arena's reporter lock;
 4. install the ring sink, instrumentation and fork hooks.
 
-Workers inherit the agent and take their own ring after fork (``swmp._runtime``). With
+Workers inherit the agent and take their own ring after fork (``swmp._runtime``).
+``multiprocessing``'s spawn children join the arena of the application that started them,
+and its resource tracker and forkserver run no agent (``swmp._spawned``). With
 ``SW_AGENT_REPORTER_PROCESS=false`` there is no reporter process: every process that
 reports starts a reporter thread for itself, after fork, never in a prefork master.
 """
@@ -32,7 +34,7 @@ import orjson
 
 import ipc
 from reporter_proc.process import in_reporter_process, spawn_reporter, start_reporter_thread
-from swmp import _sink, lifecycle, tracing
+from swmp import _sink, _spawned, lifecycle, tracing
 from swmp._runtime import ArenaSink, ProcessSink, ThreadSink
 from swmp.config import Config, parse_instance_properties
 from swmp.tracing.identity import identity
@@ -167,6 +169,11 @@ def start(config: Config) -> None:
     global _running
     if in_reporter_process():
         return  # the reporter is forked from an application that runs the agent
+    if _spawned.runs_no_application():
+        # multiprocessing's resource tracker or forkserver: no agent; the forkserver's
+        # children run application code and start it when forked (swmp._spawned).
+        _spawned.start_in_forkserver_children(lambda: start(config), _at_exit)
+        return
     with _state_lock:
         if _running is not None:
             return
@@ -182,9 +189,14 @@ def _start(config: Config) -> _Running:
     use_process = config.agent_reporter_process and hasattr(os, "fork")
     mode = "process" if use_process else "thread"
     owner_pid, in_worker = server_position()
-    base = _instance_base(config, owner_pid)
     directory = config.agent_arena_dir
     os.makedirs(directory, exist_ok=True)
+    # A multiprocessing child of an application that runs the agent joins its arena and
+    # reporter; it takes a slot when it first records (swmp._spawned).
+    joined = 0 if in_worker else _spawned.owner_to_join(lambda pid: _arena_file(pid, directory, use_process))
+    if joined:
+        owner_pid, in_worker = joined, True
+    base = _instance_base(config, owner_pid)
     if not in_worker:
         # Only before this process holds any lock on an arena: cleanup opens and closes
         # arena files, and closing a descriptor drops the process's locks on that file.
@@ -194,8 +206,8 @@ def _start(config: Config) -> _Running:
             log.debug("stale arena cleanup failed", exc_info=True)
     props = parse_instance_properties(config)
     settings = config.to_reporter_settings()
+    path = _arena_file(owner_pid, directory, use_process)
     if use_process:
-        path = ipc.arena_path(owner_pid, directory)
         arena = ipc.Arena.create_or_open(
             path,
             slots=config.agent_arena_slots,
@@ -221,7 +233,6 @@ def _start(config: Config) -> _Running:
     else:
         # The shared arena only names the processes (its slot locks); each process drains
         # its own private arena on its own thread. Tiny rings: nothing is written there.
-        path = ipc.arena_path(owner_pid, directory).replace(".arena", "-names.arena")
         registry: ipc.Arena | None
         try:
             registry = ipc.Arena.create_or_open(
@@ -251,9 +262,10 @@ def _start(config: Config) -> _Running:
         run = _Running(config, registry, sink, mode, owner_pid, os.getpid(), arena_path=path)
 
     _sink.set_sink(run.sink)
+    _spawned.publish(owner_pid, path)
     lifecycle.announce_owner(owner_pid)
     identity.set_binder(run.sink.rebind)
-    if in_worker or (not use_process and os.getpid() != owner_pid):
+    if in_worker and not joined:
         run.sink.rebind()  # this process reports from now on (and is named now)
     _install_instrumentation(config)
     _install_profiling(config)
@@ -267,6 +279,12 @@ def _start(config: Config) -> _Running:
         path,
     )
     return run
+
+
+def _arena_file(owner_pid: int, directory: str, use_process: bool) -> str:
+    """The application's shared arena; in thread mode the one that only names processes."""
+    path = ipc.arena_path(owner_pid, directory)
+    return path if use_process else path.replace(".arena", "-names.arena")
 
 
 def _needs_reporter(arena: ipc.Arena) -> bool:
@@ -414,6 +432,7 @@ def stop() -> None:
         if run is None:
             return
         _running = None
+        _spawned.withdraw(run.owner_pid, run.arena_path)
         _sink.set_sink(None)
         identity.set_binder(None)
         _uninstall_profiling()

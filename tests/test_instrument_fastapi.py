@@ -381,6 +381,46 @@ def test_starlette_subclasses_built_stack_wrapped_once(sink: _sink.MemorySink) -
     assert entry(seg)[R.SPAN_OPERATION] == "/hi/{who}"
 
 
+def test_override_wrapping_super_gets_one_layer(sink: _sink.MemorySink) -> None:
+    """An override that wraps ``super().build_middleware_stack()`` in middleware of its own
+    gets one traced layer, outermost (it used to get two: one around Starlette's stack, one
+    around the override's)."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from swmp.instrument.starlette import _Traced
+
+    class Outer:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            await self.app(scope, receive, send)
+
+    class Wrapping(Starlette):
+        def build_middleware_stack(self) -> Any:
+            return Outer(super().build_middleware_stack())
+
+    async def hello(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("hi")
+
+    app = Wrapping(routes=[Route("/hi/{who}", hello)])
+    sent = asyncio.run(asgi_get(app, "/hi/you"))
+    assert sent[0]["status"] == 200
+    layers = []
+    layer: Any = app.middleware_stack
+    for _ in range(50):  # down the chain of middleware (each holds the next as .app)
+        if layer is None:
+            break
+        layers.append(layer.__class__)
+        layer = getattr(layer, "app", None)
+    assert layers.count(_Traced) == 1
+    assert layers[:2] == [_Traced, Outer]
+    (seg,) = segments(sink)
+    assert entry(seg)[R.SPAN_OPERATION] == "/hi/{who}"
+
+
 def test_query_string_option_reaches_fastapi() -> None:
     """``SW_PLUGIN_FASTAPI_COLLECT_HTTP_PARAMS`` tags FastAPI's spans (its own stack builder
     is patched with the same settings as Starlette's)."""

@@ -11,15 +11,21 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
+import ipc
+from ipc import Arena
 from tests.collector import CollectorProcess, free_port
 from tests.servers import (
     GUNICORN,
     Proc,
     agent_env,
+    belongs,
     collector_process,
+    is_swmp,
     request,
+    wait_until,
 )
 from tests.web_checks import log_text, new_trace, running, segments_of_trace, tags, the_span
 
@@ -192,6 +198,38 @@ def test_sanic_workers_are_distinct_instances(servers: dict[str, int], col: Coll
         if len(seen) == 2:
             break
     assert seen == {"sanic-w0", "sanic-w1"}
+
+
+def test_sanic_runs_one_reporter(servers: dict[str, int], workdir: Path) -> None:
+    """``--workers 2`` starts five interpreters (main, two workers, multiprocessing's
+    resource tracker and Sanic's manager server): one arena and one reporter in all. (Each
+    of the last two used to own an arena and a reporter: three reporters.)"""
+    arena_dir = workdir / "sanic" / "shm"
+    main = _sanic_main(arena_dir)
+    with Arena.open(ipc.arena_path(main.pid, str(arena_dir)), wait_s=0) as arena:
+        wait_until(lambda: len(arena.live_slots()) >= 2, 30, "both workers holding a slot")
+        workers = {p.pid for p in main.children() if p.cmdline()[-1:] == ["--multiprocessing-fork"]}
+        assert set(arena.live_slots().values()) <= workers
+    wait_until(lambda: len(_reporters(arena_dir)) >= 1, 30, "a reporter")
+    assert len(_reporters(arena_dir)) == 1
+    assert [p.name for p in arena_dir.glob("*/*.arena")] == [Path(arena.path).name]
+
+
+def _sanic_main(arena_dir: Path) -> psutil.Process:
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.cmdline()[1:3] == ["-m", "sanic"] and belongs(p, str(arena_dir)):
+                return p
+    raise AssertionError("no Sanic main process")
+
+
+def _reporters(arena_dir: Path) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if is_swmp(p, "swmp-reporter") and p.status() != "zombie" and belongs(p, str(arena_dir)):
+                out.append(p)
+    return out
 
 
 @pytest.mark.parametrize("framework", list(COMPONENTS))

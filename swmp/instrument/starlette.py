@@ -3,9 +3,10 @@ stack, by patching ``Starlette.build_middleware_stack`` and the same method of e
 subclass that overrides it (FastAPI does, without calling Starlette's): the
 subclasses that exist when the agent installs, and those defined later (found through
 ``Starlette.__init_subclass__``, so a FastAPI imported after Starlette is covered at the
-moment its class is created). A stack already wrapped (an override that returns what
-``super()`` built) is not wrapped twice. Component FastAPI (7014); SkyWalking has no separate id for
-Starlette.
+moment its class is created). Only the outermost patched build of an application wraps: an
+override that calls ``super().build_middleware_stack()`` (and returns it, or wraps it in
+middleware of its own) gets one layer, around everything it returns. Component FastAPI
+(7014); SkyWalking has no separate id for Starlette.
 
 The span is renamed to the matched route's path template when the route handles the
 request (``Route.handle``, which FastAPI's ``APIRoute`` inherits or calls), prefixed by the
@@ -51,6 +52,9 @@ _INIT_SUBCLASS = "__init_subclass__"
 
 # The path templates of the Mounts the request went through, outermost first.
 _mount_prefix: ContextVar[str] = ContextVar("swmp_starlette_mount", default="")
+
+# The application whose middleware stack a patched build_middleware_stack is building now.
+_building: ContextVar[Any] = ContextVar("swmp_starlette_building", default=None)
 
 # Subclasses of Starlette whose own build_middleware_stack is patched (for uninstall).
 _patched_classes: list[type] = []
@@ -128,8 +132,16 @@ class _Installer:
         collect, limit = self.collect, self.limit
 
         def build_middleware_stack(self: Any) -> Any:
-            stack = orig(self)
-            if stack.__class__ is _Traced:  # an override that called super(): wrapped once
+            if _building.get() is self:
+                # super() called by a patched override of this application: the outermost
+                # call wraps, around what the override adds too (one layer, not two).
+                return orig(self)
+            token = _building.set(self)
+            try:
+                stack = orig(self)
+            finally:
+                _building.reset(token)
+            if stack.__class__ is _Traced:  # already wrapped (not by a build of this call)
                 return stack
             return _Traced(stack, Component.FASTAPI, collect, limit)
 
