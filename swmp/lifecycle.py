@@ -251,3 +251,6 @@ def _pid_from_hooks() -> int:
 # so no system call is made per record (glibc no longer caches getpid()); elsewhere
 # (uWSGI without uwsgidecorators) it is os.getpid(), the backstop.
 current_pid: Callable[[], int] = _pid_from_hooks if FORK_HOOKS_RELIABLE else os.getpid
+# The object whose ``pid`` is that pid where the hooks keep it (native code reads it without
+# a Python call), else None.
+pid_holder: object | None = _here if FORK_HOOKS_RELIABLE else None

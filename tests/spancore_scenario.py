@@ -23,6 +23,7 @@ from swmp.propagation import decode_sw8
 from swmp.tracing import Component, Layer
 from swmp.tracing.context import capture, new_entry_span, new_exit_span, new_local_span
 from swmp.tracing.limits import limits
+from swmp.tracing.segment import Segment
 from swmp.tracing.span import NATIVE, Span
 
 
@@ -150,7 +151,9 @@ def main() -> None:
         out.append([rtype, seg])
     counters = {k: getattr(tracing.stats, k) for k in ("spans_lost", "spans_over_limit", "segments_written")}
     core = Span.__mro__[1].__name__
-    print(json.dumps({"native": NATIVE, "core": core, "records": out, "stats": counters}))
+    segment_core = Segment.__mro__[1].__name__
+    doc = {"native": NATIVE, "core": core, "segment_core": segment_core, "records": out, "stats": counters}
+    print(json.dumps(doc))
 
 
 if __name__ == "__main__":

@@ -49,14 +49,19 @@ def test_the_native_core_is_built_and_current() -> None:
 
     assert_current(_spancore.__file__, ROOT / "swmp" / "_native" / "spancore.c")
     assert span_module.Span.__mro__[1] is _spancore.SpanCore
+    from swmp.tracing import ids
+    from swmp.tracing.segment import Segment
+
+    assert Segment.__mro__[1] is _spancore.SegmentCore
+    assert ids.new_id is _spancore.new_id
 
 
 def test_native_and_pure_cores_give_the_same_records() -> None:
     native = _run_scenario(pure=False)
     pure = _run_scenario(pure=True)
-    assert pure["core"] == "PySpanCore"
+    assert (pure["core"], pure["segment_core"]) == ("PySpanCore", "PySegmentCore")
     if span_module.NATIVE:
-        assert native["core"] == "SpanCore"
+        assert (native["core"], native["segment_core"]) == ("SpanCore", "SegmentCore")
     assert native["records"] == pure["records"]
     assert native["stats"] == pure["stats"]
     assert pure["stats"] == {"spans_lost": 1, "spans_over_limit": 3, "segments_written": 10}
@@ -114,6 +119,7 @@ def test_no_reference_or_memory_leak() -> None:
 @native_only
 def test_bad_calls_raise_type_errors() -> None:
     from swmp import _spancore
+    from swmp.tracing.segment import Segment
 
     seg = object()
     with pytest.raises(TypeError):
@@ -132,6 +138,10 @@ def test_bad_calls_raise_type_errors() -> None:
                 _spancore.exit_child("op", "peer")
             with pytest.raises(TypeError):
                 _spancore.rows([object()], False)
+            with pytest.raises(TypeError):
+                Segment("t", "extra")
+            with pytest.raises(TypeError):
+                Segment(trace_id="t")
         assert len(sink.records) == 1
     finally:
         _sink.set_sink(None)

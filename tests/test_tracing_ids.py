@@ -67,15 +67,20 @@ def test_ids_unique_across_os_fork() -> None:
 
 
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "fork"), reason="needs libc fork()")
-def test_ids_unique_across_fork_without_python_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ids_unique_across_fork_without_python_hooks() -> None:
     """uWSGI forks workers from C: Python's at-fork hooks do not run. Without uwsgidecorators
     either, swmp.lifecycle says the hooks are not reliable and its pid source is getpid:
     the check on every id must catch the fork."""
-    monkeypatch.setattr(ids, "_current_pid", os.getpid)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.fork.restype = ctypes.c_int
-    child_ids = _collect_from_children(libc.fork)
-    parent_ids = [ids.new_id() for _ in range(IDS_PER_CHILD)]
+    from swmp import lifecycle
+
+    ids.use_pid_source(os.getpid)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fork.restype = ctypes.c_int
+        child_ids = _collect_from_children(libc.fork)
+        parent_ids = [ids.new_id() for _ in range(IDS_PER_CHILD)]
+    finally:
+        ids.use_pid_source(lifecycle.current_pid, lifecycle.pid_holder)
     all_ids = child_ids + parent_ids
     assert len(set(all_ids)) == len(all_ids) == (N_CHILDREN + 1) * IDS_PER_CHILD
 
@@ -111,3 +116,15 @@ def test_drawing_ids_and_tracing_a_request_make_no_getpid_call(monkeypatch: pyte
         _sink.set_sink(None)
     assert len(sink.records) == 100
     assert calls == []
+
+
+def test_an_id_is_the_prefix_and_the_next_number() -> None:
+    """The same shape from the native and the pure-Python source: ``<prefix><n>``, n counting
+    up by one (digits across 9 -> 10 -> 100 ... written correctly)."""
+    first = ids.new_id()
+    prefix = ids.process_prefix()
+    start = int(first.removeprefix(prefix))
+    drawn = [ids.new_id() for _ in range(1200)]
+    assert all(i.startswith(prefix) for i in drawn)
+    assert [int(i.removeprefix(prefix)) for i in drawn] == list(range(start + 1, start + 1201))
+    assert all(i == prefix + str(int(i.removeprefix(prefix))) for i in drawn)

@@ -14,9 +14,13 @@
  * under both and compares records); plus ``rows``, the span part of a SEGMENT record. The
  * rarely used methods (tags, logs, errors, propagation) stay in Python, in ``Span``.
  *
- * The segment is a Python object (swmp.tracing.segment.Segment): its lock-free bookkeeping
- * (``finished``, ``_open``, ``_token``) is done here with the same list operations, each
- * atomic under the GIL, and ``emit()`` is called on it exactly when Segment.closed would.
+ * ``SegmentCore`` is the base class of swmp.tracing.segment.Segment in the same way: a new
+ * segment (one per traced request or consumed message) is made here, its id drawn here too
+ * (``new_id``: this process's random prefix and a counter; the Python side reseeds it after
+ * fork), instead of in a Python ``__init__`` that called a Python id function. The segment's
+ * lock-free bookkeeping (``finished``, ``_open``, ``_token``) is done with the same list
+ * operations as segment.py, each atomic under the GIL, and ``emit()`` is called on it
+ * exactly when Segment.closed would.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -41,6 +45,29 @@ typedef struct {
     PyObject *refs;
     PyObject *prev; /* _prev: the span that was current when this one was entered */
 } SpanCore;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *trace_id;
+    PyObject *segment_id;
+    PyObject *finished;  /* spans in the order they finished */
+    PyObject *ids;       /* itertools.count(1): span ids (0 is the first span's) */
+    PyObject *open;      /* one token per open span */
+    PyObject *token;     /* [True]: the right to emit, taken once */
+    PyObject *first;
+    PyObject *size_limited;
+    PyObject *skip_analysis;
+    PyObject *encoded;
+    PyObject *correlation;
+    PyObject *profile;
+} SegmentCore;
+static PyTypeObject SegmentCoreType;
+
+/* A list or object field of a segment: the struct's own for ours, by attribute otherwise
+ * (a pure-Python segment). New reference. */
+#define SEG_FIELD(seg, member, name) \
+    (PyObject_TypeCheck((seg), &SegmentCoreType) ? Py_NewRef(((SegmentCore *)(seg))->member) \
+                                                  : PyObject_GetAttr((seg), (name)))
 
 /* Set once by setup(): the context variable of the current span, the shared "nothing yet"
  * tuple of tags/logs/refs, and the function counting a lost span (stats.spans_lost). */
@@ -260,7 +287,7 @@ static int lost(void) {
  * segment if it was the last one open and the emit token is still there. */
 static int segment_closed(SpanCore *self) {
     PyObject *seg = self->segment;
-    PyObject *finished = PyObject_GetAttr(seg, s_finished);
+    PyObject *finished = SEG_FIELD(seg, finished, s_finished);
     if (finished == NULL) {
         return -1;
     }
@@ -272,7 +299,7 @@ static int segment_closed(SpanCore *self) {
         }
         return -1;
     }
-    PyObject *open = PyObject_GetAttr(seg, s_open);
+    PyObject *open = SEG_FIELD(seg, open, s_open);
     if (open == NULL) {
         return -1;
     }
@@ -295,7 +322,7 @@ static int segment_closed(SpanCore *self) {
     if (left) {
         return 0;
     }
-    PyObject *token = PyObject_GetAttr(seg, s_token);
+    PyObject *token = SEG_FIELD(seg, token, s_token);
     if (token == NULL) {
         return -1;
     }
@@ -331,7 +358,7 @@ static int finish_span(SpanCore *self, PyObject *end_ms) {
         return ended < 0 ? -1 : 0;
     }
     if (PyLong_CheckExact(self->span_id) && PyLong_AsLong(self->span_id) == 0) {
-        PyObject *profile = PyObject_GetAttr(self->segment, s_profile);
+        PyObject *profile = SEG_FIELD(self->segment, profile, s_profile);
         if (profile == NULL) {
             return -1;
         }
@@ -458,6 +485,243 @@ static PyTypeObject SpanCoreType = {
     .tp_members = spancore_members,
 };
 
+/* -- ids -------------------------------------------------------------------------------- */
+
+/* set_ids(prefix, pid, pid_holder, pid_function, reseed): ``prefix`` and ``pid`` as drawn by
+ * swmp.tracing.ids for this process; the current pid is ``pid_holder.pid`` (kept by the fork
+ * hooks, no system call) or, when the holder is None, ``pid_function()``; ``reseed()`` draws
+ * a new prefix (and calls set_ids) when they differ: after a fork. */
+static PyObject *id_prefix = NULL;
+static long long id_pid = -1;
+static unsigned long long id_counter = 0;
+static PyObject *pid_holder = NULL, *pid_function = NULL, *reseed_ids = NULL, *s_pid = NULL;
+
+static PyObject *set_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyUnicode_Check(args[0]) || !PyLong_Check(args[1]) || !PyCallable_Check(args[3]) ||
+        !PyCallable_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "set_ids(prefix: str, pid: int, pid_holder, pid_function, reseed)");
+        return NULL;
+    }
+    long long pid = PyLong_AsLongLong(args[1]);
+    if (pid == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_XSETREF(id_prefix, Py_NewRef(args[0]));
+    Py_XSETREF(pid_holder, Py_NewRef(args[2]));
+    Py_XSETREF(pid_function, Py_NewRef(args[3]));
+    Py_XSETREF(reseed_ids, Py_NewRef(args[4]));
+    id_pid = pid;
+    id_counter = 0;
+    Py_RETURN_NONE;
+}
+
+static long long current_pid(void) {
+    PyObject *v = pid_holder != Py_None ? PyObject_GetAttr(pid_holder, s_pid) : PyObject_CallNoArgs(pid_function);
+    if (v == NULL) {
+        return -1;
+    }
+    long long pid = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return pid;
+}
+
+static PyObject *draw_id(void) {
+    if (id_prefix == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.set_ids() was not called");
+        return NULL;
+    }
+    long long pid = current_pid();
+    if (pid == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (pid != id_pid) {
+        PyObject *r = PyObject_CallNoArgs(reseed_ids); /* calls set_ids() */
+        if (r == NULL) {
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    /* The counter is safe under the GIL: nothing between the read and the store releases it. */
+    unsigned long long n = ++id_counter;
+    char digits[24];
+    int len = 0;
+    do { /* backwards: the id is built once, in one allocation */
+        digits[sizeof digits - 1 - len++] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n);
+    if (PyUnicode_KIND(id_prefix) != PyUnicode_1BYTE_KIND) { /* set_ids() got a non-ASCII prefix */
+        PyObject *tail = PyUnicode_FromStringAndSize(digits + sizeof digits - len, len);
+        PyObject *id = tail == NULL ? NULL : PyUnicode_Concat(id_prefix, tail);
+        Py_XDECREF(tail);
+        return id;
+    }
+    Py_ssize_t plen = PyUnicode_GET_LENGTH(id_prefix);
+    PyObject *id = PyUnicode_New(plen + len, PyUnicode_MAX_CHAR_VALUE(id_prefix));
+    if (id == NULL) {
+        return NULL;
+    }
+    memcpy(PyUnicode_1BYTE_DATA(id), PyUnicode_1BYTE_DATA(id_prefix), (size_t)plen);
+    memcpy(PyUnicode_1BYTE_DATA(id) + plen, digits + sizeof digits - len, (size_t)len);
+    return id;
+}
+
+static PyObject *new_id(PyObject *module, PyObject *unused) {
+    return draw_id();
+}
+
+/* -- the segment ------------------------------------------------------------------------- */
+
+
+/* set_segments(identity, count, no_correlation): what a new segment needs. */
+static PyObject *seg_identity = NULL, *seg_count = NULL, *no_correlation = NULL, *one = NULL, *s_unbound = NULL,
+                *s_bind = NULL;
+
+static PyObject *set_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "set_segments(identity, count: callable, no_correlation)");
+        return NULL;
+    }
+    Py_XSETREF(seg_identity, Py_NewRef(args[0]));
+    Py_XSETREF(seg_count, Py_NewRef(args[1]));
+    Py_XSETREF(no_correlation, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+static PyObject *segcore_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (seg_identity == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.set_segments() was not called");
+        return NULL;
+    }
+    PyObject *trace_id = Py_None;
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds) != 0) || PyTuple_GET_SIZE(args) > 1) {
+        PyErr_SetString(PyExc_TypeError, "Segment() takes at most one positional argument (trace_id)");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(args) == 1) {
+        trace_id = PyTuple_GET_ITEM(args, 0);
+    }
+    /* The first segment of a process names it (its ring slot and instance) before anything
+     * is built: its outgoing sw8 headers carry the instance name. */
+    PyObject *unbound = PyObject_GetAttr(seg_identity, s_unbound);
+    if (unbound == NULL) {
+        return NULL;
+    }
+    int must_bind = PyObject_IsTrue(unbound);
+    Py_DECREF(unbound);
+    if (must_bind < 0) {
+        return NULL;
+    }
+    if (must_bind) {
+        PyObject *r = PyObject_CallMethodNoArgs(seg_identity, s_bind);
+        if (r == NULL) {
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    PyObject *sid = draw_id();
+    if (sid == NULL) {
+        return NULL;
+    }
+    SegmentCore *self = (SegmentCore *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(sid);
+        return NULL;
+    }
+    /* A new trace reuses the segment's id as the trace id: both are unique ids. */
+    self->trace_id = Py_NewRef(PyObject_IsTrue(trace_id) == 1 ? trace_id : sid);
+    self->segment_id = sid;
+    self->finished = PyList_New(0);
+    self->ids = PyObject_CallOneArg(seg_count, one);
+    self->open = PyList_New(1);
+    self->token = PyList_New(1);
+    self->first = Py_NewRef(Py_None);
+    self->size_limited = Py_NewRef(Py_False);
+    self->skip_analysis = Py_NewRef(Py_False);
+    self->encoded = Py_NewRef(Py_None);
+    self->correlation = Py_NewRef(no_correlation);
+    self->profile = Py_NewRef(Py_None);
+    if (self->finished == NULL || self->ids == NULL || self->open == NULL || self->token == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    PyList_SET_ITEM(self->open, 0, Py_NewRef(Py_None)); /* the first span's token */
+    PyList_SET_ITEM(self->token, 0, Py_NewRef(Py_True));
+    return (PyObject *)self;
+}
+
+static int segcore_init(PyObject *self, PyObject *args, PyObject *kwds) {
+    return 0; /* everything is done by __new__ */
+}
+
+static int segcore_traverse(SegmentCore *self, visitproc visit, void *arg) {
+    Py_VISIT(self->trace_id);
+    Py_VISIT(self->segment_id);
+    Py_VISIT(self->finished);
+    Py_VISIT(self->ids);
+    Py_VISIT(self->open);
+    Py_VISIT(self->token);
+    Py_VISIT(self->first);
+    Py_VISIT(self->size_limited);
+    Py_VISIT(self->skip_analysis);
+    Py_VISIT(self->encoded);
+    Py_VISIT(self->correlation);
+    Py_VISIT(self->profile);
+    return 0;
+}
+
+static int segcore_clear(SegmentCore *self) {
+    Py_CLEAR(self->trace_id);
+    Py_CLEAR(self->segment_id);
+    Py_CLEAR(self->finished);
+    Py_CLEAR(self->ids);
+    Py_CLEAR(self->open);
+    Py_CLEAR(self->token);
+    Py_CLEAR(self->first);
+    Py_CLEAR(self->size_limited);
+    Py_CLEAR(self->skip_analysis);
+    Py_CLEAR(self->encoded);
+    Py_CLEAR(self->correlation);
+    Py_CLEAR(self->profile);
+    return 0;
+}
+
+static void segcore_dealloc(SegmentCore *self) {
+    PyObject_GC_UnTrack(self);
+    segcore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+#define SEGFIELD(name, member) {name, T_OBJECT_EX, offsetof(SegmentCore, member), 0, NULL}
+static PyMemberDef segcore_members[] = {
+    SEGFIELD("trace_id", trace_id),
+    SEGFIELD("segment_id", segment_id),
+    SEGFIELD("finished", finished),
+    SEGFIELD("_ids", ids),
+    SEGFIELD("_open", open),
+    SEGFIELD("_token", token),
+    SEGFIELD("first", first),
+    SEGFIELD("size_limited", size_limited),
+    SEGFIELD("skip_analysis", skip_analysis),
+    SEGFIELD("encoded", encoded),
+    SEGFIELD("correlation", correlation),
+    SEGFIELD("profile", profile),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SegmentCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "swmp._spancore.SegmentCore",
+    .tp_basicsize = sizeof(SegmentCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The fields and creation of a segment (see swmp.tracing.segment).",
+    .tp_new = segcore_new,
+    .tp_init = segcore_init,
+    .tp_dealloc = (destructor)segcore_dealloc,
+    .tp_traverse = (traverseproc)segcore_traverse,
+    .tp_clear = (inquiry)segcore_clear,
+    .tp_members = segcore_members,
+};
+
 /* -- the record -------------------------------------------------------------------------- */
 
 /* rows(spans, skip_analysis): [[span_id, parent_id, start, end, op, peer, kind, layer,
@@ -498,8 +762,7 @@ static PyObject *rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* A list attribute of the segment (borrowed checks, new reference). */
-static PyObject *seg_list(PyObject *seg, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(seg, name);
+static PyObject *seg_list(PyObject *v, PyObject *name) {
     if (v != NULL && !PyList_Check(v)) {
         Py_DECREF(v);
         PyErr_Format(PyExc_TypeError, "segment.%U is not a list", name);
@@ -541,7 +804,7 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_RETURN_NONE;
     }
     PyObject *seg = parent->segment;
-    PyObject *token = seg_list(seg, s_token);
+    PyObject *token = seg_list(SEG_FIELD(seg, token, s_token), s_token);
     if (token == NULL) {
         Py_DECREF(cur);
         return NULL;
@@ -552,7 +815,7 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_DECREF(cur);
         Py_RETURN_NONE;
     }
-    PyObject *ids = PyObject_GetAttr(seg, s_ids);
+    PyObject *ids = SEG_FIELD(seg, ids, s_ids);
     PyObject *n = ids == NULL ? NULL : PyIter_Next(ids);
     Py_XDECREF(ids);
     PyObject *limit = n == NULL ? NULL : PyObject_GetAttr(limits, s_span_limit);
@@ -570,7 +833,7 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
         }
         Py_RETURN_NONE;
     }
-    PyObject *open = seg_list(seg, s_open);
+    PyObject *open = seg_list(SEG_FIELD(seg, open, s_open), s_open);
     r = open == NULL ? -1 : PyList_Append(open, Py_None);
     Py_XDECREF(open);
     if (r < 0) {
@@ -618,6 +881,11 @@ static PyMethodDef module_methods[] = {
      "exit_child(op, peer, component, layer): a child exit span of the current span, or None."},
     {"rows", (PyCFunction)(void (*)(void))rows, METH_FASTCALL,
      "rows(spans, skip_analysis): the span lists of a SEGMENT record."},
+    {"set_ids", (PyCFunction)(void (*)(void))set_ids, METH_FASTCALL,
+     "set_ids(prefix, pid, pid_holder, pid_function, reseed): this process's id source."},
+    {"new_id", (PyCFunction)new_id, METH_NOARGS, "new_id(): a unique id (prefix + counter)."},
+    {"set_segments", (PyCFunction)(void (*)(void))set_segments, METH_FASTCALL,
+     "set_segments(identity, count, no_correlation): what a new segment needs."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -642,15 +910,22 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     INTERN(s_prev, "_prev");
     INTERN(s_ids, "_ids");
     INTERN(s_span_limit, "span_limit");
+    INTERN(s_pid, "pid");
+    INTERN(s_unbound, "unbound");
+    INTERN(s_bind, "bind");
 #undef INTERN
-    if (PyType_Ready(&SpanCoreType) < 0) {
+    if ((one = PyLong_FromLong(1)) == NULL) {
+        return NULL;
+    }
+    if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&spancore_module);
     if (m == NULL) {
         return NULL;
     }
-    if (PyModule_AddObjectRef(m, "SpanCore", (PyObject *)&SpanCoreType) < 0) {
+    if (PyModule_AddObjectRef(m, "SpanCore", (PyObject *)&SpanCoreType) < 0 ||
+        PyModule_AddObjectRef(m, "SegmentCore", (PyObject *)&SegmentCoreType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

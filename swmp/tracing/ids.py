@@ -19,12 +19,32 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
+from typing import Any
 
 from swmp import lifecycle
 
 _pid = 0
 _prefix = ""
 _counter = itertools.count(1)
+# Where the current pid comes from: an object whose ``pid`` the fork hooks keep (no system
+# call), or None and then a function (``os.getpid`` where the hooks are not reliable).
+_pid_source: Callable[[], int] = lifecycle.current_pid
+_pid_holder: Any = lifecycle.pid_holder
+
+
+def _native_ids() -> Any:
+    """``swmp._spancore`` (its ``new_id``) when it is built and not turned off."""
+    if os.environ.get("SWMP_TRACE_PURE", "") not in ("", "0"):
+        return None
+    try:
+        from swmp import _spancore  # noqa: PLC0415
+    except ImportError:
+        return None
+    return _spancore
+
+
+_native = _native_ids()
 
 
 def _reseed() -> None:
@@ -32,22 +52,33 @@ def _reseed() -> None:
     _prefix = os.urandom(10).hex() + "."
     _counter = itertools.count(1)
     _pid = os.getpid()
+    if _native is not None:
+        _native.set_ids(_prefix, _pid, _pid_holder, _pid_source, _reseed)
 
 
-_current_pid = lifecycle.current_pid
-
-
-def new_id() -> str:
-    if _current_pid() != _pid:
+def _py_new_id() -> str:
+    if _pid_source() != _pid:
         _reseed()
     return _prefix + str(next(_counter))
 
 
+# The native one draws from the same prefix with its own counter, so only one of the two
+# may serve a process: the module's choice, made once.
+new_id: Callable[[], str] = _native.new_id if _native is not None else _py_new_id
+
+
 def process_prefix() -> str:
     """This process's id prefix (for tests and diagnostics)."""
-    if _current_pid() != _pid:
+    if _pid_source() != _pid:
         _reseed()
     return _prefix
+
+
+def use_pid_source(source: Callable[[], int], holder: Any = None) -> None:
+    """Where the fork check reads the pid (tests: a fork that runs no at-fork hooks)."""
+    global _pid_source, _pid_holder
+    _pid_source, _pid_holder = source, holder
+    _reseed()
 
 
 _reseed()

@@ -27,7 +27,7 @@ import itertools
 import logging
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -37,7 +37,7 @@ from swmp.propagation import b64
 from swmp.tracing.identity import identity
 from swmp.tracing.ids import new_id
 from swmp.tracing.limits import limits, stats
-from swmp.tracing.span import IgnoredSpan, NoopSpan, Span, b64_cached, span_rows
+from swmp.tracing.span import IgnoredSpan, NoopSpan, Span, b64_cached, native_core, span_rows
 
 log = logging.getLogger("swmp.tracing")
 
@@ -55,9 +55,11 @@ def _log_once(key: str, msg: str, *args: Any) -> None:
         log.error(msg + " (further occurrences are only counted)", *args)
 
 
-class Segment:
-    """Bookkeeping of one segment. Rarely changed fields are class-level defaults (set on the
-    instance only when they change), which keeps creating a segment per request cheap."""
+class PySegmentCore:
+    """A segment's fields and creation in pure Python: what ``swmp._spancore.SegmentCore``
+    does in C (used when the native module is not built, or with ``SWMP_TRACE_PURE=1``).
+    Rarely changed fields are class-level defaults (set on the instance only when they
+    change), which keeps creating a segment per request cheap."""
 
     # Defaults, overridden per instance when they change.
     size_limited = False
@@ -79,6 +81,22 @@ class Segment:
         self._open: list[None] = [None]  # the first span's token
         self._token = [True]  # the right to emit, taken once
         self.first: Span | None = None
+
+
+if native_core is not None:
+    native_core.set_segments(identity, _count, NO_CORRELATION)
+
+if TYPE_CHECKING:
+    _SegmentBase = PySegmentCore  # the fields both cores have
+else:
+    _SegmentBase = native_core.SegmentCore if native_core is not None else PySegmentCore
+
+
+class Segment(_SegmentBase):
+    """Bookkeeping of one segment (its fields and creation: :class:`PySegmentCore` or the
+    native ``SegmentCore``, which make the same segments)."""
+
+    __slots__ = ()  # the native core's fields are all there is: no per-segment dict
 
     def start_first(self, op: str, kind: int, layer: int, component: int, peer: str) -> Span:
         """The segment's first span (its token is already in ``_open``)."""

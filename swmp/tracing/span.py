@@ -188,6 +188,7 @@ def _native() -> Any:
 
 
 _native_core = _native()
+native_core: Any = _native_core  # the module (its SegmentCore, ids), or None: pure Python
 NATIVE = _native_core is not None
 _Core: type[PySpanCore] = _native_core.SpanCore if NATIVE else PySpanCore
 span_rows: Callable[[list[Any], bool], list[list[Any]]] = _native_core.rows if NATIVE else _py_rows
