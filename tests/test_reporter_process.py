@@ -109,7 +109,7 @@ def test_spawned_reporter_delivers_records_of_several_writers_once(owners: Any, 
 
 def test_sigterm_flushes_what_is_in_the_rings_and_exits(owners: Any, tmp_path: Any) -> None:
     # Batches that would never flush on their own: only the shutdown path sends them.
-    o = owners(flush_interval_s=600.0, batch_max_records=100_000)
+    o = owners(flush_interval_s=600.0, batch_max_records=100_000, send_early_records=100_000)
     rep = o.reporter_pid()
     sup = o.spawned[0]
     write_all(o.arena_path, segs("t", 500))
@@ -124,7 +124,7 @@ def test_sigterm_flushes_what_is_in_the_rings_and_exits(owners: Any, tmp_path: A
 
 
 def test_owner_death_flushes_exits_and_removes_the_arena(owners: Any, tmp_path: Any) -> None:
-    o = owners(flush_interval_s=600.0, batch_max_records=100_000)
+    o = owners(flush_interval_s=600.0, batch_max_records=100_000, send_early_records=100_000)
     rep = o.reporter_pid()
     sup = o.spawned[0]
     write_all(o.arena_path, segs("o", 200))
@@ -140,7 +140,7 @@ def test_owner_death_flushes_exits_and_removes_the_arena(owners: Any, tmp_path: 
 
 
 def test_a_killed_reporter_is_restarted_and_loses_nothing(owners: Any, tmp_path: Any) -> None:
-    o = owners(flush_interval_s=600.0, batch_max_records=100_000)
+    o = owners(flush_interval_s=600.0, batch_max_records=100_000, send_early_records=100_000)
     first = o.reporter_pid()
     write_all(o.arena_path, segs("before", 100))
     wait_for(lambda: status_doc(o.arena).get("read", {}).get("segment") == 100, 10, "records read")
