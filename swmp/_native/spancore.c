@@ -19,8 +19,9 @@
  * (``new_id``: this process's random prefix and a counter; the Python side reseeds it after
  * fork), instead of in a Python ``__init__`` that called a Python id function. The segment's
  * lock-free bookkeeping (``finished``, ``_open``, ``_token``) is done with the same list
- * operations as segment.py, each atomic under the GIL, and ``emit()`` is called on it
- * exactly when Segment.closed would.
+ * operations as segment.py, each atomic under the GIL, and it is emitted exactly when
+ * Segment.closed would: a native segment by ``emit_fast`` below (Segment.emit's steps in C),
+ * any other by its ``emit()``.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
