@@ -167,6 +167,26 @@ def test_full_sink_drops_and_counts(sink: _sink.MemorySink) -> None:
     assert tracing.stats.segments_dropped == 1
 
 
+def test_a_segment_that_cannot_be_serialized_or_written_is_counted_never_raised(
+    sink: _sink.MemorySink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The emit's failures (the native core hands them to the Python emit, which counts and
+    logs them once): nothing reaches the application, nothing half-written is left."""
+    with new_local_span("a") as s:
+        s.tags = ["k", object()]  # bypassing tag(), which would have made it text
+    assert tracing.stats.serialize_errors == 1 and not sink.records
+
+    class Broken:
+        def write(self, rtype: int, payload: bytes) -> bool:
+            raise OSError("gone")
+
+    _sink.set_sink(Broken())
+    with new_local_span("b"):
+        pass
+    assert tracing.stats.segments_dropped == 1 and tracing.stats.segments_written == 0
+    assert sum("could not serialize" in r.getMessage() for r in caplog.records) <= 1
+
+
 def test_sampling_n_per_3_seconds(sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
     monkeypatch.setattr(sampling.time, "monotonic", lambda: now[0])

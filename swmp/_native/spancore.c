@@ -19,8 +19,9 @@
  * (``new_id``: this process's random prefix and a counter; the Python side reseeds it after
  * fork), instead of in a Python ``__init__`` that called a Python id function. The segment's
  * lock-free bookkeeping (``finished``, ``_open``, ``_token``) is done with the same list
- * operations as segment.py, each atomic under the GIL, and ``emit()`` is called on it
- * exactly when Segment.closed would.
+ * operations as segment.py, each atomic under the GIL, and it is emitted exactly when
+ * Segment.closed would: a native segment by ``emit_fast`` below (Segment.emit's steps in C),
+ * any other by its ``emit()``.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -62,6 +63,7 @@ typedef struct {
     PyObject *profile;
 } SegmentCore;
 static PyTypeObject SegmentCoreType;
+static int emit_segment(PyObject *seg);
 
 /* A list or object field of a segment: the struct's own for ours, by attribute otherwise
  * (a pure-Python segment). New reference. */
@@ -342,12 +344,7 @@ static int segment_closed(SpanCore *self) {
     if (r < 0) {
         return -1;
     }
-    PyObject *res = PyObject_CallMethodNoArgs(seg, s_emit);
-    if (res == NULL) {
-        return -1;
-    }
-    Py_DECREF(res);
-    return 0;
+    return emit_segment(seg);
 }
 
 /* The end of a span: profiling stopped first (no snapshot after the segment's end), the end
@@ -726,13 +723,7 @@ static PyTypeObject SegmentCoreType = {
 
 /* rows(spans, skip_analysis): [[span_id, parent_id, start, end, op, peer, kind, layer,
  * component, is_error, skip_analysis, tags, logs, refs], ...], the SEGMENT record's spans. */
-static PyObject *rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyList_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "rows(spans: list, skip_analysis)");
-        return NULL;
-    }
-    PyObject *spans = args[0];
-    PyObject *skip = args[1];
+static PyObject *rows_of(PyObject *spans, PyObject *skip) {
     Py_ssize_t n = PyList_GET_SIZE(spans);
     PyObject *out = PyList_New(n);
     if (out == NULL) {
@@ -759,6 +750,107 @@ static PyObject *rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyList_SET_ITEM(out, i, row);
     }
     return out;
+}
+
+static PyObject *rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "rows(spans: list, skip_analysis)");
+        return NULL;
+    }
+    return rows_of(args[0], args[1]);
+}
+
+/* -- emitting ---------------------------------------------------------------------------- */
+
+/* set_emit(emit, identity, dumps, get_sink, stats, record_type): Segment.emit (the Python
+ * method this replaces while a segment's class still has it) and what it uses. */
+static PyObject *e_emit = NULL, *e_identity = NULL, *e_dumps = NULL, *e_get_sink = NULL, *e_stats = NULL,
+                *e_rtype = NULL;
+static PyObject *s_service, *s_instance, *s_write, *s_written, *s_dropped;
+
+static PyObject *set_emit(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[2]) || !PyCallable_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "set_emit(emit, identity, dumps, get_sink, stats, record_type)");
+        return NULL;
+    }
+    Py_XSETREF(e_emit, Py_NewRef(args[0]));
+    Py_XSETREF(e_identity, Py_NewRef(args[1]));
+    Py_XSETREF(e_dumps, Py_NewRef(args[2]));
+    Py_XSETREF(e_get_sink, Py_NewRef(args[3]));
+    Py_XSETREF(e_stats, Py_NewRef(args[4]));
+    Py_XSETREF(e_rtype, Py_NewRef(args[5]));
+    Py_RETURN_NONE;
+}
+
+static int count_stat(PyObject *name) {
+    PyObject *v = PyObject_GetAttr(e_stats, name);
+    PyObject *nv = v == NULL ? NULL : PyNumber_Add(v, one);
+    int r = nv == NULL ? -1 : PyObject_SetAttr(e_stats, name, nv);
+    Py_XDECREF(v);
+    Py_XDECREF(nv);
+    return r;
+}
+
+/* Segment.emit of a native segment, in C: the SEGMENT record (segment.py's to_record
+ * layout), serialized, handed to the sink, counted. 1: done. 0: a step raised before
+ * anything was written: the caller runs the Python emit, which does it again and counts and
+ * logs the failure as it always has. -1: an error after the write (counting). */
+static int emit_fast(SegmentCore *seg) {
+    PyObject *service = PyObject_GetAttr(e_identity, s_service);
+    PyObject *instance = service == NULL ? NULL : PyObject_GetAttr(e_identity, s_instance);
+    PyObject *spans = instance == NULL ? NULL : rows_of(seg->finished, seg->skip_analysis);
+    PyObject *rec = spans == NULL ? NULL : PyList_New(6);
+    if (rec == NULL) {
+        Py_XDECREF(service);
+        Py_XDECREF(instance);
+        Py_XDECREF(spans);
+        PyErr_Clear();
+        return 0;
+    }
+    PyList_SET_ITEM(rec, 0, Py_NewRef(seg->trace_id));
+    PyList_SET_ITEM(rec, 1, Py_NewRef(seg->segment_id));
+    PyList_SET_ITEM(rec, 2, service);
+    PyList_SET_ITEM(rec, 3, instance);
+    PyList_SET_ITEM(rec, 4, Py_NewRef(seg->size_limited));
+    PyList_SET_ITEM(rec, 5, spans);
+    PyObject *payload = PyObject_CallOneArg(e_dumps, rec);
+    Py_DECREF(rec);
+    PyObject *sink = payload == NULL ? NULL : PyObject_CallNoArgs(e_get_sink);
+    if (sink == NULL) {
+        Py_XDECREF(payload);
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *call[3] = {sink, e_rtype, payload};
+    PyObject *res = PyObject_VectorcallMethod(s_write, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(sink);
+    Py_DECREF(payload);
+    if (res == NULL) {
+        PyErr_Clear(); /* a sink that raised wrote nothing (sinks never raise: see _sink.py) */
+        return 0;
+    }
+    int ok = PyObject_IsTrue(res);
+    Py_DECREF(res);
+    if (ok < 0) {
+        return -1;
+    }
+    return count_stat(ok ? s_written : s_dropped) < 0 ? -1 : 1;
+}
+
+/* seg.emit(): in C when the segment is ours and its class still has Segment.emit. */
+static int emit_segment(PyObject *seg) {
+    if (e_emit != NULL && PyObject_TypeCheck(seg, &SegmentCoreType) && _PyType_Lookup(Py_TYPE(seg), s_emit) == e_emit) {
+        int r = emit_fast((SegmentCore *)seg);
+        if (r != 0) {
+            return r < 0 ? -1 : 0;
+        }
+    }
+    PyObject *res = PyObject_CallMethodNoArgs(seg, s_emit);
+    if (res == NULL) {
+        return -1;
+    }
+    Py_DECREF(res);
+    return 0;
 }
 
 /* A list attribute of the segment (borrowed checks, new reference). */
@@ -884,6 +976,8 @@ static PyMethodDef module_methods[] = {
     {"set_ids", (PyCFunction)(void (*)(void))set_ids, METH_FASTCALL,
      "set_ids(prefix, pid, pid_holder, pid_function, reseed): this process's id source."},
     {"new_id", (PyCFunction)new_id, METH_NOARGS, "new_id(): a unique id (prefix + counter)."},
+    {"set_emit", (PyCFunction)(void (*)(void))set_emit, METH_FASTCALL,
+     "set_emit(emit, identity, dumps, get_sink, stats, record_type): what Segment.emit uses."},
     {"set_segments", (PyCFunction)(void (*)(void))set_segments, METH_FASTCALL,
      "set_segments(identity, count, no_correlation): what a new segment needs."},
     {NULL, NULL, 0, NULL},
@@ -913,6 +1007,11 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     INTERN(s_pid, "pid");
     INTERN(s_unbound, "unbound");
     INTERN(s_bind, "bind");
+    INTERN(s_service, "service");
+    INTERN(s_instance, "instance");
+    INTERN(s_write, "write");
+    INTERN(s_written, "segments_written");
+    INTERN(s_dropped, "segments_dropped");
 #undef INTERN
     if ((one = PyLong_FromLong(1)) == NULL) {
         return NULL;

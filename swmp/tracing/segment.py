@@ -187,6 +187,13 @@ class Segment(_SegmentBase):
             stats.segments_dropped += 1
 
 
+if native_core is not None:
+    # The native span core emits a native segment itself, as emit() below does, while
+    # Segment still has this emit (it falls back to it when a step fails: the accounting
+    # and logging of failures stay here).
+    native_core.set_emit(Segment.emit, identity, _dumps, _sink.get_sink, stats, SEGMENT)
+
+
 def cross_process_ref(carrier: Any) -> list[Any]:
     return [
         REF_CROSS_PROCESS,
