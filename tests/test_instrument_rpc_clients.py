@@ -481,3 +481,145 @@ def test_grpc_aio_server_keeps_each_handler_kind(sink: _sink.MemorySink) -> None
     entries = {s[R.SPAN_OPERATION] for s in got if s[R.SPAN_TYPE] == R.SPAN_TYPE_ENTRY and s[R.SPAN_REFS]}
     assert entries == {"/k.S/Plain", "/k.S/Coro", "/k.S/Agen", "/k.S/Writer"}
     assert all(tags_of(s)["grpc.status_code"] == "StatusCode.OK" for s in got)
+
+
+def _entries(got: list[list[Any]]) -> dict[str, list[Any]]:
+    return {s[R.SPAN_OPERATION]: s for s in got if s[R.SPAN_TYPE] == R.SPAN_TYPE_ENTRY}
+
+
+def test_grpc_server_traced_however_its_handlers_are_given(sink: _sink.MemorySink) -> None:
+    """Handlers given to grpc.server(), registered method handlers (ignored methods left
+    out) and, in a server with an application interceptor, the handlers it returns, also
+    one it substitutes: each call has its entry span continuing the caller's trace, and with
+    an application interceptor the span is current in what the interceptor runs too."""
+    from swmp.tracing.span import current_span
+
+    inside: list[tuple[str, Any]] = []
+
+    def echo(req: bytes, ctx: Any) -> bytes:
+        inside.append(("echo", getattr(current_span.get(), "op", None)))
+        return req
+
+    def denied(req: bytes, ctx: Any) -> bytes:
+        ctx.abort(grpc.StatusCode.PERMISSION_DENIED, "no")
+        return b""  # not reached: abort raises
+
+    class Guard(grpc.ServerInterceptor):  # type: ignore[misc]
+        def intercept_service(self, continuation: Any, details: Any) -> Any:
+            if details.method.endswith("/Denied"):
+                return grpc.unary_unary_rpc_method_handler(denied)
+            handler = continuation(details)
+
+            def around(req: bytes, ctx: Any) -> bytes:
+                inside.append(("guard", getattr(current_span.get(), "op", None)))
+                return handler.unary_unary(req, ctx)  # type: ignore[no-any-return]
+
+            return grpc.unary_unary_rpc_method_handler(around)
+
+    unary = grpc.unary_unary_rpc_method_handler
+    given = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=2),
+        handlers=[grpc.method_handlers_generic_handler("t.C", {"Echo": unary(echo)})],
+    )
+    registered = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    registered.add_registered_method_handlers("t.S", {"Echo": unary(echo), "Skip": unary(echo)})
+    guarded = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=[Guard()])
+    guarded.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.I", {"Echo": unary(echo)}),))
+    targets = {}
+    for name, server in (("given", given), ("registered", registered), ("guarded", guarded)):
+        targets[name] = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        server.start()
+    try:
+        calls = [("given", "/t.C/Echo"), ("registered", "/t.S/Echo"), ("registered", "/t.S/Skip")]
+        calls += [("guarded", "/t.I/Echo")]
+        for name, method in calls:
+            with grpc.insecure_channel(targets[name]) as ch:
+                assert ch.unary_unary(method)(b"x") == b"x"
+        with grpc.insecure_channel(targets["guarded"]) as ch, pytest.raises(grpc.RpcError) as info:
+            ch.unary_unary("/t.I/Denied")(b"x")
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        for server in (given, registered, guarded):
+            server.stop(None)
+    got = wait_spans(sink, 8)  # 4 exit spans (Skip: none), 4 entry spans
+    entries = _entries(got)
+    assert set(entries) == {"/t.C/Echo", "/t.S/Echo", "/t.I/Echo", "/t.I/Denied"}
+    for op, span in entries.items():
+        assert span[R.SPAN_REFS], op  # sw8 from the caller's metadata
+        assert span[R.SPAN_COMPONENT] == 23 and tags_of(span)["grpc.method"] == op
+    assert tags_of(entries["/t.I/Echo"])["grpc.status_code"] == "StatusCode.OK"
+    denied_span = entries["/t.I/Denied"]
+    assert tags_of(denied_span)["grpc.status_code"] == "StatusCode.PERMISSION_DENIED"
+    assert denied_span[R.SPAN_IS_ERROR]
+    assert inside == [  # the calls ran one after another
+        ("echo", "/t.C/Echo"),
+        ("echo", "/t.S/Echo"),
+        ("echo", None),  # /t.S/Skip: ignored, no span
+        ("guard", "/t.I/Echo"),
+        ("echo", "/t.I/Echo"),
+    ]
+
+
+def test_grpc_aio_server_registered_and_intercepted(sink: _sink.MemorySink) -> None:
+    """grpc.aio: registered method handlers, and a server with an application interceptor
+    (the span current in what it runs around the method): entry spans continuing the
+    caller's trace, results unchanged."""
+    from swmp.tracing.span import current_span
+
+    inside: list[Any] = []
+
+    async def coro(req: bytes, ctx: Any) -> bytes:
+        return b"coro-" + req
+
+    async def agen(req: bytes, ctx: Any) -> Any:
+        for i in range(2):
+            yield req + str(i).encode()
+
+    class Guard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+        async def intercept_service(self, continuation: Any, details: Any) -> Any:
+            handler = await continuation(details)
+
+            async def around(req: bytes, ctx: Any) -> bytes:
+                inside.append(getattr(current_span.get(), "op", None))
+                return await handler.unary_unary(req, ctx)  # type: ignore[no-any-return]
+
+            return grpc.unary_unary_rpc_method_handler(around)
+
+    async def main() -> list[Any]:
+        registered = grpc.aio.server()
+        registered.add_registered_method_handlers(
+            "r.S",
+            {
+                "Coro": grpc.unary_unary_rpc_method_handler(coro),
+                "Agen": grpc.unary_stream_rpc_method_handler(agen),
+            },
+        )
+        guarded = grpc.aio.server(interceptors=[Guard()])
+        guarded.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "i.S", {"Coro": grpc.unary_unary_rpc_method_handler(coro)}
+                ),
+            )
+        )
+        ports = [s.add_insecure_port("127.0.0.1:0") for s in (registered, guarded)]
+        for s in (registered, guarded):
+            await s.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{ports[0]}") as ch:
+                out = [await ch.unary_unary("/r.S/Coro")(b"a")]
+                out.append([x async for x in ch.unary_stream("/r.S/Agen")(b"b")])
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{ports[1]}") as ch:
+                out.append(await ch.unary_unary("/i.S/Coro")(b"c"))
+            return out
+        finally:
+            for s in (registered, guarded):
+                await s.stop(None)
+
+    assert asyncio.run(main()) == [b"coro-a", [b"b0", b"b1"], b"coro-c"]
+    got = wait_spans(sink, 6)
+    entries = _entries(got)
+    assert set(entries) == {"/r.S/Coro", "/r.S/Agen", "/i.S/Coro"}
+    assert all(span[R.SPAN_REFS] for span in entries.values())  # sw8 from the metadata
+    assert all(tags_of(s)["grpc.status_code"] == "StatusCode.OK" for s in entries.values())
+    assert inside == ["/i.S/Coro"]

@@ -1,10 +1,12 @@
 """gRPC server side: one entry span per RPC, for ``grpc.server`` and ``grpc.aio.server``.
 
-An interceptor (put first, before the application's own) rebuilds each method handler with
-its behaviour wrapped; the handler kind and the behaviour's function kind (plain, coroutine,
-async generator) are kept, because the servers choose how to run a behaviour by inspecting
-it. The operation name is the full method name (``/package.Service/Method``), ``sw8``
-comes from the invocation metadata.
+Each method handler is rebuilt once with its behaviour wrapped, where the server gets it:
+at registration (generic handlers hand out wrapped handlers; registered method handlers
+are wrapped), or, in a server with interceptors of the application's, by our interceptor,
+put first (:class:`ServerTracing`). The handler kind and the behaviour's function kind
+(plain, coroutine, async generator) are kept, because the servers choose how to run a
+behaviour by inspecting it. The operation name is the full method name
+(``/package.Service/Method``), ``sw8`` comes from the invocation metadata.
 
 Unary responses finish the span when the behaviour returns. Streamed responses finish it
 when the stream ends, or, when the client cancels or the deadline passes and the server
@@ -13,16 +15,42 @@ stops iterating, from the RPC's termination callback.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
-from swmp.instrument._incoming import activate, carrier_of, deactivate
+from swmp.instrument._incoming import activate, deactivate
+from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_GRPC_METHOD, TAG_GRPC_STATUS, Component, Layer
-from swmp.tracing.span import NOOP, Span
+from swmp.tracing.limits import limits
+from swmp.tracing.span import NO_TAGS, NOOP, Span
 
 Ignored = Callable[[str], bool]
+
+# grpc.aio: the invocation metadata, handed from the interceptor to the behaviour of the same
+# RPC (one task runs both, the interceptor just before). The aio servicer context builds a
+# new tuple of metadata on every invocation_metadata() call (~0.7 us), which the interceptor
+# has been given already. The behaviour takes it (and clears it) before the application runs.
+_aio_metadata: ContextVar[Any] = ContextVar("swmp_grpc_aio_metadata", default=None)
+_take_metadata = _aio_metadata.get
+_give_metadata = _aio_metadata.set
+_GRPC = Component.GRPC
+_RPC = Layer.RPC_FRAMEWORK
+
+# id(StatusCode member) -> (its status tag text, whether it fails the span), filled on the
+# first wrap: str(), .name and hash() of an Enum member each run Python code (members live
+# as long as their class, so their ids are theirs).
+_STATUS: dict[int, tuple[str, bool]] = {}
+
+
+def _status_table() -> None:
+    import grpc  # noqa: PLC0415 (imported: we are inside its server)
+
+    if not _STATUS:
+        _STATUS.update({id(code): (str(code), code.name != "OK") for code in grpc.StatusCode})
 
 
 def method_name(details: Any) -> str:
@@ -32,14 +60,35 @@ def method_name(details: Any) -> str:
     return m if m.__class__ is str else str(m)
 
 
-def _start(method: str, context: Any) -> Any:
+def _start(method: str, context: Any, md: Any = None) -> Any:
+    """The RPC's entry span (``sw8`` from the invocation metadata, ``md`` when the caller
+    has it, ``grpc.method`` tagged, the peer recorded), or NOOP / a non-recording span, not
+    yet current."""
+    # Per-call path: carrier_of() and Span.tag() inlined (a Python call each saved).
     try:
-        carrier = carrier_of(dict(context.invocation_metadata() or ()))
+        if md is None:
+            md = context.invocation_metadata()
+        get = dict(md).get if md else None
+        sw8 = get("sw8") if get is not None else None
+        carrier = (
+            from_headers(
+                sw8,
+                get("sw8-correlation"),  # type: ignore[misc]
+                get("sw8-x"),  # type: ignore[misc]
+                limits.correlation_max_elements,
+                limits.correlation_max_value_length,
+            )
+            if sw8 is not None
+            else None
+        )
     except Exception:
         carrier = None
-    span = _ctx.new_entry_span(method, carrier, Component.GRPC, Layer.RPC_FRAMEWORK)
+    span = _ctx.new_entry_span(method, carrier, _GRPC, _RPC)
     if span.__class__ is Span:
-        span.tag(TAG_GRPC_METHOD, method)
+        if span.tags is NO_TAGS and len(method) <= limits.tag_value_max:
+            span.tags = [TAG_GRPC_METHOD, method]
+        else:
+            span.tag(TAG_GRPC_METHOD, method)
         try:
             span.peer = context.peer() or ""
         except Exception:
@@ -58,7 +107,17 @@ def _status(span: Any, context: Any, default: Any) -> None:
     """Tag the RPC's status code; anything but OK marks the span failed."""
     if span.__class__ is not Span:
         return
-    code = _code_of(context) or default
+    try:
+        code = context.code() or default  # None until the behaviour sets one
+    except Exception:
+        code = default
+    hit = _STATUS.get(id(code))
+    tags = span.tags
+    if hit is not None and tags.__class__ is list and len(hit[0]) <= limits.tag_value_max:
+        tags += (TAG_GRPC_STATUS, hit[0])  # Span.tag(), inlined
+        if hit[1]:
+            span.error()
+        return
     span.tag(TAG_GRPC_STATUS, str(code))
     if getattr(code, "name", "OK") != "OK":
         span.error()
@@ -142,7 +201,37 @@ def _unknown(context: Any) -> Any:
     return _code_of(context) or grpc.StatusCode.UNKNOWN
 
 
-def _wrap_plain(fn: Callable[..., Any], method: str, streaming: bool) -> Callable[..., Any]:
+def _failed(span: Any, context: Any, exc: BaseException, default: Any) -> None:
+    span.error(exc)
+    _status(span, context, default)
+    span.finish()
+
+
+def _wrap_unary(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """A plain behaviour with one response: the span is current while it runs."""
+    import grpc  # noqa: PLC0415
+
+    ok, unknown = grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN
+
+    def behaviour(request: Any, context: Any) -> Any:
+        span = _start(method, context)
+        if span is NOOP:
+            return fn(request, context)
+        span.__enter__()  # finish() gives the context back
+        try:
+            result = fn(request, context)
+        except BaseException as e:
+            _failed(span, context, e, unknown)
+            raise
+        _status(span, context, ok)
+        span.finish()
+        return result
+
+    return behaviour
+
+
+def _wrap_streaming(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """A plain behaviour with streamed responses: see :class:`_Responses`."""
     import grpc  # noqa: PLC0415
 
     def behaviour(request: Any, context: Any) -> Any:
@@ -150,42 +239,41 @@ def _wrap_plain(fn: Callable[..., Any], method: str, streaming: bool) -> Callabl
         if span is NOOP:
             return fn(request, context)
         once = _Once(span, context)
-        if streaming:
-            _on_termination(context, once.terminated(grpc))
+        _on_termination(context, once.terminated(grpc))
         prev = activate(span)
         try:
-            result = fn(request, context)
-            if streaming:
-                result = _Responses(iter(result), once)
+            result = _Responses(iter(fn(request, context)), once)
         except BaseException as e:
             once.done(_unknown(context), e)
             raise
         finally:
             deactivate(span, prev)
-        if not streaming:
-            once.done(grpc.StatusCode.OK)
         return result
 
     return behaviour
 
 
 def _wrap_coroutine(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """grpc.aio: a coroutine (unary, or streaming through ``context.write()``)."""
     import grpc  # noqa: PLC0415
 
+    ok, unknown = grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN
+
     async def behaviour(request: Any, context: Any) -> Any:
-        span = _start(method, context)
+        md = _take_metadata()
+        if md is not None:
+            _give_metadata(None)
+        span = _start(method, context, md)
         if span is NOOP:
             return await fn(request, context)
-        once = _Once(span, context)
-        prev = activate(span)
+        span.__enter__()  # finish() gives the context back
         try:
             result = await fn(request, context)
         except BaseException as e:
-            once.done(_unknown(context), e)
+            _failed(span, context, e, unknown)
             raise
-        finally:
-            deactivate(span, prev)
-        once.done(grpc.StatusCode.OK)
+        _status(span, context, ok)
+        span.finish()
         return result
 
     return behaviour
@@ -195,7 +283,10 @@ def _wrap_async_gen(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
     import grpc  # noqa: PLC0415
 
     async def behaviour(request: Any, context: Any) -> Any:
-        span = _start(method, context)
+        md = _take_metadata()
+        if md is not None:
+            _give_metadata(None)
+        span = _start(method, context, md)
         if span is NOOP:
             async for item in fn(request, context):
                 yield item
@@ -242,13 +333,15 @@ def wrap_handler(handler: Any, method: str) -> Any:
     fn = getattr(handler, kind)
     factory = factories[kind]
     streaming = bool(handler.response_streaming)
+    _status_table()
     if inspect.isasyncgenfunction(fn):
         wrapped = _wrap_async_gen(fn, method)
     elif inspect.iscoroutinefunction(fn):
-        # grpc.aio: a coroutine (unary, or streaming through context.write())
         wrapped = _wrap_coroutine(fn, method)
+    elif streaming:
+        wrapped = _wrap_streaming(fn, method)
     else:
-        wrapped = _wrap_plain(fn, method, streaming)
+        wrapped = _wrap_unary(fn, method)
     return factory(
         wrapped,
         request_deserializer=handler.request_deserializer,
@@ -256,26 +349,64 @@ def wrap_handler(handler: Any, method: str) -> Any:
     )
 
 
-def server_interceptors(ignored: Ignored) -> tuple[Any, Any]:
-    """``(sync interceptor, aio interceptor)`` that trace every method not ``ignored``."""
-    import grpc  # noqa: PLC0415
-    from grpc import aio  # noqa: PLC0415
+class ServerTracing:
+    """Traces every server method not ``ignored``, in one of two ways per server.
 
-    # Servers hand out the same handler object for a method on every call: wrap it once.
-    # Keyed by (handler, method) identity; bounded (cleared when full, which only costs
-    # wrapping again).
-    wrapped: dict[tuple[int, str], tuple[Any, Any]] = {}
+    A server created without interceptors of the application's (the usual case) gets its
+    handlers wrapped where they are registered (:meth:`trace_server`): the generic handlers
+    hand out wrapped method handlers, the registered method handlers are wrapped once.
+    grpc's interceptor machinery costs more per call than the span's gRPC-specific work
+    (the sync server's pipeline of Python calls: ~5,000 instructions). With interceptors of
+    the application's, ours goes first (:attr:`sync_interceptor`, :attr:`aio_interceptor`),
+    so the span covers what they do around the method as well.
+    """
 
-    def intercept(handler: Any, details: Any) -> Any:
-        if handler is None:
-            return None  # unknown method: gRPC answers UNIMPLEMENTED itself
+    def __init__(self, ignored: Ignored) -> None:
+        import grpc  # noqa: PLC0415
+        from grpc import aio  # noqa: PLC0415
+
+        self.ignored = ignored
+        # Servers hand out the same handler object for a method on every call: wrap it
+        # once. Keyed by (handler, method) identity; bounded (cleared when full, which only
+        # costs wrapping again).
+        self._wrapped: dict[tuple[int, str], tuple[Any, Any]] = {}
+        wrapped = self._wrapped
+        wrap = self.wrap
+
+        # The handler is looked up on every call (an interceptor runs per RPC): the cache
+        # hit is inlined into each interceptor, the rest is wrap().
+        class SyncInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+            def intercept_service(self, continuation: Any, details: Any) -> Any:
+                handler = continuation(details)
+                if handler is None:
+                    return None  # unknown method: gRPC answers UNIMPLEMENTED itself
+                try:
+                    hit = wrapped.get((id(handler), details.method))
+                except Exception:  # an unhashable method name: wrap() copes or gives up
+                    hit = None
+                if hit is not None and hit[0] is handler:
+                    return hit[1]
+                return wrap(handler, details)
+
+        class AioInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+            async def intercept_service(self, continuation: Any, details: Any) -> Any:
+                return _handing_over(await continuation(details), details, wrapped, wrap)
+
+        self.sync_interceptor = SyncInterceptor()
+        self.aio_interceptor = AioInterceptor()
+
+    def wrap(self, handler: Any, details: Any) -> Any:
+        """``handler`` wrapped for the method of ``details``, once per (handler, method)."""
         try:
-            method = method_name(details)
+            method = details.method
+            if method.__class__ is not str:
+                method = method_name(details)
             key = (id(handler), method)
+            wrapped = self._wrapped
             hit = wrapped.get(key)
             if hit is not None and hit[0] is handler:
                 return hit[1]
-            result = handler if ignored(method) else wrap_handler(handler, method)
+            result = handler if self.ignored(method) else wrap_handler(handler, method)
             if len(wrapped) >= 4096:
                 wrapped.clear()
             wrapped[key] = (handler, result)  # holds the handler: its id stays its own
@@ -283,12 +414,97 @@ def server_interceptors(ignored: Ignored) -> tuple[Any, Any]:
         except Exception:
             return handler
 
-    class SyncInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-        def intercept_service(self, continuation: Any, details: Any) -> Any:
-            return intercept(continuation(details), details)
+    def generic(self, handler: Any, aio: bool) -> Any:
+        """A generic RPC handler handing out the traced method handlers of ``handler``."""
+        sync_cls, aio_cls = _generic_classes()
+        if isinstance(handler, sync_cls) or not hasattr(handler, "service"):
+            return handler  # ours already, or not a handler (grpc raises its own error)
+        return (aio_cls if aio else sync_cls)(handler, self._wrapped, self.wrap)
 
-    class AioInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
-        async def intercept_service(self, continuation: Any, details: Any) -> Any:
-            return intercept(await continuation(details), details)
+    def registered(self, service: str, method_handlers: Any) -> Any:
+        """``add_registered_method_handlers``' dict with every method's handler traced."""
+        out = {}
+        for name, handler in method_handlers.items():
+            full = f"/{service}/{name}"  # grpc's fully qualified method name
+            out[name] = handler if self.ignored(full) else wrap_handler(handler, full)
+        return out
 
-    return SyncInterceptor(), AioInterceptor()
+    def trace_server(self, server: Any, aio: bool) -> None:
+        """Make ``server`` (created without application interceptors) register traced
+        handlers from now on (its own methods, replaced on the instance)."""
+        add_generic = server.add_generic_rpc_handlers
+        add_registered = getattr(server, "add_registered_method_handlers", None)  # grpcio 1.62
+
+        def add_generic_rpc_handlers(generic_rpc_handlers: Any) -> None:
+            try:
+                traced = [self.generic(h, aio) for h in generic_rpc_handlers]
+            except Exception:
+                traced = generic_rpc_handlers  # not iterable: grpc raises its own error
+            add_generic(traced)
+
+        def add_registered_method_handlers(service_name: str, method_handlers: Any) -> None:
+            try:
+                traced = self.registered(service_name, method_handlers)
+            except Exception:
+                traced = method_handlers
+            add_registered(service_name, traced)  # type: ignore[misc]
+
+        server.add_generic_rpc_handlers = add_generic_rpc_handlers
+        if add_registered is not None:
+            server.add_registered_method_handlers = add_registered_method_handlers
+
+
+def _handing_over(handler: Any, details: Any, wrapped: dict[Any, Any], wrap: Callable[..., Any]) -> Any:
+    """grpc.aio: the traced handler for ``handler``, the call's metadata handed over to its
+    behaviour (see ``_aio_metadata``)."""
+    if handler is None:
+        return None  # unknown method: gRPC answers UNIMPLEMENTED itself
+    try:
+        hit = wrapped.get((id(handler), details.method))
+    except Exception:  # an unhashable method name: wrap() copes or gives up
+        hit = None
+    result = hit[1] if hit is not None and hit[0] is handler else wrap(handler, details)
+    if result is not handler:
+        try:
+            _give_metadata(details.invocation_metadata)
+        except Exception:
+            pass
+    return result
+
+
+@functools.cache
+def _generic_classes() -> tuple[type, type]:
+    """(sync, aio) generic handler classes (made once grpc is imported)."""
+    import grpc  # noqa: PLC0415
+
+    class SyncGeneric(grpc.GenericRpcHandler):  # type: ignore[misc]
+        """An application's generic handler, handing out traced method handlers."""
+
+        __slots__ = ("_inner", "_wrap", "_wrapped")
+
+        def __init__(self, inner: Any, wrapped: dict[Any, Any], wrap: Callable[..., Any]) -> None:
+            self._inner = inner
+            self._wrapped = wrapped
+            self._wrap = wrap
+
+        def service(self, handler_call_details: Any) -> Any:
+            handler = self._inner.service(handler_call_details)
+            if handler is None:
+                return None
+            try:
+                hit = self._wrapped.get((id(handler), handler_call_details.method))
+            except Exception:
+                hit = None
+            if hit is not None and hit[0] is handler:
+                return hit[1]
+            return self._wrap(handler, handler_call_details)
+
+    class AioGeneric(SyncGeneric):
+        __slots__ = ()
+
+        def service(self, handler_call_details: Any) -> Any:
+            return _handing_over(
+                self._inner.service(handler_call_details), handler_call_details, self._wrapped, self._wrap
+            )
+
+    return SyncGeneric, AioGeneric

@@ -1,7 +1,8 @@
 """gRPC (grpcio): entry spans on server methods, exit spans on client calls, sync and
 ``grpc.aio``, unary and streaming (component GRPC, 23; layer RPCFramework).
 
-Servers: ``grpc.server`` and ``grpc.aio.server`` get our interceptor first
+Servers: ``grpc.server`` and ``grpc.aio.server`` register traced method handlers, or,
+when the application gives them interceptors, get our interceptor first
 (``_grpc_server``). Clients: channels from ``grpc.insecure_channel`` /
 ``grpc.secure_channel`` and the ``grpc.aio`` forms get our client interceptors
 (``_grpc_client``). Operation names are full method names (``/package.Service/Method``), as
@@ -21,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._grpc_client import aio_interceptors_factory, sync_interceptor_class
-from swmp.instrument._grpc_server import server_interceptors
+from swmp.instrument._grpc_server import ServerTracing
 from swmp.instrument._incoming import reporter_is_calling
 from swmp.instrument._patch import patch, restore
 
@@ -86,17 +87,42 @@ def _prepending(orig: Callable[..., Any], ours: Ours) -> Any:
     return factory
 
 
+def _traced_server(orig: Callable[..., Any], tracing: ServerTracing, aio: bool) -> Any:
+    """A wrapper of ``grpc.server`` / ``grpc.aio.server``: with interceptors of the
+    application's, ours goes first among them; without, the server registers traced
+    handlers (``ServerTracing``)."""
+    sig = inspect.signature(orig)
+    ours = tracing.aio_interceptor if aio else tracing.sync_interceptor
+
+    def server(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = sig.bind(*args, **kwargs)
+            theirs = list(bound.arguments.get("interceptors") or ())
+            if theirs:
+                bound.arguments["interceptors"] = [ours, *theirs]
+            elif bound.arguments.get("handlers"):
+                bound.arguments["handlers"] = [tracing.generic(h, aio) for h in bound.arguments["handlers"]]
+        except Exception:
+            return orig(*args, **kwargs)  # a wrong call: let the library raise its own error
+        made = orig(*bound.args, **bound.kwargs)
+        if not theirs:
+            try:
+                tracing.trace_server(made, aio)
+            except Exception:
+                pass
+        return made
+
+    return server
+
+
 def install(config: Config) -> None:
     import grpc  # noqa: PLC0415
     from grpc import aio  # noqa: PLC0415
 
     ignored = IgnoredMethods(config.plugin_grpc_ignored_methods)
-    sync_server, aio_server = server_interceptors(ignored)
+    servers = ServerTracing(ignored)
     sync_client = sync_interceptor_class(ignored)
     aio_clients = aio_interceptors_factory(ignored)
-
-    def make_server(ours: Any) -> Callable[[Any], Any]:
-        return lambda orig: _prepending(orig, lambda args, kwargs: [ours])
 
     def make_channel(orig: Any) -> Any:
         def channel(target: str, *args: Any, **kwargs: Any) -> Any:
@@ -116,10 +142,10 @@ def install(config: Config) -> None:
     def make_aio_channel(orig: Any) -> Any:
         return _prepending(orig, aio_ours)
 
-    patch(grpc, "server", make_server(sync_server))
+    patch(grpc, "server", lambda orig: _traced_server(orig, servers, aio=False))
     patch(grpc, "insecure_channel", make_channel)
     patch(grpc, "secure_channel", make_channel)
-    patch(aio, "server", make_server(aio_server))
+    patch(aio, "server", lambda orig: _traced_server(orig, servers, aio=True))
     patch(aio, "insecure_channel", make_aio_channel)
     patch(aio, "secure_channel", make_aio_channel)
 
