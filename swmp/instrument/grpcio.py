@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._grpc_client import aio_interceptors_factory, sync_interceptor_class
-from swmp.instrument._grpc_server import ServerTracing
+from swmp.instrument._grpc_registration import ServerTracing
 from swmp.instrument._incoming import reporter_is_calling
 from swmp.instrument._patch import patch, restore
 
