@@ -21,12 +21,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._http import peer_of, record_status
-from swmp.instrument._incoming import http_entry_span, reporter_is_calling
+from swmp.instrument._incoming import reporter_is_calling
 from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import name_request, record_exception
+from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
-from swmp.tracing.span import NOOP, Span
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_STATUS, TAG_HTTP_URL, Component, Kind, Layer
+from swmp.tracing.limits import limits
+from swmp.tracing.span import NO_TAGS, NOOP, Span, current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -38,32 +40,87 @@ SUPPORTED = ("3.8", "4")
 TRIGGER = "aiohttp"  # its __init__ imports client, web_protocol and web_urldispatcher
 
 _AIOHTTP = Component.AIOHTTP
+_HTTP = Layer.HTTP
+_UNSET: Any = object()
+# Status code -> its tag (key, text), ready to extend the span's tag list: record_status()
+# without its two calls (Span.tag) for every ordinary status code.
+_STATUS_TAG = {code: (TAG_HTTP_STATUS, str(code)) for code in range(100, 600)}
+_OP = "_swmp_op"  # the operation name kept on an aiohttp route
+_get_current = current_span.get
+_ENTRY = Kind.ENTRY
 
 
 def _server(config: Config) -> None:
     from aiohttp.web_protocol import RequestHandler  # noqa: PLC0415
     from aiohttp.web_urldispatcher import UrlMappingMatchInfo  # noqa: PLC0415
 
+    # The per-request path below inlines what ``http_entry_span`` and ``name_request`` do
+    # (each Python call it saves is paid with the CPU caches cold behind a real server,
+    # docs/performance.md "aiohttp and Tornado: fewer calls per request").
     def make_handle(orig: Any) -> Any:
         async def _handle_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            span = http_entry_span(request.path, request.headers, request.method, _AIOHTTP)
-            if span is None:
+            method = request.method
+            rules = _ctx.policy.rules
+            # No call at all when no method is ignored (IgnoreRules keeps them in _methods).
+            if getattr(rules, "_methods", True) and rules.ignore_method(method):
                 return await orig(self, request, *args, **kwargs)
+            path = request.path
+            get = request.headers.get
+            sw8 = get("sw8")
+            carrier = (
+                None
+                if sw8 is None
+                else from_headers(
+                    sw8,
+                    get("sw8-correlation"),
+                    get("sw8-x"),
+                    limits.correlation_max_elements,
+                    limits.correlation_max_value_length,
+                )
+            )
+            span: Any = _ctx.new_entry_span(path, carrier, _AIOHTTP, _HTTP)
+            if span.__class__ is not Span:
+                if span is NOOP:  # an entry span of this request is open already
+                    return await orig(self, request, *args, **kwargs)
+                with span:  # not recorded: only keeps nested instrumentation quiet
+                    return await orig(self, request, *args, **kwargs)
             with span:
-                if span.__class__ is Span:
-                    try:
-                        span.tag(TAG_HTTP_URL, f"{request.scheme}://{request.host}{request.path}")
-                        peer = request.transport.get_extra_info("peername") if request.transport else None
-                        if isinstance(peer, (list, tuple)) and len(peer) >= 2:
-                            span.peer = f"{peer[0]}:{peer[1]}"
-                    except Exception:
-                        pass
+                try:
+                    # request.scheme and request.host without their two calls: the values
+                    # they compute (first use in this request) from the same fields.
+                    ssl = getattr(request, "_transport_sslcontext", _UNSET)
+                    scheme = request.scheme if ssl is _UNSET else "https" if ssl else "http"
+                    url = f"{scheme}://{get('host') or request.host}{path}"
+                    lim = limits.tag_value_max
+                    if span.tags is NO_TAGS and len(url) <= lim and len(method) <= lim:
+                        span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]  # one list
+                    else:
+                        span.tag(TAG_HTTP_METHOD, method)
+                        span.tag(TAG_HTTP_URL, url)
+                    # What transport.get_extra_info("peername") said when the request was
+                    # made (every aiohttp 3.x keeps it), without two more calls.
+                    peer = getattr(request, "_transport_peername", _UNSET)
+                    if peer is _UNSET:
+                        transport = request.transport
+                        peer = transport.get_extra_info("peername") if transport else None
+                    if (peer.__class__ is tuple or isinstance(peer, (list, tuple))) and len(peer) >= 2:
+                        span.peer = f"{peer[0]}:{peer[1]}"
+                except Exception:
+                    if span.tags is NO_TAGS:
+                        span.tag(TAG_HTTP_METHOD, method)
                 result = await orig(self, request, *args, **kwargs)
-                if span.__class__ is Span:
-                    try:
-                        record_status(span, result[0].status)
-                    except Exception:
-                        pass
+                try:
+                    status = result[0].status
+                    hit = _STATUS_TAG.get(status) if status.__class__ is int else None
+                    tags = span.tags
+                    if hit is not None and tags.__class__ is list and limits.tag_value_max >= 3:
+                        tags += hit
+                        if status >= 400:
+                            span.error()
+                    else:
+                        record_status(span, status)
+                except Exception:
+                    pass
                 return result
 
         return _handle_request
@@ -83,9 +140,25 @@ def _server(config: Config) -> None:
         def __init__(self: Any, match_dict: Any, route: Any) -> None:
             orig(self, match_dict, route)
             try:
-                resource = route.resource
-                if resource is not None:
-                    name_request(resource.canonical)
+                s = _get_current()
+                if s is None:  # nothing recorded in this context
+                    return
+                op = getattr(route, _OP, None)
+                if op is None:
+                    resource = route.resource
+                    if resource is None:  # a 404/405 (SystemRoute): the span keeps the path
+                        return
+                    op = resource.canonical
+                    try:  # kept: once per route (its router is frozen while it serves)
+                        setattr(route, _OP, op)
+                    except Exception:
+                        pass
+                if not op:
+                    return
+                if s.__class__ is Span and s.kind == _ENTRY and not s.end:
+                    s.set_operation(op)  # name_request() without its call: the common case
+                else:
+                    name_request(op)
             except Exception:
                 pass
 

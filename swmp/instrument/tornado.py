@@ -13,11 +13,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._http import record_status
-from swmp.instrument._incoming import http_entry_span
 from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import record_exception
-from swmp.tracing.constants import TAG_HTTP_URL, Component
-from swmp.tracing.span import Span
+from swmp.propagation import from_headers
+from swmp.tracing import context as _ctx
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_STATUS, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.limits import limits
+from swmp.tracing.span import NO_TAGS, NOOP, Span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -29,13 +31,34 @@ SUPPORTED = ("6.0", "7")
 TRIGGER = "tornado.web"  # defines RequestHandler and imports tornado.routing
 
 _ROUTE = "_swmp_route"
+_HTTP = Layer.HTTP
+_TORNADO = Component.TORNADO
+# Status code -> its tag (key, text), ready to extend the span's tag list: record_status()
+# without its two calls (Span.tag) for every ordinary status code.
+_STATUS_TAG = {code: (TAG_HTTP_STATUS, str(code)) for code in range(100, 600)}
+# Rule pattern -> operation name ("/users/([0-9]+)$" -> "/users/([0-9]+)"): an application
+# has a bounded set of rules, so the name is made once, not per request (cleared when full).
+_templates: dict[str, str] = {}
 
 
-def _route_of(request: Any) -> str:
-    pattern = getattr(request, _ROUTE, None)
-    if pattern is None:
-        return request.path or "/"
-    return pattern[:-1] if pattern.endswith("$") else pattern  # type: ignore[no-any-return]
+def _template(pattern: str) -> str:
+    if len(_templates) >= 4096:
+        _templates.clear()
+    op = _templates[pattern] = pattern[:-1] if pattern.endswith("$") else pattern
+    return op
+
+
+def _carrier(headers: Any) -> Any:
+    """The request's decoded ``sw8`` headers (asked only when it has one: ``HTTPHeaders.get``
+    of an absent header raises and catches a KeyError in two Python frames)."""
+    get = headers.get
+    return from_headers(
+        get("sw8"),
+        get("sw8-correlation"),
+        get("sw8-x"),
+        limits.correlation_max_elements,
+        limits.correlation_max_value_length,
+    )
 
 
 def install(config: Config) -> None:
@@ -54,24 +77,50 @@ def install(config: Config) -> None:
 
         return match
 
+    # The per-request path inlines what ``http_entry_span`` does (each Python call it saves
+    # is paid with the CPU caches cold behind a real server, docs/performance.md).
     def make_execute(orig: Any) -> Any:
         async def _execute(self: Any, transforms: Any, *args: Any, **kwargs: Any) -> Any:
             request = self.request
             method = request.method or "GET"
-            span = http_entry_span(_route_of(request), request.headers, method, Component.TORNADO)
-            if span is None:
+            rules = _ctx.policy.rules
+            # No call at all when no method is ignored (IgnoreRules keeps them in _methods).
+            if getattr(rules, "_methods", True) and rules.ignore_method(method):
                 return await orig(self, transforms, *args, **kwargs)
+            pattern = getattr(request, _ROUTE, None)
+            op = (request.path or "/") if pattern is None else (_templates.get(pattern) or _template(pattern))
+            headers = request.headers
+            carrier = _carrier(headers) if "sw8" in headers else None
+            span: Any = _ctx.new_entry_span(op, carrier, _TORNADO, _HTTP)
+            if span.__class__ is not Span:
+                if span is NOOP:  # an entry span of this request is open already
+                    return await orig(self, transforms, *args, **kwargs)
+                with span:  # not recorded: only keeps nested instrumentation quiet
+                    return await orig(self, transforms, *args, **kwargs)
             with span:
-                if span.__class__ is Span:
-                    try:
-                        span.tag(TAG_HTTP_URL, f"{request.protocol}://{request.host}{request.path}")
-                        if request.remote_ip:
-                            span.peer = request.remote_ip
-                    except Exception:
-                        pass
+                try:
+                    url = f"{request.protocol}://{request.host}{request.path}"
+                    lim = limits.tag_value_max
+                    if span.tags is NO_TAGS and len(url) <= lim and len(method) <= lim:
+                        span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]  # one list
+                    else:
+                        span.tag(TAG_HTTP_METHOD, method)
+                        span.tag(TAG_HTTP_URL, url)
+                    if request.remote_ip:
+                        span.peer = request.remote_ip
+                except Exception:
+                    if span.tags is NO_TAGS:
+                        span.tag(TAG_HTTP_METHOD, method)
                 result = await orig(self, transforms, *args, **kwargs)
-                if span.__class__ is Span:
-                    record_status(span, self.get_status())
+                status = self.get_status()
+                hit = _STATUS_TAG.get(status) if status.__class__ is int else None
+                tags = span.tags
+                if hit is not None and tags.__class__ is list and limits.tag_value_max >= 3:
+                    tags += hit
+                    if status >= 400:
+                        span.error()
+                else:
+                    record_status(span, status)
                 return result
 
         return _execute
