@@ -6,6 +6,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from swmp.tracing.constants import TAG_HTTP_STATUS
+from swmp.tracing.limits import limits
 
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -32,12 +33,21 @@ def split_url(url: str) -> tuple[str, str, str]:
         return "", "/", str(url)
 
 
-# The tag text of every status code a server sends: made once, not per response.
+# The tag text of every status code a server sends, and the tag pair ready to extend a
+# span's tag list: made once, not per response.
 _STATUS_TEXT = {code: str(code) for code in range(100, 600)}
+_STATUS_TAG = {code: (TAG_HTTP_STATUS, text) for code, text in _STATUS_TEXT.items()}
 
 
 def record_status(span: Any, status: int) -> None:
     """Tag the status code; 4xx/5xx mark the span as an error (as the SkyWalking agents do)."""
+    hit = _STATUS_TAG.get(status) if status.__class__ is int else None
+    tags = span.tags
+    if hit is not None and tags.__class__ is list and limits.tag_value_max >= 3:
+        tags += hit  # Span.tag(), inlined: once per response
+        if status >= 400:
+            span.error()
+        return
     text = _STATUS_TEXT.get(status) if status.__class__ is int else None
     span.tag(TAG_HTTP_STATUS, status if text is None else text)
     if status >= 400:

@@ -26,7 +26,7 @@ from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import name_request, record_exception
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_STATUS, TAG_HTTP_URL, Component, Kind, Layer
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Kind, Layer
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NO_TAGS, NOOP, Span, current_span
 
@@ -42,9 +42,6 @@ TRIGGER = "aiohttp"  # its __init__ imports client, web_protocol and web_urldisp
 _AIOHTTP = Component.AIOHTTP
 _HTTP = Layer.HTTP
 _UNSET: Any = object()
-# Status code -> its tag (key, text), ready to extend the span's tag list: record_status()
-# without its two calls (Span.tag) for every ordinary status code.
-_STATUS_TAG = {code: (TAG_HTTP_STATUS, str(code)) for code in range(100, 600)}
 _OP = "_swmp_op"  # the operation name kept on an aiohttp route
 _get_current = current_span.get
 _ENTRY = Kind.ENTRY
@@ -111,14 +108,7 @@ def _server(config: Config) -> None:
                 result = await orig(self, request, *args, **kwargs)
                 try:
                     status = result[0].status
-                    hit = _STATUS_TAG.get(status) if status.__class__ is int else None
-                    tags = span.tags
-                    if hit is not None and tags.__class__ is list and limits.tag_value_max >= 3:
-                        tags += hit
-                        if status >= 400:
-                            span.error()
-                    else:
-                        record_status(span, status)
+                    record_status(span, status)
                 except Exception:
                     pass
                 return result

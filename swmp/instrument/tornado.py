@@ -17,7 +17,7 @@ from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import record_exception
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_STATUS, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NO_TAGS, NOOP, Span
 
@@ -33,9 +33,6 @@ TRIGGER = "tornado.web"  # defines RequestHandler and imports tornado.routing
 _ROUTE = "_swmp_route"
 _HTTP = Layer.HTTP
 _TORNADO = Component.TORNADO
-# Status code -> its tag (key, text), ready to extend the span's tag list: record_status()
-# without its two calls (Span.tag) for every ordinary status code.
-_STATUS_TAG = {code: (TAG_HTTP_STATUS, str(code)) for code in range(100, 600)}
 # Rule pattern -> operation name ("/users/([0-9]+)$" -> "/users/([0-9]+)"): an application
 # has a bounded set of rules, so the name is made once, not per request (cleared when full).
 _templates: dict[str, str] = {}
@@ -113,14 +110,7 @@ def install(config: Config) -> None:
                         span.tag(TAG_HTTP_METHOD, method)
                 result = await orig(self, transforms, *args, **kwargs)
                 status = self.get_status()
-                hit = _STATUS_TAG.get(status) if status.__class__ is int else None
-                tags = span.tags
-                if hit is not None and tags.__class__ is list and limits.tag_value_max >= 3:
-                    tags += hit
-                    if status >= 400:
-                        span.error()
-                else:
-                    record_status(span, status)
+                record_status(span, status)
                 return result
 
         return _execute
