@@ -199,6 +199,30 @@ def test_user_headers_kept_and_not_mutated(celery_env: Any) -> None:
     wait_for(lambda: len(entries(sink, "celery/t.add")) == 1)
 
 
+def test_propagation_headers_of_an_earlier_message_give_way_to_the_new_span(celery_env: Any) -> None:
+    """A retry copies its request's headers: the old sw8, sw8-correlation and sw8-x must not
+    survive beside the new span's (this trace has no correlation and is analysed)."""
+    app, sink, _ = celery_env
+    seen: list[dict[str, Any]] = []
+
+    from celery import signals
+
+    def on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        seen.append(dict(headers or {}))
+
+    stale = {"sw8": "1-stale", "sw8-correlation": "a2V5:dmFsdWU=", "sw8-x": "1", "tenant": "t1"}
+    signals.before_task_publish.connect(on_publish, weak=False)
+    try:
+        app.send_task("t.add", (1, 2), headers=dict(stale))
+    finally:
+        signals.before_task_publish.disconnect(on_publish)
+    got = seen[0]
+    assert got["tenant"] == "t1"
+    assert got["sw8"].startswith("1-") and got["sw8"] != "1-stale"
+    assert "sw8-correlation" not in got and "sw8-x" not in got
+    wait_for(lambda: len(entries(sink, "celery/t.add")) == 1)
+
+
 def test_failure_is_an_error_with_the_exception(celery_env: Any) -> None:
     app, sink, _ = celery_env
     app.tasks["t.fail"].delay("no stock")

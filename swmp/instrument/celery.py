@@ -109,6 +109,18 @@ def _origin_host(request: Any) -> str:
 
 
 # -- publishing ------------------------------------------------------------------------------
+_SW_HEADERS = ("sw8", "sw8-correlation", "sw8-x")
+
+
+def _with_trace(headers: dict[str, Any], sw: dict[str, str]) -> dict[str, Any]:
+    """The message's headers with this span's propagation headers instead of any it had: a
+    retry copies its request's headers, and those of the message it retries must not survive
+    next to this span's (e.g. a correlation header this span's trace no longer has)."""
+    if "sw8" in headers or "sw8-correlation" in headers or "sw8-x" in headers:  # _SW_HEADERS
+        headers = {k: v for k, v in headers.items() if k not in _SW_HEADERS}
+    return {**headers, **sw}
+
+
 def _wrap_send_task(orig: Any) -> Any:
     def send_task(
         self: Any, name: str, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any
@@ -126,7 +138,7 @@ def _wrap_send_task(orig: Any) -> Any:
                     sw = span.inject()
                     headers = options.get("headers")
                     # A copy: the caller's dict (a signature's options) is reused for other sends.
-                    options["headers"] = {**headers, **sw} if headers else sw
+                    options["headers"] = _with_trace(headers, sw) if headers else sw
                 except Exception:
                     warn_once("celery-publish", "swmp: adding the trace to a Celery message failed")
             return orig(self, name, args, kwargs, *rest, **options)
