@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from swmp.tracing.constants import TAG_HTTP_STATUS
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_STATUS, TAG_HTTP_URL
 from swmp.tracing.limits import limits
+from swmp.tracing.span import NO_TAGS
 
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -37,6 +38,17 @@ def split_url(url: str) -> tuple[str, str, str]:
 # span's tag list: made once, not per response.
 _STATUS_TEXT = {code: str(code) for code in range(100, 600)}
 _STATUS_TAG = {code: (TAG_HTTP_STATUS, text) for code, text in _STATUS_TEXT.items()}
+
+
+def request_tags(span: Any, method: Any, url: str) -> None:
+    """An entry span's ``http.method`` and ``http.url``: in one list when they are its first
+    tags and need no clipping (what two ``Span.tag`` calls would build), once per request."""
+    lim = limits.tag_value_max
+    if span.tags is NO_TAGS and method.__class__ is str and len(method) <= lim and len(url) <= lim:
+        span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]
+    else:
+        span.tag(TAG_HTTP_METHOD, method)
+        span.tag(TAG_HTTP_URL, url)
 
 
 def record_status(span: Any, status: int) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import peer_of, record_status
+from swmp.instrument._http import peer_of, record_status, request_tags
 from swmp.instrument._incoming import reporter_is_calling
 from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import name_request, record_exception
@@ -88,12 +88,7 @@ def _server(config: Config) -> None:
                     ssl = getattr(request, "_transport_sslcontext", _UNSET)
                     scheme = request.scheme if ssl is _UNSET else "https" if ssl else "http"
                     url = f"{scheme}://{get('host') or request.host}{path}"
-                    lim = limits.tag_value_max
-                    if span.tags is NO_TAGS and len(url) <= lim and len(method) <= lim:
-                        span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]  # one list
-                    else:
-                        span.tag(TAG_HTTP_METHOD, method)
-                        span.tag(TAG_HTTP_URL, url)
+                    request_tags(span, method, url)
                     # What transport.get_extra_info("peername") said when the request was
                     # made (every aiohttp 3.x keeps it), without two more calls.
                     peer = getattr(request, "_transport_peername", _UNSET)

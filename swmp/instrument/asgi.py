@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from swmp.instrument._http import record_status
+from swmp.instrument._http import record_status, request_tags
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_PARAMS, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.constants import TAG_HTTP_PARAMS, Component, Layer
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NO_TAGS, NOOP, Span
+from swmp.tracing.span import NOOP, Span
 
 _HTTP = Layer.HTTP
 
@@ -88,11 +88,7 @@ def _entry(scope: Scope, component: int, collect_params: bool, params_limit: int
                 server = scope.get("server") or ("", "")
                 host = f"{server[0]}:{server[1]}"
             url = f"{scope.get('scheme', 'http')}://{host}{scope.get('root_path', '')}{path}"
-            if span.tags is NO_TAGS and method.__class__ is str and len(url) <= limits.tag_value_max:
-                span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]  # the two tags, in one list
-            else:
-                span.tag(TAG_HTTP_METHOD, method)
-                span.tag(TAG_HTTP_URL, url)
+            request_tags(span, method, url)
             client = scope.get("client")
             if client:
                 span.peer = f"{client[0]}:{client[1]}"

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import record_status
+from swmp.instrument._http import record_status, request_tags
 from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import record_exception
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.constants import TAG_HTTP_METHOD, Component, Layer
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NO_TAGS, NOOP, Span
 
@@ -97,12 +97,7 @@ def install(config: Config) -> None:
             with span:
                 try:
                     url = f"{request.protocol}://{request.host}{request.path}"
-                    lim = limits.tag_value_max
-                    if span.tags is NO_TAGS and len(url) <= lim and len(method) <= lim:
-                        span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]  # one list
-                    else:
-                        span.tag(TAG_HTTP_METHOD, method)
-                        span.tag(TAG_HTTP_URL, url)
+                    request_tags(span, method, url)
                     if request.remote_ip:
                         span.peer = request.remote_ip
                 except Exception:

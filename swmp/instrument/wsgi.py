@@ -14,19 +14,17 @@ from collections.abc import Callable, Iterable, Iterator
 from types import MethodType as _bind
 from typing import Any
 
-from swmp.instrument._http import record_status
+from swmp.instrument._http import record_status, request_tags
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import (
-    TAG_HTTP_METHOD,
     TAG_HTTP_PARAMS,
     TAG_HTTP_STATUS,
-    TAG_HTTP_URL,
     Component,
     Layer,
 )
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NO_TAGS, NOOP, Span, current_span
+from swmp.tracing.span import NOOP, Span, current_span
 
 _get_current = current_span.get
 _set_current = current_span.set
@@ -109,11 +107,7 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     try:
         host = get("HTTP_HOST") or f"{get('SERVER_NAME', '')}:{get('SERVER_PORT', '')}"
         url = f"{get('wsgi.url_scheme', 'http')}://{host}{get('SCRIPT_NAME', '')}{path}"
-        if span.tags is NO_TAGS and len(url) <= limits.tag_value_max and method.__class__ is str:
-            span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]  # the two tags, in one list
-        else:
-            span.tag(TAG_HTTP_METHOD, method)
-            span.tag(TAG_HTTP_URL, url)
+        request_tags(span, method, url)
         remote = get("REMOTE_ADDR")
         if remote:
             port = get("REMOTE_PORT")
