@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from swmp import lifecycle
+from swmp.tracing.span import native_core
 
 _pid = 0
 _prefix = ""
@@ -33,18 +34,8 @@ _pid_source: Callable[[], int] = lifecycle.current_pid
 _pid_holder: Any = lifecycle.pid_holder
 
 
-def _native_ids() -> Any:
-    """``swmp._spancore`` (its ``new_id``) when it is built and not turned off."""
-    if os.environ.get("SWMP_TRACE_PURE", "") not in ("", "0"):
-        return None
-    try:
-        from swmp import _spancore  # noqa: PLC0415
-    except ImportError:
-        return None
-    return _spancore
-
-
-_native = _native_ids()
+# The tracing core's native module (its ``new_id``), or None: the same choice as the spans'.
+_native: Any = native_core
 
 
 def _reseed() -> None:

@@ -83,9 +83,6 @@ class PySegmentCore:
         self.first: Span | None = None
 
 
-if native_core is not None:
-    native_core.set_segments(identity, _count, NO_CORRELATION)
-
 if TYPE_CHECKING:
     _SegmentBase = PySegmentCore  # the fields both cores have
 else:
@@ -188,6 +185,7 @@ class Segment(_SegmentBase):
 
 
 if native_core is not None:
+    native_core.set_segments(identity, _count, NO_CORRELATION)
     # The native span core emits a native segment itself, as emit() below does, while
     # Segment still has this emit (it falls back to it when a step fails: the accounting
     # and logging of failures stay here).

@@ -187,11 +187,10 @@ def _native() -> Any:
     return _spancore
 
 
-_native_core = _native()
-native_core: Any = _native_core  # the module (its SegmentCore, ids), or None: pure Python
-NATIVE = _native_core is not None
-_Core: type[PySpanCore] = _native_core.SpanCore if NATIVE else PySpanCore
-span_rows: Callable[[list[Any], bool], list[list[Any]]] = _native_core.rows if NATIVE else _py_rows
+native_core: Any = _native()  # the module (also the segments' and ids' core), or None: pure Python
+NATIVE = native_core is not None
+_Core: type[PySpanCore] = native_core.SpanCore if NATIVE else PySpanCore
+span_rows: Callable[[list[Any], bool], list[list[Any]]] = native_core.rows if NATIVE else _py_rows
 NO_TAGS = _EMPTY  # what ``tags``/``logs``/``refs`` hold until the first one is added
 
 
@@ -396,6 +395,6 @@ NOOP = NoopSpan()
 # exit_child(op, peer, component, layer): the native common case of an exit span (see
 # context.new_exit_span), or None when the span core is pure Python.
 exit_child: Callable[[str, str, int, int], Span | None] | None = None
-if _native_core is not None:
-    _native_core.setup_exit(Span, Kind.EXIT, limits)
-    exit_child = _native_core.exit_child
+if native_core is not None:
+    native_core.setup_exit(Span, Kind.EXIT, limits)
+    exit_child = native_core.exit_child
