@@ -47,15 +47,23 @@ class OtherUser:
         }
 
     def sh(self, script: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-        """Run ``script`` with ``/bin/sh`` as this user (no supplementary groups, minimal env)."""
-        return subprocess.run(
-            ["/bin/sh", "-c", script],
-            **self._as_user(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=check,
-        )
+        """Run ``script`` with ``/bin/sh`` as this user (no supplementary groups, minimal env).
+
+        The script goes through a file, not ``sh -c``: dash once died of SIGSEGV on a long
+        ``-c`` argument under the full suite's load, and a file is also what a shell reads best."""
+        with tempfile.NamedTemporaryFile("w", prefix="swmp-other-", suffix=".sh") as f:
+            f.write(script)
+            f.flush()
+            os.chmod(f.name, 0o644)  # readable by the other user; the directory is /tmp
+            return subprocess.run(
+                ["/bin/sh", f.name],
+                **self._as_user(),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=check,
+            )
 
     def popen(self, script: str) -> subprocess.Popen[bytes]:
         """Start ``script`` as this user in the background (its own session: stop by pid)."""
