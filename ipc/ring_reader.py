@@ -116,7 +116,8 @@ class RingReader:
         head = int(control[L.C_HEAD])
         # A garbage head word must not make us start at an unaligned or absurd position;
         # if we change it, the first read stores ours back for the writer.
-        self._head = (head + 7) & -8 if head < L.POSITION_LIMIT else 0
+        aligned = (head + 7) & -8  # checked after rounding: 2**62 - 7 rounds up to the limit
+        self._head = aligned if aligned < L.POSITION_LIMIT else 0
         self._cursor = self._head
         self._high_water = int(control[L.C_HIGH_WATER])
         self._suspect = -1  # position of a bad header seen once (see the class docstring)
