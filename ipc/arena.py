@@ -44,6 +44,7 @@ from ipc import _layout as L
 from ipc.board import Board
 from ipc.procinfo import boot_time_ns, process_alive, process_start_ticks
 from ipc.ring import RingReader, RingStats, RingWriter, read_stats
+from ipc.ring_pages import page_returner
 from ipc.status import StatusBlock
 from ipc.wakeup import Doorbell, create_fifo, fifo_path
 
@@ -292,7 +293,11 @@ class Arena:
                 c[L.C_OWNER_START] = process_start_ticks(pid)
                 c[L.C_CLAIMS] += 1
                 c[L.C_CLAIMED_NS] = time.time_ns()
-                writer = RingWriter(slot, c, self.views.data(slot), self.status._w, self._doorbell)
+                data = self.views.data(slot)
+                # Frees the pages the reporter has read (ipc/ring_pages.py): a quiet worker
+                # does not keep its whole ring resident.
+                pages = page_returner(self._mm, self.views.base(slot) + L.CONTROL_SIZE, len(data))
+                writer = RingWriter(slot, c, data, self.status._w, self._doorbell, pages=pages)
                 self._mine()[slot] = writer
                 return writer
         return None

@@ -39,6 +39,7 @@ from __future__ import annotations
 import mmap
 
 from ipc import _layout as L
+from ipc.ring_pages import page_returner
 from ipc.ring_reader import RingReader
 from ipc.ring_stats import RingStats, read_stats
 from ipc.ring_writer import RingWriter
@@ -57,6 +58,6 @@ def anonymous_ring(capacity: int = 1 << 16) -> tuple[RingWriter, RingReader, mem
     status = memoryview(bytearray(L.STATUS_SIZE)).cast("Q")
     control = memoryview(mm)[: L.CONTROL_SIZE].cast("Q")
     data = memoryview(mm)[L.CONTROL_SIZE :]
-    writer = RingWriter(0, control, data, status)
+    writer = RingWriter(0, control, data, status, pages=page_returner(mm, L.CONTROL_SIZE, capacity))
     reader = RingReader(0, control, data, mapping=mm, base=L.CONTROL_SIZE)
     return writer, reader, control

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ipc import _layout as L
+from ipc.ring_pages import PageReturner
 from ipc.ring_stats import RingStats, read_stats
 
 log = logging.getLogger("ipc")
@@ -57,6 +58,8 @@ class RingWriter:
         data: memoryview,
         status: memoryview,
         wake: Callable[[], None] | None = None,
+        *,
+        pages: PageReturner | None = None,
     ) -> None:
         capacity = len(data)
         if capacity < 4096 or capacity & (capacity - 1) or control.format != "Q":
@@ -67,7 +70,9 @@ class RingWriter:
         # A record may use at most half the ring: with worst-case end padding it still fits.
         self._max_payload = capacity // 2 - L.RECORD_HEADER_SIZE
         self._lost = 0  # writes refused after the writer was disabled (not in shared memory)
-        self.write = _make_write(slot, control=control, data=data, status=status, wake=wake, cap=capacity)
+        self.write = _make_write(
+            slot, control=control, data=data, status=status, wake=wake, cap=capacity, pages=pages
+        )
         _writers.add(self)
 
     @property
@@ -188,6 +193,7 @@ def _make_write(
     status: memoryview,
     wake: Callable[[], None] | None,
     cap: int,
+    pages: PageReturner | None = None,
     native: bool = NATIVE,
 ) -> Callable[[int, bytes], bool]:
     """Build the writer's hot path (see :class:`RingWriter`): the native ``Writer.write``
@@ -199,9 +205,12 @@ def _make_write(
     current lap and the head it last saw plus the capacity). The head only grows, so the
     bound is conservative; the slow path refreshes it when a record does not fit under it.
     Records that would end exactly at the end of the lap also take the slow path, so the
-    check word's lap tag only changes there.
+    check word's lap tag only changes there. With ``pages`` (``ipc/ring_pages.py``) the
+    limit also stops at every ``pages.stretch`` boundary, where the slow path frees the
+    pages the reader is done with.
     """
     mask = cap - 1
+    stretch_mask = pages.stretch - 1 if pages is not None else mask
     max_payload = cap // 2 - L.RECORD_HEADER_SIZE
     pad = L.PAD_TYPE
     C_HEAD, C_TAIL, C_WRITTEN = L.C_HEAD, L.C_TAIL, L.C_WRITTEN_RECORDS
@@ -273,6 +282,8 @@ def _make_write(
             st.insane_head = -1
             t = (head + 7) & -8
             used = t - head
+        elif pages is not None:
+            pages(t, head)  # before any write: a page freed here may be written below
         offset = t & mask
         room = cap - offset
         extra = room if span > room else 0
@@ -293,7 +304,7 @@ def _make_write(
         st.written += 1
         control[C_WRITTEN] = st.written
         st.tag = L.lap_tag(t, cap)
-        st.limit = min((t | mask) + 1, head + cap + 1)
+        st.limit = min((t | stretch_mask) + 1, head + cap + 1)
         return True
 
     def guarded_slow(rtype: int, payload: bytes) -> str | bool:
