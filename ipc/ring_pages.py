@@ -2,57 +2,72 @@
 
 A ring's data area is a shared file mapping (tmpfs). Once the writer has gone round the ring
 once, every page of it stays resident: one copy in RAM, but counted in the RSS of the worker
-and of the reporter, and kept however quiet the worker becomes. So every ``capacity / 8``
-bytes the writer (on its slow path, see ``ring_writer.py``) frees the pages the reader has
-read since the last time, with ``madvise(MADV_REMOVE)``, which punches them out of the file
-and out of every process's mapping. What stays resident is what is unread plus at most one
-stretch: about 1 MiB of a 4 MiB ring at saturation, less at ordinary rates.
+and of the reporter, and kept however quiet the worker becomes. A worker serving tens of
+requests a second goes round a 4 MiB ring within minutes and then holds all of it.
 
-Why it is safe without any help from the reader: only pages wholly inside the logical
+So at every *stretch* of the ring (capacity / 32: 128 KiB of a 4 MiB ring, ~160 segments)
+the writer's slow path (``ring_writer.py``) looks at how long that stretch took. If the
+writer is quiet (the stretch took at least ``QUIET_SECONDS``), it frees the whole pages the
+reader has read since the last time with ``madvise(MADV_REMOVE)``, which punches them out of
+the file and out of every process's mapping, and brings the next stretch in with one
+``MADV_POPULATE_WRITE`` (cheaper than a page fault per 4 KiB as the writer comes round). A
+busy writer keeps its ring resident: the kernel zeroes every page it hands back out, ~4 us
+a page on this project's VM (docs/performance.md), and a busy ring is memory in use anyway.
+So a quiet worker keeps about two stretches of its ring, a busy one all of it, and a busy
+one that turns quiet frees what it read at its next quiet stretch.
+
+Why freeing is safe without any help from the reader: only pages wholly inside the logical
 positions ``[tail - capacity, head)`` are freed. The reader has finished with them (it reads
 ``[head, tail)`` only, and publishes ``head`` after reading), and the writer's next use of
 each of them is at its position + capacity, which is at or ahead of ``tail``. The writer
 frees them with its lock held and before it writes, so a freed page it writes next comes
 back as a zeroed page and is written as any other. A stale ``head`` only frees less.
 
-The cost: at each stretch (128 KiB of a 4 MiB ring, ~160 segments) two system calls, one
-that frees the pages read and one (``MADV_POPULATE_WRITE``, Linux 5.14+) that brings in the
-next stretch in one go, which is cheaper than the page fault per 4 KiB the writer would
-otherwise take as it comes round (the kernel hands out a zeroed page either way). Measured
-in docs/performance.md: ~0.7 us per 800-byte record on this project's VM, where the kernel's
-page recycling is slow. A file system that cannot free pages (``EOPNOTSUPP``) turns it off
-for the ring; a kernel without ``MADV_POPULATE_WRITE`` only loses the prefetch.
+A file system that cannot free pages (``EOPNOTSUPP``) turns it off for the ring; a kernel
+without ``MADV_POPULATE_WRITE`` (before 5.14) only loses the prefetch.
 """
 
 from __future__ import annotations
 
 import logging
 import mmap
+import time
+from collections.abc import Callable
 
 log = logging.getLogger("ipc")
 
 PAGE = mmap.PAGESIZE
 # Rings smaller than this are not worth a system call: their pages are few.
 MIN_CAPACITY = 256 * 1024
-STRETCH_SHIFT = 5  # every capacity >> 5 bytes (128 KiB of a 4 MiB ring)
-MADV_POPULATE_WRITE = 23
+STRETCH_SHIFT = 5  # capacity >> 5: 128 KiB of a 4 MiB ring
+# A writer that took at least this long over a stretch is quiet (128 KiB in 0.25 s: below
+# ~500 KiB/s, some 600 requests a second of a worker): freeing then costs at most ~0.5 ms
+# of CPU a second, and nothing at all above that rate.
+QUIET_SECONDS = 0.25
+MADV_POPULATE_WRITE = 23  # Linux 5.14+; not in Python's mmap module yet
+_now = time.monotonic  # the clock new returners take (tests replace it)
 
 
 class PageReturner:
-    """Frees the read pages of one ring: ``returner(tail, head)`` with the writer's lock held.
+    """Frees the read pages of one quiet ring: ``returner(tail, head)``, writer's lock held.
 
     ``mm`` is the mapping holding the ring, ``data_offset`` where the ring's data area starts
-    in it (any alignment: only whole pages inside the range are freed), ``capacity`` its size.
+    in it (any alignment: only whole pages inside a range are freed), ``capacity`` its size.
     """
 
-    __slots__ = ("_base", "_cap", "_mm", "_populate", "done", "stretch")
+    __slots__ = ("_base", "_cap", "_clock", "_mark", "_mark_time", "_mm", "_populate", "done", "stretch")
 
-    def __init__(self, mm: mmap.mmap, data_offset: int, capacity: int) -> None:
+    def __init__(
+        self, mm: mmap.mmap, data_offset: int, capacity: int, clock: Callable[[], float] | None = None
+    ) -> None:
         self._mm: mmap.mmap | None = mm
         self._base = data_offset
         self._cap = capacity
+        self._clock = clock if clock is not None else _now
         self.stretch = capacity >> STRETCH_SHIFT
         self.done = 0  # logical position below which the pages were freed
+        self._mark = -1  # tail and time when the current stretch began (-1: not yet seen)
+        self._mark_time = 0.0
         self._populate = True  # MADV_POPULATE_WRITE works here (until it fails once)
 
     @property
@@ -62,15 +77,26 @@ class PageReturner:
     def __call__(self, tail: int, head: int) -> None:
         if self._mm is None:
             return
-        start = max(self.done, tail - self._cap)
-        if head - start >= self.stretch:
-            self.done = head
-            if not self._each(start, head, mmap.MADV_REMOVE):
-                # No hole punching on this file system (or the mapping is gone): the ring
-                # stays resident, as it did before this existed.
-                self._mm = None
-                return
-        if self._populate and not self._each(tail, tail + self.stretch, MADV_POPULATE_WRITE):
+        if self._mark < 0 or tail < self._mark:  # the first look (or a tail that jumped back)
+            self._mark, self._mark_time = tail, self._clock()
+            return
+        if tail - self._mark < self.stretch:  # a wrap or a full ring, inside a stretch
+            return
+        now = self._clock()
+        quiet = now - self._mark_time >= QUIET_SECONDS
+        self._mark, self._mark_time = tail, now
+        if quiet:
+            start = max(self.done, tail - self._cap)
+            if head > start:
+                self.done = head
+                if not self._each(start, head, mmap.MADV_REMOVE):
+                    # No hole punching on this file system (or the mapping is gone): the
+                    # ring stays resident, as it did before this existed.
+                    self._mm = None
+                    return
+        # The pages ahead were freed a lap ago only if what was freed reaches past them.
+        ahead_freed = self.done > tail - self._cap
+        if ahead_freed and self._populate and not self._each(tail, tail + self.stretch, MADV_POPULATE_WRITE):
             self._populate = False  # an older kernel: the writer takes page faults instead
 
     def _each(self, start: int, end: int, advice: int) -> bool:

@@ -1,9 +1,11 @@
-"""A ring gives the pages its reader is done with back to the system (ipc/ring_pages.py).
+"""A quiet ring gives the pages its reader is done with back to the system (ipc/ring_pages.py).
 
-Proof on a real tmpfs arena, as the agent makes it: after a worker has written several laps
-of its ring, only a fraction of the ring stays allocated in the file; every record still
-arrives intact, also with the writer in another process going as fast as it can against a
-concurrent reader (a page freed too early would come back zeroed and fail the record
+Proof on a real tmpfs arena, as the agent makes it: after a quiet worker has written several
+laps of its ring, only a fraction of the ring stays allocated in the file, while a busy one
+keeps it and frees what it read once it turns quiet (a clock the test moves decides what
+"quiet" is, so nothing depends on the machine's speed); every record still arrives intact,
+also with a writer in another process freeing at every stretch as fast as it can against
+a concurrent reader (a page freed too early would come back zeroed and fail the record
 check); and a mapping that cannot free pages keeps working as before.
 """
 
@@ -24,6 +26,7 @@ import pytest
 
 import ipc
 from ipc import _layout as L
+from ipc import ring_pages
 from ipc.ring_pages import PageReturner, page_returner
 from ipc.ring_reader import RingReader
 from ipc.ring_writer import RingWriter
@@ -53,33 +56,70 @@ def _check(seq: int, payload: bytes) -> None:
     assert zlib.crc32(payload[12:]) == int.from_bytes(payload[8:12], "little"), f"record {seq} damaged"
 
 
-def _allocated(path: Path) -> int:
-    return os.stat(path).st_blocks * 512
+class Clock:
+    """The returners' clock: each look at it moves it on by ``step`` seconds."""
+
+    def __init__(self, step: float) -> None:
+        self.now = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
 
 
-def test_a_ring_written_round_several_times_keeps_little_of_it_allocated(shm_dir: Path) -> None:
+def _ring_allocated(path: Path) -> int:
+    return os.stat(path).st_blocks * 512 - (L.SLOTS_OFFSET + L.CONTROL_SIZE)
+
+
+def _write_laps(arena: ipc.Arena, writer: RingWriter, first: int, count: int) -> int:
+    """``count`` records (~1.5 KiB each) in bursts, each burst read and committed after it."""
+    reader = arena.reader(writer.slot)
+    sent = got = first
+    while sent < first + count:
+        for _ in range(150):  # a burst of ~230 KiB, then the reporter reads it
+            assert writer.write(5, _record(sent, random.Random(sent)))
+            sent += 1
+        for rtype, payload in reader.read():
+            assert rtype == 5
+            _check(got, payload)
+            got += 1
+        reader.commit()
+    assert got == sent
+    assert writer.stats().dropped_records == 0
+    return sent
+
+
+def test_a_quiet_ring_written_round_several_times_keeps_little_of_it_allocated(
+    shm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ring_pages, "_now", Clock(step=1.0))  # every stretch took a second
     arena = ipc.Arena.create(str(shm_dir / "a.arena"), slots=1, ring_capacity=RING)
     try:
         writer = arena.claim_slot()
         assert writer is not None
-        reader = arena.reader(writer.slot)
-        rng = random.Random(7)
-        sent = got = 0
-        while sent < 20_000:  # ~30 MiB: seven laps of the ring
-            for _ in range(150):  # a burst of ~230 KiB, then the reporter reads it
-                assert writer.write(5, _record(sent, rng))
-                sent += 1
-            for rtype, payload in reader.read():
-                assert rtype == 5
-                _check(got, payload)
-                got += 1
-            reader.commit()
-        assert got == sent
-        assert writer.stats().dropped_records == 0
-        outside_rings = L.SLOTS_OFFSET + L.CONTROL_SIZE
+        _write_laps(arena, writer, 0, 20_000)  # ~30 MiB: seven laps of the ring
         # Without returning pages the whole 4 MiB ring stays allocated; with it, what was
         # read since the last stretch, the next stretch and the stretch being written.
-        assert _allocated(shm_dir / "a.arena") - outside_rings < RING // 4
+        assert _ring_allocated(shm_dir / "a.arena") < RING // 4
+    finally:
+        arena.close()
+
+
+def test_a_busy_ring_stays_resident_and_frees_what_it_read_once_quiet(
+    shm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock(step=0.001)  # a stretch in a millisecond: busy
+    monkeypatch.setattr(ring_pages, "_now", clock)
+    arena = ipc.Arena.create(str(shm_dir / "a.arena"), slots=1, ring_capacity=RING)
+    try:
+        writer = arena.claim_slot()
+        assert writer is not None
+        sent = _write_laps(arena, writer, 0, 6_000)  # two laps and more
+        assert _ring_allocated(shm_dir / "a.arena") > RING - RING // 64  # all of it, edges aside
+        clock.step = 1.0  # the load falls
+        _write_laps(arena, writer, sent, 300)  # a few stretches
+        assert _ring_allocated(shm_dir / "a.arena") < RING // 4
     finally:
         arena.close()
 
@@ -87,7 +127,8 @@ def test_a_ring_written_round_several_times_keeps_little_of_it_allocated(shm_dir
 WRITER = """
 import random, sys, zlib
 sys.path.insert(0, sys.argv[1])
-import ipc
+import ipc, ipc.ring_pages
+ipc.ring_pages.QUIET_SECONDS = 0.0  # every stretch counts as quiet: free as often as it can
 arena = ipc.Arena.open(sys.argv[2])
 w = arena.claim_slot()
 rng = random.Random(11)
@@ -130,9 +171,10 @@ def test_records_arrive_intact_while_a_writer_in_another_process_races_the_reade
         arena.close()
 
 
-def test_a_mapping_that_cannot_free_pages_keeps_working() -> None:
+def test_a_mapping_that_cannot_free_pages_keeps_working(monkeypatch: pytest.MonkeyPatch) -> None:
     # A private anonymous mapping: MADV_REMOVE is refused (EINVAL), as on a file system
     # without hole punching.
+    monkeypatch.setattr(ring_pages, "_now", Clock(step=1.0))
     mm = mmap.mmap(-1, L.CONTROL_SIZE + RING, flags=mmap.MAP_PRIVATE)
     control = memoryview(mm)[: L.CONTROL_SIZE].cast("Q")
     data = memoryview(mm)[L.CONTROL_SIZE :]
