@@ -1,8 +1,9 @@
-"""pika's asyncio connection adapter (``pika.adapters.asyncio_connection.AsyncioConnection``)
-against the real RabbitMQ: publishing from a traced coroutine gives the exit span and the
-``sw8`` header, a ``basic_consume`` callback and a ``basic_get`` callback run inside the
-message's entry span, continuing the publisher's trace (``SelectConnection`` is tested in
-``tests/test_instrument_mq.py``)."""
+"""pika's asyncio and Tornado connection adapters (``AsyncioConnection``,
+``TornadoConnection``, the latter on Tornado's asyncio-backed IOLoop) against the real
+RabbitMQ: publishing from a traced coroutine gives the exit span and the ``sw8`` header, a
+``basic_consume`` callback and a ``basic_get`` callback run inside the message's entry span,
+continuing the publisher's trace (``SelectConnection`` is tested in
+``tests/test_instrument_mq.py``; the Twisted adapter is not tested: Twisted is not installed)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import asyncio
 from typing import Any
 
 import pika
+import pytest
 from pika.adapters.asyncio_connection import AsyncioConnection
+from pika.adapters.tornado_connection import TornadoConnection
+from tornado.ioloop import IOLoop
 
 from reporter_proc import records as R
 from swmp import _sink
@@ -23,8 +27,8 @@ from tests.test_instrument_mq import _declare, _peer, assert_continues, sink, sp
 __all__ = ["sink"]  # the fixture, shared with the other MQ tests
 
 
-async def _open(url: str) -> tuple[Any, Any]:
-    """An AsyncioConnection on the running loop and a channel, once both are open."""
+async def _open(url: str, adapter: str) -> tuple[Any, Any]:
+    """A connection of the given adapter on the running loop and a channel, once both are open."""
     loop = asyncio.get_running_loop()
     opened: asyncio.Future[Any] = loop.create_future()
 
@@ -32,11 +36,12 @@ async def _open(url: str) -> tuple[Any, Any]:
         if not opened.done():
             opened.set_exception(ConnectionError(str(err)))
 
-    conn = AsyncioConnection(
+    cls, ioloop = (AsyncioConnection, loop) if adapter == "asyncio" else (TornadoConnection, IOLoop.current())
+    conn = cls(
         pika.URLParameters(url),
         on_open_callback=lambda c: c.channel(on_open_callback=opened.set_result),
         on_open_error_callback=failed,
-        custom_ioloop=loop,
+        custom_ioloop=ioloop,
     )
     return conn, await asyncio.wait_for(opened, 30)
 
@@ -63,14 +68,17 @@ def _seen_in_callback(seen: list[dict[str, Any]], properties: Any, body: bytes) 
         pass
 
 
-def test_asyncio_connection_publish_consume_and_get(sink: _sink.MemorySink, rabbitmq: RabbitMQBroker) -> None:
+@pytest.mark.parametrize("adapter", ["asyncio", "tornado"])
+def test_connection_adapter_publish_consume_and_get(
+    sink: _sink.MemorySink, rabbitmq: RabbitMQBroker, adapter: str
+) -> None:
     queue = _declare(rabbitmq.url)
     props = pika.BasicProperties(headers={"app": "kept"}, content_type="text/plain")
     consumed: list[dict[str, Any]] = []
     got: list[dict[str, Any]] = []
 
     async def main() -> None:
-        conn, ch = await _open(rabbitmq.url)
+        conn, ch = await _open(rabbitmq.url, adapter)
         try:
             loop = asyncio.get_running_loop()
             with new_entry_span("/orders"):  # a traced coroutine publishing
