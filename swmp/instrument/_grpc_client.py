@@ -39,8 +39,11 @@ _RPC = Layer.RPC_FRAMEWORK
 _new_exit_span = _ctx.new_exit_span
 
 
-def _begin(op: str, target: str, metadata: Any) -> tuple[Any, Any]:
-    """``(span, metadata with sw8)``; ``(None, metadata)`` when nothing is recorded."""
+def _begin(op: str, target: str, metadata: Any, aio: bool = False) -> tuple[Any, Any]:
+    """``(span, metadata with sw8)``; ``(None, metadata)`` when nothing is recorded. The
+    metadata is a tuple of pairs, for ``grpc.aio`` a ``grpc.aio.Metadata`` (what its
+    multicallable turns any other metadata into, through a slower ``isinstance`` check of a
+    ``typing`` alias)."""
     span = None
     try:
         span = _new_exit_span(op, target, _GRPC, _RPC)
@@ -53,6 +56,8 @@ def _begin(op: str, target: str, metadata: Any) -> tuple[Any, Any]:
             span.tag(TAG_GRPC_METHOD, op)
             span.tag(TAG_GRPC_URL, target)
         extra = tuple(span.inject().items())
+        if aio:
+            return span, (_AioMetadata(*metadata, *extra) if metadata else _AioMetadata(*extra))
         return span, ((*metadata, *extra) if metadata else extra)
     except Exception:
         if span is not None:
@@ -64,7 +69,12 @@ def _finish(span: Any, code: Any) -> None:
     """Tag the call's status code (anything but OK fails the span) and end the span."""
     if code is not None:
         hit = _STATUS.get(id(code))
-        if hit is not None:
+        tags = span.tags
+        if hit is not None and tags.__class__ is list and len(hit[0]) <= limits.tag_value_max:
+            tags += (TAG_GRPC_STATUS, hit[0])  # Span.tag(), inlined
+            if hit[1]:
+                span.error()
+        elif hit is not None:
             span.tag(TAG_GRPC_STATUS, hit[0])
             if hit[1]:
                 span.error()
@@ -214,6 +224,7 @@ class _Streaming(_Traced):
 
 # -- grpc.aio --------------------------------------------------------------------------------
 _CODES: dict[Any, Any] = {}  # cygrpc status code -> grpc.StatusCode, filled at install
+_AioMetadata: Any = None  # grpc.aio.Metadata, set at install
 
 
 def _aio_code(call: Any) -> Any:
@@ -262,7 +273,7 @@ class _Aio(_Traced):
     __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        span, md = _begin(self._op, self._target, kwargs.get("metadata"))  # keyword-only
+        span, md = _begin(self._op, self._target, kwargs.get("metadata"), True)  # keyword-only
         if span is None:
             return self._inner(*args, **kwargs)
         kwargs["metadata"] = md
@@ -309,10 +320,11 @@ class ClientTracing:
         self._sync = _classes(aio=False)
         self._aio = _classes(aio=True)
         _status_table()
-        if not _CODES:
-            from grpc import _common  # noqa: PLC0415
+        global _AioMetadata
+        from grpc import _common, aio  # noqa: PLC0415
 
-            _CODES.update(_common.CYGRPC_STATUS_CODE_TO_STATUS_CODE)
+        _CODES.update(_common.CYGRPC_STATUS_CODE_TO_STATUS_CODE)
+        _AioMetadata = aio.Metadata
 
     @staticmethod
     def mark(channel: Any, target: Any) -> None:
