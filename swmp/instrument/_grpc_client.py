@@ -1,11 +1,20 @@
 """gRPC client side: one exit span per call, ``sw8`` added to the call's metadata.
 
-Interceptors are put on every channel the application creates (``grpc.insecure_channel``,
-``grpc.secure_channel`` and their ``grpc.aio`` forms), first in line so that the
-application's own interceptors see the ``sw8`` entry. The span ends when the call
-terminates (the call's done callback), so a streamed response is inside it and a call the
-application cancels ends it as CANCELLED. The caller's metadata object is never modified:
-the call gets a copy with ``sw8`` appended.
+Channels the application creates (``grpc.insecure_channel``, ``grpc.secure_channel`` and
+their ``grpc.aio`` forms) are marked with their target; the channel classes'
+``unary_unary`` / ``unary_stream`` / ``stream_unary`` / ``stream_stream``, on a marked
+channel, hand out the library's multicallable wrapped in a traced one of the same kind
+(``grpc.UnaryUnaryMultiCallable`` ...). Its ``__call__`` (and ``with_call`` / ``future``)
+starts the span, calls the library's own with ``sw8`` appended to a copy of the metadata
+(the caller's object is never modified) and ends the span: at once for a blocking unary
+call, from the call's done callback otherwise, so a streamed response is inside the span
+and a call the application cancels ends it as CANCELLED. No client interceptor: grpc's
+interceptor machinery (call details, continuations, outcome objects, and on ``grpc.aio``
+an interceptor task per call) cost more than the span itself. The traced multicallable
+sits where the first interceptor would: the application's own interceptors (a channel it
+wraps with ``grpc.intercept_channel``, or ``grpc.aio``'s ``interceptors``) see ``sw8``
+in ``grpc.aio``, and in sync grpc run before it. Ignored methods get the library's
+multicallable itself.
 """
 
 from __future__ import annotations
@@ -15,33 +24,93 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._grpc_server import Ignored, method_name
+from swmp.instrument._grpc_server import _STATUS, Ignored, _status_table
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_GRPC_METHOD, TAG_GRPC_STATUS, TAG_GRPC_URL, Component, Layer
-from swmp.tracing.span import Span
+from swmp.tracing.limits import limits
+from swmp.tracing.span import NO_TAGS, Span
 
 if TYPE_CHECKING:
     import asyncio
 
+TARGET = "_swmp_grpc_target"  # on a channel to trace: the target, the exit span's peer
+_GRPC = Component.GRPC
+_RPC = Layer.RPC_FRAMEWORK
+_new_exit_span = _ctx.new_exit_span
 
-def _start(target: str, details: Any, ignored: Ignored) -> tuple[Any, list[tuple[str, str]]]:
-    """``(span, metadata to add)``; span None when nothing is recorded."""
-    method = method_name(details)
-    if ignored(method):
-        return None, []
-    span = _ctx.new_exit_span(method, target, Component.GRPC, Layer.RPC_FRAMEWORK)
-    if span.__class__ is not Span:
-        return None, []  # nested in another exit span, or not sampled
-    span.tag(TAG_GRPC_METHOD, method)
-    span.tag(TAG_GRPC_URL, target)
-    return span, list(span.inject().items())
+
+def _begin(op: str, target: str, metadata: Any, aio: bool = False) -> tuple[Any, Any]:
+    """``(span, metadata with sw8)``; ``(None, metadata)`` when nothing is recorded. The
+    metadata is a tuple of pairs, for ``grpc.aio`` a ``grpc.aio.Metadata`` (what its
+    multicallable turns any other metadata into, through a slower ``isinstance`` check of a
+    ``typing`` alias)."""
+    span = None
+    try:
+        span = _new_exit_span(op, target, _GRPC, _RPC)
+        if span.__class__ is not Span:
+            return None, metadata  # nested in another exit span, or not sampled
+        lim = limits.tag_value_max
+        if span.tags is NO_TAGS and len(op) <= lim and len(target) <= lim:
+            span.tags = [TAG_GRPC_METHOD, op, TAG_GRPC_URL, target]  # Span.tag() twice, inlined
+        else:
+            span.tag(TAG_GRPC_METHOD, op)
+            span.tag(TAG_GRPC_URL, target)
+        extra = tuple(span.inject().items())
+        if aio:
+            return span, (_AioMetadata(*metadata, *extra) if metadata else _AioMetadata(*extra))
+        return span, ((*metadata, *extra) if metadata else extra)
+    except Exception:
+        if span is not None:
+            span.finish()
+        return None, metadata
 
 
 def _finish(span: Any, code: Any) -> None:
+    """Tag the call's status code (anything but OK fails the span) and end the span."""
     if code is not None:
-        span.tag(TAG_GRPC_STATUS, str(code))
-        if getattr(code, "name", "OK") != "OK":
-            span.error()
+        hit = _STATUS.get(id(code))
+        tags = span.tags
+        if hit is not None and tags.__class__ is list and len(hit[0]) <= limits.tag_value_max:
+            tags += (TAG_GRPC_STATUS, hit[0])  # Span.tag(), inlined
+            if hit[1]:
+                span.error()
+        elif hit is not None:
+            span.tag(TAG_GRPC_STATUS, hit[0])
+            if hit[1]:
+                span.error()
+        else:
+            span.tag(TAG_GRPC_STATUS, str(code))
+            if getattr(code, "name", "OK") != "OK":
+                span.error()
+    span.finish()
+
+
+_OK = "StatusCode.OK"  # str(grpc.StatusCode.OK)
+
+
+def _ok(span: Any) -> None:
+    """A blocking unary call returned: its status is OK."""
+    tags = span.tags
+    if tags.__class__ is list and len(_OK) <= limits.tag_value_max:
+        tags += (TAG_GRPC_STATUS, _OK)  # Span.tag(), inlined
+    else:
+        span.tag(TAG_GRPC_STATUS, _OK)
+    span.finish()
+
+
+def _raised(span: Any, e: BaseException) -> None:
+    """The library raised: an ``RpcError`` that is a call carries its status code (tagged,
+    no stack logged, as for a call that ends in error later); anything else is logged on
+    the span."""
+    import grpc  # noqa: PLC0415 (loaded: its channel raised)
+
+    if isinstance(e, grpc.RpcError) and callable(getattr(e, "code", None)):
+        try:
+            _finish(span, e.code())
+            return
+        except Exception:
+            pass
+    span.error(e)
     span.finish()
 
 
@@ -54,66 +123,116 @@ def _sync_done(span: Any, call: Any) -> None:
     _finish(span, code)
 
 
-def sync_interceptor_class(ignored: Ignored) -> Callable[[str], Any]:
-    """The class of the interceptor put on ``grpc`` channels; instances take the target."""
-    import grpc  # noqa: PLC0415
+def _watch(span: Any, call: Any) -> Any:
+    """End ``span`` when ``call`` (a future or a response iterator) terminates."""
+    try:
+        # Called at once when the call has already terminated.
+        call.add_done_callback(functools.partial(_sync_done, span))
+    except Exception:
+        span.finish()
+    return call
 
-    class Details(grpc.ClientCallDetails):  # type: ignore[misc]
-        def __init__(self, base: Any, metadata: list[tuple[str, Any]]) -> None:
-            self.method = base.method
-            self.timeout = base.timeout
-            self.metadata = metadata
-            self.credentials = base.credentials
-            self.wait_for_ready = getattr(base, "wait_for_ready", None)
-            self.compression = getattr(base, "compression", None)
 
-    class Interceptor(
-        grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-        grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
-        grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
-        grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
-    ):
-        def __init__(self, target: str) -> None:
-            self.target = target
+class _Traced:
+    """What the traced multicallables share: the library's one, the method and target."""
 
-        def _intercept(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
-            try:
-                span, extra = _start(self.target, details, ignored)
-            except Exception:
-                span, extra = None, []
-            if span is None:
-                return continuation(details, request)
-            details = Details(details, [*(details.metadata or ()), *extra])
-            try:
-                call = continuation(details, request)
-            except BaseException as e:
-                span.error(e)
-                span.finish()
-                raise
-            try:
-                # Called at once when the call is already complete (unary calls).
-                call.add_done_callback(functools.partial(_sync_done, span))
-            except Exception:
-                span.finish()
-            return call
+    __slots__ = ("_inner", "_op", "_target")
 
-        intercept_unary_unary = _intercept
-        intercept_unary_stream = _intercept
-        intercept_stream_unary = _intercept
-        intercept_stream_stream = _intercept
+    def __init__(self, inner: Any, op: str, target: str) -> None:
+        self._inner = inner
+        self._op = op
+        self._target = target
 
-    return Interceptor
+    def __getattr__(self, name: str) -> Any:
+        # Anything else (grpc's private attributes) is the library multicallable's.
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def _begin_args(op: str, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``_begin`` for a sync multicallable's arguments (``request``, ``timeout``,
+    ``metadata``, ...; by position or by name): ``(span, args)``, ``kwargs`` updated."""
+    if len(args) > 2:
+        span, md = _begin(op, target, args[2])
+        if span is not None:
+            args = (args[0], args[1], md, *args[3:])
+        return span, args
+    span, md = _begin(op, target, kwargs.get("metadata"))
+    if span is not None:
+        kwargs["metadata"] = md
+    return span, args
+
+
+class _Blocking(_Traced):
+    """unary-unary and stream-unary: ``__call__``, ``with_call``, ``future``."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        span, args = _begin_args(self._op, self._target, args, kwargs)
+        if span is None:
+            return self._inner(*args, **kwargs)
+        try:
+            response = self._inner(*args, **kwargs)
+        except BaseException as e:
+            _raised(span, e)
+            raise
+        _ok(span)
+        return response
+
+    def with_call(self, *args: Any, **kwargs: Any) -> Any:
+        span, args = _begin_args(self._op, self._target, args, kwargs)
+        if span is None:
+            return self._inner.with_call(*args, **kwargs)
+        try:
+            got = self._inner.with_call(*args, **kwargs)
+        except BaseException as e:
+            _raised(span, e)
+            raise
+        _ok(span)
+        return got
+
+    def future(self, *args: Any, **kwargs: Any) -> Any:
+        span, args = _begin_args(self._op, self._target, args, kwargs)
+        if span is None:
+            return self._inner.future(*args, **kwargs)
+        try:
+            fut = self._inner.future(*args, **kwargs)
+        except BaseException as e:
+            _raised(span, e)
+            raise
+        return _watch(span, fut)
+
+
+class _Streaming(_Traced):
+    """unary-stream and stream-stream: ``__call__`` returns the response iterator."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        span, args = _begin_args(self._op, self._target, args, kwargs)
+        if span is None:
+            return self._inner(*args, **kwargs)
+        try:
+            call = self._inner(*args, **kwargs)
+        except BaseException as e:
+            _raised(span, e)
+            raise
+        return _watch(span, call)
 
 
 # -- grpc.aio --------------------------------------------------------------------------------
+_CODES: dict[Any, Any] = {}  # cygrpc status code -> grpc.StatusCode, filled at install
+_AioMetadata: Any = None  # grpc.aio.Metadata, set at install
+
+
 def _aio_code(call: Any) -> Any:
     """The status code of a finished ``grpc.aio`` call without awaiting; None if unknown."""
-    from grpc import _common  # noqa: PLC0415
-
     cy = getattr(call, "_cython_call", None)
     if cy is None:
         return None
-    return _common.CYGRPC_STATUS_CODE_TO_STATUS_CODE.get(cy._status.code())
+    return _CODES.get(cy._status.code())
 
 
 async def _await_code(span: Any, call: Any) -> None:
@@ -135,7 +254,7 @@ def _aio_done(span: Any, call: Any) -> None:
         code = None
     if code is None and hasattr(call, "code"):
         try:
-            # An intercepted call (the application's interceptors run after ours) only
+            # An intercepted call (the application's interceptors run after us) only
             # tells its code through a coroutine: read it in a task, already done.
             # asyncio is loaded: this runs on a grpc.aio channel's loop. Looked up, not
             # imported at module level, so the agent's start never pays for asyncio.
@@ -148,59 +267,88 @@ def _aio_done(span: Any, call: Any) -> None:
     _finish(span, code)
 
 
-def aio_interceptors_factory(ignored: Ignored) -> Callable[[str], list[Any]]:
-    """``make(target)``: one interceptor per call kind for a ``grpc.aio`` channel to
-    ``target`` (``grpc.aio`` sorts interceptors by class)."""
-    from grpc import aio  # noqa: PLC0415
+class _Aio(_Traced):
+    """Every ``grpc.aio`` kind: ``__call__`` returns the call object (not a coroutine)."""
 
-    async def intercept(target: str, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
-        try:
-            span, extra = _start(target, details, ignored)
-            if span is not None:
-                metadata = aio.Metadata(*(tuple(details.metadata or ())), *extra)
-                details = aio.ClientCallDetails(
-                    details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
-                )
-        except Exception:
-            span = None
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        span, md = _begin(self._op, self._target, kwargs.get("metadata"), True)  # keyword-only
         if span is None:
-            return await continuation(details, request)
+            return self._inner(*args, **kwargs)
+        kwargs["metadata"] = md
         try:
-            call = await continuation(details, request)
+            call = self._inner(*args, **kwargs)
         except BaseException as e:
-            span.error(e)
-            span.finish()
+            _raised(span, e)
             raise
         try:
-            if call.done():
-                _aio_done(span, call)
-            else:
-                call.add_done_callback(functools.partial(_aio_done, span))
+            call.add_done_callback(functools.partial(_aio_done, span))
         except Exception:
             span.finish()
         return call
 
-    class Base:
-        def __init__(self, target: str) -> None:
-            self.target = target
 
-    class UnaryUnary(Base, aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-        async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-            return await intercept(self.target, continuation, details, request)
+# -- the channels ----------------------------------------------------------------------------
+KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
 
-    class UnaryStream(Base, aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
-        async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-            return await intercept(self.target, continuation, details, request)
 
-    class StreamUnary(Base, aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
-        async def intercept_stream_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-            return await intercept(self.target, continuation, details, request)
+def _classes(aio: bool) -> dict[str, type]:
+    """The traced multicallable class of each kind, a subclass of grpc's abstract one (an
+    ``isinstance`` check of the application's still holds)."""
+    if aio:
+        from grpc.aio import _base_channel as base  # noqa: PLC0415
 
-    class StreamStream(Base, aio.StreamStreamClientInterceptor):  # type: ignore[misc]
-        async def intercept_stream_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-            return await intercept(self.target, continuation, details, request)
+        bases: dict[str, type] = {k: _Aio for k in KINDS}
+    else:
+        import grpc as base  # noqa: PLC0415
 
-    def make(target: str) -> list[Any]:
-        return [UnaryUnary(target), UnaryStream(target), StreamUnary(target), StreamStream(target)]
+        bases = {"unary_unary": _Blocking, "unary_stream": _Streaming}
+        bases.update(stream_unary=_Blocking, stream_stream=_Streaming)
+    out: dict[str, type] = {}
+    for kind, ours in bases.items():
+        abstract = getattr(base, "".join(p.title() for p in kind.split("_")) + "MultiCallable")
+        out[kind] = type(f"Traced{abstract.__name__}", (ours, abstract), {"__slots__": ()})
+    return out
 
-    return make
+
+class ClientTracing:
+    """Channel marking and the multicallable factories' wrappers, for ``grpcio.install``."""
+
+    def __init__(self, ignored: Ignored) -> None:
+        self.ignored = ignored
+        self._sync = _classes(aio=False)
+        self._aio = _classes(aio=True)
+        _status_table()
+        global _AioMetadata
+        from grpc import _common, aio  # noqa: PLC0415
+
+        _CODES.update(_common.CYGRPC_STATUS_CODE_TO_STATUS_CODE)
+        _AioMetadata = aio.Metadata
+
+    @staticmethod
+    def mark(channel: Any, target: Any) -> None:
+        """Trace the calls of ``channel`` (made by the application) to ``target``."""
+        try:
+            setattr(channel, TARGET, str(target))
+        except Exception:
+            pass  # a channel type we do not know: left untraced
+
+    def factory(self, orig: Callable[..., Any], kind: str, aio: bool) -> Callable[..., Any]:
+        """A wrapper of ``Channel.<kind>`` (the class's): on a marked channel, the library's
+        multicallable in a traced one, unless the method is ignored."""
+        cls = (self._aio if aio else self._sync)[kind]
+        ignored = self.ignored
+
+        def multicallable(channel: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
+            made = orig(channel, method, *args, **kwargs)
+            target = getattr(channel, TARGET, None)
+            if target is None:
+                return made
+            try:
+                op = method.decode("utf-8", "replace") if isinstance(method, bytes) else str(method)
+                return made if ignored(op) else cls(made, op, target)
+            except Exception:
+                return made
+
+        return multicallable

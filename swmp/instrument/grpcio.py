@@ -4,7 +4,7 @@
 Servers: ``grpc.server`` and ``grpc.aio.server`` register traced method handlers, or,
 when the application gives them interceptors, get our interceptor first
 (``_grpc_server``). Clients: channels from ``grpc.insecure_channel`` /
-``grpc.secure_channel`` and the ``grpc.aio`` forms get our client interceptors
+``grpc.secure_channel`` and the ``grpc.aio`` forms hand out traced multicallables
 (``_grpc_client``). Operation names are full method names (``/package.Service/Method``), as
 the SkyWalking Python agent reports them; ``SW_PLUGIN_GRPC_IGNORED_METHODS`` leaves methods
 untraced on both sides.
@@ -16,12 +16,13 @@ are: the telemetry the agent ships is never traced nor given ``sw8``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._grpc_client import aio_interceptors_factory, sync_interceptor_class
+from swmp.instrument._grpc_client import KINDS, ClientTracing
 from swmp.instrument._grpc_registration import ServerTracing
 from swmp.instrument._incoming import reporter_is_calling
 from swmp.instrument._patch import patch, restore
@@ -65,28 +66,6 @@ class IgnoredMethods:
         return hit
 
 
-Ours = Callable[[tuple[Any, ...], dict[str, Any]], "list[Any] | None"]
-
-
-def _prepending(orig: Callable[..., Any], ours: Ours) -> Any:
-    """A wrapper of ``orig`` (a server or channel factory with an ``interceptors`` parameter)
-    that puts ``ours(args, kwargs)`` first in that parameter, however it was passed."""
-    sig = inspect.signature(orig)
-
-    def factory(*args: Any, **kwargs: Any) -> Any:
-        try:
-            mine = ours(args, kwargs)
-            bound = sig.bind(*args, **kwargs) if mine else None
-        except Exception:
-            bound = None  # a wrong call: let the library raise its own error
-        if bound is None:
-            return orig(*args, **kwargs)
-        bound.arguments["interceptors"] = [*(mine or ()), *(bound.arguments.get("interceptors") or ())]
-        return orig(*bound.args, **bound.kwargs)
-
-    return factory
-
-
 def _traced_server(orig: Callable[..., Any], tracing: ServerTracing, aio: bool) -> Any:
     """A wrapper of ``grpc.server`` / ``grpc.aio.server``: with interceptors of the
     application's, ours goes first among them; without, the server registers traced
@@ -115,44 +94,41 @@ def _traced_server(orig: Callable[..., Any], tracing: ServerTracing, aio: bool) 
     return server
 
 
+def _marking(orig: Callable[..., Any], clients: ClientTracing) -> Any:
+    """A wrapper of a channel factory: the application's channels are marked for tracing,
+    the reporter's are left as they are."""
+
+    def channel(*args: Any, **kwargs: Any) -> Any:
+        ch = orig(*args, **kwargs)
+        if not reporter_is_calling():
+            clients.mark(ch, args[0] if args else kwargs.get("target", ""))
+        return ch
+
+    return channel
+
+
 def install(config: Config) -> None:
     import grpc  # noqa: PLC0415
-    from grpc import aio  # noqa: PLC0415
+    from grpc import _channel, aio  # noqa: PLC0415
+    from grpc.aio import _channel as aio_channel  # noqa: PLC0415
 
     ignored = IgnoredMethods(config.plugin_grpc_ignored_methods)
     servers = ServerTracing(ignored)
-    sync_client = sync_interceptor_class(ignored)
-    aio_clients = aio_interceptors_factory(ignored)
-
-    def make_channel(orig: Any) -> Any:
-        def channel(target: str, *args: Any, **kwargs: Any) -> Any:
-            ch = orig(target, *args, **kwargs)
-            if reporter_is_calling():
-                return ch
-            return grpc.intercept_channel(ch, sync_client(str(target)))
-
-        return channel
-
-    def aio_ours(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
-        if reporter_is_calling():
-            return None
-        target = args[0] if args else kwargs.get("target", "")
-        return aio_clients(str(target))
-
-    def make_aio_channel(orig: Any) -> Any:
-        return _prepending(orig, aio_ours)
-
+    clients = ClientTracing(ignored)
+    for name in ("insecure_channel", "secure_channel"):
+        patch(grpc, name, lambda orig: _marking(orig, clients))
+        patch(aio, name, lambda orig: _marking(orig, clients))
+    for kind in KINDS:
+        patch(_channel.Channel, kind, functools.partial(clients.factory, kind=kind, aio=False))
+        patch(aio_channel.Channel, kind, functools.partial(clients.factory, kind=kind, aio=True))
     patch(grpc, "server", lambda orig: _traced_server(orig, servers, aio=False))
-    patch(grpc, "insecure_channel", make_channel)
-    patch(grpc, "secure_channel", make_channel)
     patch(aio, "server", lambda orig: _traced_server(orig, servers, aio=True))
-    patch(aio, "insecure_channel", make_aio_channel)
-    patch(aio, "secure_channel", make_aio_channel)
 
 
 def uninstall() -> None:
     import grpc  # noqa: PLC0415
-    from grpc import aio  # noqa: PLC0415
+    from grpc import _channel, aio  # noqa: PLC0415
+    from grpc.aio import _channel as aio_channel  # noqa: PLC0415
 
     for owner, name in (
         (grpc, "server"),
@@ -161,5 +137,7 @@ def uninstall() -> None:
         (aio, "server"),
         (aio, "insecure_channel"),
         (aio, "secure_channel"),
+        *((_channel.Channel, kind) for kind in KINDS),
+        *((aio_channel.Channel, kind) for kind in KINDS),
     ):
         restore(owner, name)

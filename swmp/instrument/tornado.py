@@ -2,10 +2,17 @@
 
 ``RequestHandler._execute`` (routing is done, the handler instance exists; it runs prepare,
 the HTTP method and finish, and turns exceptions into error pages) is wrapped. The
-operation name is the pattern of the URL rule that matched (``/users/([0-9]+)``, noted by
-a wrapper of ``tornado.routing.PathMatches.match``), so one rule is one endpoint
-(``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``: the path). An
+operation name is the pattern of the URL rule that matched (``/users/([0-9]+)``), so one
+rule is one endpoint (``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``: the path). An
 uncaught exception (Tornado's ``log_exception``) is logged on the span with its stack.
+
+The rule is found without touching the routing: each application keeps an index, built on
+its first request and again when a router's rule list changes length (``add_handlers``,
+``add_rules``), of handler class -> the ``PathMatches`` patterns of the rules that lead to
+it (the innermost one along nested routers). A class with one rule (the usual case) has its
+pattern checked against the path once; a class under several rules gets the first whose
+pattern matches, in Tornado's own rule order. A wrapper of ``PathMatches.match`` cost a
+Python call per rule tried, before the one that matched.
 """
 
 from __future__ import annotations
@@ -30,19 +37,55 @@ PACKAGE = "tornado"
 SUPPORTED = ("6.0", "7")
 TRIGGER = "tornado.web"  # defines RequestHandler and imports tornado.routing
 
-_ROUTE = "_swmp_route"
+_ROUTES = "_swmp_routes"  # on an Application: its _Routes
 _HTTP = Layer.HTTP
 _TORNADO = Component.TORNADO
-# Rule pattern -> operation name ("/users/([0-9]+)$" -> "/users/([0-9]+)"): an application
-# has a bounded set of rules, so the name is made once, not per request (cleared when full).
-_templates: dict[str, str] = {}
 
 
-def _template(pattern: str) -> str:
-    if len(_templates) >= 4096:
-        _templates.clear()
-    op = _templates[pattern] = pattern[:-1] if pattern.endswith("$") else pattern
-    return op
+class _Routes:
+    """An application's handler classes -> ``((regex or None, operation name), ...)``, in
+    rule order, and the rule lists it was built from with their lengths then."""
+
+    __slots__ = ("by_class", "sizes")
+
+    def __init__(self, app: Any) -> None:
+        from tornado.routing import PathMatches, RuleRouter  # noqa: PLC0415
+        from tornado.web import RequestHandler  # noqa: PLC0415
+
+        self.sizes: list[tuple[list[Any], int]] = []
+        found: dict[Any, list[tuple[Any, str | None]]] = {}
+
+        def walk(router: Any, regex: Any, depth: int) -> None:
+            rules = getattr(router, "rules", None)
+            if rules.__class__ is not list or depth > 16:
+                return
+            self.sizes.append((rules, len(rules)))
+            for rule in rules:
+                matcher = getattr(rule, "matcher", None)
+                rx = matcher.regex if isinstance(matcher, PathMatches) else regex
+                target = getattr(rule, "target", None)
+                if isinstance(target, RuleRouter):
+                    walk(target, rx, depth + 1)
+                elif isinstance(target, type) and issubclass(target, RequestHandler):
+                    pattern = getattr(rx, "pattern", None)
+                    if pattern.__class__ is not str:
+                        rx = pattern = None
+                    elif pattern.endswith("$"):
+                        pattern = pattern[:-1]
+                    found.setdefault(target, []).append((rx, pattern))
+
+        walk(getattr(app, "default_router", None), None, 0)
+        self.by_class = {cls: tuple(entries) for cls, entries in found.items()}
+
+
+def _routes(app: Any) -> _Routes | None:
+    """``app``'s index, (re)built now; None if it cannot be (left unnamed: the path)."""
+    try:
+        routes = _Routes(app)
+        setattr(app, _ROUTES, routes)
+        return routes
+    except Exception:
+        return None
 
 
 def _carrier(headers: Any) -> Any:
@@ -59,20 +102,9 @@ def _carrier(headers: Any) -> Any:
 
 
 def install(config: Config) -> None:
-    from tornado.routing import PathMatches  # noqa: PLC0415
     from tornado.web import RequestHandler  # noqa: PLC0415
 
-    def make_match(orig: Any) -> Any:
-        def match(self: Any, request: Any) -> Any:
-            found = orig(self, request)
-            if found is not None:
-                try:
-                    setattr(request, _ROUTE, self.regex.pattern)
-                except Exception:
-                    pass
-            return found
-
-        return match
+    templates = config.plugin_http_route_templates
 
     # The per-request path inlines what ``http_entry_span`` does (each Python call it saves
     # is paid with the CPU caches cold behind a real server, docs/performance.md).
@@ -84,8 +116,28 @@ def install(config: Config) -> None:
             # No call at all when no method is ignored (IgnoreRules keeps them in _methods).
             if getattr(rules, "_methods", True) and rules.ignore_method(method):
                 return await orig(self, transforms, *args, **kwargs)
-            pattern = getattr(request, _ROUTE, None)
-            op = (request.path or "/") if pattern is None else (_templates.get(pattern) or _template(pattern))
+            op = None
+            if templates:
+                # The matched rule's pattern (module docstring), inline: no call per request
+                # unless the index is missing or stale.
+                app = self.application
+                routes = getattr(app, _ROUTES, None)
+                if routes is not None:
+                    for rules, n in routes.sizes:
+                        if len(rules) != n:
+                            routes = _routes(app)
+                            break
+                else:
+                    routes = _routes(app)
+                entries = routes.by_class.get(self.__class__) if routes is not None else None
+                if entries is not None:
+                    path = request.path
+                    for rx, pattern in entries:
+                        if rx is None or rx.match(path) is not None:
+                            op = pattern
+                            break
+            if op is None:
+                op = request.path or "/"
             headers = request.headers
             carrier = _carrier(headers) if "sw8" in headers else None
             span: Any = _ctx.new_entry_span(op, carrier, _TORNADO, _HTTP)
@@ -118,16 +170,12 @@ def install(config: Config) -> None:
 
         return log_exception
 
-    if config.plugin_http_route_templates:
-        patch(PathMatches, "match", make_match)
     patch(RequestHandler, "_execute", make_execute)
     patch(RequestHandler, "log_exception", make_log_exception)
 
 
 def uninstall() -> None:
-    from tornado.routing import PathMatches  # noqa: PLC0415
     from tornado.web import RequestHandler  # noqa: PLC0415
 
-    restore(PathMatches, "match")
     restore(RequestHandler, "_execute")
     restore(RequestHandler, "log_exception")

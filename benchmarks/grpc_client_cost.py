@@ -1,0 +1,263 @@
+"""Instructions the gRPC client exit span adds per call, counted by Valgrind's cachegrind,
+against a real loopback grpc server that runs in another process (plain grpc, no agent, not
+under Valgrind): only the calling process is counted, so the figure is the client's cost.
+
+Cases: ``sync`` (a unary-unary call, ``multicallable(request)``), ``sync-future`` (the same
+through ``.future(...).result()``), ``stream`` (a unary-stream call whose 3 responses are
+read to the end), ``aio`` (a unary-unary ``grpc.aio`` call awaited), ``aio-stream`` (a
+``grpc.aio`` unary-stream call read to the end), and ``wsgi``: the reference, the WSGI
+middleware around a trivial app (``framework_bench``'s ``wsgi-middleware`` case). Each
+case and mode (``bare``: the agent not installed, ``traced``: installed) runs under
+``valgrind --tool=cachegrind --cache-sim=no`` with N and 3N calls after the same warm-up,
+ASLR off (``setarch -R``), a fixed ``PYTHONHASHSEED``; ``(I(3N) - I(N)) / 2N`` is the
+per-call count with start-up cancelled, and ``traced - bare`` what the client span adds.
+The calls are made outside any entry span: each one starts its own segment, as the WSGI
+middleware's request does. Segments go into a real shared-memory ring.
+
+    python3 benchmarks/grpc_client_cost.py [--case NAME ...] [--calls N] [--seeds S ...] \\
+        [--python /root/.pyenv/versions/3.11.7/bin/python3.11] [--json PATH]
+
+``--profile CASE`` prints a cProfile of the traced calls instead (which functions run).
+Run the real interpreter binary, not a pyenv shim (``--python``; default: this one's
+``sys.executable`` resolved). Slow: ~50x the normal run time per case and mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICE = "bench.Users"
+GET = f"/{SERVICE}/Get"
+LIST = f"/{SERVICE}/List"
+STREAMED = 3  # responses per streaming call
+WARMUP = 300
+CASES = ("sync", "sync-future", "stream", "aio", "aio-stream", "wsgi")
+Serve = Callable[[int], None]
+
+
+# -- the server (another process, no agent) ----------------------------------------------------
+def _serve_forever() -> None:
+    """Serve on a free loopback port, print it, stop when stdin closes."""
+    from concurrent import futures
+
+    import grpc
+
+    def get(req: bytes, ctx: Any) -> bytes:
+        return req
+
+    def listing(req: bytes, ctx: Any) -> Iterator[bytes]:
+        for _ in range(STREAMED):
+            yield req
+
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Get": grpc.unary_unary_rpc_method_handler(get),
+            "List": grpc.unary_stream_rpc_method_handler(listing),
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    sys.stdin.read()
+    server.stop(None)
+
+
+class Server:
+    """The server process for the duration of a ``with`` block."""
+
+    def __enter__(self) -> str:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.strip():
+            self.proc.kill()
+            raise RuntimeError("the gRPC server did not start")
+        return f"127.0.0.1:{int(line)}"
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# -- the measured process ----------------------------------------------------------------------
+def build(case: str, target: str) -> Serve:
+    """``serve(n)``: ``n`` calls of ``case``; channels made after the agent's install."""
+    import grpc
+
+    if case == "wsgi":
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.framework_bench import build_wsgi_middleware
+
+        return build_wsgi_middleware()
+    if case in ("sync", "sync-future", "stream"):
+        ch = grpc.insecure_channel(target)
+        if case == "stream":
+            listing = ch.unary_stream(LIST)
+
+            def serve_stream(n: int, _ch: Any = ch) -> None:
+                for _ in range(n):
+                    for _item in listing(b"42"):
+                        pass
+
+            return serve_stream
+        get = ch.unary_unary(GET)
+        if case == "sync-future":
+
+            def serve_future(n: int, _ch: Any = ch) -> None:
+                for _ in range(n):
+                    get.future(b"42").result()
+
+            return serve_future
+
+        def serve(n: int, _ch: Any = ch) -> None:
+            for _ in range(n):
+                get(b"42")
+
+        return serve
+
+    loop = asyncio.new_event_loop()
+
+    async def make() -> Any:
+        return grpc.aio.insecure_channel(target)
+
+    ach = loop.run_until_complete(make())
+    if case == "aio":
+        aget = ach.unary_unary(GET)
+
+        async def many(n: int) -> None:
+            for _ in range(n):
+                await aget(b"42")
+
+    else:
+        alist = ach.unary_stream(LIST)
+
+        async def many(n: int) -> None:
+            for _ in range(n):
+                async for _item in alist(b"42"):
+                    pass
+
+    def serve_aio(n: int, _ch: Any = ach) -> None:
+        loop.run_until_complete(many(n))
+
+    return serve_aio
+
+
+def _child(case: str, mode: str, n: int, target: str, profile: bool = False) -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.framework_bench import Agent
+
+    agent = Agent()
+    if mode == "traced":
+        agent.install()
+    serve = build(case, target)
+    serve(WARMUP)
+    agent.drain()
+    if profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.runcall(serve, n)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(int(os.environ.get("TOP", "30")))
+        return
+    serve(n)
+    got = agent.drain()
+    if mode == "traced" and got < n:
+        raise SystemExit(f"{case}: {got} segments for {n} calls: the span was not recorded")
+
+
+def instructions(python: str, case: str, mode: str, n: int, seed: int, target: str) -> int:  # noqa: PLR0917
+    with tempfile.TemporaryDirectory(prefix="swmp-cg-") as tmp:
+        out = Path(tmp) / "cg.out"
+        argv = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
+        argv += [python, str(Path(__file__).resolve()), "--child", case, mode, str(n), target]
+        if shutil.which("setarch"):
+            argv = ["setarch", os.uname().machine, "-R", *argv]
+        env = dict(os.environ, PYTHONHASHSEED=str(seed))
+        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for line in out.read_text().splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+    raise RuntimeError("no summary line in the cachegrind output")
+
+
+def per_call(python: str, case: str, mode: str, n: int, seed: int, target: str) -> float:  # noqa: PLR0917
+    once, thrice = (instructions(python, case, mode, k * n, seed, target) for k in (1, 3))
+    return (thrice - once) / (2 * n)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", action="append", choices=CASES, help="repeatable; default: all")
+    ap.add_argument("--calls", type=int, default=1000, help="N (the runs make N and 3N calls)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--python", default=os.path.realpath(sys.executable))
+    ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    ap.add_argument("--profile", choices=CASES, help="cProfile the traced calls of one case")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=4, metavar=("CASE", "MODE", "N", "TARGET"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve:
+        _serve_forever()
+        return 0
+    if args.child:
+        case, mode, n, target = args.child
+        _child(case, mode, int(n), target)
+        return 0
+    if args.profile:
+        with Server() as target:
+            _child(args.profile, "traced", args.calls, target, profile=True)
+        return 0
+    cases = args.case or list(CASES)
+    if "wsgi" in cases:  # the reference first, for the ratio column
+        cases = ["wsgi", *(c for c in cases if c != "wsgi")]
+    rows: list[dict[str, Any]] = []
+    print(f"instructions per call (N={args.calls}, seeds {args.seeds}; mean over seeds)")
+    print(f"{'case':<14}{'bare':>12}{'traced':>12}{'added':>10}{'vs WSGI mw':>12}")
+    ref = None
+    with Server() as target:
+        for case in cases:
+            got = {
+                m: statistics.mean(per_call(args.python, case, m, args.calls, s, target) for s in args.seeds)
+                for m in ("bare", "traced")
+            }
+            added = got["traced"] - got["bare"]
+            if case == "wsgi":
+                ref = added
+            ratio = f"{added / ref:.2f}x" if ref else "-"
+            line = f"{case:<14}{got['bare']:>12,.0f}{got['traced']:>12,.0f}{added:>10,.0f}{ratio:>12}"
+            print(line, flush=True)
+            rows.append({"case": case, **got, "added": added, "vs_wsgi": added / ref if ref else None})
+    if args.json:
+        meta = {"calls": args.calls, "seeds": args.seeds, "python": args.python}
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
