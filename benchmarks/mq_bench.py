@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import json
 import statistics
 import sys
@@ -492,18 +493,22 @@ class AioPika:
 
 
 # -- the instrumentation's own work, without a client or a network ---------------------------------
-def in_process(ring: Ring, calls: int, rounds: int) -> dict[str, Any]:
-    """What the wrappers add per message, measured alone (min over rounds, us per call):
+def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]]]:
+    """The wrappers' own work per message, as ``(base, traced)`` functions (one call = one
+    message; ``benchmarks/mq_cachegrind.py`` counts their instructions):
 
-    * producer: inside an entry span, the MQ exit span with its tags, the ``sw8`` header list
-      (as for Kafka) and the larger segment, against the entry span alone;
-    * consumer: one message's entry span, from decoding its ``sw8`` header to the segment
-      written into the ring (``_mq.consumed``), against nothing.
+    * ``producer``: inside an entry span, the MQ exit span with its tags, the ``sw8`` header
+      list (as for Kafka) and the larger segment, against the entry span alone;
+    * ``consumer``: one Kafka record's entry span, from decoding its ``sw8`` header to the
+      segment written into the ring (``_mq.kafka_consumed``), against nothing;
+    * ``consumer-no-sw8``: the same for a record without ``sw8`` (a new trace);
+    * ``consumer-callback``: a RabbitMQ message's entry span current around its callback
+      (``_mq.amqp_consuming``, its AMQP headers table carrying ``sw8``), against the callback.
     """
     from swmp.instrument import _mq
     from swmp.tracing.constants import Component
 
-    broker, topic = "127.0.0.1:9092", "orders"
+    broker, topic, group = "127.0.0.1:9092", "orders", "g"
 
     def entry_only() -> None:
         with new_entry_span("/publish"):
@@ -523,14 +528,39 @@ def in_process(ring: Ring, calls: int, rounds: int) -> dict[str, Any]:
         assert span is not None
         headers = _mq.kafka_headers(span, None)
         span.finish()
+    plain_headers = [("trace", b"no")]
+    amqp = {k: v.decode() for k, v in headers}
+    # amqp_consuming took a lookup function before it took the headers table (2026-11-26):
+    # kept so that the benchmark compares both versions.
+    table: Any = amqp if "headers" in inspect.signature(_mq.amqp_consuming).parameters else amqp.get
 
     def consumed() -> None:
-        _mq.consumed(
-            f"Kafka/{topic}/Consumer/g", _mq.pairs_lookup(headers), Component.KAFKA_CONSUMER, broker, topic
-        )
+        _mq.kafka_consumed(topic, group, headers, broker)
+
+    def consumed_no_sw8() -> None:
+        _mq.kafka_consumed(topic, group, plain_headers, broker)
+
+    def callback() -> None:
+        pass
+
+    def consuming() -> None:
+        with _mq.amqp_consuming("", "orders", table, broker):
+            callback()
 
     def nothing() -> None:
         pass
+
+    return {
+        "producer": (entry_only, entry_and_exit),
+        "consumer": (nothing, consumed),
+        "consumer-no-sw8": (nothing, consumed_no_sw8),
+        "consumer-callback": (callback, consuming),
+    }
+
+
+def in_process(ring: Ring, calls: int, rounds: int) -> dict[str, Any]:
+    """What the wrappers add per message, measured alone (min over rounds, us per call):
+    the cases of :func:`in_process_cases`."""
 
     def best(fn: Callable[[], None]) -> float:
         times = []
@@ -542,12 +572,11 @@ def in_process(ring: Ring, calls: int, rounds: int) -> dict[str, Any]:
             ring.drain()
         return min(times)
 
-    base_p, with_p = best(entry_only), best(entry_and_exit)
-    base_c, with_c = best(nothing), best(consumed)
-    return {
-        "producer": {"plain_us": base_p, "instrumented_us": with_p, "added_us": with_p - base_p},
-        "consumer": {"plain_us": base_c, "instrumented_us": with_c, "added_us": with_c - base_c},
-    }
+    out: dict[str, Any] = {}
+    for name, (base_fn, traced_fn) in in_process_cases().items():
+        base, traced = best(base_fn), best(traced_fn)
+        out[name] = {"plain_us": base, "instrumented_us": traced, "added_us": traced - base}
+    return out
 
 
 # -- the run -------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ here raises into the application; work per header is bounded by the size caps be
 from __future__ import annotations
 
 import binascii
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,7 +33,14 @@ _MAX_SPAN_ID = 2**31 - 1
 
 _b2a = binascii.b2a_base64
 _a2b = binascii.a2b_base64
-_B64_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+# One C pass over the text instead of a set lookup per character (a trace id is ~70 of them).
+_is_b64 = re.compile("[A-Za-z0-9+/=]*").fullmatch
+# The whole sw8 value checked and split in one match: the sample flag, the trace and segment
+# ids in base64 characters (which still have to decode), a span id of at most 10 ASCII digits
+# and the caller's four fields as one text (see _caller).
+_sw8_fields = re.compile(
+    "([01])-([A-Za-z0-9+/=]*)-([A-Za-z0-9+/=]*)-([0-9]{1,10})-([^-]*-[^-]*-[^-]*-[^-]*)"
+).fullmatch
 
 
 def b64(s: str) -> str:
@@ -42,8 +50,13 @@ def b64(s: str) -> str:
 
 def unb64(s: str) -> str | None:
     """Decode standard base64 to text; None when it is not valid base64 of UTF-8 text."""
-    if not s.isascii() or not _B64_ALPHABET.issuperset(s):
+    if _is_b64(s) is None:
         return None
+    return _unb64_checked(s)
+
+
+def _unb64_checked(s: str) -> str | None:
+    """:func:`unb64` of text already known to hold only base64 characters."""
     pad = len(s) % 4
     if pad:
         # Tolerate senders that strip the padding; a lone extra character is never valid.
@@ -74,6 +87,30 @@ def unb64_cached(s: str) -> str | None:
         if len(_decoded) >= _DECODED_MAX:
             _decoded.clear()
         _decoded[s] = v
+    return v
+
+
+# The caller's service, instance, endpoint and address repeat together: decoded once per
+# distinct text (bounded like _decoded; an invalid one caches as None).
+_callers: dict[str, tuple[str, str, str, str] | None] = {}
+
+
+def _caller(tail: str) -> tuple[str, str, str, str] | None:
+    """``(service, instance, endpoint, address)`` of sw8's last four fields (``a-b-c-d``);
+    None when any is invalid (service and instance must not be empty)."""
+    try:
+        return _callers[tail]
+    except KeyError:
+        pass
+    svc, inst, ep, addr = tail.split("-")
+    fields = (unb64_cached(svc), unb64_cached(inst), unb64_cached(ep), unb64_cached(addr))
+    v: tuple[str, str, str, str] | None = None
+    if fields[0] and fields[1] and fields[2] is not None and fields[3] is not None:
+        v = fields  # type: ignore[assignment]  # none is None
+    if len(tail) <= 512:  # a hostile header must not fill the cache with huge keys
+        if len(_callers) >= _DECODED_MAX:
+            _callers.clear()
+        _callers[tail] = v
     return v
 
 
@@ -168,39 +205,28 @@ def encode_sw8(  # noqa: PLR0917 (the header's fields, in order)
 def decode_sw8(value: Any) -> ContextCarrier | None:
     """Parse an ``sw8`` value; None if it is malformed in any way."""
     try:
-        if isinstance(value, (bytes, bytearray)):
-            value = bytes(value).decode("ascii")
-        if not isinstance(value, str) or len(value) > MAX_SW8_LENGTH:
+        if value.__class__ is not str:
+            if isinstance(value, (bytes, bytearray)):
+                value = bytes(value).decode("ascii")
+            elif not isinstance(value, str):
+                return None
+        if len(value) > MAX_SW8_LENGTH:
             return None
-        parts = value.strip().split("-")
-        if len(parts) != 8:
+        m = _sw8_fields(value.strip())
+        if m is None:
             return None
-        flag, tid, sid, span, svc, inst, ep, addr = parts
-        if flag not in ("0", "1"):
-            return None
-        if not (span.isascii() and span.isdigit() and len(span) <= 10):
-            return None
+        flag, tid, sid, span, tail = m.groups()
         span_id = int(span)
         if span_id > _MAX_SPAN_ID:
             return None
-        trace_id = unb64(tid)
-        segment_id = unb64(sid)
-        service = unb64_cached(svc)
-        instance = unb64_cached(inst)
-        endpoint = unb64_cached(ep)
-        address = unb64_cached(addr)
-        if (
-            not trace_id
-            or not segment_id
-            or not service
-            or not instance
-            or endpoint is None
-            or address is None
-        ):
+        # unb64, inlined for its common case (padded text): a ValueError here means invalid,
+        # as there.
+        trace_id = _a2b(tid).decode("utf-8") if not len(tid) & 3 else _unb64_checked(tid)
+        segment_id = _a2b(sid).decode("utf-8") if not len(sid) & 3 else _unb64_checked(sid)
+        caller = _callers.get(tail) or _caller(tail)
+        if not trace_id or not segment_id or caller is None:
             return None
-        return ContextCarrier(
-            trace_id, segment_id, span_id, service, instance, endpoint, address, flag == "1"
-        )
+        return ContextCarrier(trace_id, segment_id, span_id, *caller, flag == "1")
     except Exception:
         # Defensive: decoding must never raise into the request, whatever the input type.
         return None

@@ -28,6 +28,7 @@ from swmp.instrument._patch import is_patched
 from swmp.tracing import Component, Kind
 from swmp.tracing.constants import Layer
 from swmp.tracing.context import new_entry_span
+from swmp.tracing.limits import limits
 from tests.daemons import ServerInfo
 
 pytestmark = pytest.mark.timeout(120)
@@ -255,6 +256,62 @@ def test_retry_is_visible_and_the_retried_run_continues_the_trace(celery_env: An
     assert [s[R.SPAN_OPERATION] for s in retry_exit] == ["celery/t.flaky"]
     assert linked(first_seg, retry_exit[0], second)
     assert second_seg[R.SEG_TRACE_ID] == first_seg[R.SEG_TRACE_ID]
+
+
+def test_retry_without_a_publish_span_continues_the_run_not_the_original_publish(
+    celery_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the span limit, the retry's publish has no span of its own: the retry message must
+    not carry the retried message's sw8 (Celery copies the request's headers), or the retry's
+    run would hang off the original publish. It carries the run's own span instead."""
+    app, sink, _ = celery_env
+    monkeypatch.setattr(limits, "span_limit", 1)  # each segment: its first span only
+    app.tasks["t.flaky"].delay(7)
+    wait_for(lambda: len(entries(sink, "celery/t.flaky")) == 2)
+    ((pub_seg, pub),) = exits(sink, "celery/t.flaky")  # the retry's publish: over the limit
+    runs = entries(sink, "celery/t.flaky")
+    ((first_seg, first),) = [(seg, s) for seg, s in runs if "retry" in tags(s)]
+    ((second_seg, second),) = [(seg, s) for seg, s in runs if "retry" not in tags(s)]
+    assert linked(pub_seg, pub, first)
+    assert linked(first_seg, first, second)  # not linked(pub_seg, pub, second)
+    assert pub_seg[R.SEG_TRACE_ID] == first_seg[R.SEG_TRACE_ID] == second_seg[R.SEG_TRACE_ID]
+
+
+def test_ignored_retry_drops_the_retried_messages_propagation_headers(celery_env: Any) -> None:
+    """The task's operation is ignored (SW_TRACE_IGNORE_PATH): no span anywhere. A message
+    sent outside any task keeps the headers its caller gave (sw8 included); its retry, sent
+    from the run, does not carry them on (no span is current there to propagate instead)."""
+    app, sink, _ = celery_env
+    from celery import signals
+
+    with new_entry_span("/origin") as origin:
+        given = {**origin.inject(), "tenant": "t1"}
+    sink.clear()
+    published: list[dict[str, Any]] = []
+    done: list[Any] = []
+
+    def on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        published.append(dict(headers or {}))
+
+    def on_success(sender: Any = None, **_: Any) -> None:
+        done.append(sender)
+
+    signals.before_task_publish.connect(on_publish, weak=False)
+    signals.task_success.connect(on_success, weak=False)
+    cfg = load({}, agent_log_reporter_active=False, agent_trace_ignore_path="celery/t.flaky")
+    tracing.configure(cfg)
+    try:
+        app.send_task("t.flaky", (7,), headers=dict(given))
+        wait_for(lambda: len(done) == 1)
+    finally:
+        tracing.configure(load({}, agent_log_reporter_active=False))
+        signals.before_task_publish.disconnect(on_publish)
+        signals.task_success.disconnect(on_success)
+    first, retry = published
+    assert {k: first[k] for k in given} == given  # the caller's, untouched
+    assert retry["retries"] == 1 and retry["tenant"] == "t1"
+    assert not {"sw8", "sw8-correlation", "sw8-x"} & retry.keys()
+    assert entries(sink, "celery/t.flaky") == [] and exits(sink, "celery/t.flaky") == []
 
 
 def test_expired_task_is_a_revoked_error_span(celery_env: Any) -> None:

@@ -223,3 +223,82 @@ def test_repeated_fields_decode_the_same_from_the_cache() -> None:
     assert P.decode_sw8(broken_inst) is None
     assert P.decode_sw8(broken_inst) is None
     assert P.unb64_cached("!!!") is None and P.unb64_cached(b("x")) == "x"
+
+
+# -- the decoder against its previous, plainer form --------------------------------------------
+_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+
+
+def _reference_unb64(s: str) -> str | None:
+    if not s.isascii() or not _ALPHABET.issuperset(s):
+        return None
+    pad = len(s) % 4
+    if pad:
+        if pad == 1 or "=" in s:
+            return None
+        s += "=" * (4 - pad)
+    try:
+        return base64.b64decode(s).decode("utf-8")
+    except ValueError:
+        return None
+
+
+def _reference_sw8(value: Any) -> tuple[Any, ...] | None:
+    """decode_sw8 before its single-pattern form (2026-11-26), as a tuple of its fields."""
+    try:
+        if isinstance(value, (bytes, bytearray)):
+            value = bytes(value).decode("ascii")
+        if not isinstance(value, str) or len(value) > P.MAX_SW8_LENGTH:
+            return None
+        parts = value.strip().split("-")
+        if len(parts) != 8:
+            return None
+        flag, tid, sid, span, svc, inst, ep, addr = parts
+        if flag not in ("0", "1") or not (span.isascii() and span.isdigit() and len(span) <= 10):
+            return None
+        span_id = int(span)
+        decoded = [_reference_unb64(f) for f in (tid, sid, svc, inst, ep, addr)]
+        if span_id > 2**31 - 1 or not all(decoded[:4]) or decoded[4] is None or decoded[5] is None:
+            return None
+        return (*decoded[:2], span_id, *decoded[2:], flag == "1")
+    except Exception:
+        return None
+
+
+def _fields(c: P.ContextCarrier | None) -> tuple[Any, ...] | None:
+    if c is None:
+        return None
+    return (c.trace_id, c.segment_id, c.span_id, c.service, c.instance, c.endpoint, c.address, c.sampled)
+
+
+def test_decoder_agrees_with_its_previous_form() -> None:
+    """The same carrier (or None) for valid headers and for ~200k mutations of them, as text
+    and as bytes, each mutation decoded twice (the second time from the field cache)."""
+    rng = random.Random(11)
+    seeds = [
+        valid_sw8(),
+        valid_sw8(trace="x" * 50, ep="/a/b/c?d", addr=""),
+        valid_sw8(svc="svc-é", span="2147483647", flag="0"),
+        " " + valid_sw8(seg="s" * 7) + "\n",
+    ]
+    alphabet = "-=+/01AZaz9\x00\xff\u00e9\ud800 \t\n٣"
+    agreed = valid = 0
+    for _ in range(200_000):
+        s = list(rng.choice(seeds))
+        for _ in range(rng.randint(0, 3)):
+            op, pos = rng.random(), rng.randrange(len(s) + 1)
+            if op < 0.4 and s:
+                s[min(pos, len(s) - 1)] = rng.choice(alphabet)
+            elif op < 0.7:
+                s.insert(pos, rng.choice(alphabet))
+            elif s:
+                del s[min(pos, len(s) - 1)]
+        value = "".join(s)
+        want = _reference_sw8(value)
+        assert _fields(P.decode_sw8(value)) == want, value
+        assert _fields(P.decode_sw8(value)) == want, value
+        raw = value.encode("utf-8", "surrogatepass")
+        assert _fields(P.decode_sw8(raw)) == _reference_sw8(raw), value
+        agreed += 1
+        valid += want is not None
+    assert agreed == 200_000 and valid > 1000

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from swmp.propagation import SW8, SW8_CORRELATION, SW8_X, from_headers
+from swmp.propagation import SW8, SW8_CORRELATION, SW8_X, decode_sw8, from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_MQ_BROKER, TAG_MQ_QUEUE, TAG_MQ_TOPIC, Component, Layer
 from swmp.tracing.limits import limits
@@ -35,7 +35,13 @@ log = logging.getLogger("swmp.instrument")
 OWN_HEADERS = frozenset((SW8, SW8_CORRELATION, SW8_X))
 
 T = TypeVar("T")
+A = TypeVar("A")
 _get_current = current_span.get
+_set_current = current_span.set
+_new_entry_span = _ctx.new_entry_span
+_MQ = Layer.MQ
+_KAFKA_CONSUMER = Component.KAFKA_CONSUMER
+_RABBITMQ_CONSUMER = Component.RABBITMQ_CONSUMER
 _warned: set[str] = set()
 
 
@@ -62,11 +68,12 @@ def producer_span(  # noqa: PLR0917 (the message's facts, in a fixed order)
     component: int,
     topic: str,
     queue: str | None,
-    attach: Callable[[Span], T],
+    attach: Callable[[Span, A], T],
+    arg: A,
 ) -> tuple[Span | None, T | None]:
-    """The exit span of a send inside a trace, tagged, and ``attach(span)`` (the message's
-    new headers); ``(None, None)`` when nothing is to be recorded or anything failed (then no
-    span is left open: the send goes out untraced).
+    """The exit span of a send inside a trace, tagged, and ``attach(span, arg)`` (the
+    message's new headers); ``(None, None)`` when nothing is to be recorded or anything failed
+    (then no span is left open: the send goes out untraced).
     """
     span = None
     try:
@@ -74,7 +81,7 @@ def producer_span(  # noqa: PLR0917 (the message's facts, in a fixed order)
         if span is None:
             return None, None
         tag_mq(span, broker, topic, queue)
-        return span, attach(span)
+        return span, attach(span, arg)
     except Exception:
         warn_once(f"produce:{component}", "swmp: tracing a message send failed")
         if span is not None:
@@ -124,18 +131,48 @@ def _text(v: Any) -> Any:
     return v.decode("ascii", "replace") if isinstance(v, (bytes, bytearray)) else v
 
 
+def _carrier(sw8: Any, correlation: Any, sw8x: Any) -> Any:
+    """The producer's context from the values of its three headers (``sw8`` not None)."""
+    if correlation is None and sw8x is None:
+        # decode_sw8 takes bytes itself: non-ASCII is invalid either way.
+        return decode_sw8(sw8)
+    return from_headers(
+        _text(sw8),
+        _text(correlation),
+        _text(sw8x),
+        limits.correlation_max_elements,
+        limits.correlation_max_value_length,
+    )
+
+
 def carrier_from(lookup: Callable[[str], Any]) -> Any:
     """The producer's context from a message's headers (``lookup(name)`` -> value or None)."""
     sw8 = lookup(SW8)
     if sw8 is None:
         return None
-    return from_headers(
-        _text(sw8),
-        _text(lookup(SW8_CORRELATION)),
-        _text(lookup(SW8_X)),
-        limits.correlation_max_elements,
-        limits.correlation_max_value_length,
-    )
+    return _carrier(sw8, lookup(SW8_CORRELATION), lookup(SW8_X))
+
+
+def pairs_carrier(headers: Iterable[tuple[str, Any]] | None) -> Any:
+    """:func:`carrier_from` over Kafka-style ``(name, value)`` pairs (the last of a name wins,
+    as a map would); one pass, and nothing decoded without ``sw8``."""
+    if not headers:
+        return None
+    sw8 = correlation = sw8x = None
+    for h in headers:
+        name = h[0]
+        if name == SW8:
+            sw8 = h[1]
+        elif name in OWN_HEADERS:
+            if name == SW8_CORRELATION:
+                correlation = h[1]
+            else:
+                sw8x = h[1]
+    if sw8 is None:
+        return None
+    if correlation is None and sw8x is None:
+        return decode_sw8(sw8)  # _carrier's common case, inlined
+    return _carrier(sw8, correlation, sw8x)
 
 
 def pairs_lookup(headers: Iterable[tuple[str, Any]] | None) -> Callable[[str], Any]:
@@ -151,34 +188,61 @@ def pairs_lookup(headers: Iterable[tuple[str, Any]] | None) -> Callable[[str], A
 def entry_span(op: str, carrier: Any, component: int) -> Span | None:
     """A new segment's entry span for one consumed message (None when not recorded).
 
-    It never becomes the child of whatever span is current here: the caller has set the
-    current span to None around this call (see :func:`consumed` and :func:`consuming`).
+    It never becomes the child of whatever span is current here: the caller makes sure no
+    span is current around this call (see :func:`delivered` and :class:`Consuming`).
     """
-    span = _ctx.new_entry_span(op, carrier, component, Layer.MQ)
+    span = _new_entry_span(op, carrier, component, _MQ)
     return span if isinstance(span, Span) else None
+
+
+def delivered(  # noqa: PLR0917 (the message's facts, in a fixed order)
+    op: str, carrier: Any, component: int, broker: str, topic: str, queue: str | None = None
+) -> None:
+    """Record the delivery of one message that the library returns to its caller, given its
+    decoded headers (``carrier``, None without ``sw8``)."""
+    token = None
+    try:
+        if _get_current() is not None:  # a consumer loop inside a trace: not the parent
+            token = _set_current(None)
+        span = _new_entry_span(op, carrier, component, _MQ)
+        if span.__class__ is Span or isinstance(span, Span):
+            lim = limits.tag_value_max
+            if (  # tag_mq's common case, inlined (a new span has no tags)
+                queue is None
+                and broker.__class__ is str
+                and topic.__class__ is str
+                and len(broker) <= lim
+                and len(topic) <= lim
+            ):
+                span.tags = [TAG_MQ_BROKER, broker, TAG_MQ_TOPIC, topic]
+            else:
+                tag_mq(span, broker, topic, queue)
+            span.finish()
+    except Exception:
+        warn_once(f"consume:{component}", "swmp: recording a consumed message failed")
+    finally:
+        if token is not None:
+            current_span.reset(token)
 
 
 def consumed(  # noqa: PLR0917 (the message's facts, in a fixed order)
     op: str, lookup: Callable[[str], Any], component: int, broker: str, topic: str, queue: str | None = None
 ) -> None:
     """Record the delivery of one message that the library returns to its caller."""
-    token = current_span.set(None)
     try:
-        span = entry_span(op, carrier_from(lookup), component)
-        if span is not None:
-            tag_mq(span, broker, topic, queue)
-            span.finish()
+        carrier = carrier_from(lookup)
     except Exception:
         warn_once(f"consume:{component}", "swmp: recording a consumed message failed")
-    finally:
-        current_span.reset(token)
+        return
+    delivered(op, carrier, component, broker, topic, queue)
 
 
 class Consuming:
     """``with Consuming(...)``: the entry span of one message, current while its callback runs.
 
     Set up never raises into the application; the callback's exception marks the span as an
-    error and propagates unchanged.
+    error and propagates unchanged. The context is given back as it was: when no span was
+    current before, it is cleared again (cheaper than a token; the same for the caller).
     """
 
     __slots__ = ("_span", "_token")
@@ -186,17 +250,19 @@ class Consuming:
     def __init__(  # noqa: PLR0917
         self,
         op: str,
-        lookup: Callable[[str], Any],
+        lookup: Callable[[str], Any] | None,
         component: int,
         broker: str,
         topic: str,
         queue: str | None,
+        table: Any = None,
     ) -> None:
-        self._token = current_span.set(None)
+        self._token = _set_current(None) if _get_current() is not None else None
         self._span: Span | None = None
         try:
-            span = entry_span(op, carrier_from(lookup), component)
-            if span is not None:
+            carrier = carrier_from(lookup) if lookup is not None else table_carrier(table)
+            span = _new_entry_span(op, carrier, component, _MQ)
+            if span.__class__ is Span or isinstance(span, Span):
                 tag_mq(span, broker, topic, queue)
                 span.__enter__()
                 self._span = span
@@ -212,7 +278,11 @@ class Consuming:
             if span is not None:
                 span.__exit__(et, ev, tb)
         finally:
-            current_span.reset(self._token)
+            token = self._token
+            if token is not None:
+                current_span.reset(token)
+            elif _get_current() is not None:
+                _set_current(None)
 
 
 # -- the names and shapes per broker kind (as the SkyWalking Python agent names them) -------
@@ -221,26 +291,25 @@ def kafka_send_span(
 ) -> tuple[Span | None, Any]:
     """A Kafka producer's exit span and the record's new headers (``merge(span, headers)``)."""
     return producer_span(
-        f"Kafka/{topic}/Producer",
-        brokers,
-        Component.KAFKA_PRODUCER,
-        str(topic),
-        None,
-        lambda s: merge(s, headers),
+        f"Kafka/{topic}/Producer", brokers, Component.KAFKA_PRODUCER, str(topic), None, merge, headers
     )
 
 
 def kafka_consumed(topic: str, group: str, headers: Any, brokers: str) -> None:
     """One consumed Kafka record (headers: ``(name, value)`` pairs or None)."""
-    consumed(
-        f"Kafka/{topic}/Consumer/{group}", pairs_lookup(headers), Component.KAFKA_CONSUMER, brokers, topic
-    )
+    try:
+        carrier = pairs_carrier(headers) if headers else None
+    except Exception:
+        warn_once(f"consume:{_KAFKA_CONSUMER}", "swmp: recording a consumed message failed")
+        return
+    delivered(f"Kafka/{topic}/Consumer/{group}", carrier, _KAFKA_CONSUMER, brokers, topic)
 
 
 def amqp_send_span(
-    exchange: Any, routing_key: Any, peer: str, attach: Callable[[Span], T]
+    exchange: Any, routing_key: Any, peer: str, attach: Callable[[Span, A], T], arg: A
 ) -> tuple[Span | None, T | None]:
-    """A RabbitMQ publisher's exit span and ``attach(span)`` (the message's new properties)."""
+    """A RabbitMQ publisher's exit span and ``attach(span, arg)`` (the message's new
+    properties)."""
     return producer_span(
         f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Producer",
         peer,
@@ -248,28 +317,47 @@ def amqp_send_span(
         str(exchange),
         str(routing_key),
         attach,
+        arg,
     )
 
 
-def amqp_consuming(exchange: str, routing_key: str, lookup: Callable[[str], Any], peer: str) -> Consuming:
-    """The entry span of one delivered RabbitMQ message, current inside ``with``."""
+def amqp_consuming(exchange: str, routing_key: str, headers: Any, peer: str) -> Consuming:
+    """The entry span of one delivered RabbitMQ message (its headers table or None), current
+    inside ``with``."""
     return Consuming(
         f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Consumer",
-        lookup,
-        Component.RABBITMQ_CONSUMER,
+        None,
+        _RABBITMQ_CONSUMER,
         peer,
         exchange,
         routing_key,
+        headers,
     )
 
 
-def amqp_consumed(exchange: str, routing_key: str, lookup: Callable[[str], Any], peer: str) -> None:
+def amqp_consumed(exchange: str, routing_key: str, headers: Any, peer: str) -> None:
     """One RabbitMQ message handed to the caller (``basic_get``): its delivery is recorded."""
-    consumed(
+    try:
+        carrier = table_carrier(headers)
+    except Exception:
+        warn_once(f"consume:{_RABBITMQ_CONSUMER}", "swmp: recording a consumed message failed")
+        return
+    delivered(
         f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Consumer",
-        lookup,
-        Component.RABBITMQ_CONSUMER,
+        carrier,
+        _RABBITMQ_CONSUMER,
         peer,
         exchange,
         routing_key,
     )
+
+
+def table_carrier(headers: Any) -> Any:
+    """The producer's context from an AMQP headers table (a dict; anything else has none)."""
+    if headers.__class__ is not dict and not isinstance(headers, dict):
+        return None
+    get = headers.get
+    sw8 = get(SW8)
+    if sw8 is None:
+        return None
+    return _carrier(sw8, get(SW8_CORRELATION), get(SW8_X))

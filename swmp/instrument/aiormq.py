@@ -47,18 +47,13 @@ def _peer(channel: Any) -> str:
         return ""
 
 
-def _none(name: str) -> None:
-    return None
-
-
 def _message_facts(channel: Any, message: Any) -> tuple[str, str, Any, str]:
-    """``(exchange, routing key, header lookup, peer)`` of a delivered message."""
+    """``(exchange, routing key, headers table, peer)`` of a delivered message."""
     delivery = message.delivery
     exchange = getattr(delivery, "exchange", None) or ""
     routing_key = getattr(delivery, "routing_key", None) or ""
     headers = getattr(getattr(message.header, "properties", None), "headers", None)
-    lookup = headers.get if isinstance(headers, dict) else _none
-    return exchange, routing_key, lookup, _peer(channel)
+    return exchange, routing_key, headers, _peer(channel)
 
 
 def install(config: Config) -> None:
@@ -80,7 +75,8 @@ def install(config: Config) -> None:
                 kwargs.get("exchange", ""),
                 kwargs.get("routing_key", ""),
                 _peer(self),
-                lambda s: _with_headers(s, kwargs.get("properties")),
+                _with_headers,
+                kwargs.get("properties"),
             )
             if span is None:
                 return await orig(self, body, *args, **kwargs)

@@ -121,26 +121,57 @@ def _with_trace(headers: dict[str, Any], sw: dict[str, str]) -> dict[str, Any]:
     return {**headers, **sw}
 
 
+def _untraced(app: Any, options: dict[str, Any]) -> None:
+    """A send with no publish span (not recorded: ignored, over the span limit, inside another
+    exit span) still must not carry the propagation headers of the task request running here,
+    which Celery copies into a retry: the retry's run would continue the original publish.
+    They are dropped, and the innermost recorded span of this context, if any, is propagated
+    instead (the retry's run stays in this trace). Other headers are the caller's: kept."""
+    headers = options.get("headers")
+    if not headers or not ("sw8" in headers or "sw8-correlation" in headers or "sw8-x" in headers):
+        return
+    try:
+        task = app.current_worker_task
+        if task is None:
+            return
+        request = task.request
+        if not any(
+            headers.get(k) is not None and headers.get(k) == getattr(request, k, None) for k in _SW_HEADERS
+        ):
+            return
+        clean = {k: v for k, v in headers.items() if k not in _SW_HEADERS}
+        active = _ctx.active_span()
+        if active is not None:
+            clean.update(active.inject())
+        options["headers"] = clean  # a new dict: the request's own is left as it is
+    except Exception:
+        warn_once("celery-publish-untraced", "swmp: checking an untraced Celery message's headers failed")
+
+
 def _wrap_send_task(orig: Any) -> Any:
     def send_task(
         self: Any, name: str, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any
     ) -> Any:
         peer, broker = broker_of(self)
         span = _ctx.new_exit_span(f"celery/{name}", peer, _COMPONENT, _MQ)
-        if span is NOOP:
-            return orig(self, name, args, kwargs, *rest, **options)
+        if span is NOOP or not span.recording:
+            if options.get("headers"):
+                _untraced(self, options)  # before an IgnoredSpan becomes current
+            if span is NOOP:
+                return orig(self, name, args, kwargs, *rest, **options)
+            with span:
+                return orig(self, name, args, kwargs, *rest, **options)
         with span:
-            if span.recording:
-                try:
-                    span.tag(TAG_MQ_BROKER, broker)
-                    if settings.params_length > 0:
-                        span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
-                    sw = span.inject()
-                    headers = options.get("headers")
-                    # A copy: the caller's dict (a signature's options) is reused for other sends.
-                    options["headers"] = _with_trace(headers, sw) if headers else sw
-                except Exception:
-                    warn_once("celery-publish", "swmp: adding the trace to a Celery message failed")
+            try:
+                span.tag(TAG_MQ_BROKER, broker)
+                if settings.params_length > 0:
+                    span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
+                sw = span.inject()
+                headers = options.get("headers")
+                # A copy: the caller's dict (a signature's options) is reused for other sends.
+                options["headers"] = _with_trace(headers, sw) if headers else sw
+            except Exception:
+                warn_once("celery-publish", "swmp: adding the trace to a Celery message failed")
             return orig(self, name, args, kwargs, *rest, **options)
 
     return send_task

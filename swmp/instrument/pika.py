@@ -51,19 +51,11 @@ def _peer(channel: Any) -> str:
         return ""
 
 
-def _lookup(properties: Any) -> Any:
-    headers = getattr(properties, "headers", None)
-    return headers.get if isinstance(headers, dict) else _none
-
-
-def _none(name: str) -> None:
-    return None
-
-
 def _consuming(channel: Any, method: Any, properties: Any) -> _mq.Consuming:
     exchange = getattr(method, "exchange", None) or ""
     routing_key = getattr(method, "routing_key", None) or ""
-    return _mq.amqp_consuming(exchange, routing_key, _lookup(properties), _peer(channel))
+    headers = getattr(properties, "headers", None)
+    return _mq.amqp_consuming(exchange, routing_key, headers, _peer(channel))
 
 
 def _traced_callback(callback: Any, impl_of: Any) -> Any:
@@ -93,9 +85,7 @@ def install(config: Config) -> None:
         ) -> Any:
             if _get_current() is None:
                 return orig(self, exchange, routing_key, body, properties, mandatory)
-            span, traced = _mq.amqp_send_span(
-                exchange, routing_key, _peer(self), lambda s: _with_headers(s, properties)
-            )
+            span, traced = _mq.amqp_send_span(exchange, routing_key, _peer(self), _with_headers, properties)
             if span is None:
                 return orig(self, exchange, routing_key, body, properties, mandatory)
             with span:
