@@ -85,7 +85,10 @@ def _late_where(proto: Any) -> tuple[str, str]:
     if conn is None:
         conn = next((c for c in gc.get_referrers(proto) if owner(c) is not None), None)
     where = _where_of(conn) if conn is not None else ("", "")
-    proto._swmp_where = where
+    try:
+        proto._swmp_where = where
+    except Exception:  # a protocol that takes no attributes: looked for again next time
+        pass
     return where
 
 
