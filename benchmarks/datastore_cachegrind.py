@@ -24,13 +24,15 @@ is the per-call count with start-up and connection set-up cancelled. Modes:
   ``outside - off`` is the cost of a call outside any trace.
 
 Segments go to a real shared-memory ring (``framework_bench.Agent``), read only after the
-counted calls. Each run has ASLR off (``setarch -R``) and a fixed ``PYTHONHASHSEED``. The
-servers' reply timing still varies a little (an extra ``poll``/event-loop turn now and
-then), so compare versions over several seeds (``--seeds 0 1 2``; the table shows their
-mean).
+counted calls. Each run has ASLR off (``setarch -R``), a fixed ``PYTHONHASHSEED``, and the
+start-up heap frozen out of the garbage collector after the warm-up (a full collection in
+one run and not the other moved the figure by 1,000-2,000 instructions per call). What
+is left of the noise (the servers' reply timing: an extra ``poll`` or event-loop turn now
+and then) is a few hundred instructions; compare versions over several seeds (``--seeds 0
+1 2``; the table shows their mean).
 
     python benchmarks/datastore_cachegrind.py [--lib NAME ...] [--calls N] [--seeds S ...]
-        [--outside] [--json PATH]
+        [--outside] [--json PATH] [--servers PATH]
 
 Run the real interpreter binary, not a pyenv shim (``--python``; default: this one's
 ``sys.executable`` resolved). Slow: ~50x the normal run time per library and mode.
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -72,6 +75,11 @@ def _child(lib: str, mode: str, n: int, servers: dict[str, Any]) -> None:
     run, _close = db.WORKLOADS[lib](servers)
     run(db.BATCH * 4, ctx)
     agent.drain()
+    # Everything made so far out of the collector's way: a full collection falling into
+    # one run and not the other would scan the whole start-up heap (thousands of
+    # instructions per call at N=500), which is no cost of the calls measured.
+    gc.collect()
+    gc.freeze()
     run(n, ctx)
     # No drain, no close: reading the ring back is not the instrumentation's cost.
     _sink.set_sink(None)
@@ -108,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--outside", action="store_true", help="also count calls outside a trace")
     ap.add_argument("--python", default=os.path.realpath(sys.executable))
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ap.add_argument("--servers", metavar="PATH", help="JSON of running servers (default: start them)")
     ap.add_argument("--child", nargs=4, metavar=("LIB", "MODE", "N", "SERVERS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -123,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"instructions per call (N={n}, seeds {args.seeds}; mean over seeds)")
     head = f"{'library':<15}{'bare':>10}{'traced':>10}{'+traced':>10}"
     print(head + (f"{'off':>10}{'outside':>10}{'+outside':>10}" if args.outside else ""), flush=True)
-    with db.servers_running(libs) as servers:
+    with contextlib.ExitStack() as stack:
+        if args.servers:
+            servers = json.loads(Path(args.servers).read_text())
+        else:
+            servers = stack.enter_context(db.servers_running(libs))
         spec = json.dumps(servers)
         for lib in libs:
             got = {

@@ -50,7 +50,7 @@ def _address(client: Any) -> str:
 
 
 def _key(key: Any) -> Any:
-    if key.__class__ is str or isinstance(key, (str, bytes)):
+    if isinstance(key, (str, bytes)):
         return key
     if isinstance(key, (dict, list, tuple)):  # *_many: never consume a one-shot iterable
         return " ".join(_ds.text(k) for k in key)
@@ -69,7 +69,10 @@ def _command(cmd: str) -> Any:
                 # No argument tuple or dict rebuilt for the usual call (a key alone).
                 return orig(self, key, *args, **kwargs) if args or kwargs else orig(self, key)
             try:  # the span may fail to open (a changed client), never the call
-                span = cache_span(op, _address(self), _COMPONENT, "Memcached", cmd, _key(key), "", None, head)
+                server = self.server  # a (host, port) tuple or a socket path
+                address = (_addresses.get(server) if server.__class__ is tuple else None) or _address(self)
+                k = key if key.__class__ is str else _key(key)
+                span = cache_span(op, address, _COMPONENT, "Memcached", cmd, k, "", None, head)
             except Exception as e:
                 span = _ds.failed(place, e)
             span.__enter__()  # ``with span:`` spelled out: cheaper
