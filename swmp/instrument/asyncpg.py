@@ -15,6 +15,7 @@ call finds the protocol's connection once (see :func:`_late_where`).
 from __future__ import annotations
 
 import gc
+import inspect
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -141,13 +142,54 @@ def _traced(
     return make
 
 
+_BIND_EXECUTE = ("self", "state", "args", "portal_name", "limit", "return_extra", "timeout")
+
+
+def _bind_execute(orig: Any) -> Any:
+    """``bind_execute``, the call behind every ``fetch*`` and ``execute`` with arguments: with
+    its own parameters spelled out when the protocol's are the known six (asyncpg passes
+    them by keyword: a ``**kwargs`` pass-through costs ~5x what the wrapper does), else the
+    generic wrapper."""
+    generic = _traced(_OP, "state", "args")(orig)
+    try:
+        params = list(inspect.signature(orig).parameters.values())
+    except (TypeError, ValueError):
+        return generic
+    if tuple(p.name for p in params) != _BIND_EXECUTE or any(
+        p.kind is not p.POSITIONAL_OR_KEYWORD or p.default is not p.empty for p in params
+    ):
+        return generic
+    place = f"{__name__}._traced.<locals>.make.<locals>.start"
+
+    async def traced(  # noqa: PLR0917
+        proto: Any, state: Any, args: Any, portal_name: Any, limit: Any, return_extra: Any, timeout: Any
+    ) -> Any:
+        try:
+            address, db = getattr(proto, "_swmp_where", None) or _late_where(proto)
+            query = state if state.__class__ is str else getattr(state, "query", "")
+            span = _ds.sql_span(_OP, address, _COMPONENT, "PostgreSQL", db, query, args)
+        except Exception as e:
+            span = _ds.failed(place, e)
+        with span:
+            return await orig(proto, state, args, portal_name, limit, return_extra, timeout)
+
+    def bind_execute(  # noqa: PLR0917
+        self: Any, state: Any, args: Any, portal_name: Any, limit: Any, return_extra: Any, timeout: Any
+    ) -> Any:
+        if _outside() is None:
+            return orig(self, state, args, portal_name, limit, return_extra, timeout)
+        return traced(self, state, args, portal_name, limit, return_extra, timeout)
+
+    return bind_execute
+
+
 def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
     from asyncpg.connection import Connection  # noqa: PLC0415
     from asyncpg.protocol import Protocol  # noqa: PLC0415
 
     return [
         (Connection, "__init__", _init),
-        (Protocol, "bind_execute", _traced(_OP, "state", "args")),
+        (Protocol, "bind_execute", _bind_execute),
         (Protocol, "bind_execute_many", _traced(_OP, "state", "args", many=True)),
         (Protocol, "bind", _traced(_OP, "state", "args")),
         (Protocol, "query", _traced(_OP, "query", None)),
