@@ -422,21 +422,19 @@ def cursor_method(
 
     place = f"{prefix}{method} ({where.__module__}.{where.__qualname__})"
 
-    def start(cur: Any, query: Any, args: Any) -> Span | NoopSpan:
-        try:  # inlined guarded(): this runs on every traced query
-            address, db = where(cur)
-            return sql_span(op, address, component, db_type, db, query, args or None, many)
-        except Exception as e:
-            return failed(place, e)
-
     def make(orig: Any) -> Any:
         if is_async:
 
             async def traced(self: Any, query: Any, args: Any, rest: Any) -> Any:
                 if many:
                     args = rows(args)
-                with start(self, query, args):
-                    return await orig(self, query, args, *rest)
+                try:  # guarded() inlined: this runs on every traced query
+                    address, db = where(self)
+                    span = sql_span(op, address, component, db_type, db, query, args or None, many)
+                except Exception as e:
+                    span = failed(place, e)
+                with span:
+                    return await (orig(self, query, args, *rest) if rest else orig(self, query, args))
 
             def amethod(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
                 if args is _MISSING:
@@ -456,7 +454,7 @@ def cursor_method(
                 return orig(self, query, args, *rest) if rest else orig(self, query, args)
             if many:
                 args = rows(args)
-            try:  # start(), inlined
+            try:  # guarded() inlined: this runs on every traced query
                 address, db = where(self)
                 span = sql_span(op, address, component, db_type, db, query, args or None, many)
             except Exception as e:
