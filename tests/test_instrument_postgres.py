@@ -13,7 +13,7 @@ import pytest
 
 from swmp.tracing import Component
 from tests.daemons import ServerInfo
-from tests.datastore_support import Exit, Traced, check_sql, only, traced
+from tests.datastore_support import Exit, Traced, check_sql, only, start_traced, stop_traced, traced
 
 __all__ = ["traced"]  # the fixture, used by name
 
@@ -135,6 +135,29 @@ def test_psycopg2_outside_a_trace_records_nothing(traced: Traced, pg2: Any) -> N
     with traced.untraced(), pg2.cursor() as cur:
         cur.execute("SELECT 1")
         assert cur.fetchone() == (1,)
+
+
+def test_psycopg2_connection_made_before_the_install_is_not_traced(
+    traced: Traced, postgres_server: ServerInfo
+) -> None:
+    """The documented limit: psycopg2's C connection and cursor cannot be changed once made,
+    so a connection from before the install records nothing, and works as before."""
+    import psycopg2
+    import psycopg2.extras
+
+    stop_traced()
+    conn = psycopg2.connect(**_dsn(postgres_server))
+    try:
+        late, _ = start_traced()
+        with late.trace() as got:
+            for factory in (None, psycopg2.extras.RealDictCursor):
+                with conn.cursor(cursor_factory=factory) as cur:
+                    cur.execute("SELECT 1 AS one")
+                    row = cur.fetchone()
+                    assert (row["one"] if factory else row[0]) == 1
+        assert got.exits == []
+    finally:
+        conn.close()
 
 
 # -- psycopg 3 ----------------------------------------------------------------------------------
@@ -289,5 +312,37 @@ def test_asyncpg_pool(traced: Traced, postgres_server: ServerInfo) -> None:
             assert {e.peer for e in got.exits} == {f"127.0.0.1:{s.port}"}
         finally:
             await pool.close()
+
+    asyncio.run(main())
+
+
+def test_asyncpg_connection_opened_before_the_install(traced: Traced, postgres_server: ServerInfo) -> None:
+    """A connection made before the agent was installed (``swmp.start()`` after connecting):
+    its calls have the peer and database too, found once from the connection."""
+    import asyncpg
+
+    s = postgres_server
+    stop_traced()  # as if the agent had not started yet
+
+    async def main() -> None:
+        login = {"host": s.host, "port": s.port, "user": s.user, "password": s.password}
+        conn = await asyncpg.connect(**login, database=s.database)
+        pool = await asyncpg.create_pool(**login, database=s.database, min_size=1, max_size=1)
+        try:
+            late, _ = start_traced()
+            with late.trace() as got:
+                assert await conn.fetchval("SELECT $1::int + 1", 1) == 2
+                stmt = await conn.prepare("SELECT 7")
+                assert await stmt.fetchval() == 7
+                async with conn.transaction():
+                    assert [r[0] async for r in conn.cursor("SELECT 8")] == [8]
+                assert await pool.fetchval("SELECT 9") == 9
+            assert len(got.exits) >= 8
+            for e in got.exits:
+                assert e.peer == f"127.0.0.1:{s.port}", e
+                assert e.tags["db.instance"] == s.database, e
+        finally:
+            await pool.close()
+            await conn.close()
 
     asyncio.run(main())

@@ -33,7 +33,7 @@ from swmp.tracing.constants import (
     Layer,
 )
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NO_TAGS, NOOP, NoopSpan, Span, current_span
+from swmp.tracing.span import NO_TAGS, NOOP, NoopSpan, Span, current_span, exit_child
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -71,6 +71,17 @@ def guarded(start: Callable[..., Any]) -> Callable[..., Any]:
 
 _DATABASE = Layer.DATABASE
 _CACHE = Layer.CACHE
+
+
+def _no_fast_path(op: str, peer: str, component: int, layer: int) -> Span | None:
+    return None
+
+
+# An exit span is ``_child(...) or _new_exit(...)``: context.new_exit_span's own first step
+# (the native common case, None otherwise), called here directly to save its Python frame on
+# every traced call; the general path decides the rest exactly as before.
+_child: Callable[[str, str, int, int], Span | None] = exit_child or _no_fast_path
+_new_exit = _ctx.new_exit_span
 
 
 class _Settings:
@@ -177,7 +188,7 @@ def sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
 ) -> Span | NoopSpan:
     """An exit span for one SQL call, tagged ``db.type``/``db.instance``/``db.statement``
     (and ``db.sql.parameters`` when enabled)."""
-    span = _ctx.new_exit_span(op, address, component, _DATABASE)
+    span = _child(op, address, component, _DATABASE) or _new_exit(op, address, component, _DATABASE)
     if span.__class__ is Span:
         if statement.__class__ is not str:
             statement = text(statement)
@@ -189,7 +200,7 @@ def sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
             span.tag(TAG_DB_TYPE, db_type)
             span.tag(TAG_DB_INSTANCE, instance)
             span.tag(TAG_DB_STATEMENT, statement)
-        if settings.params_max and params is not None:
+        if params is not None and settings.params_max:
             try:
                 span.tag(TAG_DB_SQL_PARAMETERS, params_text(params, many))
             except Exception:  # an exotic parameter container: the query matters more
@@ -230,6 +241,26 @@ def cache_op(cmd: str) -> str:
     return "read" if upper in READ_COMMANDS else "write" if upper in WRITE_COMMANDS else ""
 
 
+_heads: dict[tuple[str, str], tuple[str, ...]] = {}
+
+
+def cache_head(cache_type: str, cmd: str) -> tuple[str, ...]:
+    """The first tags of a cache span for one command: ``cache.type``, ``cache.cmd`` and (for
+    a read or write command) ``cache.op``, made once per command (bounded memo)."""
+    try:
+        return _heads[cache_type, cmd]
+    except KeyError:
+        pass
+    k = cache_op(cmd)
+    head: tuple[str, ...] = (TAG_CACHE_TYPE, cache_type, TAG_CACHE_CMD, cmd)
+    if k:
+        head += (TAG_CACHE_OP, k)
+    if len(_heads) >= 1024:
+        _heads.clear()
+    _heads[cache_type, cmd] = head
+    return head
+
+
 def cache_span(  # noqa: PLR0917
     op: str,
     address: str,
@@ -239,26 +270,47 @@ def cache_span(  # noqa: PLR0917
     key: Any,
     instance: str = "",
     kind: str | None = None,
+    head: tuple[str, ...] | None = None,
 ) -> Span | NoopSpan:
     """An exit span for one cache call (or one pipeline: ``cmd`` lists its commands), tagged
-    ``cache.type``/``cache.cmd``/``cache.op``/``cache.key`` (and ``db.instance`` if given)."""
-    span = _ctx.new_exit_span(op, address, component, _CACHE)
-    if span.__class__ is Span:
-        k = cache_op(cmd) if kind is None else kind
-        if span.tags is NO_TAGS and len(cmd) <= limits.tag_value_max:
-            # The common case in one list (what the span.tag calls below would build).
-            tags = span.tags = [TAG_CACHE_TYPE, cache_type, TAG_CACHE_CMD, cmd]
-            if k:
-                tags += (TAG_CACHE_OP, k)
+    ``cache.type``/``cache.cmd``/``cache.op``/``cache.key`` (and ``db.instance`` if given).
+    ``head``: ``cache_head(cache_type, cmd)`` when the caller keeps it (one lookup less)."""
+    span = _child(op, address, component, _CACHE) or _new_exit(op, address, component, _CACHE)
+    if span.__class__ is not Span:
+        return span
+    if key is not None and settings.collect_keys:
+        if key.__class__ is not str:
+            key = text(key)
+    else:
+        key = None
+    lim = limits.tag_value_max
+    if (
+        kind is None
+        and span.tags is NO_TAGS
+        and len(cmd) <= lim
+        and (key is None or len(key) <= lim)
+        and len(instance) <= lim
+    ):
+        # The common case in one list (what the span.tag calls below would build): this
+        # runs on every traced command.
+        if head is None:
+            head = cache_head(cache_type, cmd)
+        if key is None:
+            span.tags = [*head, TAG_DB_INSTANCE, instance] if instance else list(head)
+        elif instance:
+            span.tags = [*head, TAG_CACHE_KEY, key, TAG_DB_INSTANCE, instance]
         else:
-            span.tag(TAG_CACHE_TYPE, cache_type)
-            span.tag(TAG_CACHE_CMD, cmd)
-            if k:
-                span.tag(TAG_CACHE_OP, k)
-        if key is not None and settings.collect_keys:
-            span.tag(TAG_CACHE_KEY, key if key.__class__ is str else text(key))
-        if instance:
-            span.tag(TAG_DB_INSTANCE, instance)
+            span.tags = [*head, TAG_CACHE_KEY, key]
+        return span
+    k = cache_op(cmd) if kind is None else kind
+    span.tag(TAG_CACHE_TYPE, cache_type)
+    span.tag(TAG_CACHE_CMD, cmd)
+    if k:
+        span.tag(TAG_CACHE_OP, k)
+    if key is not None:
+        span.tag(TAG_CACHE_KEY, key)
+    if instance:
+        span.tag(TAG_DB_INSTANCE, instance)
     return span
 
 
@@ -361,6 +413,7 @@ def cursor_method(
     operation ``prefix + method``; ``where(cursor)`` gives ``(peer, database)``. An async
     method's wrapper returns the driver's own coroutine outside a trace."""
     op = prefix + method
+    default = () if method == "callproc" else None
 
     def rows(args: Any) -> Any:
         if settings.params_max and args is not None and not isinstance(args, (list, tuple)):
@@ -369,40 +422,52 @@ def cursor_method(
 
     place = f"{prefix}{method} ({where.__module__}.{where.__qualname__})"
 
-    def start(cur: Any, query: Any, args: Any) -> Span | NoopSpan:
-        try:  # inlined guarded(): this runs on every traced query
-            address, db = where(cur)
-            return sql_span(op, address, component, db_type, db, query, args or None, many)
-        except Exception as e:
-            return failed(place, e)
-
     def make(orig: Any) -> Any:
         if is_async:
 
             async def traced(self: Any, query: Any, args: Any, rest: Any) -> Any:
                 if many:
                     args = rows(args)
-                with start(self, query, args):
-                    return await orig(self, query, args, *rest)
+                try:  # guarded() inlined: this runs on every traced query
+                    address, db = where(self)
+                    span = sql_span(op, address, component, db_type, db, query, args or None, many)
+                except Exception as e:
+                    span = failed(place, e)
+                with span:
+                    return await (orig(self, query, args, *rest) if rest else orig(self, query, args))
 
             def amethod(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
                 if args is _MISSING:
-                    args = () if method == "callproc" else None
+                    args = default
                 if outside() is None:
-                    return orig(self, query, args, *rest)
+                    return orig(self, query, args, *rest) if rest else orig(self, query, args)
                 return traced(self, query, args, rest)
 
             return amethod
 
         def smethod(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
             if args is _MISSING:
-                args = () if method == "callproc" else None
+                args = default
             if outside() is None:
-                return orig(self, query, args, *rest)
+                # Without ``*rest`` when there is none (the usual call): no argument tuple
+                # is built, which halves what this layer costs outside a trace.
+                return orig(self, query, args, *rest) if rest else orig(self, query, args)
             if many:
                 args = rows(args)
-            with start(self, query, args):
-                return orig(self, query, args, *rest)
+            try:  # guarded() inlined: this runs on every traced query
+                address, db = where(self)
+                span = sql_span(op, address, component, db_type, db, query, args or None, many)
+            except Exception as e:
+                span = failed(place, e)
+            # What ``with span:`` does, spelled out: two plain method calls are cheaper.
+            span.__enter__()
+            try:
+                result = orig(self, query, args, *rest) if rest else orig(self, query, args)
+            except BaseException as e:
+                span.__exit__(type(e), e, e.__traceback__)
+                raise
+            span.__exit__(None, None, None)
+            return result
 
         return smethod
 
@@ -449,8 +514,14 @@ def traced_method(
                 span = start(self, args, kwargs)
             except Exception as e:
                 span = failed(place, e)
-            with span:
-                return orig(self, *args, **kwargs)
+            span.__enter__()  # ``with span:`` spelled out: two plain calls are cheaper
+            try:
+                result = orig(self, *args, **kwargs)
+            except BaseException as e:
+                span.__exit__(type(e), e, e.__traceback__)
+                raise
+            span.__exit__(None, None, None)
+            return result
 
         return method
 

@@ -49,25 +49,57 @@ def _where(conn: Any) -> tuple[str, str]:
     return cached[0], cached[1]
 
 
-@_ds.guarded
+_PLACE = f"{__name__}._span"
+
+
 def _span(cur: Any, method: str, query: Any, params: Any, many: bool = False) -> Any:
-    address, db = _where(cur._conn)
-    return _ds.sql_span(
-        "PostgreSQL/Psycopg/" + method,
-        address,
-        _COMPONENT,
-        "PostgreSQL",
-        db,
-        _ds.composed_text(query, cur),
-        params,
-        many,
-    )
+    try:  # guarded (see _datastore.failed): a span that cannot open never fails the query
+        address, db = _where(cur._conn)
+        if query.__class__ is not str:
+            query = _ds.composed_text(query, cur)
+        return _ds.sql_span(
+            "PostgreSQL/Psycopg/" + method, address, _COMPONENT, "PostgreSQL", db, query, params, many
+        )
+    except Exception as e:
+        return _ds.failed(_PLACE, e)
 
 
-def _execute_start(cur: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # execute(query, params=None, *, prepare=None, binary=None)
-    params = args[1] if len(args) > 1 else kwargs.get("params")
-    return _span(cur, "execute", args[0] if args else kwargs.get("query"), params)
+def _execute(orig: Any) -> Any:
+    # execute(query, params=None, *, prepare=None, binary=None): the cursors' own names, so
+    # a call by keyword binds here as it would there.
+    def execute(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:
+            if _outside() is None:
+                return orig(self, query, params, *args, **kwargs)
+            with _span(self, "execute", query, params):
+                return orig(self, query, params, *args, **kwargs)
+        # The usual call: no argument tuple or dict rebuilt.
+        if _outside() is None:
+            return orig(self, query, params)
+        span = _span(self, "execute", query, params)
+        span.__enter__()  # ``with span:`` spelled out: cheaper
+        try:
+            result = orig(self, query, params)
+        except BaseException as e:
+            span.__exit__(type(e), e, e.__traceback__)
+            raise
+        span.__exit__(None, None, None)
+        return result
+
+    return execute
+
+
+def _aexecute(orig: Any) -> Any:
+    async def traced(self: Any, query: Any, params: Any, args: Any, kwargs: Any) -> Any:
+        with _span(self, "execute", query, params):
+            return await orig(self, query, params, *args, **kwargs)
+
+    def execute(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if _outside() is None:
+            return orig(self, query, params, *args, **kwargs) if args or kwargs else orig(self, query, params)
+        return traced(self, query, params, args, kwargs)
+
+    return execute
 
 
 def _rows(params_seq: Any) -> Any:
@@ -136,13 +168,13 @@ def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
     import psycopg  # noqa: PLC0415
 
     return [
-        (psycopg.Cursor, "execute", _ds.traced_method(_execute_start)),
-        (psycopg.ServerCursor, "execute", _ds.traced_method(_execute_start)),
+        (psycopg.Cursor, "execute", _execute),
+        (psycopg.ServerCursor, "execute", _execute),
         (psycopg.Cursor, "executemany", _executemany),
         (psycopg.Cursor, "stream", _stream),
         (psycopg.Cursor, "copy", _copy),
-        (psycopg.AsyncCursor, "execute", _ds.traced_method(_execute_start, is_async=True)),
-        (psycopg.AsyncServerCursor, "execute", _ds.traced_method(_execute_start, is_async=True)),
+        (psycopg.AsyncCursor, "execute", _aexecute),
+        (psycopg.AsyncServerCursor, "execute", _aexecute),
         (psycopg.AsyncCursor, "executemany", _aexecutemany),
         (psycopg.AsyncCursor, "stream", _astream),
         (psycopg.AsyncCursor, "copy", _copy),

@@ -46,52 +46,77 @@ def _where(conn: Any) -> tuple[str, str]:
     return cached  # type: ignore[no-any-return]
 
 
-@_ds.guarded
+_PLACE = f"{__name__}._span"
+
+
 def _span(cur: Any, method: str, statement: Any, params: Any, many: bool = False) -> Any:
-    address, db = _where(cur.connection)
-    return _ds.sql_span(
-        "PostgreSQL/Psycopg/" + method,
-        address,
-        _COMPONENT,
-        "PostgreSQL",
-        db,
-        _ds.composed_text(statement, cur),
-        params,
-        many,
-    )
+    try:  # guarded (see _datastore.failed): a span that cannot open never fails the query
+        address, db = _where(cur.connection)
+        if statement.__class__ is not str:
+            statement = _ds.composed_text(statement, cur)
+        return _ds.sql_span(
+            "PostgreSQL/Psycopg/" + method, address, _COMPONENT, "PostgreSQL", db, statement, params, many
+        )
+    except Exception as e:
+        return _ds.failed(_PLACE, e)
+
+
+def _run(span: Any, method: Any, cur: Any, a: Any, b: Any) -> Any:
+    """``with span: return method(cur, a, b)``, spelled out (two plain calls are cheaper)."""
+    span.__enter__()
+    try:
+        result = method(cur, a, b)
+    except BaseException as e:
+        span.__exit__(type(e), e, e.__traceback__)
+        raise
+    span.__exit__(None, None, None)
+    return result
 
 
 def _traced_cursor(base: type) -> type:
     cls = _traced.get(base)
     if cls is not None:
         return cls
+    # The base class's methods, looked up once (``super().execute`` builds a super object
+    # and searches the MRO on every call).
+    methods: Any = base
+    b_execute = methods.execute
+    b_executemany = methods.executemany
+    b_callproc = methods.callproc
+    b_copy_expert = methods.copy_expert
 
     class TracedCursor(base):  # type: ignore[misc]
         def execute(self, query: Any, vars: Any = None) -> Any:
             if _outside() is None:
-                return super().execute(query, vars)
-            with _span(self, "execute", query, vars):
-                return super().execute(query, vars)
+                return b_execute(self, query, vars)
+            span = _span(self, "execute", query, vars)
+            span.__enter__()  # _run(), inlined: the call every query makes
+            try:
+                result = b_execute(self, query, vars)
+            except BaseException as e:
+                span.__exit__(type(e), e, e.__traceback__)
+                raise
+            span.__exit__(None, None, None)
+            return result
 
         def executemany(self, query: Any, vars_list: Any) -> Any:
             if _outside() is None:
-                return super().executemany(query, vars_list)
+                return b_executemany(self, query, vars_list)
             if _ds.settings.params_max and not isinstance(vars_list, (list, tuple)):
                 vars_list = list(vars_list)  # a generator would be consumed by the tag
-            with _span(self, "executemany", query, vars_list, many=True):
-                return super().executemany(query, vars_list)
+            span = _span(self, "executemany", query, vars_list, many=True)
+            return _run(span, b_executemany, self, query, vars_list)
 
         def callproc(self, procname: Any, parameters: Any = None) -> Any:
             if _outside() is None:
-                return super().callproc(procname, parameters)
-            with _span(self, "callproc", procname, parameters):
-                return super().callproc(procname, parameters)
+                return b_callproc(self, procname, parameters)
+            return _run(_span(self, "callproc", procname, parameters), b_callproc, self, procname, parameters)
 
         def copy_expert(self, sql: Any, file: Any, size: int = 8192) -> Any:
             if _outside() is None:
-                return super().copy_expert(sql, file, size)
+                return b_copy_expert(self, sql, file, size)
             with _span(self, "copy_expert", sql, None):
-                return super().copy_expert(sql, file, size)
+                return b_copy_expert(self, sql, file, size)
 
     TracedCursor.__name__ = base.__name__
     TracedCursor.__qualname__ = base.__qualname__

@@ -30,9 +30,23 @@ _COMMANDS = (
 _outside = _ds.outside
 
 
+_addresses: dict[Any, str] = {}
+
+
 def _address(client: Any) -> str:
     server = client.server
-    return _ds.peer(server[0], server[1]) if isinstance(server, tuple) else str(server)
+    try:  # the client's own server tuple as the key: no tuple built per call
+        return _addresses[server]
+    except (KeyError, TypeError):
+        pass
+    address = _ds.peer(server[0], server[1]) if isinstance(server, tuple) else str(server)
+    try:
+        if len(_addresses) >= 1024:
+            _addresses.clear()
+        _addresses[server] = address
+    except TypeError:  # an unhashable server: worked out every time
+        pass
+    return address
 
 
 def _key(key: Any) -> Any:
@@ -45,19 +59,30 @@ def _key(key: Any) -> Any:
 
 def _command(cmd: str) -> Any:
     op = "Memcached/" + cmd
-
+    head = _ds.cache_head("Memcached", cmd)
+    cache_span = _ds.cache_span
     place = f"{__name__}.{cmd}"
 
     def make(orig: Any) -> Any:
         def method(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
             if _outside() is None:
-                return orig(self, key, *args, **kwargs)
+                # No argument tuple or dict rebuilt for the usual call (a key alone).
+                return orig(self, key, *args, **kwargs) if args or kwargs else orig(self, key)
             try:  # the span may fail to open (a changed client), never the call
-                span = _ds.cache_span(op, _address(self), _COMPONENT, "Memcached", cmd, _key(key))
+                server = self.server  # a (host, port) tuple or a socket path
+                address = (_addresses.get(server) if server.__class__ is tuple else None) or _address(self)
+                k = key if key.__class__ is str else _key(key)
+                span = cache_span(op, address, _COMPONENT, "Memcached", cmd, k, "", None, head)
             except Exception as e:
                 span = _ds.failed(place, e)
-            with span:
-                return orig(self, key, *args, **kwargs)
+            span.__enter__()  # ``with span:`` spelled out: cheaper
+            try:
+                result = orig(self, key, *args, **kwargs) if args or kwargs else orig(self, key)
+            except BaseException as e:
+                span.__exit__(type(e), e, e.__traceback__)
+                raise
+            span.__exit__(None, None, None)
+            return result
 
         return method
 

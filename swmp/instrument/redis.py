@@ -64,12 +64,57 @@ def _name(cmd: Any) -> str:
     return _ds.text(cmd).upper() if cmd.__class__ is not str else cmd.upper()
 
 
-def _command_span(client: Any, args: tuple[Any, ...]) -> Any:
-    cmd = _name(args[0]) if args else ""
+# What a command name gives, made once per name: (operation, cache.cmd, head of the tags).
+_commands: dict[Any, tuple[str, str, tuple[str, ...]]] = {}
+
+
+def _command_info(name: Any) -> tuple[str, str, tuple[str, ...]]:
+    try:
+        return _commands[name]
+    except (KeyError, TypeError):  # TypeError: an unhashable name (never seen; still served)
+        pass
+    cmd = _name(name)
+    info = ("Redis/" + cmd, cmd, _ds.cache_head("Redis", cmd))
+    try:
+        if len(_commands) >= 1024:
+            _commands.clear()
+        _commands[name] = info
+    except TypeError:
+        pass
+    return info
+
+
+def _command_start(client: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
+    op, cmd, head = _command_info(args[0]) if args else ("Redis/", "", None)
     address, db = _where(client)
     return _ds.cache_span(
-        "Redis/" + cmd, address, _COMPONENT, "Redis", cmd, args[1] if len(args) > 1 else None, db
+        op, address, _COMPONENT, "Redis", cmd, args[1] if len(args) > 1 else None, db, None, head
     )
+
+
+_COMMAND_PLACE = f"{__name__}._command_start"
+
+
+def _command(orig: Any) -> Any:
+    """``execute_command(*args, **options)``: ``traced_method(_command_start)``, inlined."""
+
+    def execute_command(self: Any, *args: Any, **options: Any) -> Any:
+        if _outside() is None:
+            return orig(self, *args, **options)
+        try:
+            span = _command_start(self, args, options)
+        except Exception as e:
+            span = _ds.failed(_COMMAND_PLACE, e)
+        span.__enter__()  # ``with span:`` spelled out: cheaper
+        try:
+            result = orig(self, *args, **options)
+        except BaseException as e:
+            span.__exit__(type(e), e, e.__traceback__)
+            raise
+        span.__exit__(None, None, None)
+        return result
+
+    return execute_command
 
 
 def _pipeline_span(pipe: Any) -> Any:
@@ -86,10 +131,6 @@ def _pipeline_span(pipe: Any) -> Any:
     address, db = _where(pipe)
     op = "Redis/MULTI" if transaction else "Redis/PIPELINE"
     return _ds.cache_span(op, address, _COMPONENT, "Redis", " ".join(cmds), keys or None, db, kind)
-
-
-def _command_start(client: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
-    return _command_span(client, args)
 
 
 def _pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -> Any:
@@ -260,11 +301,11 @@ def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
     from redis import client  # noqa: PLC0415
 
     return [
-        (client.Redis, "execute_command", _ds.traced_method(_command_start)),
+        (client.Redis, "execute_command", _command),
         (client.Pipeline, "execute", _ds.traced_method(_pipeline_start)),
         # While it WATCHes, a pipeline sends each command at once through this method (not
         # execute_command, which it overrides to queue): a command span like the client's.
-        (client.Pipeline, "immediate_execute_command", _ds.traced_method(_command_start)),
+        (client.Pipeline, "immediate_execute_command", _command),
         (aclient.Redis, "execute_command", _ds.traced_method(_command_start, is_async=True)),
         (aclient.Pipeline, "execute", _ds.traced_method(_pipeline_start, is_async=True)),
         (aclient.Pipeline, "immediate_execute_command", _ds.traced_method(_command_start, is_async=True)),
