@@ -32,6 +32,7 @@ file (see ``_files``).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import mmap
 import os
@@ -43,8 +44,7 @@ from ipc import _files, _locks, private
 from ipc import _layout as L
 from ipc.board import Board
 from ipc.procinfo import boot_time_ns, process_alive, process_start_ticks
-from ipc.ring import RingReader, RingStats, RingWriter, read_stats
-from ipc.ring_pages import page_returner
+from ipc.ring import RingReader, RingStats, RingWriter, page_returner, read_stats
 from ipc.status import StatusBlock
 from ipc.wakeup import Doorbell, create_fifo, fifo_path
 
@@ -293,9 +293,7 @@ class Arena:
                 c[L.C_OWNER_START] = process_start_ticks(pid)
                 c[L.C_CLAIMS] += 1
                 c[L.C_CLAIMED_NS] = time.time_ns()
-                data = self.views.data(slot)
-                # Frees the pages the reporter has read (ipc/ring_pages.py): a quiet worker
-                # does not keep its whole ring resident.
+                data = self.views.data(slot)  # read pages go back while the writer is quiet:
                 pages = page_returner(self._mm, self.views.base(slot) + L.CONTROL_SIZE, len(data))
                 writer = RingWriter(slot, c, data, self.status._w, self._doorbell, pages=pages)
                 self._mine()[slot] = writer
@@ -473,10 +471,8 @@ def _map_checked(path: str, fd: int, wait_s: float) -> mmap.mmap:
 
 
 def _unlink_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _unlink_if_same(path: str, arena: Arena) -> None:
@@ -499,7 +495,6 @@ def arena_unlink(path: str) -> None:
 
 
 def _descriptor(arena: Arena) -> int:
-    """``arena``'s descriptor in this process (-1 once closed; see ``_files``: checked and
-    opened again in a forked child that closed the one it inherited). A function, not a
-    method: the class is at its size limit (tests/test_structure.py)."""
+    """``arena``'s descriptor in this process (-1 once closed; see ``_files``: checked and opened
+    again in a forked child that closed it). A function: the class is at its size limit."""
     return -1 if arena._detached else arena._shared.descriptor()

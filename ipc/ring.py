@@ -46,7 +46,7 @@ from ipc.ring_writer import RingWriter
 
 # The two ends live in ring_writer.py and ring_reader.py; this module keeps the protocol's
 # description above and the names every caller imports.
-__all__ = ["RingReader", "RingStats", "RingWriter", "anonymous_ring", "read_stats"]
+__all__ = ["RingReader", "RingStats", "RingWriter", "anonymous_ring", "page_returner", "read_stats"]
 
 
 def anonymous_ring(capacity: int = 1 << 16) -> tuple[RingWriter, RingReader, memoryview]:

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from swmp.instrument._cache_commands import cache_head, cache_op
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import (
     TAG_CACHE_CMD,
@@ -206,59 +207,6 @@ def sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
             except Exception:  # an exotic parameter container: the query matters more
                 pass
     return span
-
-
-# Redis commands by effect (cache.op), for the OAP's cache read/write metrics. Commands in
-# neither set (PING, PUBLISH, EXPIRE, pipelines of mixed kinds...) get no cache.op.
-_READ = (
-    "GET MGET GETRANGE GETBIT STRLEN EXISTS TTL PTTL TYPE KEYS SCAN HGET HMGET HGETALL HKEYS HVALS HLEN "
-    "HEXISTS HSCAN HSTRLEN HRANDFIELD LINDEX LLEN LRANGE LPOS SCARD SISMEMBER SMISMEMBER SMEMBERS "
-    "SRANDMEMBER SSCAN SINTER SUNION SDIFF ZCARD ZCOUNT ZLEXCOUNT ZSCORE ZMSCORE ZRANK ZREVRANK ZRANGE "
-    "ZRANGEBYLEX ZRANGEBYSCORE ZREVRANGE ZREVRANGEBYLEX ZREVRANGEBYSCORE ZSCAN XRANGE XREVRANGE XREAD "
-    "XLEN GETEX GETDEL BLPOP BRPOP LPOP RPOP SPOP ZPOPMIN ZPOPMAX "
-    "get gets gat gats get_many get_multi gets_many"  # memcached
-)
-_WRITE = (
-    "SET SETEX PSETEX SETNX SETRANGE SETBIT MSET MSETNX GETSET APPEND INCR INCRBY INCRBYFLOAT DECR "
-    "DECRBY DEL UNLINK EXPIRE PEXPIRE EXPIREAT PEXPIREAT PERSIST RENAME RENAMENX HSET HSETNX HMSET HDEL "
-    "HINCRBY HINCRBYFLOAT LPUSH LPUSHX RPUSH RPUSHX LINSERT LSET LREM LTRIM RPOPLPUSH LMOVE BRPOPLPUSH "
-    "SADD SREM SMOVE SINTERSTORE SUNIONSTORE SDIFFSTORE ZADD ZINCRBY ZREM ZREMRANGEBYLEX ZREMRANGEBYRANK "
-    "ZREMRANGEBYSCORE ZINTERSTORE ZUNIONSTORE XADD XDEL XTRIM FLUSHDB FLUSHALL "
-    "set add replace append prepend cas delete incr decr touch set_many set_multi delete_many "
-    "delete_multi flush_all"  # memcached
-)
-READ_COMMANDS = frozenset(_READ.split())
-WRITE_COMMANDS = frozenset(_WRITE.split())
-
-
-def cache_op(cmd: str) -> str:
-    """``"read"``, ``"write"`` or ``""`` for a Redis or memcached command name."""
-    if cmd in READ_COMMANDS:
-        return "read"
-    if cmd in WRITE_COMMANDS:
-        return "write"
-    upper = cmd.upper()
-    return "read" if upper in READ_COMMANDS else "write" if upper in WRITE_COMMANDS else ""
-
-
-_heads: dict[tuple[str, str], tuple[str, ...]] = {}
-
-
-def cache_head(cache_type: str, cmd: str) -> tuple[str, ...]:
-    """The first tags of a cache span for one command: ``cache.type``, ``cache.cmd`` and (for
-    a read or write command) ``cache.op``, made once per command (bounded memo)."""
-    try:
-        return _heads[cache_type, cmd]
-    except KeyError:
-        pass
-    k = cache_op(cmd)
-    head: tuple[str, ...] = (TAG_CACHE_TYPE, cache_type, TAG_CACHE_CMD, cmd)
-    if k:
-        head += (TAG_CACHE_OP, k)
-    if len(_heads) >= 1024:
-        _heads.clear()
-    _heads[cache_type, cmd] = head
-    return head
 
 
 def cache_span(  # noqa: PLR0917

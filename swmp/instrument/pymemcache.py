@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
+from swmp.instrument._cache_commands import cache_head
 from swmp.instrument._patch import patch, restore
 from swmp.tracing.constants import Component
 
@@ -59,7 +60,7 @@ def _key(key: Any) -> Any:
 
 def _command(cmd: str) -> Any:
     op = "Memcached/" + cmd
-    head = _ds.cache_head("Memcached", cmd)
+    head = cache_head("Memcached", cmd)
     cache_span = _ds.cache_span
     place = f"{__name__}.{cmd}"
 

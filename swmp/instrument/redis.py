@@ -22,6 +22,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
+from swmp.instrument._cache_commands import cache_head, cache_op
 from swmp.instrument._patch import patch_all, restore_all
 from swmp.tracing.constants import Component
 from swmp.tracing.span import NOOP, Span
@@ -74,7 +75,7 @@ def _command_info(name: Any) -> tuple[str, str, tuple[str, ...]]:
     except (KeyError, TypeError):  # TypeError: an unhashable name (never seen; still served)
         pass
     cmd = _name(name)
-    info = ("Redis/" + cmd, cmd, _ds.cache_head("Redis", cmd))
+    info = ("Redis/" + cmd, cmd, cache_head("Redis", cmd))
     try:
         if len(_commands) >= 1024:
             _commands.clear()
@@ -121,7 +122,7 @@ def _pipeline_span(pipe: Any) -> Any:
     stack = pipe.command_stack
     cmds = [_name(args[0]) for args, _ in stack if args]
     transaction = pipe.transaction or pipe.explicit_transaction
-    kinds = {_ds.cache_op(c) for c in cmds}
+    kinds = {cache_op(c) for c in cmds}
     kind = "write" if "write" in kinds else "read" if kinds == {"read"} else ""
     keys = (
         " ".join(_ds.text(args[1]) for args, _ in stack if len(args) > 1)
@@ -210,7 +211,7 @@ def _cluster_pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -
     if not stack:  # nothing queued: nothing sent
         return NOOP
     cmds = [_name(c.args[0]) for c in stack if c.args]
-    kinds = {_ds.cache_op(c) for c in cmds}
+    kinds = {cache_op(c) for c in cmds}
     kind = "write" if "write" in kinds else "read" if kinds == {"read"} else ""
     keys = (
         " ".join(_ds.text(c.args[1]) for c in stack if len(c.args) > 1) if _ds.settings.collect_keys else None
