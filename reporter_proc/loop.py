@@ -372,6 +372,9 @@ class Reporter:
         others = [t for t in self._tasks if t not in self._senders and t.get_name() != "swmp-reporter-status"]
         for t in others:
             t.cancel()
+        # Instances the keeper never got to are announced beside the last sends, not after
+        # them: a slow backend would otherwise leave a short-lived program's instance unknown.
+        announcing = asyncio.ensure_future(self._instances.announce_unannounced())
         if self._senders:
             _done, pending = await asyncio.wait(self._senders, timeout=self.stop.remaining())
             for t in pending:
@@ -382,7 +385,7 @@ class Reporter:
         if left:
             self.journal.dropped("shutdown", left)
             log.warning("%d records were not delivered before the shutdown deadline", left)
-        await self._instances.announce_unannounced()
+        await announcing  # bounded by the deadline (announce_unannounced), never raises
         sender = self.sender
         if sender is not None:
             try:

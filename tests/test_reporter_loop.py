@@ -330,6 +330,29 @@ def test_a_worker_gone_before_its_first_keepalive_is_still_announced(arena: Aren
     r.stop()
 
 
+def test_an_unannounced_instance_is_announced_at_shutdown_while_the_last_sends_hang(
+    arena: Arena, run: Any
+) -> None:
+    # The keeper's first announcement fails and its retry is far off; the worker's segment
+    # send hangs through the whole shutdown deadline. The announcement must not wait behind
+    # it (it used to: the deadline was gone by then, and the instance never reached the OAP).
+    sender = MemorySender(fail_next=1)
+    sender.block(frozenset({"segment"}))
+    far = {"keepalive_interval_s": 30.0, "retry_backoff_base_s": 30.0, "retry_backoff_max_s": 30.0}
+    r = run(sender, shutdown_deadline_s=2.0, **far)
+    w = spawn_writer(arena.path, segments_for("stuck", 1), announce=True, hold=True)
+    slot = w.wait_written()
+    try:
+        wait_for(lambda: sender.failures >= 1, 10, "the first announcement to fail")
+        assert sender.properties == []
+        r.stop()
+        assert [p[1] for p in sender.properties] == [f"inst-{slot}"]
+        assert sender.segments == []  # still hanging when the deadline passed
+    finally:
+        sender.unblock()
+        w.release()
+
+
 def test_a_worker_that_says_goodbye_before_its_first_keepalive_is_still_announced(
     arena: Arena, run: Any
 ) -> None:

@@ -1,7 +1,8 @@
 """An in-memory :class:`Sender` for tests and benchmarks.
 
 It keeps every call it got, can be told to fail the next N calls (with :class:`SendError`
-or :class:`FatalSendError`), to block until released, or to add a delay. Like a real
+or :class:`FatalSendError`), to block (every call, or calls of some kinds) until released,
+or to add a delay. Like a real
 backend it can also refuse calls by content: ``max_call_bytes`` answers
 :class:`TooLargeError` to a call whose records' JSON exceeds that size, and ``poison`` answers
 :class:`InvalidDataError` to any call holding a record whose JSON contains that marker. With a ``path``
@@ -74,6 +75,7 @@ class MemorySender(Sender):
         self._lock = threading.Lock()  # tests poke at the sender from other threads
         self._gate = threading.Event()
         self._gate.set()
+        self._blocked: frozenset[str] | None = None  # kinds the gate holds (None: every kind)
         self._fd = -1
 
     # -- test controls (thread-safe) -------------------------------------------------------
@@ -83,8 +85,10 @@ class MemorySender(Sender):
             self._fail_next = n
             self._fatal = fatal
 
-    def block(self) -> None:
-        """Make every call wait (without keeping its data yet) until :meth:`unblock`."""
+    def block(self, kinds: frozenset[str] | None = None) -> None:
+        """Make every call (or those of ``kinds``: ``"segment"``, ``"management"`` ...) wait,
+        without keeping its data yet, until :meth:`unblock`."""
+        self._blocked = kinds
         self._gate.clear()
 
     def unblock(self) -> None:
@@ -155,7 +159,7 @@ class MemorySender(Sender):
             with self._lock:
                 self.failures += 1
             raise UnsupportedError(f"memory sender configured without {kind}")
-        while not self._gate.is_set():
+        while not self._gate.is_set() and (self._blocked is None or kind in self._blocked):
             await asyncio.sleep(0.005)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
