@@ -324,11 +324,14 @@ def test_oap_has_the_instance_properties(shot: Shot) -> None:
     """A process that lived about a second is still announced (language, pid, slot)."""
     q = shot.oap.query
     service_id = shot.service_id()
-    instance = wait_for(
-        lambda: next((i for i in q.instances(service_id) if i.attributes.get("Process No.")), None),
-        DATA_TIMEOUT,
-        what="the instance's properties",
-    )
+    try:
+        instance = wait_for(
+            lambda: next((i for i in q.instances(service_id) if i.attributes.get("Process No.")), None),
+            DATA_TIMEOUT,
+            what="the instance's properties",
+        )
+    except AssertionError as e:  # what the OAP has and what the process logged, to tell why
+        raise AssertionError(f"{e}\ninstances: {q.instances(service_id)!r}\n{shot.log_tail}") from None
     assert instance.name == shot.instance
     assert instance.language == "PYTHON"
     assert (instance.attributes["Process No."], instance.attributes.get("slot")) == (str(shot.run.pid), "0")
