@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import binascii
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -35,12 +36,7 @@ _b2a = binascii.b2a_base64
 _a2b = binascii.a2b_base64
 # One C pass over the text instead of a set lookup per character (a trace id is ~70 of them).
 _is_b64 = re.compile("[A-Za-z0-9+/=]*").fullmatch
-# The whole sw8 value checked and split in one match: the sample flag, the trace and segment
-# ids in base64 characters (which still have to decode), a span id of at most 10 ASCII digits
-# and the caller's four fields as one text (see _caller).
-_sw8_fields = re.compile(
-    "([01])-([A-Za-z0-9+/=]*)-([A-Za-z0-9+/=]*)-([0-9]{1,10})-([^-]*-[^-]*-[^-]*-[^-]*)"
-).fullmatch
+_FLAGS = frozenset(("0", "1"))
 
 
 def b64(s: str) -> str:
@@ -53,6 +49,22 @@ def unb64(s: str) -> str | None:
     if _is_b64(s) is None:
         return None
     return _unb64_checked(s)
+
+
+def _unb64_strict(s: str) -> str | None:
+    """:func:`unb64` for the ids of every ``sw8``: padded text is decoded in strict mode,
+    which checks the alphabet and the padding in the same C pass as the decoding (Python
+    3.11+); whatever it refuses, and unpadded text, goes through :func:`unb64`, so the result
+    is always unb64's."""
+    if len(s) & 3:
+        return unb64(s)
+    try:
+        return _a2b(s, strict_mode=True).decode("utf-8")  # type: ignore[call-arg]  # 3.11+
+    except ValueError:  # binascii.Error and UnicodeDecodeError
+        return unb64(s)
+
+
+_unb64_id = _unb64_strict if sys.version_info >= (3, 11) else unb64
 
 
 def _unb64_checked(s: str) -> str | None:
@@ -212,17 +224,19 @@ def decode_sw8(value: Any) -> ContextCarrier | None:
                 return None
         if len(value) > MAX_SW8_LENGTH:
             return None
-        m = _sw8_fields(value.strip())
-        if m is None:
+        # The sample flag, the trace and segment ids, the span id and the caller's four fields
+        # as one text (see _caller, which splits and checks them once per distinct text).
+        parts = value.strip().split("-", 4)
+        if len(parts) != 5:
             return None
-        flag, tid, sid, span, tail = m.groups()
+        flag, tid, sid, span, tail = parts
+        if flag not in _FLAGS or not (span.isdigit() and span.isascii() and len(span) <= 10):
+            return None
         span_id = int(span)
         if span_id > _MAX_SPAN_ID:
             return None
-        # unb64, inlined for its common case (padded text): a ValueError here means invalid,
-        # as there.
-        trace_id = _a2b(tid).decode("utf-8") if not len(tid) & 3 else _unb64_checked(tid)
-        segment_id = _a2b(sid).decode("utf-8") if not len(sid) & 3 else _unb64_checked(sid)
+        trace_id = _unb64_id(tid)
+        segment_id = _unb64_id(sid)
         caller = _callers.get(tail) or _caller(tail)
         if not trace_id or not segment_id or caller is None:
             return None
