@@ -40,10 +40,11 @@ PAGE = mmap.PAGESIZE
 # Rings smaller than this are not worth a system call: their pages are few.
 MIN_CAPACITY = 256 * 1024
 STRETCH_SHIFT = 5  # capacity >> 5: 128 KiB of a 4 MiB ring
-# A writer that took at least this long over a stretch is quiet (128 KiB in 0.25 s: below
-# ~500 KiB/s, some 600 requests a second of a worker): freeing then costs at most ~0.5 ms
-# of CPU a second, and nothing at all above that rate.
-QUIET_SECONDS = 0.25
+# A writer that took at least this long over a stretch is quiet (128 KiB in a second: some
+# 160 requests a second of a worker whose segments are ~800 bytes, 400 of ~300 bytes):
+# freeing then costs at most ~0.15 ms of CPU a second, and nothing at all above that rate.
+# (At 0.25 s a saturated worker with small segments still counted as quiet.)
+QUIET_SECONDS = 1.0
 MADV_POPULATE_WRITE = 23  # Linux 5.14+; not in Python's mmap module yet
 _now = time.monotonic  # the clock new returners take (tests replace it)
 

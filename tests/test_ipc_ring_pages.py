@@ -93,7 +93,7 @@ def _write_laps(arena: ipc.Arena, writer: RingWriter, first: int, count: int) ->
 def test_a_quiet_ring_written_round_several_times_keeps_little_of_it_allocated(
     shm_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ring_pages, "_now", Clock(step=1.0))  # every stretch took a second
+    monkeypatch.setattr(ring_pages, "_now", Clock(step=10 * ring_pages.QUIET_SECONDS))  # every stretch: quiet
     arena = ipc.Arena.create(str(shm_dir / "a.arena"), slots=1, ring_capacity=RING)
     try:
         writer = arena.claim_slot()
@@ -109,7 +109,7 @@ def test_a_quiet_ring_written_round_several_times_keeps_little_of_it_allocated(
 def test_a_busy_ring_stays_resident_and_frees_what_it_read_once_quiet(
     shm_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = Clock(step=0.001)  # a stretch in a millisecond: busy
+    clock = Clock(step=ring_pages.QUIET_SECONDS / 1000)  # busy
     monkeypatch.setattr(ring_pages, "_now", clock)
     arena = ipc.Arena.create(str(shm_dir / "a.arena"), slots=1, ring_capacity=RING)
     try:
@@ -117,7 +117,7 @@ def test_a_busy_ring_stays_resident_and_frees_what_it_read_once_quiet(
         assert writer is not None
         sent = _write_laps(arena, writer, 0, 6_000)  # two laps and more
         assert _ring_allocated(shm_dir / "a.arena") > RING - RING // 64  # all of it, edges aside
-        clock.step = 1.0  # the load falls
+        clock.step = 10 * ring_pages.QUIET_SECONDS  # the load falls
         _write_laps(arena, writer, sent, 300)  # a few stretches
         assert _ring_allocated(shm_dir / "a.arena") < RING // 4
     finally:
@@ -174,7 +174,7 @@ def test_records_arrive_intact_while_a_writer_in_another_process_races_the_reade
 def test_a_mapping_that_cannot_free_pages_keeps_working(monkeypatch: pytest.MonkeyPatch) -> None:
     # A private anonymous mapping: MADV_REMOVE is refused (EINVAL), as on a file system
     # without hole punching.
-    monkeypatch.setattr(ring_pages, "_now", Clock(step=1.0))
+    monkeypatch.setattr(ring_pages, "_now", Clock(step=10 * ring_pages.QUIET_SECONDS))
     mm = mmap.mmap(-1, L.CONTROL_SIZE + RING, flags=mmap.MAP_PRIVATE)
     control = memoryview(mm)[: L.CONTROL_SIZE].cast("Q")
     data = memoryview(mm)[L.CONTROL_SIZE :]
