@@ -45,13 +45,13 @@ import contextlib
 import gc
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository
+from benchmarks import _cachegrind as _cg
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,24 +88,10 @@ def _child(lib: str, mode: str, n: int, servers: dict[str, Any]) -> None:
     os._exit(0)  # skip the drivers' and the agent's teardown (not what is measured)
 
 
-def instructions(python: str, lib: str, mode: str, n: int, seed: int, servers: str) -> int:  # noqa: PLR0917
-    with tempfile.TemporaryDirectory(prefix="swmp-dscg-") as tmp:
-        out = Path(tmp) / "cg.out"
-        argv = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
-        argv += [python, str(Path(__file__).resolve()), "--child", lib, mode, str(n), servers]
-        if shutil.which("setarch"):
-            argv = ["setarch", os.uname().machine, "-R", *argv]
-        env = dict(os.environ, PYTHONHASHSEED=str(seed))
-        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        for line in out.read_text().splitlines():
-            if line.startswith("summary:"):
-                return int(line.split()[1])
-    raise RuntimeError("no summary line in the cachegrind output")
-
-
 def per_call(python: str, lib: str, mode: str, n: int, seed: int, servers: str) -> float:  # noqa: PLR0917
-    once, thrice = (instructions(python, lib, mode, k * n, seed, servers) for k in (1, 3))
-    return (thrice - once) / (2 * n)
+    return _cg.per_op(
+        python, str(Path(__file__).resolve()), lambda k: ["--child", lib, mode, str(k), servers], n, seed
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository
+from benchmarks import _cachegrind as _cg
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,24 +49,10 @@ def _child(case: str, mode: str, n: int) -> None:
     agent.close()
 
 
-def instructions(python: str, case: str, mode: str, n: int, seed: int) -> int:
-    with tempfile.TemporaryDirectory(prefix="swmp-cg-") as tmp:
-        out = Path(tmp) / "cg.out"
-        argv = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
-        argv += [python, str(Path(__file__).resolve()), "--child", case, mode, str(n)]
-        if shutil.which("setarch"):
-            argv = ["setarch", os.uname().machine, "-R", *argv]
-        env = dict(os.environ, PYTHONHASHSEED=str(seed))
-        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for line in out.read_text().splitlines():
-            if line.startswith("summary:"):
-                return int(line.split()[1])
-    raise RuntimeError("no summary line in the cachegrind output")
-
-
 def per_request(python: str, case: str, mode: str, n: int, seed: int) -> float:
-    once, thrice = (instructions(python, case, mode, k * n, seed) for k in (1, 3))
-    return (thrice - once) / (2 * n)
+    return _cg.per_op(
+        python, str(Path(__file__).resolve()), lambda k: ["--child", case, mode, str(k)], n, seed
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,40 @@
+"""Instructions per operation under Valgrind's cachegrind: the runner the ``*_cachegrind``
+benchmarks (and ``grpc_client_cost.py``) share.
+
+A benchmark re-runs its own script as the measured child (with ``--child ...`` arguments it
+parses) under ``valgrind --tool=cachegrind --cache-sim=no``, twice, with N and 3N operations
+after the same warm-up: ``(I(3N) - I(N)) / 2N`` is the count per operation, start-up and
+warm-up cancelled. Address randomisation is off (``setarch -R``) and ``PYTHONHASHSEED`` is
+fixed, so a rerun of the same code gives the same count within a few instructions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+def instructions(python: str, script: str, child_args: Sequence[str], seed: int) -> int:
+    """Instructions of one run of ``python script *child_args`` under cachegrind."""
+    with tempfile.TemporaryDirectory(prefix="swmp-cg-") as tmp:
+        out = Path(tmp) / "cg.out"
+        argv = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
+        argv += [python, script, *child_args]
+        if shutil.which("setarch"):
+            argv = ["setarch", os.uname().machine, "-R", *argv]
+        env = dict(os.environ, PYTHONHASHSEED=str(seed))
+        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for line in out.read_text().splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+    raise RuntimeError("no summary line in the cachegrind output")
+
+
+def per_op(python: str, script: str, child_args: Callable[[int], Sequence[str]], n: int, seed: int) -> float:
+    """Instructions per operation: ``child_args(k)`` are the child's arguments for k operations."""
+    once, thrice = (instructions(python, script, child_args(k * n), seed) for k in (1, 3))
+    return (thrice - once) / (2 * n)
