@@ -10,9 +10,12 @@ drift of the machine spreads over all of them):
   skywalking-async   the same with SW_AGENT_ASYNCIO_ENHANCEMENT=True
 
 Application: examples/app.py under Gunicorn, 2 sync workers; routes ``/cpu`` (~100 us of
-hashing) and ``/io`` (2 ms sleep). Every (round, variant, route) gets a fresh server and a
-fresh gRPC test collector (tests/collector.py), a warm-up, then a measured wrk run. All
-agents report traces only (meters, logs and profiling off) to the same kind of collector.
+hashing) and ``/io`` (2 ms sleep). Every (variant, route) gets its own server and gRPC test
+collector (tests/collector.py), all running for the route's whole measurement and warmed
+up once; each sample waits until the other variants' processes are idle (< 2% of a CPU
+over 0.25 s, at most 30 s) and reports the CPU they used during it (``bg %``, the highest
+over the rounds). All agents report traces only (meters, logs and profiling off) to the
+same kind of collector.
 
 Loads: saturation (wrk, ``--connections`` connections), then fixed rates of a fraction of
 the no-agent saturation rate of the same route (``--rates``, default 50% and 10%; paced by
@@ -21,7 +24,8 @@ cost per request can grow as the rate falls).
 
 Per variant, route and load (medians over rounds): requests/s, p50/p99 latency, CPU
 microseconds per request summed over every process of the application (master, workers,
-supervisor, reporter; psutil) and what it adds over no agent (``+us``; ``+wrk`` is the
+supervisor, reporter; psutil) and what it adds over no agent (``+us``, the median over rounds
+of the difference to no agent in the same round; ``+wrk`` is the
 workers' share of it, ``rep`` the reporter process's CPU per request), worker and reporter RSS
 (and the reporter's PSS), and requests served vs segments received (the
 server is stopped gracefully and the reporter drained before the collector is read).
@@ -108,6 +112,10 @@ class Measure:
     # A worker's private memory (USS): its RSS also counts the pages of its ring, which it
     # shares with the reporter (one copy in RAM, up to the ring's size in every RSS).
     worker_uss_mib: float = 0.0
+    # CPU the other variants' processes (and collectors) used during this sample, % of one
+    # CPU, and the seconds waited for them to go quiet before it (see ``settle``).
+    background_pct: float = 0.0
+    settle_s: float = 0.0
 
 
 # -- wrk ---------------------------------------------------------------------------------------
@@ -287,9 +295,54 @@ def warm_up(app: App, args: argparse.Namespace) -> None:
         raise RuntimeError(f"{app.variant}: the server does not answer:\n{app.srv.proc.tail(30)}")
 
 
-def sample(app: App, rnd: int, args: argparse.Namespace, rate: float = 0.0, load: str = "max") -> Measure:
-    """One measurement: saturation with wrk, or ``rate`` requests/s paced."""
+# -- the variants not being measured keep still ----------------------------------------------------
+def others(running: list[App], app: App) -> list[psutil.Process]:
+    """Every process of the other variants' applications and of their collectors."""
+    procs: list[psutil.Process] = []
+    for other in running:
+        if other is app:
+            continue
+        procs += app_processes(other.srv.proc)
+        with contextlib.suppress(psutil.Error, AssertionError):
+            assert other.col.proc is not None
+            procs.append(psutil.Process(other.col.proc.pid))
+    return procs
+
+
+def settle(
+    procs: list[psutil.Process], window: float = 0.25, quiet: float = 0.02, limit: float = 30.0
+) -> float:
+    """Wait until ``procs`` together use less than ``quiet`` of one CPU over ``window``;
+    the seconds it took. An agent still sending what the previous sample queued (the
+    apache-skywalking agent's reporter thread lags seconds behind at saturation) takes CPU
+    from the next sample on a 2-core machine: one run measured swmp at 0.77x no agent in the
+    rounds right after it and 1.02x in the round before."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        before = cpu_seconds(procs)
+        time.sleep(window)
+        after = cpu_seconds(procs)
+        if sum(after[pid] - before.get(pid, after[pid]) for pid in after) < quiet * window:
+            break
+    return time.monotonic() - t0
+
+
+def sample(
+    app: App,
+    rnd: int,
+    args: argparse.Namespace,
+    rate: float = 0.0,
+    load: str = "max",
+    *,
+    running: list[App] | None = None,
+) -> Measure:
+    """One measurement: saturation with wrk, or ``rate`` requests/s paced; the other
+    ``running`` applications quiet first, their CPU during it reported."""
+    background = others(running or [], app)
+    waited = settle(background)
     procs = app_processes(app.srv.proc)
+    t0 = time.monotonic()
+    bg_before = cpu_seconds(background)
     before = cpu_seconds(procs)
     if rate > 0:
         r = paced(app.srv.url + app.route, rate, args.duration)
@@ -298,6 +351,9 @@ def sample(app: App, rnd: int, args: argparse.Namespace, rate: float = 0.0, load
     else:
         res = run_wrk(app.srv.url + app.route, args.duration, args.connections)
     after = cpu_seconds(procs)
+    bg_after = cpu_seconds(background)
+    elapsed = max(1e-6, time.monotonic() - t0)
+    bg_used = sum(bg_after[pid] - bg_before.get(pid, bg_after[pid]) for pid in bg_after)
     app.served += res["requests"]
     app.errors += res["errors"]
     used = {pid: after[pid] - before.get(pid, after[pid]) for pid in after}
@@ -322,6 +378,8 @@ def sample(app: App, rnd: int, args: argparse.Namespace, rate: float = 0.0, load
         worker_cpu_us=sum(used.get(pid, 0.0) for pid in worker_pids) * per_req,
         reporter_cpu_us=sum(used.get(pid, 0.0) for pid in reporter_pids) * per_req,
         worker_uss_mib=uss_mib(workers) / max(1, len(workers)),
+        background_pct=100.0 * bg_used / elapsed,
+        settle_s=waited,
     )
 
 
@@ -329,6 +387,17 @@ def sample(app: App, rnd: int, args: argparse.Namespace, rate: float = 0.0, load
 def _median(values: list[float]) -> float:
     real = [v for v in values if not math.isnan(v)]  # NaN: wrk saw no completed request
     return statistics.median(real) if real else float("nan")
+
+
+def _paired(measures: list[Measure], row: dict[str, Any], field: str) -> float:
+    """Median over rounds of (``row``'s variant - no agent) in ``field``, round by round."""
+    by_round: dict[int, dict[str, float]] = {}
+    for m in measures:
+        if m.route == row["route"] and m.load == row["load"] and m.variant in (row["variant"], "none"):
+            by_round.setdefault(m.round, {})[m.variant] = getattr(m, field)
+    variant = row["variant"]
+    diffs = [v[variant] - v["none"] for v in by_round.values() if variant in v and "none" in v]
+    return _median(diffs)
 
 
 def summarize(measures: list[Measure], apps: list[App]) -> list[dict[str, Any]]:
@@ -350,6 +419,7 @@ def summarize(measures: list[Measure], apps: list[App]) -> list[dict[str, Any]]:
                 "cpu_us_per_req": _median([m.cpu_us_per_req for m in ms]),
                 "worker_rss_mib": _median([m.worker_rss_mib for m in ms]),
                 "worker_uss_mib": _median([m.worker_uss_mib for m in ms]),
+                "background_pct": max(m.background_pct for m in ms),
                 "reporter_rss_mib": _median([m.reporter_rss_mib for m in ms]),
                 "reporter_pss_mib": _median([m.reporter_pss_mib for m in ms]),
                 "worker_cpu_us": _median([m.worker_cpu_us for m in ms]),
@@ -365,8 +435,11 @@ def summarize(measures: list[Measure], apps: list[App]) -> list[dict[str, Any]]:
         b = base.get((r["route"], r["load"]))
         r["rps_vs_none"] = r["rps"] / b["rps"] if b else None
         r["p99_vs_none"] = r["p99_ms"] / b["p99_ms"] if b else None
-        r["cpu_us_added"] = r["cpu_us_per_req"] - b["cpu_us_per_req"] if b else None
-        r["worker_cpu_us_added"] = r["worker_cpu_us"] - b["worker_cpu_us"] if b else None
+        # Added CPU: the median of the differences to no agent *in the same round* (paired),
+        # not the difference of the medians: at fixed low rates no agent's own CPU per
+        # request moves by a quarter from one round to the next on this machine.
+        r["cpu_us_added"] = _paired(measures, r, "cpu_us_per_req") if b else None
+        r["worker_cpu_us_added"] = _paired(measures, r, "worker_cpu_us") if b else None
         r["segments_lost"] = (
             0 if r["variant"] == "none" else max(0, r["requests_served"] - r["segments_received"])
         )
@@ -378,7 +451,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         f"{'variant':<18} {'route':<5} {'load':>4} {'req/s':>7} {'x none':>6} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'x none':>6} {'CPU us/req':>10} {'+us':>5} {'+wrk':>5} {'rep':>5} "
         f"{'worker MiB':>10} {'wrk USS':>7} {'rep. RSS':>8} {'rep. PSS':>8} "
-        f"{'served':>7} {'segments':>8} {'lost':>5}"
+        f"{'served':>7} {'segments':>8} {'lost':>5} {'bg %':>5}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -390,7 +463,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['worker_cpu_us_added'] or 0:>5.0f} {r['reporter_cpu_us']:>5.0f} "
             f"{r['worker_rss_mib']:>10.1f} {r['worker_uss_mib']:>7.1f} "
             f"{r['reporter_rss_mib']:>8.1f} {r['reporter_pss_mib']:>8.1f} "
-            f"{r['requests_served']:>7} {r['segments_received']:>8} {r['segments_lost']:>5}"
+            f"{r['requests_served']:>7} {r['segments_received']:>8} {r['segments_lost']:>5} "
+            f"{r['background_pct']:>5.1f}"
         )
     return "\n".join(lines)
 
@@ -512,12 +586,13 @@ def measure_fixed_rates(
         for rnd in range(args.rate_rounds):
             shift = rnd % len(running)
             for app in running[shift:] + running[:shift]:
-                m = sample(app, rnd, args, rate=top * share, load=load)
+                m = sample(app, rnd, args, rate=top * share, load=load, running=running)
                 measures.append(m)
                 print(
                     f"{route:<5} {load:>4} round {rnd + 1}/{args.rate_rounds} {app.variant:<18} "
                     f"{m.rps:7.0f} req/s "
-                    f"p50 {m.p50_ms:6.2f} p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req",
+                    f"p50 {m.p50_ms:6.2f} p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req"
+                    f"  (settled {m.settle_s:.1f} s, others {m.background_pct:.1f}%)",
                     flush=True,
                 )
 
@@ -591,11 +666,12 @@ def main(argv: list[str] | None = None) -> int:
                 for rnd in range(args.rounds):
                     shift = rnd % len(running)
                     for app in running[shift:] + running[:shift]:
-                        m = sample(app, rnd, args)
+                        m = sample(app, rnd, args, running=running)
                         measures.append(m)
                         print(
                             f"{route:<5} round {rnd + 1}/{args.rounds} {app.variant:<18} {m.rps:7.0f} req/s "
-                            f"p50 {m.p50_ms:6.2f} p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req",
+                            f"p50 {m.p50_ms:6.2f} p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req"
+                            f"  (settled {m.settle_s:.1f} s, others {m.background_pct:.1f}%)",
                             flush=True,
                         )
                 measure_fixed_rates(running, measures, route, args)
