@@ -76,6 +76,46 @@ def test_pymysql_error_and_outside(traced: Traced, pymysql_conn: Any) -> None:
         assert cur.fetchone() == (1,)
 
 
+def test_pymysql_calls_by_keyword(traced: Traced, pymysql_conn: Any) -> None:
+    """Arguments named as the driver names them bind inside a trace and outside one."""
+    with pymysql_conn.cursor() as cur:
+        cur.execute("DROP PROCEDURE IF EXISTS swmp_plus_one")
+        cur.execute("CREATE PROCEDURE swmp_plus_one(IN x INT) SELECT x + 1")
+    with traced.trace() as got, pymysql_conn.cursor() as cur:
+        assert cur.execute(query="SELECT %s + 2", args=(40,)) == 1
+        assert cur.fetchone() == (42,)
+        assert cur.callproc(procname="swmp_plus_one", args=(41,)) == (41,)
+        assert cur.fetchone() == (42,)
+        cur.nextset()
+    assert [e.op for e in got.exits] == ["Mysql/PyMsql/execute", "Mysql/PyMsql/callproc"]
+    assert got.exits[1].tags["db.statement"] == "swmp_plus_one"
+    with traced.untraced(), pymysql_conn.cursor() as cur:
+        assert cur.callproc(procname="swmp_plus_one", args=(1,)) == (1,)
+        assert cur.fetchone() == (2,)
+
+
+def test_pymysql_database_of_each_connection(
+    traced: Traced, pymysql_conn: Any, mariadb_server: ServerInfo
+) -> None:
+    """``db.instance`` is worked out once per connection (the database it connected to, as
+    PyMySQL keeps it: ``select_db`` does not change it there) and never shared between two."""
+    import pymysql
+
+    s = mariadb_server
+    other = pymysql.connect(
+        host=s.host, port=s.port, user=s.user, password=s.password, database="information_schema"
+    )
+    try:
+        with traced.trace() as got, pymysql_conn.cursor() as a, other.cursor() as b:
+            for cur in (a, b, a, b):
+                cur.execute("SELECT 1")
+    finally:
+        other.close()
+    dbs = [e.tags["db.instance"] for e in got.exits]
+    assert dbs == [s.database, "information_schema"] * 2
+    assert {e.peer for e in got.exits} == {f"{s.host}:{s.port}"}
+
+
 def test_mysqlclient_calls_errors_and_outside(traced: Traced, mariadb_server: ServerInfo) -> None:
     import MySQLdb
 

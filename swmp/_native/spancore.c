@@ -22,11 +22,15 @@
  * operations as segment.py, each atomic under the GIL, and it is emitted exactly when
  * Segment.closed would: a native segment by ``emit_fast`` below (Segment.emit's steps in C),
  * any other by its ``emit()``.
+ *
+ * ``Gate`` (gate.c): a patched method whose check for a current span is made here.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 #include <time.h>
+
+#include "gate.h"
 
 typedef struct {
     PyObject_HEAD
@@ -1016,7 +1020,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     if ((one = PyLong_FromLong(1)) == NULL) {
         return NULL;
     }
-    if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0) {
+    if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&swmp_GateType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&spancore_module);
@@ -1024,7 +1028,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         return NULL;
     }
     if (PyModule_AddObjectRef(m, "SpanCore", (PyObject *)&SpanCoreType) < 0 ||
-        PyModule_AddObjectRef(m, "SegmentCore", (PyObject *)&SegmentCoreType) < 0) {
+        PyModule_AddObjectRef(m, "SegmentCore", (PyObject *)&SegmentCoreType) < 0 ||
+        PyModule_AddObjectRef(m, "Gate", (PyObject *)&swmp_GateType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,10 +1,11 @@
 """What the database and cache instrumentations share: span creation with the SkyWalking tags,
 the settings they honour, and the one check that keeps calls outside a trace free.
 
-Every wrapper starts with ``if outside() is None: return original(...)``: no current span
-means no trace to join (a data-store call never starts a trace of its own), so the only cost
-is one context-variable read. Inside a trace, :func:`sql_span` / :func:`cache_span` open an
-exit span (layer Database / Cache) that the wrapper runs the driver call in; an exit span
+Every wrapper is the original outside a trace (:func:`swmp.instrument._gate.gated`): no
+current span means no trace to join (a data-store call never starts a trace of its own), so
+the only cost is one context-variable read, made in C when the native core is built. Inside
+a trace, :func:`sql_span` / :func:`cache_span` open an exit span (layer Database / Cache)
+that the wrapper runs the driver call in; an exit span
 inside an exit span is a no-op, so a library calling another instrumented one (SQLAlchemy ->
 psycopg, executemany -> execute) records one span.
 
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._cache_commands import cache_head, cache_op
+from swmp.instrument._gate import gated
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import (
     TAG_CACHE_CMD,
@@ -373,7 +375,9 @@ def cursor_method(
     def make(orig: Any) -> Any:
         if is_async:
 
-            async def traced(self: Any, query: Any, args: Any, rest: Any) -> Any:
+            async def atraced(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
+                if args is _MISSING:
+                    args = default
                 if many:
                     args = rows(args)
                 try:  # guarded() inlined: this runs on every traced query
@@ -384,22 +388,11 @@ def cursor_method(
                 with span:
                     return await (orig(self, query, args, *rest) if rest else orig(self, query, args))
 
-            def amethod(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
-                if args is _MISSING:
-                    args = default
-                if outside() is None:
-                    return orig(self, query, args, *rest) if rest else orig(self, query, args)
-                return traced(self, query, args, rest)
+            return gated(orig, _procname(atraced) if method == "callproc" else atraced)
 
-            return amethod
-
-        def smethod(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
+        def straced(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
             if args is _MISSING:
                 args = default
-            if outside() is None:
-                # Without ``*rest`` when there is none (the usual call): no argument tuple
-                # is built, which halves what this layer costs outside a trace.
-                return orig(self, query, args, *rest) if rest else orig(self, query, args)
             if many:
                 args = rows(args)
             try:  # guarded() inlined: this runs on every traced query
@@ -410,6 +403,7 @@ def cursor_method(
             # What ``with span:`` does, spelled out: two plain method calls are cheaper.
             span.__enter__()
             try:
+                # Without ``*rest`` when there is none (the usual call): no argument tuple.
                 result = orig(self, query, args, *rest) if rest else orig(self, query, args)
             except BaseException as e:
                 span.__exit__(type(e), e, e.__traceback__)
@@ -417,12 +411,22 @@ def cursor_method(
             span.__exit__(None, None, None)
             return result
 
-        return smethod
+        return gated(orig, _procname(straced) if method == "callproc" else straced)
 
     return make
 
 
 _MISSING: Any = object()
+
+
+def _procname(traced: Callable[..., Any]) -> Callable[..., Any]:
+    """``callproc(procname, args=())``: the drivers' own first parameter name, so a call
+    that names it binds here as it does there."""
+
+    def callproc(self: Any, procname: Any, args: Any = _MISSING, *rest: Any) -> Any:
+        return traced(self, procname, args, *rest)
+
+    return callproc
 
 
 def traced_method(
@@ -444,20 +448,13 @@ def traced_method(
     def make(orig: Any) -> Any:
         if is_async:
 
-            async def traced(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            async def atraced(self: Any, *args: Any, **kwargs: Any) -> Any:
                 with opened(self, args, kwargs):
                     return await orig(self, *args, **kwargs)
 
-            def amethod(self: Any, *args: Any, **kwargs: Any) -> Any:
-                if outside() is None:
-                    return orig(self, *args, **kwargs)
-                return traced(self, args, kwargs)
+            return gated(orig, atraced)
 
-            return amethod
-
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if outside() is None:
-                return orig(self, *args, **kwargs)
+        def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:  # opened(), inlined: this runs on every traced call
                 span = start(self, args, kwargs)
             except Exception as e:
@@ -471,6 +468,6 @@ def traced_method(
             span.__exit__(None, None, None)
             return result
 
-        return method
+        return gated(orig, traced)
 
     return make

@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
+from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch, restore
-from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -33,7 +33,6 @@ TRIGGER = "aiokafka"
 # sender). reporter_proc cannot import swmp, so the name is spelled there too.
 INTERNAL_MARK = "_swmp_internal"
 
-_get_current = current_span.get
 
 
 def _brokers(client: Any) -> str:
@@ -57,7 +56,7 @@ def install(config: Config) -> None:
             timestamp_ms: Any = None,
             headers: Any = None,
         ) -> Any:
-            if _get_current() is None or self.__dict__.get(INTERNAL_MARK):
+            if self.__dict__.get(INTERNAL_MARK):
                 return await orig(self, topic, value, key, partition, timestamp_ms, headers)
             span, traced = _mq.kafka_send_span(topic, _brokers(self.client), headers)
             if span is None:
@@ -65,7 +64,7 @@ def install(config: Config) -> None:
             with span:
                 return await orig(self, topic, value, key, partition, timestamp_ms, traced)
 
-        return send
+        return gated(orig, send)  # outside a trace: the original itself (its own coroutine)
 
     def _record(consumer: Any, r: Any) -> None:
         _mq.kafka_consumed(r.topic, consumer._group_id or "", r.headers, _brokers(consumer._client))

@@ -24,8 +24,8 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
+from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch, restore
-from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -36,7 +36,6 @@ PACKAGE = "aiormq"
 SUPPORTED = ("6.0", "8")
 TRIGGER = "aiormq"
 
-_get_current = current_span.get
 
 
 def _peer(channel: Any) -> str:
@@ -69,7 +68,7 @@ def install(config: Config) -> None:
 
     def make_publish(orig: Any) -> Any:
         async def basic_publish(self: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
-            if _get_current() is None or args:
+            if args:
                 return await orig(self, body, *args, **kwargs)
             span, traced = _mq.amqp_send_span(
                 kwargs.get("exchange", ""),
@@ -83,7 +82,7 @@ def install(config: Config) -> None:
             with span:
                 return await orig(self, body, *args, **{**kwargs, "properties": traced})
 
-        return basic_publish
+        return gated(orig, basic_publish)  # outside a trace: the original itself
 
     def make_consume(orig: Any) -> Any:
         async def basic_consume(

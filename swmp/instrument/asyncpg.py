@@ -20,6 +20,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
+from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch_all, restore_all
 from swmp.tracing.constants import Component
 
@@ -36,7 +37,6 @@ TRIGGER = "asyncpg"
 
 _COMPONENT = Component.ASYNCPG
 _OP = "PostgreSQL/AsyncPG/bind"  # the SkyWalking Python agent's name for every call
-_outside = _ds.outside
 
 
 def _where_of(conn: Any) -> tuple[str, str]:
@@ -120,7 +120,7 @@ def _traced(
 
         place = f"{start.__module__}.{start.__qualname__}"
 
-        async def traced(proto: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        async def traced(proto: Any, *args: Any, **kwargs: Any) -> Any:
             if many and _ds.settings.params_max:
                 rows = _arg(args, kwargs, 1, str(params_name))
                 if rows is not None and not isinstance(rows, (list, tuple)):
@@ -132,12 +132,7 @@ def _traced(
             with start(proto, args, kwargs):
                 return await orig(proto, *args, **kwargs)
 
-        def method(proto: Any, *args: Any, **kwargs: Any) -> Any:
-            if _outside() is None:
-                return orig(proto, *args, **kwargs)
-            return traced(proto, args, kwargs)
-
-        return method
+        return gated(orig, traced)  # outside a trace: the original itself
 
     return make
 
@@ -173,14 +168,7 @@ def _bind_execute(orig: Any) -> Any:
         with span:
             return await orig(proto, state, args, portal_name, limit, return_extra, timeout)
 
-    def bind_execute(  # noqa: PLR0917
-        self: Any, state: Any, args: Any, portal_name: Any, limit: Any, return_extra: Any, timeout: Any
-    ) -> Any:
-        if _outside() is None:
-            return orig(self, state, args, portal_name, limit, return_extra, timeout)
-        return traced(self, state, args, portal_name, limit, return_extra, timeout)
-
-    return bind_execute
+    return gated(orig, traced)  # outside a trace: the original itself, keywords and all
 
 
 def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
+from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch, restore
-from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -29,7 +29,6 @@ PACKAGE = "kafka-python"
 SUPPORTED = ("2.0", "4")
 TRIGGER = "kafka"
 
-_get_current = current_span.get
 _HEADERS_SINCE = (0, 11)  # record headers need message format v2
 
 
@@ -62,7 +61,7 @@ def install(config: Config) -> None:
             partition: Any = None,
             timestamp_ms: Any = None,
         ) -> Any:
-            if _get_current() is None or not (headers is None or isinstance(headers, list)):
+            if not (headers is None or isinstance(headers, list)):
                 return orig(self, topic, value, key, headers, partition, timestamp_ms)
             if not _headers_supported(self):
                 return orig(self, topic, value, key, headers, partition, timestamp_ms)
@@ -72,7 +71,7 @@ def install(config: Config) -> None:
             with span:
                 return orig(self, topic, value, key, traced, partition, timestamp_ms)
 
-        return send
+        return gated(orig, send)  # outside a trace: the original itself
 
     def make_poll(orig: Any) -> Any:
         def poll(self: Any, *args: Any, **kwargs: Any) -> Any:

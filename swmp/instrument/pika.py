@@ -27,8 +27,8 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
+from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch, restore
-from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -39,7 +39,6 @@ PACKAGE = "pika"
 SUPPORTED = ("1.0", "2")
 TRIGGER = "pika"
 
-_get_current = current_span.get
 _MARK = "__swmp_consumer__"  # on the callbacks this module wrapped (their span is ours)
 
 
@@ -83,15 +82,13 @@ def install(config: Config) -> None:
             properties: Any = None,
             mandatory: Any = False,
         ) -> Any:
-            if _get_current() is None:
-                return orig(self, exchange, routing_key, body, properties, mandatory)
             span, traced = _mq.amqp_send_span(exchange, routing_key, _peer(self), _with_headers, properties)
             if span is None:
                 return orig(self, exchange, routing_key, body, properties, mandatory)
             with span:
                 return orig(self, exchange, routing_key, body, traced, mandatory)
 
-        return basic_publish
+        return gated(orig, basic_publish)  # outside a trace: the original itself
 
     def _with_headers(span: Any, properties: Any) -> Any:
         """A copy of the caller's properties (or new ones) with the trace's headers."""

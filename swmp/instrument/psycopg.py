@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
+from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch_all, restore_all
 from swmp.tracing.constants import Component
 
@@ -27,7 +28,6 @@ SUPPORTED = ("3.1", "4")
 TRIGGER = "psycopg"
 
 _COMPONENT = Component.PSYCOPG
-_outside = _ds.outside
 _where_cache: dict[int, tuple[str, str, Any]] = {}  # id(pgconn) -> (peer, dbname)
 
 
@@ -66,16 +66,12 @@ def _span(cur: Any, method: str, query: Any, params: Any, many: bool = False) ->
 
 def _execute(orig: Any) -> Any:
     # execute(query, params=None, *, prepare=None, binary=None): the cursors' own names, so
-    # a call by keyword binds here as it would there.
+    # a call by keyword binds here as it would there. Outside a trace: the original itself.
     def execute(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs:
-            if _outside() is None:
-                return orig(self, query, params, *args, **kwargs)
             with _span(self, "execute", query, params):
                 return orig(self, query, params, *args, **kwargs)
         # The usual call: no argument tuple or dict rebuilt.
-        if _outside() is None:
-            return orig(self, query, params)
         span = _span(self, "execute", query, params)
         span.__enter__()  # ``with span:`` spelled out: cheaper
         try:
@@ -86,20 +82,15 @@ def _execute(orig: Any) -> Any:
         span.__exit__(None, None, None)
         return result
 
-    return execute
+    return gated(orig, execute)
 
 
 def _aexecute(orig: Any) -> Any:
-    async def traced(self: Any, query: Any, params: Any, args: Any, kwargs: Any) -> Any:
+    async def execute(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
         with _span(self, "execute", query, params):
             return await orig(self, query, params, *args, **kwargs)
 
-    def execute(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if _outside() is None:
-            return orig(self, query, params, *args, **kwargs) if args or kwargs else orig(self, query, params)
-        return traced(self, query, params, args, kwargs)
-
-    return execute
+    return gated(orig, execute)
 
 
 def _rows(params_seq: Any) -> Any:
@@ -111,57 +102,44 @@ def _rows(params_seq: Any) -> Any:
 
 def _executemany(orig: Any) -> Any:
     def executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
-        if _outside() is None:
-            return orig(self, query, params_seq, *args, **kwargs)
         params_seq = _rows(params_seq)
         with _span(self, "executemany", query, params_seq, many=True):
             return orig(self, query, params_seq, *args, **kwargs)
 
-    return executemany
+    return gated(orig, executemany)
 
 
 def _aexecutemany(orig: Any) -> Any:
-    async def traced(self: Any, query: Any, params_seq: Any, args: Any, kwargs: Any) -> Any:
+    async def executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
         params_seq = _rows(params_seq)
         with _span(self, "executemany", query, params_seq, many=True):
             return await orig(self, query, params_seq, *args, **kwargs)
 
-    def executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
-        if _outside() is None:
-            return orig(self, query, params_seq, *args, **kwargs)
-        return traced(self, query, params_seq, args, kwargs)
-
-    return executemany
+    return gated(orig, executemany)
 
 
 def _stream(orig: Any) -> Any:
     def stream(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
         rows = orig(self, query, params, *args, **kwargs)
-        if _outside() is None:
-            return rows
         return _ds.span_over_iterator(_span(self, "stream", query, params), rows)
 
-    return stream
+    return gated(orig, stream)
 
 
 def _astream(orig: Any) -> Any:
     def stream(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
         rows = orig(self, query, params, *args, **kwargs)
-        if _outside() is None:
-            return rows
         return _ds.span_over_async_iterator(_span(self, "stream", query, params), rows)
 
-    return stream
+    return gated(orig, stream)
 
 
 def _copy(orig: Any) -> Any:
     def copy(self: Any, statement: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
         cm = orig(self, statement, params, *args, **kwargs)
-        if _outside() is None:
-            return cm
         return _ds.SpanAround(cm, _span(self, "copy", statement, params))
 
-    return copy
+    return gated(orig, copy)
 
 
 def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:

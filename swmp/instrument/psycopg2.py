@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
+from swmp.instrument._gate import gated
 from swmp.tracing.constants import Component
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ SUPPORTED = ("2.8", "3")
 TRIGGER = "psycopg2"
 
 _COMPONENT = Component.PSYCOPG
-_outside = _ds.outside
 _traced: dict[type, type] = {}  # original class -> traced subclass
 _saved: dict[str, Any] = {}
 _CURSOR_PARAMS = ("name", "cursor_factory", "withhold", "scrollable")  # connection.cursor()'s
@@ -85,38 +85,36 @@ def _traced_cursor(base: type) -> type:
     b_callproc = methods.callproc
     b_copy_expert = methods.copy_expert
 
+    def traced_execute(self: Any, query: Any, vars: Any = None) -> Any:
+        span = _span(self, "execute", query, vars)
+        span.__enter__()  # _run(), inlined: the call every query makes
+        try:
+            result = b_execute(self, query, vars)
+        except BaseException as e:
+            span.__exit__(type(e), e, e.__traceback__)
+            raise
+        span.__exit__(None, None, None)
+        return result
+
+    def traced_executemany(self: Any, query: Any, vars_list: Any) -> Any:
+        if _ds.settings.params_max and not isinstance(vars_list, (list, tuple)):
+            vars_list = list(vars_list)  # a generator would be consumed by the tag
+        span = _span(self, "executemany", query, vars_list, many=True)
+        return _run(span, b_executemany, self, query, vars_list)
+
+    def traced_callproc(self: Any, procname: Any, parameters: Any = None) -> Any:
+        return _run(_span(self, "callproc", procname, parameters), b_callproc, self, procname, parameters)
+
+    def traced_copy_expert(self: Any, sql: Any, file: Any, size: int = 8192) -> Any:
+        with _span(self, "copy_expert", sql, None):
+            return b_copy_expert(self, sql, file, size)
+
     class TracedCursor(base):  # type: ignore[misc]
-        def execute(self, query: Any, vars: Any = None) -> Any:
-            if _outside() is None:
-                return b_execute(self, query, vars)
-            span = _span(self, "execute", query, vars)
-            span.__enter__()  # _run(), inlined: the call every query makes
-            try:
-                result = b_execute(self, query, vars)
-            except BaseException as e:
-                span.__exit__(type(e), e, e.__traceback__)
-                raise
-            span.__exit__(None, None, None)
-            return result
-
-        def executemany(self, query: Any, vars_list: Any) -> Any:
-            if _outside() is None:
-                return b_executemany(self, query, vars_list)
-            if _ds.settings.params_max and not isinstance(vars_list, (list, tuple)):
-                vars_list = list(vars_list)  # a generator would be consumed by the tag
-            span = _span(self, "executemany", query, vars_list, many=True)
-            return _run(span, b_executemany, self, query, vars_list)
-
-        def callproc(self, procname: Any, parameters: Any = None) -> Any:
-            if _outside() is None:
-                return b_callproc(self, procname, parameters)
-            return _run(_span(self, "callproc", procname, parameters), b_callproc, self, procname, parameters)
-
-        def copy_expert(self, sql: Any, file: Any, size: int = 8192) -> Any:
-            if _outside() is None:
-                return b_copy_expert(self, sql, file, size)
-            with _span(self, "copy_expert", sql, None):
-                return b_copy_expert(self, sql, file, size)
+        # Outside a trace each is the base class's own method (the check in C, see _gate).
+        execute = gated(b_execute, traced_execute)
+        executemany = gated(b_executemany, traced_executemany)
+        callproc = gated(b_callproc, traced_callproc)
+        copy_expert = gated(b_copy_expert, traced_copy_expert)
 
     TracedCursor.__name__ = base.__name__
     TracedCursor.__qualname__ = base.__qualname__

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
 from swmp.instrument._cache_commands import cache_head
+from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch, restore
 from swmp.tracing.constants import Component
 
@@ -28,7 +29,6 @@ _COMMANDS = (
     "set", "set_many", "set_multi", "add", "replace", "append", "prepend", "cas", "get", "get_many",
     "get_multi", "gets", "gets_many", "delete", "delete_many", "delete_multi", "incr", "decr", "touch",
 )  # fmt: skip
-_outside = _ds.outside
 
 
 _addresses: dict[Any, str] = {}
@@ -66,9 +66,6 @@ def _command(cmd: str) -> Any:
 
     def make(orig: Any) -> Any:
         def method(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
-            if _outside() is None:
-                # No argument tuple or dict rebuilt for the usual call (a key alone).
-                return orig(self, key, *args, **kwargs) if args or kwargs else orig(self, key)
             try:  # the span may fail to open (a changed client), never the call
                 server = self.server  # a (host, port) tuple or a socket path
                 address = (_addresses.get(server) if server.__class__ is tuple else None) or _address(self)
@@ -85,7 +82,7 @@ def _command(cmd: str) -> Any:
             span.__exit__(None, None, None)
             return result
 
-        return method
+        return gated(orig, method)  # outside a trace: the original itself
 
     return make
 
