@@ -535,40 +535,64 @@ for _ in range(300):
 reporters = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("swmp-reporter")]
 def reporter_cpu():
     return sum(sum(p.cpu_times()[:2]) for p in reporters)
-best = float("inf")
+gap = float(os.environ.get("GAP_S", "0"))  # idle time between two requests
 r0 = reporter_cpu()
-for _ in range(5):
-    t = time.process_time()
-    for _ in range(n):
-        one()
-    best = min(best, (time.process_time() - t) / n)
+t = time.process_time()
+for _ in range(n):
+    one()
+    if gap:
+        time.sleep(gap)
+used = (time.process_time() - t) / n
 time.sleep(0.5)  # let the reporter finish the last batch
-print(json.dumps({"variant": variant, "process_us": best * 1e6,
-                  "reporter_us": (reporter_cpu() - r0) / (5 * n) * 1e6}))
+print(json.dumps({"variant": variant, "process_us": used * 1e6,
+                  "reporter_us": (reporter_cpu() - r0) / n * 1e6}))
 sys.stdout.flush()
 os._exit(0)
 """
 
 
-def worker_cost(n: int, work: Path) -> list[dict[str, Any]]:
-    """CPU per request of the Flask app called directly in one process (best of 5 x ``n``):
-    this process (tracing + record + ring write; in thread mode the reporter thread too)
-    and, in process mode, the reporter process per segment. CPU time, not wall time: it
-    barely moves with the machine's other load."""
-    out = []
+def worker_cost(n: int, work: Path, rounds: int = 5, gap_ms: float = 0.0) -> list[dict[str, Any]]:
+    """CPU per request of the Flask app called directly in one process, ``n`` requests per
+    run, ``gap_ms`` idle between two of them (a worker below saturation: each request finds
+    the caches colder), variants alternated over ``rounds``: this process (tracing + record
+    + ring write; in thread mode the reporter thread too) and, in process mode, the reporter
+    process per segment. Per variant the median over rounds, and ``added``: the median of
+    the same-round differences to no agent. CPU time, not wall time."""
+    variants = ("none", "swmp", "swmp-inprocess")
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     with CollectorProcess(str(work), dump=False) as col:
-        for variant in ("none", "swmp", "swmp-inprocess"):
-            arena_dir = tempfile.mkdtemp(dir=work)
-            done = subprocess.run(
-                [sys.executable, "-c", WORKER_COST_CHILD, variant, str(n), arena_dir, col.grpc_address],
-                cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": str(ROOT), "CPU_ITERATIONS": "200"},
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=300,
-            )
-            out.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        for rnd in range(rounds):
+            for variant in variants if rnd % 2 == 0 else variants[::-1]:
+                arena_dir = tempfile.mkdtemp(dir=work)
+                done = subprocess.run(
+                    [sys.executable, "-c", WORKER_COST_CHILD, variant, str(n), arena_dir, col.grpc_address],
+                    cwd=ROOT,
+                    env={
+                        **os.environ,
+                        "PYTHONPATH": str(ROOT),
+                        "CPU_ITERATIONS": "200",
+                        "GAP_S": str(gap_ms / 1000),
+                    },
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=600,
+                )
+                runs[variant].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    out = []
+    for variant in variants:
+        mine = [r["process_us"] for r in runs[variant]]
+        base = [r["process_us"] for r in runs["none"]]
+        out.append(
+            {
+                "variant": variant,
+                "gap_ms": gap_ms,
+                "process_us": _median(mine),
+                "added_us": _median([a - b for a, b in zip(mine, base, strict=True)]),
+                "reporter_us": _median([r["reporter_us"] for r in runs[variant]]),
+                "rounds": mine,
+            }
+        )
     return out
 
 
@@ -621,15 +645,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: CPU per request of the app called in-process (none, swmp, swmp-inprocess)",
     )
+    ap.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="with --worker-cost: idle milliseconds between two requests (a worker below saturation)",
+    )
     args = ap.parse_args(argv)
     if args.worker_cost:
         with tempfile.TemporaryDirectory() as tmp:
-            rows = worker_cost(300 if args.quick else 3000, Path(tmp))
-        base = rows[0]["process_us"]
-        print(f"{'variant':<16} {'worker us/req':>13} {'+ vs none':>9} {'reporter us/seg':>15}")
+            n = 300 if args.quick else (1000 if args.gap_ms else 3000)
+            rows = worker_cost(n, Path(tmp), rounds=2 if args.quick else args.rounds, gap_ms=args.gap_ms)
+        print(f"{'variant':<16} {'gap ms':>6} {'worker us/req':>13} {'+ vs none':>9} {'reporter us/seg':>15}")
         for r in rows:
             print(
-                f"{r['variant']:<16} {r['process_us']:>13.1f} {r['process_us'] - base:>9.1f} "
+                f"{r['variant']:<16} {r['gap_ms']:>6.1f} {r['process_us']:>13.1f} {r['added_us']:>9.1f} "
                 f"{r['reporter_us']:>15.1f}"
             )
         if args.json:
