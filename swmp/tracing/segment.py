@@ -67,6 +67,7 @@ class PySegmentCore:
     encoded: tuple[str, str, str] | None = None
     correlation: Mapping[str, str] = NO_CORRELATION
     profile: Any = None  # swmp.profiling's Profiled while a profile task samples this segment
+    ended_op = ""  # the first span's operation name, kept when the segment lets go of its spans
 
     def __init__(self, trace_id: str | None = None) -> None:
         if identity.unbound:
@@ -146,13 +147,15 @@ class Segment(_SegmentBase):
         first = self.first
         sid = b64(self.segment_id)
         tid = sid if self.trace_id is self.segment_id else b64(self.trace_id)
-        enc = (tid, sid, b64_cached(first.op) if first is not None else "")
+        op = first.op if first is not None else self.ended_op
+        enc = (tid, sid, b64_cached(op) if op else "")
         self.encoded = enc
         return enc
 
     @property
     def endpoint(self) -> str:
-        return self.first.op if self.first is not None else ""
+        first = self.first
+        return first.op if first is not None else self.ended_op
 
     # -- output ------------------------------------------------------------------------------
     def to_record(self) -> list[Any]:
@@ -172,16 +175,30 @@ class Segment(_SegmentBase):
         except Exception as e:
             stats.serialize_errors += 1
             _log_once("serialize", "swmp: could not serialize a segment: %r", e)
+            self._release()
             return
         try:
             ok = _sink.get_sink().write(SEGMENT, payload)
         except Exception as e:
             ok = False
             _log_once("sink", "swmp: the sink failed to take a segment: %r", e)
+        self._release()
         if ok:
             stats.segments_written += 1
         else:
             stats.segments_dropped += 1
+
+    def _release(self) -> None:
+        """Let go of the spans once the record is written or given up: the segment held them
+        (``finished``, ``first``) and each span holds its segment, a reference cycle per
+        traced request that only the garbage collector could free. The first span's name
+        stays (``ended_op``) for the endpoint of late work referring to this segment. The
+        native core does the same after its own emit (spancore.c, ``release_spans``)."""
+        first = self.first
+        if first is not None:
+            self.ended_op = first.op
+            self.first = None
+        self.finished = []
 
 
 if native_core is not None:
