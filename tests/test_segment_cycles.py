@@ -62,9 +62,8 @@ def _run(pure: bool) -> dict[str, object]:
     env.pop("SWMP_TRACE_PURE", None)
     if pure:
         env["SWMP_TRACE_PURE"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+    cmd = [sys.executable, "-c", SCRIPT]
+    done = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
