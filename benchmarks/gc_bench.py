@@ -13,7 +13,7 @@ process: ``bare`` (the instrumentation not installed) and ``traced`` (installed)
 requests of warm-up, then ``--requests`` requests with a ``gc.callbacks`` hook counting
 the collections of each generation, the objects they freed and the time they took.
 
-    python benchmarks/gc_bench.py [--case NAME ...] [--requests N] [--json PATH]
+    python benchmarks/gc_bench.py [--case NAME ...] [--requests N] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
@@ -82,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", choices=CASES, help="repeatable; default: all")
     ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--quick", action="store_true", help="smoke run: the WSGI middleware, 300 requests")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.case, args.requests = ["wsgi-middleware"], 300
     rows = []
     for case in args.case or CASES:
         for mode in ("bare", "traced"):

@@ -8,7 +8,7 @@ workers and of the reporter process over that window. The table gives, per varia
 process role, each call's count per request; a reporting call in the workers (a doorbell
 ``write``, ``futex``, ``madvise``) would show as a row with swmp above no agent.
 
-    python benchmarks/syscalls_bench.py [--rate 300] [--seconds 5] [--route /cpu] [--json PATH]
+    python benchmarks/syscalls_bench.py [--rate 300] [--seconds 5] [--route /cpu] [--quick] [--json PATH]
 
 Needs ``strace`` (Debian package) and the right to trace the server's processes (root, or
 ``kernel.yama.ptrace_scope`` 0).
@@ -114,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=300.0, help="requests per second")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--route", default="/cpu", choices=pb.ROUTES)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 s at 100 requests/s")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.rate, args.seconds = 100.0, 1.0
     if shutil.which("strace") is None:
         print("strace is not installed (apt-get install -y strace)", file=sys.stderr)
         return 2
