@@ -33,6 +33,14 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def _default_sigint() -> None:
+    # A test run started in the background of a shell without job control (`pytest ... &`)
+    # inherits SIGINT ignored, and so would the demo: Python then installs no Ctrl-C handler,
+    # as it should for a background job. The demo is tested as a user runs it, in the
+    # foreground: SIGINT at its default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _demo(tmp_path: Path, requests: int, stdout: int) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "swmp.cli", "demo", "--grpc-port", "0", "--http-port", "0"]
     return subprocess.Popen(
@@ -42,6 +50,7 @@ def _demo(tmp_path: Path, requests: int, stdout: int) -> subprocess.Popen[str]:
         text=True,
         stdout=subprocess.PIPE,
         stderr=stdout,
+        preexec_fn=_default_sigint,  # noqa: PLW1509 (no threads of ours run between fork and exec here)
     )
 
 
