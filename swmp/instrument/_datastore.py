@@ -47,6 +47,19 @@ log = logging.getLogger("swmp.instrument")
 _reported: set[str] = set()
 
 
+# On a connection or pool: its spans' peer and database, worked out once for it.
+WHERE = "_swmp_where"
+
+
+def remember(owner: Any, value: Any) -> None:
+    """Keep ``value`` on ``owner`` as its :data:`WHERE`; an object that takes no attributes
+    has it worked out on every call instead."""
+    try:
+        setattr(owner, WHERE, value)
+    except Exception:
+        pass
+
+
 def failed(where: str, e: Exception) -> NoopSpan:
     """An instrumentation could not read what it needs (a driver version that changed):
     log it once per place; the call goes on without a span."""
@@ -373,22 +386,18 @@ def cursor_method(
     place = f"{prefix}{method} ({where.__module__}.{where.__qualname__})"
 
     def make(orig: Any) -> Any:
-        if is_async:
-
-            async def atraced(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
-                if args is _MISSING:
-                    args = default
-                if many:
-                    args = rows(args)
-                try:  # guarded() inlined: this runs on every traced query
-                    address, db = where(self)
-                    span = sql_span(op, address, component, db_type, db, query, args or None, many)
-                except Exception as e:
-                    span = failed(place, e)
-                with span:
-                    return await (orig(self, query, args, *rest) if rest else orig(self, query, args))
-
-            return gated(orig, _procname(atraced) if method == "callproc" else atraced)
+        async def atraced(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
+            if args is _MISSING:
+                args = default
+            if many:
+                args = rows(args)
+            try:  # guarded() inlined: this runs on every traced query
+                address, db = where(self)
+                span = sql_span(op, address, component, db_type, db, query, args or None, many)
+            except Exception as e:
+                span = failed(place, e)
+            with span:
+                return await (orig(self, query, args, *rest) if rest else orig(self, query, args))
 
         def straced(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
             if args is _MISSING:
@@ -411,7 +420,8 @@ def cursor_method(
             span.__exit__(None, None, None)
             return result
 
-        return gated(orig, _procname(straced) if method == "callproc" else straced)
+        traced: Callable[..., Any] = atraced if is_async else straced
+        return gated(orig, _procname(traced) if method == "callproc" else traced)
 
     return make
 

@@ -34,7 +34,6 @@ TRIGGER = "aiokafka"
 INTERNAL_MARK = "_swmp_internal"
 
 
-
 def _brokers(client: Any) -> str:
     servers = getattr(client, "_bootstrap_servers", "") or ""
     try:

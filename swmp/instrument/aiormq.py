@@ -37,7 +37,6 @@ SUPPORTED = ("6.0", "8")
 TRIGGER = "aiormq"
 
 
-
 def _peer(channel: Any) -> str:
     try:
         url = channel.connection.url

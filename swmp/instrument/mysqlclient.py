@@ -24,9 +24,6 @@ TRIGGER = "MySQLdb"
 _METHODS = ("execute", "executemany", "callproc")
 
 
-_WHERE = "_swmp_where"  # on a connection: (its ``database`` then, (peer, database))
-
-
 def _where(cur: Any) -> tuple[str, str]:
     """``(peer, database)``, worked out once per connection (and database attribute)."""
     conn = cur.connection  # a weak proxy in mysqlclient
@@ -34,15 +31,12 @@ def _where(cur: Any) -> tuple[str, str]:
         return "", ""
     # mysqlclient >= 2.2 keeps host and database on the connection (the C part has port).
     db = getattr(conn, "database", "")
-    memo = getattr(conn, _WHERE, None)
+    memo = getattr(conn, _ds.WHERE, None)  # (its ``database`` then, (peer, database))
     if memo is not None and memo[0] is db:
         return memo[1]  # type: ignore[no-any-return]
     host = getattr(conn, "host", None) or "localhost"
     found = _ds.peer(host, getattr(conn, "port", 3306)), _ds.text(db or "")
-    try:
-        setattr(conn, _WHERE, (db, found))
-    except AttributeError:  # a connection class with slots: worked out every time
-        pass
+    _ds.remember(conn, (db, found))
     return found
 
 

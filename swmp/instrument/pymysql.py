@@ -24,9 +24,6 @@ TRIGGER = "pymysql"
 _METHODS = ("execute", "executemany", "callproc")
 
 
-_WHERE = "_swmp_where"  # on a connection: (its ``db`` then, (peer, database))
-
-
 def where(cur: Any) -> tuple[str, str]:
     """``(peer, database)`` of a PyMySQL-style cursor (PyMySQL and aiomysql share it),
     worked out once per connection and database: the address does not change, the database
@@ -35,16 +32,13 @@ def where(cur: Any) -> tuple[str, str]:
     if conn is None:
         return "", ""
     db = conn.db
-    memo = getattr(conn, _WHERE, None)
+    memo = getattr(conn, _ds.WHERE, None)  # (its ``db`` then, (peer, database))
     if memo is not None and memo[0] is db:
         return memo[1]  # type: ignore[no-any-return]
     sock = getattr(conn, "unix_socket", None)
     address = _ds.peer(conn.host, conn.port) if not sock else str(sock)
     found = address, _ds.text(db or "")
-    try:
-        setattr(conn, _WHERE, (db, found))
-    except AttributeError:  # a connection class with slots: worked out every time
-        pass
+    _ds.remember(conn, (db, found))
     return found
 
 

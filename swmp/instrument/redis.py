@@ -46,7 +46,7 @@ _outside = _ds.outside
 def _where(client: Any) -> tuple[str, str]:
     """``(peer, db index)`` from the client's pool, worked out once per pool."""
     pool = client.connection_pool
-    cached = getattr(pool, "_swmp_where", None)
+    cached = getattr(pool, _ds.WHERE, None)
     if cached is None:
         try:
             kw = pool.connection_kwargs
@@ -55,10 +55,7 @@ def _where(client: Any) -> tuple[str, str]:
             cached = (address, str(kw.get("db", 0)))
         except Exception:
             cached = ("", "")
-        try:
-            pool._swmp_where = cached
-        except Exception:  # a pool that takes no attributes: work it out every time
-            pass
+        _ds.remember(pool, cached)
     return cached
 
 

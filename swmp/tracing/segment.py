@@ -144,10 +144,9 @@ class Segment(_SegmentBase):
     # -- propagation helpers ----------------------------------------------------------------
     def encode_ids(self) -> tuple[str, str, str]:
         """Base64 of trace id, segment id and endpoint, computed once per segment."""
-        first = self.first
         sid = b64(self.segment_id)
         tid = sid if self.trace_id is self.segment_id else b64(self.trace_id)
-        op = first.op if first is not None else self.ended_op
+        op = self.endpoint
         enc = (tid, sid, b64_cached(op) if op else "")
         self.encoded = enc
         return enc
