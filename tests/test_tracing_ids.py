@@ -75,7 +75,10 @@ def test_ids_unique_across_fork_without_python_hooks() -> None:
 
     ids.use_pid_source(os.getpid)
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        # PyDLL, not CDLL: a CDLL call releases the GIL, and if another thread of this test
+        # run (an executor left by an earlier test) takes it during fork(), the child has a GIL
+        # held by a thread that does not exist in it and hangs when the call returns.
+        libc = ctypes.PyDLL(None, use_errno=True)
         libc.fork.restype = ctypes.c_int
         child_ids = _collect_from_children(libc.fork)
         parent_ids = [ids.new_id() for _ in range(IDS_PER_CHILD)]
