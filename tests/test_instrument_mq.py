@@ -267,6 +267,23 @@ def test_kafka_send_outside_a_trace_is_untouched(
     assert cspan[R.SPAN_REFS] == []
 
 
+def test_confluent_produce_outside_a_trace_is_the_librarys_own(sink: _sink.MemorySink) -> None:
+    """``Producer.produce`` and ``SerializingProducer.produce`` are gates: outside a trace the
+    call goes to confluent-kafka's own method (with the native core, no Python frame of ours)."""
+    import confluent_kafka
+
+    from swmp.instrument._gate import is_native
+
+    plain = confluent_kafka.Producer.__dict__["produce"]
+    serializing = confluent_kafka.SerializingProducer.__dict__["produce"]
+    assert plain.__wrapped__ is confluent_kafka.Producer.__mro__[1].produce  # the compiled type's
+    assert serializing.__wrapped__ is serializing.__swmp_original__
+    if is_native():
+        from swmp import _spancore
+
+        assert isinstance(plain, _spancore.Gate) and isinstance(serializing, _spancore.Gate)
+
+
 @pytest.mark.e2e  # the real Kafka broker (tests/realpeers.py)
 def test_kafka_send_errors_propagate_and_mark_the_span(
     sink: _sink.MemorySink, kafka_broker: KafkaBroker

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _confluent_aio, _hook, _mq
+from swmp.instrument._gate import gated
 from swmp.instrument._confluent_aio import record as _record
 from swmp.instrument._patch import Target, patch_all, restore_all
 from swmp.tracing.span import current_span
@@ -118,8 +119,8 @@ def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
             super().__init__(*args, **kwargs)
             _remember(self, args, kwargs)
 
-        def produce(self, topic: Any, *args: Any, **kwargs: Any) -> Any:
-            return _produce(super().produce, self, topic, args, kwargs, limit=_PRODUCER_BEFORE_HEADERS)
+        # Outside a trace a produce goes straight to librdkafka's (a gate: no frame of ours).
+        produce = gated(base_producer.produce, _make_produce(base_producer.produce, _PRODUCER_BEFORE_HEADERS))
 
         def produce_batch(self, topic: Any, messages: Any, *args: Any, **kwargs: Any) -> Any:
             if _confluent_aio.carries_traced(messages):
@@ -162,12 +163,18 @@ def _make_init(orig: Any) -> Any:
     return __init__
 
 
-def _make_produce(orig: Any) -> Any:
+def _make_produce(orig: Any, limit: int) -> Any:
+    """The traced form of ``orig`` (a ``produce`` taking the client first)."""
+
     def produce(self: Any, topic: Any, *args: Any, **kwargs: Any) -> Any:
         send = functools.partial(orig, self)
-        return _produce(send, self, topic, args, kwargs, limit=_SERIALIZING_BEFORE_HEADERS)
+        return _produce(send, self, topic, args, kwargs, limit=limit)
 
     return produce
+
+
+def _gated_serializing_produce(orig: Any) -> Any:
+    return gated(orig, _make_produce(orig, _SERIALIZING_BEFORE_HEADERS))
 
 
 def _make_poll(orig: Any) -> Any:
@@ -193,7 +200,7 @@ def install(config: Config) -> None:
     sp, dc = confluent_kafka.SerializingProducer, confluent_kafka.DeserializingConsumer
     targets: list[Target] = [
         (sp, "__init__", _make_init),
-        (sp, "produce", _make_produce),
+        (sp, "produce", _gated_serializing_produce),
         (dc, "__init__", _make_init),
         (dc, "poll", _make_poll),
     ]
