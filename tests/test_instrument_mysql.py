@@ -97,8 +97,8 @@ def test_pymysql_calls_by_keyword(traced: Traced, pymysql_conn: Any) -> None:
 def test_pymysql_database_of_each_connection(
     traced: Traced, pymysql_conn: Any, mariadb_server: ServerInfo
 ) -> None:
-    """``db.instance`` is worked out once per connection (the database it connected to, as
-    PyMySQL keeps it: ``select_db`` does not change it there) and never shared between two."""
+    """``db.instance`` is worked out once per connection (the database it connected to, or
+    the one ``select_db`` switched to: see the test below) and never shared between two."""
     import pymysql
 
     s = mariadb_server
@@ -185,3 +185,65 @@ def test_aiomysql_calls_errors_and_outside(traced: Traced, mariadb_server: Serve
             conn.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("driver", ["pymysql", "mysqlclient", "aiomysql"])
+def test_select_db_changes_the_database_of_later_spans(
+    traced: Traced, mariadb_server: ServerInfo, driver: str
+) -> None:
+    """After ``select_db`` a connection's spans name the database it switched to (the drivers
+    keep the one they connected with); a refused ``select_db`` raises the driver's error and
+    changes nothing; inside or outside a trace."""
+    import MySQLdb
+    import pymysql
+
+    s = mariadb_server
+    refused = (pymysql.err.OperationalError, MySQLdb.OperationalError)
+
+    def run_sync(conn: Any) -> None:
+        cur = conn.cursor()
+        with traced.trace() as got:
+            cur.execute("SELECT 1")
+            conn.select_db("information_schema")
+            cur.execute("SELECT 2")
+            with pytest.raises(refused):
+                conn.select_db("no_such_database")
+            cur.execute("SELECT 3")
+        with traced.untraced():
+            conn.select_db(s.database)
+        with traced.trace() as again:
+            cur.execute("SELECT 4")
+        cur.close()
+        conn.close()
+        check([e.tags["db.instance"] for e in got.exits + again.exits])
+
+    def check(dbs: list[str]) -> None:
+        assert dbs == [s.database, "information_schema", "information_schema", s.database]
+
+    login = {"host": s.host, "port": s.port, "user": s.user, "password": s.password}
+    if driver == "pymysql":
+        run_sync(pymysql.connect(**login, database=s.database))
+    elif driver == "mysqlclient":
+        run_sync(MySQLdb.connect(**login, database=s.database))
+    else:
+        import aiomysql
+
+        async def main() -> None:
+            conn = await aiomysql.connect(**login, db=s.database)
+            cur = await conn.cursor()
+            with traced.trace() as got:
+                await cur.execute("SELECT 1")
+                await conn.select_db("information_schema")
+                await cur.execute("SELECT 2")
+                with pytest.raises(refused):
+                    await conn.select_db("no_such_database")
+                await cur.execute("SELECT 3")
+            with traced.untraced():
+                await conn.select_db(s.database)
+            with traced.trace() as again:
+                await cur.execute("SELECT 4")
+            await cur.close()
+            conn.close()
+            check([e.tags["db.instance"] for e in got.exits + again.exits])
+
+        asyncio.run(main())

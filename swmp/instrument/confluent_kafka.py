@@ -44,8 +44,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _confluent_aio, _hook, _mq
-from swmp.instrument._gate import gated
 from swmp.instrument._confluent_aio import record as _record
+from swmp.instrument._gate import gated
 from swmp.instrument._patch import Target, patch_all, restore_all
 from swmp.tracing.span import current_span
 

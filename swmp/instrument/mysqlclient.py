@@ -1,7 +1,8 @@
 """mysqlclient (``MySQLdb``): one exit span per cursor ``execute`` / ``executemany`` /
 ``callproc`` (component MysqlClient, 7013; operation ``Mysql/MysqlClient/<method>`` as the
-SkyWalking Python agent names it). Skipped when ``MySQLdb`` is PyMySQL in disguise
-(``pymysql.install_as_MySQLdb()``): the PyMySQL instrumentation covers that.
+SkyWalking Python agent names it); ``db.instance`` follows ``Connection.select_db``. Skipped
+when ``MySQLdb`` is PyMySQL in disguise (``pymysql.install_as_MySQLdb()``): the PyMySQL
+instrumentation covers that.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
 from swmp.instrument._patch import patch, restore
+from swmp.instrument._select_db import selected
 from swmp.tracing.constants import Component
 
 if TYPE_CHECKING:
@@ -34,10 +36,13 @@ def _where(cur: Any) -> tuple[str, str]:
     memo = getattr(conn, _ds.WHERE, None)  # (its ``database`` then, (peer, database))
     if memo is not None and memo[0] is db:
         return memo[1]  # type: ignore[no-any-return]
-    host = getattr(conn, "host", None) or "localhost"
-    found = _ds.peer(host, getattr(conn, "port", 3306)), _ds.text(db or "")
+    found = _address(conn), _ds.text(db or "")
     _ds.remember(conn, (db, found))
     return found
+
+
+def _address(conn: Any) -> str:
+    return _ds.peer(getattr(conn, "host", None) or "localhost", getattr(conn, "port", 3306))
 
 
 def _base() -> Any:
@@ -54,7 +59,11 @@ def install(config: Config) -> None:
     base = _base()
     if base is None:
         return
+    import MySQLdb.connections  # noqa: PLC0415
+
     _ds.configure(config)
+    # select_db is the compiled base class's: wrapped on the Python Connection class.
+    patch(MySQLdb.connections.Connection, "select_db", selected("database", _address), inherited=True)
     for m in _METHODS:
         patch(
             base,
@@ -69,5 +78,8 @@ def uninstall() -> None:
     base = _base()
     if base is None:
         return
+    import MySQLdb.connections  # noqa: PLC0415
+
+    restore(MySQLdb.connections.Connection, "select_db")
     for m in _METHODS:
         restore(base, m)

@@ -2,6 +2,7 @@
 cursor class included (component PyMysql, 7003; operation ``Mysql/PyMsql/<method>``, the
 SkyWalking Python agent's spelling, so its dashboards and alarms keep matching).
 ``executemany`` that PyMySQL splits into several ``execute`` calls is one span.
+``db.instance`` follows ``Connection.select_db``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
 from swmp.instrument._patch import patch, restore
+from swmp.instrument._select_db import selected
 from swmp.tracing.constants import Component
 
 if TYPE_CHECKING:
@@ -26,8 +28,9 @@ _METHODS = ("execute", "executemany", "callproc")
 
 def where(cur: Any) -> tuple[str, str]:
     """``(peer, database)`` of a PyMySQL-style cursor (PyMySQL and aiomysql share it),
-    worked out once per connection and database: the address does not change, the database
-    only through ``select_db`` (a new ``db`` object), and PyMySQL keeps it as bytes."""
+    worked out once per connection: the address does not change, the database (bytes in
+    PyMySQL) is the ``db`` it connected with until ``select_db`` (noted by
+    :data:`select_db`) or the application sets another ``db``."""
     conn = cur.connection
     if conn is None:
         return "", ""
@@ -35,17 +38,25 @@ def where(cur: Any) -> tuple[str, str]:
     memo = getattr(conn, _ds.WHERE, None)  # (its ``db`` then, (peer, database))
     if memo is not None and memo[0] is db:
         return memo[1]  # type: ignore[no-any-return]
-    sock = getattr(conn, "unix_socket", None)
-    address = _ds.peer(conn.host, conn.port) if not sock else str(sock)
-    found = address, _ds.text(db or "")
+    found = address(conn), _ds.text(db or "")
     _ds.remember(conn, (db, found))
     return found
 
 
+def address(conn: Any) -> str:
+    sock = getattr(conn, "unix_socket", None)
+    return _ds.peer(conn.host, conn.port) if not sock else str(sock)
+
+
+select_db = selected("db", address)  # PyMySQL's and aiomysql's Connection.select_db
+
+
 def install(config: Config) -> None:
+    from pymysql.connections import Connection  # noqa: PLC0415
     from pymysql.cursors import Cursor  # noqa: PLC0415
 
     _ds.configure(config)
+    patch(Connection, "select_db", select_db)
     for m in _METHODS:
         patch(
             Cursor,
@@ -55,7 +66,10 @@ def install(config: Config) -> None:
 
 
 def uninstall() -> None:
+    from pymysql.connections import Connection  # noqa: PLC0415
     from pymysql.cursors import Cursor  # noqa: PLC0415
+
+    restore(Connection, "select_db")
 
     for m in _METHODS:
         restore(Cursor, m)
