@@ -27,7 +27,8 @@ setup(
     ext_modules=[
         native("reporter_proc._encode_native", [NATIVE + "module.c", NATIVE + "records.c", NATIVE + "json.c"],
                [NATIVE + "wire.h", NATIVE + "text.h"]),
-        native("swmp._spancore", ["swmp/_native/spancore.c", "swmp/_native/gate.c"], ["swmp/_native/gate.h"]),
+        native("swmp._spancore", ["swmp/_native/spancore.c", "swmp/_native/gate.c", "swmp/_native/sw8.c"],
+               ["swmp/_native/gate.h", "swmp/_native/sw8.h"]),
         native("ipc._ringwrite", ["ipc/_native/ringwrite.c"]),
     ]
 )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import binascii
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 SW8 = "sw8"
@@ -214,6 +214,16 @@ def encode_sw8(  # noqa: PLR0917 (the header's fields, in order)
     )
 
 
+# The native core's split_sw8 (swmp/_native/sw8.c), set by swmp.tracing.span when it loads
+# the core: the plain case in one C pass, None for anything else (decided below).
+_split_native: Callable[[str], tuple[bool, str, str, int, str] | None] | None = None
+
+
+def use_native(split: Callable[[str], tuple[bool, str, str, int, str] | None] | None) -> None:
+    global _split_native
+    _split_native = split
+
+
 def decode_sw8(value: Any) -> ContextCarrier | None:
     """Parse an ``sw8`` value; None if it is malformed in any way."""
     try:
@@ -222,6 +232,14 @@ def decode_sw8(value: Any) -> ContextCarrier | None:
                 value = bytes(value).decode("ascii")
             elif not isinstance(value, str):
                 return None
+        if _split_native is not None:
+            fields = _split_native(value)
+            if fields is not None:
+                sampled, tid, sid, span_id, tail = fields
+                caller = _callers.get(tail) or _caller(tail)
+                if caller is None:
+                    return None
+                return ContextCarrier(tid, sid, span_id, *caller, sampled)
         if len(value) > MAX_SW8_LENGTH:
             return None
         # The sample flag, the trace and segment ids, the span id and the caller's four fields

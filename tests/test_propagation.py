@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swmp import propagation as P
+from swmp.tracing import span as span_module  # loads the native core, which gives P its split_sw8
 
 # Hypothesis generates a few thousand structured inputs per test here (generation, not decoding,
 # is the slow part); each one is then decoded together with all of its prefixes, so every test
@@ -282,6 +283,25 @@ def test_decoder_agrees_with_its_previous_form() -> None:
         " " + valid_sw8(seg="s" * 7) + "\n",
     ]
     alphabet = "-=+/01AZaz9\x00\xff\u00e9\ud800 \t\n٣"
+    native = 0
+    split = P._split_native
+
+    def counted(value: str) -> Any:
+        nonlocal native
+        fields = split(value)  # type: ignore[misc]
+        native += fields is not None
+        return fields
+
+    if split is not None:
+        P.use_native(counted)
+    try:
+        _compare_mutations(rng, seeds, alphabet)
+    finally:
+        P.use_native(split)
+    assert split is None or native > 1000  # the native split answered for the plain ones
+
+
+def _compare_mutations(rng: random.Random, seeds: list[str], alphabet: str) -> None:
     agreed = valid = 0
     for _ in range(200_000):
         s = list(rng.choice(seeds))
@@ -302,3 +322,40 @@ def test_decoder_agrees_with_its_previous_form() -> None:
         agreed += 1
         valid += want is not None
     assert agreed == 200_000 and valid > 1000
+
+
+def test_the_native_split_answers_for_plain_headers_only() -> None:
+    """``split_sw8`` (swmp/_native/sw8.c) parses what agents send and leaves everything else
+    to decode_sw8's Python path (None), which then decides as before."""
+    if not span_module.NATIVE:
+        return
+    from swmp import _spancore
+
+    plain = valid_sw8(trace="a" * 37, seg="seg.7", span="2147483647", flag="0", addr="")
+    assert _spancore.split_sw8(plain) == (False, "a" * 37, "seg.7", 2147483647, plain.split("-", 4)[4])
+    head = "-".join(["1", b("t.1"), b("s.1"), "3"])
+    tail = "-".join([b("svc"), b("i"), b("/ep"), b("h:80")])
+    others = [
+        " " + plain,  # surrounding whitespace: str.strip()'s
+        plain + "\n",
+        "2" + plain[1:],  # an unknown flag
+        "11" + plain[1:],
+        "-".join(["1", b("t.10").rstrip("="), b("s.1"), "3", tail]),  # unpadded (tolerated by Python)
+        "-".join(["1", "QR==", b("s.1"), "3", tail]),  # stray bits after the last byte
+        "-".join(["1", b("é"), b("s.1"), "3", tail]),  # an id that is not ASCII
+        "-".join(["1", "", b("s.1"), "3", tail]),  # an empty id
+        "-".join(["1", "A=B=", b("s.1"), "3", tail]),  # padding inside
+        "-".join(["1", b("t.1"), b("s.1"), "2147483648", tail]),  # span id too large
+        "-".join(["1", b("t.1"), b("s.1"), "00000000003", tail]),  # 11 digits
+        "-".join(["1", b("t.1"), b("s.1"), "", tail]),
+        "-".join(["1", b("t.1"), b("s.1"), "٣", tail]),  # a digit, not ASCII
+        head,  # too few fields
+        plain.replace("a", "é", 1),  # not ASCII at all
+        "1-" + "A" * 4096,  # longer than MAX_SW8_LENGTH
+    ]
+    for value in others:
+        assert _spancore.split_sw8(value) is None, value
+        assert _fields(P.decode_sw8(value)) == _reference_sw8(value), value
+    assert _spancore.split_sw8(head + "-" + tail) == (True, "t.1", "s.1", 3, tail)
+    assert _spancore.split_sw8(b"bytes") is None  # decode_sw8 turns bytes into text first
+

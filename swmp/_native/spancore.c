@@ -24,6 +24,7 @@
  * any other by its ``emit()``.
  *
  * ``Gate`` (gate.c): a patched method whose check for a current span is made here.
+ * ``split_sw8`` (sw8.c): the plain case of an incoming ``sw8`` header.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,6 +32,7 @@
 #include <time.h>
 
 #include "gate.h"
+#include "sw8.h"
 
 typedef struct {
     PyObject_HEAD
@@ -1013,6 +1015,8 @@ static PyMethodDef module_methods[] = {
     {"new_id", (PyCFunction)new_id, METH_NOARGS, "new_id(): a unique id (prefix + counter)."},
     {"set_emit", (PyCFunction)(void (*)(void))set_emit, METH_FASTCALL,
      "set_emit(emit, identity, dumps, get_sink, stats, record_type): what Segment.emit uses."},
+    {"split_sw8", (PyCFunction)swmp_split_sw8, METH_O,
+     "split_sw8(value): (sampled, trace_id, segment_id, span_id, tail) of a plain sw8, else None."},
     {"set_segments", (PyCFunction)(void (*)(void))set_segments, METH_FASTCALL,
      "set_segments(identity, count, no_correlation): what a new segment needs."},
     {NULL, NULL, 0, NULL},

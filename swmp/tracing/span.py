@@ -26,6 +26,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from swmp import propagation as _propagation
 from swmp.profiling.gate import gate as _gate
 from swmp.propagation import b64, encode_correlation
 from swmp.tracing.constants import Kind
@@ -184,6 +185,7 @@ def _native() -> Any:
     except ImportError:
         return None
     _spancore.setup(current_span, _EMPTY, _count_lost)
+    _propagation.use_native(_spancore.split_sw8)
     return _spancore
 
 

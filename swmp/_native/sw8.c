@@ -1,0 +1,135 @@
+/* split_sw8(value): the plain case of an incoming ``sw8`` header, parsed in one C pass.
+ *
+ * Why: every consumed message, task run and request with a caller decodes one, and in
+ * Python (swmp/propagation.py, decode_sw8) the split, the checks and the two base64 ids
+ * cost ~1.1 us of its ~1.4 us. Here they cost ~0.1 us.
+ *
+ * It is a fast path, not a second decoder: it answers only for the shape every agent sends
+ * (ASCII text without surrounding whitespace, a "0"/"1" flag, canonical padded base64 of
+ * ASCII ids with no stray bits, a span id of 1-10 digits within 2**31 - 1) with
+ * ``(sampled, trace_id, segment_id, span_id, tail)``, ``tail`` being the caller's four
+ * fields, undecoded (decode_sw8 decodes those once per distinct text). For anything else it
+ * answers None and decode_sw8 goes its own way, which decides as it always did; so where
+ * this answers, the answer is the Python path's (tests/test_propagation.py compares the
+ * decoder with its previous form on 200,000 mutated headers). */
+#include "sw8.h"
+
+#include <string.h>
+
+#define MAX_SW8_LENGTH 4096 /* swmp.propagation.MAX_SW8_LENGTH */
+#define MAX_SPAN_ID 2147483647LL
+
+/* base64 value of each byte, -1 for bytes outside the alphabet ('=' included). */
+static signed char b64[256];
+
+static void init_b64(void) {
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    memset(b64, -1, sizeof(b64));
+    for (int i = 0; i < 64; i++) {
+        b64[(unsigned char)alphabet[i]] = (signed char)i;
+    }
+}
+
+/* The text of a base64 id, or NULL (no error set) when it is not plain: empty, unpadded,
+ * outside the alphabet, padding within, stray bits in the last character, or not ASCII. */
+static PyObject *decode_id(const unsigned char *s, Py_ssize_t n) {
+    if (n == 0 || n % 4 != 0) {
+        return NULL;
+    }
+    Py_ssize_t pad = s[n - 1] == '=' ? (s[n - 2] == '=' ? 2 : 1) : 0;
+    Py_ssize_t body = n - pad;
+    Py_ssize_t out_len = n / 4 * 3 - pad;
+    if (out_len == 0) {
+        return NULL;
+    }
+    PyObject *text = PyUnicode_New(out_len, 127);
+    if (text == NULL) {
+        PyErr_Clear(); /* no memory: the Python path will say so */
+        return NULL;
+    }
+    unsigned char *out = PyUnicode_1BYTE_DATA(text);
+    Py_ssize_t o = 0;
+    unsigned int acc = 0, bits = 0, or_all = 0;
+    for (Py_ssize_t i = 0; i < body; i++) {
+        int v = b64[s[i]];
+        if (v < 0) {
+            Py_DECREF(text);
+            return NULL;
+        }
+        acc = (acc << 6) | (unsigned int)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            unsigned char byte = (unsigned char)(acc >> bits);
+            or_all |= byte;
+            out[o++] = byte;
+            acc &= (1u << bits) - 1;
+        }
+    }
+    if (acc != 0 || (or_all & 0x80) != 0) { /* stray bits after the last byte, or not ASCII */
+        Py_DECREF(text);
+        return NULL;
+    }
+    return text;
+}
+
+PyObject *swmp_split_sw8(PyObject *module, PyObject *value) {
+    static int ready = 0;
+    if (!ready) {
+        init_b64();
+        ready = 1;
+    }
+    if (!PyUnicode_CheckExact(value) || !PyUnicode_IS_COMPACT_ASCII(value)) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(value);
+    const unsigned char *s = PyUnicode_1BYTE_DATA(value);
+    if (n == 0 || n > MAX_SW8_LENGTH || s[0] <= ' ' || s[n - 1] <= ' ') {
+        Py_RETURN_NONE; /* str.strip() territory: the Python path */
+    }
+    Py_ssize_t dash[4];
+    int found = 0;
+    for (Py_ssize_t i = 0; i < n && found < 4; i++) {
+        if (s[i] == '-') {
+            dash[found++] = i;
+        }
+    }
+    if (found < 4 || dash[0] != 1 || (s[0] != '0' && s[0] != '1')) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t span_len = dash[3] - dash[2] - 1;
+    if (span_len < 1 || span_len > 10) {
+        Py_RETURN_NONE;
+    }
+    long long span_id = 0;
+    for (Py_ssize_t i = dash[2] + 1; i < dash[3]; i++) {
+        if (s[i] < '0' || s[i] > '9') {
+            Py_RETURN_NONE;
+        }
+        span_id = span_id * 10 + (s[i] - '0');
+    }
+    if (span_id > MAX_SPAN_ID) {
+        Py_RETURN_NONE;
+    }
+    PyObject *trace_id = decode_id(s + dash[0] + 1, dash[1] - dash[0] - 1);
+    PyObject *segment_id = trace_id == NULL ? NULL : decode_id(s + dash[1] + 1, dash[2] - dash[1] - 1);
+    if (segment_id == NULL) {
+        Py_XDECREF(trace_id);
+        Py_RETURN_NONE;
+    }
+    PyObject *tail = PyUnicode_Substring(value, dash[3] + 1, n);
+    PyObject *span = tail == NULL ? NULL : PyLong_FromLongLong(span_id);
+    if (span == NULL) {
+        Py_DECREF(trace_id);
+        Py_DECREF(segment_id);
+        Py_XDECREF(tail);
+        return NULL;
+    }
+    PyObject *sampled = s[0] == '1' ? Py_True : Py_False;
+    PyObject *out = PyTuple_Pack(5, sampled, trace_id, segment_id, span, tail);
+    Py_DECREF(trace_id);
+    Py_DECREF(segment_id);
+    Py_DECREF(span);
+    Py_DECREF(tail);
+    return out;
+}
