@@ -505,7 +505,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 
 # -- where the time goes: one worker, no server, no network -----------------------------------------
 WORKER_COST_CHILD = """
-import io, json, os, sys, time
+import io, json, os, resource, sys, time
 import psutil
 variant, n, arena_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 os.environ.update({"SW_AGENT_ARENA_DIR": arena_dir, "SW_AGENT_COLLECTOR_BACKEND_SERVICES": sys.argv[4],
@@ -545,14 +545,16 @@ while reporters and time.monotonic() < settled:
         break
     prev = now
 r0 = reporter_cpu()
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 t = time.process_time()
 for _ in range(n):
     one()
     if gap:
         time.sleep(gap)
 used = (time.process_time() - t) / n
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / n
 time.sleep(0.5)  # let the reporter finish the last batch
-print(json.dumps({"variant": variant, "process_us": used * 1e6,
+print(json.dumps({"variant": variant, "process_us": used * 1e6, "faults": faults,
                   "reporter_us": (reporter_cpu() - r0) / n * 1e6}))
 sys.stdout.flush()
 os._exit(0)
@@ -598,6 +600,7 @@ def worker_cost(n: int, work: Path, rounds: int = 5, gap_ms: float = 0.0) -> lis
                 "process_us": _median(mine),
                 "added_us": _median([a - b for a, b in zip(mine, base, strict=True)]),
                 "reporter_us": _median([r["reporter_us"] for r in runs[variant]]),
+                "faults": _median([r["faults"] for r in runs[variant]]),  # minor page faults per request
                 "rounds": mine,
             }
         )
@@ -664,11 +667,14 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             n = 300 if args.quick else (1000 if args.gap_ms else 3000)
             rows = worker_cost(n, Path(tmp), rounds=2 if args.quick else args.rounds, gap_ms=args.gap_ms)
-        print(f"{'variant':<16} {'gap ms':>6} {'worker us/req':>13} {'+ vs none':>9} {'reporter us/seg':>15}")
+        print(
+            f"{'variant':<16} {'gap ms':>6} {'worker us/req':>13} {'+ vs none':>9} {'reporter us/seg':>15} "
+            f"{'faults/req':>10}"
+        )
         for r in rows:
             print(
                 f"{r['variant']:<16} {r['gap_ms']:>6.1f} {r['process_us']:>13.1f} {r['added_us']:>9.1f} "
-                f"{r['reporter_us']:>15.1f}"
+                f"{r['reporter_us']:>15.1f} {r['faults']:>10.3f}"
             )
         if args.json:
             Path(args.json).write_text(json.dumps({"worker_cost": rows}, indent=2))
