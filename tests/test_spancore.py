@@ -146,3 +146,47 @@ def test_bad_calls_raise_type_errors() -> None:
         assert len(sink.records) == 1
     finally:
         _sink.set_sink(None)
+
+
+@native_only
+def test_a_new_traces_entry_span_is_made_natively_only_in_the_plain_case() -> None:
+    """``entry_root`` (the native start of a trace) answers only when no span is current,
+    the ignore rules have decided to record this name before, no sampler is on and no
+    profiling board is attached; for anything else it answers None and new_entry_span's
+    Python path decides, counts and names exactly as before."""
+    from swmp import _spancore
+    from swmp.profiling.gate import gate
+    from swmp.tracing import context, stats
+
+    sink = _sink.MemorySink()
+    _sink.set_sink(sink)
+    try:
+        tracing.configure(load({}, agent_ignore_suffix=(".png",), sample_n_per_3_secs=-1))
+        root = _spancore.entry_root
+        assert root("/first", Component.FLASK, Layer.HTTP) is None  # not decided yet: Python
+        with new_entry_span("/first", None, Component.FLASK, Layer.HTTP):
+            pass
+        span = root("/first", Component.FLASK, Layer.HTTP)  # decided: native
+        assert isinstance(span, span_module.Span) and span.segment.first is span
+        assert (span.span_id, span.parent_id, span.kind, span.peer) == (0, -1, 0, "")
+        assert (span.op, span.component, span.layer) == ("/first", Component.FLASK, Layer.HTTP)
+        with span:
+            assert root("/first", Component.FLASK, Layer.HTTP) is None  # a span is current
+        ignored = stats.ignored
+        for _ in range(2):
+            assert root("/logo.png", Component.FLASK, Layer.HTTP) is None
+            with new_entry_span("/logo.png", None, Component.FLASK, Layer.HTTP):
+                pass
+        assert stats.ignored == ignored + 2  # counted each time, by the Python path
+        gate.board, board = object(), gate.board  # type: ignore[assignment]
+        try:
+            assert root("/first", Component.FLASK, Layer.HTTP) is None  # profiling: Python
+        finally:
+            gate.board = board
+        tracing.configure(load({}, sample_n_per_3_secs=5))
+        assert context.policy.sampling
+        assert root("/first", Component.FLASK, Layer.HTTP) is None  # sampling: Python
+        assert len(sink.records) == 2
+    finally:
+        tracing.configure(load({}))
+        _sink.set_sink(None)

@@ -975,6 +975,112 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
     return span;
 }
 
+/* entry_root(op, component, layer): the common case of context.new_entry_span, in C: no
+ * span current and no caller's headers, so a new trace whose first span is an entry span,
+ * unless the ignore rules' cached decision, the sampler or a profiling board asks for more
+ * (then None: the Python path decides, counts and fills the cache, as it always has).
+ * Saves the Python frames of _start_trace and the ignore check on every request. */
+static PyTypeObject *segment_class = NULL;
+static PyObject *entry_kind = NULL, *policy = NULL, *rules_type = NULL, *profile_gate = NULL, *zero = NULL,
+                *minus_one = NULL, *s_rules = NULL, *s_sampling = NULL, *s_cache = NULL, *s_board = NULL;
+
+/* 1: the rules and settings let a new trace start here with no more checks; 0: ask Python. */
+static int plain_start(PyObject *op) {
+    PyObject *sampling = PyObject_GetAttr(policy, s_sampling);
+    if (sampling == NULL) {
+        return -1;
+    }
+    int on = PyObject_IsTrue(sampling);
+    Py_DECREF(sampling);
+    if (on != 0) {
+        return on < 0 ? -1 : 0;
+    }
+    PyObject *board = PyObject_GetAttr(profile_gate, s_board);
+    if (board == NULL) {
+        return -1;
+    }
+    int attached = board != Py_None;
+    Py_DECREF(board);
+    if (attached) {
+        return 0;
+    }
+    PyObject *rules = PyObject_GetAttr(policy, s_rules);
+    if (rules == NULL) {
+        return -1;
+    }
+    if ((PyObject *)Py_TYPE(rules) != rules_type) {
+        Py_DECREF(rules);
+        return 0;
+    }
+    PyObject *cache = PyObject_GetAttr(rules, s_cache);
+    Py_DECREF(rules);
+    if (cache == NULL) {
+        return -1;
+    }
+    PyObject *decision = PyDict_Check(cache) ? PyDict_GetItemWithError(cache, op) : NULL; /* borrowed */
+    int plain = decision == Py_False;
+    Py_DECREF(cache);
+    if (decision == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    return plain;
+}
+
+static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "entry_root(op, component, layer)");
+        return NULL;
+    }
+    if (segment_class == NULL || span_class == NULL) {
+        Py_RETURN_NONE;
+    }
+    PyObject *cur = get_current();
+    if (cur == NULL) {
+        return NULL;
+    }
+    int outside = cur == Py_None;
+    Py_DECREF(cur);
+    if (!outside || !PyUnicode_CheckExact(args[0])) {
+        Py_RETURN_NONE;
+    }
+    int r = plain_start(args[0]);
+    if (r <= 0) {
+        if (r < 0) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    PyObject *seg = PyObject_CallNoArgs((PyObject *)segment_class);
+    if (seg == NULL) {
+        return NULL;
+    }
+    PyObject *span = make_span(span_class, seg, Py_NewRef(zero), minus_one, args[0], entry_kind, args[2], args[1],
+                               empty_op);
+    if (span != NULL) {
+        Py_SETREF(((SegmentCore *)seg)->first, Py_NewRef(span)); /* start_first() */
+    }
+    Py_DECREF(seg);
+    return span;
+}
+
+/* setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate): what entry_root()
+ * needs (context.policy, whose rules and sampling configure() replaces, and the profiling
+ * gate, whose board is attached and detached at run time, are read on every call). */
+static PyObject *setup_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &SegmentCoreType) ||
+        !PyType_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "setup_entry(segment_class: type[SegmentCore], entry_kind, policy, rules_type, profile_gate)");
+        return NULL;
+    }
+    Py_XSETREF(segment_class, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(entry_kind, Py_NewRef(args[1]));
+    Py_XSETREF(policy, Py_NewRef(args[2]));
+    Py_XSETREF(rules_type, Py_NewRef(args[3]));
+    Py_XSETREF(profile_gate, Py_NewRef(args[4]));
+    Py_RETURN_NONE;
+}
+
 static PyObject *setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyCallable_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "setup(current_span: ContextVar, empty: tuple, count_lost: callable)");
@@ -1006,6 +1112,10 @@ static PyMethodDef module_methods[] = {
      "setup(current_span, empty, count_lost): what the spans share with swmp.tracing.span."},
     {"setup_exit", (PyCFunction)(void (*)(void))setup_exit, METH_FASTCALL,
      "setup_exit(span_class, exit_kind, limits): what exit_child() needs."},
+    {"setup_entry", (PyCFunction)(void (*)(void))setup_entry, METH_FASTCALL,
+     "setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate): what entry_root() needs."},
+    {"entry_root", (PyCFunction)(void (*)(void))entry_root, METH_FASTCALL,
+     "entry_root(op, component, layer): the entry span of a new trace, or None (Python decides)."},
     {"exit_child", (PyCFunction)(void (*)(void))exit_child, METH_FASTCALL,
      "exit_child(op, peer, component, layer): a child exit span of the current span, or None."},
     {"rows", (PyCFunction)(void (*)(void))rows, METH_FASTCALL,
@@ -1053,8 +1163,13 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     INTERN(s_dropped, "segments_dropped");
     INTERN(s_op, "op");
     INTERN(empty_op, "");
+    INTERN(s_rules, "rules");
+    INTERN(s_sampling, "sampling");
+    INTERN(s_cache, "_cache");
+    INTERN(s_board, "board");
 #undef INTERN
-    if ((one = PyLong_FromLong(1)) == NULL) {
+    if ((one = PyLong_FromLong(1)) == NULL || (zero = PyLong_FromLong(0)) == NULL ||
+        (minus_one = PyLong_FromLong(-1)) == NULL) {
         return NULL;
     }
     if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&swmp_GateType) < 0) {

@@ -19,6 +19,7 @@ from swmp.tracing.limits import limits
 from swmp.tracing.span import NOOP, Span
 
 _HTTP = Layer.HTTP
+_entry_root = _ctx.entry_root
 
 NAME = "asgi"
 
@@ -75,7 +76,9 @@ def _entry(scope: Scope, component: int, collect_params: bool, params_limit: int
         carrier = from_headers(
             sw8, corr, sw8x, limits.correlation_max_elements, limits.correlation_max_value_length
         )
-    span = _ctx.new_entry_span(path, carrier, component, _HTTP)
+    span: Any = _entry_root(path, component, _HTTP) if carrier is None else None  # a new trace, in C
+    if span is None:
+        span = _ctx.new_entry_span(path, carrier, component, _HTTP)
     if span is NOOP:
         return None
     if span.__class__ is Span:

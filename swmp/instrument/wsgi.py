@@ -27,6 +27,7 @@ from swmp.tracing.limits import limits
 from swmp.tracing.span import NOOP, Span, current_span
 
 _get_current = current_span.get
+_entry_root = _ctx.entry_root
 _set_current = current_span.set
 _HTTP = Layer.HTTP
 
@@ -96,7 +97,9 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
         if sw8 is not None
         else None
     )
-    span: Any = _ctx.new_entry_span(path, carrier, component, _HTTP)
+    span: Any = _entry_root(path, component, _HTTP) if carrier is None else None  # a new trace, in C
+    if span is None:
+        span = _ctx.new_entry_span(path, carrier, component, _HTTP)
     if span.__class__ is not Span:
         if span is NOOP:
             return app(environ, start_response)

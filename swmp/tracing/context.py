@@ -20,16 +20,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from swmp.profiling.gate import gate as _gate
 from swmp.propagation import ContextCarrier
 from swmp.tracing.constants import Component, Kind, Layer
+from swmp.tracing.ignore import IgnoreRules
 from swmp.tracing.ignore import rules as _rules_holder
 from swmp.tracing.limits import limits, stats
 from swmp.tracing.sampling import sampler as _sampler_holder
 from swmp.tracing.segment import Segment, cross_process_ref, cross_thread_ref
-from swmp.tracing.span import NOOP, IgnoredSpan, NoopSpan, Span, current_span
+from swmp.tracing.span import NOOP, IgnoredSpan, NoopSpan, Span, current_span, native_core
 from swmp.tracing.span import exit_child as _exit_child
 
 _get_current = current_span.get
@@ -50,6 +52,23 @@ class _Policy:
 
 
 policy = _Policy()
+
+# entry_root(op, component, layer): the native common case of new_entry_span (no span
+# current, no caller's headers, a cached "record it" decision, no sampling, no profiling
+# board), None otherwise and when the span core is pure Python.
+_entry_root: Any = None
+if native_core is not None and issubclass(Segment, native_core.SegmentCore):
+    native_core.setup_entry(Segment, _ENTRY, policy, IgnoreRules, _gate)
+    _entry_root = native_core.entry_root
+
+
+def _no_root(op: str, component: int, layer: int) -> Span | None:
+    return None
+
+
+# For the per-request entry points (WSGI, ASGI): new_entry_span's first step called directly,
+# without its frame, when there are no caller's headers; None: call new_entry_span.
+entry_root: Callable[[str, int, int], Span | None] = _entry_root or _no_root
 
 
 class Snapshot:
@@ -215,6 +234,10 @@ def new_entry_span(
     component: int = Component.PYTHON,
     layer: int = Layer.HTTP,
 ) -> Span | NoopSpan:
+    if carrier is None and _entry_root is not None:
+        root: Span | None = _entry_root(op, component, layer)
+        if root is not None:
+            return root
     parent = _get_current()
     if parent is not None and parent.end:
         parent = _parent()
