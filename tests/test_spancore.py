@@ -149,44 +149,68 @@ def test_bad_calls_raise_type_errors() -> None:
 
 
 @native_only
-def test_a_new_traces_entry_span_is_made_natively_only_in_the_plain_case() -> None:
-    """``entry_root`` (the native start of a trace) answers only when no span is current,
-    the ignore rules have decided to record this name before, no sampler is on and no
-    profiling board is attached; for anything else it answers None and new_entry_span's
-    Python path decides, counts and names exactly as before."""
+def test_a_segments_entry_span_is_made_natively_only_in_the_plain_case() -> None:
+    """``entry_root`` (the native start of a segment) answers only when no span is current,
+    the ignore rules have decided to record this name before, no profiling board is attached
+    and, for a new trace, no sampler is on or, for a caller's, the caller sampled it; for
+    anything else it answers None and new_entry_span's Python path decides, counts and names
+    exactly as before. With the caller's headers the segment joins its trace: trace id,
+    correlation, skip-analysis flag and the cross-process reference, as the Python path."""
     from swmp import _spancore
     from swmp.profiling.gate import gate
+    from swmp.propagation import ContextCarrier
     from swmp.tracing import context, stats
+    from swmp.tracing.context import capture
+    from swmp.tracing.segment import cross_process_ref
 
     sink = _sink.MemorySink()
     _sink.set_sink(sink)
     try:
         tracing.configure(load({}, agent_ignore_suffix=(".png",), sample_n_per_3_secs=-1))
         root = _spancore.entry_root
-        assert root("/first", Component.FLASK, Layer.HTTP) is None  # not decided yet: Python
+        assert root("/first", Component.FLASK, Layer.HTTP, None) is None  # not decided yet: Python
         with new_entry_span("/first", None, Component.FLASK, Layer.HTTP):
-            pass
-        span = root("/first", Component.FLASK, Layer.HTTP)  # decided: native
+            snapshot = capture()
+        span = root("/first", Component.FLASK, Layer.HTTP, None)  # decided: native
         assert isinstance(span, span_module.Span) and span.segment.first is span
-        assert (span.span_id, span.parent_id, span.kind, span.peer) == (0, -1, 0, "")
+        assert (span.span_id, span.parent_id, span.kind, span.peer, span.refs) == (0, -1, 0, "", ())
         assert (span.op, span.component, span.layer) == ("/first", Component.FLASK, Layer.HTTP)
+        assert span.segment.trace_id == span.segment.segment_id  # a new trace
         with span:
-            assert root("/first", Component.FLASK, Layer.HTTP) is None  # a span is current
+            assert root("/first", Component.FLASK, Layer.HTTP, None) is None  # a span is current
+        caller = ContextCarrier("t.9", "s.9", 4, "svc", "inst", "/up", "h:1", True, {"k": "v"}, True)
+        joined = root("/first", Component.FLASK, Layer.HTTP, caller)
+        assert joined is not None
+        seg = joined.segment
+        assert (seg.trace_id, seg.correlation, seg.skip_analysis) == ("t.9", {"k": "v"}, True)
+        assert joined.refs == [cross_process_ref(caller)]
+        joined.finish()
+        plain = ContextCarrier("t.8", "s.8", 1, "svc", "inst", "/up", "h:1")
+        with root("/first", Component.FLASK, Layer.HTTP, plain) as other:  # type: ignore[union-attr]
+            assert (other.segment.correlation, other.segment.skip_analysis) == ({}, False)
+        unsampled = ContextCarrier("t.7", "s.7", 1, "svc", "inst", "/up", "h:1", False)
+        assert root("/first", Component.FLASK, Layer.HTTP, unsampled) is None  # Python counts it
+        assert root("/first", Component.FLASK, Layer.HTTP, snapshot) is None  # not a carrier
         ignored = stats.ignored
         for _ in range(2):
-            assert root("/logo.png", Component.FLASK, Layer.HTTP) is None
+            assert root("/logo.png", Component.FLASK, Layer.HTTP, None) is None
             with new_entry_span("/logo.png", None, Component.FLASK, Layer.HTTP):
                 pass
         assert stats.ignored == ignored + 2  # counted each time, by the Python path
         gate.board, board = object(), gate.board  # type: ignore[assignment]
         try:
-            assert root("/first", Component.FLASK, Layer.HTTP) is None  # profiling: Python
+            assert root("/first", Component.FLASK, Layer.HTTP, None) is None  # profiling: Python
+            assert root("/first", Component.FLASK, Layer.HTTP, plain) is None
         finally:
             gate.board = board
-        tracing.configure(load({}, sample_n_per_3_secs=5))
+        tracing.configure(load({}, sample_n_per_3_secs=5))  # new rules: nothing decided yet
         assert context.policy.sampling
-        assert root("/first", Component.FLASK, Layer.HTTP) is None  # sampling: Python
-        assert len(sink.records) == 2
+        with new_entry_span("/first", None, Component.FLASK, Layer.HTTP):
+            pass
+        assert root("/first", Component.FLASK, Layer.HTTP, None) is None  # sampling: Python
+        with root("/first", Component.FLASK, Layer.HTTP, plain):  # type: ignore[union-attr]
+            pass  # the caller decided: no sampler for it
+        assert len(sink.records) == 6
     finally:
         tracing.configure(load({}))
         _sink.set_sink(None)

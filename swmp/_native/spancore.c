@@ -975,25 +975,38 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
     return span;
 }
 
-/* entry_root(op, component, layer): the common case of context.new_entry_span, in C: no
- * span current and no caller's headers, so a new trace whose first span is an entry span,
- * unless the ignore rules' cached decision, the sampler or a profiling board asks for more
- * (then None: the Python path decides, counts and fills the cache, as it always has).
- * Saves the Python frames of _start_trace and the ignore check on every request. */
+/* entry_root(op, component, layer, carrier): the common case of context.new_entry_span, in
+ * C: no span current, so a new segment whose first span is an entry span, in a new trace
+ * or, with ``carrier`` (a ContextCarrier: the caller's decoded headers), in the caller's
+ * with its cross-process reference; None when the ignore rules' cached decision, the
+ * sampler (for a new trace), a caller's "not sampled" or a profiling board asks for more,
+ * and the Python path decides, counts and fills the cache as it always has. Saves the
+ * Python frames of _start_trace, the ignore check and the reference on every request. */
 static PyTypeObject *segment_class = NULL;
-static PyObject *entry_kind = NULL, *policy = NULL, *rules_type = NULL, *profile_gate = NULL, *zero = NULL,
-                *minus_one = NULL, *s_rules = NULL, *s_sampling = NULL, *s_cache = NULL, *s_board = NULL;
+static PyObject *entry_kind = NULL, *policy = NULL, *rules_type = NULL, *profile_gate = NULL, *carrier_type = NULL,
+                *ref_cross_process = NULL, *zero = NULL, *minus_one = NULL, *s_rules = NULL, *s_sampling = NULL,
+                *s_cache = NULL, *s_board = NULL, *s_sampled = NULL, *s_correlation = NULL, *s_skip_analysis = NULL,
+                *s_trace_id = NULL;
+static PyObject *s_segment_id = NULL, *s_span_id = NULL, *s_endpoint = NULL, *s_address = NULL;
 
-/* 1: the rules and settings let a new trace start here with no more checks; 0: ask Python. */
-static int plain_start(PyObject *op) {
-    PyObject *sampling = PyObject_GetAttr(policy, s_sampling);
-    if (sampling == NULL) {
+/* The truth of ``obj.name``: 1, 0, or -1 with an error. */
+static int attr_true(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
         return -1;
     }
-    int on = PyObject_IsTrue(sampling);
-    Py_DECREF(sampling);
-    if (on != 0) {
-        return on < 0 ? -1 : 0;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* 1: the rules and settings let this segment start here with no more checks; 0: ask Python. */
+static int plain_start(PyObject *op, int new_trace) {
+    if (new_trace) {
+        int on = attr_true(policy, s_sampling);
+        if (on != 0) {
+            return on < 0 ? -1 : 0;
+        }
     }
     PyObject *board = PyObject_GetAttr(profile_gate, s_board);
     if (board == NULL) {
@@ -1026,12 +1039,59 @@ static int plain_start(PyObject *op) {
     return plain;
 }
 
-static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "entry_root(op, component, layer)");
+/* [REF_CROSS_PROCESS, trace_id, segment_id, span_id, service, instance, endpoint, address]
+ * of a carrier, in a one-item list: the span's refs (segment.cross_process_ref). */
+static PyObject *carrier_refs(PyObject *carrier) {
+    PyObject *ref = PyList_New(8);
+    if (ref == NULL) {
         return NULL;
     }
-    if (segment_class == NULL || span_class == NULL) {
+    PyList_SET_ITEM(ref, 0, Py_NewRef(ref_cross_process));
+    PyObject *names[7] = {s_trace_id, s_segment_id, s_span_id, s_service, s_instance, s_endpoint, s_address};
+    for (int i = 0; i < 7; i++) {
+        PyObject *v = PyObject_GetAttr(carrier, names[i]);
+        if (v == NULL) {
+            Py_DECREF(ref);
+            return NULL;
+        }
+        PyList_SET_ITEM(ref, i + 1, v);
+    }
+    PyObject *refs = PyList_New(1);
+    if (refs == NULL) {
+        Py_DECREF(ref);
+        return NULL;
+    }
+    PyList_SET_ITEM(refs, 0, ref);
+    return refs;
+}
+
+/* The caller's trace id, correlation and skip-analysis flag on a new segment. */
+static int join_caller(SegmentCore *seg, PyObject *carrier) {
+    PyObject *corr = PyObject_GetAttr(carrier, s_correlation);
+    if (corr == NULL) {
+        return -1;
+    }
+    int has = PyObject_IsTrue(corr);
+    if (has > 0) {
+        Py_SETREF(seg->correlation, corr);
+    } else {
+        Py_DECREF(corr);
+    }
+    int skip = has < 0 ? -1 : attr_true(carrier, s_skip_analysis);
+    if (skip > 0) {
+        Py_SETREF(seg->skip_analysis, Py_NewRef(Py_True));
+    }
+    return skip < 0 ? -1 : 0;
+}
+
+static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "entry_root(op, component, layer, carrier)");
+        return NULL;
+    }
+    PyObject *carrier = args[3];
+    if (segment_class == NULL || span_class == NULL || !PyUnicode_CheckExact(args[0]) ||
+        (carrier != Py_None && (PyObject *)Py_TYPE(carrier) != carrier_type)) {
         Py_RETURN_NONE;
     }
     PyObject *cur = get_current();
@@ -1040,37 +1100,57 @@ static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     int outside = cur == Py_None;
     Py_DECREF(cur);
-    if (!outside || !PyUnicode_CheckExact(args[0])) {
+    if (!outside) {
         Py_RETURN_NONE;
     }
-    int r = plain_start(args[0]);
+    int r = plain_start(args[0], carrier == Py_None);
+    if (r > 0 && carrier != Py_None) {
+        r = attr_true(carrier, s_sampled); /* not sampled: Python counts it */
+    }
     if (r <= 0) {
         if (r < 0) {
             return NULL;
         }
         Py_RETURN_NONE;
     }
-    PyObject *seg = PyObject_CallNoArgs((PyObject *)segment_class);
+    PyObject *seg;
+    if (carrier == Py_None) {
+        seg = PyObject_CallNoArgs((PyObject *)segment_class);
+    } else {
+        PyObject *trace_id = PyObject_GetAttr(carrier, s_trace_id);
+        seg = trace_id == NULL ? NULL : PyObject_CallOneArg((PyObject *)segment_class, trace_id);
+        Py_XDECREF(trace_id);
+        if (seg != NULL && join_caller((SegmentCore *)seg, carrier) < 0) {
+            Py_CLEAR(seg);
+        }
+    }
     if (seg == NULL) {
         return NULL;
     }
-    PyObject *span = make_span(span_class, seg, Py_NewRef(zero), minus_one, args[0], entry_kind, args[2], args[1],
-                               empty_op);
+    PyObject *refs = carrier == Py_None ? Py_NewRef(empty) : carrier_refs(carrier);
+    PyObject *span = refs == NULL ? NULL
+                                  : make_span(span_class, seg, Py_NewRef(zero), minus_one, args[0], entry_kind,
+                                              args[2], args[1], empty_op);
     if (span != NULL) {
+        Py_SETREF(((SpanCore *)span)->refs, refs);
         Py_SETREF(((SegmentCore *)seg)->first, Py_NewRef(span)); /* start_first() */
+    } else {
+        Py_XDECREF(refs);
     }
     Py_DECREF(seg);
     return span;
 }
 
-/* setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate): what entry_root()
- * needs (context.policy, whose rules and sampling configure() replaces, and the profiling
- * gate, whose board is attached and detached at run time, are read on every call). */
+/* setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate, carrier_type,
+ * ref_cross_process): what entry_root() needs (context.policy, whose rules and sampling
+ * configure() replaces, and the profiling gate, whose board is attached and detached at run
+ * time, are read on every call). */
 static PyObject *setup_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &SegmentCoreType) ||
-        !PyType_Check(args[3])) {
+    if (nargs != 7 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &SegmentCoreType) ||
+        !PyType_Check(args[3]) || !PyType_Check(args[5])) {
         PyErr_SetString(PyExc_TypeError,
-                        "setup_entry(segment_class: type[SegmentCore], entry_kind, policy, rules_type, profile_gate)");
+                        "setup_entry(segment_class: type[SegmentCore], entry_kind, policy, rules_type: type, "
+                        "profile_gate, carrier_type: type, ref_cross_process)");
         return NULL;
     }
     Py_XSETREF(segment_class, (PyTypeObject *)Py_NewRef(args[0]));
@@ -1078,6 +1158,8 @@ static PyObject *setup_entry(PyObject *module, PyObject *const *args, Py_ssize_t
     Py_XSETREF(policy, Py_NewRef(args[2]));
     Py_XSETREF(rules_type, Py_NewRef(args[3]));
     Py_XSETREF(profile_gate, Py_NewRef(args[4]));
+    Py_XSETREF(carrier_type, Py_NewRef(args[5]));
+    Py_XSETREF(ref_cross_process, Py_NewRef(args[6]));
     Py_RETURN_NONE;
 }
 
@@ -1113,9 +1195,9 @@ static PyMethodDef module_methods[] = {
     {"setup_exit", (PyCFunction)(void (*)(void))setup_exit, METH_FASTCALL,
      "setup_exit(span_class, exit_kind, limits): what exit_child() needs."},
     {"setup_entry", (PyCFunction)(void (*)(void))setup_entry, METH_FASTCALL,
-     "setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate): what entry_root() needs."},
+     "setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate, carrier_type, ref_cross_process)"},
     {"entry_root", (PyCFunction)(void (*)(void))entry_root, METH_FASTCALL,
-     "entry_root(op, component, layer): the entry span of a new trace, or None (Python decides)."},
+     "entry_root(op, component, layer, carrier): a new segment's entry span, or None (Python decides)."},
     {"exit_child", (PyCFunction)(void (*)(void))exit_child, METH_FASTCALL,
      "exit_child(op, peer, component, layer): a child exit span of the current span, or None."},
     {"rows", (PyCFunction)(void (*)(void))rows, METH_FASTCALL,
@@ -1167,6 +1249,14 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     INTERN(s_sampling, "sampling");
     INTERN(s_cache, "_cache");
     INTERN(s_board, "board");
+    INTERN(s_sampled, "sampled");
+    INTERN(s_correlation, "correlation");
+    INTERN(s_skip_analysis, "skip_analysis");
+    INTERN(s_trace_id, "trace_id");
+    INTERN(s_segment_id, "segment_id");
+    INTERN(s_span_id, "span_id");
+    INTERN(s_endpoint, "endpoint");
+    INTERN(s_address, "address");
 #undef INTERN
     if ((one = PyLong_FromLong(1)) == NULL || (zero = PyLong_FromLong(0)) == NULL ||
         (minus_one = PyLong_FromLong(-1)) == NULL) {

@@ -76,7 +76,7 @@ def _entry(scope: Scope, component: int, collect_params: bool, params_limit: int
         carrier = from_headers(
             sw8, corr, sw8x, limits.correlation_max_elements, limits.correlation_max_value_length
         )
-    span: Any = _entry_root(path, component, _HTTP) if carrier is None else None  # a new trace, in C
+    span: Any = _entry_root(path, component, _HTTP, carrier)  # the common case, in C
     if span is None:
         span = _ctx.new_entry_span(path, carrier, component, _HTTP)
     if span is NOOP:

@@ -97,7 +97,7 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
         if sw8 is not None
         else None
     )
-    span: Any = _entry_root(path, component, _HTTP) if carrier is None else None  # a new trace, in C
+    span: Any = _entry_root(path, component, _HTTP, carrier)  # the common case, in C
     if span is None:
         span = _ctx.new_entry_span(path, carrier, component, _HTTP)
     if span.__class__ is not Span:

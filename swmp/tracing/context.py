@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from reporter_proc.records import REF_CROSS_PROCESS
 from swmp.profiling.gate import gate as _gate
 from swmp.propagation import ContextCarrier
 from swmp.tracing.constants import Component, Kind, Layer
@@ -53,22 +54,22 @@ class _Policy:
 
 policy = _Policy()
 
-# entry_root(op, component, layer): the native common case of new_entry_span (no span
-# current, no caller's headers, a cached "record it" decision, no sampling, no profiling
-# board), None otherwise and when the span core is pure Python.
+# entry_root(op, component, layer, carrier): the native common case of new_entry_span (no
+# span current; a new trace, or the caller's from a ContextCarrier; a cached "record it"
+# decision, no sampling, no profiling board), None otherwise and when the core is pure Python.
 _entry_root: Any = None
 if native_core is not None and issubclass(Segment, native_core.SegmentCore):
-    native_core.setup_entry(Segment, _ENTRY, policy, IgnoreRules, _gate)
+    native_core.setup_entry(Segment, _ENTRY, policy, IgnoreRules, _gate, ContextCarrier, REF_CROSS_PROCESS)
     _entry_root = native_core.entry_root
 
 
-def _no_root(op: str, component: int, layer: int) -> Span | None:
+def _no_root(op: str, component: int, layer: int, carrier: ContextCarrier | None) -> Span | None:
     return None
 
 
 # For the per-request entry points (WSGI, ASGI): new_entry_span's first step called directly,
-# without its frame, when there are no caller's headers; None: call new_entry_span.
-entry_root: Callable[[str, int, int], Span | None] = _entry_root or _no_root
+# without its frame; None: call new_entry_span.
+entry_root: Callable[[str, int, int, ContextCarrier | None], Span | None] = _entry_root or _no_root
 
 
 class Snapshot:
@@ -234,8 +235,8 @@ def new_entry_span(
     component: int = Component.PYTHON,
     layer: int = Layer.HTTP,
 ) -> Span | NoopSpan:
-    if carrier is None and _entry_root is not None:
-        root: Span | None = _entry_root(op, component, layer)
+    if _entry_root is not None:
+        root: Span | None = _entry_root(op, component, layer, carrier)
         if root is not None:
             return root
     parent = _get_current()
