@@ -14,6 +14,7 @@ the application's workers; without it ``swmp.tracing.span`` uses its pure-Python
 from setuptools import Extension, setup
 
 NATIVE = "reporter_proc/_native/"
+SPAN = "swmp/_native/"
 FLAGS = ["-O2", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
          "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
 
@@ -27,8 +28,8 @@ setup(
     ext_modules=[
         native("reporter_proc._encode_native", [NATIVE + "module.c", NATIVE + "records.c", NATIVE + "json.c"],
                [NATIVE + "wire.h", NATIVE + "text.h"]),
-        native("swmp._spancore", ["swmp/_native/spancore.c", "swmp/_native/gate.c", "swmp/_native/sw8.c"],
-               ["swmp/_native/gate.h", "swmp/_native/sw8.h"]),
+        native("swmp._spancore", [SPAN + f for f in ("spancore.c", "gate.c", "sw8.c", "status.c")],
+               [SPAN + f for f in ("gate.h", "sw8.h", "status.h")]),
         native("ipc._ringwrite", ["ipc/_native/ringwrite.c"]),
     ]
 )

@@ -25,6 +25,7 @@
  *
  * ``Gate`` (gate.c): a patched method whose check for a current span is made here.
  * ``split_sw8`` (sw8.c): the plain case of an incoming ``sw8`` header.
+ * ``status_recorder`` (status.c): a traced WSGI request's ``start_response``.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,6 +33,7 @@
 #include <time.h>
 
 #include "gate.h"
+#include "status.h"
 #include "sw8.h"
 
 typedef struct {
@@ -1207,6 +1209,10 @@ static PyMethodDef module_methods[] = {
     {"new_id", (PyCFunction)new_id, METH_NOARGS, "new_id(): a unique id (prefix + counter)."},
     {"set_emit", (PyCFunction)(void (*)(void))set_emit, METH_FASTCALL,
      "set_emit(emit, identity, dumps, get_sink, stats, record_type): what Segment.emit uses."},
+    {"setup_status", (PyCFunction)(void (*)(void))swmp_setup_status, METH_FASTCALL,
+     "setup_status(tags, slow, limits): what status_recorder() needs."},
+    {"status_recorder", (PyCFunction)(void (*)(void))swmp_status_recorder, METH_FASTCALL,
+     "status_recorder(span, start_response): a traced WSGI request's start_response."},
     {"split_sw8", (PyCFunction)swmp_split_sw8, METH_O,
      "split_sw8(value): (sampled, trace_id, segment_id, span_id, tail) of a plain sw8, else None."},
     {"set_segments", (PyCFunction)(void (*)(void))set_segments, METH_FASTCALL,
@@ -1262,7 +1268,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         (minus_one = PyLong_FromLong(-1)) == NULL) {
         return NULL;
     }
-    if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&swmp_GateType) < 0) {
+    if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&swmp_GateType) < 0 ||
+        PyType_Ready(&swmp_StatusRecorderType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&spancore_module);

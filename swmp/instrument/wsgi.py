@@ -24,7 +24,7 @@ from swmp.tracing.constants import (
     Layer,
 )
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NOOP, Span, current_span
+from swmp.tracing.span import NOOP, Span, current_span, native_core
 
 _get_current = current_span.get
 _entry_root = _ctx.entry_root
@@ -65,6 +65,48 @@ class _Body:
 # (key and text, ready to extend the tag list) and the code of a status line, found with
 # one dict lookup instead of int() and a new tuple per response.
 _STATUS = {str(code): ((TAG_HTTP_STATUS, str(code)), code) for code in range(100, 600)}
+
+
+def _record_start_status(span: Any, status: Any) -> None:
+    """Tag ``span`` with the status line a WSGI application gave ``start_response``."""
+    try:
+        hit = _STATUS.get(status[:3])
+        tags = span.tags
+        if hit is not None and tags.__class__ is list and limits.tag_value_max >= 3:
+            tags += hit[0]  # record_status(), inlined
+            if hit[1] >= 400:
+                span.error()
+        else:
+            record_status(span, int(status[:3]))
+    except (ValueError, TypeError):
+        pass
+
+
+def _py_start_response(
+    span: Any, start_response: Callable[..., Any], status: str, headers: Any, exc_info: Any = None
+) -> Any:
+    _record_start_status(span, status)
+    if exc_info is None:
+        return start_response(status, headers)
+    return start_response(status, headers, exc_info)
+
+
+def _py_status_recorder(span: Any, start_response: Callable[..., Any]) -> Callable[..., Any]:
+    def _start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
+        return _py_start_response(span, start_response, status, headers, exc_info)
+
+    return _start_response
+
+
+# status_recorder(span, start_response): what the application gets as its start_response.
+# Native (swmp/_native/status.c) when the span core is built: made and called in C, the
+# common status lines tagged there and the rest by _record_start_status.
+_status_recorder: Callable[[Any, Callable[..., Any]], Callable[..., Any]] = _py_status_recorder
+if native_core is not None:
+    native_core.setup_status(
+        {code: pair for pair, code in _STATUS.values()}, _record_start_status, _py_start_response, limits
+    )
+    _status_recorder = native_core.status_recorder
 
 
 def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper)
@@ -122,24 +164,8 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     except Exception:
         pass
 
-    def _start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
-        try:
-            hit = _STATUS.get(status[:3])
-            tags = span.tags
-            if hit is not None and tags.__class__ is list and limits.tag_value_max >= 3:
-                tags += hit[0]  # record_status(), inlined
-                if hit[1] >= 400:
-                    span.error()
-            else:
-                record_status(span, int(status[:3]))
-        except (ValueError, TypeError):
-            pass
-        if exc_info is None:
-            return start_response(status, headers)
-        return start_response(status, headers, exc_info)
-
     try:
-        result = app(environ, _start_response)
+        result = app(environ, _status_recorder(span, start_response))
     except BaseException as e:
         span.error(e)
         span.finish()

@@ -1,0 +1,201 @@
+/* status_recorder(span, start_response): the ``start_response`` a traced WSGI application
+ * gets, tagging the entry span with the response's status on the way to the server's.
+ *
+ * Why: a Python closure made for every request (its cells, the function object, a frame
+ * per call and the status slicing) cost ~5,000 instructions of the WSGI middleware's
+ * ~36,000 per request. This object is made and called in C; for a status line starting
+ * with a known 3-digit code it appends the prebuilt ``http.status_code`` tag pair to the
+ * span's tags list and marks 4xx/5xx as errors (``span.error()``), exactly what the Python
+ * code does; anything else (an odd status, tags not yet a list, a tag length limit below 3)
+ * goes to that Python code (``slow(span, status)``, swmp/instrument/wsgi.py), which decides
+ * as before. The server's ``start_response`` then gets (status, headers[, exc_info]), an
+ * ``exc_info`` of None dropped, as from the Python wrapper; a call of another form
+ * (keywords, a wrong number of arguments) is the Python wrapper's (``call(span,
+ * start_response, *args, **kwargs)``), errors included. */
+#include "status.h"
+
+#include <stddef.h>
+
+#define FIRST_CODE 100
+#define LAST_CODE 599
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *span;
+    PyObject *start_response;
+    vectorcallfunc vectorcall;
+} StatusRecorder;
+
+/* Set by setup_status(tags, slow, call, limits). */
+static PyObject *pairs[LAST_CODE + 1]; /* code -> (TAG_HTTP_STATUS, "200"), borrowed from ``tag_table`` */
+static PyObject *tag_table = NULL, *slow = NULL, *py_call = NULL, *limits = NULL, *s_tags = NULL, *s_error = NULL,
+                *s_tag_value_max = NULL;
+
+PyObject *swmp_setup_status(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyDict_Check(args[0]) || !PyCallable_Check(args[1]) || !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "setup_status(tags: dict[int, tuple[str, str]], slow: callable, call: callable, limits)");
+        return NULL;
+    }
+    if (s_tags == NULL && ((s_tags = PyUnicode_InternFromString("tags")) == NULL ||
+                           (s_error = PyUnicode_InternFromString("error")) == NULL ||
+                           (s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL)) {
+        return NULL;
+    }
+    for (int code = 0; code <= LAST_CODE; code++) {
+        PyObject *key = PyLong_FromLong(code);
+        PyObject *pair = key == NULL ? NULL : PyDict_GetItemWithError(args[0], key);
+        Py_XDECREF(key);
+        if (pair == NULL && PyErr_Occurred()) {
+            return NULL;
+        }
+        pairs[code] = pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 ? pair : NULL;
+    }
+    Py_XSETREF(tag_table, Py_NewRef(args[0])); /* keeps the pairs alive */
+    Py_XSETREF(slow, Py_NewRef(args[1]));
+    Py_XSETREF(py_call, Py_NewRef(args[2]));
+    Py_XSETREF(limits, Py_NewRef(args[3]));
+    Py_RETURN_NONE;
+}
+
+/* The status code of a status line starting with three ASCII digits in the table, else 0. */
+static int known_code(PyObject *status) {
+    if (!PyUnicode_CheckExact(status) || !PyUnicode_IS_COMPACT_ASCII(status) || PyUnicode_GET_LENGTH(status) < 3) {
+        return 0;
+    }
+    const unsigned char *s = PyUnicode_1BYTE_DATA(status);
+    for (int i = 0; i < 3; i++) {
+        if (s[i] < '0' || s[i] > '9') {
+            return 0;
+        }
+    }
+    int code = (s[0] - '0') * 100 + (s[1] - '0') * 10 + (s[2] - '0');
+    return code >= FIRST_CODE && code <= LAST_CODE && pairs[code] != NULL ? code : 0;
+}
+
+/* Tags the span: 1 done here, 0 leave it to ``slow``, -1 error. */
+static int record_fast(PyObject *span, int code) {
+    PyObject *max = PyObject_GetAttr(limits, s_tag_value_max);
+    if (max == NULL) {
+        return -1;
+    }
+    long lim = PyLong_Check(max) ? PyLong_AsLong(max) : -1;
+    Py_DECREF(max);
+    if (lim == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+    }
+    if (lim < 3) {
+        return 0;
+    }
+    PyObject *tags = PyObject_GetAttr(span, s_tags);
+    if (tags == NULL) {
+        return -1;
+    }
+    int done = 0;
+    if (PyList_CheckExact(tags)) {
+        PyObject *pair = pairs[code];
+        done = PyList_Append(tags, PyTuple_GET_ITEM(pair, 0)) == 0 && PyList_Append(tags, PyTuple_GET_ITEM(pair, 1)) == 0
+                   ? 1
+                   : -1;
+    }
+    Py_DECREF(tags);
+    if (done == 1 && code >= 400) {
+        PyObject *r = PyObject_CallMethodNoArgs(span, s_error);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    return done;
+}
+
+/* A call of another form than (status, headers[, exc_info]): the Python wrapper's. */
+static PyObject *python_call(StatusRecorder *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+    PyObject **call = PyMem_Malloc((size_t)(total + 2) * sizeof(PyObject *));
+    if (call == NULL) {
+        return PyErr_NoMemory();
+    }
+    call[0] = self->span;
+    call[1] = self->start_response;
+    for (Py_ssize_t i = 0; i < total; i++) {
+        call[i + 2] = args[i];
+    }
+    PyObject *res = PyObject_Vectorcall(py_call, call, (size_t)(nargs + 2), kwnames);
+    PyMem_Free(call);
+    return res;
+}
+
+static PyObject *recorder_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    StatusRecorder *self = (StatusRecorder *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs < 2 || nargs > 3) {
+        return python_call(self, args, nargs, kwnames);
+    }
+    int code = known_code(args[0]);
+    int r = code ? record_fast(self->span, code) : 0;
+    if (r == 0) {
+        PyObject *call[2] = {self->span, args[0]};
+        PyObject *res = PyObject_Vectorcall(slow, call, 2, NULL);
+        r = res == NULL ? -1 : 1;
+        Py_XDECREF(res);
+    }
+    if (r < 0) {
+        /* The Python wrapper let only ValueError and TypeError pass. */
+        if (!PyErr_ExceptionMatches(PyExc_ValueError) && !PyErr_ExceptionMatches(PyExc_TypeError)) {
+            return NULL;
+        }
+        PyErr_Clear();
+    }
+    if (nargs == 3 && args[2] == Py_None) {
+        nargs = 2; /* exc_info=None: the server gets (status, headers), as from the Python wrapper */
+    }
+    return PyObject_Vectorcall(self->start_response, args, (size_t)nargs, NULL);
+}
+
+PyObject *swmp_status_recorder(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || slow == NULL) {
+        PyErr_SetString(PyExc_TypeError, "status_recorder(span, start_response) after setup_status()");
+        return NULL;
+    }
+    StatusRecorder *self = PyObject_GC_New(StatusRecorder, &swmp_StatusRecorderType);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->span = Py_NewRef(args[0]);
+    self->start_response = Py_NewRef(args[1]);
+    self->vectorcall = recorder_call;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+static int recorder_traverse(StatusRecorder *self, visitproc visit, void *arg) {
+    Py_VISIT(self->span);
+    Py_VISIT(self->start_response);
+    return 0;
+}
+
+static int recorder_clear(StatusRecorder *self) {
+    Py_CLEAR(self->span);
+    Py_CLEAR(self->start_response);
+    return 0;
+}
+
+static void recorder_dealloc(StatusRecorder *self) {
+    PyObject_GC_UnTrack(self);
+    recorder_clear(self);
+    PyObject_GC_Del(self);
+}
+
+PyTypeObject swmp_StatusRecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "swmp._spancore.StatusRecorder",
+    .tp_basicsize = sizeof(StatusRecorder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A traced WSGI request's start_response (see status.c).",
+    .tp_vectorcall_offset = offsetof(StatusRecorder, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+};
