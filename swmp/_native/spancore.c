@@ -25,7 +25,8 @@
  *
  * ``Gate`` (gate.c): a patched method whose check for a current span is made here.
  * ``split_sw8`` (sw8.c): the plain case of an incoming ``sw8`` header.
- * ``status_recorder`` (status.c): a traced WSGI request's ``start_response``.
+ * ``status_recorder`` / ``status_sender`` (status.c): a traced WSGI request's
+ * ``start_response``, an ASGI request's ``send``.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1210,9 +1211,15 @@ static PyMethodDef module_methods[] = {
     {"set_emit", (PyCFunction)(void (*)(void))set_emit, METH_FASTCALL,
      "set_emit(emit, identity, dumps, get_sink, stats, record_type): what Segment.emit uses."},
     {"setup_status", (PyCFunction)(void (*)(void))swmp_setup_status, METH_FASTCALL,
-     "setup_status(tags, slow, limits): what status_recorder() needs."},
+     "setup_status(tags, limits): the status tags the recorders append."},
+    {"setup_recorder", (PyCFunction)(void (*)(void))swmp_setup_recorder, METH_FASTCALL,
+     "setup_recorder(slow, call): the WSGI recorder's Python code."},
+    {"setup_sender", (PyCFunction)(void (*)(void))swmp_setup_sender, METH_FASTCALL,
+     "setup_sender(span_class, send_slow, send_call): the ASGI sender's Python code."},
     {"status_recorder", (PyCFunction)(void (*)(void))swmp_status_recorder, METH_FASTCALL,
      "status_recorder(span, start_response): a traced WSGI request's start_response."},
+    {"status_sender", (PyCFunction)(void (*)(void))swmp_status_sender, METH_FASTCALL,
+     "status_sender(span, send): a traced ASGI request's send."},
     {"split_sw8", (PyCFunction)swmp_split_sw8, METH_O,
      "split_sw8(value): (sampled, trace_id, segment_id, span_id, tail) of a plain sw8, else None."},
     {"set_segments", (PyCFunction)(void (*)(void))set_segments, METH_FASTCALL,

@@ -12,6 +12,12 @@
  * ``exc_info`` of None dropped, as from the Python wrapper; a call of another form
  * (keywords, a wrong number of arguments) is the Python wrapper's (``call(span,
  * start_response, *args, **kwargs)``), errors included. */
+/* status_sender(span, send): the same for an ASGI application's ``send``: a message of type
+ * ``http.response.start`` with a known integer status is tagged in C, any other start
+ * message by the Python code (``send_slow(span, message)``), the others not at all; then
+ * the server's ``send`` gets the message and its awaitable goes back to the application. A
+ * call of another form is the Python wrapper's (``send_call(span, send, *args, **kwargs)``).
+ * For a span that records nothing the server's ``send`` itself is given. */
 #include "status.h"
 
 #include <stddef.h>
@@ -22,24 +28,29 @@
 typedef struct {
     PyObject_HEAD
     PyObject *span;
-    PyObject *start_response;
+    PyObject *start_response; /* or the ASGI server's send */
     vectorcallfunc vectorcall;
 } StatusRecorder;
 
-/* Set by setup_status(tags, slow, call, limits). */
+/* Set by setup_status, setup_recorder and setup_sender. */
 static PyObject *pairs[LAST_CODE + 1]; /* code -> (TAG_HTTP_STATUS, "200"), borrowed from ``tag_table`` */
+static PyObject *span_class = NULL, *send_slow = NULL, *send_call = NULL, *s_type = NULL, *s_status = NULL,
+                *start_type = NULL;
 static PyObject *tag_table = NULL, *slow = NULL, *py_call = NULL, *limits = NULL, *s_tags = NULL, *s_error = NULL,
                 *s_tag_value_max = NULL;
 
+/* setup_status(tags, limits): the tag pairs by code and the limits, from swmp/instrument/_http.py. */
 PyObject *swmp_setup_status(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyDict_Check(args[0]) || !PyCallable_Check(args[1]) || !PyCallable_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "setup_status(tags: dict[int, tuple[str, str]], slow: callable, call: callable, limits)");
+    if (nargs != 2 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "setup_status(tags: dict[int, tuple[str, str]], limits)");
         return NULL;
     }
     if (s_tags == NULL && ((s_tags = PyUnicode_InternFromString("tags")) == NULL ||
                            (s_error = PyUnicode_InternFromString("error")) == NULL ||
-                           (s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL)) {
+                           (s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
+                           (s_type = PyUnicode_InternFromString("type")) == NULL ||
+                           (s_status = PyUnicode_InternFromString("status")) == NULL ||
+                           (start_type = PyUnicode_InternFromString("http.response.start")) == NULL)) {
         return NULL;
     }
     for (int code = 0; code <= LAST_CODE; code++) {
@@ -52,9 +63,30 @@ PyObject *swmp_setup_status(PyObject *module, PyObject *const *args, Py_ssize_t 
         pairs[code] = pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 ? pair : NULL;
     }
     Py_XSETREF(tag_table, Py_NewRef(args[0])); /* keeps the pairs alive */
-    Py_XSETREF(slow, Py_NewRef(args[1]));
-    Py_XSETREF(py_call, Py_NewRef(args[2]));
-    Py_XSETREF(limits, Py_NewRef(args[3]));
+    Py_XSETREF(limits, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+/* setup_recorder(slow, call): the WSGI recorder's Python code (swmp/instrument/wsgi.py). */
+PyObject *swmp_setup_recorder(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "setup_recorder(slow: callable, call: callable)");
+        return NULL;
+    }
+    Py_XSETREF(slow, Py_NewRef(args[0]));
+    Py_XSETREF(py_call, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+/* setup_sender(span_class, send_slow, send_call): the ASGI sender's (swmp/instrument/asgi.py). */
+PyObject *swmp_setup_sender(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyCallable_Check(args[1]) || !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "setup_sender(span_class: type, send_slow: callable, send_call: callable)");
+        return NULL;
+    }
+    Py_XSETREF(span_class, Py_NewRef(args[0]));
+    Py_XSETREF(send_slow, Py_NewRef(args[1]));
+    Py_XSETREF(send_call, Py_NewRef(args[2]));
     Py_RETURN_NONE;
 }
 
@@ -109,8 +141,9 @@ static int record_fast(PyObject *span, int code) {
     return done;
 }
 
-/* A call of another form than (status, headers[, exc_info]): the Python wrapper's. */
-static PyObject *python_call(StatusRecorder *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+/* A call of another form than the plain one: the Python wrapper's (``fallback``). */
+static PyObject *python_call(PyObject *fallback, StatusRecorder *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames) {
     Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
     PyObject **call = PyMem_Malloc((size_t)(total + 2) * sizeof(PyObject *));
     if (call == NULL) {
@@ -121,7 +154,7 @@ static PyObject *python_call(StatusRecorder *self, PyObject *const *args, Py_ssi
     for (Py_ssize_t i = 0; i < total; i++) {
         call[i + 2] = args[i];
     }
-    PyObject *res = PyObject_Vectorcall(py_call, call, (size_t)(nargs + 2), kwnames);
+    PyObject *res = PyObject_Vectorcall(fallback, call, (size_t)(nargs + 2), kwnames);
     PyMem_Free(call);
     return res;
 }
@@ -130,7 +163,7 @@ static PyObject *recorder_call(PyObject *callable, PyObject *const *args, size_t
     StatusRecorder *self = (StatusRecorder *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (kwnames != NULL || nargs < 2 || nargs > 3) {
-        return python_call(self, args, nargs, kwnames);
+        return python_call(py_call, self, args, nargs, kwnames);
     }
     int code = known_code(args[0]);
     int r = code ? record_fast(self->span, code) : 0;
@@ -153,20 +186,84 @@ static PyObject *recorder_call(PyObject *callable, PyObject *const *args, size_t
     return PyObject_Vectorcall(self->start_response, args, (size_t)nargs, NULL);
 }
 
-PyObject *swmp_status_recorder(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || slow == NULL) {
-        PyErr_SetString(PyExc_TypeError, "status_recorder(span, start_response) after setup_status()");
+/* Passes an error of the tagging through as the Python wrapper did: it let every Exception pass. */
+static int tagging_failed(void) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+        return -1;
+    }
+    PyErr_Clear();
+    return 0;
+}
+
+static PyObject *sender_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    StatusRecorder *self = (StatusRecorder *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs != 1) {
+        return python_call(send_call, self, args, nargs, kwnames);
+    }
+    PyObject *message = args[0];
+    int r = 0; /* 1 tagged or not a start message, 0 the Python code's, -1 error */
+    if (PyDict_CheckExact(message)) {
+        PyObject *type = PyDict_GetItemWithError(message, s_type); /* borrowed */
+        if (type == NULL) {
+            r = PyErr_Occurred() ? -1 : 0;
+        } else if (!PyUnicode_CheckExact(type)) {
+            r = 0;
+        } else if (type != start_type && PyUnicode_Compare(type, start_type) != 0) {
+            r = 1; /* a body message: nothing to tag */
+        } else {
+            PyObject *status = PyDict_GetItemWithError(message, s_status);
+            long code = status != NULL && PyLong_CheckExact(status) ? PyLong_AsLong(status) : 0;
+            if (code == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                code = 0;
+            }
+            r = code >= FIRST_CODE && code <= LAST_CODE && pairs[code] != NULL ? record_fast(self->span, (int)code)
+                : PyErr_Occurred()                                               ? -1
+                                                                                 : 0;
+        }
+    }
+    if (r == 0) {
+        PyObject *call[2] = {self->span, message};
+        PyObject *res = PyObject_Vectorcall(send_slow, call, 2, NULL);
+        r = res == NULL ? -1 : 1;
+        Py_XDECREF(res);
+    }
+    if (r < 0 && tagging_failed() < 0) {
         return NULL;
     }
+    return PyObject_Vectorcall(self->start_response, args, 1, NULL);
+}
+
+static PyObject *make(PyObject *span, PyObject *target, vectorcallfunc call) {
     StatusRecorder *self = PyObject_GC_New(StatusRecorder, &swmp_StatusRecorderType);
     if (self == NULL) {
         return NULL;
     }
-    self->span = Py_NewRef(args[0]);
-    self->start_response = Py_NewRef(args[1]);
-    self->vectorcall = recorder_call;
+    self->span = Py_NewRef(span);
+    self->start_response = Py_NewRef(target);
+    self->vectorcall = call;
     PyObject_GC_Track(self);
     return (PyObject *)self;
+}
+
+PyObject *swmp_status_sender(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || span_class == NULL || limits == NULL) {
+        PyErr_SetString(PyExc_TypeError, "status_sender(span, send) after setup_status/sender()");
+        return NULL;
+    }
+    if ((PyObject *)Py_TYPE(args[0]) != span_class) {
+        return Py_NewRef(args[1]); /* a span that records nothing: the server's send itself */
+    }
+    return make(args[0], args[1], sender_call);
+}
+
+PyObject *swmp_status_recorder(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || slow == NULL || limits == NULL) {
+        PyErr_SetString(PyExc_TypeError, "status_recorder(span, start_response) after setup_status/recorder()");
+        return NULL;
+    }
+    return make(args[0], args[1], recorder_call);
 }
 
 static int recorder_traverse(StatusRecorder *self, visitproc visit, void *arg) {

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_STATUS, TAG_HTTP_URL
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NO_TAGS
+from swmp.tracing.span import NO_TAGS, native_core
 
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -38,6 +38,8 @@ def split_url(url: str) -> tuple[str, str, str]:
 # span's tag list: made once, not per response.
 _STATUS_TEXT = {code: str(code) for code in range(100, 600)}
 _STATUS_TAG = {code: (TAG_HTTP_STATUS, text) for code, text in _STATUS_TEXT.items()}
+if native_core is not None:  # the WSGI / ASGI status recorders append the same pairs (status.c)
+    native_core.setup_status(_STATUS_TAG, limits)
 
 
 def request_tags(span: Any, method: Any, url: str) -> None:

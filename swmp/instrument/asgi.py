@@ -16,7 +16,7 @@ from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_PARAMS, Component, Layer
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NOOP, Span
+from swmp.tracing.span import NOOP, Span, native_core
 
 _HTTP = Layer.HTTP
 _entry_root = _ctx.entry_root
@@ -105,7 +105,22 @@ def _entry(scope: Scope, component: int, collect_params: bool, params_limit: int
     return span
 
 
-def _status_sender(span: Any, send: Send) -> Send:
+def _record_send_status(span: Any, message: Any) -> None:
+    """Tag ``span`` with the status of a response start message."""
+    try:
+        if message["type"] == "http.response.start":
+            status = message.get("status", 0)
+            record_status(span, status if status.__class__ is int else int(status))
+    except Exception:  # not a message the server would take: its own error, unchanged
+        pass
+
+
+def _py_send(span: Any, send: Send, message: Message) -> Awaitable[None]:
+    _record_send_status(span, message)
+    return send(message)
+
+
+def _py_status_sender(span: Any, send: Send) -> Send:
     """``send`` that tags the response status on ``span`` first (``send`` itself for a span
     that records nothing). A plain function returning ``send``'s awaitable (what the
     application awaits), so no coroutine per message."""
@@ -113,15 +128,18 @@ def _status_sender(span: Any, send: Send) -> Send:
         return send
 
     def _send(message: Message) -> Awaitable[None]:
-        try:
-            if message["type"] == "http.response.start":
-                status = message.get("status", 0)
-                record_status(span, status if status.__class__ is int else int(status))
-        except Exception:  # not a message the server would take: its own error, unchanged
-            pass
-        return send(message)
+        return _py_send(span, send, message)
 
     return _send
+
+
+# status_sender(span, send): native (swmp/_native/status.c) when the span core is built, made
+# and called in C: a start message with a known integer status tagged there, any other by
+# _record_send_status.
+_status_sender: Callable[[Any, Send], Send] = _py_status_sender
+if native_core is not None:
+    native_core.setup_sender(Span, _record_send_status, _py_send)
+    _status_sender = native_core.status_sender
 
 
 async def trace_asgi(  # noqa: PLR0917 (once per request: positional calls are cheaper)

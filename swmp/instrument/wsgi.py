@@ -103,9 +103,7 @@ def _py_status_recorder(span: Any, start_response: Callable[..., Any]) -> Callab
 # common status lines tagged there and the rest by _record_start_status.
 _status_recorder: Callable[[Any, Callable[..., Any]], Callable[..., Any]] = _py_status_recorder
 if native_core is not None:
-    native_core.setup_status(
-        {code: pair for pair, code in _STATUS.values()}, _record_start_status, _py_start_response, limits
-    )
+    native_core.setup_recorder(_record_start_status, _py_start_response)
     _status_recorder = native_core.status_recorder
 
 
