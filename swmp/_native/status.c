@@ -11,8 +11,9 @@
  * as before. The server's ``start_response`` then gets (status, headers[, exc_info]), an
  * ``exc_info`` of None dropped, as from the Python wrapper; a call of another form
  * (keywords, a wrong number of arguments) is the Python wrapper's (``call(span,
- * start_response, *args, **kwargs)``), errors included. */
-/* status_sender(span, send): the same for an ASGI application's ``send``: a message of type
+ * start_response, *args, **kwargs)``), errors included.
+ *
+ * status_sender(span, send): the same for an ASGI application's ``send``: a message of type
  * ``http.response.start`` with a known integer status is tagged in C, any other start
  * message by the Python code (``send_slow(span, message)``), the others not at all; then
  * the server's ``send`` gets the message and its awaitable goes back to the application. A
