@@ -255,15 +255,18 @@ def test_cold_shutdown_delivers_what_children_committed(tmp_path: Path, redis_se
     """SIGQUIT while 4 children work through a backlog: they are terminated at once, and every
     task the worker logged as succeeded has its segment; nothing of the agent is left."""
     broker, queue = f"redis://127.0.0.1:{redis_server.port}/10", new_queue()
+    # A backlog queued before the worker starts, which its 4 children need seconds for (they
+    # run ~1,000 of these tasks a second on an idle machine), so that the stop lands in the
+    # middle of it. (Published while the worker ran, a loaded machine published no faster
+    # than the children consumed, and the whole backlog was done before the stop.)
+    sent = publish(broker, [queue], BACKLOG, tmp_path)[queue]
     with collector_process(tmp_path) as col:
         env = celery_env(tmp_path, col.grpc_address, broker, queue)
         with run_celery(tmp_path, env, worker_command("prefork", 4), children=4) as worker:
-            # A backlog the 4 children need seconds for (they run ~1,000 of these tasks a
-            # second on an idle machine), so that the stop lands in the middle of it.
-            sent = publish(broker, [queue], BACKLOG, tmp_path)[queue]
             wait_until(lambda: len(succeeded(worker)) >= 60, 60, "60 tasks to succeed")
             worker.proc.send(signal.SIGQUIT)
-            assert wait_exit(worker) is not None
+            code = wait_exit(worker)
+            assert code is not None, worker.proc.log()[-3000:]
             wait_until(lambda: not worker.arena_path().exists(), 30, "the arena to be removed")
             done = succeeded(worker)
             assert 60 <= len(done) < BACKLOG, len(done)  # stopped in the middle of the backlog

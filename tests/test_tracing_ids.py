@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -66,26 +70,38 @@ def test_ids_unique_across_os_fork() -> None:
     assert len({i.rsplit(".", 1)[0] for i in child_ids}) == N_CHILDREN
 
 
+# Run in a fresh interpreter: a fork that skips Python's at-fork handling is only safe in a
+# process with no other thread (as uWSGI's master forks its workers). In this test run, threads
+# left by earlier tests (executors, a gRPC server's poller) could hold the GIL's own mutex at
+# the instant of the fork, and the child, which never re-creates it, hung on it.
+_RAW_FORK_SCENARIO = """
+import ctypes, json, os, sys
+sys.path.insert(0, sys.argv[1])
+from swmp.tracing import ids
+from tests.test_tracing_ids import _collect_from_children, IDS_PER_CHILD
+ids.use_pid_source(os.getpid)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fork.restype = ctypes.c_int
+child_ids = _collect_from_children(libc.fork)
+parent_ids = [ids.new_id() for _ in range(IDS_PER_CHILD)]
+print(json.dumps({"children": child_ids, "parent": parent_ids}))
+"""
+
+
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "fork"), reason="needs libc fork()")
 def test_ids_unique_across_fork_without_python_hooks() -> None:
     """uWSGI forks workers from C: Python's at-fork hooks do not run. Without uwsgidecorators
     either, swmp.lifecycle says the hooks are not reliable and its pid source is getpid:
     the check on every id must catch the fork."""
-    from swmp import lifecycle
-
-    ids.use_pid_source(os.getpid)
-    try:
-        # PyDLL, not CDLL: a CDLL call releases the GIL, and if another thread of this test
-        # run (an executor left by an earlier test) takes it during fork(), the child has a GIL
-        # held by a thread that does not exist in it and hangs when the call returns.
-        libc = ctypes.PyDLL(None, use_errno=True)
-        libc.fork.restype = ctypes.c_int
-        child_ids = _collect_from_children(libc.fork)
-        parent_ids = [ids.new_id() for _ in range(IDS_PER_CHILD)]
-    finally:
-        ids.use_pid_source(lifecycle.current_pid, lifecycle.pid_holder)
-    all_ids = child_ids + parent_ids
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", _RAW_FORK_SCENARIO, str(root)],
+        cwd=root, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    all_ids = got["children"] + got["parent"]
     assert len(set(all_ids)) == len(all_ids) == (N_CHILDREN + 1) * IDS_PER_CHILD
+    assert len({i.rsplit(".", 1)[0] for i in got["children"]}) == N_CHILDREN
 
 
 def test_drawing_ids_and_tracing_a_request_make_no_getpid_call(monkeypatch: pytest.MonkeyPatch) -> None:
