@@ -26,13 +26,14 @@
  * ``Gate`` (gate.c): a patched method whose check for a current span is made here.
  * ``split_sw8`` (sw8.c): the plain case of an incoming ``sw8`` header.
  * ``status_recorder`` / ``status_sender`` (status.c): a traced WSGI request's
- * ``start_response``, an ASGI request's ``send``.
+ * ``start_response``, an ASGI request's ``send``; ``wsgi_body`` (body.c): its response.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 #include <time.h>
 
+#include "body.h"
 #include "gate.h"
 #include "status.h"
 #include "sw8.h"
@@ -1218,6 +1219,8 @@ static PyMethodDef module_methods[] = {
      "setup_sender(span_class, send_slow, send_call): the ASGI sender's Python code."},
     {"status_recorder", (PyCFunction)(void (*)(void))swmp_status_recorder, METH_FASTCALL,
      "status_recorder(span, start_response): a traced WSGI request's start_response."},
+    {"wsgi_body", (PyCFunction)(void (*)(void))swmp_wsgi_body, METH_FASTCALL,
+     "wsgi_body(result, span): a WSGI response that finishes span when closed."},
     {"status_sender", (PyCFunction)(void (*)(void))swmp_status_sender, METH_FASTCALL,
      "status_sender(span, send): a traced ASGI request's send."},
     {"split_sw8", (PyCFunction)swmp_split_sw8, METH_O,
@@ -1276,7 +1279,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         return NULL;
     }
     if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&swmp_GateType) < 0 ||
-        PyType_Ready(&swmp_StatusRecorderType) < 0) {
+        PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&spancore_module);

@@ -98,6 +98,12 @@ def _py_status_recorder(span: Any, start_response: Callable[..., Any]) -> Callab
     return _start_response
 
 
+# The response iterable that finishes the span when closed: in C (swmp/_native/body.c) when
+# the span core is built.
+_make_body: Callable[[Iterable[bytes], Span], Iterable[bytes]] = (
+    native_core.wsgi_body if native_core is not None else _Body
+)
+
 # status_recorder(span, start_response): what the application gets as its start_response.
 # Native (swmp/_native/status.c) when the span core is built: made and called in C, the
 # common status lines tagged there and the rest by _record_start_status.
@@ -176,7 +182,7 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     if cls is list or cls is tuple or isinstance(result, (list, tuple)):  # exact types first
         span.finish()
         return result
-    return _Body(result, span)
+    return _make_body(result, span)
 
 
 class WSGIMiddleware:

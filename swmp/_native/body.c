@@ -1,0 +1,151 @@
+/* wsgi_body(result, span): a WSGI response iterable that finishes ``span`` when the server
+ * closes it, for an application that returns something other than a list or tuple (Flask's
+ * and Django's responses, generators).
+ *
+ * Why: the Python wrapper (``_Body`` in swmp/instrument/wsgi.py) cost an object with an
+ * ``__init__`` frame, a generator for the iteration and a ``close`` frame per request. This
+ * one does the same in C: iterating it iterates ``result`` (an exception raised while
+ * iterating marks the span with it, ``span.error(exc)``, and propagates unchanged);
+ * ``close()`` calls ``result.close()`` if it has one and finishes the span whatever that
+ * does. Unlike the generator, dropping an unfinished iteration does not close ``result`` a
+ * second time nor log a GeneratorExit on the span. */
+#include "body.h"
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *result;
+    PyObject *span;
+    PyObject *inner; /* iter(result), from the last iter() of this object */
+} Body;
+
+static PyObject *s_error = NULL, *s_finish = NULL, *s_close = NULL;
+
+PyObject *swmp_wsgi_body(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "wsgi_body(result, span)");
+        return NULL;
+    }
+    if (s_error == NULL && ((s_error = PyUnicode_InternFromString("error")) == NULL ||
+                            (s_finish = PyUnicode_InternFromString("finish")) == NULL ||
+                            (s_close = PyUnicode_InternFromString("close")) == NULL)) {
+        return NULL;
+    }
+    Body *self = PyObject_GC_New(Body, &swmp_BodyType);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->result = Py_NewRef(args[0]);
+    self->span = Py_NewRef(args[1]);
+    self->inner = NULL;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+/* iter(body): itself, iterating the response afresh (as the generator of the Python wrapper
+ * did), iter(result) taken at the first item so that its error is the span's too. */
+static PyObject *body_iter(Body *self) {
+    Py_CLEAR(self->inner);
+    return Py_NewRef(self);
+}
+
+/* The exception being raised marks the span (span.error(exc)) and goes on unchanged. */
+static void mark_failed(Body *self) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    PyObject *r = value == NULL ? NULL : PyObject_CallMethodOneArg(self->span, s_error, value);
+    if (r == NULL) {
+        PyErr_Clear(); /* the span's trouble is not the application's */
+    }
+    Py_XDECREF(r);
+    PyErr_Restore(type, value, tb);
+}
+
+static PyObject *body_next(Body *self) {
+    if (self->inner == NULL) {
+        self->inner = PyObject_GetIter(self->result);
+        if (self->inner == NULL) {
+            mark_failed(self);
+            return NULL;
+        }
+    }
+    PyObject *item = PyIter_Next(self->inner);
+    if (item == NULL && PyErr_Occurred()) {
+        mark_failed(self); /* the response failed while being sent */
+    }
+    return item; /* NULL without an error: exhausted */
+}
+
+static PyObject *body_close(Body *self, PyObject *unused) {
+    PyObject *close = PyObject_GetAttr(self->result, s_close);
+    PyObject *res = NULL;
+    if (close == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            res = Py_NewRef(Py_None);
+        }
+    } else {
+        res = close == Py_None ? Py_NewRef(Py_None) : PyObject_CallNoArgs(close); /* getattr(.., None) */
+        Py_DECREF(close);
+    }
+    /* finally: the span ends whatever close() did; an error of finish() wins, as in Python. */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *done = PyObject_CallMethodNoArgs(self->span, s_finish);
+    if (done == NULL) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        Py_XDECREF(res);
+        return NULL;
+    }
+    Py_DECREF(done);
+    PyErr_Restore(type, value, tb);
+    if (res == NULL) {
+        return NULL;
+    }
+    Py_DECREF(res);
+    Py_RETURN_NONE;
+}
+
+static int body_traverse(Body *self, visitproc visit, void *arg) {
+    Py_VISIT(self->result);
+    Py_VISIT(self->span);
+    Py_VISIT(self->inner);
+    return 0;
+}
+
+static int body_clear(Body *self) {
+    Py_CLEAR(self->result);
+    Py_CLEAR(self->span);
+    Py_CLEAR(self->inner);
+    return 0;
+}
+
+static void body_dealloc(Body *self) {
+    PyObject_GC_UnTrack(self);
+    body_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyMethodDef body_methods[] = {
+    {"close", (PyCFunction)body_close, METH_NOARGS, "Close the response (if it can be) and finish the span."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject swmp_BodyType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "swmp._spancore.WSGIBody",
+    .tp_basicsize = sizeof(Body),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A traced WSGI response (see body.c).",
+    .tp_iter = (getiterfunc)body_iter,
+    .tp_iternext = (iternextfunc)body_next,
+    .tp_methods = body_methods,
+    .tp_dealloc = (destructor)body_dealloc,
+    .tp_traverse = (traverseproc)body_traverse,
+    .tp_clear = (inquiry)body_clear,
+};
