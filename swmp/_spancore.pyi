@@ -46,7 +46,7 @@ def setup_entry(
     rules_type: type,
     profile_gate: Any,
     carrier_type: type,
-    ref_cross_process: int,
+    cross_process_ref: Callable[[Any], list[Any]],
     /,
 ) -> None: ...
 def entry_root(op: str, component: int, layer: int, carrier: Any, /) -> Any: ...

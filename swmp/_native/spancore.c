@@ -988,10 +988,9 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
  * Python frames of _start_trace, the ignore check and the reference on every request. */
 static PyTypeObject *segment_class = NULL;
 static PyObject *entry_kind = NULL, *policy = NULL, *rules_type = NULL, *profile_gate = NULL, *carrier_type = NULL,
-                *ref_cross_process = NULL, *zero = NULL, *minus_one = NULL, *s_rules = NULL, *s_sampling = NULL,
+                *cross_process_ref = NULL, *zero = NULL, *minus_one = NULL, *s_rules = NULL, *s_sampling = NULL,
                 *s_cache = NULL, *s_board = NULL, *s_sampled = NULL, *s_correlation = NULL, *s_skip_analysis = NULL,
                 *s_trace_id = NULL;
-static PyObject *s_segment_id = NULL, *s_span_id = NULL, *s_endpoint = NULL, *s_address = NULL;
 
 /* The truth of ``obj.name``: 1, 0, or -1 with an error. */
 static int attr_true(PyObject *obj, PyObject *name) {
@@ -1043,30 +1042,17 @@ static int plain_start(PyObject *op, int new_trace) {
     return plain;
 }
 
-/* [REF_CROSS_PROCESS, trace_id, segment_id, span_id, service, instance, endpoint, address]
- * of a carrier, in a one-item list: the span's refs (segment.cross_process_ref). */
-static PyObject *carrier_refs(PyObject *carrier) {
-    PyObject *ref = PyList_New(8);
-    if (ref == NULL) {
-        return NULL;
-    }
-    PyList_SET_ITEM(ref, 0, Py_NewRef(ref_cross_process));
-    PyObject *names[7] = {s_trace_id, s_segment_id, s_span_id, s_service, s_instance, s_endpoint, s_address};
-    for (int i = 0; i < 7; i++) {
-        PyObject *v = PyObject_GetAttr(carrier, names[i]);
-        if (v == NULL) {
-            Py_DECREF(ref);
-            return NULL;
-        }
-        PyList_SET_ITEM(ref, i + 1, v);
-    }
-    PyObject *refs = PyList_New(1);
+/* The caller's segment as the span's one reference, in segment.cross_process_ref's layout. */
+static int add_caller_ref(SpanCore *span, PyObject *carrier) {
+    PyObject *ref = PyObject_CallOneArg(cross_process_ref, carrier);
+    PyObject *refs = ref == NULL ? NULL : PyList_New(1);
     if (refs == NULL) {
-        Py_DECREF(ref);
-        return NULL;
+        Py_XDECREF(ref);
+        return -1;
     }
     PyList_SET_ITEM(refs, 0, ref);
-    return refs;
+    Py_SETREF(span->refs, refs);
+    return 0;
 }
 
 /* The caller's trace id, correlation and skip-analysis flag on a new segment. */
@@ -1131,30 +1117,28 @@ static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (seg == NULL) {
         return NULL;
     }
-    PyObject *refs = carrier == Py_None ? Py_NewRef(empty) : carrier_refs(carrier);
-    PyObject *span = refs == NULL ? NULL
-                                  : make_span(span_class, seg, Py_NewRef(zero), minus_one, args[0], entry_kind,
-                                              args[2], args[1], empty_op);
+    PyObject *span =
+        make_span(span_class, seg, Py_NewRef(zero), minus_one, args[0], entry_kind, args[2], args[1], empty_op);
+    if (span != NULL && carrier != Py_None && add_caller_ref((SpanCore *)span, carrier) < 0) {
+        Py_CLEAR(span);
+    }
     if (span != NULL) {
-        Py_SETREF(((SpanCore *)span)->refs, refs);
         Py_SETREF(((SegmentCore *)seg)->first, Py_NewRef(span)); /* start_first() */
-    } else {
-        Py_XDECREF(refs);
     }
     Py_DECREF(seg);
     return span;
 }
 
 /* setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate, carrier_type,
- * ref_cross_process): what entry_root() needs (context.policy, whose rules and sampling
+ * cross_process_ref): what entry_root() needs (context.policy, whose rules and sampling
  * configure() replaces, and the profiling gate, whose board is attached and detached at run
  * time, are read on every call). */
 static PyObject *setup_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &SegmentCoreType) ||
-        !PyType_Check(args[3]) || !PyType_Check(args[5])) {
+        !PyType_Check(args[3]) || !PyType_Check(args[5]) || !PyCallable_Check(args[6])) {
         PyErr_SetString(PyExc_TypeError,
                         "setup_entry(segment_class: type[SegmentCore], entry_kind, policy, rules_type: type, "
-                        "profile_gate, carrier_type: type, ref_cross_process)");
+                        "profile_gate, carrier_type: type, cross_process_ref: callable)");
         return NULL;
     }
     Py_XSETREF(segment_class, (PyTypeObject *)Py_NewRef(args[0]));
@@ -1163,7 +1147,7 @@ static PyObject *setup_entry(PyObject *module, PyObject *const *args, Py_ssize_t
     Py_XSETREF(rules_type, Py_NewRef(args[3]));
     Py_XSETREF(profile_gate, Py_NewRef(args[4]));
     Py_XSETREF(carrier_type, Py_NewRef(args[5]));
-    Py_XSETREF(ref_cross_process, Py_NewRef(args[6]));
+    Py_XSETREF(cross_process_ref, Py_NewRef(args[6]));
     Py_RETURN_NONE;
 }
 
@@ -1199,7 +1183,7 @@ static PyMethodDef module_methods[] = {
     {"setup_exit", (PyCFunction)(void (*)(void))setup_exit, METH_FASTCALL,
      "setup_exit(span_class, exit_kind, limits): what exit_child() needs."},
     {"setup_entry", (PyCFunction)(void (*)(void))setup_entry, METH_FASTCALL,
-     "setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate, carrier_type, ref_cross_process)"},
+     "setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate, carrier_type, cross_process_ref)"},
     {"entry_root", (PyCFunction)(void (*)(void))entry_root, METH_FASTCALL,
      "entry_root(op, component, layer, carrier): a new segment's entry span, or None (Python decides)."},
     {"exit_child", (PyCFunction)(void (*)(void))exit_child, METH_FASTCALL,
@@ -1269,11 +1253,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     INTERN(s_correlation, "correlation");
     INTERN(s_skip_analysis, "skip_analysis");
     INTERN(s_trace_id, "trace_id");
-    INTERN(s_segment_id, "segment_id");
-    INTERN(s_span_id, "span_id");
-    INTERN(s_endpoint, "endpoint");
-    INTERN(s_address, "address");
 #undef INTERN
+    swmp_sw8_init();
     if ((one = PyLong_FromLong(1)) == NULL || (zero = PyLong_FromLong(0)) == NULL ||
         (minus_one = PyLong_FromLong(-1)) == NULL) {
         return NULL;

@@ -19,10 +19,11 @@
 #define MAX_SW8_LENGTH 4096 /* swmp.propagation.MAX_SW8_LENGTH */
 #define MAX_SPAN_ID 2147483647LL
 
-/* base64 value of each byte, -1 for bytes outside the alphabet ('=' included). */
+/* base64 value of each byte, -1 for bytes outside the alphabet ('=' included); filled by
+ * swmp_sw8_init() when the module loads. */
 static signed char b64[256];
 
-static void init_b64(void) {
+void swmp_sw8_init(void) {
     static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     memset(b64, -1, sizeof(b64));
     for (int i = 0; i < 64; i++) {
@@ -74,11 +75,6 @@ static PyObject *decode_id(const unsigned char *s, Py_ssize_t n) {
 }
 
 PyObject *swmp_split_sw8(PyObject *module, PyObject *value) {
-    static int ready = 0;
-    if (!ready) {
-        init_b64();
-        ready = 1;
-    }
     if (!PyUnicode_CheckExact(value) || !PyUnicode_IS_COMPACT_ASCII(value)) {
         Py_RETURN_NONE;
     }

@@ -2,7 +2,8 @@
 
 PyMySQL, aiomysql and mysqlclient keep the database they connected with in their own
 attributes whatever ``select_db`` switched to; their spans name the database from a memo
-per connection (``_datastore.WHERE``), which the wrapped ``select_db`` updates.
+per connection (``_datastore.WHERE``), which the wrapped ``select_db`` updates through the
+driver module's own function (the module that reads the memo is the one that writes it).
 """
 
 from __future__ import annotations
@@ -11,17 +12,17 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from swmp.instrument._datastore import failed, remember, text
+from swmp.instrument._datastore import failed
 
 
-def selected(key_attr: str, address: Callable[[Any], str]) -> Callable[[Any], Any]:
+def selected(note: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
     """A patch factory for ``select_db``, sync or async like the original: once it returned,
-    the memo is ``(the connection's key_attr, (address(connection), the new database))``.
+    ``note(connection, database)`` (the driver module's, which knows its memo's layout).
     The driver's result or exception is the caller's, unchanged."""
 
-    def note(conn: Any, db: Any) -> None:
+    def noted(conn: Any, db: Any) -> None:
         try:
-            remember(conn, (getattr(conn, key_attr, None), (address(conn), text(db or ""))))
+            note(conn, db)
         except Exception as e:
             failed("select_db", e)
 
@@ -30,14 +31,14 @@ def selected(key_attr: str, address: Callable[[Any], str]) -> Callable[[Any], An
 
             async def select_db_async(self: Any, db: Any) -> Any:
                 result = await orig(self, db)
-                note(self, db)
+                noted(self, db)
                 return result
 
             return select_db_async
 
         def select_db(self: Any, db: Any) -> Any:
             result = orig(self, db)
-            note(self, db)
+            noted(self, db)
             return result
 
         return select_db

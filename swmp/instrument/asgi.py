@@ -9,6 +9,7 @@ tasks it spawns, which copy the context) are its children.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
+from functools import partial
 from typing import Any
 
 from swmp.instrument._http import record_status, request_tags
@@ -78,7 +79,7 @@ def _entry(scope: Scope, component: int, collect_params: bool, params_limit: int
         )
     span: Any = _entry_root(path, component, _HTTP, carrier)  # the common case, in C
     if span is None:
-        span = _ctx.new_entry_span(path, carrier, component, _HTTP)
+        span = _ctx.decide_entry_span(path, carrier, component, _HTTP)
     if span is NOOP:
         return None
     if span.__class__ is Span:
@@ -126,11 +127,7 @@ def _py_status_sender(span: Any, send: Send) -> Send:
     application awaits), so no coroutine per message."""
     if span.__class__ is not Span:
         return send
-
-    def _send(message: Message) -> Awaitable[None]:
-        return _py_send(span, send, message)
-
-    return _send
+    return partial(_py_send, span, send)
 
 
 # status_sender(span, send): native (swmp/_native/status.c) when the span core is built, made

@@ -36,13 +36,19 @@ def _where(cur: Any) -> tuple[str, str]:
     memo = getattr(conn, _ds.WHERE, None)  # (its ``database`` then, (peer, database))
     if memo is not None and memo[0] is db:
         return memo[1]  # type: ignore[no-any-return]
-    found = _address(conn), _ds.text(db or "")
-    _ds.remember(conn, (db, found))
+    return _remember(conn, db, db)
+
+
+def _remember(conn: Any, key: Any, db: Any) -> tuple[str, str]:
+    """The memo: ``(the connection's database attribute then, (peer, database))``."""
+    host = getattr(conn, "host", None) or "localhost"
+    found = _ds.peer(host, getattr(conn, "port", 3306)), _ds.text(db or "")
+    _ds.remember(conn, (key, found))
     return found
 
 
-def _address(conn: Any) -> str:
-    return _ds.peer(getattr(conn, "host", None) or "localhost", getattr(conn, "port", 3306))
+def _selected(conn: Any, db: Any) -> None:
+    _remember(conn, getattr(conn, "database", ""), db)
 
 
 def _base() -> Any:
@@ -63,7 +69,7 @@ def install(config: Config) -> None:
 
     _ds.configure(config)
     # select_db is the compiled base class's: wrapped on the Python Connection class.
-    patch(MySQLdb.connections.Connection, "select_db", selected("database", _address), inherited=True)
+    patch(MySQLdb.connections.Connection, "select_db", selected(_selected), inherited=True)
     for m in _METHODS:
         patch(
             base,

@@ -38,8 +38,13 @@ def where(cur: Any) -> tuple[str, str]:
     memo = getattr(conn, _ds.WHERE, None)  # (its ``db`` then, (peer, database))
     if memo is not None and memo[0] is db:
         return memo[1]  # type: ignore[no-any-return]
+    return _remember(conn, db, db)
+
+
+def _remember(conn: Any, key: Any, db: Any) -> tuple[str, str]:
+    """The memo: ``(the connection's db then, (peer, database))``."""
     found = address(conn), _ds.text(db or "")
-    _ds.remember(conn, (db, found))
+    _ds.remember(conn, (key, found))
     return found
 
 
@@ -48,7 +53,12 @@ def address(conn: Any) -> str:
     return _ds.peer(conn.host, conn.port) if not sock else str(sock)
 
 
-select_db = selected("db", address)  # PyMySQL's and aiomysql's Connection.select_db
+def _selected(conn: Any, db: Any) -> None:
+    _remember(conn, conn.db, db)
+
+
+# PyMySQL's and aiomysql's Connection.select_db: the memo names the database switched to.
+select_db = selected(_selected)
 
 
 def install(config: Config) -> None:

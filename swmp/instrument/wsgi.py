@@ -11,6 +11,7 @@ after that, in the server's own context.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from types import MethodType as _bind
 from typing import Any
 
@@ -92,10 +93,7 @@ def _py_start_response(
 
 
 def _py_status_recorder(span: Any, start_response: Callable[..., Any]) -> Callable[..., Any]:
-    def _start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
-        return _py_start_response(span, start_response, status, headers, exc_info)
-
-    return _start_response
+    return partial(_py_start_response, span, start_response)
 
 
 # The response iterable that finishes the span when closed: in C (swmp/_native/body.c) when
@@ -145,7 +143,7 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     )
     span: Any = _entry_root(path, component, _HTTP, carrier)  # the common case, in C
     if span is None:
-        span = _ctx.new_entry_span(path, carrier, component, _HTTP)
+        span = _ctx.decide_entry_span(path, carrier, component, _HTTP)
     if span.__class__ is not Span:
         if span is NOOP:
             return app(environ, start_response)

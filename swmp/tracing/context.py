@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from reporter_proc.records import REF_CROSS_PROCESS
 from swmp.profiling.gate import gate as _gate
 from swmp.propagation import ContextCarrier
 from swmp.tracing.constants import Component, Kind, Layer
@@ -59,7 +58,7 @@ policy = _Policy()
 # decision, no sampling, no profiling board), None otherwise and when the core is pure Python.
 _entry_root: Any = None
 if native_core is not None and issubclass(Segment, native_core.SegmentCore):
-    native_core.setup_entry(Segment, _ENTRY, policy, IgnoreRules, _gate, ContextCarrier, REF_CROSS_PROCESS)
+    native_core.setup_entry(Segment, _ENTRY, policy, IgnoreRules, _gate, ContextCarrier, cross_process_ref)
     _entry_root = native_core.entry_root
 
 
@@ -68,7 +67,7 @@ def _no_root(op: str, component: int, layer: int, carrier: ContextCarrier | None
 
 
 # For the per-request entry points (WSGI, ASGI): new_entry_span's first step called directly,
-# without its frame; None: call new_entry_span.
+# without its frame; None: call decide_entry_span.
 entry_root: Callable[[str, int, int, ContextCarrier | None], Span | None] = _entry_root or _no_root
 
 
@@ -239,6 +238,14 @@ def new_entry_span(
         root: Span | None = _entry_root(op, component, layer, carrier)
         if root is not None:
             return root
+    return decide_entry_span(op, carrier, component, layer)
+
+
+def decide_entry_span(
+    op: str, carrier: ContextCarrier | Snapshot | None, component: int, layer: int
+) -> Span | NoopSpan:
+    """new_entry_span past its native first step (:data:`entry_root`): every case in Python.
+    The WSGI and ASGI entry points call it when they made that step themselves."""
     parent = _get_current()
     if parent is not None and parent.end:
         parent = _parent()
