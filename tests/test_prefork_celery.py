@@ -271,15 +271,16 @@ def test_cold_shutdown_delivers_what_children_committed(tmp_path: Path, redis_se
             done = succeeded(worker)
             assert 60 <= len(done) < BACKLOG, len(done)  # stopped in the middle of the backlog
             quiet_for(col, 0.5)
-            got = Counter(s["traceId"] for s in segments_of(col, "cel"))
-            # On failure: a re-delivered copy (same segment id) or a second run (another one)?
-            twice = [
-                (s["traceId"], s.get("segmentId"), s.get("serviceInstance"))
-                for s in segments_of(col, "cel")
-                if got[s["traceId"]] > 1
-            ]
-            log_tail = worker.proc.log()[-3000:]
-            assert max(got.values()) == 1 and set(got) <= set(sent.values()), (twice, log_tail)
+            # Each task run is one segment (one segment id per trace). Delivery is at-least-once
+            # (docs/reporter.md): a batch whose send timed out under load, or that a restarted
+            # reporter re-read from its ring, may arrive twice: the same segment, same content.
+            runs: dict[str, dict[str, dict[str, Any]]] = {}
+            for seg in segments_of(col, "cel"):
+                first = runs.setdefault(seg["traceId"], {}).setdefault(seg["traceSegmentId"], seg)
+                assert first == seg, ("one segment id, two contents", first, seg)
+            got = Counter({trace: len(ids) for trace, ids in runs.items()})
+            twice = {trace: sorted(ids) for trace, ids in runs.items() if len(ids) > 1}
+            assert not twice and set(got) <= set(sent.values()), (twice, worker.proc.log()[-3000:])
             missing = [t for t in done if got[sent[t]] != 1]
             assert not missing, f"{len(missing)} of {len(done)} succeeded tasks have no segment"
             assert {s["serviceInstance"] for s in segments_of(col, "cel")} <= child_names(4)
