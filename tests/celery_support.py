@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from tests.servers import SWMP_RUN, Proc, Server, agent_env, wait_until
 CELERY = [sys.executable, "-m", "celery", "-A", "examples.celery_app"]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _SUCCEEDED = re.compile(r"Task [\w.]+\[([0-9a-f-]+)\] succeeded")
+_RECEIVED = re.compile(r"Task [\w.]+\[([0-9a-f-]+)\] received")
 
 
 def celery_env(
@@ -101,6 +103,12 @@ def succeeded(server: Server) -> set[str]:
     """Ids of the tasks the worker logged as succeeded (the log line is written by the main
     process once the child reported the result: after the task's span finished)."""
     return set(_SUCCEEDED.findall(server.proc.log()))
+
+
+def deliveries(server: Server) -> Counter[str]:
+    """How many times the worker logged each task id as received (a message the broker
+    delivers again, e.g. one restored unacknowledged at a shutdown, is received again)."""
+    return Counter(_RECEIVED.findall(server.proc.log()))
 
 
 def publish(broker: str, queues: Sequence[str], n: int, workdir: Path) -> dict[str, dict[str, str]]:
