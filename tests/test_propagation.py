@@ -359,3 +359,62 @@ def test_the_native_split_answers_for_plain_headers_only() -> None:
     assert _spancore.split_sw8(head + "-" + tail) == (True, "t.1", "s.1", 3, tail)
     assert _spancore.split_sw8(b"bytes") is None  # decode_sw8 turns bytes into text first
 
+
+def test_the_native_sw8_header_is_the_python_one() -> None:
+    """``sw8_header`` (swmp/_native/sw8.c, spancore.c) builds what Span.inject's Python path
+    builds, byte for byte: ASCII and other text in the endpoint and the peer, an empty peer
+    or endpoint, a trace continued from a caller (its own trace id) or new (one id for both),
+    any span id; it leaves text it would encode differently (a lone surrogate) and
+    pure-Python segments to that path (None). Decoding the result gives the fields back."""
+    if not span_module.NATIVE:
+        return
+    from swmp import _spancore
+    from swmp.tracing.identity import identity
+    from swmp.tracing.segment import Segment
+
+    def python_sw8(span: Any) -> str:
+        saved, span_module._sw8_header = span_module._sw8_header, None
+        span.segment.encoded = None
+        try:
+            return span.inject()["sw8"]
+        finally:
+            span_module._sw8_header = saved
+            span.segment.encoded = None
+
+    rng = random.Random(7)
+    texts = ["", "/ep", "h:80", "/users/{id}", "é/ü", "中文:9", "a" * 300, "🙂", "x-y-z", " sp ace "]
+    alphabet = string.printable + "éß中"
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 40))) for _ in range(200)]
+    checked = 0
+    for i, (op, peer) in enumerate(zip(texts, reversed(texts), strict=True)):
+        seg = Segment() if i % 2 else Segment(f"caller-{i}.{op[:5]}")
+        span = span_module.Span(seg, [0, 1, 7, 2**31 - 1][i % 4], -1, op or "/x", 1, 3, 23, peer)
+        seg.first = span
+        native = _spancore.sw8_header(span, identity.service_b64, identity.instance_b64)
+        assert native == python_sw8(span), (op, peer)
+        decoded = P.decode_sw8(native)
+        assert decoded is not None and decoded.trace_id == seg.trace_id, native
+        assert (decoded.span_id, decoded.endpoint, decoded.address) == (span.span_id, op or "/x", peer)
+        checked += 1
+    assert checked == len(texts)
+    for big in (2**40, 2**63 - 1):  # beyond what a decoder takes back, still the same text
+        span = span_module.Span(Segment(), big, -1, "/x", 1, 3, 23, "h:1")
+        assert _spancore.sw8_header(span, identity.service_b64, identity.instance_b64) == python_sw8(span)
+    for odd_id in (-1, 2**64):  # left to Python
+        span = span_module.Span(Segment(), odd_id, -1, "/x", 1, 3, 23, "h:1")
+        assert _spancore.sw8_header(span, identity.service_b64, identity.instance_b64) is None
+    # Text Python encodes with "replace", and a segment the C core does not know: Python's.
+    seg = Segment()
+    odd = span_module.Span(seg, 1, 0, "/x", 1, 3, 23, "h\udc80:1")
+    assert _spancore.sw8_header(odd, identity.service_b64, identity.instance_b64) is None
+    assert odd.inject()["sw8"] == python_sw8(odd)
+
+    class PySegment:
+        trace_id = segment_id = "t.1"
+        encoded = None
+        first = None
+        ended_op = "/x"
+
+    foreign = span_module.Span(seg, 1, 0, "/x", 1, 3, 23, "h:1")
+    foreign.segment = PySegment()  # type: ignore[assignment]
+    assert _spancore.sw8_header(foreign, identity.service_b64, identity.instance_b64) is None

@@ -1129,6 +1129,87 @@ static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t 
     return span;
 }
 
+/* A segment's base64 trace id, segment id and endpoint (Segment.encode_ids: computed once,
+ * kept in ``encoded``); NULL with no error set when the Python path must do it. */
+static PyObject *encoded_ids(SegmentCore *seg) {
+    PyObject *enc = seg->encoded;
+    if (PyTuple_CheckExact(enc) && PyTuple_GET_SIZE(enc) == 3) {
+        return Py_NewRef(enc);
+    }
+    PyObject *first = seg->first;
+    PyObject *op = first == Py_None ? Py_NewRef(seg->ended_op)
+                   : PyObject_TypeCheck(first, &SpanCoreType) ? Py_NewRef(((SpanCore *)first)->op)
+                                                               : NULL;
+    if (op == NULL || !PyUnicode_CheckExact(op) || !PyUnicode_CheckExact(seg->trace_id) ||
+        !PyUnicode_CheckExact(seg->segment_id)) {
+        Py_XDECREF(op);
+        return NULL;
+    }
+    PyObject *sid = swmp_b64_text(seg->segment_id);
+    PyObject *tid = sid == NULL                           ? NULL
+                    : seg->trace_id == seg->segment_id    ? Py_NewRef(sid)
+                                                          : swmp_b64_text(seg->trace_id);
+    PyObject *ep = tid == NULL ? NULL : PyUnicode_GET_LENGTH(op) ? swmp_b64_text(op) : Py_NewRef(empty_op);
+    Py_DECREF(op);
+    if (ep == NULL) {
+        Py_XDECREF(sid);
+        Py_XDECREF(tid);
+        return NULL;
+    }
+    enc = PyTuple_Pack(3, tid, sid, ep);
+    Py_DECREF(tid);
+    Py_DECREF(sid);
+    Py_DECREF(ep);
+    if (enc != NULL) {
+        Py_SETREF(seg->encoded, Py_NewRef(enc));
+    }
+    return enc;
+}
+
+/* sw8_header(span, service_b64, instance_b64): the ``sw8`` value Span.inject sends, in C;
+ * None (the Python path builds it) for a pure-Python segment or text it encodes its own
+ * way. tests/test_propagation.py compares the two. */
+static PyObject *sw8_header(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "sw8_header(span, service_b64, instance_b64)");
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(args[0], &SpanCoreType)) {
+        Py_RETURN_NONE;
+    }
+    SpanCore *span = (SpanCore *)args[0];
+    if (!PyObject_TypeCheck(span->segment, &SegmentCoreType) || !PyLong_CheckExact(span->span_id) ||
+        !PyUnicode_CheckExact(span->peer)) {
+        Py_RETURN_NONE;
+    }
+    int overflow = 0;
+    long long span_id = PyLong_AsLongLongAndOverflow(span->span_id, &overflow);
+    if (overflow || (span_id == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *enc = encoded_ids((SegmentCore *)span->segment);
+    if (enc == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    PyObject *peer = swmp_b64_text(span->peer);
+    PyObject *out = peer == NULL ? NULL
+                                 : swmp_sw8_join(PyTuple_GET_ITEM(enc, 0), PyTuple_GET_ITEM(enc, 1), span_id,
+                                                 args[1], args[2], PyTuple_GET_ITEM(enc, 2), peer);
+    Py_DECREF(enc);
+    Py_XDECREF(peer);
+    if (out == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 /* setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate, carrier_type,
  * cross_process_ref): what entry_root() needs (context.policy, whose rules and sampling
  * configure() replaces, and the profiling gate, whose board is attached and detached at run
@@ -1207,6 +1288,8 @@ static PyMethodDef module_methods[] = {
      "wsgi_body(result, span): a WSGI response that finishes span when closed."},
     {"status_sender", (PyCFunction)(void (*)(void))swmp_status_sender, METH_FASTCALL,
      "status_sender(span, send): a traced ASGI request's send."},
+    {"sw8_header", (PyCFunction)(void (*)(void))sw8_header, METH_FASTCALL,
+     "sw8_header(span, service_b64, instance_b64): the sw8 value Span.inject sends, or None."},
     {"split_sw8", (PyCFunction)swmp_split_sw8, METH_O,
      "split_sw8(value): (sampled, trace_id, segment_id, span_id, tail) of a plain sw8, else None."},
     {"set_segments", (PyCFunction)(void (*)(void))set_segments, METH_FASTCALL,

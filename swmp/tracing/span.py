@@ -193,6 +193,9 @@ native_core: Any = _native()  # the module (also the segments' and ids' core), o
 NATIVE = native_core is not None
 _Core: type[PySpanCore] = native_core.SpanCore if NATIVE else PySpanCore
 span_rows: Callable[[list[Any], bool], list[list[Any]]] = native_core.rows if NATIVE else _py_rows
+# sw8_header(span, service_b64, instance_b64): Span.inject's sw8 value in C, or None (then
+# built here, as the pure-Python core always does).
+_sw8_header: Callable[[Any, str, str], str | None] | None = native_core.sw8_header if NATIVE else None
 NO_TAGS = _EMPTY  # what ``tags``/``logs``/``refs`` hold until the first one is added
 
 
@@ -289,13 +292,16 @@ class Span(_CoreType):
     def inject(self) -> dict[str, str]:
         """Headers that make a downstream service continue this trace with this span as parent."""
         seg = self.segment
-        enc = seg.encoded
-        if enc is None:
-            enc = seg.encode_ids()
-        headers = {
-            "sw8": f"1-{enc[0]}-{enc[1]}-{self.span_id}-{identity.service_b64}-{identity.instance_b64}-"
-            f"{enc[2]}-{b64_cached(self.peer)}"
-        }
+        sw8 = _sw8_header(self, identity.service_b64, identity.instance_b64) if _sw8_header else None
+        if sw8 is None:
+            enc = seg.encoded
+            if enc is None:
+                enc = seg.encode_ids()
+            sw8 = (
+                f"1-{enc[0]}-{enc[1]}-{self.span_id}-{identity.service_b64}-{identity.instance_b64}-"
+                f"{enc[2]}-{b64_cached(self.peer)}"
+            )
+        headers = {"sw8": sw8}
         if seg.correlation:
             headers["sw8-correlation"] = encode_correlation(seg.correlation)
         if seg.skip_analysis:
