@@ -1,13 +1,19 @@
-"""pika's asyncio and Tornado connection adapters (``AsyncioConnection``,
-``TornadoConnection``, the latter on Tornado's asyncio-backed IOLoop) against the real
-RabbitMQ: publishing from a traced coroutine gives the exit span and the ``sw8`` header, a
-``basic_consume`` callback and a ``basic_get`` callback run inside the message's entry span,
-continuing the publisher's trace (``SelectConnection`` is tested in
-``tests/test_instrument_mq.py``; the Twisted adapter is not tested: Twisted is not installed)."""
+"""pika's asyncio, Tornado and Twisted connection adapters (``AsyncioConnection``,
+``TornadoConnection`` on Tornado's asyncio-backed IOLoop, ``TwistedProtocolConnection`` on
+Twisted's reactor) against the real RabbitMQ: publishing from a traced coroutine gives the
+exit span and the ``sw8`` header, each message taken is an entry span continuing the
+publisher's trace (with the asyncio and Tornado adapters, the ``basic_consume`` and
+``basic_get`` callbacks run inside it). ``SelectConnection`` is tested in
+``tests/test_instrument_mq.py``."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -22,6 +28,7 @@ from swmp.tracing import Component, Kind
 from swmp.tracing.constants import Layer
 from swmp.tracing.context import active_span, new_entry_span, new_local_span
 from tests.brokers import RabbitMQBroker
+from tests.servers import REPO_ROOT
 from tests.test_instrument_mq import _declare, _peer, assert_continues, sink, spans_of, tags
 
 __all__ = ["sink"]  # the fixture, shared with the other MQ tests
@@ -134,6 +141,51 @@ def test_connection_adapter_publish_consume_and_get(
         assert tags(cspan) == {"mq.broker": peer, "mq.topic": "", "mq.queue": queue}
         assert [s[R.SPAN_OPERATION] for s in cseg[R.SEG_SPANS]] == ["handle", f"{op}/Consumer"]
     # Segments are reported as they finish: the basic_get one first, then m2, then m3.
+    assert_continues(producers[0], consumers[0], got[0]["headers"]["sw8"])
+    assert_continues(producers[1], consumers[1], consumed[0]["headers"]["sw8"])
+    assert consumers[2][1][R.SPAN_REFS] == []  # published outside a trace: a new trace
+
+
+def test_twisted_adapter_publish_get_and_consume(rabbitmq: RabbitMQBroker, tmp_path: Path) -> None:
+    """pika's ``TwistedProtocolConnection`` on Twisted's reactor (in a process of its own,
+    tests/e2e_apps/pika_twisted.py): publishing inside a trace gives the exit span and the
+    ``sw8`` header; each message taken by ``basic_get`` or from ``basic_consume``'s queue
+    is an entry span continuing the publisher's trace, recorded when the message arrives.
+    Code resumed by the message's Deferred runs in its own ``inlineCallbacks`` context, not
+    inside that span (Twisted runs each such generator in the context it started in)."""
+    queue = _declare(rabbitmq.url)
+    out = tmp_path / "twisted.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.e2e_apps.pika_twisted", rabbitmq.url, queue, str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(out.read_text())
+    sink = _sink.MemorySink()
+    sink.records = [(t, base64.b64decode(p)) for t, p in seen["records"]]
+    got, consumed = seen["get"], seen["consume"]
+    peer = _peer(rabbitmq)
+    op = f"RabbitMQ/Topic//Queue/{queue}"
+    assert [s["body"] for s in got + consumed] == ["m1", "m2", "m3"]
+    assert seen["kept"] and got[0]["headers"]["app"] == "kept"  # the caller's properties untouched
+    assert "sw8" in consumed[0]["headers"] and "sw8" not in consumed[1]["headers"]
+    assert [s["op"] for s in got + consumed] == [None] * 3  # the generator's own context
+
+    producers = spans_of(sink, Kind.EXIT, Component.RABBITMQ_PRODUCER)
+    assert len(producers) == 2
+    for _seg, span in producers:
+        assert span[R.SPAN_OPERATION] == f"{op}/Producer" and span[R.SPAN_PEER] == peer
+        assert tags(span) == {"mq.broker": peer, "mq.topic": "", "mq.queue": queue}
+    consumers = spans_of(sink, Kind.ENTRY, Component.RABBITMQ_CONSUMER)
+    assert len(consumers) == 3
+    for cseg, cspan in consumers:
+        assert cspan[R.SPAN_OPERATION] == f"{op}/Consumer" and cspan[R.SPAN_LAYER] == Layer.MQ
+        assert tags(cspan) == {"mq.broker": peer, "mq.topic": "", "mq.queue": queue}
+        assert [s[R.SPAN_OPERATION] for s in cseg[R.SEG_SPANS]] == [f"{op}/Consumer"]
     assert_continues(producers[0], consumers[0], got[0]["headers"]["sw8"])
     assert_continues(producers[1], consumers[1], consumed[0]["headers"]["sw8"])
     assert consumers[2][1][R.SPAN_REFS] == []  # published outside a trace: a new trace

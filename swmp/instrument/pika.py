@@ -12,9 +12,12 @@ Where each span lives:
 * Publishing: ``pika.channel.Channel.basic_publish``, which ``BlockingChannel.basic_publish``
   calls too (one span either way). The message gets a copy of the caller's properties with
   the ``sw8`` headers added; the caller's ``BasicProperties`` object is never modified.
-* Asynchronous connections (``SelectConnection``, asyncio, Tornado, Twisted adapters):
-  the span is current while the ``basic_consume`` callback (or the ``basic_get`` callback)
-  runs, so what it calls is traced under the message.
+* Asynchronous connections (``SelectConnection``, asyncio, Tornado adapters): the span is
+  current while the ``basic_consume`` callback (or the ``basic_get`` callback) runs, so what
+  it calls is traced under the message.
+* The Twisted adapter hands messages over through Deferreds (``basic_get``) and a queue
+  (``basic_consume``): the span records the message's arrival; the ``inlineCallbacks`` code
+  that receives it runs in its own context, outside the span.
 * ``BlockingChannel.basic_consume``: the span is current while the callback runs
   (``start_consuming`` / ``process_data_events`` dispatch it).
 * ``BlockingChannel.consume()`` (the generator) and ``BlockingChannel.basic_get``: the span
