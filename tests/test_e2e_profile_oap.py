@@ -1,8 +1,9 @@
 """Profiling against a real SkyWalking OAP 10.1.0, in every worker of a prefork server.
 
-A task is created through GraphQL on ``/slow`` of an app served by four Gunicorn workers
-under ``swmp run`` (sync Flask workers with the reporter process or with
-``SW_AGENT_REPORTER_PROCESS=false``; gevent workers; the Uvicorn worker with an ASGI app). Under load, the
+A task is created through GraphQL on ``/slow`` of an app served by four workers under
+``swmp run`` (Gunicorn: sync Flask workers with the reporter process or with
+``SW_AGENT_REPORTER_PROCESS=false``, gevent workers, the Uvicorn worker with an ASGI app;
+uWSGI's prefork workers, which enable threads by default since 2.0.26). Under load, the
 OAP must list profiled segments from every worker, its analysis must return stack trees
 naming the slow function, and no snapshot may lie after its segment's end.
 """
@@ -24,7 +25,7 @@ from tests.oap_profile import (
     task_logs,
 )
 from tests.realpeers import OapServer, free_ports, unique_name
-from tests.servers import agent_env, gunicorn_command, load, run_server
+from tests.servers import agent_env, gunicorn_command, load, run_server, uwsgi_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.servers, pytest.mark.timeout(240)]
 
@@ -42,6 +43,7 @@ class Case:
     app: str
     reporter_process: bool
     slow_function: str  # what the stack trees must name
+    server: str = "gunicorn"
 
 
 CASES = [
@@ -52,6 +54,7 @@ CASES = [
         Case("uvicorn.workers.UvicornWorker", ASGI_APP, True, "sluggish_async_report_builder"),
         id="uvicorn-asgi",
     ),
+    pytest.param(Case("prefork", WSGI_APP, True, "sluggish_report_builder", "uwsgi"), id="uwsgi"),
 ]
 
 
@@ -64,10 +67,13 @@ def test_profile_task_samples_every_worker(case: Case, oap_server: OapServer, tm
         extra={"SW_AGENT_PROFILE_ACTIVE": "true", "SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL": "1"},
     )
     port = free_ports(1)[0]
-    cmd = gunicorn_command(port, app=case.app, workers=WORKERS, worker_class=case.worker_class)
+    if case.server == "uwsgi":
+        cmd = uwsgi_command(port, module=case.app, workers=WORKERS)
+    else:
+        cmd = gunicorn_command(port, app=case.app, workers=WORKERS, worker_class=case.worker_class)
     q = oap_server.query
     names = {f"{base}-w{i}" for i in range(WORKERS)}
-    with run_server("gunicorn", tmp_path, cmd, env, port=port, workers=WORKERS, name=service) as srv:
+    with run_server(case.server, tmp_path, cmd, env, port=port, workers=WORKERS, name=service) as srv:
         workers = set(srv.worker_pids())
         fast = load(srv.port, ["/fast"], 40, concurrency=8, traced_every=0)
         assert all(r.status == 200 for r in fast), fast[:3]
