@@ -3,7 +3,8 @@
 A task is created through GraphQL on ``/slow`` of an app served by four workers under
 ``swmp run`` (Gunicorn: sync Flask workers with the reporter process or with
 ``SW_AGENT_REPORTER_PROCESS=false``, gevent workers, the Uvicorn worker with an ASGI app;
-uWSGI's prefork workers, which enable threads by default since 2.0.26). Under load, the
+uWSGI's prefork workers, which enable threads by default since 2.0.26; and, on a Celery task's
+endpoint, a Celery prefork worker's four pool children). Under load, the
 OAP must list profiled segments from every worker, its analysis must return stack trees
 naming the slow function, and no snapshot may lie after its segment's end.
 """
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.celery_support import new_queue, run_celery, worker_command
+from tests.daemons import ServerInfo
 from tests.oap_graphql import wait_for
 from tests.oap_profile import (
     ProfiledSegment,
@@ -63,7 +66,11 @@ def test_profile_task_samples_every_worker(case: Case, oap_server: OapServer, tm
     service = unique_name("e2e-profile")
     base = f"{service}-inst"
     env = agent_env(
-        tmp_path, oap_server.grpc, service=service, instance=base, reporter_process=case.reporter_process,
+        tmp_path,
+        oap_server.grpc,
+        service=service,
+        instance=base,
+        reporter_process=case.reporter_process,
         extra={"SW_AGENT_PROFILE_ACTIVE": "true", "SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL": "1"},
     )
     port = free_ports(1)[0]
@@ -79,7 +86,12 @@ def test_profile_task_samples_every_worker(case: Case, oap_server: OapServer, tm
         assert all(r.status == 200 for r in fast), fast[:3]
         service_id = wait_for(lambda: q.service_id(service), DATA_TIMEOUT, what=f"service {service}")
         task_id = create_task(
-            q, service_id, "/slow", duration_min=1, min_duration_ms=50, dump_period_ms=10,
+            q,
+            service_id,
+            "/slow",
+            duration_min=1,
+            min_duration_ms=50,
+            dump_period_ms=10,
             max_sampling_count=MAX_SAMPLING,
         )
 
@@ -122,3 +134,79 @@ def test_profile_task_samples_every_worker(case: Case, oap_server: OapServer, tm
         # queried as such.)
         wide = analyze(q, seg.segment_id, seg.start_ms - 600_000, seg.end_ms + 600_000)
         assert snapshot_count(found) == snapshot_count(wide) >= 1, (seg, found, wide)
+
+
+def test_profile_task_samples_every_celery_child(
+    oap_server: OapServer, redis_server: ServerInfo, tmp_path: Path
+) -> None:
+    """A profile task on a Celery task's endpoint (``celery/examples.work``) reaches each of
+    the four prefork pool children (each its own instance), and the OAP lists profiled runs
+    from every child whose stack trees name the task's function."""
+    from celery import Celery
+
+    from swmp.instrument._patch import original
+
+    service = unique_name("e2e-profile-cel")
+    base = f"{service}-inst"
+    broker, queue = f"redis://127.0.0.1:{redis_server.port}/13", new_queue()
+    env = agent_env(
+        tmp_path,
+        oap_server.grpc,
+        service=service,
+        instance=base,
+        extra={
+            "CELERY_BROKER_URL": broker,
+            "CELERY_QUEUE": queue,
+            "SW_AGENT_PROFILE_ACTIVE": "true",
+            "SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL": "1",
+        },
+    )
+    app = Celery("profile-publisher", broker=broker, set_as_current=False)
+    app.conf.broker_connection_retry_on_startup = True
+    send = original(Celery, "send_task")  # this test process publishes without the agent
+    q = oap_server.query
+    names = {f"{base}-w{i}" for i in range(WORKERS)}
+
+    def publish(n: int, iterations: int) -> None:
+        for i in range(n):
+            send(app, "examples.work", (i, iterations), queue=queue)
+
+    with run_celery(tmp_path, env, worker_command("prefork", WORKERS), children=WORKERS) as worker:
+        publish(8, 10)
+        service_id = wait_for(lambda: q.service_id(service), DATA_TIMEOUT, what=f"service {service}")
+        task_id = create_task(
+            q,
+            service_id,
+            "celery/examples.work",
+            duration_min=1,
+            min_duration_ms=50,
+            dump_period_ms=10,
+            max_sampling_count=MAX_SAMPLING,
+        )
+
+        def notified() -> set[str] | None:
+            got = {name for name, op in task_logs(q, task_id) if op == "NOTIFIED"}
+            return got if got >= names else None
+
+        wait_for(notified, DATA_TIMEOUT, what="every pool child notified of the task")
+        seen: dict[str, object] = {}
+
+        def profiled_everywhere() -> list[ProfiledSegment] | None:
+            publish(8, 400_000)  # ~0.2 s of hashing each
+            found = seen["segments"] = profiled_segments(q, task_id)
+            return found if {s.instance_name for s in found} >= names else None
+
+        try:
+            segments = wait_for(profiled_everywhere, DATA_TIMEOUT, what="profiled runs from every child")
+        except AssertionError as exc:
+            log = worker.proc.log()[-3000:]
+            raise AssertionError(f"{exc}; found {seen.get('segments')}\n{log}") from None
+    app.close()
+    for seg in segments[:WORKERS]:
+
+        def trees(seg: ProfiledSegment = seg) -> list[list[dict[str, object]]] | None:
+            return analyze(q, seg.segment_id, seg.start_ms, seg.end_ms) or None
+
+        found = wait_for(trees, DATA_TIMEOUT, what=f"stack trees of segment {seg.segment_id}")
+        signatures = [str(e["codeSignature"]) for tree in found for e in tree]
+        assert any(".work:" in s for s in signatures), signatures[:20]
