@@ -61,6 +61,30 @@ CASES = [
 ]
 
 
+def task_notified_to(oap_server: OapServer, service: str, endpoint: str, names: set[str]) -> str:
+    """A profile task on ``endpoint`` of ``service`` (once the OAP knows the service), returned
+    once every instance of ``names`` was notified of it (the OAP caches tasks ~10 s; the
+    agents poll every second)."""
+    q = oap_server.query
+    service_id = wait_for(lambda: q.service_id(service), DATA_TIMEOUT, what=f"service {service}")
+    task_id = create_task(
+        q,
+        service_id,
+        endpoint,
+        duration_min=1,
+        min_duration_ms=50,
+        dump_period_ms=10,
+        max_sampling_count=MAX_SAMPLING,
+    )
+
+    def notified() -> set[str] | None:
+        got = {name for name, op in task_logs(q, task_id) if op == "NOTIFIED"}
+        return got if got >= names else None
+
+    wait_for(notified, DATA_TIMEOUT, what="every instance notified of the task")
+    return task_id
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_profile_task_samples_every_worker(case: Case, oap_server: OapServer, tmp_path: Path) -> None:
     service = unique_name("e2e-profile")
@@ -84,22 +108,7 @@ def test_profile_task_samples_every_worker(case: Case, oap_server: OapServer, tm
         workers = set(srv.worker_pids())
         fast = load(srv.port, ["/fast"], 40, concurrency=8, traced_every=0)
         assert all(r.status == 200 for r in fast), fast[:3]
-        service_id = wait_for(lambda: q.service_id(service), DATA_TIMEOUT, what=f"service {service}")
-        task_id = create_task(
-            q,
-            service_id,
-            "/slow",
-            duration_min=1,
-            min_duration_ms=50,
-            dump_period_ms=10,
-            max_sampling_count=MAX_SAMPLING,
-        )
-
-        def notified() -> set[str] | None:  # the OAP caches tasks (~10 s), we poll every second
-            got = {name for name, op in task_logs(q, task_id) if op == "NOTIFIED"}
-            return got if got >= names else None
-
-        wait_for(notified, DATA_TIMEOUT, what="every worker instance notified of the task")
+        task_id = task_notified_to(oap_server, service, "/slow", names)
 
         seen: dict[str, object] = {}
 
@@ -173,22 +182,7 @@ def test_profile_task_samples_every_celery_child(
 
     with run_celery(tmp_path, env, worker_command("prefork", WORKERS), children=WORKERS) as worker:
         publish(8, 10)
-        service_id = wait_for(lambda: q.service_id(service), DATA_TIMEOUT, what=f"service {service}")
-        task_id = create_task(
-            q,
-            service_id,
-            "celery/examples.work",
-            duration_min=1,
-            min_duration_ms=50,
-            dump_period_ms=10,
-            max_sampling_count=MAX_SAMPLING,
-        )
-
-        def notified() -> set[str] | None:
-            got = {name for name, op in task_logs(q, task_id) if op == "NOTIFIED"}
-            return got if got >= names else None
-
-        wait_for(notified, DATA_TIMEOUT, what="every pool child notified of the task")
+        task_id = task_notified_to(oap_server, service, "celery/examples.work", names)
         seen: dict[str, object] = {}
 
         def profiled_everywhere() -> list[ProfiledSegment] | None:
