@@ -385,7 +385,6 @@ def test_the_native_sw8_header_is_the_python_one() -> None:
     texts = ["", "/ep", "h:80", "/users/{id}", "é/ü", "中文:9", "a" * 300, "🙂", "x-y-z", " sp ace "]
     alphabet = string.printable + "éß中"
     texts += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 40))) for _ in range(200)]
-    checked = 0
     for i, (op, peer) in enumerate(zip(texts, reversed(texts), strict=True)):
         seg = Segment() if i % 2 else Segment(f"caller-{i}.{op[:5]}")
         span = span_module.Span(seg, [0, 1, 7, 2**31 - 1][i % 4], -1, op or "/x", 1, 3, 23, peer)
@@ -395,8 +394,6 @@ def test_the_native_sw8_header_is_the_python_one() -> None:
         decoded = P.decode_sw8(native)
         assert decoded is not None and decoded.trace_id == seg.trace_id, native
         assert (decoded.span_id, decoded.endpoint, decoded.address) == (span.span_id, op or "/x", peer)
-        checked += 1
-    assert checked == len(texts)
     for big in (2**40, 2**63 - 1):  # beyond what a decoder takes back, still the same text
         span = span_module.Span(Segment(), big, -1, "/x", 1, 3, 23, "h:1")
         assert _spancore.sw8_header(span, identity.service_b64, identity.instance_b64) == python_sw8(span)

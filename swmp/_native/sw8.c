@@ -171,21 +171,27 @@ PyObject *swmp_b64_text(PyObject *text) {
 
 PyObject *swmp_sw8_join(PyObject *trace, PyObject *segment, long long span_id, PyObject *service,
                         PyObject *instance, PyObject *endpoint, PyObject *peer) {
-    PyObject *parts[7] = {trace, segment, NULL, service, instance, endpoint, peer};
     char digits[24];
     int nd = span_id < 0 ? -1 : snprintf(digits, sizeof(digits), "%lld", span_id);
     if (nd <= 0) {
         return NULL;
     }
-    Py_ssize_t len = 2 + nd + 1; /* "1-", the span id and the dash after it */
+    /* The seven fields after the leading "1", each written after a dash. */
+    PyObject *texts[7] = {trace, segment, NULL, service, instance, endpoint, peer};
+    const char *src[7];
+    Py_ssize_t size[7];
+    Py_ssize_t len = 1 + 7;
     for (int k = 0; k < 7; k++) {
-        if (k == 2) {
-            continue;
-        }
-        if (!PyUnicode_CheckExact(parts[k]) || !PyUnicode_IS_COMPACT_ASCII(parts[k])) {
+        if (texts[k] == NULL) { /* the span id */
+            src[k] = digits;
+            size[k] = nd;
+        } else if (PyUnicode_CheckExact(texts[k]) && PyUnicode_IS_COMPACT_ASCII(texts[k])) {
+            src[k] = (const char *)PyUnicode_1BYTE_DATA(texts[k]);
+            size[k] = PyUnicode_GET_LENGTH(texts[k]);
+        } else {
             return NULL;
         }
-        len += PyUnicode_GET_LENGTH(parts[k]) + (k < 6); /* and the dash after it */
+        len += size[k];
     }
     PyObject *out = PyUnicode_New(len, 127);
     if (out == NULL) {
@@ -193,15 +199,10 @@ PyObject *swmp_sw8_join(PyObject *trace, PyObject *segment, long long span_id, P
     }
     char *o = (char *)PyUnicode_1BYTE_DATA(out);
     *o++ = '1';
-    *o++ = '-';
     for (int k = 0; k < 7; k++) {
-        const char *src = k == 2 ? digits : (const char *)PyUnicode_1BYTE_DATA(parts[k]);
-        Py_ssize_t m = k == 2 ? nd : PyUnicode_GET_LENGTH(parts[k]);
-        memcpy(o, src, (size_t)m);
-        o += m;
-        if (k < 6) {
-            *o++ = '-';
-        }
+        *o++ = '-';
+        memcpy(o, src[k], (size_t)size[k]);
+        o += size[k];
     }
     return out;
 }

@@ -120,8 +120,7 @@ def _sync_done(span: Any, call: Any) -> None:
     # ``call.code()`` (the condition's lock again and, for a response iterator, a wait loop
     # around it: ~a fifth of what the span costs such a call).
     try:
-        state = getattr(call, "_state", None)
-        code = getattr(state, "code", None) if state is not None else None
+        code = getattr(getattr(call, "_state", None), "code", None)
         if code is None:
             code = call.code()
     except Exception:
