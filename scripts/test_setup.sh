@@ -76,6 +76,10 @@ else
     log "jars for $launcher (cached in ${REALPEERS_CACHE:-~/.cache/realpeers}; downloaded only once)"
     REALPEERS_FETCH_ONLY=1 bash "$ROOT/scripts/realpeers/$launcher" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'
   done
+  # The second broker of the share-group tests (tests/realpeers.py KAFKA4_VERSION).
+  log "jars for start_kafka.sh, Kafka ${KAFKA4_VERSION:-4.2.1}"
+  KAFKA_VERSION=${KAFKA4_VERSION:-4.2.1} REALPEERS_FETCH_ONLY=1 bash "$ROOT/scripts/realpeers/start_kafka.sh" 2>&1 \
+    | sed 's/\x1b\[[0-9;]*m//g'
 fi
 
 log "done in $(( $(date +%s) - T0 ))s"

@@ -16,7 +16,7 @@ import tempfile
 from tests.brokers import rabbitmq
 from tests.cli_fixtures import new_arena, procs, shm
 from tests.daemons import mariadb_server, memcached_server, postgres_server, redis_server
-from tests.realpeers import _oap_of_today, kafka_broker, oap_server, oap_with_kafka
+from tests.realpeers import _oap_of_today, kafka4_broker, kafka_broker, oap_server, oap_with_kafka
 
 # The agent spools by default into a per-user directory: tests must not leave data there for
 # each other (or for the developer's own runs). Off for the suite; a child that drops the SW_*
@@ -29,6 +29,7 @@ atexit.register(shutil.rmtree, _STATE, True)
 
 __all__ = [
     "_oap_of_today",
+    "kafka4_broker",
     "kafka_broker",
     "mariadb_server",
     "memcached_server",

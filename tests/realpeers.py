@@ -52,6 +52,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts" / "realpeers"
 CACHE = Path(os.environ.get("REALPEERS_CACHE", Path.home() / ".cache" / "realpeers"))
 KAFKA_VERSION = os.environ.get("KAFKA_VERSION", "3.9.1")
+# A second, plain broker for what only Kafka 4 serves (KIP-932 share groups); the suite's main
+# broker stays on 3.9, the line most deployments still run.
+KAFKA4_VERSION = os.environ.get("KAFKA4_VERSION", "4.2.1")
 OAP_VERSION = os.environ.get("OAP_VERSION", "10.1.0")
 # Launch attempts: a port found free can be taken by someone else before the JVM binds it.
 _ATTEMPTS = 3
@@ -179,45 +182,48 @@ def stop_pid_file(pid_file: Path) -> None:
         )
 
 
-def start_kafka(run_dir: Path) -> KafkaBroker:
+def start_kafka(run_dir: Path, version: str = KAFKA_VERSION, secured: bool = True) -> KafkaBroker:
     """Start a single-node broker on free ports; raise PeerStartError if it does not come up.
 
-    Besides PLAINTEXT it listens with SSL, SASL_SSL and SASL_PLAINTEXT (a test CA made here).
+    Besides PLAINTEXT it listens (``secured``) with SSL, SASL_SSL and SASL_PLAINTEXT (a test CA
+    made here).
     """
-    check_tools(f"kafka-{KAFKA_VERSION}")
-    pki = make_pki(run_dir / "pki")
+    check_tools(f"kafka-{version}")
+    pki = make_pki(run_dir / "pki") if secured else None
     user, password = KafkaBroker.sasl_user, KafkaBroker.sasl_password
     out = ""
     for attempt in range(_ATTEMPTS):
         port, cport, ssl_port, sasl_ssl_port, sasl_port = free_ports(5)
         attempt_dir = run_dir / f"try{attempt}" if attempt else run_dir
         t0 = time.monotonic()
-        env = {
-            "KAFKA_PORT": str(port),
-            "KAFKA_CONTROLLER_PORT": str(cport),
-            "KAFKA_SSL_PORT": str(ssl_port),
-            "KAFKA_SASL_SSL_PORT": str(sasl_ssl_port),
-            "KAFKA_SASL_PLAINTEXT_PORT": str(sasl_port),
-            "KAFKA_KEYSTORE": str(pki.server_p12),
-            "KAFKA_KEYSTORE_PASSWORD": KEYSTORE_PASSWORD,
-            "KAFKA_SASL_USER": user,
-            "KAFKA_SASL_PASSWORD": password,
-            "KAFKA_SSL_CLIENT_CA": str(pki.ca),
-        }
+        env = {"KAFKA_VERSION": version, "KAFKA_PORT": str(port), "KAFKA_CONTROLLER_PORT": str(cport)}
+        if pki is not None:
+            env |= {
+                "KAFKA_SSL_PORT": str(ssl_port),
+                "KAFKA_SASL_SSL_PORT": str(sasl_ssl_port),
+                "KAFKA_SASL_PLAINTEXT_PORT": str(sasl_port),
+                "KAFKA_KEYSTORE": str(pki.server_p12),
+                "KAFKA_KEYSTORE_PASSWORD": KEYSTORE_PASSWORD,
+                "KAFKA_SASL_USER": user,
+                "KAFKA_SASL_PASSWORD": password,
+                "KAFKA_SSL_CLIENT_CA": str(pki.ca),
+            }
         rc, out = _run_launcher("start_kafka.sh", env, attempt_dir)
         if rc == 0:
-            return KafkaBroker(
+            broker = KafkaBroker(
                 bootstrap=f"127.0.0.1:{port}",
                 port=port,
                 controller_port=cport,
                 pid=_pid_from(attempt_dir, "kafka.pid"),
                 run_dir=attempt_dir,
                 startup_s=time.monotonic() - t0,
-                ssl_bootstrap=f"127.0.0.1:{ssl_port}",
-                sasl_ssl_bootstrap=f"127.0.0.1:{sasl_ssl_port}",
-                sasl_plaintext_bootstrap=f"127.0.0.1:{sasl_port}",
-                pki=pki,
             )
+            if pki is not None:
+                broker.ssl_bootstrap = f"127.0.0.1:{ssl_port}"
+                broker.sasl_ssl_bootstrap = f"127.0.0.1:{sasl_ssl_port}"
+                broker.sasl_plaintext_bootstrap = f"127.0.0.1:{sasl_port}"
+                broker.pki = pki
+            return broker
         stop_pid_file(attempt_dir / "kafka.pid")
         if rc != _PORT_IN_USE:
             break
@@ -317,23 +323,36 @@ def _report(config: pytest.Config, line: str) -> None:
 
 
 # ---------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="session")
-def kafka_broker(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+def _kafka_fixture(
+    request: pytest.FixtureRequest, run_dir: Path, version: str, secured: bool
 ) -> Iterator[KafkaBroker]:
-    run_dir = tmp_path_factory.mktemp("kafka")
     request.addfinalizer(lambda: stop_pid_file(run_dir / "kafka.pid"))
     _track(run_dir / "kafka.pid")
-    broker = start_kafka(run_dir)
+    broker = start_kafka(run_dir, version, secured)
     if broker.run_dir != run_dir:
         request.addfinalizer(broker.stop)
         _track(broker.run_dir / "kafka.pid")
     _report(
         request.config,
-        f"[realpeers] kafka {broker.bootstrap} pid={broker.pid} ready in {broker.startup_s:.1f}s",
+        f"[realpeers] kafka {version} {broker.bootstrap} pid={broker.pid} ready in {broker.startup_s:.1f}s",
     )
     yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KafkaBroker]:
+    yield from _kafka_fixture(request, tmp_path_factory.mktemp("kafka"), KAFKA_VERSION, secured=True)
+
+
+@pytest.fixture(scope="session")
+def kafka4_broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KafkaBroker]:
+    """A Kafka 4 broker (PLAINTEXT only) for share groups; started only by the tests using it."""
+    yield from _kafka_fixture(request, tmp_path_factory.mktemp("kafka4"), KAFKA4_VERSION, secured=False)
 
 
 def _oap_fixture(

@@ -10,7 +10,7 @@
 #
 # Environment:
 #   KAFKA_PORT (9092)  KAFKA_CONTROLLER_PORT (19093)   the caller picks free ports
-#   RUN_DIR (a new temp dir)  KAFKA_VERSION (3.9.1)  KAFKA_HEAP (512m)
+#   RUN_DIR (a new temp dir)  KAFKA_VERSION (3.9.1; 4.x also serves share groups)  KAFKA_HEAP (512m)
 #   KAFKA_READY_TIMEOUT (90 s)  REALPEERS_CACHE (~/.cache/realpeers)
 #   REALPEERS_OWNER_PID  if set, the broker is stopped when that process exits
 # Optional secured listeners (each off unless its port is set; the PLAINTEXT one stays):
@@ -92,6 +92,14 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
 log.segment.bytes=16777216
 EOF
+# Kafka 4.x share groups (KIP-932): a member learns its partitions on its next heartbeat, 5 s
+# apart by default; 1 s lets a test's share consumer start reading within a second or two.
+case "$KAFKA_VERSION" in 3.*) ;; *)
+  cat >> "$RUN_DIR/server.properties" <<EOF
+group.share.min.heartbeat.interval.ms=1000
+group.share.heartbeat.interval.ms=1000
+EOF
+;; esac
 # TLS listeners share one keystore; SASL listeners accept PLAIN (the user in the JAAS line)
 # and SCRAM (credentials written into the metadata log by the storage format below).
 SCRAM_ARGS=()

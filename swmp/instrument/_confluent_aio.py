@@ -35,6 +35,9 @@ _get_current = current_span.get
 _BATCH_KWARGS = frozenset(("partition", "callback", "on_delivery"))
 _TEXT = (bytes, str, type(None))
 _patched: list[tuple[Any, str]] = []
+# KafkaError._KEY_DESERIALIZATION / _VALUE_DESERIALIZATION (librdkafka's -160 / -159), by
+# number: this module is imported before confluent_kafka is.
+_DESERIALIZATION_ERRORS = frozenset((-160, -159))
 
 
 class TracedHeaders(list):  # type: ignore[type-arg]
@@ -63,10 +66,26 @@ def record(client: Any, msg: Any) -> None:
     try:
         if msg is None or msg.error() is not None:
             return
-        brokers = getattr(client, "_swmp_brokers", "")
-        _mq.kafka_consumed(msg.topic() or "", getattr(client, "_swmp_group", ""), msg.headers(), brokers)
+        _consumed(client, msg)
     except Exception:
         _mq.warn_once("confluent.consume", "swmp: tracing a confluent-kafka message failed")
+
+
+def record_delivered(client: Any, msg: Any) -> None:
+    """Like :func:`record`, and also for a record that arrived but failed to deserialize
+    (``DeserializingShareConsumer`` keeps it in the batch with a deserialization error)."""
+    try:
+        err = msg.error()
+        if err is not None and err.code() not in _DESERIALIZATION_ERRORS:
+            return
+        _consumed(client, msg)
+    except Exception:
+        _mq.warn_once("confluent.consume", "swmp: tracing a confluent-kafka message failed")
+
+
+def _consumed(client: Any, msg: Any) -> None:
+    brokers = getattr(client, "_swmp_brokers", "")
+    _mq.kafka_consumed(msg.topic() or "", getattr(client, "_swmp_group", ""), msg.headers(), brokers)
 
 
 # -- producer ------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """confluent-kafka: an exit span per ``Producer.produce`` / ``SerializingProducer.produce``
 inside a trace (``sw8`` in the message headers) and an entry span per message returned by
-``Consumer.poll`` / ``consume`` and ``DeserializingConsumer.poll``.
+``Consumer.poll`` / ``consume``, ``DeserializingConsumer.poll``, and the share consumers'
+``ShareConsumer.poll`` / ``DeserializingShareConsumer.poll`` (KIP-932 share groups, Kafka 4.x
+brokers; confluent-kafka 2.14+).
 
-``Producer`` and ``Consumer`` are compiled types whose methods cannot be replaced, so the
-module's ``confluent_kafka.Producer`` / ``confluent_kafka.Consumer`` names are replaced by
-subclasses that add the spans (what ``from confluent_kafka import Producer`` returns once
-the library is imported under the agent). Instances are still instances of the original
-types. Not covered there: references taken before the agent started.
+``Producer``, ``Consumer`` and ``ShareConsumer`` are compiled types whose methods cannot be
+replaced, so the module's ``confluent_kafka.Producer`` / ``Consumer`` / ``ShareConsumer``
+names are replaced by subclasses that add the spans (what ``from confluent_kafka import
+Producer`` returns once the library is imported under the agent). Instances are still
+instances of the original types. Not covered there: references taken before the agent started.
 
 ``SerializingProducer`` and ``DeserializingConsumer`` are Python classes deriving from the
 compiled types directly (not from the subclasses above), so their own ``__init__`` (to keep
@@ -21,7 +23,16 @@ writes the schema id into the headers writes it there: it reaches the message, t
 object stays unmodified). ``poll`` records the message it returns, and also one that fails to
 deserialize (the ``Key``/``ValueDeserializationError``'s ``kafka_message``) before the
 exception propagates; ``DeserializingConsumer.consume`` is the library's
-``NotImplementedError``. ``ShareConsumer`` / ``DeserializingShareConsumer`` are not traced.
+``NotImplementedError``. ``DeserializingShareConsumer`` (a Python class deriving from the
+compiled ``ShareConsumer``) is patched in place the same way; its ``poll`` marks a record that
+fails to deserialize with an error instead of raising, and that record, delivered all the
+same, gets its entry span too (a broker error in the batch gets none).
+
+A share consumer's ``poll`` returns a batch, like ``Consumer.consume``: one entry span per
+record, each recorded when the batch returns (``Kafka/<topic>/Consumer/<share group id>``); the
+application's handling of the records runs after them, outside any span. Acknowledgements
+(``acknowledge``, ``commit_sync``/``commit_async``) are not traced; a record the broker
+redelivers (released, or its lock expired) is a new delivery and gets a span of its own.
 
 Span shapes are those of the kafka-python instrumentation: ``Kafka/<topic>/Producer`` and
 ``Kafka/<topic>/Consumer/<group.id>``, components 40/41, ``mq.broker`` = the configured
@@ -110,6 +121,13 @@ def _produce(
         return send(topic, *args, **{**kwargs, "headers": traced})
 
 
+def _record_batch(client: Any, msgs: Any) -> Any:
+    """Record every message of a returned batch; the batch itself, untouched."""
+    for m in msgs:
+        _record(client, m)
+    return msgs
+
+
 def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
     class Producer(base_producer):  # type: ignore[misc]
         __doc__ = base_producer.__doc__
@@ -143,15 +161,28 @@ def _types(base_producer: Any, base_consumer: Any) -> tuple[type, type]:
 
         def consume(self, *args: Any, **kwargs: Any) -> Any:
             msgs = super().consume(*args, **kwargs)
-            if not self._swmp_aio:
-                for m in msgs:
-                    _record(self, m)
-            return msgs
+            return msgs if self._swmp_aio else _record_batch(self, msgs)
 
     for cls, base in ((Producer, base_producer), (Consumer, base_consumer)):
         cls.__module__ = base.__module__
         cls.__qualname__ = base.__qualname__
     return Producer, Consumer
+
+
+def _share_type(base: Any) -> type:
+    class ShareConsumer(base):  # type: ignore[misc]
+        __doc__ = base.__doc__
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            _remember(self, args, kwargs)
+
+        def poll(self, *args: Any, **kwargs: Any) -> Any:
+            return _record_batch(self, super().poll(*args, **kwargs))
+
+    ShareConsumer.__module__ = base.__module__
+    ShareConsumer.__qualname__ = base.__qualname__
+    return ShareConsumer
 
 
 # -- SerializingProducer / DeserializingConsumer: Python classes, patched in place ----------
@@ -192,6 +223,16 @@ def _make_poll(orig: Any) -> Any:
     return poll
 
 
+def _make_share_poll(orig: Any) -> Any:
+    def poll(self: Any, *args: Any, **kwargs: Any) -> Any:
+        msgs = orig(self, *args, **kwargs)
+        for m in msgs:
+            _confluent_aio.record_delivered(self, m)
+        return msgs
+
+    return poll
+
+
 def install(config: Config) -> None:
     import confluent_kafka  # noqa: PLC0415
 
@@ -204,6 +245,9 @@ def install(config: Config) -> None:
         (dc, "__init__", _make_init),
         (dc, "poll", _make_poll),
     ]
+    dsc = getattr(confluent_kafka, "DeserializingShareConsumer", None)  # 2.14+
+    if dsc is not None:
+        targets += [(dsc, "__init__", _make_init), (dsc, "poll", _make_share_poll)]
     patch_all(targets)
     _targets[:] = targets
     producer, consumer = _types(confluent_kafka.Producer, confluent_kafka.Consumer)
@@ -211,6 +255,10 @@ def install(config: Config) -> None:
     _originals["Consumer"] = confluent_kafka.Consumer
     confluent_kafka.Producer = producer  # type: ignore[misc,assignment]
     confluent_kafka.Consumer = consumer  # type: ignore[misc,assignment]
+    share = getattr(confluent_kafka, "ShareConsumer", None)
+    if share is not None:
+        _originals["ShareConsumer"] = share
+        confluent_kafka.ShareConsumer = _share_type(share)  # type: ignore[misc,assignment]
     _hook.defer("confluent_kafka.aio", _confluent_aio.install, key="confluent_kafka.aio")
 
 
