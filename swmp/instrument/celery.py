@@ -34,7 +34,8 @@ from swmp.instrument._mq import carrier_from, warn_once
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_CELERY_PARAMETERS, TAG_MQ_BROKER, Component, Layer
-from swmp.tracing.span import NOOP, Span
+from swmp.tracing.limits import limits
+from swmp.tracing.span import NO_TAGS, NOOP, Span, exit_child
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -53,6 +54,18 @@ _MQ = Layer.MQ
 # starts after they were imported.
 _TRACER_USERS = ("celery.worker.consumer.consumer",)
 _BROKER_ATTR = "_swmp_broker"
+
+
+def _no_fast_path(op: str, peer: str, component: int, layer: int) -> Span | None:
+    return None
+
+
+# The spans' first steps called directly, as context.new_exit_span / new_entry_span would
+# (the native common case, None otherwise): one Python frame less per publish and per run.
+_exit_child = exit_child or _no_fast_path
+_new_exit = _ctx.new_exit_span
+_entry_root = _ctx.entry_root
+_decide_entry = _ctx.decide_entry_span
 
 
 class _Settings:
@@ -108,6 +121,15 @@ def _origin_host(request: Any) -> str:
     return origin.rpartition("@")[2] if isinstance(origin, str) else ""
 
 
+def _tag_broker(span: Span, broker: str) -> None:
+    """``mq.broker``, the spans' one tag: set as the list ``span.tag`` would build when it is
+    the first and fits (every publish and run sets it)."""
+    if span.tags is NO_TAGS and len(broker) <= limits.tag_value_max:
+        span.tags = [TAG_MQ_BROKER, broker]
+    else:
+        span.tag(TAG_MQ_BROKER, broker)
+
+
 # -- publishing ------------------------------------------------------------------------------
 _SW_HEADERS = ("sw8", "sw8-correlation", "sw8-x")
 
@@ -153,26 +175,34 @@ def _wrap_send_task(orig: Any) -> Any:
         self: Any, name: str, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any
     ) -> Any:
         peer, broker = broker_of(self)
-        span = _ctx.new_exit_span(f"celery/{name}", peer, _COMPONENT, _MQ)
-        if span is NOOP or not span.recording:
+        op = f"celery/{name}"
+        span = _exit_child(op, peer, _COMPONENT, _MQ) or _new_exit(op, peer, _COMPONENT, _MQ)
+        if span.__class__ is not Span:  # NOOP, or an IgnoredSpan: not recorded
             if options.get("headers"):
                 _untraced(self, options)  # before an IgnoredSpan becomes current
             if span is NOOP:
                 return orig(self, name, args, kwargs, *rest, **options)
             with span:
                 return orig(self, name, args, kwargs, *rest, **options)
-        with span:
-            try:
-                span.tag(TAG_MQ_BROKER, broker)
-                if settings.params_length > 0:
-                    span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
-                sw = span.inject()
-                headers = options.get("headers")
-                # A copy: the caller's dict (a signature's options) is reused for other sends.
-                options["headers"] = _with_trace(headers, sw) if headers else sw
-            except Exception:
-                warn_once("celery-publish", "swmp: adding the trace to a Celery message failed")
-            return orig(self, name, args, kwargs, *rest, **options)
+        # What ``with span:`` does, spelled out: two plain method calls are cheaper.
+        span.__enter__()
+        try:
+            _tag_broker(span, broker)
+            if settings.params_length > 0:
+                span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
+            sw = span.inject()
+            headers = options.get("headers")
+            # A copy: the caller's dict (a signature's options) is reused for other sends.
+            options["headers"] = _with_trace(headers, sw) if headers else sw
+        except Exception:
+            warn_once("celery-publish", "swmp: adding the trace to a Celery message failed")
+        try:
+            result = orig(self, name, args, kwargs, *rest, **options)
+        except BaseException as e:
+            span.__exit__(type(e), e, e.__traceback__)
+            raise
+        span.__exit__(None, None, None)
+        return result
 
     return send_task
 
@@ -207,28 +237,37 @@ def _traced(trace: Any, name: str, task: Any, eager: bool) -> Any:
             span = _ctx.new_local_span(op, _COMPONENT, _MQ)
         else:
             carrier = carrier_from(request.get) if request else None
-            span = _ctx.new_entry_span(op, carrier, _COMPONENT, _MQ)
-        if span is NOOP or span.__class__ is not Span:
+            span = _entry_root(op, _COMPONENT, _MQ, carrier) or _decide_entry(op, carrier, _COMPONENT, _MQ)
+        if span.__class__ is not Span:
             with span:
                 return trace(uuid, args, kwargs, request)
         assert isinstance(span, Span)
-        with span:
-            try:
-                if request:
-                    span.peer = _origin_host(request)
-                if not broker:
-                    broker.append(broker_of(task.app)[1])
-                span.tag(TAG_MQ_BROKER, broker[0])
-                if settings.params_length > 0:
-                    span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
-            except Exception:
-                warn_once("celery-run-tags", "swmp: tagging a Celery task run failed")
+        span.__enter__()  # ``with span:`` spelled out, as in send_task
+        try:
+            if request:
+                span.peer = _origin_host(request)
+            if not broker:
+                broker.append(broker_of(task.app)[1])
+            _tag_broker(span, broker[0])
+            if settings.params_length > 0:
+                span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
+        except Exception:
+            warn_once("celery-run-tags", "swmp: tagging a Celery task run failed")
+        try:
             result = trace(uuid, args, kwargs, request)
-            try:
+        except BaseException as e:
+            span.__exit__(type(e), e, e.__traceback__)
+            raise
+        try:
+            # A successful first run (Celery's ``trace_ok_t`` with no info) has nothing to add.
+            if (request and request.get("retries")) or (
+                isinstance(result, tuple) and len(result) > 1 and result[1] is not None
+            ):
                 _outcome(span, result, request)
-            except Exception:
-                warn_once("celery-outcome", "swmp: recording a Celery task run's outcome failed")
-            return result
+        except Exception:
+            warn_once("celery-outcome", "swmp: recording a Celery task run's outcome failed")
+        span.__exit__(None, None, None)
+        return result
 
     return trace_task
 
