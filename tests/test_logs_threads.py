@@ -3,6 +3,8 @@ tests/test_logs_gunicorn.py): what is reported, exactly once, with which trace c
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import io
 import logging
 import logging.config
@@ -250,6 +252,48 @@ def test_threads_and_pool_work_continue_the_trace(sink: _sink.MemorySink, report
     # A log in a pool work item with no span of its own carries the submitting span.
     (plain,) = [r for r in logs(sink) if r[5].endswith("no span in the pool")]
     assert plain[6] == a.segment.trace_id and plain[7] == a.segment.segment_id
+
+
+def test_work_run_in_a_copy_of_the_callers_context_stays_in_its_segment(
+    sink: _sink.MemorySink, reporting: Any
+) -> None:
+    """``asyncio.to_thread`` and asgiref's ``sync_to_async`` (Django's ASGI views) run the
+    function in a copy of the caller's context, where the caller's span is current: its spans
+    are children in the caller's segment. The pool's submit adds no snapshot (it would be
+    set outside that copy, for nothing); a plain submit from the same coroutine still does."""
+    import asyncio
+
+    from asgiref.sync import SyncToAsync, sync_to_async
+
+    reporting()
+    wrapped: list[str] = []
+    submit = threads._make_submit(lambda self, fn, *a, **k: wrapped.append(fn.__class__.__name__))
+
+    async def main() -> Any:
+        with ctx.new_entry_span("/async") as entry:
+            await asyncio.to_thread(_child_span, "to-thread")
+            await sync_to_async(_child_span, thread_sensitive=False)("sync-to-async")
+            await sync_to_async(_child_span)("thread-sensitive")
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, _child_span, "run-in-executor")
+            submit(None, lambda: None)  # a plain work item: wrapped
+            submit(None, functools.partial(_child_span, "x"))  # a plain partial: wrapped
+            # What to_thread and sync_to_async submit: passed through as they are.
+            submit(None, functools.partial(contextvars.copy_context().run, _child_span, "x"))
+            submit(None, functools.partial(SyncToAsync(_child_span).thread_handler, None))
+        return entry
+
+    entry = asyncio.run(main())
+    assert wrapped == ["function", "function", "partial", "partial"]
+    segs = segments(sink)
+    (seg,) = [s for s in segs if s[R.SEG_SPANS][-1][R.SPAN_OPERATION] == "/async"]
+    children = {sp[R.SPAN_OPERATION]: sp for sp in seg[R.SEG_SPANS][:-1]}
+    assert set(children) == {"to-thread", "sync-to-async", "thread-sensitive"}
+    assert all(sp[R.SPAN_PARENT_ID] == entry.span_id for sp in children.values())
+    # run_in_executor copies no context: the work item continues the trace across threads.
+    (other,) = [s for s in segs if s[R.SEG_SPANS][0][R.SPAN_OPERATION] == "run-in-executor"]
+    assert other[R.SEG_TRACE_ID] == entry.segment.trace_id
+    assert other[R.SEG_SPANS][0][R.SPAN_REFS][0][2] == entry.segment.segment_id
 
 
 def test_thread_propagation_can_be_turned_off(sink: _sink.MemorySink, reporting: Any) -> None:

@@ -21,7 +21,8 @@ from swmp.instrument._incoming import carrier_of
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
-from swmp.tracing.span import NOOP, Span
+from swmp.tracing.limits import limits
+from swmp.tracing.span import NO_TAGS, NOOP, Span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -34,23 +35,45 @@ TRIGGER = "http.server"
 # Instance attribute of the handler while one request is handled: None = armed by
 # handle_one_request, a span = started by parse_request.
 _SPAN = "_swmp_span"
+_PYTHON = Component.PYTHON
+_HTTP = Layer.HTTP
+# context.new_entry_span's two steps, called directly: one Python frame less per request.
+_entry_root = _ctx.entry_root
+_decide_entry = _ctx.decide_entry_span
+# Handler class -> it serves WSGI (has ``run_wsgi``): asked once per class, since a failed
+# ``hasattr`` walks the class's bases and builds an AttributeError on every request.
+_serves_wsgi: dict[type, bool] = {}
+
+
+def _is_wsgi(cls: type) -> bool:
+    known = _serves_wsgi.get(cls)
+    if known is None:
+        known = hasattr(cls, "run_wsgi")
+        if len(_serves_wsgi) >= 256:  # classes made at run time: keep the memo bounded
+            _serves_wsgi.clear()
+        _serves_wsgi[cls] = known
+    return known
 
 
 def _start(handler: Any) -> Any:
     method = handler.command or "GET"
     if _ctx.policy.rules.ignore_method(method):
         return None
-    raw = handler.path or "/"
-    path = raw.split("?", 1)[0] or "/"
+    path = (handler.path or "/").partition("?")[0] or "/"
     headers = handler.headers
-    span = _ctx.new_entry_span(path, carrier_of(headers), Component.PYTHON, Layer.HTTP)
+    carrier = carrier_of(headers)
+    span = _entry_root(path, _PYTHON, _HTTP, carrier) or _decide_entry(path, carrier, _PYTHON, _HTTP)
     if span is NOOP:
         return None
     span.__enter__()
-    if isinstance(span, Span):
-        span.tag(TAG_HTTP_METHOD, method)
+    if span.__class__ is Span:
         host = headers.get("Host")
-        span.tag(TAG_HTTP_URL, f"http://{host}{path}" if host else path)  # no query, as WSGI/ASGI
+        url = f"http://{host}{path}" if host else path  # no query, as WSGI/ASGI
+        if span.tags is NO_TAGS and len(method) <= limits.tag_value_max >= len(url):
+            span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]  # the two span.tag calls
+        else:
+            span.tag(TAG_HTTP_METHOD, method)
+            span.tag(TAG_HTTP_URL, url)
         client = handler.client_address
         if isinstance(client, tuple) and len(client) >= 2:
             span.peer = f"{client[0]}:{client[1]}"
@@ -60,7 +83,7 @@ def _start(handler: Any) -> Any:
 def _armed(orig: Any) -> Any:
     def handle_one_request(self: Any) -> None:
         d = self.__dict__
-        if hasattr(type(self), "run_wsgi"):
+        if _is_wsgi(type(self)):
             orig(self)
             return
         d[_SPAN] = None

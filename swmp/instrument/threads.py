@@ -17,6 +17,7 @@ this off.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import sys
 import threading
@@ -35,9 +36,28 @@ PACKAGE = None
 SUPPORTED = ("", "")
 
 _get_current = current_span.get
-# Targets that run a pool's worker loop (one long-lived thread, many work items) or the agent.
-_SKIP_MODULES = ("concurrent.futures.", "multiprocessing.", "swmp.", "reporter_proc.", "ipc.")
+# Targets that run a pool's worker loop (one long-lived thread, many work items), the agent,
+# or asgiref's helper threads (the join of a request's executor, started by Django's ASGI
+# handler on every request; its work goes to executors, wrapped at submit).
+_SKIP_MODULES = ("concurrent.futures.", "multiprocessing.", "swmp.", "reporter_proc.", "ipc.", "asgiref.")
 _POOL = "concurrent.futures.thread"
+_partial = functools.partial
+_Context = contextvars.Context
+
+
+def _own_context(fn: Any) -> bool:
+    """The work item runs in a copy of the submitting context, where the caller's span is
+    current already: ``asyncio.to_thread`` (``partial(context.run, ...)``) and asgiref's
+    ``sync_to_async`` (Django's ASGI handler, twice a request: ``partial(thread_handler,
+    ...)``, which runs the function in the caller's copied context). A snapshot would be
+    made and set for nothing."""
+    if fn.__class__ is not _partial:
+        return False
+    owner = getattr(fn.func, "__self__", None)
+    if owner.__class__ is _Context:
+        return True
+    sync = sys.modules.get("asgiref.sync")
+    return sync is not None and owner.__class__ is getattr(sync, "SyncToAsync", None)
 
 
 def _skipped(thread: threading.Thread) -> bool:
@@ -50,7 +70,6 @@ def _skipped(thread: threading.Thread) -> bool:
 def _continuing(fn: Any, snapshot: _ctx.Snapshot) -> Any:
     """``fn`` run with ``snapshot`` as its trace parent, restored afterwards."""
 
-    @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         token = _ctx.inherit(snapshot)
         try:
@@ -65,10 +84,15 @@ def _make_start(orig: Any) -> Any:
     def start(self: threading.Thread) -> None:
         if _get_current() is not None:  # the one check outside a trace
             try:
-                snapshot = _ctx.capture()
-                if snapshot is not None and not _skipped(self):
-                    # An instance attribute: the class (and other threads) stay untouched.
-                    self.run = _continuing(self.run, snapshot)  # type: ignore[method-assign]
+                # Skipped first: a pool's worker thread (one started per request by Django's
+                # ASGI handler) needs no snapshot.
+                snapshot = None if _skipped(self) else _ctx.capture()
+                if snapshot is not None:
+                    # An instance attribute: the class (and other threads) stay untouched;
+                    # named like the method it stands for (what a debugger or a log shows).
+                    run = _continuing(self.run, snapshot)
+                    functools.update_wrapper(run, self.run)
+                    self.run = run  # type: ignore[method-assign]
             except Exception:  # never fail the application's thread start for tracing
                 pass
         return orig(self)  # type: ignore[no-any-return]
@@ -78,9 +102,11 @@ def _make_start(orig: Any) -> Any:
 
 def _make_submit(orig: Any) -> Any:
     def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        if _get_current() is not None:
+        if _get_current() is not None and not _own_context(fn):
             snapshot = _ctx.capture()
             if snapshot is not None:
+                # No functools.wraps: the pool only calls the work item, and copying its
+                # name, doc and dict cost more than the rest of the wrapping together.
                 fn = _continuing(fn, snapshot)
         return orig(self, fn, *args, **kwargs)
 
