@@ -25,6 +25,7 @@
  *
  * ``Gate`` (gate.c): a patched method whose check for a current span is made here.
  * ``split_sw8`` (sw8.c): the plain case of an incoming ``sw8`` header.
+ * The SEGMENT record's JSON (json.c): written from the spans' fields, orjson's bytes.
  * ``status_recorder`` / ``status_sender`` (status.c): a traced WSGI request's
  * ``start_response``, an ASGI request's ``send``; ``wsgi_body`` (body.c): its response.
  */
@@ -35,6 +36,7 @@
 
 #include "body.h"
 #include "gate.h"
+#include "json.h"
 #include "status.h"
 #include "sw8.h"
 
@@ -835,26 +837,78 @@ static void release_spans(SegmentCore *seg) {
  * layout), serialized, handed to the sink, counted. 1: done. 0: a step raised before
  * anything was written: the caller runs the Python emit, which does it again and counts and
  * logs the failure as it always has. -1: an error after the write (counting). */
-static int emit_fast(SegmentCore *seg) {
-    PyObject *service = PyObject_GetAttr(e_identity, s_service);
-    PyObject *instance = service == NULL ? NULL : PyObject_GetAttr(e_identity, s_instance);
-    PyObject *spans = instance == NULL ? NULL : rows_of(seg->finished, seg->skip_analysis);
+/* The record's JSON written from the fields directly (json.c); NULL with no error set when
+ * the writer declines (a value only orjson decides) or a span is not ours. */
+#define ROW_WIDTH 14
+#define STACK_SPANS 16
+
+static PyObject *record_json(SegmentCore *seg, PyObject *service, PyObject *instance) {
+    PyObject *spans = seg->finished;
+    if (!PyList_Check(spans)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(spans);
+    PyObject *stack[STACK_SPANS * ROW_WIDTH];
+    PyObject **fields = n <= STACK_SPANS ? stack : PyMem_Malloc(sizeof(PyObject *) * ROW_WIDTH * (size_t)n);
+    if (fields == NULL) {
+        return PyErr_NoMemory();
+    }
+    PyObject *out = NULL;
+    Py_ssize_t i = 0;
+    for (; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(spans, i);
+        if (!PyObject_TypeCheck(item, &SpanCoreType)) {
+            break;
+        }
+        SpanCore *s = (SpanCore *)item;
+        /* Borrowed: the writer runs no Python code, so nothing can change under it. */
+        PyObject *row[ROW_WIDTH] = {s->span_id, s->parent_id, s->start, s->end, s->op, s->peer, s->kind,
+                                    s->layer, s->component, s->is_error, seg->skip_analysis, s->tags, s->logs,
+                                    s->refs};
+        memcpy(fields + i * ROW_WIDTH, row, sizeof row);
+    }
+    if (i == n) {
+        PyObject *head[5] = {seg->trace_id, seg->segment_id, service, instance, seg->size_limited};
+        out = swmp_json_record(head, 5, fields, n, ROW_WIDTH);
+    }
+    if (fields != stack) {
+        PyMem_Free(fields);
+    }
+    return out;
+}
+
+/* The record built as lists and serialized by orjson (what the writer declined). */
+static PyObject *record_orjson(SegmentCore *seg, PyObject *service, PyObject *instance) {
+    PyObject *spans = rows_of(seg->finished, seg->skip_analysis);
     PyObject *rec = spans == NULL ? NULL : PyList_New(6);
     if (rec == NULL) {
-        Py_XDECREF(service);
-        Py_XDECREF(instance);
         Py_XDECREF(spans);
-        PyErr_Clear();
-        return 0;
+        return NULL;
     }
     PyList_SET_ITEM(rec, 0, Py_NewRef(seg->trace_id));
     PyList_SET_ITEM(rec, 1, Py_NewRef(seg->segment_id));
-    PyList_SET_ITEM(rec, 2, service);
-    PyList_SET_ITEM(rec, 3, instance);
+    PyList_SET_ITEM(rec, 2, Py_NewRef(service));
+    PyList_SET_ITEM(rec, 3, Py_NewRef(instance));
     PyList_SET_ITEM(rec, 4, Py_NewRef(seg->size_limited));
     PyList_SET_ITEM(rec, 5, spans);
     PyObject *payload = PyObject_CallOneArg(e_dumps, rec);
     Py_DECREF(rec);
+    return payload;
+}
+
+static int emit_fast(SegmentCore *seg) {
+    PyObject *service = PyObject_GetAttr(e_identity, s_service);
+    PyObject *instance = service == NULL ? NULL : PyObject_GetAttr(e_identity, s_instance);
+    PyObject *payload = NULL;
+    if (instance != NULL) {
+        payload = record_json(seg, service, instance);
+        if (payload == NULL) {
+            PyErr_Clear();
+            payload = record_orjson(seg, service, instance);
+        }
+    }
+    Py_XDECREF(service);
+    Py_XDECREF(instance);
     PyObject *sink = payload == NULL ? NULL : PyObject_CallNoArgs(e_get_sink);
     if (sink == NULL) {
         Py_XDECREF(payload);
@@ -1258,6 +1312,14 @@ static PyObject *setup_exit(PyObject *module, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+static PyObject *json_dumps(PyObject *module, PyObject *value) {
+    PyObject *out = swmp_json_dump(value);
+    if (out == NULL && !PyErr_Occurred()) {
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
      "setup(current_span, empty, count_lost): what the spans share with swmp.tracing.span."},
@@ -1290,6 +1352,8 @@ static PyMethodDef module_methods[] = {
      "status_sender(span, send): a traced ASGI request's send."},
     {"sw8_header", (PyCFunction)(void (*)(void))sw8_header, METH_FASTCALL,
      "sw8_header(span, service_b64, instance_b64): the sw8 value Span.inject sends, or None."},
+    {"json_dumps", (PyCFunction)json_dumps, METH_O,
+     "json_dumps(value): the record writer's bytes for value (orjson's), or None where it declines."},
     {"split_sw8", (PyCFunction)swmp_split_sw8, METH_O,
      "split_sw8(value): (sampled, trace_id, segment_id, span_id, tail) of a plain sw8, else None."},
     {"set_segments", (PyCFunction)(void (*)(void))set_segments, METH_FASTCALL,

@@ -1,0 +1,293 @@
+/* The SEGMENT record's JSON, written here instead of by orjson (spancore.c emit_fast).
+ *
+ * Why: every traced request and consumed message ends in one segment record, and
+ * ``orjson.dumps`` of it was ~5,700 instructions of the ~33,000 a traced WSGI request costs
+ * (its per-call set-up, the output buffer, the span rows built as lists first). The record
+ * holds only a few kinds of value (text, integers, booleans, None, nested lists), so it is
+ * written straight from the segment's and spans' fields into one buffer.
+ *
+ * The bytes are orjson's, byte for byte, for every value this writer takes (compact
+ * separators; ``"`` ``\`` and control characters escaped as orjson does, other text as raw
+ * UTF-8; integers in the signed or unsigned 64-bit range): tests/test_native_json.py holds
+ * them side by side. For anything else (a float or a dict a user put into a tag or log, an
+ * integer past 64 bits, text with a lone surrogate, nesting past MAX_DEPTH) it declines,
+ * and the caller serializes the record with orjson as before, which writes it or refuses it
+ * exactly as it always has.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "json.h"
+
+#define MAX_DEPTH 32 /* records nest 5 deep (record, spans, span, logs, log entry, fields) */
+#define DECLINED 1   /* a value orjson must decide: no error set */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+    char small[1024]; /* a typical record fits: no allocation */
+} Buf;
+
+static int grow(Buf *b, Py_ssize_t need) {
+    Py_ssize_t cap = b->cap * 2;
+    while (cap < b->len + need) {
+        cap *= 2;
+    }
+    char *data = b->data == b->small ? PyMem_Malloc((size_t)cap) : PyMem_Realloc(b->data, (size_t)cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (b->data == b->small) {
+        memcpy(data, b->small, (size_t)b->len);
+    }
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int put(Buf *b, const char *s, Py_ssize_t n) {
+    if (b->len + n > b->cap && grow(b, n) < 0) {
+        return -1;
+    }
+    memcpy(b->data + b->len, s, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+static inline int put_char(Buf *b, char c) {
+    if (b->len + 1 > b->cap && grow(b, 1) < 0) {
+        return -1;
+    }
+    b->data[b->len++] = c;
+    return 0;
+}
+
+/* orjson's escapes: the short forms for \b \t \n \f \r, \u00xx (lower-case hex) for the
+ * other control characters, \" and \\; everything else (DEL and non-ASCII UTF-8) raw. */
+static const char HEX[] = "0123456789abcdef";
+
+/* 1 for the bytes JSON text must escape: control characters, '"' and '\\'. */
+static const unsigned char ESCAPED[256] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    ['"'] = 1, ['\\'] = 1,
+};
+
+static int put_text(Buf *b, PyObject *s) {
+    Py_ssize_t n;
+    const char *u;
+    if (PyUnicode_IS_COMPACT_ASCII(s)) { /* the common case: its bytes are its UTF-8 */
+        u = (const char *)PyUnicode_DATA(s);
+        n = PyUnicode_GET_LENGTH(s);
+    } else {
+        u = PyUnicode_AsUTF8AndSize(s, &n);
+        if (u == NULL) {
+            PyErr_Clear(); /* a lone surrogate: orjson refuses it with its own error */
+            return DECLINED;
+        }
+    }
+    /* At most 6 bytes a byte, plus the quotes: reserve once, then write without checks. */
+    if (b->len + 6 * n + 2 > b->cap && grow(b, 6 * n + 2) < 0) {
+        return -1;
+    }
+    char *o = b->data + b->len;
+    *o++ = '"';
+    /* Eight bytes at a time past the ones that need no escape (most text has none):
+     * a byte below 0x20, or equal to '"' or '\\', sets its high bit in ``hit``. */
+    Py_ssize_t i = 0;
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, u + i, 8);
+        uint64_t q = w ^ (ones * '"'), bs = w ^ (ones * '\\');
+        uint64_t hit = ((w - ones * 0x20) | (q - ones) | (bs - ones)) & ~w & highs;
+        if (hit) {
+            break;
+        }
+    }
+    Py_ssize_t run = i; /* bytes copied as they are, pending */
+    for (; i < n; i++) {
+        unsigned char c = (unsigned char)u[i];
+        if (!ESCAPED[c]) {
+            run++;
+            continue;
+        }
+        memcpy(o, u + i - run, (size_t)run);
+        o += run;
+        run = 0;
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\t': *o++ = 't'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\f': *o++ = 'f'; break;
+        case '\r': *o++ = 'r'; break;
+        default:
+            *o++ = 'u';
+            *o++ = '0';
+            *o++ = '0';
+            *o++ = HEX[c >> 4];
+            *o++ = HEX[c & 15];
+        }
+    }
+    memcpy(o, u + n - run, (size_t)run);
+    o += run;
+    *o++ = '"';
+    b->len = o - b->data;
+    return 0;
+}
+
+/* Decimal digits of ``u`` (and a minus sign), written backwards from the end of a 24-byte
+ * scratch, two at a time: snprintf's locale and format parsing cost more than the rest of a
+ * record. */
+static const char PAIRS[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                            "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                            "8081828384858687888990919293949596979899";
+
+static int put_digits(Buf *b, unsigned long long u, int negative) {
+    char tmp[24];
+    char *end = tmp + sizeof tmp, *p = end;
+    while (u >= 100) {
+        unsigned r = (unsigned)(u % 100) * 2;
+        u /= 100;
+        *--p = PAIRS[r + 1];
+        *--p = PAIRS[r];
+    }
+    if (u >= 10) {
+        *--p = PAIRS[u * 2 + 1];
+        *--p = PAIRS[u * 2];
+    } else {
+        *--p = (char)('0' + u);
+    }
+    if (negative) {
+        *--p = '-';
+    }
+    return put(b, p, end - p);
+}
+
+static int put_int(Buf *b, PyObject *v) {
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow == 0) {
+        /* -x as unsigned: also right for -2**63, whose negation a long long cannot hold. */
+        return x < 0 ? put_digits(b, 0ULL - (unsigned long long)x, 1) : put_digits(b, (unsigned long long)x, 0);
+    }
+    if (overflow < 0) {
+        return DECLINED; /* below -2**63: orjson refuses it */
+    }
+    unsigned long long ux = PyLong_AsUnsignedLongLong(v);
+    if (ux == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return DECLINED; /* 2**64 or more */
+    }
+    return put_digits(b, ux, 0);
+}
+
+static int put_value(Buf *b, PyObject *v, int depth);
+
+static int put_items(Buf *b, PyObject *const *items, Py_ssize_t n, int depth) {
+    if (put_char(b, '[') < 0) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i && put_char(b, ',') < 0) {
+            return -1;
+        }
+        int r = put_value(b, items[i], depth);
+        if (r != 0) {
+            return r;
+        }
+    }
+    return put_char(b, ']');
+}
+
+static int put_value(Buf *b, PyObject *v, int depth) {
+    /* Exact types first: a pointer comparison each, no load of the type's flags. */
+    PyTypeObject *t = Py_TYPE(v);
+    if (t == &PyUnicode_Type) {
+        return put_text(b, v);
+    }
+    if (t == &PyLong_Type) {
+        return put_int(b, v);
+    }
+    if (t == &PyList_Type) {
+        return depth >= MAX_DEPTH ? DECLINED : put_items(b, ((PyListObject *)v)->ob_item, PyList_GET_SIZE(v), depth + 1);
+    }
+    if (PyUnicode_Check(v)) {
+        return put_text(b, v);
+    }
+    if (v == Py_None) {
+        return put(b, "null", 4);
+    }
+    if (v == Py_True) {
+        return put(b, "true", 4);
+    }
+    if (v == Py_False) {
+        return put(b, "false", 5);
+    }
+    if (PyLong_Check(v)) {
+        return put_int(b, v);
+    }
+    if (depth >= MAX_DEPTH) {
+        return DECLINED;
+    }
+    if (PyList_Check(v)) {
+        /* A list of text and numbers cannot change while it is written (no Python code
+         * runs here), so its item array is read directly. */
+        return put_items(b, ((PyListObject *)v)->ob_item, PyList_GET_SIZE(v), depth + 1);
+    }
+    if (PyTuple_Check(v)) {
+        return put_items(b, ((PyTupleObject *)v)->ob_item, PyTuple_GET_SIZE(v), depth + 1);
+    }
+    return DECLINED; /* floats, dicts, anything else: orjson's call */
+}
+
+static PyObject *finish(Buf *b, int r) {
+    PyObject *out = r == 0 ? PyBytes_FromStringAndSize(b->data, b->len) : NULL;
+    if (b->data != b->small) {
+        PyMem_Free(b->data);
+    }
+    return out;
+}
+
+static void init(Buf *b) {
+    b->data = b->small;
+    b->len = 0;
+    b->cap = sizeof b->small;
+}
+
+PyObject *swmp_json_dump(PyObject *value) {
+    Buf b;
+    init(&b);
+    return finish(&b, put_value(&b, value, 0));
+}
+
+PyObject *swmp_json_record(PyObject *const *head, Py_ssize_t nhead, PyObject *const *rows, Py_ssize_t nrows,
+                           Py_ssize_t width) {
+    Buf b;
+    init(&b);
+    int r = put_char(&b, '[');
+    for (Py_ssize_t i = 0; r == 0 && i < nhead; i++) {
+        r = put_value(&b, head[i], 1);
+        if (r == 0) {
+            r = put_char(&b, ',');
+        }
+    }
+    r = r ? r : put_char(&b, '[');
+    for (Py_ssize_t i = 0; r == 0 && i < nrows; i++) {
+        if (i) {
+            r = put_char(&b, ',');
+        }
+        r = r ? r : put_items(&b, rows + i * width, width, 3);
+    }
+    r = r ? r : put(&b, "]]", 2);
+    return finish(&b, r);
+}
