@@ -150,7 +150,11 @@ def carrier_from(lookup: Callable[[str], Any]) -> Any:
     sw8 = lookup(SW8)
     if sw8 is None:
         return None
-    return _carrier(sw8, lookup(SW8_CORRELATION), lookup(SW8_X))
+    correlation = lookup(SW8_CORRELATION)
+    sw8x = lookup(SW8_X)
+    if correlation is None and sw8x is None:
+        return decode_sw8(sw8)  # _carrier's common case, inlined: once per consumed message
+    return _carrier(sw8, correlation, sw8x)
 
 
 def pairs_carrier(headers: Iterable[tuple[str, Any]] | None) -> Any:

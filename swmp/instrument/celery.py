@@ -245,7 +245,8 @@ def _traced(trace: Any, name: str, task: Any, eager: bool) -> Any:
         span.__enter__()  # ``with span:`` spelled out, as in send_task
         try:
             if request:
-                span.peer = _origin_host(request)
+                origin = request.get("origin")  # _origin_host(), inlined: once per task run
+                span.peer = origin.rpartition("@")[2] if isinstance(origin, str) else ""
             if not broker:
                 broker.append(broker_of(task.app)[1])
             _tag_broker(span, broker[0])
