@@ -38,3 +38,22 @@ def per_op(python: str, script: str, child_args: Callable[[int], Sequence[str]],
     """Instructions per operation: ``child_args(k)`` are the child's arguments for k operations."""
     once, thrice = (instructions(python, script, child_args(k * n), seed) for k in (1, 3))
     return (thrice - once) / (2 * n)
+
+
+def compare(
+    cases: Sequence[str],
+    modes: tuple[str, str],
+    measure: Callable[[str, str, int], float],
+    seeds: Sequence[int],
+) -> dict[str, dict[str, float]]:
+    """For each case, ``measure(case, mode, seed)`` of both modes (mean over ``seeds``) and
+    the second minus the first, printed as a table row as it comes; the rows, by case."""
+    base, other = modes
+    print(f"{'':<24}{base:>12}{other:>12}{'added':>10}")
+    rows: dict[str, dict[str, float]] = {}
+    for case in cases:
+        got = {m: sum(measure(case, m, s) for s in seeds) / len(seeds) for m in modes}
+        added = got[other] - got[base]
+        rows[case] = {**got, "added": added}
+        print(f"{case:<24}{got[base]:>12,.0f}{got[other]:>12,.0f}{added:>10,.0f}", flush=True)
+    return rows

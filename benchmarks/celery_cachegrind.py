@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -63,19 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child[0], args.child[1], int(args.child[2]))
         return 0
-    rows = []
     print(f"instructions per task (N={args.tasks}, seeds {args.seeds}; mean over seeds)")
-    print(f"{'operation':<24}{'plain':>12}{'swmp':>12}{'added':>10}")
-    for op in args.op or DEFAULT_OPS:
-        got = {
-            m: statistics.mean(per_task(args.python, op, m, args.tasks, s) for s in args.seeds)
-            for m in ("plain", "swmp")
-        }
-        added = got["swmp"] - got["plain"]
-        rows.append({"operation": op, **got, "added": added})
-        print(f"{op:<24}{got['plain']:>12,.0f}{got['swmp']:>12,.0f}{added:>10,.0f}", flush=True)
+    rows = _cg.compare(
+        args.op or DEFAULT_OPS,
+        ("plain", "swmp"),
+        lambda op, mode, seed: per_task(args.python, op, mode, args.tasks, seed),
+        args.seeds,
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        meta = {"tasks": args.tasks, "seeds": args.seeds, "python": args.python}
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
     return 0
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -87,17 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child[0], args.child[1], int(args.child[2]))
         return 0
-    results: dict[str, dict[str, float]] = {}
     print(f"instructions per message (N={args.calls}, seeds {args.seeds}; mean over seeds)")
-    print(f"{'case':<20}{'base':>12}{'traced':>12}{'added':>10}")
-    for case in args.case or CASES:
-        got = {
-            w: statistics.mean(per_call(args.python, case, w, args.calls, s) for s in args.seeds)
-            for w in ("base", "traced")
-        }
-        added = got["traced"] - got["base"]
-        results[case] = {"base": got["base"], "traced": got["traced"], "added": added}
-        print(f"{case:<20}{got['base']:>12,.0f}{got['traced']:>12,.0f}{added:>10,.0f}", flush=True)
+    results = _cg.compare(
+        args.case or CASES,
+        ("base", "traced"),
+        lambda case, which, seed: per_call(args.python, case, which, args.calls, seed),
+        args.seeds,
+    )
     if args.json:
         meta = {"calls": args.calls, "seeds": args.seeds, "python": args.python}
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
