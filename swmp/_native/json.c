@@ -210,16 +210,14 @@ static int put_items(Buf *b, PyObject *const *items, Py_ssize_t n, int depth) {
 }
 
 static int put_value(Buf *b, PyObject *v, int depth) {
-    /* Exact types first: a pointer comparison each, no load of the type's flags. */
+    /* Exact text and integers first (most of a record): a pointer comparison each, no load
+     * of the type's flags; then the singletons, subclasses (IntEnum fields) and lists. */
     PyTypeObject *t = Py_TYPE(v);
     if (t == &PyUnicode_Type) {
         return put_text(b, v);
     }
     if (t == &PyLong_Type) {
         return put_int(b, v);
-    }
-    if (t == &PyList_Type) {
-        return depth >= MAX_DEPTH ? DECLINED : put_items(b, ((PyListObject *)v)->ob_item, PyList_GET_SIZE(v), depth + 1);
     }
     if (PyUnicode_Check(v)) {
         return put_text(b, v);

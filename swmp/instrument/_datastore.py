@@ -36,7 +36,7 @@ from swmp.tracing.constants import (
     Layer,
 )
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NO_TAGS, NOOP, NoopSpan, Span, current_span, exit_child
+from swmp.tracing.span import NO_TAGS, NOOP, NoopSpan, Span, current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -89,14 +89,10 @@ _DATABASE = Layer.DATABASE
 _CACHE = Layer.CACHE
 
 
-def _no_fast_path(op: str, peer: str, component: int, layer: int) -> Span | None:
-    return None
-
-
 # An exit span is ``_child(...) or _new_exit(...)``: context.new_exit_span's own first step
 # (the native common case, None otherwise), called here directly to save its Python frame on
 # every traced call; the general path decides the rest exactly as before.
-_child: Callable[[str, str, int, int], Span | None] = exit_child or _no_fast_path
+_child = _ctx.exit_child
 _new_exit = _ctx.new_exit_span
 
 

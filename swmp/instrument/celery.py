@@ -35,7 +35,7 @@ from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_CELERY_PARAMETERS, TAG_MQ_BROKER, Component, Layer
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NO_TAGS, NOOP, Span, exit_child
+from swmp.tracing.span import NO_TAGS, NOOP, Span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -56,13 +56,9 @@ _TRACER_USERS = ("celery.worker.consumer.consumer",)
 _BROKER_ATTR = "_swmp_broker"
 
 
-def _no_fast_path(op: str, peer: str, component: int, layer: int) -> Span | None:
-    return None
-
-
 # The spans' first steps called directly, as context.new_exit_span / new_entry_span would
 # (the native common case, None otherwise): one Python frame less per publish and per run.
-_exit_child = exit_child or _no_fast_path
+_exit_child = _ctx.exit_child
 _new_exit = _ctx.new_exit_span
 _entry_root = _ctx.entry_root
 _decide_entry = _ctx.decide_entry_span

@@ -14,15 +14,15 @@ under its development server keeps its own component.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import record_status
+from swmp.instrument._http import record_status, request_tags
 from swmp.instrument._incoming import carrier_of
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
-from swmp.tracing.limits import limits
-from swmp.tracing.span import NO_TAGS, NOOP, Span
+from swmp.tracing.constants import Component, Layer
+from swmp.tracing.span import NOOP, Span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -40,19 +40,13 @@ _HTTP = Layer.HTTP
 # context.new_entry_span's two steps, called directly: one Python frame less per request.
 _entry_root = _ctx.entry_root
 _decide_entry = _ctx.decide_entry_span
-# Handler class -> it serves WSGI (has ``run_wsgi``): asked once per class, since a failed
-# ``hasattr`` walks the class's bases and builds an AttributeError on every request.
-_serves_wsgi: dict[type, bool] = {}
 
 
+@functools.lru_cache(maxsize=256)  # bounded: handler classes may be made at run time
 def _is_wsgi(cls: type) -> bool:
-    known = _serves_wsgi.get(cls)
-    if known is None:
-        known = hasattr(cls, "run_wsgi")
-        if len(_serves_wsgi) >= 256:  # classes made at run time: keep the memo bounded
-            _serves_wsgi.clear()
-        _serves_wsgi[cls] = known
-    return known
+    """The handler class serves WSGI (has ``run_wsgi``). Asked once per class: a failed
+    ``hasattr`` walks the class's bases and builds an AttributeError on every request."""
+    return hasattr(cls, "run_wsgi")
 
 
 def _start(handler: Any) -> Any:
@@ -68,12 +62,7 @@ def _start(handler: Any) -> Any:
     span.__enter__()
     if span.__class__ is Span:
         host = headers.get("Host")
-        url = f"http://{host}{path}" if host else path  # no query, as WSGI/ASGI
-        if span.tags is NO_TAGS and len(method) <= limits.tag_value_max >= len(url):
-            span.tags = [TAG_HTTP_METHOD, method, TAG_HTTP_URL, url]  # the two span.tag calls
-        else:
-            span.tag(TAG_HTTP_METHOD, method)
-            span.tag(TAG_HTTP_URL, url)
+        request_tags(span, method, f"http://{host}{path}" if host else path)  # no query, as WSGI/ASGI
         client = handler.client_address
         if isinstance(client, tuple) and len(client) >= 2:
             span.peer = f"{client[0]}:{client[1]}"
@@ -83,7 +72,7 @@ def _start(handler: Any) -> Any:
 def _armed(orig: Any) -> Any:
     def handle_one_request(self: Any) -> None:
         d = self.__dict__
-        if _is_wsgi(type(self)):
+        if _is_wsgi(self.__class__):
             orig(self)
             return
         d[_SPAN] = None
