@@ -250,6 +250,7 @@ def test_sigkill_of_a_child_and_warm_shutdown_under_load(tmp_path: Path, redis_s
 
 
 BACKLOG = 3000
+COLD_SHUTDOWN_S = 20.0  # Celery's cold shutdown of 4 children takes well under a second
 
 
 def test_cold_shutdown_delivers_what_children_committed(tmp_path: Path, redis_server: ServerInfo) -> None:
@@ -266,7 +267,19 @@ def test_cold_shutdown_delivers_what_children_committed(tmp_path: Path, redis_se
         with run_celery(tmp_path, env, worker_command("prefork", 4), children=4) as worker:
             wait_until(lambda: len(succeeded(worker)) >= 60, 60, "60 tasks to succeed")
             worker.proc.send(signal.SIGQUIT)
-            code = wait_exit(worker)
+            code = wait_exit(worker, COLD_SHUTDOWN_S)
+            if code is None:
+                # Celery's own cold shutdown can hang (Celery 5.7, about 1 run in 40 here): when
+                # SIGQUIT lands while the main process is between the parts of a job it writes
+                # to a child, the shutdown puts its stop sentinel after the half-written job;
+                # the child waits for the rest of that job and the pool's join for the child
+                # (stacks: the main process in ``ResultHandler._flush_outqueue`` under
+                # ``on_cold_shutdown``, the child in ``Connection._recv``). A supervisor ends
+                # that with SIGKILL after its stop timeout (the children go with the main
+                # process: Celery sets their parent-death signal); what is asked of the agent
+                # below holds just the same.
+                worker.proc.send(signal.SIGKILL)
+                code = wait_exit(worker)
             assert code is not None, worker.proc.log()[-3000:]
             wait_until(lambda: not worker.arena_path().exists(), 30, "the arena to be removed")
             done = succeeded(worker)
@@ -321,8 +334,11 @@ def test_revoke_with_terminate_is_a_revoked_span(tmp_path: Path, redis_server: S
             fields = {kv["key"]: kv["value"] for kv in log["data"]}
             assert fields == {"event": "revoked", "message": "terminated by signal 9"}
             # Reported by the main process (it took a slot of its own), not by the killed child.
-            assert seg["serviceInstance"] == "cel-w2"
-            assert worker.live_slots()[2] == worker.pid
+            # Which slot depends on timing: the lowest free one when the main process first
+            # writes, which may be the one the killed child just left.
+            instance = seg["serviceInstance"]
+            assert instance in child_names(3), instance
+            assert worker.live_slots()[int(instance.rpartition("-w")[2])] == worker.pid
     app.close()
 
 
