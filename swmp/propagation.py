@@ -219,9 +219,19 @@ def encode_sw8(  # noqa: PLR0917 (the header's fields, in order)
 _split_native: Callable[[str], tuple[bool, str, str, int, str] | None] | None = None
 
 
-def use_native(split: Callable[[str], tuple[bool, str, str, int, str] | None] | None) -> None:
-    global _split_native
-    _split_native = split
+# decode_carrier(value): the whole common case in C (a plain header from a caller already in
+# ``_callers``), or None; then the split above, then the Python path.
+_carrier_native: Callable[[str], ContextCarrier | None] | None = None
+
+
+def use_native(core: Any) -> None:
+    """Decode through the native span core's fast paths (None: the Python path only)."""
+    global _split_native, _carrier_native
+    if core is None:
+        _split_native = _carrier_native = None
+        return
+    core.setup_carrier(ContextCarrier, _callers)
+    _split_native, _carrier_native = core.split_sw8, core.decode_carrier
 
 
 def decode_sw8(value: Any) -> ContextCarrier | None:
@@ -232,6 +242,10 @@ def decode_sw8(value: Any) -> ContextCarrier | None:
                 value = bytes(value).decode("ascii")
             elif not isinstance(value, str):
                 return None
+        if _carrier_native is not None:
+            carrier = _carrier_native(value)
+            if carrier is not None:
+                return carrier
         if _split_native is not None:
             fields = _split_native(value)
             if fields is not None:

@@ -283,22 +283,26 @@ def test_decoder_agrees_with_its_previous_form() -> None:
         " " + valid_sw8(seg="s" * 7) + "\n",
     ]
     alphabet = "-=+/01AZaz9\x00\xff\u00e9\ud800 \t\n٣"
-    native = 0
-    split = P._split_native
+    native = {"split": 0, "carrier": 0}
+    split, carrier = P._split_native, P._carrier_native
 
-    def counted(value: str) -> Any:
-        nonlocal native
-        fields = split(value)  # type: ignore[misc]
-        native += fields is not None
-        return fields
+    def counted(fn: Any, name: str) -> Any:
+        def call(value: str) -> Any:
+            got = fn(value)
+            native[name] += got is not None
+            return got
 
-    if split is not None:
-        P.use_native(counted)
+        return call
+
+    if split is not None and carrier is not None:
+        P._split_native, P._carrier_native = counted(split, "split"), counted(carrier, "carrier")
     try:
         _compare_mutations(rng, seeds, alphabet)
     finally:
-        P.use_native(split)
-    assert split is None or native > 1000  # the native split answered for the plain ones
+        P._split_native, P._carrier_native = split, carrier
+    # The native paths answered for the plain ones: the split for a caller seen the first
+    # time, the whole carrier once its fields are known.
+    assert split is None or (native["split"] > 1000 and native["carrier"] > 1000), native
 
 
 def _compare_mutations(rng: random.Random, seeds: list[str], alphabet: str) -> None:
@@ -316,12 +320,50 @@ def _compare_mutations(rng: random.Random, seeds: list[str], alphabet: str) -> N
         value = "".join(s)
         want = _reference_sw8(value)
         assert _fields(P.decode_sw8(value)) == want, value
-        assert _fields(P.decode_sw8(value)) == want, value
+        again = P.decode_sw8(value)  # from the callers' cache: the native carrier, if built
+        assert _fields(again) == want, value
+        if again is not None:
+            assert type(again) is P.ContextCarrier, value
+            assert again.correlation == {} and again.skip_analysis is False, value
         raw = value.encode("utf-8", "surrogatepass")
         assert _fields(P.decode_sw8(raw)) == _reference_sw8(raw), value
         agreed += 1
         valid += want is not None
     assert agreed == 200_000 and valid > 1000
+
+
+def test_the_native_carrier_is_the_one_python_builds() -> None:
+    """``decode_carrier`` (spancore.c) answers once the caller's fields are known, with a
+    ContextCarrier equal to the Python path's: each its own correlation dict, writable
+    fields, collected like any other object; the Python path still answers the rest."""
+    if P._carrier_native is None:
+        return
+    import gc
+
+    value = valid_sw8(svc="svc-native", ep="/carrier", addr="db:5432")
+    saved = P._carrier_native
+    P._carrier_native = None
+    try:
+        python_built = P.decode_sw8(value)  # fills the callers' cache
+    finally:
+        P._carrier_native = saved
+    first, second = P._carrier_native(value), P.decode_sw8(value)
+    assert first is not None and second is not None and python_built is not None
+    assert repr(first) == repr(python_built) == repr(second)
+    assert _fields(first) == _fields(python_built)
+    assert first.correlation is not second.correlation
+    assert gc.is_tracked(first)
+    first.correlation["k"] = "v"
+    first.skip_analysis = True
+    assert second.correlation == {} and second.skip_analysis is False
+    assert P._carrier_native(valid_sw8(svc="svc-never-seen")) is None  # the caller is not known yet
+    # Callers in turn, one the same length as the last with another byte (the native core
+    # remembers the last caller's text): each gets its own fields.
+    other = valid_sw8(svc="svc-nativf", ep="/carrier", addr="db:5432")
+    for v in (value, other, value, other, other, value):
+        got, want = P.decode_sw8(v), _reference_sw8(v)
+        assert _fields(got) == want, v
+    assert P._carrier_native(" " + value) is None and P.decode_sw8(" " + value) is not None
 
 
 def test_the_native_split_answers_for_plain_headers_only() -> None:
@@ -376,7 +418,7 @@ def test_the_native_sw8_header_is_the_python_one() -> None:
         saved, span_module._sw8_header = span_module._sw8_header, None
         span.segment.encoded = None
         try:
-            return span.inject()["sw8"]
+            return span_module._inject(span)["sw8"]
         finally:
             span_module._sw8_header = saved
             span.segment.encoded = None
@@ -415,3 +457,40 @@ def test_the_native_sw8_header_is_the_python_one() -> None:
     foreign = span_module.Span(seg, 1, 0, "/x", 1, 3, 23, "h:1")
     foreign.segment = PySegment()  # type: ignore[assignment]
     assert _spancore.sw8_header(foreign, identity.service_b64, identity.instance_b64) is None
+
+
+def test_the_native_inject_gives_the_python_headers() -> None:
+    """``span.inject()`` of the native core (spancore.c) returns what the Python reference
+    (``span._inject`` without the native sw8) returns: for peers that come back as the same
+    string object, as another object with the same text, or alternate with others (the
+    native core remembers the last peer's base64); for any span id; and, through the
+    reference it falls back to, with correlation data and ``sw8-x``."""
+    if not span_module.NATIVE:
+        return
+    from swmp.tracing.segment import Segment
+
+    def reference(span: Any) -> dict[str, str]:
+        saved, span_module._sw8_header = span_module._sw8_header, None
+        encoded, span.segment.encoded = span.segment.encoded, None
+        try:
+            return span_module._inject(span)
+        finally:
+            span_module._sw8_header = saved
+            span.segment.encoded = encoded
+
+    peer = "broker:5672"
+    peers = [peer, peer, "".join(["broker:", "5672"]), "other:1", peer, "é:1", "é:1", "", peer, "h\udc80:1"]
+    for i, p in enumerate(peers):
+        seg = Segment() if i % 2 else Segment(f"caller-{i}.1")
+        span = span_module.Span(seg, [0, 1, 10, 2**40][i % 4], -1, f"/op/{i}", 1, 3, 23, p)
+        seg.first = span
+        assert span.inject() == reference(span), p
+    seg = Segment()
+    span = span_module.Span(seg, 3, 0, "/x", 1, 3, 23, peer)
+    seg.first = span
+    seg.correlation = {}  # a caller's empty correlation, as the Python entry path keeps it
+    assert span.inject() == reference(span) and set(span.inject()) == {"sw8"}
+    seg.correlation = {"k": "v"}
+    seg.skip_analysis = True
+    got = span.inject()
+    assert got == reference(span) and set(got) == {"sw8", "sw8-correlation", "sw8-x"}, got

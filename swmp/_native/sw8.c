@@ -78,14 +78,15 @@ static PyObject *decode_id(const unsigned char *s, Py_ssize_t n) {
     return text;
 }
 
-PyObject *swmp_split_sw8(PyObject *module, PyObject *value) {
+int swmp_sw8_parts(PyObject *value, int *sampled, PyObject **trace_id, PyObject **segment_id, long long *span_id,
+                   Py_ssize_t *tail_at) {
     if (!PyUnicode_CheckExact(value) || !PyUnicode_IS_COMPACT_ASCII(value)) {
-        Py_RETURN_NONE;
+        return 0;
     }
     Py_ssize_t n = PyUnicode_GET_LENGTH(value);
     const unsigned char *s = PyUnicode_1BYTE_DATA(value);
     if (n == 0 || n > MAX_SW8_LENGTH || s[0] <= ' ' || s[n - 1] <= ' ') {
-        Py_RETURN_NONE; /* str.strip() territory: the Python path */
+        return 0; /* str.strip() territory: the Python path */
     }
     Py_ssize_t dash[4];
     int found = 0;
@@ -95,42 +96,57 @@ PyObject *swmp_split_sw8(PyObject *module, PyObject *value) {
         }
     }
     if (found < 4 || dash[0] != 1 || (s[0] != '0' && s[0] != '1')) {
-        Py_RETURN_NONE;
+        return 0;
     }
     Py_ssize_t span_len = dash[3] - dash[2] - 1;
     if (span_len < 1 || span_len > 10) {
-        Py_RETURN_NONE;
+        return 0;
     }
-    long long span_id = 0;
+    long long id = 0;
     for (Py_ssize_t i = dash[2] + 1; i < dash[3]; i++) {
         if (s[i] < '0' || s[i] > '9') {
-            Py_RETURN_NONE;
+            return 0;
         }
-        span_id = span_id * 10 + (s[i] - '0');
+        id = id * 10 + (s[i] - '0');
     }
-    if (span_id > MAX_SPAN_ID) {
+    if (id > MAX_SPAN_ID) {
+        return 0;
+    }
+    Py_ssize_t tid_len = dash[1] - dash[0] - 1, sid_len = dash[2] - dash[1] - 1;
+    PyObject *tid = decode_id(s + dash[0] + 1, tid_len);
+    /* The caller's segment started its trace (the usual first hop): one id, decoded once. */
+    PyObject *sid = tid == NULL                                                               ? NULL
+                    : tid_len == sid_len && memcmp(s + dash[0] + 1, s + dash[1] + 1, (size_t)tid_len) == 0
+                        ? Py_NewRef(tid)
+                        : decode_id(s + dash[1] + 1, sid_len);
+    if (sid == NULL) {
+        Py_XDECREF(tid);
+        return 0;
+    }
+    *sampled = s[0] == '1';
+    *trace_id = tid;
+    *segment_id = sid;
+    *span_id = id;
+    *tail_at = dash[3] + 1;
+    return 1;
+}
+
+PyObject *swmp_split_sw8(PyObject *module, PyObject *value) {
+    int sampled;
+    PyObject *trace_id, *segment_id;
+    long long span_id;
+    Py_ssize_t tail_at;
+    if (!swmp_sw8_parts(value, &sampled, &trace_id, &segment_id, &span_id, &tail_at)) {
         Py_RETURN_NONE;
     }
-    PyObject *trace_id = decode_id(s + dash[0] + 1, dash[1] - dash[0] - 1);
-    PyObject *segment_id = trace_id == NULL ? NULL : decode_id(s + dash[1] + 1, dash[2] - dash[1] - 1);
-    if (segment_id == NULL) {
-        Py_XDECREF(trace_id);
-        Py_RETURN_NONE;
-    }
-    PyObject *tail = PyUnicode_Substring(value, dash[3] + 1, n);
+    PyObject *tail = PyUnicode_Substring(value, tail_at, PyUnicode_GET_LENGTH(value));
     PyObject *span = tail == NULL ? NULL : PyLong_FromLongLong(span_id);
-    if (span == NULL) {
-        Py_DECREF(trace_id);
-        Py_DECREF(segment_id);
-        Py_XDECREF(tail);
-        return NULL;
-    }
-    PyObject *sampled = s[0] == '1' ? Py_True : Py_False;
-    PyObject *out = PyTuple_Pack(5, sampled, trace_id, segment_id, span, tail);
+    PyObject *out = span == NULL ? NULL
+                                 : PyTuple_Pack(5, sampled ? Py_True : Py_False, trace_id, segment_id, span, tail);
     Py_DECREF(trace_id);
     Py_DECREF(segment_id);
-    Py_DECREF(span);
-    Py_DECREF(tail);
+    Py_XDECREF(span);
+    Py_XDECREF(tail);
     return out;
 }
 
@@ -171,11 +187,18 @@ PyObject *swmp_b64_text(PyObject *text) {
 
 PyObject *swmp_sw8_join(PyObject *trace, PyObject *segment, long long span_id, PyObject *service,
                         PyObject *instance, PyObject *endpoint, PyObject *peer) {
-    char digits[24];
-    int nd = span_id < 0 ? -1 : snprintf(digits, sizeof(digits), "%lld", span_id);
-    if (nd <= 0) {
+    if (span_id < 0) {
         return NULL;
     }
+    /* The span id in decimal, written backwards (snprintf costs more than the rest). */
+    char buf[24];
+    char *digits = buf + sizeof(buf);
+    unsigned long long v = (unsigned long long)span_id;
+    do {
+        *--digits = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    Py_ssize_t nd = buf + sizeof(buf) - digits;
     /* The seven fields after the leading "1", each written after a dash. */
     PyObject *texts[7] = {trace, segment, NULL, service, instance, endpoint, peer};
     const char *src[7];

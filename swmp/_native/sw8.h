@@ -5,6 +5,11 @@
 #include <Python.h>
 void swmp_sw8_init(void);
 PyObject *swmp_split_sw8(PyObject *module, PyObject *value);
+/* split_sw8's parse without the tuple: 1 with new references in *trace_id and *segment_id
+ * and, in *tail_at, where the caller's four fields start in ``value`` (ASCII: an index is
+ * a byte offset); 0 (nothing set) when the header is not plain. Never raises. */
+int swmp_sw8_parts(PyObject *value, int *sampled, PyObject **trace_id, PyObject **segment_id, long long *span_id,
+                   Py_ssize_t *tail_at);
 /* Standard padded base64 of a str's UTF-8 bytes, as an ASCII str; NULL with no error set
  * when the text is not strictly encodable (a lone surrogate: the Python path decides). */
 PyObject *swmp_b64_text(PyObject *text);

@@ -167,10 +167,18 @@ def _untraced(app: Any, options: dict[str, Any]) -> None:
 
 
 def _wrap_send_task(orig: Any) -> Any:
+    # (app, peer, tag) of the last send, replaced as one tuple (threads may send through
+    # different apps): an application sends through one app, so every send after the first
+    # skips broker_of's call.
+    last: list[tuple[Any, str, str]] = [(None, "", "")]
+
     def send_task(
         self: Any, name: str, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any
     ) -> Any:
-        peer, broker = broker_of(self)
+        app, peer, broker = last[0]
+        if app is not self:
+            peer, broker = broker_of(self)
+            last[0] = (self, peer, broker)
         op = f"celery/{name}"
         span = _exit_child(op, peer, _COMPONENT, _MQ) or _new_exit(op, peer, _COMPONENT, _MQ)
         if span.__class__ is not Span:  # NOOP, or an IgnoredSpan: not recorded
@@ -183,7 +191,10 @@ def _wrap_send_task(orig: Any) -> Any:
         # What ``with span:`` does, spelled out: two plain method calls are cheaper.
         span.__enter__()
         try:
-            _tag_broker(span, broker)
+            if span.tags is NO_TAGS and len(broker) <= limits.tag_value_max:  # _tag_broker, inlined
+                span.tags = [TAG_MQ_BROKER, broker]
+            else:
+                span.tag(TAG_MQ_BROKER, broker)
             if settings.params_length > 0:
                 span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
             sw = span.inject()

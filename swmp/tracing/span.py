@@ -145,6 +145,10 @@ class PySpanCore:
             _set_current(prev)
         self.segment.closed(self)  # type: ignore[arg-type]
 
+    def inject(self) -> dict[str, str]:
+        """Headers that make a downstream service continue this trace with this span as parent."""
+        return _inject(self)
+
 
 def _py_rows(spans: list[Any], skip: bool) -> list[list[Any]]:
     """The span part of a SEGMENT record (positional layout of ``reporter_proc.records``)."""
@@ -169,6 +173,28 @@ def _py_rows(spans: list[Any], skip: bool) -> list[list[Any]]:
     ]
 
 
+def _inject(span: Any) -> dict[str, str]:
+    """``span.inject()``: the headers that make a downstream service continue this trace with
+    this span as parent. The pure-Python core's method, and what the native one calls for
+    anything it does not build itself (correlation data, ``sw8-x``, a pure-Python segment)."""
+    seg = span.segment
+    sw8 = _sw8_header(span, identity.service_b64, identity.instance_b64) if _sw8_header else None
+    if sw8 is None:
+        enc = seg.encoded
+        if enc is None:
+            enc = seg.encode_ids()
+        sw8 = (
+            f"1-{enc[0]}-{enc[1]}-{span.span_id}-{identity.service_b64}-{identity.instance_b64}-"
+            f"{enc[2]}-{b64_cached(span.peer)}"
+        )
+    headers = {"sw8": sw8}
+    if seg.correlation:
+        headers["sw8-correlation"] = encode_correlation(seg.correlation)
+    if seg.skip_analysis:
+        headers["sw8-x"] = "1"
+    return headers
+
+
 def _count_lost() -> None:
     stats.spans_lost += 1
 
@@ -185,7 +211,8 @@ def _native() -> Any:
     except ImportError:
         return None
     _spancore.setup(current_span, _EMPTY, _count_lost)
-    _propagation.use_native(_spancore.split_sw8)
+    _spancore.setup_inject(_inject)
+    _propagation.use_native(_spancore)
     return _spancore
 
 
@@ -287,26 +314,6 @@ class Span(_CoreType):
             self.refs = [ref]
         else:
             self.refs.append(ref)
-
-    # -- propagation -----------------------------------------------------------------------
-    def inject(self) -> dict[str, str]:
-        """Headers that make a downstream service continue this trace with this span as parent."""
-        seg = self.segment
-        sw8 = _sw8_header(self, identity.service_b64, identity.instance_b64) if _sw8_header else None
-        if sw8 is None:
-            enc = seg.encoded
-            if enc is None:
-                enc = seg.encode_ids()
-            sw8 = (
-                f"1-{enc[0]}-{enc[1]}-{self.span_id}-{identity.service_b64}-{identity.instance_b64}-"
-                f"{enc[2]}-{b64_cached(self.peer)}"
-            )
-        headers = {"sw8": sw8}
-        if seg.correlation:
-            headers["sw8-correlation"] = encode_correlation(seg.correlation)
-        if seg.skip_analysis:
-            headers["sw8-x"] = "1"
-        return headers
 
     @property
     def trace_id(self) -> str:
