@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import platform
 import socket
@@ -264,17 +265,31 @@ class Instances:
 
     async def announce_unannounced(self) -> None:
         """At shutdown, announce instances the keeper never got to (a program that lived
-        shorter than one keeper tick), within what is left of the deadline."""
+        shorter than one keeper tick), within what is left of the deadline.
+
+        A failed attempt is tried again after the usual backoff, as a batch of records is:
+        a short-lived program's first sends often meet a connection still being made (or a
+        Kafka partition leader still being elected), and with one attempt only its segments,
+        retried, reached the OAP while its instance stayed without properties."""
         if not self.managed:
             return
-        pending = [inst for inst in self.table.values() if not inst.props_sent]
-        remaining = self.stop.remaining()
-        if not pending or remaining <= 0:
-            return
-        try:
-            await asyncio.wait_for(asyncio.gather(*(self.keep_alive(i) for i in pending)), remaining)
-        except (asyncio.TimeoutError, Exception) as exc:
-            log.debug("announcing instances at shutdown: %r", exc)
+        attempt = 0
+        while True:
+            pending = [i for i in self.table.values() if not i.props_sent and i.due != math.inf]
+            if not pending or self.stop.remaining() <= 0:
+                return
+            if attempt:
+                await asyncio.sleep(min(self._backoff(attempt), self.stop.remaining()))
+                if self.stop.remaining() <= 0:
+                    return
+            attempt += 1
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(*(self.keep_alive(i) for i in pending)), self.stop.remaining()
+                )
+            except (asyncio.TimeoutError, Exception) as exc:
+                log.debug("announcing instances at shutdown: %r", exc)
+                return
 
 
 def host_properties() -> list[tuple[str, str]]:

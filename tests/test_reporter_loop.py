@@ -358,6 +358,32 @@ def test_an_unannounced_instance_is_announced_at_shutdown_while_the_last_sends_h
         w.release()
 
 
+def test_an_announcement_that_fails_at_shutdown_is_tried_again_within_the_deadline(
+    arena: Arena, run: Any
+) -> None:
+    # A short-lived program: the keeper's first announcement fails (its retry is ~1-2 s
+    # away), then the shutdown's first attempt fails too (a connection still being made).
+    # It is tried again after the backoff, inside the deadline, like a batch of records.
+    sender = MemorySender(fail_next=1)
+    r = run(
+        sender,
+        keepalive_interval_s=30.0,
+        retry_backoff_base_s=2.0,
+        retry_backoff_max_s=2.0,
+        shutdown_deadline_s=6.0,
+    )
+    w = spawn_writer(arena.path, segments_for("brief", 1), announce=True, hold=True)
+    slot = w.wait_written()
+    try:
+        wait_for(lambda: sender.failures >= 1, 10, "the keeper's announcement to fail")
+        sender.fail_next(1)
+        r.stop()
+        assert sender.failures == 2, sender.failures
+        assert [p[1] for p in sender.properties] == [f"inst-{slot}"]
+    finally:
+        w.release()
+
+
 def test_a_worker_that_says_goodbye_before_its_first_keepalive_is_still_announced(
     arena: Arena, run: Any
 ) -> None:

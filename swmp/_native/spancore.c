@@ -1251,7 +1251,8 @@ static PyObject *build_sw8(PyObject *obj, PyObject *service_b64, PyObject *insta
         return NULL;
     }
     SpanCore *span = (SpanCore *)obj;
-    if (!PyObject_TypeCheck(span->segment, &SegmentCoreType) || !PyLong_CheckExact(span->span_id) ||
+    if (span->segment == NULL || span->span_id == NULL || span->peer == NULL || /* deleted fields */
+        !PyObject_TypeCheck(span->segment, &SegmentCoreType) || !PyLong_CheckExact(span->span_id) ||
         !PyUnicode_CheckExact(span->peer)) {
         return NULL;
     }
@@ -1311,7 +1312,7 @@ static PyObject *spancore_inject(SpanCore *self, PyObject *unused) {
         return NULL;
     }
     PyObject *seg = self->segment;
-    PyObject *corr = PyObject_TypeCheck(seg, &SegmentCoreType) ? ((SegmentCore *)seg)->correlation : NULL;
+    PyObject *corr = seg != NULL && PyObject_TypeCheck(seg, &SegmentCoreType) ? ((SegmentCore *)seg)->correlation : NULL;
     if (seg_identity != NULL && corr != NULL && ((SegmentCore *)seg)->skip_analysis == Py_False &&
         (corr == no_correlation || (PyDict_CheckExact(corr) && PyDict_GET_SIZE(corr) == 0))) {
         PyObject *service = PyObject_GetAttr(seg_identity, s_service_b64);
