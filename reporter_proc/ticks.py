@@ -27,9 +27,24 @@ def next_tick(now: float, period: float) -> float:
 
 
 async def sleep_until(when: float) -> None:
-    """Sleep until ``when`` on the running loop's clock."""
+    """Sleep until ``when`` on the running loop's clock.
+
+    A timer at ``when`` itself (``call_at``), not ``asyncio.sleep(when - now)``: the relative
+    form reads the clock twice, so two jobs waiting for the same tick got deadlines apart by
+    however long each was preempted between the reads, and under load woke in separate
+    turns of the loop (separate wake-ups), defeating the shared grid."""
     loop = asyncio.get_running_loop()
-    await asyncio.sleep(max(0.0, when - loop.time()))
+    done = loop.create_future()
+    timer = loop.call_at(when, _wake, done)
+    try:
+        await done
+    finally:
+        timer.cancel()
+
+
+def _wake(done: asyncio.Future[None]) -> None:
+    if not done.done():  # cancelled while the timer was already due
+        done.set_result(None)
 
 
 async def until_next_tick(period: float) -> None:

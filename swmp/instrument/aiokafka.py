@@ -55,7 +55,7 @@ def install(config: Config) -> None:
             timestamp_ms: Any = None,
             headers: Any = None,
         ) -> Any:
-            if self.__dict__.get(INTERNAL_MARK):
+            if getattr(self, INTERNAL_MARK, False):  # not __dict__: it would de-optimise the instance
                 return await orig(self, topic, value, key, partition, timestamp_ms, headers)
             span, traced = _mq.kafka_send_span(topic, _brokers(self.client), headers)
             if span is None:

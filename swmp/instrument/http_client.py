@@ -29,7 +29,13 @@ _ATTR = "_swmp_span"
 
 
 def _pending(conn: Any) -> Any:
-    return conn.__dict__.pop(_ATTR, None)
+    """The connection's unfinished span (taken: the attribute is left None). Attribute reads
+    and writes, not ``conn.__dict__``, which on Python 3.11+ would turn the connection's
+    inline attribute values into a dict and slow every attribute access of ``http.client``."""
+    span = getattr(conn, _ATTR, None)
+    if span is not None:
+        setattr(conn, _ATTR, None)
+    return span
 
 
 def install(config: Config) -> None:
@@ -54,7 +60,7 @@ def install(config: Config) -> None:
                 merged = dict(headers) if headers else {}
                 merged.update(span.inject())
                 headers = merged
-                self.__dict__[_ATTR] = span
+                setattr(self, _ATTR, span)
             try:
                 return orig(self, method, url, body, headers if headers is not None else {}, **kw)
             except BaseException as e:
