@@ -172,7 +172,7 @@ def test_stuck_ring_fails_liveness_unless_the_backend_holds_it(shm: Path, procs:
 def test_stale_heartbeat_and_full_spool(shm: Path, procs: Any, new_arena: Any) -> None:
     arena = new_arena()
     spool = {"enabled": True, "bytes": 1000, "cap": 1000, "records": 12}
-    procs.reporter(arena, S.document(spool=spool), success_ago_s=0.0)
+    rep = procs.reporter(arena, S.document(spool=spool), success_ago_s=0.0)
     rc, doc = health_json(shm)
     assert rc == 1
     c = checks_of(doc)
@@ -180,9 +180,13 @@ def test_stale_heartbeat_and_full_spool(shm: Path, procs: Any, new_arena: Any) -
     assert [n for n, v in c.items() if v["status"] == "fail"] == ["spool"]
     # The spool is not part of readiness.
     assert health(shm, "--readiness").returncode == 0
-    # --max-heartbeat-age 0: any heartbeat is too old.
-    rc, doc = health_json(shm, "--liveness", "--max-heartbeat-age", "0")
-    assert rc == 1 and checks_of(doc)["heartbeat"]["status"] == "fail"
+    # A heartbeat that stopped is stale once it is older than the limit. (Not "--max-heartbeat-age
+    # 0" against a live one: a heartbeat written between the check's clock read and its status
+    # read has age 0, which is within the limit.)
+    rep.update(S.document(spool=spool), success_ago_s=0.0, heartbeat=False)
+    S.wait_for(lambda: (arena.status.snapshot().heartbeat_age_s() or 0) > 0.3, what="the heartbeat to age")
+    rc, doc = health_json(shm, "--liveness", "--max-heartbeat-age", "0.2")
+    assert rc == 1 and checks_of(doc)["heartbeat"]["status"] == "fail", doc
 
 
 def test_no_agent_exits_2(shm: Path, new_arena: Any, tmp_path: Path) -> None:

@@ -202,9 +202,11 @@ class FakeReporter:
         drain: bool = True,
         success_ago_s: float | None = None,
         error_ago_s: float | None = None,
+        heartbeat: bool = True,
     ) -> None:
         """Publish ``doc`` from now on. ``*_ago_s`` keep the backend timestamps relative
-        to each publication (a success "0.0 s ago" stays fresh while the test runs)."""
+        to each publication (a success "0.0 s ago" stays fresh while the test runs);
+        ``heartbeat=False`` stops the heartbeat (a hung reporter that still publishes)."""
         self.gen += 1
         body = {
             "gen": self.gen,
@@ -212,6 +214,7 @@ class FakeReporter:
             "drain": drain,
             "success_ago_s": success_ago_s,
             "error_ago_s": error_ago_s,
+            "heartbeat": heartbeat,
         }
         tmp = self.control.with_suffix(".tmp")
         tmp.write_text(json.dumps(body))
@@ -270,7 +273,8 @@ def run_reporter(args: argparse.Namespace) -> int:
                 mtime = st.st_mtime
         except (OSError, ValueError):
             pass
-        arena.status.heartbeat()
+        if control.get("heartbeat", True):
+            arena.status.heartbeat()
         if control.get("drain", True):
             for r in readers:
                 read += len(r.read())
