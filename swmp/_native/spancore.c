@@ -1317,10 +1317,8 @@ static PyObject *spancore_inject(SpanCore *self, PyObject *unused) {
         (corr == no_correlation || (PyDict_CheckExact(corr) && PyDict_GET_SIZE(corr) == 0))) {
         PyObject *service = PyObject_GetAttr(seg_identity, s_service_b64);
         PyObject *instance = service == NULL ? NULL : PyObject_GetAttr(seg_identity, s_instance_b64);
-        PyObject *sw8 = instance == NULL ? NULL
-                        : PyUnicode_CheckExact(service) && PyUnicode_CheckExact(instance)
-                            ? build_sw8((PyObject *)self, service, instance)
-                            : NULL;
+        /* Texts swmp_sw8_join cannot copy (not ASCII str) make build_sw8 decline: Python's. */
+        PyObject *sw8 = instance == NULL ? NULL : build_sw8((PyObject *)self, service, instance);
         Py_XDECREF(service);
         Py_XDECREF(instance);
         if (sw8 != NULL) {
