@@ -509,9 +509,14 @@ def test_a_large_batch_goes_on_the_next_read_tick_a_small_one_waits_for_the_flus
 ) -> None:
     """Below saturation a send costs about the same whatever it carries: a batch is sent
     early (on a read tick) only once it holds ``send_early_records``; the rest waits for the
-    flush tick (here never: 60 s) or the stop."""
-    r = run(batch_max_records=1000, flush_interval_s=60, send_early_records=100)
+    flush tick (here never: 60 s) or the stop.
+
+    The 150 are in the ring before the reporter starts, so its first pass reads them all: a
+    read tick in the middle of a writer still writing would send what it had read and hold
+    the rest (fewer than 100) for the flush tick, as designed, and the count would not be 150.
+    """
     write_all(arena.path, segments_for("big", 150))
+    r = run(batch_max_records=1000, flush_interval_s=60, send_early_records=100)
     wait_for(lambda: len(r.sender.segments) == 150, 10, "the large batch sent before any flush tick")
     write_all(arena.path, segments_for("small", 30))
     wait_for(lambda: r.reporter.counters.read.get("segment") == 180, 10, "the small batch read")
