@@ -2,8 +2,13 @@
 
 The reporter alone talks to the OAP. Every ``profile_task_interval_s`` it asks
 ``getProfileTaskCommands`` once for each live worker instance (each worker is an instance
-of its own; the OAP logs "notified" per instance) with the newest ``CreateTime`` it has
-seen (``lastCommandTime``: the OAP answers only newer tasks). The tasks that are not over
+of its own; the OAP logs "notified" per instance) with the newest ``CreateTime`` that
+instance has heard (``lastCommandTime``: the OAP answers only newer tasks). Per instance,
+not one for the reporter: the OAP refreshes its task cache on its own schedule, so in one
+round the first workers may ask before a new task is cached and the others after; with one
+shared time, those first workers would never hear of it (nor would an instance that
+appears later, or one a failed round skipped), and the OAP would never list them as
+notified nor expect their "finished" report. The tasks that are not over
 go onto the board (``reporter_proc.taskboard``), which every worker reads when its
 generation changes: no pipe or socket per worker, and the same code in process and thread
 mode (in thread mode the board is that of the process's private arena).
@@ -87,7 +92,7 @@ class ProfileTaskPoller:
         self.instances = instances  # (service, instance) of every live worker
         self.interval_s = max(0.05, interval_s)
         self.clock_ms = clock_ms
-        self.last_command_time = 0
+        self.last_command_time: dict[tuple[str, str], int] = {}  # per (service, instance)
         self.tasks: dict[str, KnownTask] = {}
         self.posted: list[BoardTask] | None = None
         self.polls = 0
@@ -106,12 +111,14 @@ class ProfileTaskPoller:
 
     async def poll(self) -> None:
         """One round of ``getProfileTaskCommands``; errors are logged once and retried next round."""
-        last = self.last_command_time
-        newest = last
+        heard = self.last_command_time
+        live = list(self.instances())
         now = self.clock_ms()
-        for service, instance in list(self.instances()):
+        for key in live:
+            service, instance = key
+            newest = heard.get(key, 0)
             try:
-                commands = await self.sender.fetch_profile_commands(service, instance, last)
+                commands = await self.sender.fetch_profile_commands(service, instance, newest)
             except SendError as exc:
                 self.journal.log_once(
                     "profile-poll", logging.WARNING, "cannot fetch profile tasks (retrying every %.0f s): %s",
@@ -135,9 +142,12 @@ class ProfileTaskPoller:
                         task.task_id, task.endpoint, (task.end_ms - task.start_ms) // 60_000, task.start_ms,
                         task.dump_period_ms, task.min_duration_ms, task.max_sampling_count,
                     )
-                known.notified.add((service, instance))
+                known.notified.add(key)
+            heard[key] = newest
         self.polls += 1
-        self.last_command_time = newest
+        # Forget the instances that are gone (a worker's instance is never reused).
+        for key in heard.keys() - set(live):
+            del heard[key]
         self.post()
 
     def post(self) -> None:

@@ -177,7 +177,7 @@ def test_poller_posts_tasks_and_reports_them_finished(arena: Arena) -> None:
     async def scenario() -> None:
         await poller.poll()
         assert sender.profile_queries == [("svc", "i-w0", 0), ("svc", "i-w1", 0)]
-        assert poller.last_command_time == 5
+        assert poller.last_command_time == {("svc", "i-w0"): 5, ("svc", "i-w1"): 5}
         gen, doc = arena.board.read() or (0, b"")
         assert [t.task_id for t in taskboard.decode(doc)] == ["t1"]
         await poller.poll()  # nothing new: the board is not rewritten
@@ -191,6 +191,46 @@ def test_poller_posts_tasks_and_reports_them_finished(arena: Arena) -> None:
         assert taskboard.decode((arena.board.read() or (0, b""))[1]) == []
         await poller.finish_due()
         assert len(sender.finishes) == 2  # once per instance
+
+    asyncio.run(scenario())
+
+
+class _CachedLate(MemorySender):
+    """An OAP whose task cache takes the new task in between two instances' queries."""
+
+    async def fetch_profile_commands(
+        self, service: str, instance: str, last_command_time: int
+    ) -> list[dict[str, str]]:
+        got = await super().fetch_profile_commands(service, instance, last_command_time)
+        if not self.profile_commands:
+            self.profile_commands = [command(StartTime="10000000", Duration="1", CreateTime="5")]
+        return got
+
+
+def test_every_instance_hears_a_task_the_oap_cached_in_the_middle_of_a_round(arena: Arena) -> None:
+    """Each instance asks with the newest task time *it* heard: with one time for the whole
+    reporter, the instances that asked before the OAP cached the task never heard of it
+    (seen against the real OAP: its profiling test waited in vain for every instance to be
+    notified). An instance that appears later hears the running task too, and instances
+    that are gone are forgotten."""
+    sender = _CachedLate()
+    live = [("svc", "i-w0"), ("svc", "i-w1")]
+    poller = ProfileTaskPoller(
+        arena.board, Journal(ReporterSettings()), sender, StopState(), lambda: live,
+        interval_s=1, clock_ms=lambda: 10_000_000,
+    )
+
+    async def scenario() -> None:
+        await poller.poll()  # i-w0 asks before the task is cached, i-w1 after
+        assert poller.tasks["t1"].notified == {("svc", "i-w1")}
+        await poller.poll()
+        assert sender.profile_queries[-2:] == [("svc", "i-w0", 0), ("svc", "i-w1", 5)]
+        assert poller.tasks["t1"].notified == {("svc", "i-w0"), ("svc", "i-w1")}
+        live[:] = [("svc", "i-w1"), ("svc", "i-w2")]  # i-w0's worker exited, i-w2 started
+        await poller.poll()
+        assert sender.profile_queries[-1] == ("svc", "i-w2", 0)
+        assert poller.tasks["t1"].notified == {("svc", "i-w0"), ("svc", "i-w1"), ("svc", "i-w2")}
+        assert poller.last_command_time == {("svc", "i-w1"): 5, ("svc", "i-w2"): 5}
 
     asyncio.run(scenario())
 

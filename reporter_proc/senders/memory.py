@@ -143,7 +143,8 @@ class MemorySender(Sender):
             raise UnsupportedError("memory sender configured without profile")
         with self._lock:
             self.profile_queries.append((service, instance, last_command_time))
-            return [dict(c) for c in self.profile_commands]
+            # As the OAP answers: only the commands created after the asker's last one.
+            return [dict(c) for c in self.profile_commands if _created(c) > last_command_time]
 
     async def close(self) -> None:
         if self._fd >= 0:
@@ -215,3 +216,10 @@ def read_memory_file(path: str) -> list[dict[str, Any]]:
         if line.strip():
             out.append(orjson.loads(line))
     return out
+
+
+def _created(command: dict[str, str]) -> int:
+    try:
+        return int(command.get("CreateTime", "0") or 0)
+    except ValueError:
+        return 0
