@@ -64,6 +64,11 @@ class Instances:
         self.sender = sender
         self.stop = stop
         self.table: dict[int, Instance] = {}
+        # Workers that left before the keeper announced them and whose slot a successor took
+        # in the meantime: announced once on the keeper's next round, then forgotten. (A
+        # Celery child recycled by --max-tasks-per-child may live less than a keeper tick:
+        # replaced in the table, it was never announced.)
+        self.departed: list[Instance] = []
         self.live: dict[int, int] = {}  # slot -> pid of the workers alive at the last check
         self.last_live_check = 0.0
         # Thread mode: our own process's slot locks are invisible to F_GETLK.
@@ -105,6 +110,9 @@ class Instances:
         )
         if not isinstance(service, str) or not isinstance(instance, str) or not isinstance(props, list):
             raise TypeError("bad field types")
+        before = self.table.get(slot)
+        if before is not None and before.pid != pid and not before.props_sent:
+            self.departed.append(before)
         self.table[slot] = Instance(
             record=rec,
             pid=pid,
@@ -204,6 +212,9 @@ class Instances:
         s = self.journal.settings
         tick = min(1.0, max(0.05, s.keepalive_interval_s))
         while True:
+            departed, self.departed = self.departed, []
+            for inst in departed:
+                await self._announce_once(inst)
             live = self.table_live()
             gone = [slot for slot, inst in self.table.items() if inst.leaving or live.get(slot) != inst.pid]
             if gone:
@@ -275,7 +286,8 @@ class Instances:
             return
         attempt = 0
         while True:
-            pending = [i for i in self.table.values() if not i.props_sent and i.due != math.inf]
+            candidates = [*self.departed, *self.table.values()]
+            pending = [i for i in candidates if not i.props_sent and i.due != math.inf]
             if not pending or self.stop.remaining() <= 0:
                 return
             if attempt:

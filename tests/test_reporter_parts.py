@@ -360,3 +360,35 @@ def test_the_keeper_asks_only_for_the_slots_of_its_instances(tmp_path: Path) -> 
         assert sorted(set(asked)) == [3, 7]
     finally:
         arena.close()
+
+
+def test_a_worker_replaced_in_its_slot_before_the_keeper_announced_it_is_announced_too(
+    tmp_path: Path,
+) -> None:
+    """A Celery child recycled after a few tasks can live less than a keeper tick; its
+    successor takes the same slot. Both processes are announced (each with its own
+    "Process No."), the one that left once."""
+    arena = Arena.create(str(tmp_path / "r.arena"), slots=4, ring_capacity=4096)
+    sender = MemorySender()
+    table = Instances(arena, journal(), sender, StopState(), own_process_slots=False, backoff=lambda n: 1.0)
+    table.on_record(R.WORKER_START, orjson.loads(worker_start(pid=4_000_001, slot=2)))
+    table.on_record(R.WORKER_STOP, R.worker_stop(4_000_001, 2))
+    table.on_record(R.WORKER_START, orjson.loads(worker_start(pid=4_000_002, slot=2)))
+
+    def pids() -> list[str]:
+        return [dict(p[2])["Process No."] for p in sender.properties]
+
+    async def one_round() -> None:
+        task = asyncio.ensure_future(table.run())
+        for _ in range(200):
+            if len(sender.properties) == 2:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    try:
+        asyncio.run(one_round())
+        assert sorted(pids()) == ["4000001", "4000002"]
+        assert not table.departed
+    finally:
+        arena.close()
