@@ -212,16 +212,13 @@ class Instances:
         s = self.journal.settings
         tick = min(1.0, max(0.05, s.keepalive_interval_s))
         while True:
-            departed, self.departed = self.departed, []
-            for inst in departed:
-                await self._announce_once(inst)
             live = self.table_live()
             gone = [slot for slot, inst in self.table.items() if inst.leaving or live.get(slot) != inst.pid]
             if gone:
                 for slot in gone:
-                    inst = self.table.pop(slot)
-                    await self._announce_once(inst)
+                    self.departed.append(self.table.pop(slot))
                 self.save()
+            await self._announce_departed()
             if self.managed:
                 for inst in list(self.table.values()):
                     if self.stop.stopping:
@@ -230,9 +227,16 @@ class Instances:
                         await self.keep_alive(inst)
             await until_next_tick(tick)
 
-    async def _announce_once(self, inst: Instance) -> None:
-        if not inst.props_sent and self.managed:
-            await self.keep_alive(inst)
+    async def _announce_departed(self) -> None:
+        """Announce once the workers that left unannounced, then forget them. Each stays in
+        ``departed`` until its attempt is over: the stop cancels this task, possibly in the
+        middle of one, and ``announce_unannounced`` then finds it there (taken out first, it
+        was lost: a one-shot program's instance stayed without properties, seen against the
+        OAP)."""
+        for inst in list(self.departed):
+            if not inst.props_sent and self.managed:
+                await self.keep_alive(inst)
+            self.departed = [d for d in self.departed if d is not inst]
 
     async def keep_alive(self, inst: Instance) -> None:
         s = self.journal.settings

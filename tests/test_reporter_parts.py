@@ -392,3 +392,36 @@ def test_a_worker_replaced_in_its_slot_before_the_keeper_announced_it_is_announc
         assert not table.departed
     finally:
         arena.close()
+
+
+def test_an_announcement_cut_by_the_stop_is_made_by_the_shutdown_announcement(tmp_path: Path) -> None:
+    """A one-shot program's worker left before the keeper's round; the keeper was announcing
+    it when the stop cancelled the keeper. The shutdown's announcement still makes it (the
+    keeper had taken it out of its table first, and it was lost)."""
+    arena = Arena.create(str(tmp_path / "c.arena"), slots=4, ring_capacity=4096)
+    sender = MemorySender()
+    stop = StopState()
+    table = Instances(arena, journal(), sender, stop, own_process_slots=False, backoff=lambda n: 0.01)
+    table.on_record(R.WORKER_START, orjson.loads(worker_start(pid=4_000_003, slot=1)))
+    table.on_record(R.WORKER_STOP, R.worker_stop(4_000_003, 1))
+    sender.block(frozenset({"management"}))
+
+    async def scenario() -> None:
+        keeper = asyncio.ensure_future(table.run())
+        for _ in range(200):  # the keeper's round: the worker is gone, its announcement waits
+            if sender.calls:
+                break
+            await asyncio.sleep(0.01)
+        assert sender.calls == 1 and not table.table
+        stop.begin("test", 5.0)
+        keeper.cancel()  # what _flush_and_close does to the keeper
+        await asyncio.gather(keeper, return_exceptions=True)
+        sender.unblock()
+        await table.announce_unannounced()
+
+    try:
+        asyncio.run(scenario())
+        assert [dict(p[2])["Process No."] for p in sender.properties] == ["4000003"]
+        assert len(sender.keepalives) == 1
+    finally:
+        arena.close()

@@ -26,16 +26,15 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
 
 import psutil
 
+from swmp.demo.load import Load, request_plan
 from swmp.traceview import render
 from swmp.traceview.model import TraceSummary
 from swmp.traceview.sources import CollectorSource, Filters, OapSource, Source, SourceError
@@ -62,23 +61,6 @@ def _examples_root() -> Path:
         raise DemoError(f"examples/ not found next to swmp ({root}); run the demo from a checkout")
     return root
 
-
-def request_plan(n: int) -> list[str]:
-    """The paths to send: most succeed, a quarter fan out to the inventory, some fail."""
-    plan = []
-    for i in range(n):
-        k = i % 20
-        if k in (0, 5, 10, 15):
-            plan.append("/call?item=widget")
-        elif k == 7:
-            plan.append("/call?item=discontinued")  # fails in the inventory: error across services
-        elif k == 13:
-            plan.append("/error")
-        elif k % 2:
-            plan.append("/io")
-        else:
-            plan.append("/cpu")
-    return plan
 
 
 def _die_with_parent() -> None:
@@ -135,8 +117,7 @@ class Demo:
         self.arenas.mkdir(mode=0o700)
         self.collector_url = ""
         self.keep_collector = False
-        self._stop_load = threading.Event()
-        self._load_threads: list[threading.Thread] = []
+        self.load = Load(self.out, max(1, args.concurrency))
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
@@ -154,10 +135,10 @@ class Demo:
             self.say(f"swmp demo: {exc}")
             code = 1
         finally:
-            self._stop_load.set()
+            self.load.stop()
             try:
                 self._stop_all()
-                self._join_load()
+                self.load.join()
             finally:
                 signal.signal(signal.SIGTERM, previous)
         return code
@@ -212,7 +193,7 @@ class Demo:
         )
 
         plan = request_plan(max(1, a.requests))
-        failed = self._send(base, plan)
+        failed = self.load.send(base, plan)
         fanouts = sum(1 for p in plan if p.startswith("/call"))
         expected = len(plan) + fanouts  # one segment per request per process it went through
         self.say(
@@ -372,61 +353,7 @@ class Demo:
             with contextlib.suppress(psutil.Error):
                 p.kill()
 
-    # -- load and results ------------------------------------------------------------------
-    def _send(self, base: str, plan: list[str]) -> int:
-        """Send ``plan`` from ``--concurrency`` threads; returns how many answered with an error.
-
-        Why not a ThreadPoolExecutor: Ctrl-C raises KeyboardInterrupt wherever the main thread
-        is, and ``pool.map`` spends its first second submitting every request while holding
-        the executor's locks. Interrupted inside one of those ``with`` blocks, it left
-        concurrent.futures' global lock held, and the interpreter's exit hook, which takes it,
-        hung the demo after it had stopped everything (seen once in a test run). Here the main
-        thread only sleeps while the load runs, and the load threads are daemons that stop
-        taking requests once told to."""
-        total = len(plan)
-        progress = _Progress(self.out, total)
-        stop = self._stop_load
-        todo = iter(plan)
-        lock = threading.Lock()
-        running = [max(1, self.args.concurrency)]
-        finished = threading.Event()
-
-        def next_path() -> str | None:
-            with lock:
-                return None if stop.is_set() else next(todo, None)
-
-        def load() -> None:
-            try:
-                while (path := next_path()) is not None:
-                    progress.done(_request(base + path), stop)
-            finally:
-                with lock:
-                    running[0] -= 1
-                    if running[0] == 0:
-                        finished.set()
-
-        self._load_threads = [
-            threading.Thread(target=load, name=f"swmp-demo-load-{i}", daemon=True) for i in range(running[0])
-        ]
-        for t in self._load_threads:
-            t.start()
-        try:
-            while not finished.is_set():
-                time.sleep(0.05)  # where Ctrl-C lands during the load
-        except BaseException:
-            stop.set()
-            raise
-        progress.end()
-        return progress.failed
-
-    def _join_load(self, timeout: float = 20.0) -> None:
-        """After a Ctrl-C: let the load threads finish the request each had in flight (the
-        servers are stopped by now, so it fails at once or times out in 15 s), so none is
-        still writing to stdout while the interpreter exits."""
-        deadline = time.monotonic() + timeout
-        for t in self._load_threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-
+    # -- results ---------------------------------------------------------------------------
     def _wait_delivered(self, source: Source, expected: int, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         if isinstance(source, CollectorSource):
@@ -468,61 +395,6 @@ class Demo:
             errors = source.recent(Filters(errors_only=True, limit=1, minutes=15))
             failing = errors[0] if errors else None
         return crossing, failing
-
-
-def _request(url: str) -> bool:
-    """One GET; True when it was answered with a success."""
-    try:
-        with urllib.request.urlopen(url, timeout=15) as resp:
-            resp.read()
-        return True
-    except urllib.error.HTTPError as exc:
-        exc.read()
-        return False
-    except OSError:
-        return False
-
-
-class _Progress:
-    """The progress of the load: a bar redrawn in place on a terminal, a line per quarter in
-    a log file (not a line per request)."""
-
-    _WIDTH = 30
-
-    def __init__(self, out: TextIO, total: int) -> None:
-        self.out = out
-        self.total = total
-        self.tty = out.isatty()
-        self.finished = 0
-        self.failed = 0
-        self._shown = -1
-        self._lock = threading.Lock()
-
-    def done(self, ok: bool, stop: threading.Event) -> None:
-        with self._lock:
-            self.finished += 1
-            self.failed += not ok
-            if stop.is_set():  # interrupted: the demo is printing its own lines now
-                return
-            width = self._WIDTH
-            filled = self.finished * width // self.total
-            bar = "#" * filled + "." * (width - filled)
-            if self.tty:
-                print(
-                    f"\r[{bar}] {self.finished}/{self.total} requests, {self.failed} errors",
-                    end="",
-                    file=self.out,
-                    flush=True,
-                )
-                return
-            step = self.finished * 4 // self.total
-            if step != self._shown:
-                self._shown = step
-                print(f"[{bar}] {self.finished}/{self.total} requests", file=self.out, flush=True)
-
-    def end(self) -> None:
-        if self.tty:
-            print(file=self.out, flush=True)
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
