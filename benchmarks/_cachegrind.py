@@ -10,6 +10,7 @@ fixed, so a rerun of the same code gives the same count within a few instruction
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -56,4 +57,20 @@ def compare(
         added = got[other] - got[base]
         rows[case] = {**got, "added": added}
         print(f"{case:<24}{got[base]:>12,.0f}{got[other]:>12,.0f}{added:>10,.0f}", flush=True)
+    return rows
+
+
+def compare_to_json(
+    cases: Sequence[str],
+    modes: tuple[str, str],
+    measure: Callable[[str, str, int], float],
+    seeds: Sequence[int],
+    *,
+    json_path: str | None,
+    meta: dict[str, object],
+) -> dict[str, dict[str, float]]:
+    """:func:`compare`, then the rows (with ``meta``) written to ``json_path`` if given."""
+    rows = compare(cases, modes, measure, seeds)
+    if json_path:
+        Path(json_path).write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
     return rows

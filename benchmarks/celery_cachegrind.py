@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 from pathlib import Path
 
@@ -63,15 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         _child(args.child[0], args.child[1], int(args.child[2]))
         return 0
     print(f"instructions per task (N={args.tasks}, seeds {args.seeds}; mean over seeds)")
-    rows = _cg.compare(
+    _cg.compare_to_json(
         args.op or DEFAULT_OPS,
         ("plain", "swmp"),
         lambda op, mode, seed: per_task(args.python, op, mode, args.tasks, seed),
         args.seeds,
+        json_path=args.json,
+        meta={"tasks": args.tasks, "seeds": args.seeds, "python": args.python},
     )
-    if args.json:
-        meta = {"tasks": args.tasks, "seeds": args.seeds, "python": args.python}
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
     return 0
 
 

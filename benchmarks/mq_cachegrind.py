@@ -33,7 +33,6 @@ Run the real interpreter binary, not a pyenv shim (``--python``; default: this o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -87,15 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         _child(args.child[0], args.child[1], int(args.child[2]))
         return 0
     print(f"instructions per message (N={args.calls}, seeds {args.seeds}; mean over seeds)")
-    results = _cg.compare(
+    _cg.compare_to_json(
         args.case or CASES,
         ("base", "traced"),
         lambda case, which, seed: per_call(args.python, case, which, args.calls, seed),
         args.seeds,
+        json_path=args.json,
+        meta={"calls": args.calls, "seeds": args.seeds, "python": args.python},
     )
-    if args.json:
-        meta = {"calls": args.calls, "seeds": args.seeds, "python": args.python}
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     return 0
 
 
