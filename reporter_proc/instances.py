@@ -64,10 +64,10 @@ class Instances:
         self.sender = sender
         self.stop = stop
         self.table: dict[int, Instance] = {}
-        # Workers that left before the keeper announced them and whose slot a successor took
-        # in the meantime: announced once on the keeper's next round, then forgotten. (A
-        # Celery child recycled by --max-tasks-per-child may live less than a keeper tick:
-        # replaced in the table, it was never announced.)
+        # Workers gone from the table (they left, or a successor took their slot before the
+        # keeper's round: a Celery child recycled by --max-tasks-per-child may live less than
+        # a tick): the keeper announces each once if it never was, then forgets it; the
+        # shutdown announces those it did not get to.
         self.departed: list[Instance] = []
         self.live: dict[int, int] = {}  # slot -> pid of the workers alive at the last check
         self.last_live_check = 0.0

@@ -145,7 +145,8 @@ class ProfileTaskPoller:
                 known.notified.add(key)
             heard[key] = newest
         self.polls += 1
-        # Forget the instances that are gone (a worker's instance is never reused).
+        # Forget the instances no longer live. A name that comes back (a recycled worker's
+        # slot name) asks from 0 again: the OAP answers its running tasks again, harmless.
         for key in heard.keys() - set(live):
             del heard[key]
         self.post()

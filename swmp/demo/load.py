@@ -39,6 +39,9 @@ def request_plan(n: int) -> list[str]:
 
 
 class Load:
+    """``send`` runs a plan from ``concurrency`` daemon threads; ``stop`` (from the main
+    thread's Ctrl-C handling) ends it after the requests in flight; ``join`` waits for them."""
+
     def __init__(self, out: TextIO, concurrency: int) -> None:
         self.out = out
         self.concurrency = max(1, concurrency)
