@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ipc
@@ -195,6 +195,8 @@ _doc = st.fixed_dictionaries(
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(doc=_doc)
+# Found by the search in a whole run: two counters near the 64-bit limit summed past it.
+@example(doc={"dropped": {"": -2, "0": -9.223372036854776e18}})
 def test_any_document_renders_within_the_contract(arena: ipc.Arena, doc: dict[str, Any]) -> None:
     raw = orjson.dumps(doc, option=orjson.OPT_PASSTHROUGH_DATACLASS) if _jsonable(doc) else b"{"
     if len(raw) > 8000:

@@ -144,17 +144,22 @@ def number(value: Any) -> int:
     if isinstance(value, float) and math.isfinite(value):
         value = int(value)
     if isinstance(value, int):
-        return max(-_I64, min(_I64, value))
+        return _clamp(value)
     return 0
 
 
+def _clamp(value: int) -> int:
+    return max(-_I64, min(_I64, value))
+
+
 def counter_sum(value: Any) -> int:
-    """Sum of a counter or a ``{kind: counter}`` map (the document uses both)."""
+    """Sum of a counter or a ``{kind: counter}`` map (the document uses both), clamped like
+    each of its terms (two terms near the limits would sum past it)."""
     if isinstance(value, dict):
-        return sum(number(v) for v in value.values())
+        return _clamp(sum(number(v) for v in value.values()))
     return number(value)
 
 
 def delta(after: int, before: int) -> int:
     """Growth of a counter; a counter that went backwards was reset (a new reporter)."""
-    return after - before if after >= before else after
+    return _clamp(after - before) if after >= before else after
