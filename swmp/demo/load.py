@@ -50,7 +50,7 @@ class Load:
 
     def send(self, base: str, plan: list[str]) -> int:
         """Send ``plan`` to ``base``; returns how many answered with an error."""
-        progress = _Progress(self.out, len(plan))
+        progress = _Progress(self.out, len(plan), self._stop)
         stop = self._stop
         todo = iter(plan)
         lock = threading.Lock()
@@ -64,7 +64,7 @@ class Load:
         def load() -> None:
             try:
                 while (path := next_path()) is not None:
-                    progress.done(_request(base + path), stop)
+                    progress.done(_request(base + path))
             finally:
                 with lock:
                     running[0] -= 1
@@ -117,20 +117,21 @@ class _Progress:
 
     _WIDTH = 30
 
-    def __init__(self, out: TextIO, total: int) -> None:
+    def __init__(self, out: TextIO, total: int, stop: threading.Event) -> None:
         self.out = out
         self.total = total
+        self.stop = stop
         self.tty = out.isatty()
         self.finished = 0
         self.failed = 0
         self._shown = -1
         self._lock = threading.Lock()
 
-    def done(self, ok: bool, stop: threading.Event) -> None:
+    def done(self, ok: bool) -> None:
         with self._lock:
             self.finished += 1
             self.failed += not ok
-            if stop.is_set():  # interrupted: the demo is printing its own lines now
+            if self.stop.is_set():  # interrupted: the demo is printing its own lines now
                 return
             width = self._WIDTH
             filled = self.finished * width // self.total

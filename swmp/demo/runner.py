@@ -62,7 +62,6 @@ def _examples_root() -> Path:
     return root
 
 
-
 def _die_with_parent() -> None:
     """In the child before exec: get SIGTERM when the demo dies, even by SIGKILL (Linux
     prctl PR_SET_PDEATHSIG), so no server outlives a demo that could not clean up."""
@@ -117,7 +116,7 @@ class Demo:
         self.arenas.mkdir(mode=0o700)
         self.collector_url = ""
         self.keep_collector = False
-        self.load = Load(self.out, max(1, args.concurrency))
+        self.load = Load(self.out, args.concurrency)
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
