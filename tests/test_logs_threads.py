@@ -296,6 +296,37 @@ def test_work_run_in_a_copy_of_the_callers_context_stays_in_its_segment(
     assert other[R.SEG_SPANS][0][R.SPAN_REFS][0][2] == entry.segment.segment_id
 
 
+def test_grpc_threads_carry_their_own_context(sink: _sink.MemorySink, reporting: Any) -> None:
+    """grpc starts its threads (a sync channel's spin thread, on the first call after it
+    went idle) through ``ForkManagedThread``, whose target runs in a copy of the starting
+    context: no snapshot is added (the thread's ``run`` is its class's), and a span its
+    target opens is still a child of the span that was current where it started. The
+    server's ``submit(context.run, ...)`` is passed through the same way."""
+    from grpc._cython import cygrpc
+
+    reporting()
+    wrapped: list[Any] = []
+    submit = threads._make_submit(lambda self, fn, *a, **k: wrapped.append(fn))
+    with ctx.new_entry_span("/grpc-call") as entry:
+        managed = cygrpc.ForkManagedThread(target=_child_span, args=("grpc-thread",))
+        managed.start()
+        managed.join()
+        plain = threading.Thread(target=_child_span, args=("plain-thread",))
+        plain.start()
+        plain.join()
+        copied = contextvars.copy_context()
+        submit(None, copied.run, _child_span, "x")
+        submit(None, _child_span, "x")
+    assert "run" not in vars(managed._thread) and "run" in vars(plain)
+    assert wrapped[0] == copied.run and wrapped[1] is not _child_span
+    segs = segments(sink)
+    (seg,) = [s for s in segs if s[R.SEG_SPANS][-1][R.SPAN_OPERATION] == "/grpc-call"]
+    (child,) = [sp for sp in seg[R.SEG_SPANS] if sp[R.SPAN_OPERATION] == "grpc-thread"]
+    assert child[R.SPAN_PARENT_ID] == entry.span_id
+    (other,) = [s for s in segs if s[R.SEG_SPANS][0][R.SPAN_OPERATION] == "plain-thread"]
+    assert other[R.SEG_SPANS][0][R.SPAN_REFS][0][2] == entry.segment.segment_id
+
+
 def test_thread_propagation_can_be_turned_off(sink: _sink.MemorySink, reporting: Any) -> None:
     reporting(agent_thread_propagation=False)
     with ctx.new_entry_span("/a") as a:

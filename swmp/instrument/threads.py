@@ -21,6 +21,7 @@ import contextvars
 import functools
 import sys
 import threading
+import types
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _hook
@@ -37,34 +38,54 @@ SUPPORTED = ("", "")
 
 _get_current = current_span.get
 # Targets that run a pool's worker loop (one long-lived thread, many work items), the agent,
-# or asgiref's helper threads (the join of a request's executor, started by Django's ASGI
-# handler on every request; its work goes to executors, wrapped at submit).
-_SKIP_MODULES = ("concurrent.futures.", "multiprocessing.", "swmp.", "reporter_proc.", "ipc.", "asgiref.")
+# asgiref's helper threads (the join of a request's executor, started by Django's ASGI
+# handler on every request; its work goes to executors, wrapped at submit) or grpc's own
+# threads: grpc starts them through ``cygrpc.ForkManagedThread``, whose target runs in a
+# copy of the starting context already, and a sync channel starts its spin thread again
+# for the first call after it went idle (on every ``future()`` or streamed call made one
+# at a time): a snapshot there was a fifth of such a call's traced cost, set for nothing.
+_SKIP_MODULES = (
+    "concurrent.futures.",
+    "multiprocessing.",
+    "swmp.",
+    "reporter_proc.",
+    "ipc.",
+    "asgiref.",
+    "grpc.",
+)
+_SKIP_EXACT = frozenset(("concurrent.futures", "multiprocessing"))
 _POOL = "concurrent.futures.thread"
 _partial = functools.partial
 _Context = contextvars.Context
+_BuiltinMethod = types.BuiltinMethodType
+
+
+# Classes whose bound method, as a pool work item's ``functools.partial``, runs the work in
+# a copy of the submitting context: ``contextvars.Context`` (``asyncio.to_thread``) and
+# asgiref's ``SyncToAsync`` (added when ``asgiref.sync`` is imported).
+_COPYING_OWNERS: set[type] = {_Context}
+
+
+def _note_asgiref() -> None:
+    _COPYING_OWNERS.add(sys.modules["asgiref.sync"].SyncToAsync)
 
 
 def _own_context(fn: Any) -> bool:
     """The work item runs in a copy of the submitting context, where the caller's span is
-    current already: ``asyncio.to_thread`` (``partial(context.run, ...)``) and asgiref's
-    ``sync_to_async`` (Django's ASGI handler, twice a request: ``partial(thread_handler,
-    ...)``, which runs the function in the caller's copied context). A snapshot would be
-    made and set for nothing."""
-    if fn.__class__ is not _partial:
-        return False
-    owner = getattr(fn.func, "__self__", None)
-    if owner.__class__ is _Context:
-        return True
-    sync = sys.modules.get("asgiref.sync")
-    return sync is not None and owner.__class__ is getattr(sync, "SyncToAsync", None)
+    current already: ``asyncio.to_thread`` (``partial(context.run, ...)``), grpc's server
+    (``context.run``) and asgiref's ``sync_to_async`` (Django's ASGI handler, twice a
+    request: ``partial(thread_handler, ...)``, which runs the function in the caller's
+    copied context). A snapshot would be made and set for nothing."""
+    if fn.__class__ is _partial:
+        return getattr(fn.func, "__self__", None).__class__ in _COPYING_OWNERS
+    # grpc's server submits ``context.run`` itself (the handler's copied context).
+    return fn.__class__ is _BuiltinMethod and fn.__self__.__class__ is _Context
 
 
 def _skipped(thread: threading.Thread) -> bool:
     target = getattr(thread, "_target", None)
-    owner = target if target is not None else type(thread).run
-    module = getattr(owner, "__module__", None) or ""
-    return module.startswith(_SKIP_MODULES) or module in ("concurrent.futures", "multiprocessing")
+    module = getattr(target if target is not None else type(thread).run, "__module__", None) or ""
+    return module.startswith(_SKIP_MODULES) or module in _SKIP_EXACT
 
 
 def _continuing(fn: Any, snapshot: _ctx.Snapshot) -> Any:
@@ -123,6 +144,7 @@ def install(config: Config) -> None:
     if not config.agent_thread_propagation:
         return
     patch(threading.Thread, "start", _make_start)
+    _hook.defer("asgiref.sync", _note_asgiref, key="threading-asgiref")
     # concurrent.futures imports its thread pool lazily: patch it when (if ever) it is imported.
     if _POOL in sys.modules:
         _install_pool()
