@@ -46,6 +46,8 @@ class MemorySink:
 
 
 _null = NullSink()
+# Read by name from this module's namespace by the native span core (spancore.c, emit_fast):
+# keep the name, and change it only through set_sink().
 _sink: Sink = _null
 
 

@@ -26,6 +26,7 @@ from swmp.config import load
 from swmp.tracing import Component, Layer
 from swmp.tracing import span as span_module
 from swmp.tracing.context import new_entry_span, new_exit_span
+from swmp.tracing.span import Kind
 from tests.native_build import HAVE_CC, assert_current
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -211,6 +212,132 @@ def test_a_segments_entry_span_is_made_natively_only_in_the_plain_case() -> None
         with root("/first", Component.FLASK, Layer.HTTP, plain):  # type: ignore[union-attr]
             pass  # the caller decided: no sampler for it
         assert len(sink.records) == 6
+    finally:
+        tracing.configure(load({}))
+        _sink.set_sink(None)
+
+
+@native_only
+def test_an_exit_span_outside_any_trace_starts_its_segment_natively() -> None:
+    """``exit_child`` with no span current makes the first span of a new segment (a client
+    call, query or message sent outside any request), as ``_start_trace`` would: exit kind,
+    the peer, span id 0 under -1, a new trace; it answers None, for the Python path to
+    decide and count, when the ignore rules have not decided the name yet or ignore it, a
+    sampler is on, a profiling board is attached or the current context is not plain (an
+    inherited snapshot). ``new_exit_span`` with a snapshot to continue never takes it."""
+    from swmp import _spancore
+    from swmp.profiling.gate import gate
+    from swmp.tracing import context, stats
+    from swmp.tracing.context import capture
+
+    sink = _sink.MemorySink()
+    _sink.set_sink(sink)
+    try:
+        tracing.configure(load({}, agent_ignore_suffix=(".png",), sample_n_per_3_secs=-1))
+        child = _spancore.exit_child
+        args = ("/svc/Get", "db:5432", Component.GRPC, Layer.RPC_FRAMEWORK)
+        assert child(*args) is None  # not decided yet: Python
+        with new_exit_span("/svc/Get", "db:5432", Component.GRPC, Layer.RPC_FRAMEWORK) as python:
+            pass
+        span = child(*args)  # decided: native
+        assert isinstance(span, span_module.Span) and span.segment.first is span
+        assert (span.span_id, span.parent_id, span.kind, span.peer, span.refs) == (
+            0,
+            -1,
+            Kind.EXIT,
+            "db:5432",
+            (),
+        )
+        assert (span.op, span.component, span.layer) == ("/svc/Get", Component.GRPC, Layer.RPC_FRAMEWORK)
+        assert span.segment.trace_id == span.segment.segment_id != python.segment.trace_id
+        with span:
+            nested = child(*args)
+            assert nested is None  # the current span is an exit span: Python decides (a no-op)
+            with new_entry_span("/in", None, Component.FLASK, Layer.HTTP) as entry:
+                snapshot = capture()
+                inner = child(*args)
+                assert inner is not None and inner.segment is entry.segment  # a child
+                inner.finish()
+        via_context = new_exit_span(*args)
+        assert isinstance(via_context, span_module.Span) and via_context.span_id == 0
+        via_context.finish()
+        # A snapshot to continue: the Python path, whatever is current.
+        continued = new_exit_span(*args, carrier=snapshot)
+        assert continued.segment.trace_id == entry.segment.trace_id and continued.refs
+        continued.finish()
+        with _inherit(context, snapshot):
+            assert child(*args) is None  # an inherited trace: Python continues it
+        ignored = stats.ignored
+        for _ in range(2):
+            assert child("/logo.png", "cdn:80", Component.GRPC, Layer.RPC_FRAMEWORK) is None
+            new_exit_span("/logo.png", "cdn:80", Component.GRPC, Layer.RPC_FRAMEWORK).finish()
+        assert stats.ignored == ignored + 2  # counted each time, by the Python path
+        assert child(1, "p", Component.GRPC, Layer.RPC_FRAMEWORK) is None  # not a str: Python
+        gate.board, board = object(), gate.board  # type: ignore[assignment]
+        try:
+            assert child(*args) is None  # profiling: Python
+        finally:
+            gate.board = board
+        tracing.configure(load({}, sample_n_per_3_secs=5))
+        new_exit_span(*args).finish()
+        assert child(*args) is None  # sampling: Python
+        recs = [json.loads(p) for _, p in sink.records]
+        assert len(recs) == 5 and all(r[5][-1][1] == -1 for r in recs)  # each its own segment
+    finally:
+        tracing.configure(load({}))
+        _sink.set_sink(None)
+
+
+class _inherit:
+    """The current context continues ``snapshot``'s trace for the block (a thread's start)."""
+
+    def __init__(self, context: object, snapshot: object) -> None:
+        self.context, self.snapshot = context, snapshot
+
+    def __enter__(self) -> None:
+        self.token = self.context.inherit(self.snapshot)  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> None:
+        self.context.disinherit(self.token)  # type: ignore[attr-defined]
+
+
+@native_only
+def test_new_exit_span_is_native_and_hands_every_other_call_to_python() -> None:
+    """``context.new_exit_span`` is the native function: four positional arguments take
+    exit_child's cases in C and every case it declines goes to ``decide_exit_span``;
+    keywords, defaults and a carrier go to the Python function as given."""
+    from swmp import _spancore
+    from swmp.tracing import context
+    from swmp.tracing.context import capture
+    from swmp.tracing.span import NOOP
+
+    sink = _sink.MemorySink()
+    _sink.set_sink(sink)
+    try:
+        tracing.configure(load({}))
+        assert context.new_exit_span is _spancore.new_exit_span
+        with new_entry_span("/in", None, Component.FLASK, Layer.HTTP) as entry:
+            child = context.new_exit_span("q", "db:1", Component.GRPC, Layer.DATABASE)
+            assert child.segment is entry.segment and child.parent_id == entry.span_id
+            with child:
+                assert context.new_exit_span("q2", "db:1", Component.GRPC, Layer.DATABASE) is NOOP
+            by_default = context.new_exit_span("q", "db:1")
+            assert (by_default.component, by_default.layer) == (Component.PYTHON, Layer.HTTP)
+            by_default.finish()
+            named = context.new_exit_span(
+                op="q", peer="p:2", component=Component.GRPC, layer=Layer.RPC_FRAMEWORK
+            )
+            assert (named.op, named.peer, named.segment) == ("q", "p:2", entry.segment)
+            named.finish()
+            snapshot = capture()
+        continued = context.new_exit_span("q", "db:1", Component.GRPC, Layer.DATABASE, snapshot)
+        assert continued.segment.trace_id == entry.segment.trace_id and continued.refs
+        continued.finish()
+        with pytest.raises(TypeError):
+            context.new_exit_span("q")  # type: ignore[call-arg]
+        with pytest.raises(TypeError):
+            context.new_exit_span("q", "p", 1, 2, None, "extra")  # type: ignore[call-arg]
+        assert len(sink.records) == 2
     finally:
         tracing.configure(load({}))
         _sink.set_sink(None)

@@ -783,21 +783,23 @@ static PyObject *rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* -- emitting ---------------------------------------------------------------------------- */
 
-/* set_emit(emit, identity, dumps, get_sink, stats, record_type): Segment.emit (the Python
- * method this replaces while a segment's class still has it) and what it uses. */
-static PyObject *e_emit = NULL, *e_identity = NULL, *e_dumps = NULL, *e_get_sink = NULL, *e_stats = NULL,
+/* set_emit(emit, identity, dumps, sink_namespace, stats, record_type): Segment.emit (the
+ * Python method this replaces while a segment's class still has it) and what it uses. The
+ * sink is read from swmp._sink's namespace (its ``_sink``, which set_sink() replaces): a
+ * dict look-up where calling get_sink() was a Python frame per segment. */
+static PyObject *e_emit = NULL, *e_identity = NULL, *e_dumps = NULL, *e_sink_ns = NULL, *e_stats = NULL,
                 *e_rtype = NULL;
-static PyObject *s_service, *s_instance, *s_write, *s_written, *s_dropped;
+static PyObject *s_service, *s_instance, *s_write, *s_written, *s_dropped, *s_sink;
 
 static PyObject *set_emit(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[2]) || !PyCallable_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "set_emit(emit, identity, dumps, get_sink, stats, record_type)");
+    if (nargs != 6 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[2]) || !PyDict_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "set_emit(emit, identity, dumps, sink_namespace: dict, stats, record_type)");
         return NULL;
     }
     Py_XSETREF(e_emit, Py_NewRef(args[0]));
     Py_XSETREF(e_identity, Py_NewRef(args[1]));
     Py_XSETREF(e_dumps, Py_NewRef(args[2]));
-    Py_XSETREF(e_get_sink, Py_NewRef(args[3]));
+    Py_XSETREF(e_sink_ns, Py_NewRef(args[3]));
     Py_XSETREF(e_stats, Py_NewRef(args[4]));
     Py_XSETREF(e_rtype, Py_NewRef(args[5]));
     Py_RETURN_NONE;
@@ -913,7 +915,7 @@ static int emit_fast(SegmentCore *seg) {
     }
     Py_XDECREF(service);
     Py_XDECREF(instance);
-    PyObject *sink = payload == NULL ? NULL : PyObject_CallNoArgs(e_get_sink);
+    PyObject *sink = payload == NULL ? NULL : Py_XNewRef(PyDict_GetItemWithError(e_sink_ns, s_sink));
     if (sink == NULL) {
         Py_XDECREF(payload);
         PyErr_Clear();
@@ -962,10 +964,13 @@ static PyObject *seg_list(PyObject *v, PyObject *name) {
     return v;
 }
 
-/* exit_child(op, peer, component, layer): the common case of context.new_exit_span, a child
- * exit span of the current open span (not itself an exit span) whose segment is still
- * open and under the span limit. None in every other case: the caller then takes the
- * general path, which decides those (and counts what it must). */
+static PyObject *exit_root(PyObject *const *args); /* with entry_root, below */
+
+/* exit_child(op, peer, component, layer): the common cases of context.new_exit_span: a
+ * child exit span of the current open span (not itself an exit span) whose segment is
+ * still open and under the span limit, or, with no span current at all, the first span of
+ * a new segment (exit_root). None in every other case: the caller then takes the general
+ * path, which decides those (and counts what it must). */
 static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "exit_child(op, peer, component, layer)");
@@ -977,6 +982,10 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyObject *cur = get_current();
     if (cur == NULL) {
         return NULL;
+    }
+    if (cur == Py_None) {
+        Py_DECREF(cur);
+        return exit_root(args);
     }
     if (Py_TYPE(cur) != span_class) {
         Py_DECREF(cur);
@@ -1035,6 +1044,41 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyObject *span = make_span(span_class, seg, n, parent->span_id, args[0], exit_kind, args[3], args[2], args[1]);
     Py_DECREF(cur);
     return span;
+}
+
+/* new_exit_span(op, peer, component, layer, carrier=None): context.new_exit_span with its
+ * common cases (exit_child's) taken here, without the Python frame every client call,
+ * query and publish paid for them; with exactly four positional arguments the rest is
+ * decide_exit_span's (Python: the cases exit_child declined), any other call goes to the
+ * Python new_exit_span as it came (keywords, defaults, a carrier). */
+static PyObject *py_new_exit_span = NULL, *py_decide_exit_span = NULL;
+
+static PyObject *setup_new_exit(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "setup_new_exit(new_exit_span, decide_exit_span)");
+        return NULL;
+    }
+    Py_XSETREF(py_new_exit_span, Py_NewRef(args[0]));
+    Py_XSETREF(py_decide_exit_span, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+static PyObject *new_exit_span(PyObject *module, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (py_new_exit_span == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_new_exit() was not called");
+        return NULL;
+    }
+    if (nargs != 4 || kwnames != NULL) {
+        return PyObject_Vectorcall(py_new_exit_span, args, nargsf, kwnames);
+    }
+    PyObject *span = exit_child(module, args, 4);
+    if (span != Py_None) {
+        return span; /* a span, or NULL with the error exit_child raised */
+    }
+    Py_DECREF(span);
+    PyObject *call[5] = {args[0], args[1], args[2], args[3], Py_None};
+    return PyObject_Vectorcall(py_decide_exit_span, call, 5, NULL);
 }
 
 /* entry_root(op, component, layer, carrier): the common case of context.new_entry_span, in
@@ -1180,6 +1224,35 @@ static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (span != NULL && carrier != Py_None && add_caller_ref((SpanCore *)span, carrier) < 0) {
         Py_CLEAR(span);
     }
+    if (span != NULL) {
+        Py_SETREF(((SegmentCore *)seg)->first, Py_NewRef(span)); /* start_first() */
+    }
+    Py_DECREF(seg);
+    return span;
+}
+
+/* exit_child's other common case, a span in no trace yet (a client call, a query or a
+ * message sent outside any request: a worker's loop, a script, a scheduled job): a new
+ * segment in a new trace whose first span is this exit span, what context._start_trace
+ * makes; None when the ignore rules' cached decision, the sampler or a profiling board asks
+ * for more, as for entry_root. ``args``: exit_child's (op, peer, component, layer). */
+static PyObject *exit_root(PyObject *const *args) {
+    if (segment_class == NULL || !PyUnicode_CheckExact(args[0])) {
+        Py_RETURN_NONE;
+    }
+    int r = plain_start(args[0], 1);
+    if (r <= 0) {
+        if (r < 0) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    PyObject *seg = PyObject_CallNoArgs((PyObject *)segment_class);
+    if (seg == NULL) {
+        return NULL;
+    }
+    PyObject *span =
+        make_span(span_class, seg, Py_NewRef(zero), minus_one, args[0], exit_kind, args[3], args[2], args[1]);
     if (span != NULL) {
         Py_SETREF(((SegmentCore *)seg)->first, Py_NewRef(span)); /* start_first() */
     }
@@ -1534,8 +1607,13 @@ static PyMethodDef module_methods[] = {
      "setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate, carrier_type, cross_process_ref)"},
     {"entry_root", (PyCFunction)(void (*)(void))entry_root, METH_FASTCALL,
      "entry_root(op, component, layer, carrier): a new segment's entry span, or None (Python decides)."},
+    {"setup_new_exit", (PyCFunction)(void (*)(void))setup_new_exit, METH_FASTCALL,
+     "setup_new_exit(new_exit_span, decide_exit_span): the Python paths new_exit_span() hands over to."},
+    {"new_exit_span", (PyCFunction)(void (*)(void))new_exit_span, METH_FASTCALL | METH_KEYWORDS,
+     "new_exit_span(op, peer, component, layer, carrier=None): context.new_exit_span, its common cases in C."},
     {"exit_child", (PyCFunction)(void (*)(void))exit_child, METH_FASTCALL,
-     "exit_child(op, peer, component, layer): a child exit span of the current span, or None."},
+     "exit_child(op, peer, component, layer): a child exit span of the current span, the first span of a "
+     "new trace when none is current, or None."},
     {"setup_carrier", (PyCFunction)(void (*)(void))setup_carrier, METH_FASTCALL,
      "setup_carrier(carrier_class, callers): what decode_carrier() builds and the callers it knows."},
     {"decode_carrier", (PyCFunction)decode_carrier, METH_O,
@@ -1548,7 +1626,7 @@ static PyMethodDef module_methods[] = {
      "set_ids(prefix, pid, pid_holder, pid_function, reseed): this process's id source."},
     {"new_id", (PyCFunction)new_id, METH_NOARGS, "new_id(): a unique id (prefix + counter)."},
     {"set_emit", (PyCFunction)(void (*)(void))set_emit, METH_FASTCALL,
-     "set_emit(emit, identity, dumps, get_sink, stats, record_type): what Segment.emit uses."},
+     "set_emit(emit, identity, dumps, sink_namespace, stats, record_type): what Segment.emit uses."},
     {"setup_status", (PyCFunction)(void (*)(void))swmp_setup_status, METH_FASTCALL,
      "setup_status(tags, limits): the status tags the recorders append."},
     {"setup_recorder", (PyCFunction)(void (*)(void))swmp_setup_recorder, METH_FASTCALL,
@@ -1599,6 +1677,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     INTERN(s_service, "service");
     INTERN(s_instance, "instance");
     INTERN(s_write, "write");
+    INTERN(s_sink, "_sink");
     INTERN(s_written, "segments_written");
     INTERN(s_dropped, "segments_dropped");
     INTERN(s_op, "op");

@@ -278,11 +278,19 @@ def new_exit_span(
     layer: int = Layer.HTTP,
     carrier: Snapshot | None = None,
 ) -> Span | NoopSpan:
-    if _exit_child is not None:
-        # The common case (a child of an open span) in C; None: the cases below decide.
+    if _exit_child is not None and carrier is None:
+        # The common cases (a child of an open span, or the first span of a new trace) in C;
+        # None: the cases below decide. A carrier (a snapshot to continue) is theirs.
         span = _exit_child(op, peer, component, layer)
         if span is not None:
             return span
+    return decide_exit_span(op, peer, component, layer, carrier)
+
+
+def decide_exit_span(
+    op: str, peer: str, component: int, layer: int, carrier: Snapshot | None
+) -> Span | NoopSpan:
+    """new_exit_span past its native first step (exit_child): every other case in Python."""
     parent = _get_current()
     if parent is not None and parent.end:
         parent = _parent()
@@ -300,6 +308,13 @@ def new_exit_span(
             seg._open.append(None)
             return Span(seg, n, parent.span_id, op, _EXIT, layer, component, peer)
     return seg.start_span(parent.span_id, op, _EXIT, layer, component, peer)  # the rare cases
+
+
+if native_core is not None and _exit_child is not None:
+    # Called by every exit point: the native form takes exit_child's cases without this
+    # module's frame and hands every other call to the functions above.
+    native_core.setup_new_exit(new_exit_span, decide_exit_span)
+    new_exit_span = native_core.new_exit_span
 
 
 def new_local_span(

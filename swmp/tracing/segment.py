@@ -205,7 +205,7 @@ if native_core is not None:
     # The native span core emits a native segment itself, as emit() below does, while
     # Segment still has this emit (it falls back to it when a step fails: the accounting
     # and logging of failures stay here).
-    native_core.set_emit(Segment.emit, identity, _dumps, _sink.get_sink, stats, SEGMENT)
+    native_core.set_emit(Segment.emit, identity, _dumps, vars(_sink), stats, SEGMENT)
 
 
 def cross_process_ref(carrier: Any) -> list[Any]:

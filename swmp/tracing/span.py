@@ -407,7 +407,7 @@ class IgnoredSpan(NoopSpan):
 
 NOOP = NoopSpan()
 
-# exit_child(op, peer, component, layer): the native common case of an exit span (see
+# exit_child(op, peer, component, layer): the native common cases of an exit span (see
 # context.new_exit_span), or None when the span core is pure Python.
 exit_child: Callable[[str, str, int, int], Span | None] | None = None
 if native_core is not None:
