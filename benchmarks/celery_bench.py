@@ -120,10 +120,14 @@ def setup(broker: str) -> tuple[dict[str, tuple[Op, Op]], Callable[[], None], Ca
 
     # The same wrappers around originals that do nothing: what swmp adds, without the noise
     # of Celery's own (much larger) work around it.
+    from celery.app import amqp
+
     from swmp.instrument import celery as instr
 
     def noop_send(self: Any, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        return options
+        # Builds the message's tuple as Celery's send does (where the traced send's headers
+        # go in, swmp/instrument/_celery_message.py), and nothing else.
+        return amqp.task_message({}, options, (), None)
 
     def noop_trace(uid: Any, args: Any, kwargs: Any, request: Any = None) -> Any:
         return (None, None, 0.0, None)

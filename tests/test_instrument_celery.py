@@ -224,6 +224,111 @@ def test_propagation_headers_of_an_earlier_message_give_way_to_the_new_span(cele
     wait_for(lambda: len(entries(sink, "celery/t.add")) == 1)
 
 
+class _SendSpy:
+    """Records what ``app.amqp.send_task_message`` is given (the ``headers`` option and the
+    message's own headers), then sends as Celery would."""
+
+    def __init__(self, app: Celery) -> None:
+        self.real = app.amqp.send_task_message
+        self.options: list[Any] = []
+        self.messages: list[Any] = []
+        self.headers: list[dict[str, Any]] = []  # the message's headers before Celery merges the option
+        app.amqp.send_task_message = self  # an instance attribute over the cached property
+
+    def __call__(self, producer: Any, name: str, message: Any, **options: Any) -> Any:
+        self.options.append(options.get("headers"))
+        self.messages.append(message)
+        self.headers.append(dict(message.headers))
+        return self.real(producer, name, message, **options)
+
+
+def test_the_trace_goes_into_the_message_not_through_an_option(celery_env: Any) -> None:
+    """Without headers of the caller's, ``sw8`` is written into the message Celery builds
+    (``headers=`` through ``send_task`` cost ~6,700 instructions of keyword matching) and
+    the run still continues the publish; the message is still Celery's type."""
+    from celery.app import amqp
+
+    from swmp.instrument._patch import original
+
+    app, sink, _ = celery_env
+    spy = _SendSpy(app)
+    try:
+        with new_entry_span("/orders"):
+            app.tasks["t.add"].delay(2, 3)
+    finally:
+        del app.amqp.send_task_message
+    wait_for(lambda: len(entries(sink, "celery/t.add")) == 1)
+    assert spy.options == [None]
+    (message,) = spy.messages
+    assert isinstance(message, original(amqp, "task_message"))
+    assert message.headers["sw8"].startswith("1-") and message.headers["task"] == "t.add"
+    ((pub_seg, ex),) = exits(sink, "celery/t.add")
+    ((_, en),) = entries(sink, "celery/t.add")
+    assert linked(pub_seg, ex, en)
+    # Outside a send, the type builds messages as Celery's does.
+    plain = amqp.task_message({"a": 1}, {}, (), None)
+    assert plain.headers == {"a": 1} and plain._replace(body=1).body == 1
+
+
+def test_an_app_with_its_own_message_builder_gets_the_trace_as_an_option(
+    celery_env: Any, caplog: Any
+) -> None:
+    """A custom ``amqp`` class builds its messages its own way: ``sw8`` goes as the
+    ``headers`` option. An app that passes the check but builds a message past the carrier
+    (no ``sw8`` in that one message) is logged once and gets the option from then on."""
+    from celery.app import amqp
+
+    from swmp.instrument import _celery_message
+    from swmp.instrument._patch import original
+
+    stock = original(amqp, "task_message")
+
+    class OwnAMQP(amqp.AMQP):
+        def as_task_v2(self, *args: Any, **kwargs: Any) -> Any:
+            built = super().as_task_v2(*args, **kwargs)
+            return stock(dict(built.headers), built.properties, built.body, built.sent_event)
+
+    def sent_sw8(app: Celery, spy: _SendSpy) -> list[Any]:
+        with new_entry_span("/orders"):
+            app.send_task("t.add", (1, 2))
+        return [(spy.options[-1] or {}).get("sw8", ""), spy.headers[-1].get("sw8", "")]
+
+    own = Celery(f"own{uuid.uuid4().hex[:6]}", broker="memory://", amqp=OwnAMQP, set_as_current=False)
+    spy = _SendSpy(own)
+    option, in_message = sent_sw8(own, spy)
+    assert option.startswith("1-") and in_message == ""  # the option; Celery merges it later
+
+    class PastTheCarrier(amqp.AMQP):
+        """Builds its message where the armed headers are not seen."""
+
+        def as_task_v2(self, *args: Any, **kwargs: Any) -> Any:
+            token = _celery_message._armed.set(None)
+            try:
+                return super().as_task_v2(*args, **kwargs)
+            finally:
+                _celery_message._armed.reset(token)
+
+    # An app the check passes (its builder counted as Celery's) whose message skips the type.
+    tricky = Celery(
+        f"trk{uuid.uuid4().hex[:6]}", broker="memory://", amqp=PastTheCarrier, set_as_current=False
+    )
+    spy2 = _SendSpy(tricky)
+    saved = _celery_message._builders
+    _celery_message._builders = (*saved, PastTheCarrier.as_task_v2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="swmp.instrument"):
+            first = sent_sw8(tricky, spy2)
+            second = sent_sw8(tricky, spy2)
+            sent_sw8(tricky, spy2)
+    finally:
+        _celery_message._builders = saved
+    assert first == ["", ""]  # that one message went without the trace
+    assert second[0].startswith("1-")  # then the option
+    warned = [r for r in caplog.records if "without celery.app.amqp.task_message" in r.getMessage()]
+    assert len(warned) <= 1  # once per process (an earlier test may have said it already)
+    assert warned or _celery_message._missed
+
+
 def test_failure_is_an_error_with_the_exception(celery_env: Any) -> None:
     app, sink, _ = celery_env
     app.tasks["t.fail"].delay("no stock")

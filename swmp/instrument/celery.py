@@ -30,6 +30,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from swmp.instrument import _celery_message as _message
 from swmp.instrument._mq import carrier_from, warn_once
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
@@ -62,6 +63,8 @@ _exit_child = _ctx.exit_child
 _new_exit = _ctx.new_exit_span
 _entry_root = _ctx.entry_root
 _decide_entry = _ctx.decide_entry_span
+_arm = _message.arm
+_disarm = _message.disarm
 
 
 class _Settings:
@@ -167,18 +170,19 @@ def _untraced(app: Any, options: dict[str, Any]) -> None:
 
 
 def _wrap_send_task(orig: Any) -> Any:
-    # (app, peer, tag) of the last send, replaced as one tuple (threads may send through
-    # different apps): an application sends through one app, so every send after the first
-    # skips broker_of's call.
-    last: list[tuple[Any, str, str]] = [(None, "", "")]
+    # (app, peer, tag, headers into the message) of the last send, replaced as one tuple
+    # (threads may send through different apps): an application sends through one app, so
+    # every send after the first skips broker_of's call.
+    last: list[tuple[Any, str, str, bool]] = [(None, "", "", False)]
 
     def send_task(
         self: Any, name: str, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any
     ) -> Any:
-        app, peer, broker = last[0]
+        app, peer, broker, in_message = last[0]
         if app is not self:
             peer, broker = broker_of(self)
-            last[0] = (self, peer, broker)
+            in_message = _message.builds_stock_messages(self)
+            last[0] = (self, peer, broker, in_message)
         op = f"celery/{name}"
         span = _exit_child(op, peer, _COMPONENT, _MQ) or _new_exit(op, peer, _COMPONENT, _MQ)
         if span.__class__ is not Span:  # NOOP, or an IgnoredSpan: not recorded
@@ -190,6 +194,7 @@ def _wrap_send_task(orig: Any) -> Any:
                 return orig(self, name, args, kwargs, *rest, **options)
         # What ``with span:`` does, spelled out: two plain method calls are cheaper.
         span.__enter__()
+        box = None
         try:
             if span.tags is NO_TAGS and len(broker) <= limits.tag_value_max:  # _tag_broker, inlined
                 span.tags = [TAG_MQ_BROKER, broker]
@@ -199,15 +204,28 @@ def _wrap_send_task(orig: Any) -> Any:
                 span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
             sw = span.inject()
             headers = options.get("headers")
-            # A copy: the caller's dict (a signature's options) is reused for other sends.
-            options["headers"] = _with_trace(headers, sw) if headers else sw
+            if headers:
+                # A copy: the caller's dict (a signature's options) is reused for other sends.
+                options["headers"] = _with_trace(headers, sw)
+            elif in_message:
+                box = [sw]  # into the message Celery builds (_celery_message): no option
+            else:
+                options["headers"] = sw
         except Exception:
             warn_once("celery-publish", "swmp: adding the trace to a Celery message failed")
+        token = None if box is None else _arm(box)
         try:
             result = orig(self, name, args, kwargs, *rest, **options)
         except BaseException as e:
+            if token is not None:
+                _disarm(token)
             span.__exit__(type(e), e, e.__traceback__)
             raise
+        if token is not None:
+            _disarm(token)
+            if box:  # not consumed: this app builds its messages some other way
+                _message.missed(self)
+                last[0] = (self, peer, broker, False)
         span.__exit__(None, None, None)
         return result
 
@@ -326,6 +344,7 @@ def install(config: Config) -> None:
     from celery.app import trace  # noqa: PLC0415
 
     settings.params_length = config.plugin_celery_parameters_length
+    _message.install()
     patch(Celery, "send_task", _wrap_send_task)
     patch(trace, "build_tracer", _wrap_build_tracer)
     for name in _TRACER_USERS:
@@ -340,6 +359,7 @@ def uninstall() -> None:
     from celery.app import trace  # noqa: PLC0415
 
     restore(Celery, "send_task")
+    _message.uninstall()
     restore(trace, "build_tracer")
     for name in _TRACER_USERS:
         mod = sys.modules.get(name)
