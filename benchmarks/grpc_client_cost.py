@@ -12,10 +12,13 @@ case and mode (``bare``: the agent not installed, ``traced``: installed) runs un
 ASLR off (``setarch -R``), a fixed ``PYTHONHASHSEED``; ``(I(3N) - I(N)) / 2N`` is the
 per-call count with start-up cancelled, and ``traced - bare`` what the client span adds.
 The calls are made outside any entry span: each one starts its own segment, as the WSGI
-middleware's request does. Segments go into a real shared-memory ring.
+middleware's request does. With ``--in-request`` each traced call is made inside an entry
+span of its own instead (what a call from a request handler costs: the figure then includes
+that entry span; compare it between two trees, not with the WSGI row). Segments go into a
+real shared-memory ring.
 
     python3 benchmarks/grpc_client_cost.py [--case NAME ...] [--calls N] [--seeds S ...] \\
-        [--python /root/.pyenv/versions/3.11.7/bin/python3.11] [--json PATH]
+        [--in-request] [--python /root/.pyenv/versions/3.11.7/bin/python3.11] [--json PATH]
 
 ``--profile CASE`` prints a cProfile of the traced calls instead (which functions run).
 Run the real interpreter binary, not a pyenv shim (``--python``; default: this one's
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -106,8 +110,13 @@ class Server:
 
 
 # -- the measured process ----------------------------------------------------------------------
-def build(case: str, target: str) -> Serve:
-    """``serve(n)``: ``n`` calls of ``case``; channels made after the agent's install."""
+def _no_request() -> Any:
+    return contextlib.nullcontext()
+
+
+def build(case: str, target: str, request: Callable[[], Any] = _no_request) -> Serve:
+    """``serve(n)``: ``n`` calls of ``case``, each inside ``request()`` (a context manager);
+    channels made after the agent's install."""
     import grpc
 
     if case == "wsgi":
@@ -122,8 +131,9 @@ def build(case: str, target: str) -> Serve:
 
             def serve_stream(n: int, _ch: Any = ch) -> None:
                 for _ in range(n):
-                    for _item in listing(b"42"):
-                        pass
+                    with request():
+                        for _item in listing(b"42"):
+                            pass
 
             return serve_stream
         get = ch.unary_unary(GET)
@@ -131,13 +141,15 @@ def build(case: str, target: str) -> Serve:
 
             def serve_future(n: int, _ch: Any = ch) -> None:
                 for _ in range(n):
-                    get.future(b"42").result()
+                    with request():
+                        get.future(b"42").result()
 
             return serve_future
 
         def serve(n: int, _ch: Any = ch) -> None:
             for _ in range(n):
-                get(b"42")
+                with request():
+                    get(b"42")
 
         return serve
 
@@ -152,15 +164,17 @@ def build(case: str, target: str) -> Serve:
 
         async def many(n: int) -> None:
             for _ in range(n):
-                await aget(b"42")
+                with request():
+                    await aget(b"42")
 
     else:
         alist = ach.unary_stream(LIST)
 
         async def many(n: int) -> None:
             for _ in range(n):
-                async for _item in alist(b"42"):
-                    pass
+                with request():
+                    async for _item in alist(b"42"):
+                        pass
 
     def serve_aio(n: int, _ch: Any = ach) -> None:
         loop.run_until_complete(many(n))
@@ -173,9 +187,16 @@ def _child(case: str, mode: str, n: int, target: str, profile: bool = False) -> 
     from benchmarks.framework_bench import Agent
 
     agent = Agent()
+    request = _no_request
     if mode == "traced":
         agent.install()
-    serve = build(case, target)
+        if os.environ.get("SWMP_BENCH_IN_REQUEST") == "1":
+            from swmp.tracing.context import new_entry_span
+
+            def request() -> Any:
+                return new_entry_span("/request")
+
+    serve = build(case, target, request)
     serve(WARMUP)
     agent.drain()
     if profile:
@@ -206,9 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", default=os.path.realpath(sys.executable))
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     ap.add_argument("--profile", choices=CASES, help="cProfile the traced calls of one case")
+    ap.add_argument("--in-request", action="store_true", help="each traced call inside an entry span")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", nargs=4, metavar=("CASE", "MODE", "N", "TARGET"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.in_request:  # the measured children inherit it
+        os.environ["SWMP_BENCH_IN_REQUEST"] = "1"
     if args.serve:
         _serve_forever()
         return 0
@@ -234,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                 for m in ("bare", "traced")
             }
             added = got["traced"] - got["bare"]
-            if case == "wsgi":
+            if case == "wsgi" and not args.in_request:  # with an entry span of its own: no ratio
                 ref = added
             ratio = f"{added / ref:.2f}x" if ref else "-"
             line = f"{case:<14}{got['bare']:>12,.0f}{got['traced']:>12,.0f}{added:>10,.0f}{ratio:>12}"
@@ -242,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"case": case, **got, "added": added, "vs_wsgi": added / ref if ref else None})
     if args.json:
         meta = {"calls": args.calls, "seeds": args.seeds, "python": args.python}
+        meta["in_request"] = args.in_request
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     return 0
 

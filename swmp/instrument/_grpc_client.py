@@ -125,7 +125,10 @@ def _sync_done(span: Any, call: Any) -> None:
             code = call.code()
     except Exception:
         code = None
-    _finish(span, code)
+    if code is _CODE_OK:
+        _ok(span)  # the common case: no status table look-up
+    else:
+        _finish(span, code)
 
 
 def _watch(span: Any, call: Any) -> Any:
@@ -229,15 +232,8 @@ class _Streaming(_Traced):
 
 # -- grpc.aio --------------------------------------------------------------------------------
 _CODES: dict[Any, Any] = {}  # cygrpc status code -> grpc.StatusCode, filled at install
+_CODE_OK: Any = object()  # grpc.StatusCode.OK, set at install
 _AioMetadata: Any = None  # grpc.aio.Metadata, set at install
-
-
-def _aio_code(call: Any) -> Any:
-    """The status code of a finished ``grpc.aio`` call without awaiting; None if unknown."""
-    cy = getattr(call, "_cython_call", None)
-    if cy is None:
-        return None
-    return _CODES.get(cy._status.code())
 
 
 async def _await_code(span: Any, call: Any) -> None:
@@ -254,9 +250,14 @@ _watchers: set[asyncio.Task[None]] = set()
 
 def _aio_done(span: Any, call: Any) -> None:
     try:
-        code = _aio_code(call)
+        # The status code of the finished call without awaiting: its cython call's status
+        # (an intercepted call has none: AttributeError, then the coroutine below).
+        code = _CODES.get(call._cython_call._status.code())
     except Exception:
         code = None
+    if code is _CODE_OK:
+        _ok(span)  # the common case: no status table look-up
+        return
     if code is None and hasattr(call, "code"):
         try:
             # An intercepted call (the application's interceptors run after us) only
@@ -325,11 +326,12 @@ class ClientTracing:
         self._sync = _classes(aio=False)
         self._aio = _classes(aio=True)
         _status_table()
-        global _AioMetadata
-        from grpc import _common, aio  # noqa: PLC0415
+        global _AioMetadata, _CODE_OK
+        from grpc import StatusCode, _common, aio  # noqa: PLC0415
 
         _CODES.update(_common.CYGRPC_STATUS_CODE_TO_STATUS_CODE)
         _AioMetadata = aio.Metadata
+        _CODE_OK = StatusCode.OK
 
     @staticmethod
     def mark(channel: Any, target: Any) -> None:
