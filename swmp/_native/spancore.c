@@ -1063,14 +1063,13 @@ static PyObject *setup_new_exit(PyObject *module, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
-static PyObject *new_exit_span(PyObject *module, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+static PyObject *new_exit_span(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     if (py_new_exit_span == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_new_exit() was not called");
         return NULL;
     }
     if (nargs != 4 || kwnames != NULL) {
-        return PyObject_Vectorcall(py_new_exit_span, args, nargsf, kwnames);
+        return PyObject_Vectorcall(py_new_exit_span, args, (size_t)nargs, kwnames);
     }
     PyObject *span = exit_child(module, args, 4);
     if (span != Py_None) {
