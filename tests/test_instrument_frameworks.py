@@ -153,6 +153,26 @@ def test_ignored_method_is_not_traced(sink: _sink.MemorySink) -> None:
     assert sink.records == []
 
 
+def test_ignored_method_is_not_traced_under_asgi(sink: _sink.MemorySink) -> None:
+    """The ASGI entry asks the rules only when some method is ignored (as the WSGI one)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    tracing.configure(load({}, plugin_http_ignore_method="OPTIONS"))
+    try:
+        asyncio.run(_asgi_call(ASGIMiddleware(app), "/pre", [], method="OPTIONS"))
+        assert sink.records == []
+        asyncio.run(_asgi_call(ASGIMiddleware(app), "/get", [], method="get"))
+        asyncio.run(_asgi_call(ASGIMiddleware(app), "/opt", [], method="options"))  # any case
+        assert [s[R.SEG_SPANS][0][R.SPAN_OPERATION] for s in segments(sink)] == ["/get"]
+    finally:
+        tracing.configure(load({}))
+    asyncio.run(_asgi_call(ASGIMiddleware(app), "/opt", [], method="OPTIONS"))  # none ignored now
+    assert len(segments(sink)) == 2
+
+
 def test_django_auto_install(sink: _sink.MemorySink) -> None:
     import django
     from django.conf import settings
@@ -189,11 +209,13 @@ def test_django_auto_install(sink: _sink.MemorySink) -> None:
     assert seg[R.SEG_TRACE_ID] == "trace-up"
 
 
-async def _asgi_call(app: Any, path: str, headers: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
+async def _asgi_call(
+    app: Any, path: str, headers: list[tuple[bytes, bytes]], method: str = "GET"
+) -> list[dict[str, Any]]:
     sent: list[dict[str, Any]] = []
     scope = {
         "type": "http",
-        "method": "GET",
+        "method": method,
         "path": path,
         "headers": headers,
         "query_string": b"",

@@ -68,7 +68,10 @@ def _entry(scope: Scope, component: int, collect_params: bool, params_limit: int
     if scope.get("type") != "http":
         return None
     method = scope.get("method") or "GET"
-    if _ctx.policy.rules.ignore_method(method):
+    rules = _ctx.policy.rules
+    # No call at all when no method is ignored (IgnoreRules keeps them in ``_methods``; any
+    # other rules object is asked), as in the WSGI entry.
+    if getattr(rules, "_methods", True) and rules.ignore_method(method):
         return None
     path = scope.get("path") or "/"
     host, sw8, corr, sw8x = _wanted(scope.get("headers") or ())
