@@ -196,9 +196,7 @@ def traced_asgi_method(component: int, collect_params: bool, params_limit: int) 
                 await orig(self, scope, receive, send)
                 return
             with span:
-                await orig(
-                    self, scope, receive, _status_sender(span, send)
-                )
+                await orig(self, scope, receive, _status_sender(span, send))
 
         return method
 
