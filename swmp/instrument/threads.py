@@ -43,7 +43,8 @@ _get_current = current_span.get
 # threads: grpc starts them through ``cygrpc.ForkManagedThread``, whose target runs in a
 # copy of the starting context already, and a sync channel starts its spin thread again
 # for the first call after it went idle (on every ``future()`` or streamed call made one
-# at a time): a snapshot there was a fifth of such a call's traced cost, set for nothing.
+# at a time): a snapshot there was a quarter to a third of such a call's traced cost in a
+# request (benchmarks/grpc_client_cost.py --in-request), set for nothing.
 _SKIP_MODULES = (
     "concurrent.futures.",
     "multiprocessing.",
