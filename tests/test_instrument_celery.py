@@ -169,9 +169,12 @@ def test_publish_exit_span_and_task_entry_span(celery_env: Any) -> None:
     assert "/orders" in ref and f"127.0.0.1:{redis.port}" in ref  # parent endpoint, address used
 
 
-def test_publish_outside_a_trace_starts_one(celery_env: Any) -> None:
+@pytest.mark.parametrize("headers", [{"mine": "kept"}, None], ids=["own-headers", "no-headers"])
+def test_publish_outside_a_trace_starts_one(celery_env: Any, headers: dict[str, str] | None) -> None:
+    """With headers of the caller's, ``sw8`` goes as the option; without, into the message;
+    either way the send's segment (started natively for a plain new trace) is its own."""
     app, sink, _ = celery_env
-    app.send_task("t.add", (1, 1), headers={"mine": "kept"})
+    app.send_task("t.add", (1, 1), headers=headers)
     wait_for(lambda: len(entries(sink, "celery/t.add")) == 1)
     ((pub_seg, ex),) = exits(sink, "celery/t.add")
     assert len(pub_seg[R.SEG_SPANS]) == 1 and ex[R.SPAN_PARENT_ID] == -1
