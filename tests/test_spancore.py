@@ -341,3 +341,35 @@ def test_new_exit_span_is_native_and_hands_every_other_call_to_python() -> None:
     finally:
         tracing.configure(load({}))
         _sink.set_sink(None)
+
+
+@native_only
+def test_the_callers_reference_is_the_one_python_builds() -> None:
+    """A continued trace's cross-process reference, built from the carrier's slots in C
+    (after the Python function's first call gave the kind), equals
+    ``segment.cross_process_ref`` for every caller, and is a list of its own each time."""
+    from swmp import _spancore
+    from swmp.propagation import ContextCarrier
+    from swmp.tracing.segment import cross_process_ref
+
+    sink = _sink.MemorySink()
+    _sink.set_sink(sink)
+    try:
+        tracing.configure(load({}))
+        with new_entry_span("/r", None, Component.FLASK, Layer.HTTP):
+            pass  # the name is decided: entry_root answers from now on
+        callers = [
+            ContextCarrier(f"t.{i}", f"s.{i}", i, "svc", f"inst-{i}", "/up", "h:1", True, {}, bool(i % 2))
+            for i in range(5)
+        ] + [ContextCarrier("t.x", "s.x", 2**40, "ünï", "ïnst", "", "")]
+        refs = []
+        for caller in callers * 2:
+            span = _spancore.entry_root("/r", Component.FLASK, Layer.HTTP, caller)
+            assert span is not None
+            assert span.refs == [cross_process_ref(caller)]
+            refs.append(span.refs[0])
+            span.finish()
+        assert len({id(r) for r in refs}) == len(refs)
+    finally:
+        tracing.configure(load({}))
+        _sink.set_sink(None)

@@ -1143,9 +1143,11 @@ static int plain_start(PyObject *op, int new_trace) {
     return plain;
 }
 
+static PyObject *caller_ref(PyObject *carrier); /* with the carrier's fields, below */
+
 /* The caller's segment as the span's one reference, in segment.cross_process_ref's layout. */
 static int add_caller_ref(SpanCore *span, PyObject *carrier) {
-    PyObject *ref = PyObject_CallOneArg(cross_process_ref, carrier);
+    PyObject *ref = caller_ref(carrier);
     PyObject *refs = ref == NULL ? NULL : PyList_New(1);
     if (refs == NULL) {
         Py_XDECREF(ref);
@@ -1462,6 +1464,40 @@ static PyObject *setup_carrier(PyObject *module, PyObject *const *args, Py_ssize
     Py_XSETREF(carrier_class, (PyTypeObject *)Py_NewRef(type));
     Py_XSETREF(known_callers, Py_NewRef(args[1]));
     Py_RETURN_NONE;
+}
+
+/* segment.cross_process_ref(carrier), the list of the kind and the caller's seven fields,
+ * read from the carrier's slots: the Python function was a frame on every request, task
+ * run or message that continues a caller. The kind (the list's first item) is the one the
+ * Python function gave on its first call, which also covers anything unusual (another
+ * carrier class, a slot never set). */
+static PyObject *ref_kind = NULL;
+
+static PyObject *caller_ref(PyObject *carrier) {
+    if (ref_kind != NULL && carrier_class != NULL && Py_TYPE(carrier) == carrier_class) {
+        PyObject *ref = PyList_New(1 + CF_ADDRESS + 1);
+        if (ref == NULL) {
+            return NULL;
+        }
+        PyList_SET_ITEM(ref, 0, Py_NewRef(ref_kind));
+        int i = CF_TRACE_ID;
+        for (; i <= CF_ADDRESS; i++) {
+            PyObject *v = *(PyObject **)((char *)carrier + carrier_offsets[i]);
+            if (v == NULL) {
+                break;
+            }
+            PyList_SET_ITEM(ref, 1 + i, Py_NewRef(v));
+        }
+        if (i > CF_ADDRESS) {
+            return ref;
+        }
+        Py_DECREF(ref); /* an unset slot: Python raises for it as it always did */
+    }
+    PyObject *ref = PyObject_CallOneArg(cross_process_ref, carrier);
+    if (ref != NULL && ref_kind == NULL && PyList_CheckExact(ref) && PyList_GET_SIZE(ref) == 1 + CF_ADDRESS + 1) {
+        ref_kind = Py_NewRef(PyList_GET_ITEM(ref, 0));
+    }
+    return ref;
 }
 
 /* The caller's four fields (a new reference to the cached tuple) for the tail of ``value``
