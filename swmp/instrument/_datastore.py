@@ -89,11 +89,7 @@ _DATABASE = Layer.DATABASE
 _CACHE = Layer.CACHE
 
 
-# An exit span is ``_child(...) or _new_exit(...)``: context.new_exit_span's own first step
-# (the native common case, None otherwise), called here directly to save its Python frame on
-# every traced call; the general path decides the rest exactly as before.
-_child = _ctx.exit_child
-_new_exit = _ctx.new_exit_span
+_new_exit = _ctx.new_exit_span  # native when the span core is built: no frame of its own
 
 
 class _Settings:
@@ -200,7 +196,7 @@ def sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
 ) -> Span | NoopSpan:
     """An exit span for one SQL call, tagged ``db.type``/``db.instance``/``db.statement``
     (and ``db.sql.parameters`` when enabled)."""
-    span = _child(op, address, component, _DATABASE) or _new_exit(op, address, component, _DATABASE)
+    span = _new_exit(op, address, component, _DATABASE)
     if span.__class__ is Span:
         if statement.__class__ is not str:
             statement = text(statement)
@@ -234,7 +230,7 @@ def cache_span(  # noqa: PLR0917
     """An exit span for one cache call (or one pipeline: ``cmd`` lists its commands), tagged
     ``cache.type``/``cache.cmd``/``cache.op``/``cache.key`` (and ``db.instance`` if given).
     ``head``: ``cache_head(cache_type, cmd)`` when the caller keeps it (one lookup less)."""
-    span = _child(op, address, component, _CACHE) or _new_exit(op, address, component, _CACHE)
+    span = _new_exit(op, address, component, _CACHE)
     if span.__class__ is not Span:
         return span
     if key is not None and settings.collect_keys:

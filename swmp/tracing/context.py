@@ -71,15 +71,6 @@ def _no_root(op: str, component: int, layer: int, carrier: ContextCarrier | None
 entry_root: Callable[[str, int, int, ContextCarrier | None], Span | None] = _entry_root or _no_root
 
 
-def _no_child(op: str, peer: str, component: int, layer: int) -> Span | None:
-    return None
-
-
-# For the per-call exit points (data stores, Celery publishes): new_exit_span's first step
-# called directly, without its frame; None: call new_exit_span (which decides the rest).
-exit_child: Callable[[str, str, int, int], Span | None] = _exit_child or _no_child
-
-
 class Snapshot:
     """Where a trace is, captured to continue it in another thread or task."""
 
