@@ -261,7 +261,9 @@ def test_unsupported_kinds_are_counted(arena: Arena, run: Any) -> None:
     )
     wait_for(lambda: len(sender.segments) == 3)
     wait_for(lambda: r.reporter.counters.dropped["unsupported"] == 3)
-    assert sender.calls == 1  # never even tried the unsupported kinds
+    # Never even tried the unsupported kinds: a call of one would be a failure. (The three
+    # segments may come in one read or in more, as the reporter's tick meets the writes.)
+    assert sender.failures == 0 and 1 <= sender.calls <= 3
     r.stop()
 
 
