@@ -29,8 +29,10 @@ setup(
         native("reporter_proc._encode_native", [NATIVE + "module.c", NATIVE + "records.c", NATIVE + "json.c"],
                [NATIVE + "wire.h", NATIVE + "text.h"]),
         native("swmp._spancore",
-               [SPAN + f for f in ("spancore.c", "gate.c", "sw8.c", "status.c", "body.c", "json.c")],
-               [SPAN + f for f in ("gate.h", "sw8.h", "status.h", "body.h", "json.h")]),
+               [SPAN + f for f in ("spancore.c", "gate.c", "sw8.c", "status.c", "body.c", "json.c",
+                                   "threads.c", "asgi.c")],
+               [SPAN + f for f in ("gate.h", "sw8.h", "status.h", "body.h", "json.h", "threads.h",
+                                   "asgi.h")]),
         native("ipc._ringwrite", ["ipc/_native/ringwrite.c"]),
     ]
 )

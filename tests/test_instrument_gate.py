@@ -206,3 +206,51 @@ def test_a_gate_is_named_like_its_original(form: str) -> None:
     assert gate.__name__ == "call"
     c_method = _gate.gated(dict.get, dict.get)  # a C method descriptor as the original
     assert c_method.__name__ == "get" and c_method({"a": 1}, "a") == 1
+
+
+def test_passes_sends_the_call_to_the_original_inside_a_trace(form: str, in_span: None) -> None:
+    """``passes`` is asked only while a span is current, with the call's own arguments; true
+    (or an error of its own) means the original, false the traced code."""
+    asked: list[tuple[Any, ...]] = []
+    answers: list[Any] = []
+
+    def passes(*args: Any, **kwargs: Any) -> Any:
+        asked.append((args, kwargs))
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def orig(a: Any, *, k: Any = None) -> tuple[str, Any, Any]:
+        return ("orig", a, k)
+
+    def traced(a: Any, *, k: Any = None) -> tuple[str, Any, Any]:
+        return ("traced", a, k)
+
+    gate = _gate.gated(orig, traced, passes)
+    answers[:] = [True, False, 0, "yes", ValueError("undecided")]
+    assert gate(1, k=2) == ("orig", 1, 2)
+    assert gate(3) == ("traced", 3, None)
+    assert gate(4) == ("traced", 4, None)
+    assert gate(5, k=6) == ("orig", 5, 6)
+    assert gate(7) == ("orig", 7, None)  # the predicate's error is not the caller's
+    assert asked == [((1,), {"k": 2}), ((3,), {}), ((4,), {}), ((5,), {"k": 6}), ((7,), {})]
+    assert sys.exc_info() == (None, None, None)
+
+
+def test_passes_is_not_asked_outside_a_trace(form: str) -> None:
+    def passes(*args: Any) -> bool:
+        raise AssertionError("asked outside a trace")
+
+    gate = _gate.gated(lambda x: ("orig", x), lambda x: ("traced", x), passes)
+    assert gate(1) == ("orig", 1)
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native core is not built")
+def test_native_gate_refuses_a_passes_that_cannot_be_called() -> None:
+    from swmp import _spancore
+
+    with pytest.raises(TypeError):
+        _spancore.Gate(current_span, print, print, 3)  # type: ignore[call-arg]
+    gate: Any = _spancore.Gate(current_span, len, print, None)  # None: no predicate
+    assert gate("ab") == 2

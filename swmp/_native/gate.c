@@ -9,6 +9,12 @@
  * arguments to the original unchanged (vectorcall: no tuple, no dict, no frame of ours);
  * otherwise it calls the traced Python function with the same arguments.
  *
+ * An optional ``passes`` predicate, called with the same arguments while a span is current,
+ * sends the call to the original too when it answers true (or raises: what it could not
+ * decide is left untraced). Given a C function (threads.c), the whole "nothing to do here"
+ * path stays in C: a pool's worker thread started inside a request (Django under ASGI
+ * starts two per request), a work item that runs in a copy of its caller's context.
+ *
  * It behaves like the function it replaces: a method descriptor (bound on instance access,
  * itself on class access; Py_TPFLAGS_METHOD_DESCRIPTOR lets ``obj.method(...)`` skip the
  * bound method), with a ``__dict__`` for functools.update_wrapper and the patcher's
@@ -25,6 +31,7 @@ typedef struct {
     PyObject *var;    /* the current-span ContextVar: None or unset outside any trace */
     PyObject *orig;   /* called outside any trace */
     PyObject *traced; /* called when a span is current */
+    PyObject *passes; /* NULL, or: called when a span is current; true -> orig after all */
     PyObject *dict;
     vectorcallfunc vectorcall;
 } Gate;
@@ -37,24 +44,35 @@ static PyObject *gate_vectorcall(PyObject *callable, PyObject *const *args, size
     }
     PyObject *target = value == NULL || value == Py_None ? g->orig : g->traced;
     Py_XDECREF(value);
+    if (target == g->traced && g->passes != NULL) {
+        PyObject *answer = PyObject_Vectorcall(g->passes, args, nargsf, kwnames);
+        int passed = answer == NULL ? -1 : PyObject_IsTrue(answer);
+        Py_XDECREF(answer);
+        if (passed < 0) {
+            PyErr_Clear(); /* undecided: left untraced, the caller's call unchanged */
+        }
+        if (passed != 0) {
+            target = g->orig;
+        }
+    }
     return PyObject_Vectorcall(target, args, nargsf, kwnames);
 }
 
 static PyObject *gate_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *var, *orig, *traced;
+    PyObject *var, *orig, *traced, *passes = Py_None;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "Gate() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_UnpackTuple(args, "Gate", 3, 3, &var, &orig, &traced)) {
+    if (!PyArg_UnpackTuple(args, "Gate", 3, 4, &var, &orig, &traced, &passes)) {
         return NULL;
     }
     if (!PyContextVar_CheckExact(var)) {
         PyErr_SetString(PyExc_TypeError, "Gate(var, orig, traced): var must be a ContextVar");
         return NULL;
     }
-    if (!PyCallable_Check(orig) || !PyCallable_Check(traced)) {
-        PyErr_SetString(PyExc_TypeError, "Gate(var, orig, traced): orig and traced must be callable");
+    if (!PyCallable_Check(orig) || !PyCallable_Check(traced) || (passes != Py_None && !PyCallable_Check(passes))) {
+        PyErr_SetString(PyExc_TypeError, "Gate(var, orig, traced, passes=None): orig, traced and passes must be callable");
         return NULL;
     }
     Gate *g = (Gate *)type->tp_alloc(type, 0);
@@ -64,6 +82,7 @@ static PyObject *gate_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     g->var = Py_NewRef(var);
     g->orig = Py_NewRef(orig);
     g->traced = Py_NewRef(traced);
+    g->passes = passes == Py_None ? NULL : Py_NewRef(passes);
     g->dict = NULL;
     g->vectorcall = gate_vectorcall;
     return (PyObject *)g;
@@ -73,6 +92,7 @@ static int gate_traverse(Gate *g, visitproc visit, void *arg) {
     Py_VISIT(g->var);
     Py_VISIT(g->orig);
     Py_VISIT(g->traced);
+    Py_VISIT(g->passes);
     Py_VISIT(g->dict);
     return 0;
 }
@@ -81,6 +101,7 @@ static int gate_clear(Gate *g) {
     Py_CLEAR(g->var);
     Py_CLEAR(g->orig);
     Py_CLEAR(g->traced);
+    Py_CLEAR(g->passes);
     Py_CLEAR(g->dict);
     return 0;
 }
@@ -123,7 +144,8 @@ PyTypeObject swmp_GateType = {
     .tp_name = "swmp._spancore.Gate",
     .tp_basicsize = sizeof(Gate),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "Gate(var, orig, traced): calls orig(...) when var holds no span, else traced(...).",
+    .tp_doc = "Gate(var, orig, traced, passes=None): calls orig(...) when var holds no span or passes(...) "
+              "is true, else traced(...).",
     .tp_new = gate_new,
     .tp_dealloc = (destructor)gate_dealloc,
     .tp_traverse = (traverseproc)gate_traverse,

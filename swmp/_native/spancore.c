@@ -23,9 +23,11 @@
  * Segment.closed would: a native segment by ``emit_fast`` below (Segment.emit's steps in C),
  * any other by its ``emit()``.
  *
- * ``Gate`` (gate.c): a patched method whose check for a current span is made here.
+ * ``Gate`` (gate.c): a patched method whose check for a current span is made here;
+ * ``thread_skipped`` / ``runs_in_own_context`` (threads.c): the thread instrumentation's checks.
  * ``split_sw8`` (sw8.c): the plain case of an incoming ``sw8`` header.
  * The SEGMENT record's JSON (json.c): written from the spans' fields, orjson's bytes.
+ * ``asgi_entry`` (asgi.c): an ASGI request's entry span and its tags.
  * ``status_recorder`` / ``status_sender`` (status.c): a traced WSGI request's
  * ``start_response``, an ASGI request's ``send``; ``wsgi_body`` (body.c): its response.
  */
@@ -34,10 +36,12 @@
 #include <structmember.h>
 #include <time.h>
 
+#include "asgi.h"
 #include "body.h"
 #include "gate.h"
 #include "json.h"
 #include "status.h"
+#include "threads.h"
 #include "sw8.h"
 
 typedef struct {
@@ -1232,6 +1236,95 @@ static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t 
     return span;
 }
 
+PyObject *swmp_entry_root(PyObject *const *args) {
+    return entry_root(NULL, args, 4);
+}
+
+/* name_request(template): swmp/instrument/_route.py's ``name_request`` when the request's
+ * entry span is the current span (what every route hook finds: the framework routes
+ * before the view opens spans of its own), Span.set_operation's steps done here; any other
+ * case by the Python function (``setup_route``). Why: the rename ran ~75 bytecodes in
+ * three Python frames on every routed request of every framework. */
+static PyObject *py_name_request = NULL, *s_by_endpoint = NULL, *s_consider = NULL;
+
+static PyObject *setup_route(PyObject *module, PyObject *fallback) {
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "setup_route(name_request: callable)");
+        return NULL;
+    }
+    if (s_by_endpoint == NULL && ((s_by_endpoint = PyUnicode_InternFromString("by_endpoint")) == NULL ||
+                                  (s_consider = PyUnicode_InternFromString("consider")) == NULL)) {
+        return NULL;
+    }
+    Py_XSETREF(py_name_request, Py_NewRef(fallback));
+    Py_RETURN_NONE;
+}
+
+/* 1 when ``cur`` is an open entry span of ours in a native segment, 0 when not, -1 on error. */
+static int open_native_entry(PyObject *cur) {
+    if (span_class == NULL || entry_kind == NULL || Py_TYPE(cur) != span_class) {
+        return 0;
+    }
+    SpanCore *span = (SpanCore *)cur;
+    if (!PyObject_TypeCheck(span->segment, &SegmentCoreType)) {
+        return 0;
+    }
+    int entry = PyObject_RichCompareBool(span->kind, entry_kind, Py_EQ);
+    if (entry <= 0) {
+        return entry;
+    }
+    int ended = PyObject_IsTrue(span->end);
+    return ended < 0 ? -1 : !ended;
+}
+
+static PyObject *name_request(PyObject *module, PyObject *template) {
+    if (py_name_request == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "setup_route() was not called");
+        return NULL;
+    }
+    if (!PyUnicode_CheckExact(template) || PyUnicode_GET_LENGTH(template) == 0 || profile_gate == NULL) {
+        return PyObject_CallOneArg(py_name_request, template);
+    }
+    PyObject *cur = get_current();
+    if (cur == NULL) {
+        return NULL;
+    }
+    int plain = open_native_entry(cur);
+    if (plain <= 0) {
+        Py_DECREF(cur);
+        return plain < 0 ? NULL : PyObject_CallOneArg(py_name_request, template);
+    }
+    /* Span.set_operation: the new name; the segment's cached sw8 fields, whose endpoint is
+     * its first span's name; a profiling task that waits for this endpoint. */
+    SpanCore *span = (SpanCore *)cur;
+    SegmentCore *seg = (SegmentCore *)span->segment;
+    Py_SETREF(span->op, Py_NewRef(template));
+    if (seg->encoded != Py_None && seg->first == cur) {
+        Py_SETREF(seg->encoded, Py_NewRef(Py_None));
+    }
+    int first = PyObject_RichCompareBool(span->span_id, zero, Py_EQ);
+    PyObject *board = first > 0 ? PyObject_GetAttr(profile_gate, s_by_endpoint) : NULL;
+    int waiting = board == NULL ? (first < 0 || PyErr_Occurred() ? -1 : 0) : PyObject_IsTrue(board);
+    Py_XDECREF(board);
+    PyObject *done = waiting > 0 ? PyObject_CallMethodOneArg(profile_gate, s_consider, cur) : NULL;
+    Py_DECREF(cur);
+    if (waiting < 0 || (waiting > 0 && done == NULL)) {
+        return NULL;
+    }
+    Py_XDECREF(done);
+    Py_RETURN_NONE;
+}
+
+/* As the Python function's callers expect: never raises into the framework's routing. */
+static PyObject *name_request_guarded(PyObject *module, PyObject *template) {
+    PyObject *r = name_request(module, template);
+    if (r == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return r;
+}
+
 /* exit_child's other common case, a span in no trace yet (a client call, a query or a
  * message sent outside any request: a worker's loop, a script, a scheduled job): a new
  * segment in a new trace whose first span is this exit span, what context._start_trace
@@ -1680,6 +1773,21 @@ static PyMethodDef module_methods[] = {
      "json_dumps(value): the record writer's bytes for value (orjson's), or None where it declines."},
     {"split_sw8", (PyCFunction)swmp_split_sw8, METH_O,
      "split_sw8(value): (sampled, trace_id, segment_id, span_id, tail) of a plain sw8, else None."},
+    {"setup_route", (PyCFunction)setup_route, METH_O,
+     "setup_route(name_request): the Python name_request that name_request() hands other cases to."},
+    {"name_request", (PyCFunction)name_request_guarded, METH_O,
+     "name_request(template): name the request's entry span after its route (swmp/instrument/_route.py)."},
+    {"setup_asgi", (PyCFunction)(void (*)(void))swmp_setup_asgi, METH_FASTCALL,
+     "setup_asgi(py_entry, tag_request, decide_entry_span, from_headers, request_tags, noop, span_class, policy, "
+     "limits, layer, tag_method, tag_url, no_tags): what asgi_entry() reads and hands over to."},
+    {"asgi_entry", (PyCFunction)(void (*)(void))swmp_asgi_entry, METH_FASTCALL,
+     "asgi_entry(scope, component, collect_params, params_limit): an ASGI request's entry span, tagged, or None."},
+    {"setup_threads", (PyCFunction)(void (*)(void))swmp_setup_threads, METH_FASTCALL,
+     "setup_threads(skip_prefixes, skip_exact, copying_owners, partial): what the thread checks read."},
+    {"thread_skipped", (PyCFunction)(void (*)(void))swmp_thread_skipped, METH_FASTCALL | METH_KEYWORDS,
+     "thread_skipped(thread): whether Thread.start leaves this thread untraced (a Gate's passes)."},
+    {"runs_in_own_context", (PyCFunction)(void (*)(void))swmp_runs_in_own_context, METH_FASTCALL | METH_KEYWORDS,
+     "runs_in_own_context(executor, fn, ...): whether submit() leaves this work item as it is (a Gate's passes)."},
     {"set_segments", (PyCFunction)(void (*)(void))set_segments, METH_FASTCALL,
      "set_segments(identity, count, no_correlation): what a new segment needs."},
     {NULL, NULL, 0, NULL},

@@ -7,8 +7,11 @@ caller's arguments go to the original untouched, without a Python frame, tuple o
 ours. Otherwise a Python function makes the same check first.
 
 ``traced`` takes exactly the original's arguments (``self`` first for a method) and is only
-called while a span is current. Whatever either returns or raises reaches the caller
-unchanged; an async original's coroutine is returned, not awaited, outside a trace.
+called while a span is current. An optional ``passes`` predicate, given the same arguments
+while a span is current, sends the call to the original after all when it answers true or
+raises (a C function keeps that path free of Python frames too: swmp/_native/threads.c).
+Whatever either returns or raises reaches the caller unchanged; an async original's
+coroutine is returned, not awaited, outside a trace.
 """
 
 from __future__ import annotations
@@ -23,16 +26,18 @@ _outside = current_span.get
 _Gate: Any = getattr(native_core, "Gate", None)
 
 
-def gated(orig: Callable[..., Any], traced: Callable[..., Any]) -> Callable[..., Any]:
-    """``orig(...)`` when no span is current, else ``traced(...)`` with the same arguments;
-    named and documented like ``orig`` (``__wrapped__`` is ``orig``)."""
+def gated(
+    orig: Callable[..., Any], traced: Callable[..., Any], passes: Callable[..., Any] | None = None
+) -> Callable[..., Any]:
+    """``orig(...)`` when no span is current or ``passes(...)`` is true, else ``traced(...)``
+    with the same arguments; named and documented like ``orig`` (``__wrapped__`` is ``orig``)."""
     gate: Callable[..., Any]
     if _Gate is not None:
-        gate = _Gate(current_span, orig, traced)
+        gate = _Gate(current_span, orig, traced, passes)
     else:
 
         def gate(*args: Any, **kwargs: Any) -> Any:
-            if _outside() is None:
+            if _outside() is None or (passes is not None and _passed(passes, args, kwargs)):
                 return orig(*args, **kwargs)
             return traced(*args, **kwargs)
 
@@ -41,6 +46,13 @@ def gated(orig: Callable[..., Any], traced: Callable[..., Any]) -> Callable[...,
     except (AttributeError, TypeError):  # an original without the usual attributes
         pass
     return gate
+
+
+def _passed(passes: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    try:
+        return bool(passes(*args, **kwargs))
+    except Exception:  # undecided: left untraced, as the native gate does
+        return True
 
 
 def is_native() -> bool:

@@ -10,8 +10,10 @@ has no such span and these calls do nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from swmp.tracing.constants import Kind
-from swmp.tracing.span import Span, current_span
+from swmp.tracing.span import Span, current_span, native_core
 
 _get_current = current_span.get
 _ENTRY = Kind.ENTRY
@@ -27,14 +29,22 @@ def request_span() -> Span | None:
     return None
 
 
-def name_request(template: str) -> None:
+def _py_name_request(template: str) -> None:
     """Name the request's entry span after the route that matched (``/users/{id}``), so
-    every id in a path is one endpoint. Never raises."""
+    every id in a path is one endpoint. Never raises. The reference form of the native
+    ``name_request`` (swmp/_native/spancore.c), which renames an open entry span that is
+    the current span itself and hands every other case to this function."""
     s = _get_current()
     if not (s.__class__ is Span and s.kind == _ENTRY and not s.end):
         s = request_span()  # the common case above (the entry span is current) needs no walk
     if s is not None and template:
         s.set_operation(template)
+
+
+name_request: Callable[[str], None] = _py_name_request
+if native_core is not None and hasattr(native_core, "name_request"):
+    native_core.setup_route(_py_name_request)
+    name_request = native_core.name_request
 
 
 def record_exception(exc: BaseException | None) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 from swmp.instrument._http import record_status, request_tags
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_PARAMS, Component, Layer
+from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_PARAMS, TAG_HTTP_URL, Component, Layer
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NOOP, Span, native_core
+from swmp.tracing.span import NO_TAGS, NOOP, Span, native_core
 
 _HTTP = Layer.HTTP
 _entry_root = _ctx.entry_root
@@ -60,11 +60,20 @@ def _wanted(headers: Any) -> list[Any]:
     return found
 
 
-def _entry(scope: Scope, component: int, collect_params: bool, params_limit: int) -> Any:
+def _py_entry(scope: Scope, component: int, collect_params: bool, params_limit: int) -> Any:
     """The entry span of an HTTP ``scope``, tagged when it is recorded; None when the request
     passes through untouched (not HTTP, an ignored method, nothing recorded). A plain
     function, not a coroutine: the callers await the application themselves, so the
-    tracing adds no coroutine of its own to every request."""
+    tracing adds no coroutine of its own to every request. The reference form of the native
+    ``asgi_entry`` (swmp/_native/asgi.c), which hands every case outside its plain shapes
+    to this function."""
+    try:
+        return _py_entry_of(scope, component, collect_params, params_limit)
+    except Exception:  # a scope outside the spec (a bytes path, ...): the request untraced
+        return None
+
+
+def _py_entry_of(scope: Scope, component: int, collect_params: bool, params_limit: int) -> Any:
     if scope.get("type") != "http":
         return None
     method = scope.get("method") or "GET"
@@ -86,27 +95,57 @@ def _entry(scope: Scope, component: int, collect_params: bool, params_limit: int
     if span is NOOP:
         return None
     if span.__class__ is Span:
-        try:
-            if host.__class__ is bytes:
-                host = host.decode("latin-1")
-            elif isinstance(host, bytearray):
-                host = bytes(host).decode("latin-1")
-            if not host:
-                server = scope.get("server") or ("", "")
-                host = f"{server[0]}:{server[1]}"
-            url = f"{scope.get('scheme', 'http')}://{host}{scope.get('root_path', '')}{path}"
-            request_tags(span, method, url)
-            client = scope.get("client")
-            if client:
-                span.peer = f"{client[0]}:{client[1]}"
-            if collect_params:
-                qs = scope.get("query_string")
-                if qs:
-                    q = bytes(qs).decode("latin-1")
-                    span.tag(TAG_HTTP_PARAMS, q[:params_limit] if params_limit >= 0 else q)
-        except Exception:
-            pass
+        _tag_request(span, scope, method, path, host, collect_params, params_limit)
     return span
+
+
+def _tag_request(  # noqa: PLR0917 (positional: also called from C)
+    span: Any, scope: Scope, method: str, path: str, host: Any, collect_params: bool, params_limit: int
+) -> None:
+    """A recorded entry span's ``http.method``, ``http.url``, peer and (when collected) query
+    string; a failure leaves the span as it is."""
+    try:
+        if host.__class__ is bytes:
+            host = host.decode("latin-1")
+        elif isinstance(host, bytearray):
+            host = bytes(host).decode("latin-1")
+        if not host:
+            server = scope.get("server") or ("", "")
+            host = f"{server[0]}:{server[1]}"
+        url = f"{scope.get('scheme', 'http')}://{host}{scope.get('root_path', '')}{path}"
+        request_tags(span, method, url)
+        client = scope.get("client")
+        if client:
+            span.peer = f"{client[0]}:{client[1]}"
+        if collect_params:
+            qs = scope.get("query_string")
+            if qs:
+                q = bytes(qs).decode("latin-1")
+                span.tag(TAG_HTTP_PARAMS, q[:params_limit] if params_limit >= 0 else q)
+    except Exception:
+        pass
+
+
+# _entry(scope, component, collect_params, params_limit): native when the span core is built
+# (its plain cases in C, every other by _py_entry and _tag_request).
+_entry: Callable[[Scope, int, bool, int], Any] = _py_entry
+if native_core is not None and hasattr(native_core, "asgi_entry"):
+    native_core.setup_asgi(
+        _py_entry,
+        _tag_request,
+        _ctx.decide_entry_span,
+        from_headers,
+        request_tags,
+        NOOP,
+        Span,
+        _ctx.policy,
+        limits,
+        _HTTP,
+        TAG_HTTP_METHOD,
+        TAG_HTTP_URL,
+        NO_TAGS,
+    )
+    _entry = native_core.asgi_entry
 
 
 def _record_send_status(span: Any, message: Any) -> None:

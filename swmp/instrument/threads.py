@@ -7,7 +7,11 @@ a cross-thread reference to that span, and its log records carry the trace id. N
 made for the thread itself, so a thread that does nothing traced costs nothing more, and a
 long-lived thread holds nothing open.
 
-Outside a trace the cost is one context-variable read per ``start()`` / ``submit()``.
+Both methods are Gates (swmp/instrument/_gate.py): outside a trace the cost is one
+context-variable read in C per ``start()`` / ``submit()``, and inside one the checks that
+usually find nothing to do (a pool's worker thread, a work item that runs in a copy of its
+caller's context) run in C too (swmp/_native/threads.c, with the Python forms below as the
+reference and the fallback); Python code runs only to take and hand over a snapshot.
 
 Not wrapped: the worker threads of thread pools (``concurrent.futures``,
 ``multiprocessing.pool``: they serve many work items, each of which is wrapped on its own
@@ -25,9 +29,10 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _hook
+from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
-from swmp.tracing.span import current_span
+from swmp.tracing.span import native_core
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -36,7 +41,6 @@ NAME = "threading"
 PACKAGE = None
 SUPPORTED = ("", "")
 
-_get_current = current_span.get
 # Targets that run a pool's worker loop (one long-lived thread, many work items), the agent,
 # asgiref's helper threads (the join of a request's executor, started by Django's ASGI
 # handler on every request; its work goes to executors, wrapped at submit) or grpc's own
@@ -89,6 +93,33 @@ def _skipped(thread: threading.Thread) -> bool:
     return module.startswith(_SKIP_MODULES) or module in _SKIP_EXACT
 
 
+def _py_thread_skipped(thread: threading.Thread) -> bool:
+    """The ``start`` gate's ``passes``: a skipped thread, or one whose check fails."""
+    try:
+        return _skipped(thread)
+    except Exception:
+        return True
+
+
+_NO_WORK = object()
+
+
+def _py_runs_in_own_context(executor: Any, fn: Any = _NO_WORK, /, *args: Any, **kwargs: Any) -> bool:
+    """The ``submit`` gate's ``passes``: a work item in its own context, or no work item."""
+    try:
+        return fn is _NO_WORK or _own_context(fn)
+    except Exception:
+        return True
+
+
+_thread_skipped: Any = _py_thread_skipped
+_runs_in_own_context: Any = _py_runs_in_own_context
+if native_core is not None and hasattr(native_core, "setup_threads"):
+    native_core.setup_threads(_SKIP_MODULES, _SKIP_EXACT, _COPYING_OWNERS, _partial)
+    _thread_skipped = native_core.thread_skipped
+    _runs_in_own_context = native_core.runs_in_own_context
+
+
 def _continuing(fn: Any, snapshot: _ctx.Snapshot) -> Any:
     """``fn`` run with ``snapshot`` as its trace parent, restored afterwards."""
 
@@ -104,35 +135,33 @@ def _continuing(fn: Any, snapshot: _ctx.Snapshot) -> Any:
 
 def _make_start(orig: Any) -> Any:
     def start(self: threading.Thread) -> None:
-        if _get_current() is not None:  # the one check outside a trace
-            try:
-                # Skipped first: a pool's worker thread (one started per request by Django's
-                # ASGI handler) needs no snapshot.
-                snapshot = None if _skipped(self) else _ctx.capture()
-                if snapshot is not None:
-                    # An instance attribute: the class (and other threads) stay untouched;
-                    # named like the method it stands for (what a debugger or a log shows).
-                    run = _continuing(self.run, snapshot)
-                    functools.update_wrapper(run, self.run)
-                    self.run = run  # type: ignore[method-assign]
-            except Exception:  # never fail the application's thread start for tracing
-                pass
+        # Reached with a span current, for a thread that is not skipped (the gate asked).
+        try:
+            snapshot = _ctx.capture()
+            if snapshot is not None:
+                # An instance attribute: the class (and other threads) stay untouched;
+                # named like the method it stands for (what a debugger or a log shows).
+                run = _continuing(self.run, snapshot)
+                functools.update_wrapper(run, self.run)
+                self.run = run  # type: ignore[method-assign]
+        except Exception:  # never fail the application's thread start for tracing
+            pass
         return orig(self)  # type: ignore[no-any-return]
 
-    return start
+    return gated(orig, start, _thread_skipped)
 
 
 def _make_submit(orig: Any) -> Any:
     def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        if _get_current() is not None and not _own_context(fn):
-            snapshot = _ctx.capture()
-            if snapshot is not None:
-                # No functools.wraps: the pool only calls the work item, and copying its
-                # name, doc and dict cost more than the rest of the wrapping together.
-                fn = _continuing(fn, snapshot)
+        # Reached with a span current, for a work item that needs a snapshot (the gate asked).
+        snapshot = _ctx.capture()
+        if snapshot is not None:
+            # No functools.wraps: the pool only calls the work item, and copying its
+            # name, doc and dict cost more than the rest of the wrapping together.
+            fn = _continuing(fn, snapshot)
         return orig(self, fn, *args, **kwargs)
 
-    return submit
+    return gated(orig, submit, _runs_in_own_context)
 
 
 def _install_pool() -> None:
