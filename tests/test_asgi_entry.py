@@ -142,6 +142,8 @@ CASES: list[dict[str, Any]] = [
     {"client": ["c", 1]},
     {"client": ("c",)},
     {"client": ("::1", 0)},
+    {"client": {0: "mapping", 1: 80}},
+    {"client": {"host": "no index"}},
     {"path": "/" + "é" * 2000},
 ]
 

@@ -320,6 +320,22 @@ def test_django_asgi_is_traced_automatically(sink: _sink.MemorySink) -> None:
     check_500(s3, "ZeroDivisionError", "django kaput")
 
 
+def test_django_asgi_entry_point_stays_a_coroutine_function(sink: _sink.MemorySink) -> None:
+    """Servers (Uvicorn's interface detection) ask whether the application is a coroutine
+    function: Django's ``__call__`` is left as it is; with the native core the span is
+    opened in ``handle``, which ``__call__`` awaits, without a coroutine of swmp's."""
+    import inspect
+
+    from django.core.handlers.asgi import ASGIHandler
+
+    from swmp.instrument._patch import ORIGINAL
+    from swmp.tracing.span import NATIVE
+
+    assert inspect.iscoroutinefunction(ASGIHandler.__call__)
+    patched = "handle" if NATIVE else "__call__"
+    assert hasattr(ASGIHandler.__dict__[patched], ORIGINAL)
+
+
 # -- Starlette ------------------------------------------------------------------------------------
 def test_starlette_route_and_mount_templates_and_500_stack(sink: _sink.MemorySink) -> None:
     from starlette.applications import Starlette

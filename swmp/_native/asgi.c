@@ -29,7 +29,7 @@ static PyObject *py_entry = NULL, *tag_request = NULL, *decide_entry = NULL, *fr
 static PyTypeObject *span_class = NULL;
 static PyObject *k_type, *k_method, *k_path, *k_headers, *k_scheme, *k_root_path, *k_server, *k_client, *v_http,
     *s_rules, *s_methods, *s_tags, *s_peer, *s_tag_value_max, *s_max_elements, *s_max_length, *empty_text,
-    *default_scheme, *empty_server, *colon, *scheme_end;
+    *default_scheme, *empty_server, *colon, *scheme_end, *index_0, *index_1;
 
 PyObject *swmp_setup_asgi(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 13 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1]) || !PyCallable_Check(args[2]) ||
@@ -66,7 +66,8 @@ PyObject *swmp_setup_asgi(PyObject *module, PyObject *const *args, Py_ssize_t na
         INTERN(colon, ":");
         INTERN(scheme_end, "://");
 #undef INTERN
-        if ((empty_server = Py_BuildValue("(ss)", "", "")) == NULL) {
+        if ((empty_server = Py_BuildValue("(ss)", "", "")) == NULL || (index_0 = PyLong_FromLong(0)) == NULL ||
+            (index_1 = PyLong_FromLong(1)) == NULL) {
             return NULL;
         }
     }
@@ -205,7 +206,9 @@ static PyObject *request_url(PyObject *scope, PyObject *host, PyObject *path) {
         if (!PyTuple_CheckExact(server) || PyTuple_GET_SIZE(server) != 2) {
             return NULL;
         }
+        Py_INCREF(server); /* held: formatting may run Python code */
         host_text = host_port(PyTuple_GET_ITEM(server, 0), PyTuple_GET_ITEM(server, 1));
+        Py_DECREF(server);
     } else {
         return NULL;
     }
@@ -264,16 +267,22 @@ static int tag_plain(PyObject *span, PyObject *scope, PyObject *method, PyObject
         return -1;
     }
     PyObject *client = field(scope, k_client);
-    int truth = client == NULL ? (PyErr_Occurred() ? -1 : 0) : PyObject_IsTrue(client);
+    if (client == NULL) {
+        return PyErr_Occurred() ? -1 : 1;
+    }
+    Py_INCREF(client); /* held: its truth, items and their formatting may run Python code */
+    int truth = PyObject_IsTrue(client);
     if (truth <= 0) {
+        Py_DECREF(client);
         return truth < 0 ? -1 : 1;
     }
     /* f"{client[0]}:{client[1]}" */
-    PyObject *a = PySequence_GetItem(client, 0);
-    PyObject *b = a == NULL ? NULL : PySequence_GetItem(client, 1);
+    PyObject *a = PyObject_GetItem(client, index_0);
+    PyObject *b = a == NULL ? NULL : PyObject_GetItem(client, index_1);
     PyObject *peer = b == NULL ? NULL : host_port(a, b);
     Py_XDECREF(a);
     Py_XDECREF(b);
+    Py_DECREF(client);
     done = peer == NULL ? -1 : PyObject_SetAttr(span, s_peer, peer);
     Py_XDECREF(peer);
     return done < 0 ? -1 : 1;
@@ -309,13 +318,8 @@ static PyObject *entry_of(PyObject *const *args) {
     if (type != v_http && PyUnicode_CompareWithASCIIString(type, "http") != 0) {
         Py_RETURN_NONE; /* WebSocket, lifespan: not a request */
     }
-    PyObject *method = field(scope, k_method);
-    PyObject *path = method == NULL ? NULL : field(scope, k_path);
-    if (path == NULL || !PyUnicode_CheckExact(method) || !PyUnicode_CheckExact(path) ||
-        PyUnicode_GET_LENGTH(method) == 0 || PyUnicode_GET_LENGTH(path) == 0) {
-        return PyErr_Occurred() ? NULL : python_entry(args);
-    }
-    /* Ignored methods: asked by the Python entry (IgnoreRules keeps them in ``_methods``). */
+    /* Ignored methods: asked by the Python entry (IgnoreRules keeps them in ``_methods``).
+     * Read before anything is held: the rules are the agent's own plain objects. */
     PyObject *rules = PyObject_GetAttr(policy, s_rules);
     if (rules == NULL) {
         return NULL;
@@ -330,15 +334,18 @@ static PyObject *entry_of(PyObject *const *args) {
     if (ignoring != 0) {
         return ignoring < 0 ? NULL : python_entry(args);
     }
-    PyObject *found[4] = {NULL, NULL, NULL, NULL};
-    PyObject *headers = field(scope, k_headers);
-    if (headers == NULL && PyErr_Occurred()) {
+    PyObject *method = field(scope, k_method);
+    PyObject *path = method == NULL ? NULL : field(scope, k_path);
+    PyObject *headers = path == NULL ? NULL : field(scope, k_headers);
+    if (PyErr_Occurred()) {
         return NULL;
     }
-    if (!scan_headers(headers, found)) {
+    PyObject *found[4] = {NULL, NULL, NULL, NULL};
+    if (path == NULL || !PyUnicode_CheckExact(method) || !PyUnicode_CheckExact(path) ||
+        PyUnicode_GET_LENGTH(method) == 0 || PyUnicode_GET_LENGTH(path) == 0 || !scan_headers(headers, found)) {
         return python_entry(args);
     }
-    /* Held: from_headers and decide_entry_span run Python code. */
+    /* Held from here: from_headers, decide_entry_span and the tags' formatting run Python code. */
     for (int i = 0; i < 4; i++) {
         Py_XINCREF(found[i]);
     }

@@ -27,7 +27,8 @@
  * ``thread_skipped`` / ``runs_in_own_context`` (threads.c): the thread instrumentation's checks.
  * ``split_sw8`` (sw8.c): the plain case of an incoming ``sw8`` header.
  * The SEGMENT record's JSON (json.c): written from the spans' fields, orjson's bytes.
- * ``asgi_entry`` (asgi.c): an ASGI request's entry span and its tags.
+ * ``asgi_entry`` (asgi.c): an ASGI request's entry span and its tags; ``within``
+ * (within.c): an awaitable run inside a span without a Python coroutine.
  * ``status_recorder`` / ``status_sender`` (status.c): a traced WSGI request's
  * ``start_response``, an ASGI request's ``send``; ``wsgi_body`` (body.c): its response.
  */
@@ -42,6 +43,7 @@
 #include "json.h"
 #include "status.h"
 #include "threads.h"
+#include "within.h"
 #include "sw8.h"
 
 typedef struct {
@@ -1782,6 +1784,8 @@ static PyMethodDef module_methods[] = {
      "limits, layer, tag_method, tag_url, no_tags): what asgi_entry() reads and hands over to."},
     {"asgi_entry", (PyCFunction)(void (*)(void))swmp_asgi_entry, METH_FASTCALL,
      "asgi_entry(scope, component, collect_params, params_limit): an ASGI request's entry span, tagged, or None."},
+    {"within", (PyCFunction)(void (*)(void))swmp_within, METH_FASTCALL,
+     "within(span, awaitable): awaitable awaited with span entered around it (no Python coroutine)."},
     {"setup_threads", (PyCFunction)(void (*)(void))swmp_setup_threads, METH_FASTCALL,
      "setup_threads(skip_prefixes, skip_exact, copying_owners, partial): what the thread checks read."},
     {"thread_skipped", (PyCFunction)(void (*)(void))swmp_thread_skipped, METH_FASTCALL | METH_KEYWORDS,
@@ -1843,7 +1847,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         return NULL;
     }
     if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&swmp_GateType) < 0 ||
-        PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0) {
+        PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0 ||
+        PyType_Ready(&swmp_WithinType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&spancore_module);

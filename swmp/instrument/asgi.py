@@ -240,3 +240,42 @@ def traced_asgi_method(component: int, collect_params: bool, params_limit: int) 
         return method
 
     return make
+
+
+# within(span, awaitable): the awaitable run inside the span without a Python coroutine of
+# ours (swmp/_native/within.c); None without the native core.
+_within: Callable[[Any, Any], Any] | None = getattr(native_core, "within", None)
+
+
+def can_trace_inner_method() -> bool:
+    """Whether :func:`traced_inner_method` can be used (the native core is built)."""
+    return _within is not None
+
+
+def traced_inner_method(component: int, collect_params: bool, params_limit: int) -> Callable[[Any], Any]:
+    """A patch factory for an ``async`` method that only its framework calls, awaiting the
+    result at once (Django's ``ASGIHandler.handle``): a plain function that returns the
+    original's coroutine run inside the entry span by :data:`_within`, so the request is
+    awaited through no coroutine of ours (each time the request waits, a wrapping
+    coroutine's frame was resumed too). Not for an application's entry point: servers ask
+    whether that is a coroutine function. Needs the native core (can_trace_inner_method)."""
+    within = _within
+    if within is None:
+        raise RuntimeError("traced_inner_method needs the native core")
+
+    def make(orig: Any) -> Any:
+        def method(self: Any, scope: Scope, receive: Receive, send: Send) -> Any:
+            span = _entry(scope, component, collect_params, params_limit)
+            if span is None:
+                return orig(self, scope, receive, send)
+            try:
+                awaitable = orig(self, scope, receive, _status_sender(span, send))
+            except BaseException as e:  # the call itself failed: the span ends with it
+                span.__enter__()
+                span.__exit__(type(e), e, e.__traceback__)
+                raise
+            return within(span, awaitable)
+
+        return method
+
+    return make

@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _hook
 from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import name_request, record_exception
-from swmp.instrument.asgi import traced_asgi_method
+from swmp.instrument.asgi import can_trace_inner_method, traced_asgi_method, traced_inner_method
 from swmp.instrument.wsgi import traced_wsgi_method
 from swmp.tracing.constants import Component
 
@@ -73,14 +74,25 @@ def _patch_common(config: Config) -> None:
 
 
 def _patch_handler(config: Config, module: str, cls: str, tracing: Any) -> None:
-    """Patch ``module.cls.__call__`` (the WSGI or ASGI handler) and the shared parts."""
+    """Patch ``module.cls.__call__`` (the WSGI or ASGI handler) and the shared parts. The
+    ASGI handler's ``handle`` (Django 3.2+: what ``__call__`` awaits once it checked the
+    scope, the same arguments) instead where it can be traced without a coroutine of ours."""
     _patch_common(config)
+    handler = getattr(sys.modules[module], cls)
+    name = "__call__"
+    if tracing is traced_asgi_method and _inner_handle(handler):
+        tracing, name = traced_inner_method, "handle"
     make = tracing(
         Component.DJANGO,
         config.plugin_django_collect_http_params,
         config.plugin_http_http_params_length_threshold,
     )
-    patch(getattr(sys.modules[module], cls), "__call__", make)
+    patch(handler, name, make)
+
+
+def _inner_handle(handler: type) -> bool:
+    handle = handler.__dict__.get("handle")
+    return can_trace_inner_method() and handle is not None and inspect.iscoroutinefunction(handle)
 
 
 def install(config: Config) -> None:
@@ -96,6 +108,7 @@ def uninstall() -> None:
         restore(sys.modules[_WSGI].WSGIHandler, "__call__")
     if _ASGI in sys.modules:
         restore(sys.modules[_ASGI].ASGIHandler, "__call__")
+        restore(sys.modules[_ASGI].ASGIHandler, "handle")
     base = sys.modules.get("django.core.handlers.base")
     if base is not None:
         restore(base.BaseHandler, "resolve_request")
