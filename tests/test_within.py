@@ -263,3 +263,49 @@ def test_a_real_span_is_current_inside_and_finished_after() -> None:
         assert asyncio.run(main()) == (True, None, True)
     finally:
         _sink.set_sink(None)
+
+
+class Suppressing(Recorder):
+    """A context manager that swallows what it exits with (a span never does)."""
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:  # type: ignore[override]
+        super().__exit__(kind, value, tb)
+        return True
+
+
+class FailingExit(Recorder):
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+        super().__exit__(kind, value, tb)
+        raise LookupError("exit failed")
+
+
+@pytest.mark.parametrize("manager", [Suppressing, FailingExit])
+def test_an_exit_that_suppresses_or_fails(manager: type[Recorder]) -> None:
+    outcomes = {}
+    for name, within in FORMS.items():
+        steps: list[str] = []
+        results = []
+        for outcome in ("value", ValueError("inner")):
+            span = manager()
+
+            async def main(
+                span: Recorder = span, outcome: Any = outcome, within: Any = within, steps: list[str] = steps
+            ) -> Any:
+                return await within(span, _inner(steps, 1, outcome))
+
+            try:
+                results.append(("returned", asyncio.run(main())))
+            except BaseException as e:
+                results.append(("raised", type(e).__name__, str(e)))
+            results.append(span.calls)
+        span = manager()
+        running = within(span, _inner(steps, 2, "x")).__await__()
+        running.send(None)
+        try:
+            running.close()
+            results.append("closed")
+        except BaseException as e:
+            results.append(("close raised", type(e).__name__))
+        results.append(span.calls)
+        outcomes[name] = (results, steps)
+    assert outcomes["native"] == outcomes["python"]

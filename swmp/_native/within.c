@@ -35,8 +35,9 @@ typedef struct {
 
 static PyObject *s_enter = NULL, *s_exit = NULL, *s_throw = NULL, *s_close = NULL;
 
-/* span.__exit__(type, value, tb) for the exception set (or none); 0, or -1 with the
- * exit's own error replacing it. The exception stays set (or not) as it was. */
+/* span.__exit__(type, value, tb) for the exception set (or none): 0 with the exception
+ * still set (or none), 1 when ``__exit__`` answered true for an exception (suppressed, as
+ * a ``with`` does: the exception is cleared), -1 with the exit's own error replacing it. */
 static int exit_span(Within *self, int with_error) {
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     if (with_error) {
@@ -54,7 +55,14 @@ static int exit_span(Within *self, int with_error) {
         Py_XDECREF(tb);
         return -1;
     }
+    int suppressed = with_error ? PyObject_IsTrue(r) : 0;
     Py_DECREF(r);
+    if (suppressed != 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return suppressed;
+    }
     if (with_error) {
         PyErr_Restore(type, value, tb);
     }
@@ -68,11 +76,16 @@ static PySendResult settle(Within *self, PySendResult r, PyObject **result) {
         return r;
     }
     self->state = DONE;
-    if (exit_span(self, r == PYGEN_ERROR) < 0) {
+    int exited = exit_span(self, r == PYGEN_ERROR);
+    if (exited < 0) {
         if (r == PYGEN_RETURN) {
             Py_CLEAR(*result);
         }
         return PYGEN_ERROR;
+    }
+    if (exited > 0) { /* the exception suppressed: the coroutine would return None */
+        *result = Py_NewRef(Py_None);
+        return PYGEN_RETURN;
     }
     return r;
 }
@@ -184,16 +197,18 @@ static int close_running(Within *self) {
     Py_XDECREF(close);
     if (closed == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            exit_span(self, 1); /* the span ends with the close's own error, which is raised */
-            return -1;
+            /* the span ends with the close's own error, which is raised (unless suppressed) */
+            return exit_span(self, 1) > 0 ? 0 : -1;
         }
         PyErr_Clear(); /* an iterator without close(): nothing to close */
     }
     Py_XDECREF(closed);
     PyErr_SetNone(PyExc_GeneratorExit);
-    int r = exit_span(self, 1);
+    if (exit_span(self, 1) < 0) {
+        return -1; /* the exit's own error: close() raises it */
+    }
     PyErr_Clear(); /* the GeneratorExit: close() returns normally */
-    return r < 0 ? -1 : 0;
+    return 0;
 }
 
 static PyObject *within_close(PyObject *obj, PyObject *unused) {
