@@ -18,7 +18,6 @@
  * (``tag_request``). As in Python, a failure while tagging leaves the span as it is. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <string.h>
 
 #include "asgi.h"
 
@@ -97,10 +96,11 @@ static PyObject *python_entry(PyObject *const *args) {
  * case-insensitive, as the Python scan's lower() and look-up. */
 static int wanted_index(PyObject *name) {
     static const char *const names[] = {"host", "sw8", "sw8-correlation", "sw8-x"};
+    static const Py_ssize_t lengths[] = {4, 3, 15, 5};
     Py_ssize_t n = PyBytes_GET_SIZE(name);
     const char *bytes = PyBytes_AS_STRING(name);
     for (int i = 0; i < 4; i++) {
-        if ((size_t)n != strlen(names[i])) {
+        if (n != lengths[i]) {
             continue;
         }
         Py_ssize_t j = 0;

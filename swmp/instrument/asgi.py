@@ -68,35 +68,31 @@ def _py_entry(scope: Scope, component: int, collect_params: bool, params_limit: 
     ``asgi_entry`` (swmp/_native/asgi.c), which hands every case outside its plain shapes
     to this function."""
     try:
-        return _py_entry_of(scope, component, collect_params, params_limit)
+        if scope.get("type") != "http":
+            return None
+        method = scope.get("method") or "GET"
+        rules = _ctx.policy.rules
+        # No call at all when no method is ignored (IgnoreRules keeps them in ``_methods``; any
+        # other rules object is asked), as in the WSGI entry.
+        if getattr(rules, "_methods", True) and rules.ignore_method(method):
+            return None
+        path = scope.get("path") or "/"
+        host, sw8, corr, sw8x = _wanted(scope.get("headers") or ())
+        carrier = None
+        if sw8 is not None:
+            carrier = from_headers(
+                sw8, corr, sw8x, limits.correlation_max_elements, limits.correlation_max_value_length
+            )
+        span: Any = _entry_root(path, component, _HTTP, carrier)  # the common case, in C
+        if span is None:
+            span = _ctx.decide_entry_span(path, carrier, component, _HTTP)
+        if span is NOOP:
+            return None
+        if span.__class__ is Span:
+            _tag_request(span, scope, method, path, host, collect_params, params_limit)
+        return span
     except Exception:  # a scope outside the spec (a bytes path, ...): the request untraced
         return None
-
-
-def _py_entry_of(scope: Scope, component: int, collect_params: bool, params_limit: int) -> Any:
-    if scope.get("type") != "http":
-        return None
-    method = scope.get("method") or "GET"
-    rules = _ctx.policy.rules
-    # No call at all when no method is ignored (IgnoreRules keeps them in ``_methods``; any
-    # other rules object is asked), as in the WSGI entry.
-    if getattr(rules, "_methods", True) and rules.ignore_method(method):
-        return None
-    path = scope.get("path") or "/"
-    host, sw8, corr, sw8x = _wanted(scope.get("headers") or ())
-    carrier = None
-    if sw8 is not None:
-        carrier = from_headers(
-            sw8, corr, sw8x, limits.correlation_max_elements, limits.correlation_max_value_length
-        )
-    span: Any = _entry_root(path, component, _HTTP, carrier)  # the common case, in C
-    if span is None:
-        span = _ctx.decide_entry_span(path, carrier, component, _HTTP)
-    if span is NOOP:
-        return None
-    if span.__class__ is Span:
-        _tag_request(span, scope, method, path, host, collect_params, params_limit)
-    return span
 
 
 def _tag_request(  # noqa: PLR0917 (positional: also called from C)

@@ -73,15 +73,9 @@ def _patch_common(config: Config) -> None:
         patch(base.BaseHandler, "resolve_request", _name_after_route)
 
 
-def _patch_handler(config: Config, module: str, cls: str, tracing: Any) -> None:
-    """Patch ``module.cls.__call__`` (the WSGI or ASGI handler) and the shared parts. The
-    ASGI handler's ``handle`` (Django 3.2+: what ``__call__`` awaits once it checked the
-    scope, the same arguments) instead where it can be traced without a coroutine of ours."""
+def _patch_handler(config: Config, handler: type, name: str, tracing: Any) -> None:
+    """Patch ``handler.name`` (the WSGI or ASGI handler's entry) and the shared parts."""
     _patch_common(config)
-    handler = getattr(sys.modules[module], cls)
-    name = "__call__"
-    if tracing is traced_asgi_method and _inner_handle(handler):
-        tracing, name = traced_inner_method, "handle"
     make = tracing(
         Component.DJANGO,
         config.plugin_django_collect_http_params,
@@ -90,17 +84,26 @@ def _patch_handler(config: Config, module: str, cls: str, tracing: Any) -> None:
     patch(handler, name, make)
 
 
-def _inner_handle(handler: type) -> bool:
+def _patch_wsgi(config: Config) -> None:
+    _patch_handler(config, sys.modules[_WSGI].WSGIHandler, "__call__", traced_wsgi_method)
+
+
+def _patch_asgi(config: Config) -> None:
+    """``ASGIHandler.handle`` (Django 3.2+: what ``__call__`` awaits once it checked the
+    scope, with the same arguments) where it can be traced without a coroutine of ours;
+    ``__call__`` otherwise."""
+    handler = sys.modules[_ASGI].ASGIHandler
     handle = handler.__dict__.get("handle")
-    return can_trace_inner_method() and handle is not None and inspect.iscoroutinefunction(handle)
+    if can_trace_inner_method() and handle is not None and inspect.iscoroutinefunction(handle):
+        _patch_handler(config, handler, "handle", traced_inner_method)
+    else:
+        _patch_handler(config, handler, "__call__", traced_asgi_method)
 
 
 def install(config: Config) -> None:
     # defer() runs the patch at once when the handler module is already imported.
-    wsgi = functools.partial(_patch_handler, config, _WSGI, "WSGIHandler", traced_wsgi_method)
-    asgi = functools.partial(_patch_handler, config, _ASGI, "ASGIHandler", traced_asgi_method)
-    _hook.defer(_WSGI, wsgi, key="django-wsgi")
-    _hook.defer(_ASGI, asgi, key="django-asgi")
+    _hook.defer(_WSGI, functools.partial(_patch_wsgi, config), key="django-wsgi")
+    _hook.defer(_ASGI, functools.partial(_patch_asgi, config), key="django-asgi")
 
 
 def uninstall() -> None:

@@ -93,26 +93,16 @@ def _skipped(thread: threading.Thread) -> bool:
     return module.startswith(_SKIP_MODULES) or module in _SKIP_EXACT
 
 
-def _py_thread_skipped(thread: threading.Thread) -> bool:
-    """The ``start`` gate's ``passes``: a skipped thread, or one whose check fails."""
-    try:
-        return _skipped(thread)
-    except Exception:
-        return True
-
-
 _NO_WORK = object()
 
 
 def _py_runs_in_own_context(executor: Any, fn: Any = _NO_WORK, /, *args: Any, **kwargs: Any) -> bool:
-    """The ``submit`` gate's ``passes``: a work item in its own context, or no work item."""
-    try:
-        return fn is _NO_WORK or _own_context(fn)
-    except Exception:
-        return True
+    """The ``submit`` gate's ``passes``: a work item in its own context, or no work item
+    (a check that raises is "passes" for the gate, as for ``start``'s ``_skipped``)."""
+    return fn is _NO_WORK or _own_context(fn)
 
 
-_thread_skipped: Any = _py_thread_skipped
+_thread_skipped: Any = _skipped
 _runs_in_own_context: Any = _py_runs_in_own_context
 if native_core is not None and hasattr(native_core, "setup_threads"):
     native_core.setup_threads(_SKIP_MODULES, _SKIP_EXACT, _COPYING_OWNERS, _partial)
