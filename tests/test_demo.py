@@ -176,3 +176,20 @@ def test_demo_ctrl_c_stops_everything(tmp_path: Path) -> None:
     assert "interrupted: stopping the demo's processes" in rest
     assert not left, left
     assert _files(tmp_path / "tmp") == []
+
+
+def test_a_ctrl_c_while_the_load_starts_its_threads_still_joins() -> None:
+    """The Ctrl-C can land between two ``Thread.start`` calls of ``Load.send`` (seen once in a
+    whole-suite run: the demo then exited with 'cannot join thread before it is started')."""
+    import io
+    import threading
+
+    from swmp.demo.load import Load
+
+    load = Load(io.StringIO(), 2)
+    started = threading.Thread(target=lambda: None)
+    started.start()
+    load._threads = [started, threading.Thread(target=lambda: None)]  # the second never started
+    load.stop()
+    load.join(timeout=5)
+    assert not started.is_alive()

@@ -95,7 +95,8 @@ class Load:
         writing to stdout while the interpreter exits."""
         deadline = time.monotonic() + timeout
         for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+            if t.ident is not None:  # a Ctrl-C in the middle of send's start loop leaves the rest unstarted
+                t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _request(url: str) -> bool:
