@@ -19,8 +19,12 @@ end-to-end rows differ by that plus scatter; Celery's publish is ~100x the added
 The broker is kombu's in-memory transport by default (``--broker URL`` for a real one):
 what is measured is what swmp adds to Celery's own work, without network noise. Finished
 segments go into a real shared-memory ring (an ipc Arena in a temp dir, drained between
-rounds, untimed), as in the agent. Rounds alternate plain / instrumented; the table shows
-the median time per task of each and the median of the per-round differences ("added").
+rounds, untimed), as in the agent. Plain and instrumented calls alternate call by call
+(ABBA, each call timed), so both see the caches as Celery's own work between them left them
+and machine drift hits both alike; the table shows the median time per task of each, the
+median over rounds of each round's median pair difference ("added") and the range of those
+per-round figures (steady to a few tenths of a microsecond, where timing whole rounds of
+each mode moved by ten microseconds and more).
 
     python benchmarks/celery_bench.py [--quick] [--rounds N] [--tasks N] [--broker URL] [--json PATH]
 """
@@ -176,9 +180,38 @@ def setup(broker: str) -> tuple[dict[str, tuple[Op, Op]], Callable[[], None], Ca
     return ops, drain, close
 
 
+def _pairs(plain: Op, traced: Op, n: int, drain: Callable[[], None]) -> tuple[list[int], list[int]]:
+    """``n`` calls of each, alternated call by call (ABBA): both see the caches as Celery's own
+    work left them, and drift hits both alike. Per-call times in ns."""
+    clock = time.perf_counter_ns
+    p: list[int] = []
+    t: list[int] = []
+    for i in range(n):
+        if i & 1:
+            t0 = clock()
+            plain()
+            t1 = clock()
+            traced()
+            t2 = clock()
+            p.append(t1 - t0)
+            t.append(t2 - t1)
+        else:
+            t0 = clock()
+            traced()
+            t1 = clock()
+            plain()
+            t2 = clock()
+            t.append(t1 - t0)
+            p.append(t2 - t1)
+        if i % 200 == 199:  # the in-memory queue and the ring, emptied (untimed)
+            drain()
+    drain()
+    return p, t
+
+
 def run(rounds: int, tasks: int, broker: str) -> list[dict[str, Any]]:
     ops, drain, close = setup(broker)
-    per: dict[str, dict[str, list[float]]] = {name: {"plain": [], "swmp": []} for name in ops}
+    per: dict[str, dict[str, list[int]]] = {name: {"plain": [], "swmp": []} for name in ops}
     added: dict[str, list[float]] = {name: [] for name in ops}
     try:
         for plain, traced in ops.values():  # warm-up
@@ -188,17 +221,11 @@ def run(rounds: int, tasks: int, broker: str) -> list[dict[str, Any]]:
             drain()
         for _ in range(rounds):
             for name, (plain, traced) in ops.items():
-                got = {}
-                for label, fn in (("plain", plain), ("swmp", traced)):
-                    gc.collect()
-                    t0 = time.perf_counter_ns()
-                    for _ in range(tasks):
-                        fn()
-                    got[label] = (time.perf_counter_ns() - t0) / tasks
-                    drain()
-                per[name]["plain"].append(got["plain"])
-                per[name]["swmp"].append(got["swmp"])
-                added[name].append(got["swmp"] - got["plain"])
+                gc.collect()
+                p, t = _pairs(plain, traced, tasks, drain)
+                per[name]["plain"] += p
+                per[name]["swmp"] += t
+                added[name].append(statistics.median(b - a for a, b in zip(p, t, strict=True)))
     finally:
         close()
     return [
@@ -208,6 +235,7 @@ def run(rounds: int, tasks: int, broker: str) -> list[dict[str, Any]]:
             "swmp_us": round(statistics.median(per[name]["swmp"]) / 1000, 2),
             "added_us": round(statistics.median(added[name]) / 1000, 2),
             "added_min_us": round(min(added[name]) / 1000, 2),
+            "added_max_us": round(max(added[name]) / 1000, 2),
             "rounds": rounds,
             "tasks_per_round": tasks,
         }
@@ -231,11 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         f"Celery {celery.__version__} per task, plain vs swmp ({rounds} rounds x {tasks} tasks, "
         f"broker {args.broker}, Python {sys.version.split()[0]})"
     )
-    print(f"{'operation':<24}{'plain us':>10}{'swmp us':>10}{'added us':>10}{'added min':>11}")
+    print(f"{'operation':<24}{'plain us':>10}{'swmp us':>10}{'added us':>10}{'rounds min-max':>17}")
     for r in results:
+        spread = f"{r['added_min_us']:.2f}-{r['added_max_us']:.2f}"
         print(
-            f"{r['operation']:<24}{r['plain_us']:>10.2f}{r['swmp_us']:>10.2f}{r['added_us']:>10.2f}"
-            f"{r['added_min_us']:>11.2f}"
+            f"{r['operation']:<24}{r['plain_us']:>10.2f}{r['swmp_us']:>10.2f}{r['added_us']:>10.2f}{spread:>17}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps({"broker": args.broker, "results": results}, indent=2) + "\n")

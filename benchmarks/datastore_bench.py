@@ -43,12 +43,21 @@ sys.path.insert(0, str(ROOT))
 
 BATCH = 50  # calls per trace in the traced modes (below the default span limit)
 
-Call = Callable[[int, Callable[[], Any]], None]  # run(n, trace_ctx): n calls, BATCH per context
+
+class Call:
+    """A workload's calls: ``run(n, ctx)`` makes n calls, entering ``ctx()`` around each group
+    of BATCH calls; ``one()`` makes a single call (the per-call timing, :func:`interleaved`)."""
+
+    def __init__(self, one: Callable[[], Any], run: Callable[[int, Callable[[], Any]], None]) -> None:
+        self.one = one
+        self._run = run
+
+    def __call__(self, n: int, ctx: Callable[[], Any]) -> None:
+        self._run(n, ctx)
 
 
 # -- workloads -------------------------------------------------------------------------------
-# make(servers) -> (run, close). ``run(n, ctx)`` makes n calls, entering ``ctx()`` around each
-# group of BATCH calls. Connections are made by ``make``, after (un)installing swmp.
+# make(servers) -> (run, close). Connections are made by ``make``, after (un)installing swmp.
 def _sync(call: Callable[[], Any]) -> Call:
     def run(n: int, ctx: Callable[[], Any]) -> None:
         for _ in range(n // BATCH):
@@ -56,7 +65,7 @@ def _sync(call: Callable[[], Any]) -> Call:
                 for _ in range(BATCH):
                     call()
 
-    return run
+    return Call(call, run)
 
 
 def _async(loop: asyncio.AbstractEventLoop, call: Callable[[], Any]) -> Call:
@@ -69,7 +78,11 @@ def _async(loop: asyncio.AbstractEventLoop, call: Callable[[], Any]) -> Call:
     def run(n: int, ctx: Callable[[], Any]) -> None:
         loop.run_until_complete(go(n, ctx))
 
-    return run
+    def one() -> Any:
+        # The task copies the context current here: the caller's trace, or none.
+        return loop.run_until_complete(call())
+
+    return Call(one, run)
 
 
 def make_psycopg2(s: dict[str, Any]) -> tuple[Call, Callable[[], None]]:
@@ -299,6 +312,112 @@ def run_swmp(
     return out
 
 
+def _per_call(one: Callable[[], Any], pairs: int, reader: Any) -> dict[str, float]:
+    """:func:`interleaved` for one workload: ``pairs`` calls inside a trace and as many outside."""
+    import contextvars
+
+    from swmp.tracing.context import new_local_span
+
+    clock = time.thread_time_ns
+    outside_ctx = contextvars.copy_context()
+    traced_ctx = contextvars.copy_context()
+    open_spans: list[Any] = []
+
+    def open_trace() -> None:
+        span = new_local_span("batch")
+        span.__enter__()
+        open_spans.append(span)
+
+    def close_trace() -> None:
+        open_spans.pop().__exit__(None, None, None)
+
+    traced_ctx.run(open_trace)
+    for _ in range(BATCH * 4):  # warm up: statement caches, first spans
+        outside_ctx.run(one)
+        traced_ctx.run(one)
+    outside: list[int] = []
+    traced: list[int] = []
+    rotations: list[int] = []
+    for i in range(pairs):
+        if i & 1:
+            t0 = clock()
+            outside_ctx.run(one)
+            t1 = clock()
+            traced_ctx.run(one)
+            t2 = clock()
+            outside.append(t1 - t0)
+            traced.append(t2 - t1)
+        else:
+            t0 = clock()
+            traced_ctx.run(one)
+            t1 = clock()
+            outside_ctx.run(one)
+            t2 = clock()
+            traced.append(t1 - t0)
+            outside.append(t2 - t1)
+        if i % BATCH == BATCH - 1:
+            t0 = clock()
+            traced_ctx.run(close_trace)
+            traced_ctx.run(open_trace)
+            rotations.append(clock() - t0)
+            while reader.read(1 << 20):  # the reporter's part: not this process's cost
+                reader.commit()
+    traced_ctx.run(close_trace)
+    span = statistics.median(t - o for t, o in zip(traced, outside, strict=True))
+    share = statistics.median(rotations) / BATCH
+    return {
+        "outside_ns": statistics.median(outside),
+        "traced_ns": statistics.median(traced),
+        "span_ns": span,
+        "segment_share_ns": share,
+        "added_traced_ns": span + share,
+        "pairs": pairs,
+    }
+
+
+def interleaved(servers: dict[str, Any], libs: list[str], pairs: int) -> dict[str, dict[str, float]]:
+    """Per call, the CPU time of this thread (``time.thread_time_ns``: the server's work and the
+    wait for it do not count), swmp installed: a call inside a trace and a call outside any trace
+    alternated call by call (ABBA), so both see the caches as the previous round trip left
+    them, and drift hits both alike. Medians per call, and the median of the pairs' differences:
+    steady to ~0.1 us, where the rounds above move by microseconds.
+
+    Every BATCH traced calls the trace is closed and a new one opened (timed apart: the
+    segment's serialization and its write into a real shared-memory ring, as in a worker, plus
+    the trace's own local span); its share per call is reported next to the span's cost. What
+    a call outside a trace costs over no agent is the ``+outside`` column above (in instructions:
+    ``datastore_cachegrind.py --outside``, a few hundred)."""
+    import tempfile
+
+    import ipc
+    from swmp import _sink, instrument, tracing
+    from swmp.config import load
+
+    cfg = load({}, agent_log_reporter_active=False)
+    tracing.configure(cfg)
+    tmp = tempfile.TemporaryDirectory(prefix="swmp-ds-bench-")
+    arena = ipc.Arena.create(str(Path(tmp.name) / "bench.arena"), slots=1, ring_capacity=8 * 1024 * 1024)
+    writer = arena.claim_slot()
+    assert writer is not None
+    reader = arena.reader(writer.slot)
+    _sink.set_sink(writer)
+    instrument.install_all(cfg)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for lib in libs:
+            calls, close = WORKLOADS[lib](servers)
+            try:
+                out[lib] = _per_call(calls.one, pairs, reader)
+            finally:
+                close()
+    finally:
+        instrument.uninstall_all()
+        _sink.set_sink(None)
+        arena.unlink()
+        tmp.cleanup()
+    return out
+
+
 def wrapper_overhead(reps: int = 100_000, rounds: int = 7) -> dict[str, float]:
     """The ns a wrapper adds to one call without any I/O (the patched method is a no-op):
     outside a trace (the one check), and inside one (the exit span with its SQL tags,
@@ -461,7 +580,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=1000, help=f"calls per round and mode (multiple of {BATCH})")
     ap.add_argument("--libs", default=",".join(WORKLOADS), help="comma-separated subset")
     ap.add_argument("--no-peer", action="store_true", help="skip apache-skywalking")
-    ap.add_argument("--quick", action="store_true", help="smoke test: 2 rounds x 100 calls")
+    ap.add_argument(
+        "--pairs", type=int, default=6000, help="per-call interleaved pairs per library (0: skip that table)"
+    )
+    ap.add_argument("--quick", action="store_true", help="smoke test: 2 rounds x 100 calls, 400 pairs")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument("--peer-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -470,12 +592,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(peer_child(spec["servers"], spec["libs"], spec["rounds"], spec["calls"])))
         return 0
     if args.quick:
-        args.rounds, args.calls = 2, 100
+        args.rounds, args.calls, args.pairs = 2, 100, 400
     libs = [lib for lib in args.libs.split(",") if lib]
     calls = max(BATCH, args.calls // BATCH * BATCH)
     with servers_running(libs) as servers:
         ours = run_swmp(servers, libs, args.rounds, calls)
         peer = {} if args.no_peer else run_peer(servers, libs, args.rounds, calls)
+        per_call = interleaved(servers, libs, args.pairs) if args.pairs > 0 else {}
 
     def med(xs: list[float]) -> float:
         return statistics.median(xs) if xs else float("nan")
@@ -519,13 +642,33 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r["skywalking_error"] and r["skywalking_error"] != "no plugin":
             print(f"  {r['library']}: the apache-skywalking plugin failed: {r['skywalking_error']}")
+    if per_call:
+        print(
+            f"\nper call, interleaved ({args.pairs} pairs, thread CPU time, medians): a call inside a "
+            f"trace vs outside one, swmp installed; + the segment's share ({BATCH} spans per segment)"
+        )
+        print(f"{'library':<15}{'outside us':>11}{'traced us':>10}{'+span':>8}{'+segment':>10}{'+traced':>9}")
+        for lib, r in per_call.items():
+            print(
+                f"{lib:<15}{r['outside_ns'] / 1000:>11.1f}{r['traced_ns'] / 1000:>10.1f}"
+                f"{r['span_ns'] / 1000:>8.2f}{r['segment_share_ns'] / 1000:>10.2f}"
+                f"{r['added_traced_ns'] / 1000:>9.2f}"
+            )
     hot = wrapper_overhead()
     print(
         f"the wrapper alone, no I/O (min over rounds): outside a trace +{hot['outside']:.0f} ns, "
         f"traced +{hot['traced']:.0f} ns per call"
     )
     if args.json:
-        result = {"load": load1, "batch": BATCH, "rows": rows, "raw": ours, "peer": peer, "hot_ns": hot}
+        result = {
+            "load": load1,
+            "batch": BATCH,
+            "rows": rows,
+            "raw": ours,
+            "peer": peer,
+            "hot_ns": hot,
+            "interleaved": per_call,
+        }
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
 
