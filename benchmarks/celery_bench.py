@@ -187,22 +187,11 @@ def _pairs(plain: Op, traced: Op, n: int, drain: Callable[[], None]) -> tuple[li
     p: list[int] = []
     t: list[int] = []
     for i in range(n):
-        if i & 1:
+        pair = ((plain, p), (traced, t))
+        for fn, times in pair if i & 1 else pair[::-1]:
             t0 = clock()
-            plain()
-            t1 = clock()
-            traced()
-            t2 = clock()
-            p.append(t1 - t0)
-            t.append(t2 - t1)
-        else:
-            t0 = clock()
-            traced()
-            t1 = clock()
-            plain()
-            t2 = clock()
-            t.append(t1 - t0)
-            p.append(t2 - t1)
+            fn()
+            times.append(clock() - t0)
         if i % 200 == 199:  # the in-memory queue and the ring, emptied (untimed)
             drain()
     drain()

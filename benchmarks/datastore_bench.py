@@ -312,7 +312,7 @@ def run_swmp(
     return out
 
 
-def _per_call(one: Callable[[], Any], pairs: int, reader: Any) -> dict[str, float]:
+def _per_call(one: Callable[[], Any], pairs: int, drain: Callable[[], None]) -> dict[str, float]:
     """:func:`interleaved` for one workload: ``pairs`` calls inside a trace and as many outside."""
     import contextvars
 
@@ -339,29 +339,17 @@ def _per_call(one: Callable[[], Any], pairs: int, reader: Any) -> dict[str, floa
     traced: list[int] = []
     rotations: list[int] = []
     for i in range(pairs):
-        if i & 1:
+        pair = ((outside_ctx, outside), (traced_ctx, traced))
+        for ctx, times in pair if i & 1 else pair[::-1]:
             t0 = clock()
-            outside_ctx.run(one)
-            t1 = clock()
-            traced_ctx.run(one)
-            t2 = clock()
-            outside.append(t1 - t0)
-            traced.append(t2 - t1)
-        else:
-            t0 = clock()
-            traced_ctx.run(one)
-            t1 = clock()
-            outside_ctx.run(one)
-            t2 = clock()
-            traced.append(t1 - t0)
-            outside.append(t2 - t1)
+            ctx.run(one)
+            times.append(clock() - t0)
         if i % BATCH == BATCH - 1:
             t0 = clock()
             traced_ctx.run(close_trace)
             traced_ctx.run(open_trace)
             rotations.append(clock() - t0)
-            while reader.read(1 << 20):  # the reporter's part: not this process's cost
-                reader.commit()
+            drain()  # the reporter's part: not this process's cost
     traced_ctx.run(close_trace)
     span = statistics.median(t - o for t, o in zip(traced, outside, strict=True))
     share = statistics.median(rotations) / BATCH
@@ -387,35 +375,47 @@ def interleaved(servers: dict[str, Any], libs: list[str], pairs: int) -> dict[st
     the trace's own local span); its share per call is reported next to the span's cost. What
     a call outside a trace costs over no agent is the ``+outside`` column above (in instructions:
     ``datastore_cachegrind.py --outside``, a few hundred)."""
-    import tempfile
-
-    import ipc
-    from swmp import _sink, instrument, tracing
+    from benchmarks._ring import Ring
+    from swmp import instrument, tracing
     from swmp.config import load
 
     cfg = load({}, agent_log_reporter_active=False)
     tracing.configure(cfg)
-    tmp = tempfile.TemporaryDirectory(prefix="swmp-ds-bench-")
-    arena = ipc.Arena.create(str(Path(tmp.name) / "bench.arena"), slots=1, ring_capacity=8 * 1024 * 1024)
-    writer = arena.claim_slot()
-    assert writer is not None
-    reader = arena.reader(writer.slot)
-    _sink.set_sink(writer)
+    ring = Ring(8 << 20)
     instrument.install_all(cfg)
     out: dict[str, dict[str, float]] = {}
     try:
         for lib in libs:
             calls, close = WORKLOADS[lib](servers)
             try:
-                out[lib] = _per_call(calls.one, pairs, reader)
+                out[lib] = _per_call(calls.one, pairs, ring.drain)
             finally:
                 close()
     finally:
         instrument.uninstall_all()
-        _sink.set_sink(None)
-        arena.unlink()
-        tmp.cleanup()
+        ring.close()
     return out
+
+
+def noop_cursor() -> tuple[Callable[..., Any], Any]:
+    """``(wrapped, cursor)``: the DB-API ``execute`` wrapper of the data-store instrumentation
+    around a cursor method that does nothing, and such a cursor (``wrapped(cursor, query,
+    args)``; ``cursor.execute`` is the unwrapped call). The wrapper's own work, without I/O."""
+    from swmp.config import load
+    from swmp.instrument import _datastore as ds
+    from swmp.tracing.constants import Component
+
+    ds.configure(load({}, agent_log_reporter_active=False))
+
+    class Cursor:
+        def execute(self, query: Any, args: Any = None) -> None:
+            return None
+
+    def where(cursor: Any) -> tuple[str, str]:
+        return "127.0.0.1:5432", "app"
+
+    method = ds.cursor_method("execute", "PostgreSQL/psycopg2/", Component.PSYCOPG, "PostgreSQL", where)
+    return method(Cursor.execute), Cursor()
 
 
 def wrapper_overhead(reps: int = 100_000, rounds: int = 7) -> dict[str, float]:
@@ -425,26 +425,12 @@ def wrapper_overhead(reps: int = 100_000, rounds: int = 7) -> dict[str, float]:
     cost. Against the real servers these are mixed with the calls' own noise."""
     from swmp import _sink, tracing
     from swmp.config import load
-    from swmp.instrument import _datastore as ds
-    from swmp.tracing.constants import Component
     from swmp.tracing.context import new_local_span
 
     sink = _sink.MemorySink()
     _sink.set_sink(sink)
     tracing.configure(load({}, agent_log_reporter_active=False))
-    ds.configure(load({}, agent_log_reporter_active=False))
-
-    class Target:
-        def execute(self, query: Any, args: Any = None) -> None:
-            return None
-
-    def where(cur: Any) -> tuple[str, str]:
-        return "127.0.0.1:5432", "app"
-
-    wrapped = ds.cursor_method("execute", "PostgreSQL/x/", Component.PSYCOPG, "PostgreSQL", where)(
-        Target.execute
-    )
-    obj = Target()
+    wrapped, obj = noop_cursor()
     plain = obj.execute
 
     def loop(fn: Callable[[], Any], ctx: Callable[[], Any]) -> float:

@@ -44,7 +44,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swmp import _sink, instrument, tracing
+from benchmarks._ring import Ring
+from swmp import instrument, tracing
 from swmp.config import load
 from swmp.tracing.context import new_entry_span
 
@@ -57,34 +58,6 @@ MODULES = {
     "pika": "swmp.instrument.pika",
     "aio-pika": "swmp.instrument.aiormq",
 }
-
-
-class Ring:
-    """The agent's sink: a real shared-memory ring, drained between rounds."""
-
-    def __init__(self) -> None:
-        import ipc
-
-        self._tmp = tempfile.TemporaryDirectory(prefix="swmp-mqbench-")
-        self.arena = ipc.Arena.create(str(Path(self._tmp.name) / "b.arena"), slots=1, ring_capacity=32 << 20)
-        writer = self.arena.claim_slot()
-        assert writer is not None
-        self.writer = writer
-        self.reader = self.arena.reader(writer.slot)
-        _sink.set_sink(writer)
-
-    def drain(self) -> None:
-        while self.reader.read(100_000):
-            self.reader.commit()
-
-    def close(self) -> None:
-        _sink.set_sink(None)
-        self.drain()
-        dropped = self.writer.stats().dropped_records
-        if dropped:
-            print(f"warning: the ring dropped {dropped} records", file=sys.stderr)
-        self.arena.unlink()
-        self._tmp.cleanup()
 
 
 def set_instrumented(client: str, on: bool, config: Any) -> None:

@@ -53,8 +53,6 @@ PyObject *swmp_setup_asgi(PyObject *module, PyObject *const *args, Py_ssize_t na
         INTERN(k_server, "server");
         INTERN(k_client, "client");
         INTERN(v_http, "http");
-        INTERN(s_rules, "rules");
-        INTERN(s_methods, "_methods");
         INTERN(s_tags, "tags");
         INTERN(s_peer, "peer");
         INTERN(s_tag_value_max, "tag_value_max");
@@ -85,6 +83,26 @@ static PyObject *optional_attr(PyObject *obj, PyObject *name) {
         PyErr_Clear();
     }
     return value;
+}
+
+int swmp_methods_ignored(PyObject *policy) {
+    if (s_rules == NULL && ((s_rules = PyUnicode_InternFromString("rules")) == NULL ||
+                            (s_methods = PyUnicode_InternFromString("_methods")) == NULL)) {
+        return -1;
+    }
+    /* The agent's own plain objects: reading them runs no application code. */
+    PyObject *rules = PyObject_GetAttr(policy, s_rules);
+    if (rules == NULL) {
+        return -1;
+    }
+    PyObject *methods = optional_attr(rules, s_methods);
+    Py_DECREF(rules);
+    if (methods == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    int ignoring = methods == NULL ? 1 : PyObject_IsTrue(methods); /* getattr(rules, "_methods", True) */
+    Py_XDECREF(methods);
+    return ignoring;
 }
 
 /* The Python entry, with the caller's four arguments. */
@@ -147,7 +165,7 @@ static int scan_headers(PyObject *headers, PyObject *found[4]) {
 
 /* The concatenation of ``n`` strs: what an f-string of them makes (PyUnicode_FromFormat
  * parses its format on every call: ~1,400 instructions a request for the URL and peer). */
-static PyObject *join(PyObject *const *parts, int n) {
+PyObject *swmp_join(PyObject *const *parts, int n) {
     Py_ssize_t length = 0;
     Py_UCS4 maxchar = 127;
     for (int i = 0; i < n; i++) {
@@ -178,7 +196,7 @@ static PyObject *host_port(PyObject *a, PyObject *b) {
     PyObject *out = NULL;
     if (fb != NULL) {
         PyObject *parts[3] = {fa, colon, fb};
-        out = join(parts, 3);
+        out = swmp_join(parts, 3);
     }
     Py_XDECREF(fa);
     Py_XDECREF(fb);
@@ -223,7 +241,7 @@ static PyObject *request_url(PyObject *scope, PyObject *host, PyObject *path) {
         root = root == NULL ? empty_text : root;
         if (PyUnicode_CheckExact(scheme) && PyUnicode_CheckExact(root)) {
             PyObject *parts[5] = {scheme, scheme_end, host_text, root, path};
-            url = join(parts, 5);
+            url = swmp_join(parts, 5);
         }
     }
     Py_DECREF(host_text);
@@ -318,19 +336,8 @@ static PyObject *entry_of(PyObject *const *args) {
     if (type != v_http && PyUnicode_CompareWithASCIIString(type, "http") != 0) {
         Py_RETURN_NONE; /* WebSocket, lifespan: not a request */
     }
-    /* Ignored methods: asked by the Python entry (IgnoreRules keeps them in ``_methods``).
-     * Read before anything is held: the rules are the agent's own plain objects. */
-    PyObject *rules = PyObject_GetAttr(policy, s_rules);
-    if (rules == NULL) {
-        return NULL;
-    }
-    PyObject *methods = optional_attr(rules, s_methods);
-    Py_DECREF(rules);
-    if (methods == NULL && PyErr_Occurred()) {
-        return NULL;
-    }
-    int ignoring = methods == NULL ? 1 : PyObject_IsTrue(methods); /* getattr(rules, "_methods", True) */
-    Py_XDECREF(methods);
+    /* Ignored methods: asked by the Python entry (IgnoreRules keeps them in ``_methods``). */
+    int ignoring = swmp_methods_ignored(policy);
     if (ignoring != 0) {
         return ignoring < 0 ? NULL : python_entry(args);
     }

@@ -27,6 +27,8 @@
  * ``thread_skipped`` / ``runs_in_own_context`` (threads.c): the thread instrumentation's checks.
  * ``split_sw8`` (sw8.c): the plain case of an incoming ``sw8`` header.
  * The SEGMENT record's JSON (json.c): written from the spans' fields, orjson's bytes.
+ * ``wsgi_call`` (wsgi.c): a WSGI request run inside its entry span; ``WSGIMethod``: a
+ * framework's WSGI entry method patched to run through it.
  * ``asgi_entry`` (asgi.c): an ASGI request's entry span and its tags; ``within``
  * (within.c): an awaitable run inside a span without a Python coroutine.
  * ``status_recorder`` / ``status_sender`` (status.c): a traced WSGI request's
@@ -44,6 +46,7 @@
 #include "status.h"
 #include "threads.h"
 #include "within.h"
+#include "wsgi.h"
 #include "sw8.h"
 
 typedef struct {
@@ -1784,6 +1787,13 @@ static PyMethodDef module_methods[] = {
      "limits, layer, tag_method, tag_url, no_tags): what asgi_entry() reads and hands over to."},
     {"asgi_entry", (PyCFunction)(void (*)(void))swmp_asgi_entry, METH_FASTCALL,
      "asgi_entry(scope, component, collect_params, params_limit): an ASGI request's entry span, tagged, or None."},
+    {"setup_wsgi", (PyCFunction)(void (*)(void))swmp_setup_wsgi, METH_FASTCALL,
+     "setup_wsgi(py_trace, tag_request, run_unrecorded, decide_entry_span, from_headers, request_tags, noop, "
+     "span_class, policy, limits, layer, tag_method, tag_url, no_tags, current): what wsgi_call() reads and hands "
+     "over to."},
+    {"wsgi_call", (PyCFunction)(void (*)(void))swmp_wsgi_call, METH_FASTCALL | METH_KEYWORDS,
+     "wsgi_call(app, environ, start_response, component, collect_params, params_limit): a WSGI request run in "
+     "its entry span (swmp/instrument/wsgi.py's trace_wsgi)."},
     {"within", (PyCFunction)(void (*)(void))swmp_within, METH_FASTCALL,
      "within(span, awaitable): awaitable awaited with span entered around it (no Python coroutine)."},
     {"setup_threads", (PyCFunction)(void (*)(void))swmp_setup_threads, METH_FASTCALL,
@@ -1848,7 +1858,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     }
     if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&swmp_GateType) < 0 ||
         PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0 ||
-        PyType_Ready(&swmp_WithinType) < 0) {
+        PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_WSGIMethodType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&spancore_module);
@@ -1857,7 +1867,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     }
     if (PyModule_AddObjectRef(m, "SpanCore", (PyObject *)&SpanCoreType) < 0 ||
         PyModule_AddObjectRef(m, "SegmentCore", (PyObject *)&SegmentCoreType) < 0 ||
-        PyModule_AddObjectRef(m, "Gate", (PyObject *)&swmp_GateType) < 0) {
+        PyModule_AddObjectRef(m, "Gate", (PyObject *)&swmp_GateType) < 0 ||
+        PyModule_AddObjectRef(m, "WSGIMethod", (PyObject *)&swmp_WSGIMethodType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -19,13 +19,15 @@ from swmp.instrument._http import record_status, request_tags
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import (
+    TAG_HTTP_METHOD,
     TAG_HTTP_PARAMS,
     TAG_HTTP_STATUS,
+    TAG_HTTP_URL,
     Component,
     Layer,
 )
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NOOP, Span, current_span, native_core
+from swmp.tracing.span import NO_TAGS, NOOP, Span, current_span, native_core
 
 _get_current = current_span.get
 _entry_root = _ctx.entry_root
@@ -111,7 +113,38 @@ if native_core is not None:
     _status_recorder = native_core.status_recorder
 
 
-def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper)
+def _tag_request(  # noqa: PLR0917
+    span: Any, environ: dict[str, Any], method: Any, path: str, collect_params: bool, params_limit: int
+) -> None:
+    """A recorded entry span's ``http.method`` / ``http.url`` tags, its client as peer and,
+    when asked, the query string; a failure leaves the span as it is."""
+    get = environ.get
+    try:
+        host = get("HTTP_HOST") or f"{get('SERVER_NAME', '')}:{get('SERVER_PORT', '')}"
+        url = f"{get('wsgi.url_scheme', 'http')}://{host}{get('SCRIPT_NAME', '')}{path}"
+        request_tags(span, method, url)
+        remote = get("REMOTE_ADDR")
+        if remote:
+            port = get("REMOTE_PORT")
+            span.peer = f"{remote}:{port}" if port else remote
+        if collect_params:
+            qs = get("QUERY_STRING")
+            if qs:
+                span.tag(TAG_HTTP_PARAMS, qs[:params_limit] if params_limit >= 0 else qs)
+    except Exception:
+        pass
+
+
+def _run_unrecorded(
+    span: Any, app: WSGIApp, environ: dict[str, Any], start_response: Callable[..., Any]
+) -> Iterable[bytes]:
+    """A request whose span is not recorded (ignored, over a limit): the span only keeps
+    nested instrumentation quiet while the application runs."""
+    with span:
+        return app(environ, start_response)
+
+
+def _py_trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper)
     app: WSGIApp,
     environ: dict[str, Any],
     start_response: Callable[..., Any],
@@ -119,8 +152,9 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     collect_params: bool = False,
     params_limit: int = 1024,
 ) -> Iterable[bytes]:
-    # Per-request path: helpers are inlined here (each Python call it saves is paid again
-    # with the CPU caches cold behind a real framework, docs/performance.md).
+    """``app(environ, start_response)`` inside the request's entry span: the reference form
+    of the native ``wsgi_call`` (swmp/_native/wsgi.c), which hands it every request that is
+    not of the plain shapes."""
     get = environ.get
     method = get("REQUEST_METHOD") or "GET"
     rules = _ctx.policy.rules
@@ -147,25 +181,10 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
     if span.__class__ is not Span:
         if span is NOOP:
             return app(environ, start_response)
-        with span:  # not recorded: only keeps nested instrumentation quiet
-            return app(environ, start_response)
+        return _run_unrecorded(span, app, environ, start_response)
     prev = _get_current()
     span.__enter__()
-    try:
-        host = get("HTTP_HOST") or f"{get('SERVER_NAME', '')}:{get('SERVER_PORT', '')}"
-        url = f"{get('wsgi.url_scheme', 'http')}://{host}{get('SCRIPT_NAME', '')}{path}"
-        request_tags(span, method, url)
-        remote = get("REMOTE_ADDR")
-        if remote:
-            port = get("REMOTE_PORT")
-            span.peer = f"{remote}:{port}" if port else remote
-        if collect_params:
-            qs = get("QUERY_STRING")
-            if qs:
-                span.tag(TAG_HTTP_PARAMS, qs[:params_limit] if params_limit >= 0 else qs)
-    except Exception:
-        pass
-
+    _tag_request(span, environ, method, path, collect_params, params_limit)
     try:
         result = app(environ, _status_recorder(span, start_response))
     except BaseException as e:
@@ -181,6 +200,31 @@ def trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are cheaper
         span.finish()
         return result
     return _make_body(result, span)
+
+
+# trace_wsgi(app, environ, start_response, component, collect_params, params_limit): native
+# when the span core is built (its plain requests in C, every other by the Python form).
+trace_wsgi: Callable[..., Iterable[bytes]] = _py_trace_wsgi
+if native_core is not None and hasattr(native_core, "wsgi_call"):
+    native_core.setup_wsgi(
+        _py_trace_wsgi,
+        _tag_request,
+        _run_unrecorded,
+        _ctx.decide_entry_span,
+        from_headers,
+        request_tags,
+        NOOP,
+        Span,
+        _ctx.policy,
+        limits,
+        _HTTP,
+        TAG_HTTP_METHOD,
+        TAG_HTTP_URL,
+        NO_TAGS,
+        current_span,
+    )
+    trace_wsgi = native_core.wsgi_call
+_WSGIMethod: Any = getattr(native_core, "WSGIMethod", None) if trace_wsgi is not _py_trace_wsgi else None
 
 
 class WSGIMiddleware:
@@ -216,6 +260,10 @@ def traced_wsgi_method(component: int, collect_params: bool, params_limit: int) 
                 _bind(orig, self), environ, start_response, component, collect_params, params_limit
             )
 
-        return method
+        if _WSGIMethod is None:
+            return method
+        # The same in C (swmp/_native/wsgi.c): no frame of ours between the framework and
+        # wsgi_call; ``method`` takes the calls of other shapes.
+        return _WSGIMethod(method, orig, component, collect_params, params_limit)
 
     return make

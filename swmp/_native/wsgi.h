@@ -1,0 +1,8 @@
+/* swmp._spancore's WSGI request (wsgi.c), registered by the module in spancore.c. */
+#ifndef SWMP_WSGI_H
+#define SWMP_WSGI_H
+#include <Python.h>
+extern PyTypeObject swmp_WSGIMethodType;
+PyObject *swmp_setup_wsgi(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *swmp_wsgi_call(PyObject *module, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+#endif
