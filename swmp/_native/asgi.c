@@ -20,6 +20,7 @@
 #include <Python.h>
 
 #include "asgi.h"
+#include "spancore.h"
 
 /* Set by setup_asgi(): see its docstring in spancore.c's method table. */
 static PyObject *py_entry = NULL, *tag_request = NULL, *decide_entry = NULL, *from_headers = NULL,

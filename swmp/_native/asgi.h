@@ -9,6 +9,4 @@ PyObject *swmp_join(PyObject *const *parts, int n);
 /* Whether the ignore rules may ignore a request by its method (then the Python entry asks
  * them): 1, 0, or -1 with an error. ``policy``: swmp.tracing.context.policy. */
 int swmp_methods_ignored(PyObject *policy);
-/* spancore.c's entry_root(op, component, layer, carrier): a new reference (a span or None). */
-PyObject *swmp_entry_root(PyObject *const *args);
 #endif

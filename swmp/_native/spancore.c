@@ -27,6 +27,7 @@
  * ``thread_skipped`` / ``runs_in_own_context`` (threads.c): the thread instrumentation's checks.
  * ``split_sw8`` (sw8.c): the plain case of an incoming ``sw8`` header.
  * The SEGMENT record's JSON (json.c): written from the spans' fields, orjson's bytes.
+ * ``sql_span`` (sql.c): the exit span of one SQL call, with its tags.
  * ``wsgi_call`` (wsgi.c): a WSGI request run inside its entry span; ``WSGIMethod``: a
  * framework's WSGI entry method patched to run through it.
  * ``asgi_entry`` (asgi.c): an ASGI request's entry span and its tags; ``within``
@@ -43,6 +44,8 @@
 #include "body.h"
 #include "gate.h"
 #include "json.h"
+#include "spancore.h"
+#include "sql.h"
 #include "status.h"
 #include "threads.h"
 #include "within.h"
@@ -1089,6 +1092,10 @@ static PyObject *new_exit_span(PyObject *module, PyObject *const *args, Py_ssize
     return PyObject_Vectorcall(py_decide_exit_span, call, 5, NULL);
 }
 
+PyObject *swmp_new_exit(PyObject *const *args) {
+    return new_exit_span(NULL, args, 4, NULL);
+}
+
 /* entry_root(op, component, layer, carrier): the common case of context.new_entry_span, in
  * C: no span current, so a new segment whose first span is an entry span, in a new trace
  * or, with ``carrier`` (a ContextCarrier: the caller's decoded headers), in the caller's
@@ -1787,6 +1794,12 @@ static PyMethodDef module_methods[] = {
      "limits, layer, tag_method, tag_url, no_tags): what asgi_entry() reads and hands over to."},
     {"asgi_entry", (PyCFunction)(void (*)(void))swmp_asgi_entry, METH_FASTCALL,
      "asgi_entry(scope, component, collect_params, params_limit): an ASGI request's entry span, tagged, or None."},
+    {"setup_sql", (PyCFunction)(void (*)(void))swmp_setup_sql, METH_FASTCALL,
+     "setup_sql(py_sql_span, span_class, no_tags, limits, settings, text, params_text, layer, tag_type, "
+     "tag_instance, tag_statement, tag_parameters): what sql_span() reads and hands over to."},
+    {"sql_span", (PyCFunction)(void (*)(void))swmp_sql_span, METH_FASTCALL | METH_KEYWORDS,
+     "sql_span(op, address, component, db_type, instance, statement, params=None, many=False): the exit span "
+     "of one SQL call, tagged (swmp/instrument/_datastore.py's sql_span)."},
     {"setup_wsgi", (PyCFunction)(void (*)(void))swmp_setup_wsgi, METH_FASTCALL,
      "setup_wsgi(py_trace, tag_request, run_unrecorded, decide_entry_span, from_headers, request_tags, noop, "
      "span_class, policy, limits, layer, tag_method, tag_url, no_tags, current): what wsgi_call() reads and hands "

@@ -32,6 +32,7 @@
 #include <stddef.h>
 
 #include "asgi.h"
+#include "spancore.h"
 #include "body.h"
 #include "status.h"
 #include "wsgi.h"

@@ -36,7 +36,7 @@ from swmp.tracing.constants import (
     Layer,
 )
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NO_TAGS, NOOP, NoopSpan, Span, current_span
+from swmp.tracing.span import NO_TAGS, NOOP, NoopSpan, Span, current_span, native_core
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -184,7 +184,7 @@ def params_text(params: Any, many: bool = False) -> str:
     return f"[{','.join(parts)}]"
 
 
-def sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
+def _py_sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
     op: str,
     address: str,
     component: int,
@@ -195,7 +195,8 @@ def sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
     many: bool = False,
 ) -> Span | NoopSpan:
     """An exit span for one SQL call, tagged ``db.type``/``db.instance``/``db.statement``
-    (and ``db.sql.parameters`` when enabled)."""
+    (and ``db.sql.parameters`` when enabled): the reference form of the native ``sql_span``
+    (swmp/_native/sql.c), which hands it every call of another shape."""
     span = _new_exit(op, address, component, _DATABASE)
     if span.__class__ is Span:
         if statement.__class__ is not str:
@@ -214,6 +215,27 @@ def sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
             except Exception:  # an exotic parameter container: the query matters more
                 pass
     return span
+
+
+# sql_span(op, address, component, db_type, instance, statement, params=None, many=False):
+# native when the span core is built (no Python frame per traced query).
+sql_span: Callable[..., Span | NoopSpan] = _py_sql_span
+if native_core is not None and hasattr(native_core, "sql_span"):
+    native_core.setup_sql(
+        _py_sql_span,
+        Span,
+        NO_TAGS,
+        limits,
+        settings,
+        text,
+        params_text,
+        _DATABASE,
+        TAG_DB_TYPE,
+        TAG_DB_INSTANCE,
+        TAG_DB_STATEMENT,
+        TAG_DB_SQL_PARAMETERS,
+    )
+    sql_span = native_core.sql_span
 
 
 def cache_span(  # noqa: PLR0917
