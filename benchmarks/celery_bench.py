@@ -37,7 +37,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -181,19 +180,15 @@ def setup(broker: str) -> tuple[dict[str, tuple[Op, Op]], Callable[[], None], Ca
 
 
 def _pairs(plain: Op, traced: Op, n: int, drain: Callable[[], None]) -> tuple[list[int], list[int]]:
-    """``n`` calls of each, alternated call by call (ABBA): both see the caches as Celery's own
-    work left them, and drift hits both alike. Per-call times in ns."""
-    clock = time.perf_counter_ns
-    p: list[int] = []
-    t: list[int] = []
-    for i in range(n):
-        pair = ((plain, p), (traced, t))
-        for fn, times in pair if i & 1 else pair[::-1]:
-            t0 = clock()
-            fn()
-            times.append(clock() - t0)
-        if i % 200 == 199:  # the in-memory queue and the ring, emptied (untimed)
+    """``n`` calls of each, alternated call by call (benchmarks/_abba.py); the in-memory queue
+    and the ring emptied every 200 pairs (untimed). Per-call times in ns."""
+    from benchmarks._abba import alternate
+
+    def between(i: int) -> None:
+        if i % 200 == 199:
             drain()
+
+    p, t = alternate(plain, traced, n, between=between)
     drain()
     return p, t
 

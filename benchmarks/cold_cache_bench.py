@@ -32,12 +32,12 @@ import ctypes
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository
+from benchmarks._abba import alternate
 
 Op = Callable[[], Any]
 Case = tuple[Op, Op, Op]  # (without the agent's part, with it, untimed work between two pairs)
@@ -98,23 +98,18 @@ def measure(case: Case, thrash_mib: float, calls: int, drain: Callable[[], None]
         if size:
             ctypes.memset(buf, i & 0xFF, size)  # every line of the buffer written: the caches taken over
 
-    clock = time.perf_counter_ns
     for _ in range(200):  # warm up: first spans, caches of the interpreter
         plain()
         traced()
         between()
     drain()
-    p: list[int] = []
-    t: list[int] = []
-    for i in range(calls):
-        for fn in (plain, traced) if i & 1 else (traced, plain):
-            thrash(i)
-            t0 = clock()
-            fn()
-            (p if fn is plain else t).append(clock() - t0)
+
+    def after_pair(i: int) -> None:
         between()
         if i % DRAIN_EVERY == DRAIN_EVERY - 1:
             drain()
+
+    p, t = alternate(plain, traced, calls, before=thrash, between=after_pair)
     drain()
     return {
         "plain_ns": statistics.median(p),

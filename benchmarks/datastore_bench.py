@@ -316,6 +316,7 @@ def _per_call(one: Callable[[], Any], pairs: int, drain: Callable[[], None]) -> 
     """:func:`interleaved` for one workload: ``pairs`` calls inside a trace and as many outside."""
     import contextvars
 
+    from benchmarks._abba import alternate
     from swmp.tracing.context import new_local_span
 
     clock = time.thread_time_ns
@@ -335,21 +336,19 @@ def _per_call(one: Callable[[], Any], pairs: int, drain: Callable[[], None]) -> 
     for _ in range(BATCH * 4):  # warm up: statement caches, first spans
         outside_ctx.run(one)
         traced_ctx.run(one)
-    outside: list[int] = []
-    traced: list[int] = []
     rotations: list[int] = []
-    for i in range(pairs):
-        pair = ((outside_ctx, outside), (traced_ctx, traced))
-        for ctx, times in pair if i & 1 else pair[::-1]:
-            t0 = clock()
-            ctx.run(one)
-            times.append(clock() - t0)
+
+    def rotate(i: int) -> None:  # every BATCH pairs: the trace closed and a new one opened
         if i % BATCH == BATCH - 1:
             t0 = clock()
             traced_ctx.run(close_trace)
             traced_ctx.run(open_trace)
             rotations.append(clock() - t0)
             drain()  # the reporter's part: not this process's cost
+
+    outside, traced = alternate(
+        lambda: outside_ctx.run(one), lambda: traced_ctx.run(one), pairs, clock=clock, between=rotate
+    )
     traced_ctx.run(close_trace)
     span = statistics.median(t - o for t, o in zip(traced, outside, strict=True))
     share = statistics.median(rotations) / BATCH
