@@ -165,9 +165,23 @@ def app_processes(proc: Proc) -> list[psutil.Process]:
     return [p for p in proc.family() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def process_clock(pid: int) -> int:
+    """Linux's CPU-time clock of a whole process (``clock_getcpuclockid``; CPUCLOCK_SCHED: the
+    scheduler's nanosecond count, its exited threads included)."""
+    return ((~pid) << 3) | 2
+
+
 def cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
+    """CPU time of each process, user and system together. In nanoseconds from the
+    process's CPU clock where the kernel gives it; else psutil's, whose user/system times
+    come in 10 ms ticks (at 78 requests/s for 5 s, up to ~25 us per request per process)."""
     out = {}
     for p in procs:
+        try:
+            out[p.pid] = time.clock_gettime_ns(process_clock(p.pid)) / 1e9
+            continue
+        except (OSError, AttributeError):  # not Linux, or the process is gone
+            pass
         try:
             t = p.cpu_times()
             out[p.pid] = t.user + t.system
