@@ -54,9 +54,7 @@ PyObject *swmp_setup_asgi(PyObject *module, PyObject *const *args, Py_ssize_t na
         INTERN(k_server, "server");
         INTERN(k_client, "client");
         INTERN(v_http, "http");
-        INTERN(s_tags, "tags");
         INTERN(s_peer, "peer");
-        INTERN(s_tag_value_max, "tag_value_max");
         INTERN(s_max_elements, "correlation_max_elements");
         INTERN(s_max_length, "correlation_max_value_length");
         INTERN(empty_text, "");
@@ -190,6 +188,39 @@ PyObject *swmp_join(PyObject *const *parts, int n) {
     return out;
 }
 
+int swmp_request_tags(const SwmpRequestTags *parts, PyObject *span, PyObject *method, PyObject *url) {
+    if (s_tags == NULL && ((s_tags = PyUnicode_InternFromString("tags")) == NULL ||
+                           (s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL)) {
+        return -1;
+    }
+    PyObject *lim_obj = PyObject_GetAttr(parts->limits, s_tag_value_max);
+    Py_ssize_t lim = lim_obj == NULL ? -1 : PyLong_AsSsize_t(lim_obj);
+    Py_XDECREF(lim_obj);
+    PyObject *tags = lim < 0 && PyErr_Occurred() ? NULL : PyObject_GetAttr(span, s_tags);
+    if (tags == NULL) {
+        return -1;
+    }
+    int done = -1;
+    if (tags == parts->no_tags && PyUnicode_GET_LENGTH(method) <= lim && PyUnicode_GET_LENGTH(url) <= lim) {
+        PyObject *list = PyList_New(4);
+        if (list != NULL) {
+            PyList_SET_ITEM(list, 0, Py_NewRef(parts->tag_method));
+            PyList_SET_ITEM(list, 1, Py_NewRef(method));
+            PyList_SET_ITEM(list, 2, Py_NewRef(parts->tag_url));
+            PyList_SET_ITEM(list, 3, Py_NewRef(url));
+            done = PyObject_SetAttr(span, s_tags, list);
+            Py_DECREF(list);
+        }
+    } else {
+        PyObject *call[3] = {span, method, url};
+        PyObject *r = PyObject_Vectorcall(parts->request_tags, call, 3, NULL);
+        done = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(tags);
+    return done;
+}
+
 /* f"{a}:{b}" */
 static PyObject *host_port(PyObject *a, PyObject *b) {
     PyObject *fa = PyObject_Format(a, empty_text);
@@ -256,31 +287,8 @@ static int tag_plain(PyObject *span, PyObject *scope, PyObject *method, PyObject
     if (url == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
-    PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
-    Py_ssize_t lim = lim_obj == NULL ? -1 : PyLong_AsSsize_t(lim_obj);
-    Py_XDECREF(lim_obj);
-    PyObject *tags = lim < 0 && PyErr_Occurred() ? NULL : PyObject_GetAttr(span, s_tags);
-    int done = tags == NULL ? -1 : 0;
-    if (tags != NULL) {
-        if (tags == no_tags && PyUnicode_GET_LENGTH(method) <= lim && PyUnicode_GET_LENGTH(url) <= lim) {
-            PyObject *list = PyList_New(4);
-            if (list != NULL) {
-                PyList_SET_ITEM(list, 0, Py_NewRef(tag_method));
-                PyList_SET_ITEM(list, 1, Py_NewRef(method));
-                PyList_SET_ITEM(list, 2, Py_NewRef(tag_url));
-                PyList_SET_ITEM(list, 3, Py_NewRef(url));
-                done = PyObject_SetAttr(span, s_tags, list);
-                Py_DECREF(list);
-            } else {
-                done = -1;
-            }
-        } else {
-            PyObject *r = PyObject_CallFunctionObjArgs(request_tags, span, method, url, NULL);
-            done = r == NULL ? -1 : 0;
-            Py_XDECREF(r);
-        }
-        Py_DECREF(tags);
-    }
+    SwmpRequestTags parts = {request_tags, limits, no_tags, tag_method, tag_url};
+    int done = swmp_request_tags(&parts, span, method, url);
     Py_DECREF(url);
     if (done < 0) {
         return -1;

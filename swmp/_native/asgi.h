@@ -6,6 +6,15 @@ PyObject *swmp_setup_asgi(PyObject *module, PyObject *const *args, Py_ssize_t na
 PyObject *swmp_asgi_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* The concatenation of ``n`` strs (what an f-string of them makes), without a format to parse. */
 PyObject *swmp_join(PyObject *const *parts, int n);
+/* What the common case of swmp/instrument/_http.py's request_tags reads, and the function
+ * itself for the other cases. */
+typedef struct {
+    PyObject *request_tags, *limits, *no_tags, *tag_method, *tag_url;
+} SwmpRequestTags;
+/* request_tags(span, method, url): ``http.method`` / ``http.url`` as one list when they are
+ * the span's first tags and need no clipping, else by the Python function. 0, or -1 with an
+ * error. */
+int swmp_request_tags(const SwmpRequestTags *parts, PyObject *span, PyObject *method, PyObject *url);
 /* Whether the ignore rules may ignore a request by its method (then the Python entry asks
  * them): 1, 0, or -1 with an error. ``policy``: swmp.tracing.context.policy. */
 int swmp_methods_ignored(PyObject *policy);

@@ -43,7 +43,7 @@ static PyObject *py_trace = NULL, *tag_request = NULL, *run_unrecorded = NULL, *
                 *layer = NULL, *tag_method = NULL, *tag_url = NULL, *no_tags = NULL, *current = NULL;
 static PyTypeObject *span_class = NULL;
 static PyObject *k_method, *k_path, *k_sw8, *k_sw8_correlation, *k_sw8_x, *k_host, *k_server_name,
-    *k_server_port, *k_scheme, *k_script, *k_remote, *k_remote_port, *s_tags, *s_peer, *s_tag_value_max,
+    *k_server_port, *k_scheme, *k_script, *k_remote, *k_remote_port, *s_peer,
     *s_max_elements, *s_max_length, *s_enter, *s_error, *s_finish, *v_get, *v_root, *v_http, *empty_text, *colon,
     *scheme_end;
 
@@ -75,9 +75,7 @@ PyObject *swmp_setup_wsgi(PyObject *module, PyObject *const *args, Py_ssize_t na
         INTERN(k_script, "SCRIPT_NAME");
         INTERN(k_remote, "REMOTE_ADDR");
         INTERN(k_remote_port, "REMOTE_PORT");
-        INTERN(s_tags, "tags");
         INTERN(s_peer, "peer");
-        INTERN(s_tag_value_max, "tag_value_max");
         INTERN(s_max_elements, "correlation_max_elements");
         INTERN(s_max_length, "correlation_max_value_length");
         INTERN(s_enter, "__enter__");
@@ -130,14 +128,13 @@ static PyObject *text_else(PyObject *value, PyObject *fallback) {
  * done, 0 when the Python code must do it (nothing changed yet), -1 on a failure (the span
  * kept as it is, as the Python code's ``except Exception: pass``). */
 static int tag_plain(PyObject *span, PyObject *environ, PyObject *method, PyObject *path) {
-    PyObject *host = field(environ, k_host);
+    PyObject *given = field(environ, k_host);
     PyObject *name = NULL, *port = NULL;
     if (PyErr_Occurred()) {
         return -1;
     }
-    host = text_or(host, NULL);
+    PyObject *host = text_or(given, NULL);
     if (host == NULL) { /* absent, None, "": f"{SERVER_NAME}:{SERVER_PORT}" (or not a str) */
-        PyObject *given = field(environ, k_host);
         if (given != NULL && given != Py_None && !(PyUnicode_CheckExact(given) && !PyUnicode_GET_LENGTH(given))) {
             return 0;
         }
@@ -198,31 +195,8 @@ static int tag_plain(PyObject *span, PyObject *environ, PyObject *method, PyObje
     if (url == NULL) {
         return -1;
     }
-    /* request_tags(span, method, url), its common case here */
-    int done = -1;
-    PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
-    Py_ssize_t lim = lim_obj == NULL ? -1 : PyLong_AsSsize_t(lim_obj);
-    Py_XDECREF(lim_obj);
-    PyObject *tags = lim < 0 && PyErr_Occurred() ? NULL : PyObject_GetAttr(span, s_tags);
-    if (tags != NULL) {
-        if (tags == no_tags && PyUnicode_GET_LENGTH(method) <= lim && PyUnicode_GET_LENGTH(url) <= lim) {
-            PyObject *list = PyList_New(4);
-            if (list != NULL) {
-                PyList_SET_ITEM(list, 0, Py_NewRef(tag_method));
-                PyList_SET_ITEM(list, 1, Py_NewRef(method));
-                PyList_SET_ITEM(list, 2, Py_NewRef(tag_url));
-                PyList_SET_ITEM(list, 3, Py_NewRef(url));
-                done = PyObject_SetAttr(span, s_tags, list);
-                Py_DECREF(list);
-            }
-        } else {
-            PyObject *call[3] = {span, method, url};
-            PyObject *r = PyObject_Vectorcall(request_tags, call, 3, NULL);
-            done = r == NULL ? -1 : 0;
-            Py_XDECREF(r);
-        }
-        Py_DECREF(tags);
-    }
+    SwmpRequestTags parts = {request_tags, limits, no_tags, tag_method, tag_url};
+    int done = swmp_request_tags(&parts, span, method, url);
     Py_DECREF(url);
     if (done == 0 && peer != NULL) {
         done = PyObject_SetAttr(span, s_peer, peer);
