@@ -27,7 +27,6 @@ Cases (each against the same call without the agent's part):
 from __future__ import annotations
 
 import argparse
-import contextvars
 import ctypes
 import json
 import statistics
@@ -53,35 +52,22 @@ def _wsgi_case() -> Case:
 
 
 def _sql_case() -> Case:
-    from benchmarks.datastore_bench import noop_cursor
-    from swmp.tracing.context import new_local_span
+    from benchmarks.datastore_bench import TraceInContext, noop_cursor
 
     wrapped, cursor = noop_cursor()
-    in_trace = contextvars.copy_context()
-    spans: list[Any] = []
+    trace = TraceInContext()
     calls = [0]
-
-    def open_trace() -> None:
-        span = new_local_span("batch")
-        span.__enter__()
-        spans.append(span)
-
-    def close_trace() -> None:
-        spans.pop().__exit__(None, None, None)
-
-    in_trace.run(open_trace)
 
     def rotate() -> None:  # a new trace every 50 traced calls (below the span limit)
         calls[0] += 1
         if calls[0] % 50 == 0:
-            in_trace.run(close_trace)
-            in_trace.run(open_trace)
+            trace.rotate()
 
     def plain() -> None:
-        in_trace.run(cursor.execute, "SELECT 1", None)
+        trace.run(cursor.execute, "SELECT 1", None)
 
     def traced() -> None:
-        in_trace.run(wrapped, cursor, "SELECT 1", None)
+        trace.run(wrapped, cursor, "SELECT 1", None)
 
     return plain, traced, rotate
 

@@ -312,44 +312,64 @@ def run_swmp(
     return out
 
 
+class TraceInContext:
+    """A context copy with a trace open in it (a local span): calls made through :meth:`run`
+    are inside that trace; :meth:`rotate` closes it (its segment serialized and written) and
+    opens the next, so that a long run stays below the span limit."""
+
+    def __init__(self) -> None:
+        import contextvars
+
+        self.context = contextvars.copy_context()
+        self._spans: list[Any] = []
+        self.context.run(self._open)
+
+    def _open(self) -> None:
+        from swmp.tracing.context import new_local_span
+
+        span = new_local_span("batch")
+        span.__enter__()
+        self._spans.append(span)
+
+    def _close(self) -> None:
+        self._spans.pop().__exit__(None, None, None)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self.context.run(fn, *args)
+
+    def rotate(self) -> None:
+        self.context.run(self._close)
+        self.context.run(self._open)
+
+    def close(self) -> None:
+        self.context.run(self._close)
+
+
 def _per_call(one: Callable[[], Any], pairs: int, drain: Callable[[], None]) -> dict[str, float]:
     """:func:`interleaved` for one workload: ``pairs`` calls inside a trace and as many outside."""
     import contextvars
 
     from benchmarks._abba import alternate
-    from swmp.tracing.context import new_local_span
 
     clock = time.thread_time_ns
     outside_ctx = contextvars.copy_context()
-    traced_ctx = contextvars.copy_context()
-    open_spans: list[Any] = []
-
-    def open_trace() -> None:
-        span = new_local_span("batch")
-        span.__enter__()
-        open_spans.append(span)
-
-    def close_trace() -> None:
-        open_spans.pop().__exit__(None, None, None)
-
-    traced_ctx.run(open_trace)
+    trace = TraceInContext()
     for _ in range(BATCH * 4):  # warm up: statement caches, first spans
         outside_ctx.run(one)
-        traced_ctx.run(one)
+        trace.run(one)
     rotations: list[int] = []
 
     def rotate(i: int) -> None:  # every BATCH pairs: the trace closed and a new one opened
         if i % BATCH == BATCH - 1:
             t0 = clock()
-            traced_ctx.run(close_trace)
-            traced_ctx.run(open_trace)
+            trace.rotate()
             rotations.append(clock() - t0)
             drain()  # the reporter's part: not this process's cost
 
     outside, traced = alternate(
-        lambda: outside_ctx.run(one), lambda: traced_ctx.run(one), pairs, clock=clock, between=rotate
+        lambda: outside_ctx.run(one), lambda: trace.run(one), pairs, clock=clock, between=rotate
     )
-    traced_ctx.run(close_trace)
+    trace.close()
     span = statistics.median(t - o for t, o in zip(traced, outside, strict=True))
     share = statistics.median(rotations) / BATCH
     return {
