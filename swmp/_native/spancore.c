@@ -27,7 +27,9 @@
  * ``thread_skipped`` / ``runs_in_own_context`` (threads.c): the thread instrumentation's checks.
  * ``split_sw8`` (sw8.c): the plain case of an incoming ``sw8`` header.
  * The SEGMENT record's JSON (json.c): written from the spans' fields, orjson's bytes.
- * ``sql_span`` (sql.c): the exit span of one SQL call, with its tags.
+ * ``sql_span`` (sql.c): the exit span of one SQL call, with its tags; ``SqlCall``: a
+ * cursor's ``execute`` run inside it.
+ * ``CacheCall`` (cache.c): a Redis or memcached command run inside its exit span.
  * ``wsgi_call`` (wsgi.c): a WSGI request run inside its entry span; ``WSGIMethod``: a
  * framework's WSGI entry method patched to run through it.
  * ``asgi_entry`` (asgi.c): an ASGI request's entry span and its tags; ``within``
@@ -42,6 +44,7 @@
 
 #include "asgi.h"
 #include "body.h"
+#include "cache.h"
 #include "gate.h"
 #include "json.h"
 #include "spancore.h"
@@ -106,7 +109,7 @@ static PyTypeObject *span_class = NULL;
 static PyObject *exit_kind = NULL;
 static PyObject *limits = NULL;
 
-static PyObject *s_finished, *s_open, *s_token, *s_emit, *s_error, *s_profile, *s_stop, *s_end, *s_prev,
+static PyObject *s_exit_method, *s_finished, *s_open, *s_token, *s_emit, *s_error, *s_profile, *s_stop, *s_end, *s_prev,
     *s_ids, *s_span_limit, *s_op, *empty_op;
 static PyTypeObject SpanCoreType;
 
@@ -1096,6 +1099,27 @@ PyObject *swmp_new_exit(PyObject *const *args) {
     return new_exit_span(NULL, args, 4, NULL);
 }
 
+PyObject *swmp_span_leave(PyObject *span, PyObject *result) {
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (result == NULL) {
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL) {
+            PyException_SetTraceback(value, tb);
+        }
+    }
+    PyObject *call[4] = {span, type != NULL ? type : Py_None, value != NULL ? value : Py_None, tb != NULL ? tb : Py_None};
+    PyObject *r = PyObject_VectorcallMethod(s_exit_method, call, 4, NULL);
+    if (r == NULL) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(r);
+    if (result == NULL) {
+        PyErr_Restore(type, value, tb);
+    }
+    return result;
+}
+
 /* entry_root(op, component, layer, carrier): the common case of context.new_entry_span, in
  * C: no span current, so a new segment whose first span is an entry span, in a new trace
  * or, with ``carrier`` (a ContextCarrier: the caller's decoded headers), in the caller's
@@ -1797,6 +1821,8 @@ static PyMethodDef module_methods[] = {
     {"setup_sql", (PyCFunction)(void (*)(void))swmp_setup_sql, METH_FASTCALL,
      "setup_sql(py_sql_span, span_class, no_tags, limits, settings, text, params_text, layer, tag_type, "
      "tag_instance, tag_statement, tag_parameters): what sql_span() reads and hands over to."},
+    {"setup_cache", (PyCFunction)(void (*)(void))swmp_setup_cache, METH_FASTCALL,
+     "setup_cache(span_class, no_tags, limits, settings, layer, tag_key, tag_instance): what CacheCall reads."},
     {"sql_span", (PyCFunction)(void (*)(void))swmp_sql_span, METH_FASTCALL | METH_KEYWORDS,
      "sql_span(op, address, component, db_type, instance, statement, params=None, many=False): the exit span "
      "of one SQL call, tagged (swmp/instrument/_datastore.py's sql_span)."},
@@ -1832,6 +1858,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     }
     INTERN(s_finished, "finished");
     INTERN(s_open, "_open");
+    INTERN(s_exit_method, "__exit__");
     INTERN(s_token, "_token");
     INTERN(s_emit, "emit");
     INTERN(s_error, "error");
@@ -1871,7 +1898,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     }
     if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&swmp_GateType) < 0 ||
         PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0 ||
-        PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_WSGIMethodType) < 0) {
+        PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_WSGIMethodType) < 0 ||
+        PyType_Ready(&swmp_SqlCallType) < 0 || PyType_Ready(&swmp_CacheCallType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&spancore_module);
@@ -1881,6 +1909,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     if (PyModule_AddObjectRef(m, "SpanCore", (PyObject *)&SpanCoreType) < 0 ||
         PyModule_AddObjectRef(m, "SegmentCore", (PyObject *)&SegmentCoreType) < 0 ||
         PyModule_AddObjectRef(m, "Gate", (PyObject *)&swmp_GateType) < 0 ||
+        PyModule_AddObjectRef(m, "SqlCall", (PyObject *)&swmp_SqlCallType) < 0 ||
+        PyModule_AddObjectRef(m, "CacheCall", (PyObject *)&swmp_CacheCallType) < 0 ||
         PyModule_AddObjectRef(m, "WSGIMethod", (PyObject *)&swmp_WSGIMethodType) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -1,4 +1,4 @@
-/* What spancore.c offers the module's other sources (asgi.c, wsgi.c, sql.c). */
+/* What spancore.c offers the module's other sources (asgi.c, wsgi.c, sql.c, cache.c). */
 #ifndef SWMP_SPANCORE_H
 #define SWMP_SPANCORE_H
 #include <Python.h>
@@ -7,4 +7,10 @@ PyObject *swmp_entry_root(PyObject *const *args);
 /* new_exit_span(op, peer, component, layer): a new reference (a span or a span that is not
  * recorded), or NULL with an error. */
 PyObject *swmp_new_exit(PyObject *const *args);
+/* The end of a client call run inside ``span`` (entered): ``span.__exit__(None, None, None)``
+ * after ``result``, or with the exception being raised when ``result`` is NULL (normalized,
+ * with its traceback, as ``except ... as e`` sees it), which is raised again afterwards. A
+ * failing ``__exit__`` is cleared: the call happened, its end is the agent's problem.
+ * Returns ``result``. */
+PyObject *swmp_span_leave(PyObject *span, PyObject *result);
 #endif

@@ -17,6 +17,7 @@
  * count of arguments) is the Python function's. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 
 #include "spancore.h"
 #include "sql.h"
@@ -26,7 +27,7 @@ static PyObject *py_sql_span = NULL, *no_tags = NULL, *limits = NULL, *settings 
                 *params_text = NULL, *layer = NULL, *tag_type = NULL, *tag_instance = NULL, *tag_statement = NULL,
                 *tag_parameters = NULL;
 static PyTypeObject *span_class = NULL;
-static PyObject *s_tags, *s_tag, *s_tag_value_max, *s_params_max;
+static PyObject *s_tags, *s_tag, *s_tag_value_max, *s_params_max, *s_enter, *s_where;
 
 PyObject *swmp_setup_sql(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 12 || !PyCallable_Check(args[0]) || !PyType_Check(args[1]) || !PyCallable_Check(args[5]) ||
@@ -39,7 +40,9 @@ PyObject *swmp_setup_sql(PyObject *module, PyObject *const *args, Py_ssize_t nar
     if (s_tags == NULL && ((s_tags = PyUnicode_InternFromString("tags")) == NULL ||
                            (s_tag = PyUnicode_InternFromString("tag")) == NULL ||
                            (s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
-                           (s_params_max = PyUnicode_InternFromString("params_max")) == NULL)) {
+                           (s_params_max = PyUnicode_InternFromString("params_max")) == NULL ||
+                           (s_enter = PyUnicode_InternFromString("__enter__")) == NULL ||
+                           (s_where = PyUnicode_InternFromString("_swmp_where")) == NULL)) {
         return NULL;
     }
     PyObject **slots[] = {&py_sql_span, (PyObject **)&span_class, &no_tags, &limits, &settings, &text,
@@ -113,6 +116,27 @@ static int tag_parameters_of(PyObject *span, PyObject *params, PyObject *many) {
     return r;
 }
 
+/* The span of sql_span(op, address, component, db_type, instance, statement, params, many).
+ * ``keep``: an Exception while tagging is cleared and the span returned as it is (SqlCall:
+ * a span once made counts as open in its segment and must be run and finished); without
+ * it the error is raised, as the Python function raises it. */
+static PyObject *sql_exit(PyObject *const *args, PyObject *params, PyObject *many, int keep) {
+    PyObject *exit_args[4] = {args[0], args[1], args[2], layer};
+    PyObject *span = swmp_new_exit(exit_args);
+    if (span == NULL || !Py_IS_TYPE(span, span_class)) {
+        return span; /* not recorded (or the error new_exit_span raised): as it is */
+    }
+    if (tag_query(span, args[3], args[4], args[5]) < 0 || tag_parameters_of(span, params, many) < 0) {
+        if (keep && PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyErr_Clear();
+            return span;
+        }
+        Py_DECREF(span);
+        return NULL;
+    }
+    return span;
+}
+
 PyObject *swmp_sql_span(PyObject *module, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (py_sql_span == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "setup_sql() was not called");
@@ -122,15 +146,211 @@ PyObject *swmp_sql_span(PyObject *module, PyObject *const *args, size_t nargsf, 
     if (kwnames != NULL || nargs < 6 || nargs > 8) {
         return PyObject_Vectorcall(py_sql_span, args, nargsf, kwnames);
     }
-    PyObject *exit_args[4] = {args[0], args[1], args[2], layer};
-    PyObject *span = swmp_new_exit(exit_args);
-    if (span == NULL || !Py_IS_TYPE(span, span_class)) {
-        return span; /* not recorded (or the error new_exit_span raised): as it is */
+    return sql_exit(args, nargs > 6 ? args[6] : Py_None, nargs > 7 ? args[7] : Py_False, 0);
+}
+
+/* SqlCall: a DB-API cursor's ``execute(query, params=None)`` run inside its exit span, called
+ * by the Gate (gate.c) only while a span is current.
+ *
+ * Why: the Python form (``_datastore.cursor_method``'s ``straced``, psycopg2's
+ * ``traced_execute``) is three Python frames per traced query (the wrapper, the connection's
+ * ``(peer, database)`` memo, the guarded span start), run between the driver's round trips
+ * with the CPU caches cold: each frame's bytecode, code object and globals cost their cache
+ * lines there (docs/performance.md, "Where the real-server and end-to-end gap comes from").
+ *
+ * The common case only: ``(cursor, query)`` or ``(cursor, query, params)`` positionally, the
+ * query a str, the cursor's connection (attribute ``conn_attr``) giving its ``(peer,
+ * database)`` either from its ``_swmp_where`` memo (kept there by the Python ``where`` the
+ * first time: a pair, or with ``key_attr`` a ``(the connection's key attribute then, pair)``
+ * that holds while that attribute is the same object) or from ``where(connection)``. Every
+ * other call, and a memo not made yet or out of date, goes to ``fallback`` (the Python form,
+ * which makes the memo), as does an ``Exception`` before the span exists: the Python form
+ * logs it once and runs the query untraced. (Once made, a span counts as open in its
+ * segment: it is run and finished whatever happens while tagging it.) The driver's call
+ * gets the caller's arguments unchanged; its result or exception reaches the caller
+ * unchanged; the span's ``__exit__`` failing after the query is the agent's problem and is
+ * cleared (the query happened: swmp_span_leave). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *orig, *fallback, *op, *component, *db_type, *conn_attr, *where, *key_attr;
+    int truthy; /* params ``or None`` (cursor_method) rather than as given (psycopg2) */
+    vectorcallfunc vectorcall;
+} SqlCall;
+
+/* getattr(obj, name) into *out: 1 found, 0 missing (AttributeError cleared, *out NULL), -1
+ * another error (*out NULL). */
+static int optional_attr(PyObject *obj, PyObject *name, PyObject **out) {
+    *out = PyObject_GetAttr(obj, name);
+    if (*out != NULL) {
+        return 1;
     }
-    if (tag_query(span, args[3], args[4], args[5]) < 0 ||
-        tag_parameters_of(span, nargs > 6 ? args[6] : Py_None, nargs > 7 ? args[7] : Py_False) < 0) {
+    if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
+/* ``(peer, database)`` of the cursor's connection as a new reference, NULL without an error
+ * when the fallback must work it out, NULL with an error when that failed. */
+static PyObject *where_of(SqlCall *c, PyObject *cursor) {
+    PyObject *conn = PyObject_GetAttr(cursor, c->conn_attr);
+    if (conn == NULL || conn == Py_None) {
+        Py_XDECREF(conn);
+        return NULL;
+    }
+    PyObject *pair;
+    if (c->where != Py_None) {
+        pair = PyObject_CallOneArg(c->where, conn);
+    } else if (optional_attr(conn, s_where, &pair) == 0) {
+        pair = NULL; /* no memo yet */
+    } else if (pair != NULL && c->key_attr != Py_None) {
+        PyObject *memo = pair, *key = NULL;
+        pair = NULL;
+        if (PyTuple_CheckExact(memo) && PyTuple_GET_SIZE(memo) == 2 &&
+            optional_attr(conn, c->key_attr, &key) > 0 && key == PyTuple_GET_ITEM(memo, 0)) {
+            pair = Py_NewRef(PyTuple_GET_ITEM(memo, 1));
+        }
+        Py_XDECREF(key);
+        Py_DECREF(memo);
+    }
+    Py_DECREF(conn);
+    if (pair != NULL && !(PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2)) {
+        Py_CLEAR(pair);
+    }
+    return pair;
+}
+
+static PyObject *sqlcall_fallback(SqlCall *c, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return PyObject_Vectorcall(c->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *sqlcall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    SqlCall *c = (SqlCall *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs < 2 || nargs > 3 || !PyUnicode_CheckExact(args[1]) || py_sql_span == NULL) {
+        return sqlcall_fallback(c, args, nargsf, kwnames);
+    }
+    PyObject *params = nargs == 3 ? args[2] : Py_None;
+    if (c->truthy && params != Py_None) {
+        int truth = PyObject_IsTrue(params);
+        if (truth < 0) {
+            PyErr_Clear(); /* the Python form decides what to do with it */
+            return sqlcall_fallback(c, args, nargsf, kwnames);
+        }
+        params = truth ? params : Py_None;
+    }
+    PyObject *pair = where_of(c, args[0]);
+    if (pair == NULL) {
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                return NULL; /* KeyboardInterrupt and the like: as the Python form lets them go */
+            }
+            PyErr_Clear();
+        }
+        return sqlcall_fallback(c, args, nargsf, kwnames);
+    }
+    PyObject *span_args[6] = {c->op, PyTuple_GET_ITEM(pair, 0), c->component, c->db_type, PyTuple_GET_ITEM(pair, 1),
+                              args[1]};
+    PyObject *span = sql_exit(span_args, params, Py_False, 1);
+    Py_DECREF(pair);
+    if (span == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            return NULL;
+        }
+        PyErr_Clear(); /* no span was made: the Python form meets it again and logs it once */
+        return sqlcall_fallback(c, args, nargsf, kwnames);
+    }
+    PyObject *entered = PyObject_CallMethodNoArgs(span, s_enter);
+    if (entered == NULL) { /* as ``span.__enter__()`` in the Python form: raised */
         Py_DECREF(span);
         return NULL;
     }
-    return span;
+    Py_DECREF(entered);
+    PyObject *result = swmp_span_leave(span, PyObject_Vectorcall(c->orig, args, nargsf, NULL));
+    Py_DECREF(span);
+    return result;
 }
+
+static PyObject *sqlcall_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *orig, *fallback, *op, *component, *db_type, *conn_attr, *where, *key_attr;
+    int truthy;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "SqlCall() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOUOUUOOp:SqlCall", &orig, &fallback, &op, &component, &db_type, &conn_attr,
+                          &where, &key_attr, &truthy)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(orig) || !PyCallable_Check(fallback) || (where != Py_None && !PyCallable_Check(where)) ||
+        (key_attr != Py_None && !PyUnicode_Check(key_attr))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "SqlCall(orig, fallback, op: str, component, db_type: str, conn_attr: str, where: callable | "
+                        "None, key_attr: str | None, truthy: bool)");
+        return NULL;
+    }
+    SqlCall *c = (SqlCall *)type->tp_alloc(type, 0);
+    if (c == NULL) {
+        return NULL;
+    }
+    PyObject **slots[] = {&c->orig, &c->fallback, &c->op, &c->component, &c->db_type, &c->conn_attr, &c->where,
+                          &c->key_attr};
+    PyObject *values[] = {orig, fallback, op, component, db_type, conn_attr, where, key_attr};
+    for (int i = 0; i < 8; i++) {
+        *slots[i] = Py_NewRef(values[i]);
+    }
+    c->truthy = truthy;
+    c->vectorcall = sqlcall_vectorcall;
+    return (PyObject *)c;
+}
+
+static int sqlcall_traverse(SqlCall *c, visitproc visit, void *arg) {
+    Py_VISIT(c->orig);
+    Py_VISIT(c->fallback);
+    Py_VISIT(c->op);
+    Py_VISIT(c->component);
+    Py_VISIT(c->db_type);
+    Py_VISIT(c->conn_attr);
+    Py_VISIT(c->where);
+    Py_VISIT(c->key_attr);
+    return 0;
+}
+
+static int sqlcall_clear(SqlCall *c) {
+    Py_CLEAR(c->orig);
+    Py_CLEAR(c->fallback);
+    Py_CLEAR(c->op);
+    Py_CLEAR(c->component);
+    Py_CLEAR(c->db_type);
+    Py_CLEAR(c->conn_attr);
+    Py_CLEAR(c->where);
+    Py_CLEAR(c->key_attr);
+    return 0;
+}
+
+static void sqlcall_dealloc(SqlCall *c) {
+    PyObject_GC_UnTrack(c);
+    sqlcall_clear(c);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static PyObject *sqlcall_repr(SqlCall *c) {
+    return PyUnicode_FromFormat("<swmp SqlCall %U of %R>", c->op, c->orig);
+}
+
+PyTypeObject swmp_SqlCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "swmp._spancore.SqlCall",
+    .tp_basicsize = sizeof(SqlCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "SqlCall(orig, fallback, op, component, db_type, conn_attr, where, key_attr, truthy): a cursor's "
+              "execute(query, params=None) run in its SQL exit span; other calls go to fallback.",
+    .tp_new = sqlcall_new,
+    .tp_dealloc = (destructor)sqlcall_dealloc,
+    .tp_traverse = (traverseproc)sqlcall_traverse,
+    .tp_clear = (inquiry)sqlcall_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(SqlCall, vectorcall),
+    .tp_repr = (reprfunc)sqlcall_repr,
+};

@@ -291,6 +291,40 @@ def cache_span(  # noqa: PLR0917
     return span
 
 
+_CacheCall: Any = getattr(native_core, "CacheCall", None)
+if _CacheCall is not None:
+    native_core.setup_cache(Span, NO_TAGS, limits, settings, _CACHE, TAG_CACHE_KEY, TAG_DB_INSTANCE)
+
+
+def traced_command(  # noqa: PLR0917
+    orig: Callable[..., Any],
+    traced: Callable[..., Any],
+    component: int,
+    cache_type: str,
+    info: dict[Any, tuple[str, str, tuple[str, ...]]] | tuple[str, str, tuple[str, ...]],
+    holder_attr: str,
+    addresses: dict[Any, str] | None,
+    key_index: int,
+    key_required: bool,
+) -> Callable[..., Any]:
+    """What a gate calls while a span is current for one cache command: with the native
+    core, ``swmp._spancore.CacheCall`` (swmp/_native/cache.c), which runs the usual call in
+    its exit span (:func:`cache_span`'s common case) without a Python frame and hands every
+    other to ``traced``, the Python form; else ``traced`` itself.
+
+    ``info``: the command's ``(operation, cache.cmd, cache_head(...))``, or a dict of them by
+    the call's first argument after ``self`` (the command name). The peer and
+    ``db.instance``: the pair ``traced`` keeps as :data:`WHERE` on ``getattr(self,
+    holder_attr)``, or with ``addresses`` ``(addresses[getattr(self, holder_attr)], "")``.
+    The key: positional argument ``key_index`` (``self`` is 0), which ``key_required`` says
+    must be there."""
+    if _CacheCall is None:
+        return traced
+    return _CacheCall(  # type: ignore[no-any-return]
+        orig, traced, component, cache_type, info, holder_attr, addresses, key_index, key_required
+    )
+
+
 class SpanAround:
     """Wraps a driver's context manager (sync or async) so that ``span`` covers its block,
     without making the span current: the application's code inside the block (a COPY
@@ -376,6 +410,34 @@ async def span_over_async_iterator(span: Span | NoopSpan, it: Any) -> Any:
         span.finish()
 
 
+_SqlCall: Any = getattr(native_core, "SqlCall", None)
+
+
+def traced_execute(  # noqa: PLR0917
+    orig: Callable[..., Any],
+    traced: Callable[..., Any],
+    op: str,
+    component: int,
+    db_type: str,
+    conn_attr: str,
+    where: Callable[[Any], tuple[str, str]] | None = None,
+    key_attr: str | None = None,
+    truthy: bool = False,
+) -> Callable[..., Any]:
+    """What a gate calls while a span is current for a cursor's ``execute(query,
+    params=None)``: with the native core, ``swmp._spancore.SqlCall`` (swmp/_native/sql.c),
+    which runs the usual call in its exit span without a Python frame and hands every
+    other to ``traced``, the Python form; else ``traced`` itself.
+
+    The connection is ``getattr(cursor, conn_attr)``; its ``(peer, database)`` comes from
+    ``where(connection)``, or without ``where`` from the memo ``traced`` keeps on it as
+    :data:`WHERE`: the pair itself, or with ``key_attr`` ``(the connection's key_attr
+    then, pair)``. ``truthy``: empty parameters are no parameters (``params or None``)."""
+    if _SqlCall is None:
+        return traced
+    return _SqlCall(orig, traced, op, component, db_type, conn_attr, where, key_attr, truthy)  # type: ignore[no-any-return]
+
+
 def cursor_method(
     method: str,
     prefix: str,
@@ -385,10 +447,14 @@ def cursor_method(
     *,
     many: bool = False,
     is_async: bool = False,
+    memo_key: str | None = None,
 ) -> Callable[[Any], Any]:
     """A ``patch`` wrapper factory for a DB-API cursor method ``(self, query, args)``:
     operation ``prefix + method``; ``where(cursor)`` gives ``(peer, database)``. An async
-    method's wrapper returns the driver's own coroutine outside a trace."""
+    method's wrapper returns the driver's own coroutine outside a trace. ``memo_key``: the
+    connection attribute (at ``cursor.connection``) whose object the memo ``where`` keeps
+    there was made for, so that a synchronous ``execute`` can be native
+    (:func:`traced_execute`)."""
     op = prefix + method
     default = () if method == "callproc" else None
 
@@ -435,7 +501,11 @@ def cursor_method(
             return result
 
         traced: Callable[..., Any] = atraced if is_async else straced
-        return gated(orig, _procname(traced) if method == "callproc" else traced)
+        if method == "callproc":
+            traced = _procname(traced)
+        elif method == "execute" and memo_key is not None and not is_async:
+            traced = traced_execute(orig, straced, op, component, db_type, "connection", None, memo_key, True)
+        return gated(orig, traced)
 
     return make
 

@@ -75,7 +75,13 @@ def install(config: Config) -> None:
             base,
             m,
             _ds.cursor_method(
-                m, "Mysql/MysqlClient/", Component.MYSQLCLIENT, "mysql", _where, many=m == "executemany"
+                m,
+                "Mysql/MysqlClient/",
+                Component.MYSQLCLIENT,
+                "mysql",
+                _where,
+                many=m == "executemany",
+                memo_key="database",
             ),
         )
 

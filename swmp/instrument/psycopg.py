@@ -50,6 +50,7 @@ def _where(conn: Any) -> tuple[str, str]:
 
 
 _PLACE = f"{__name__}._span"
+_OP_EXECUTE = "PostgreSQL/Psycopg/execute"
 
 
 def _span(cur: Any, method: str, query: Any, params: Any, many: bool = False) -> Any:
@@ -82,7 +83,10 @@ def _execute(orig: Any) -> Any:
         span.__exit__(None, None, None)
         return result
 
-    return gated(orig, execute)
+    return gated(
+        orig,
+        _ds.traced_execute(orig, execute, _OP_EXECUTE, _COMPONENT, "PostgreSQL", "_conn", _where),
+    )
 
 
 def _aexecute(orig: Any) -> Any:

@@ -47,6 +47,7 @@ def _where(conn: Any) -> tuple[str, str]:
 
 
 _PLACE = f"{__name__}._span"
+_OP_EXECUTE = "PostgreSQL/Psycopg/execute"
 
 
 def _span(cur: Any, method: str, statement: Any, params: Any, many: bool = False) -> Any:
@@ -111,7 +112,12 @@ def _traced_cursor(base: type) -> type:
 
     class TracedCursor(base):  # type: ignore[misc]
         # Outside a trace each is the base class's own method (the check in C, see _gate).
-        execute = gated(b_execute, traced_execute)
+        execute = gated(
+            b_execute,
+            _ds.traced_execute(
+                b_execute, traced_execute, _OP_EXECUTE, _COMPONENT, "PostgreSQL", "connection"
+            ),
+        )
         executemany = gated(b_executemany, traced_executemany)
         callproc = gated(b_callproc, traced_callproc)
         copy_expert = gated(b_copy_expert, traced_copy_expert)

@@ -82,7 +82,13 @@ def _command(cmd: str) -> Any:
             span.__exit__(None, None, None)
             return result
 
-        return gated(orig, method)  # outside a trace: the original itself
+        # Outside a trace: the original itself; inside one, a str key and a server seen
+        # before run in C.
+        info = (op, cmd, head)
+        return gated(
+            orig,
+            _ds.traced_command(orig, method, _COMPONENT, "Memcached", info, "server", _addresses, 1, True),
+        )
 
     return make
 

@@ -71,7 +71,9 @@ def install(config: Config) -> None:
         patch(
             Cursor,
             m,
-            _ds.cursor_method(m, "Mysql/PyMsql/", Component.PYMYSQL, "mysql", where, many=m == "executemany"),
+            _ds.cursor_method(
+                m, "Mysql/PyMsql/", Component.PYMYSQL, "mysql", where, many=m == "executemany", memo_key="db"
+            ),
         )
 
 

@@ -112,8 +112,12 @@ def _command(orig: Any) -> Any:
         return result
 
     # Outside a trace redis-py's ``execute_command(*args, keys=[...])`` goes straight to the
-    # original (a Python wrapper passing ``**options`` on cost ~3,200 instructions there).
-    return gated(orig, execute_command)
+    # original (a Python wrapper passing ``**options`` on cost ~3,200 instructions there);
+    # inside one, a command whose name and pool were seen before runs in C.
+    native = _ds.traced_command(
+        orig, execute_command, _COMPONENT, "Redis", _commands, "connection_pool", None, 2, False
+    )
+    return gated(orig, native)
 
 
 def _pipeline_span(pipe: Any) -> Any:

@@ -1,0 +1,223 @@
+"""The native ``CacheCall`` (swmp/_native/cache.c) runs a Redis or memcached command as the
+Python wrappers of swmp/instrument/redis.py and pymemcache.py do: the same calls reach the
+client, the same results and exceptions reach the caller, the same segments are recorded.
+Each case runs through the wrapper the instrumentation installs (native) and through the
+one it installs without the native core (Python), on clients shaped like redis-py's and
+pymemcache's that record what they are given, so that every call shape and failure can be
+provoked. The real clients against the real servers: test_instrument_cache.py."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from swmp import _sink, tracing
+from swmp.config import load
+from swmp.instrument import _datastore as ds
+from swmp.instrument import pymemcache as memcache_instr
+from swmp.instrument import redis as redis_instr
+from swmp.tracing.context import new_entry_span, new_exit_span
+from swmp.tracing.limits import limits
+from swmp.tracing.span import NATIVE, current_span, native_core
+
+pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
+
+
+@pytest.fixture()
+def sink() -> Iterator[_sink.MemorySink]:
+    memory = _sink.MemorySink()
+    _sink.set_sink(memory)
+    tracing.configure(load({}))
+    saved = ds.settings.collect_keys, limits.tag_value_max
+    yield memory
+    ds.settings.collect_keys, limits.tag_value_max = saved
+    tracing.configure(load({}))
+    _sink.set_sink(None)
+
+
+class Pool:
+    def __init__(self, db: int = 3) -> None:
+        self.connection_kwargs = {"host": "cache.local", "port": 6380, "db": db}
+
+
+class Redis:
+    """redis-py's shape: ``execute_command(*args, **options)`` on a client with a pool."""
+
+    def __init__(self) -> None:
+        self.connection_pool = Pool()
+        self.calls: list[Any] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        seen = current_span.get()
+        self.calls.append((args, options, None if seen is None else seen.op))
+        if args and args[0] == "FAIL":
+            raise ValueError("server says no")
+        if args and args[0] == "INTERRUPT":
+            raise KeyboardInterrupt
+        return ("reply", args)
+
+
+class Memcache:
+    """pymemcache's shape: ``Client.get(key, default=None)`` with a ``server`` address."""
+
+    def __init__(self, server: Any = ("mc.local", 11211)) -> None:
+        self.server = server
+        self.calls: list[Any] = []
+
+    def get(self, key: Any, default: Any = None, *rest: Any, **kw: Any) -> Any:
+        seen = current_span.get()
+        self.calls.append((key, default, rest, kw, None if seen is None else seen.op))
+        if key == "FAIL":
+            raise OSError("connection reset")
+        return ("value", key)
+
+
+def _forms(make: Callable[[], Any]) -> tuple[Any, Any]:
+    """(native, Python) wrappers, the Python one made as without the native core."""
+    native = make()
+    saved = ds._CacheCall
+    ds._CacheCall = None
+    try:
+        python = make()
+    finally:
+        ds._CacheCall = saved
+    return native, python
+
+
+def _segments(records: list[tuple[int, bytes]]) -> list[Any]:
+    """Segments without what differs from run to run (ids, times, stacks)."""
+    out = []
+    for _rtype, payload in records:
+        seg = orjson.loads(payload)
+        spans = []
+        for span in seg[5]:
+            logs = [
+                [v if i % 2 == 0 or kv[i - 1] != "stack" else "-" for i, v in enumerate(kv)]
+                for kv in (log[1] for log in span[12])
+            ]
+            spans.append([*span[:2], *span[4:12], logs, span[13]])
+        out.append([*seg[2:5], spans])
+    return out
+
+
+def _run(  # noqa: PLR0917
+    fn: Callable[..., Any], client: Any, args: tuple[Any, ...], kw: dict[str, Any], sink: Any, inside: str
+) -> Any:
+    before = len(client.calls)
+    try:
+        if inside == "none":
+            outcome: Any = ("returned", fn(client, *args, **kw))
+        else:
+            with new_entry_span("/request"):
+                if inside == "exit":
+                    with new_exit_span("outer", "db:1", 1, 1):
+                        outcome = ("returned", fn(client, *args, **kw))
+                else:
+                    outcome = ("returned", fn(client, *args, **kw))
+                after = current_span.get()
+                assert after is not None and after.op == "/request"  # the context given back
+    except (Exception, KeyboardInterrupt) as e:
+        outcome = ("raised", type(e).__name__, str(e), e.__traceback__ is not None)
+    records = _segments(sink.records)
+    sink.clear()
+    return outcome, client.calls[before:], records
+
+
+REDIS_CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    (("GET", "user:1"), {"keys": ["user:1"]}),
+    (("SET", "user:1", "v"), {}),
+    (("PING",), {}),
+    (("MGET", "a", "b"), {"keys": ["a", "b"]}),
+    (("GET", b"bytes-key"), {}),
+    (("GET", None), {}),
+    (("GET", 42), {}),
+    (("GET", "k" * 3000), {}),
+    (("EXPIRE", "k", 10), {}),
+    ((b"GET", "k"), {}),
+    (("FAIL", "k"), {}),
+    (("INTERRUPT",), {}),
+    ((), {}),
+]
+MEMCACHE_CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    (("user:1",), {}),
+    (("user:1", "fallback"), {}),
+    ((b"bytes-key",), {}),
+    ((["a", "b"],), {}),
+    (("k" * 3000,), {}),
+    (("FAIL",), {}),
+    ((), {"key": "by-keyword"}),
+    (("user:1",), {"default": 0}),
+]
+
+
+def _compare(native: Any, python: Any, make_client: Callable[[], Any], calls: Any, sink: Any) -> None:
+    for (args, kw), inside in itertools.product(calls, ("entry", "exit", "none")):
+        results = []
+        for fn in (native, python):
+            client = make_client()
+            # Twice: the first call makes the memos (names, pool, address), the second uses them.
+            results.append(
+                (_run(fn, client, args, kw, sink, inside), _run(fn, client, args, kw, sink, inside))
+            )
+        assert results[0] == results[1], (args, kw, inside)
+
+
+@pytest.mark.parametrize("collect_keys", [True, False])
+@pytest.mark.parametrize("tag_limit", [2048, 4])
+def test_redis_command_matches_the_python_form(
+    sink: _sink.MemorySink, collect_keys: bool, tag_limit: int
+) -> None:
+    ds.settings.collect_keys = collect_keys
+    limits.tag_value_max = tag_limit
+    native, python = _forms(lambda: redis_instr._command(Redis.execute_command))
+    _compare(native, python, Redis, REDIS_CALLS, sink)
+
+
+@pytest.mark.parametrize("collect_keys", [True, False])
+@pytest.mark.parametrize("tag_limit", [2048, 4])
+def test_memcached_command_matches_the_python_form(
+    sink: _sink.MemorySink, collect_keys: bool, tag_limit: int
+) -> None:
+    ds.settings.collect_keys = collect_keys
+    limits.tag_value_max = tag_limit
+    native, python = _forms(lambda: memcache_instr._command("get")(Memcache.get))
+    _compare(native, python, Memcache, MEMCACHE_CALLS, sink)
+    # A socket path for a server (not a tuple): the Python form's every time.
+    _compare(native, python, lambda: Memcache("/run/memcached.sock"), MEMCACHE_CALLS[:2], sink)
+
+
+def test_the_native_path_is_taken_once_the_memos_exist(sink: _sink.MemorySink, monkeypatch: Any) -> None:
+    wheres: list[Any] = []
+    real = redis_instr._where
+    monkeypatch.setattr(redis_instr, "_where", lambda client: wheres.append(client) or real(client))
+    native = redis_instr._command(Redis.execute_command)
+    client = Redis()
+    with new_entry_span("/request"):
+        for i in range(5):
+            native(client, "GET", f"user:{i}", keys=[f"user:{i}"])
+    assert len(wheres) == 1  # the fallback made the pool's memo; C used it after
+    (segment,) = _segments(sink.records)
+    spans = segment[3][:-1]
+    assert [s[2] for s in spans] == ["Redis/GET"] * 5
+    assert spans[4][9] == [
+        "cache.type", "Redis", "cache.cmd", "GET", "cache.op", "read",
+        "cache.key", "user:4", "db.instance", "3",
+    ]  # fmt: skip
+
+
+def test_constructor_refuses_wrong_arguments() -> None:
+    f = Redis.execute_command
+    with pytest.raises(TypeError):
+        native_core.CacheCall(f, 1, 7, "Redis", {}, "connection_pool", None, 2, False)
+    with pytest.raises(TypeError):
+        native_core.CacheCall(f, f, 7, "Redis", [], "connection_pool", None, 2, False)
+    with pytest.raises(TypeError):
+        native_core.CacheCall(f, f, 7, "Redis", {}, "connection_pool", [], 2, False)
+    with pytest.raises(TypeError):
+        native_core.CacheCall(f, f, 7, "Redis", {}, "connection_pool", None, 0, False)
+    with pytest.raises(TypeError):
+        native_core.CacheCall(f, f, 7, "Redis", {}, "connection_pool", None, 2, False, x=1)
