@@ -426,14 +426,27 @@ def noop_cursor() -> tuple[Callable[..., Any], Any]:
 
     ds.configure(load({}, agent_log_reporter_active=False))
 
+    class Connection:
+        db = "app"
+
     class Cursor:
+        connection = Connection()
+
         def execute(self, query: Any, args: Any = None) -> None:
             return None
 
     def where(cursor: Any) -> tuple[str, str]:
-        return "127.0.0.1:5432", "app"
+        # PyMySQL's memo on the connection (its db then, (peer, database)): after the first
+        # call the native form (SqlCall) reads it without calling here, as with the driver.
+        conn = cursor.connection
+        memo = getattr(conn, ds.WHERE, None)
+        if memo is not None and memo[0] is conn.db:
+            return memo[1]  # type: ignore[no-any-return]
+        pair = ("127.0.0.1:3306", conn.db)
+        ds.remember(conn, (conn.db, pair))
+        return pair
 
-    method = ds.cursor_method("execute", "PostgreSQL/psycopg2/", Component.PSYCOPG, "PostgreSQL", where)
+    method = ds.cursor_method("execute", "Mysql/PyMsql/", Component.PYMYSQL, "mysql", where, memo_key="db")
     return method(Cursor.execute), Cursor()
 
 
