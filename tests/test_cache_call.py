@@ -12,7 +12,6 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import orjson
 import pytest
 
 from swmp import _sink, tracing
@@ -20,9 +19,10 @@ from swmp.config import load
 from swmp.instrument import _datastore as ds
 from swmp.instrument import pymemcache as memcache_instr
 from swmp.instrument import redis as redis_instr
-from swmp.tracing.context import new_entry_span, new_exit_span
+from swmp.tracing.context import new_entry_span
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NATIVE, current_span, native_core
+from tests.native_forms import PLACES, call_in, segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
@@ -88,45 +88,6 @@ def _forms(make: Callable[[], Any]) -> tuple[Any, Any]:
     return native, python
 
 
-def _segments(records: list[tuple[int, bytes]]) -> list[Any]:
-    """Segments without what differs from run to run (ids, times, stacks)."""
-    out = []
-    for _rtype, payload in records:
-        seg = orjson.loads(payload)
-        spans = []
-        for span in seg[5]:
-            logs = [
-                [v if i % 2 == 0 or kv[i - 1] != "stack" else "-" for i, v in enumerate(kv)]
-                for kv in (log[1] for log in span[12])
-            ]
-            spans.append([*span[:2], *span[4:12], logs, span[13]])
-        out.append([*seg[2:5], spans])
-    return out
-
-
-def _run(  # noqa: PLR0917
-    fn: Callable[..., Any], client: Any, args: tuple[Any, ...], kw: dict[str, Any], sink: Any, inside: str
-) -> Any:
-    before = len(client.calls)
-    try:
-        if inside == "none":
-            outcome: Any = ("returned", fn(client, *args, **kw))
-        else:
-            with new_entry_span("/request"):
-                if inside == "exit":
-                    with new_exit_span("outer", "db:1", 1, 1):
-                        outcome = ("returned", fn(client, *args, **kw))
-                else:
-                    outcome = ("returned", fn(client, *args, **kw))
-                after = current_span.get()
-                assert after is not None and after.op == "/request"  # the context given back
-    except (Exception, KeyboardInterrupt) as e:
-        outcome = ("raised", type(e).__name__, str(e), e.__traceback__ is not None)
-    records = _segments(sink.records)
-    sink.clear()
-    return outcome, client.calls[before:], records
-
-
 REDIS_CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
     (("GET", "user:1"), {"keys": ["user:1"]}),
     (("SET", "user:1", "v"), {}),
@@ -155,13 +116,13 @@ MEMCACHE_CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
 
 
 def _compare(native: Any, python: Any, make_client: Callable[[], Any], calls: Any, sink: Any) -> None:
-    for (args, kw), inside in itertools.product(calls, ("entry", "exit", "none")):
+    for (args, kw), inside in itertools.product(calls, PLACES):
         results = []
         for fn in (native, python):
             client = make_client()
             # Twice: the first call makes the memos (names, pool, address), the second uses them.
             results.append(
-                (_run(fn, client, args, kw, sink, inside), _run(fn, client, args, kw, sink, inside))
+                (call_in(fn, client, args, kw, sink, inside), call_in(fn, client, args, kw, sink, inside))
             )
         assert results[0] == results[1], (args, kw, inside)
 
@@ -200,7 +161,7 @@ def test_the_native_path_is_taken_once_the_memos_exist(sink: _sink.MemorySink, m
         for i in range(5):
             native(client, "GET", f"user:{i}", keys=[f"user:{i}"])
     assert len(wheres) == 1  # the fallback made the pool's memo; C used it after
-    (segment,) = _segments(sink.records)
+    (segment,) = segments(sink.records)
     spans = segment[3][:-1]
     assert [s[2] for s in spans] == ["Redis/GET"] * 5
     assert spans[4][9] == [

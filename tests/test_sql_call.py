@@ -15,15 +15,15 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import orjson
 import pytest
 
 from swmp import _sink, tracing
 from swmp.config import load
 from swmp.instrument import _datastore as ds
 from swmp.instrument._gate import gated
-from swmp.tracing.context import new_entry_span, new_exit_span
+from swmp.tracing.context import new_entry_span
 from swmp.tracing.span import NATIVE, current_span, native_core
+from tests.native_forms import PLACES, call_in, segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
@@ -135,47 +135,6 @@ def _wrapper(style: str, truthy: bool) -> tuple[Callable[..., Any], Callable[...
     return gated(orig, native), gated(orig, traced), where
 
 
-def _segments(records: list[tuple[int, bytes]]) -> list[Any]:
-    """Segments without what differs from run to run (ids, times, stacks)."""
-    out = []
-    for _rtype, payload in records:
-        seg = orjson.loads(payload)
-        spans = []
-        for span in seg[5]:
-            logs = [
-                [v if i % 2 == 0 or kv[i - 1] != "stack" else "-" for i, v in enumerate(kv)]
-                for kv in (log[1] for log in span[12])
-            ]
-            spans.append([*span[:2], *span[4:12], logs, span[13]])
-        out.append([*seg[2:5], spans])
-    return out
-
-
-def _run(  # noqa: PLR0917
-    fn: Callable[..., Any], cur: Cursor, args: tuple[Any, ...], kw: dict[str, Any], sink: Any, inside: str
-) -> Any:
-    before = len(cur.calls)
-    try:
-        if inside == "none":
-            outcome: Any = ("returned", fn(cur, *args, **kw))
-        else:
-            with new_entry_span("/request"):
-                if inside == "exit":
-                    with new_exit_span("outer", "db:1", 1, 1):
-                        outcome = ("returned", fn(cur, *args, **kw))
-                else:
-                    outcome = ("returned", fn(cur, *args, **kw))
-                after = current_span.get()
-                assert after is not None and after.op == "/request"  # the context given back
-    except (Exception, KeyboardInterrupt) as e:
-        outcome = ("raised", type(e).__name__, str(e), e.__traceback__ is not None)
-    records = _segments(sink.records)
-    sink.clear()
-    # What the driver got, less the None an absent parameter becomes in the Python form.
-    got = [(q, p, r, k, op) for q, p, r, k, op in cur.calls[before:]]
-    return outcome, got, records
-
-
 CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
     (("SELECT 1",), {}),
     (("SELECT %s", (1,)), {}),
@@ -201,13 +160,13 @@ def test_native_execute_matches_the_python_form(
 ) -> None:
     ds.settings.params_max = params_max
     native, python, _ = _wrapper(style, truthy)
-    for (args, kw), inside in itertools.product(CALLS, ("entry", "exit", "none")):
+    for (args, kw), inside in itertools.product(CALLS, PLACES):
         # A fresh connection each time: the first call makes the memo, the second uses it.
         results = []
         for fn in (native, python):
             cur = Cursor(Connection())
-            first = _run(fn, cur, args, kw, sink, inside)
-            second = _run(fn, cur, args, kw, sink, inside)
+            first = call_in(fn, cur, args, kw, sink, inside)
+            second = call_in(fn, cur, args, kw, sink, inside)
             results.append((first, second))
         (n1, n2), (p1, p2) = results
         for n, p in ((n1, p1), (n2, p2)):
@@ -228,7 +187,7 @@ def test_the_native_path_is_taken_once_the_memo_exists(sink: _sink.MemorySink, s
     # The memo styles ask the Python where once (the fallback makes the memo); the function
     # style calls it on every query, from C.
     assert where.calls == (5 if style == "function" else 1)
-    (segment,) = _segments(sink.records)
+    (segment,) = segments(sink.records)
     spans = segment[3]
     assert [s[2] for s in spans[:-1]] == [OP] * 5  # op of every exit span
     tags = spans[0][9]
@@ -246,7 +205,7 @@ def test_a_changed_database_goes_through_the_python_form_again(sink: _sink.Memor
         native(cur, "SELECT 1")
         native(cur, "SELECT 1")
     assert where.calls == 2
-    (segment,) = _segments(sink.records)
+    (segment,) = segments(sink.records)
     assert [s[9][3] for s in segment[3][:-1]] == ["first", "first", "second", "second"]
 
 
@@ -258,11 +217,11 @@ def test_odd_memos_and_connections_go_to_the_python_form(sink: _sink.MemorySink)
             conn = Connection()
             setattr(conn, ds.WHERE, memo)
             before = where.calls
-            outcomes.append(_run(fn, Cursor(conn), ("SELECT 1",), {}, sink, "entry"))
+            outcomes.append(call_in(fn, Cursor(conn), ("SELECT 1",), {}, sink, "entry"))
             assert where.calls == before + 1  # the native form left it to the Python one
         assert outcomes[0] == outcomes[1], memo
     # A closed connection (None): the Python where decides (here: it fails as it would).
-    assert _run(native, Cursor(None), ("SELECT 1",), {}, sink, "entry") == _run(
+    assert call_in(native, Cursor(None), ("SELECT 1",), {}, sink, "entry") == call_in(
         python, Cursor(None), ("SELECT 1",), {}, sink, "entry"
     )
 

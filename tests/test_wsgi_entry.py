@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import orjson
 import pytest
 
 from swmp import _sink, propagation, tracing
@@ -20,6 +19,7 @@ from swmp.instrument import wsgi
 from swmp.tracing.context import new_entry_span
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NATIVE, current_span, native_core
+from tests.native_forms import segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
@@ -58,25 +58,6 @@ def _environ(**fields: Any) -> dict[str, Any]:
         else:
             environ[key] = value
     return environ
-
-
-def _segments(records: list[tuple[int, bytes]]) -> list[Any]:
-    """The records without what differs from run to run: ids of new traces, times, stacks."""
-    out = []
-    for _rtype, payload in records:
-        seg = orjson.loads(payload)
-        spans = []
-        for span in seg[5]:
-            logs = [
-                [
-                    [v if i % 2 == 0 or kv[i - 1] != "stack" else "-" for i, v in enumerate(kv)]
-                    for kv in (log[1],)
-                ]
-                for log in span[12]
-            ]
-            spans.append([*span[:2], *span[4:12], logs, span[13]])
-        out.append([*seg[2:5], spans])
-    return out
 
 
 def _app(kind: str) -> Callable[..., Any]:
@@ -121,7 +102,7 @@ def _run(
     except Exception as e:
         after = current_span.get()
         outcome = ("raised", type(e).__name__, str(e), e.__traceback__ is not None)
-    records = _segments(sink.records)
+    records = segments(sink.records)
     sink.clear()
     return outcome, statuses, environ.get("seen"), after, records
 

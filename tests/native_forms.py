@@ -1,0 +1,67 @@
+"""What the tests comparing a native fast path with its Python reference share: the recorded
+segments without what differs from run to run, and one call made inside a trace, inside an
+exit span (where nothing is recorded) or outside any trace, with everything it left behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from swmp import _sink
+from swmp.tracing.context import new_entry_span, new_exit_span
+from swmp.tracing.span import current_span
+
+PLACES = ("entry", "exit", "none")
+
+
+def segments(records: list[tuple[int, bytes]]) -> list[Any]:
+    """The records without what differs from run to run: ids of new traces, times, stacks."""
+    out = []
+    for _rtype, payload in records:
+        seg = orjson.loads(payload)
+        spans = []
+        for span in seg[5]:
+            # Each log as [its fields], the stack's text left out.
+            logs = [
+                [
+                    [v if i % 2 == 0 or kv[i - 1] != "stack" else "-" for i, v in enumerate(kv)]
+                    for kv in (log[1],)
+                ]
+                for log in span[12]
+            ]
+            spans.append([*span[:2], *span[4:12], logs, span[13]])
+        out.append([*seg[2:5], spans])
+    return out
+
+
+def call_in(  # noqa: PLR0917
+    fn: Callable[..., Any],
+    obj: Any,
+    args: tuple[Any, ...],
+    kw: dict[str, Any],
+    sink: _sink.MemorySink,
+    inside: str,
+) -> Any:
+    """``fn(obj, *args, **kw)`` made ``inside`` one of :data:`PLACES`: (what it returned or
+    raised, the calls ``obj.calls`` gained, the segments recorded). The context is checked
+    to be given back to the request's span."""
+    before = len(obj.calls)
+    try:
+        if inside == "none":
+            outcome: Any = ("returned", fn(obj, *args, **kw))
+        else:
+            with new_entry_span("/request"):
+                if inside == "exit":
+                    with new_exit_span("outer", "db:1", 1, 1):
+                        outcome = ("returned", fn(obj, *args, **kw))
+                else:
+                    outcome = ("returned", fn(obj, *args, **kw))
+                after = current_span.get()
+                assert after is not None and after.op == "/request"
+    except (Exception, KeyboardInterrupt) as e:
+        outcome = ("raised", type(e).__name__, str(e), e.__traceback__ is not None)
+    records = segments(sink.records)
+    sink.clear()
+    return outcome, obj.calls[before:], records
