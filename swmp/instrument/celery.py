@@ -3,7 +3,9 @@
 Publishing: every way of sending a task (``delay``, ``apply_async``, ``send_task``, the canvas
 primitives, retries, beat) ends in ``Celery.send_task``, which is wrapped: an exit span
 ``celery/<task name>`` (layer MQ, peer = the broker's ``host:port``, tag ``mq.broker``) whose
-``sw8`` headers go into the task message's headers (protocol 2, Celery's default).
+``sw8`` headers go into the task message's headers (protocol 2, Celery's default). The
+wrapper's common case runs in C (``CelerySend``, swmp/_native/celery.c); the Python
+``send_task`` below is its reference and takes every other case.
 
 Executing: ``celery.app.trace.build_tracer`` makes the function a worker calls for each task
 run, in every pool (prefork children, solo, threads, gevent, eventlet); the function it
