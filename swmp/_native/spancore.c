@@ -30,6 +30,7 @@
  * ``sql_span`` (sql.c): the exit span of one SQL call, with its tags; ``SqlCall``: a
  * cursor's ``execute`` run inside it.
  * ``CacheCall`` (cache.c): a Redis or memcached command run inside its exit span.
+ * ``CelerySend`` (celery.c): ``Celery.send_task`` in its exit span, the message carrying it.
  * ``wsgi_call`` (wsgi.c): a WSGI request run inside its entry span; ``WSGIMethod``: a
  * framework's WSGI entry method patched to run through it.
  * ``asgi_entry`` (asgi.c): an ASGI request's entry span and its tags; ``within``
@@ -45,6 +46,7 @@
 #include "asgi.h"
 #include "body.h"
 #include "cache.h"
+#include "celery.h"
 #include "gate.h"
 #include "json.h"
 #include "spancore.h"
@@ -467,6 +469,33 @@ static PyObject *spancore_finish(SpanCore *self, PyObject *const *args, Py_ssize
 }
 
 static PyObject *spancore_inject(SpanCore *self, PyObject *unused); /* with sw8_header, below */
+
+/* The span steps other sources (celery.c) take on a span they checked is of the recorded
+ * class (a SpanCore): the methods' own code, without the method look-ups. */
+int swmp_span_enter(PyObject *span) {
+    PyObject *r = spancore_enter((SpanCore *)span, NULL);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+int swmp_span_exit(PyObject *span, PyObject *exc) {
+    PyObject *args[3] = {exc != NULL ? (PyObject *)Py_TYPE(exc) : Py_None, exc != NULL ? exc : Py_None, Py_None};
+    PyObject *r = spancore_exit((SpanCore *)span, args, 3);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+PyObject *swmp_span_inject(PyObject *span) {
+    return spancore_inject((SpanCore *)span, NULL);
+}
+
+PyObject *swmp_span_tags(PyObject *span) {
+    return ((SpanCore *)span)->tags;
+}
+
+void swmp_span_set_tags(PyObject *span, PyObject *tags) {
+    Py_SETREF(((SpanCore *)span)->tags, tags);
+}
 
 static PyMethodDef spancore_methods[] = {
     {"__enter__", (PyCFunction)spancore_enter, METH_NOARGS, "Make this span the current one."},
@@ -1826,6 +1855,9 @@ static PyMethodDef module_methods[] = {
     {"sql_span", (PyCFunction)(void (*)(void))swmp_sql_span, METH_FASTCALL | METH_KEYWORDS,
      "sql_span(op, address, component, db_type, instance, statement, params=None, many=False): the exit span "
      "of one SQL call, tagged (swmp/instrument/_datastore.py's sql_span)."},
+    {"setup_celery", (PyCFunction)(void (*)(void))swmp_setup_celery, METH_FASTCALL,
+     "setup_celery(span_class, noop, no_tags, limits, settings, component, layer, tag_broker, armed, failed, "
+     "not_consumed, send_in): what CelerySend reads and hands over to."},
     {"setup_wsgi", (PyCFunction)(void (*)(void))swmp_setup_wsgi, METH_FASTCALL,
      "setup_wsgi(py_trace, tag_request, run_unrecorded, decide_entry_span, from_headers, request_tags, noop, "
      "span_class, policy, limits, layer, tag_method, tag_url, no_tags, current): what wsgi_call() reads and hands "
@@ -1899,7 +1931,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&swmp_GateType) < 0 ||
         PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0 ||
         PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_WSGIMethodType) < 0 ||
-        PyType_Ready(&swmp_SqlCallType) < 0 || PyType_Ready(&swmp_CacheCallType) < 0) {
+        PyType_Ready(&swmp_SqlCallType) < 0 || PyType_Ready(&swmp_CacheCallType) < 0 ||
+        PyType_Ready(&swmp_CelerySendType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&spancore_module);
@@ -1911,6 +1944,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         PyModule_AddObjectRef(m, "Gate", (PyObject *)&swmp_GateType) < 0 ||
         PyModule_AddObjectRef(m, "SqlCall", (PyObject *)&swmp_SqlCallType) < 0 ||
         PyModule_AddObjectRef(m, "CacheCall", (PyObject *)&swmp_CacheCallType) < 0 ||
+        PyModule_AddObjectRef(m, "CelerySend", (PyObject *)&swmp_CelerySendType) < 0 ||
         PyModule_AddObjectRef(m, "WSGIMethod", (PyObject *)&swmp_WSGIMethodType) < 0) {
         Py_DECREF(m);
         return NULL;

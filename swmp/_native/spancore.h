@@ -1,4 +1,4 @@
-/* What spancore.c offers the module's other sources (asgi.c, wsgi.c, sql.c, cache.c). */
+/* What spancore.c offers the module's other sources (asgi.c, wsgi.c, sql.c, cache.c, celery.c). */
 #ifndef SWMP_SPANCORE_H
 #define SWMP_SPANCORE_H
 #include <Python.h>
@@ -13,4 +13,12 @@ PyObject *swmp_new_exit(PyObject *const *args);
  * failing ``__exit__`` is cleared: the call happened, its end is the agent's problem.
  * Returns ``result``. */
 PyObject *swmp_span_leave(PyObject *span, PyObject *result);
+/* For a span of the recorded class (a SpanCore; the caller checks): __enter__(), 0 or -1;
+ * __exit__ with ``exc`` (NULL: none), 0 or -1; inject(), a new reference; its ``tags``
+ * (borrowed), and a new value for them (stolen). */
+int swmp_span_enter(PyObject *span);
+int swmp_span_exit(PyObject *span, PyObject *exc);
+PyObject *swmp_span_inject(PyObject *span);
+PyObject *swmp_span_tags(PyObject *span);
+void swmp_span_set_tags(PyObject *span, PyObject *tags);
 #endif

@@ -3,7 +3,9 @@
 Publishing: every way of sending a task (``delay``, ``apply_async``, ``send_task``, the canvas
 primitives, retries, beat) ends in ``Celery.send_task``, which is wrapped: an exit span
 ``celery/<task name>`` (layer MQ, peer = the broker's ``host:port``, tag ``mq.broker``) whose
-``sw8`` headers go into the task message's headers (protocol 2, Celery's default).
+``sw8`` headers go into the task message's headers (protocol 2, Celery's default). The
+wrapper's common case runs in C (``CelerySend``, swmp/_native/celery.c); the Python
+``send_task`` below is its reference and takes every other case.
 
 Executing: ``celery.app.trace.build_tracer`` makes the function a worker calls for each task
 run, in every pool (prefork children, solo, threads, gevent, eventlet); the function it
@@ -36,7 +38,7 @@ from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_CELERY_PARAMETERS, TAG_MQ_BROKER, Component, Layer
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NO_TAGS, NOOP, Span
+from swmp.tracing.span import NO_TAGS, NOOP, Span, native_core
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -169,7 +171,29 @@ def _untraced(app: Any, options: dict[str, Any]) -> None:
         warn_once("celery-publish-untraced", "swmp: checking an untraced Celery message's headers failed")
 
 
-def _wrap_send_task(orig: Any) -> Any:
+def _publish_failed() -> None:
+    """Adding the trace to a message failed (called while that exception is handled)."""
+    warn_once("celery-publish", "swmp: adding the trace to a Celery message failed")
+
+
+def _not_consumed(app: Any, peer: str, broker: str, last: list[tuple[Any, str, str, bool]]) -> None:
+    """An armed send whose message was not built through ``task_message``: said once, and
+    this app's sends pass ``sw8`` as the ``headers`` option from now on."""
+    _message.missed(app)
+    last[0] = (app, peer, broker, False)
+
+
+def _send_in(span: Any, orig: Any, /, *args: Any, **options: Any) -> Any:
+    """A publish whose span is not recorded but must be current during it (an IgnoredSpan:
+    the spans under it are not recorded either); the native publish's way to ``with``."""
+    with span:
+        return orig(*args, **options)
+
+
+def _py_send_task(orig: Any) -> tuple[Any, list[tuple[Any, str, str, bool]]]:
+    """The publish wrapper in Python and the state it keeps: the reference form of the
+    native ``CelerySend`` (swmp/_native/celery.c), which shares that state and hands it
+    every call it does not take itself."""
     # (app, peer, tag, headers into the message) of the last send, replaced as one tuple
     # (threads may send through different apps): an application sends through one app, so
     # every send after the first skips broker_of's call.
@@ -212,7 +236,7 @@ def _wrap_send_task(orig: Any) -> Any:
             else:
                 options["headers"] = sw
         except Exception:
-            warn_once("celery-publish", "swmp: adding the trace to a Celery message failed")
+            _publish_failed()
         token = None if box is None else _arm(box)
         try:
             result = orig(self, name, args, kwargs, *rest, **options)
@@ -223,12 +247,39 @@ def _wrap_send_task(orig: Any) -> Any:
             if token is not None:
                 _disarm(token)
         if box:  # armed and not consumed: this app builds its messages some other way
-            _message.missed(self)
-            last[0] = (self, peer, broker, False)
+            _not_consumed(self, peer, broker, last)
         span.__exit__(None, None, None)
         return result
 
-    return send_task
+    return send_task, last
+
+
+# CelerySend(fallback, orig, last): the publish wrapper with its common case in C (no Python
+# frame per published task), when the span core is built.
+_CelerySend: Any = None
+if native_core is not None and hasattr(native_core, "CelerySend"):
+    native_core.setup_celery(
+        Span,
+        NOOP,
+        NO_TAGS,
+        limits,
+        settings,
+        _COMPONENT,
+        _MQ,
+        TAG_MQ_BROKER,
+        _message._armed,
+        _publish_failed,
+        _not_consumed,
+        _send_in,
+    )
+    _CelerySend = native_core.CelerySend
+
+
+def _wrap_send_task(orig: Any) -> Any:
+    """What ``Celery.send_task`` is patched with: the native publish around the Python
+    wrapper, or the Python wrapper alone (pure-Python mode)."""
+    send_task, last = _py_send_task(orig)
+    return send_task if _CelerySend is None else _CelerySend(send_task, orig, last)
 
 
 # -- executing -------------------------------------------------------------------------------
