@@ -30,9 +30,11 @@ setup(
                [NATIVE + "wire.h", NATIVE + "text.h"]),
         native("swmp._spancore",
                [SPAN + f for f in ("spancore.c", "gate.c", "sw8.c", "status.c", "body.c", "json.c",
-                                   "threads.c", "asgi.c", "within.c", "wsgi.c", "sql.c", "cache.c", "celery.c")],
+                                   "threads.c", "asgi.c", "within.c", "wsgi.c", "sql.c", "cache.c",
+                                   "celery.c")],
                [SPAN + f for f in ("gate.h", "sw8.h", "status.h", "body.h", "json.h", "threads.h",
-                                   "asgi.h", "within.h", "wsgi.h", "sql.h", "cache.h", "celery.h", "spancore.h")]),
+                                   "asgi.h", "within.h", "wsgi.h", "sql.h", "cache.h", "celery.h",
+                                   "spancore.h")]),
         native("ipc._ringwrite", ["ipc/_native/ringwrite.c"]),
     ]
 )
