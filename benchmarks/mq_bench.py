@@ -22,8 +22,44 @@ of the per-round differences ("added"). The brokers are the ones of the tests: a
 broker (``tests/realpeers.py``) and RabbitMQ (``tests/brokers.py``), started here unless
 given.
 
+Per call (``--pairs N``; instead of the rounds; not for ``confluent-aio``): each message
+timed, plain and instrumented alternated call by call (ABBA, ``benchmarks/_abba.py``), so that
+both see the caches as the previous round trip left them and machine drift hits both alike
+(the rounds above scatter by microseconds). What is compared:
+
+* ``publish``: one message sent inside its own entry span (the application's request), then
+  delivered: kafka-python and confluent-kafka ``flush()``, aiokafka ``await`` of the send's
+  future, pika / aio-pika nothing more (the send writes the frames to the socket itself;
+  aio-pika without publisher confirms). Instrumented: the patched send. Plain, the agent's
+  part absent: the same entry span and the library's original send on the same client
+  (``swmp.instrument._patch.original``, the method the gate would call; pika / aio-pika: a
+  second channel of the same connection with the original method set on that channel
+  object). Linger 0 and one delivery per message, so that what the client's I/O thread does
+  for a message happens within its call; the figures per message are the same with batching
+  except the per-batch work, which is in both sides.
+* ``consume``: one message taken, from the same stream for both sides, every message carrying
+  ``sw8`` (so the extra bytes are in both: what is compared is the instrumentation). Kafka:
+  one topic, one record per batch, read from the start by two consumers, one plain (the
+  library's original ``poll`` / ``getone``; confluent-kafka: a consumer made without the
+  agent), one instrumented, one record per call. RabbitMQ (``basic_consume`` callbacks): two
+  queues filled alike, prefetch 1 and manual acks, the message of a call let in (its
+  predecessor acked, untimed) just before the call, so each call reads, decodes and
+  dispatches exactly one delivery.
+
+Clocks: the outer one is this process's CPU time (``CLOCK_PROCESS_CPUTIME_ID``: all its
+threads, so kafka-python's sender thread and librdkafka's threads, which build, checksum and
+send the batch outside the caller's ``send``, count; their idle wake-ups count too, alike on
+both sides). Beside it the calling thread's CPU time (``thread_time_ns``) of the same calls,
+and for ``publish`` its parts: the send call alone (``+call``: the exit span, the headers,
+the library's extra work in the caller) and the entry span's exit (``+segment``: the exit
+span's share of the segment, serialized and written into the ring). Neither clock counts the
+brokers; both count the kernel's work in our syscalls (on loopback, part of the delivery to
+the broker). Medians per call; ``added`` is the median of the pairs' differences, with the
+two halves of the run apart as a stability check.
+
     python benchmarks/mq_bench.py [--rounds N] [--messages N] [--kafka HOST:PORT]
                                   [--amqp URL] [--only CLIENT|in-process] [--json PATH]
+                                  [--pairs N [--warmup N]]
 """
 
 from __future__ import annotations
@@ -33,6 +69,8 @@ import asyncio
 import contextlib
 import inspect
 import json
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -552,6 +590,644 @@ def in_process(ring: Ring, calls: int, rounds: int) -> dict[str, Any]:
     return out
 
 
+# -- per call (--pairs): each message timed, plain and instrumented alternated (ABBA) ------------
+def _process_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
+
+
+_thread_ns = time.thread_time_ns
+Op = Callable[[], None]
+
+
+class Rec:
+    """One side's per-call times besides the process CPU clock of ``alternate``: the thread CPU
+    time of the whole operation, and for a publish its parts (the send call; the entry span's
+    exit, where the segment is serialized and written into the ring)."""
+
+    def __init__(self) -> None:
+        self.whole: list[int] = []
+        self.call: list[int] = []
+        self.seg: list[int] = []
+
+    def clear(self) -> None:
+        self.whole.clear()
+        self.call.clear()
+        self.seg.clear()
+
+
+def _traced_first(k: int) -> bool:
+    """Whether the k-th call (0-based) of ``benchmarks._abba.alternate`` is the traced one:
+    pair i runs ``traced`` first when i is even."""
+    i, second = divmod(k, 2)
+    return (i & 1 == 0) != bool(second)
+
+
+def _check_sides() -> None:
+    from benchmarks._abba import alternate
+
+    ran: list[bool] = []
+    alternate(lambda: ran.append(False), lambda: ran.append(True), 5)
+    assert ran == [_traced_first(k) for k in range(10)], ran
+
+
+def sided(hook: Callable[[bool], None]) -> Callable[[int], None]:
+    """``before`` for ``alternate`` that calls ``hook(traced)`` with the side of the next call."""
+    k = 0
+
+    def before(i: int) -> None:
+        nonlocal k
+        side = _traced_first(k)
+        k += 1
+        hook(side)
+
+    return before
+
+
+def _publish_op(send: Op, deliver: Op, rec: Rec) -> Op:
+    """One message published inside its own entry span (the application's request), then
+    delivered (``deliver``: flush / wait for the broker's ack; nothing where the send writes
+    to the socket itself)."""
+
+    def op() -> None:
+        t0 = _thread_ns()
+        with new_entry_span("/publish"):
+            t1 = _thread_ns()
+            send()
+            t2 = _thread_ns()
+        t3 = _thread_ns()
+        deliver()
+        t4 = _thread_ns()
+        rec.whole.append(t4 - t0)
+        rec.call.append(t2 - t1)
+        rec.seg.append(t3 - t2)
+
+    return op
+
+
+def _async_publish_op(loop: asyncio.AbstractEventLoop, send: Callable[[], Any], rec: Rec) -> Op:
+    """:func:`_publish_op` for an asyncio client: ``await send()``, then, if that returned a
+    future (aiokafka's delivery), ``await`` it after the entry span."""
+
+    async def run() -> None:
+        t0 = _thread_ns()
+        with new_entry_span("/publish"):
+            t1 = _thread_ns()
+            fut = await send()
+            t2 = _thread_ns()
+        t3 = _thread_ns()
+        if isinstance(fut, asyncio.Future):
+            await fut
+        t4 = _thread_ns()
+        rec.whole.append(t4 - t0)
+        rec.call.append(t2 - t1)
+        rec.seg.append(t3 - t2)
+
+    return lambda: loop.run_until_complete(run())
+
+
+def _whole_op(fn: Op, rec: Rec) -> Op:
+    def op() -> None:
+        t0 = _thread_ns()
+        fn()
+        rec.whole.append(_thread_ns() - t0)
+
+    return op
+
+
+def _abba(
+    plain: Op,
+    traced: Op,
+    recs: tuple[Rec, Rec],
+    pairs: int,
+    warmup: int,
+    *,
+    before: Callable[[int], None] | None = None,
+    between: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """``warmup`` pairs untimed, then ``pairs`` pairs (benchmarks/_abba.py, the outer clock the
+    process's CPU time); medians per call (us) and medians of the pairs' differences."""
+    import gc
+
+    from benchmarks._abba import alternate
+
+    rp, rt = recs
+    if warmup:
+        alternate(plain, traced, warmup, clock=_process_ns, before=before, between=between)
+    rp.clear()
+    rt.clear()
+    gc.collect()
+    p, t = alternate(plain, traced, pairs, clock=_process_ns, before=before, between=between)
+    med = statistics.median
+
+    def added(a: list[int], b: list[int]) -> float:
+        return med([y - x for x, y in zip(a, b, strict=True)]) / 1000
+
+    half = pairs // 2
+    out: dict[str, Any] = {
+        "process_plain_us": med(p) / 1000,
+        "process_traced_us": med(t) / 1000,
+        "process_added_us": added(p, t),
+        "process_added_halves_us": [added(p[:half], t[:half]), added(p[half:], t[half:])],
+        "thread_plain_us": med(rp.whole) / 1000,
+        "thread_traced_us": med(rt.whole) / 1000,
+        "thread_added_us": added(rp.whole, rt.whole),
+        "thread_added_halves_us": [
+            added(rp.whole[:half], rt.whole[:half]),
+            added(rp.whole[half:], rt.whole[half:]),
+        ],
+        "pairs": pairs,
+        "threads": len(os.listdir("/proc/self/task")),
+    }
+    if rp.call:
+        out["call_added_us"] = added(rp.call, rt.call)
+        out["segment_added_us"] = added(rp.seg, rt.seg)
+        out["call_plain_us"] = med(rp.call) / 1000
+    return out
+
+
+def _every(n: int, fn: Callable[[], Any]) -> Callable[[int], None]:
+    def between(i: int) -> None:
+        if i % n == n - 1:
+            fn()
+
+    return between
+
+
+def prefill_kafka(bootstrap: str, n: int, config: Any) -> str:
+    """A topic of ``n`` records carrying ``sw8`` (each sent inside an entry span by the
+    instrumented kafka-python producer), one record per batch, as per-call sends make them."""
+    from kafka import KafkaProducer
+
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    set_instrumented("kafka-python", True, config)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+    try:
+        for _ in range(n):
+            with new_entry_span("/prefill"):
+                producer.send(topic, PAYLOAD)
+            producer.flush()
+    finally:
+        producer.close(timeout=10)
+        set_instrumented("kafka-python", False, config)
+    return topic
+
+
+def percall_kafka_python(
+    bootstrap: str, topic: str, *, pairs: int, warmup: int, config: Any, ring: Ring
+) -> dict[str, Any]:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from swmp.instrument._patch import original
+
+    out: dict[str, Any] = {}
+    set_instrumented("kafka-python", True, config)
+    try:
+        p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+        try:
+            send, orig_send = p.send, original(KafkaProducer, "send")
+            pub = f"bench-{uuid.uuid4().hex[:8]}"
+            recs = (Rec(), Rec())
+            out["publish"] = _abba(
+                _publish_op(lambda: orig_send(p, pub, PAYLOAD), p.flush, recs[0]),
+                _publish_op(lambda: send(pub, PAYLOAD), p.flush, recs[1]),
+                recs,
+                pairs,
+                warmup,
+                between=_every(100, ring.drain),
+            )
+        finally:
+            p.close(timeout=10)
+        consumers = []
+        for _ in range(2):
+            c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+            c.assign([TopicPartition(topic, 0)])
+            c.seek_to_beginning()
+            consumers.append(c)
+        try:
+            cp, ct = consumers
+            orig_poll = original(KafkaConsumer, "poll")
+
+            def poll_plain() -> None:
+                while not orig_poll(cp, timeout_ms=1000, max_records=1):
+                    pass
+
+            def poll_traced() -> None:
+                while not ct.poll(timeout_ms=1000, max_records=1):
+                    pass
+
+            recs = (Rec(), Rec())
+            out["consume"] = _abba(
+                _whole_op(poll_plain, recs[0]),
+                _whole_op(poll_traced, recs[1]),
+                recs,
+                pairs,
+                warmup,
+                between=_every(100, ring.drain),
+            )
+        finally:
+            for c in consumers:
+                c.close()
+    finally:
+        set_instrumented("kafka-python", False, config)
+    return out
+
+
+def percall_confluent(
+    bootstrap: str, topic: str, *, pairs: int, warmup: int, config: Any, ring: Ring
+) -> dict[str, Any]:
+    import confluent_kafka
+
+    from swmp.instrument._patch import original
+
+    out: dict[str, Any] = {}
+    set_instrumented("confluent-kafka", True, config)
+    try:
+        p = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+        try:
+            produce, orig_produce = p.produce, original(confluent_kafka.Producer, "produce")
+            pub = f"bench-{uuid.uuid4().hex[:8]}"
+            recs = (Rec(), Rec())
+
+            def deliver() -> None:
+                p.flush(30)
+
+            out["publish"] = _abba(
+                _publish_op(lambda: orig_produce(p, pub, PAYLOAD), deliver, recs[0]),
+                _publish_op(lambda: produce(pub, PAYLOAD), deliver, recs[1]),
+                recs,
+                pairs,
+                warmup,
+                between=_every(100, ring.drain),
+            )
+        finally:
+            p.flush(10)
+        # The plain consumer is an object of librdkafka's own class, made without the agent.
+        consumers = []
+        for instrumented in (False, True):
+            set_instrumented("confluent-kafka", instrumented, config)
+            c = confluent_kafka.Consumer(
+                {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "enable.auto.commit": False}
+            )
+            c.assign([confluent_kafka.TopicPartition(topic, 0, 0)])
+            consumers.append(c)
+        try:
+            cp, ct = consumers
+            assert not hasattr(type(cp), "_swmp_aio") and hasattr(type(ct), "_swmp_aio")
+
+            def poll(c: Any) -> Op:
+                def run() -> None:
+                    while True:
+                        m = c.poll(1.0)
+                        if m is not None and m.error() is None:
+                            return
+
+                return run
+
+            recs = (Rec(), Rec())
+            out["consume"] = _abba(
+                _whole_op(poll(cp), recs[0]),
+                _whole_op(poll(ct), recs[1]),
+                recs,
+                pairs,
+                warmup,
+                between=_every(100, ring.drain),
+            )
+        finally:
+            for c in consumers:
+                c.close()
+    finally:
+        set_instrumented("confluent-kafka", False, config)
+    return out
+
+
+def percall_aiokafka(
+    bootstrap: str, topic: str, *, pairs: int, warmup: int, config: Any, ring: Ring
+) -> dict[str, Any]:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    from swmp.instrument._patch import original
+
+    out: dict[str, Any] = {}
+    loop = asyncio.new_event_loop()
+    set_instrumented("aiokafka", True, config)
+    try:
+
+        async def start_producer() -> Any:
+            p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+            await p.start()
+            return p
+
+        p = loop.run_until_complete(start_producer())
+        try:
+            send, orig_send = p.send, original(AIOKafkaProducer, "send")
+            pub = f"bench-{uuid.uuid4().hex[:8]}"
+            recs = (Rec(), Rec())
+            out["publish"] = _abba(
+                _async_publish_op(loop, lambda: orig_send(p, pub, PAYLOAD), recs[0]),
+                _async_publish_op(loop, lambda: send(pub, PAYLOAD), recs[1]),
+                recs,
+                pairs,
+                warmup,
+                between=_every(100, ring.drain),
+            )
+        finally:
+            loop.run_until_complete(p.stop())
+
+        async def start_consumer() -> Any:
+            c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+            await c.start()
+            tp = TopicPartition(topic, 0)
+            c.assign([tp])
+            await c.seek_to_beginning(tp)
+            return c
+
+        cp = loop.run_until_complete(start_consumer())
+        ct = loop.run_until_complete(start_consumer())
+        try:
+            orig_getone = original(AIOKafkaConsumer, "getone")
+            recs = (Rec(), Rec())
+            out["consume"] = _abba(
+                _whole_op(lambda: loop.run_until_complete(orig_getone(cp)), recs[0]),
+                _whole_op(lambda: loop.run_until_complete(ct.getone()), recs[1]),
+                recs,
+                pairs,
+                warmup,
+                between=_every(100, ring.drain),
+            )
+        finally:
+            loop.run_until_complete(cp.stop())
+            loop.run_until_complete(ct.stop())
+    finally:
+        set_instrumented("aiokafka", False, config)
+        loop.close()
+    return out
+
+
+def percall_pika(url: str, *, pairs: int, warmup: int, config: Any, ring: Ring) -> dict[str, Any]:
+    """The plain side runs on a channel of the same connection whose ``basic_publish`` /
+    ``_on_deliver`` are pika's originals (set on that channel object), its consumer
+    registered with the original ``BlockingChannel.basic_consume``."""
+    import types
+
+    import pika
+    from pika.adapters.blocking_connection import BlockingChannel
+    from pika.channel import Channel
+
+    from swmp.instrument._patch import original
+
+    out: dict[str, Any] = {}
+    set_instrumented("pika", True, config)
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    queues: list[str] = []
+    try:
+        ch_p, ch_t, ch_fill = conn.channel(), conn.channel(), conn.channel()
+        ch_p._impl.basic_publish = types.MethodType(original(Channel, "basic_publish"), ch_p._impl)
+        ch_p._impl._on_deliver = types.MethodType(original(Channel, "_on_deliver"), ch_p._impl)
+        pub, q_p, q_t = (f"bench-{uuid.uuid4().hex[:8]}" for _ in range(3))
+        for q in (pub, q_p, q_t):
+            ch_fill.queue_declare(q)
+            queues.append(q)
+        recs = (Rec(), Rec())
+
+        def nothing() -> None:
+            pass
+
+        def drain() -> None:
+            ring.drain()
+            ch_fill.queue_purge(pub)
+
+        out["publish"] = _abba(
+            _publish_op(lambda: ch_p.basic_publish("", pub, PAYLOAD), nothing, recs[0]),
+            _publish_op(lambda: ch_t.basic_publish("", pub, PAYLOAD), nothing, recs[1]),
+            recs,
+            pairs,
+            warmup,
+            between=_every(200, drain),
+        )
+        # consume: both queues filled with the same messages (carrying sw8); prefetch 1 and
+        # manual acks: the message of a call is let in (its predecessor acked) just before it.
+        for q in (q_p, q_t):
+            for _ in range(pairs + warmup + 2):
+                with new_entry_span("/prefill"):
+                    ch_fill.basic_publish("", q, PAYLOAD)
+        held: dict[bool, Any] = {False: None, True: None}
+
+        def callback(side: bool) -> Callable[..., None]:
+            def on_message(ch: Any, method: Any, props: Any, body: bytes) -> None:
+                held[side] = method.delivery_tag
+
+            return on_message
+
+        channels = {False: ch_p, True: ch_t}
+        for ch in channels.values():
+            ch.basic_qos(prefetch_count=1)
+        original(BlockingChannel, "basic_consume")(ch_p, q_p, callback(False))
+        ch_t.basic_consume(q_t, callback(True))
+        while held[False] is None or held[True] is None:
+            conn.process_data_events(time_limit=0.1)
+
+        def let_in(side: bool) -> None:
+            channels[side].basic_ack(held[side])
+            held[side] = None
+
+        def consume(side: bool) -> Op:
+            def run() -> None:
+                while held[side] is None:
+                    conn.process_data_events(time_limit=None)
+
+            return run
+
+        recs = (Rec(), Rec())
+        out["consume"] = _abba(
+            _whole_op(consume(False), recs[0]),
+            _whole_op(consume(True), recs[1]),
+            recs,
+            pairs,
+            warmup,
+            before=sided(let_in),
+            between=_every(100, ring.drain),
+        )
+    finally:
+        set_instrumented("pika", False, config)
+        with contextlib.suppress(Exception):
+            for c in (ch_p, ch_t):  # their consumers cancelled before the queues go
+                c.close()
+            ch = conn.channel()
+            for q in queues:
+                ch.queue_delete(q)
+        conn.close()
+    return out
+
+
+def percall_aio_pika(url: str, *, pairs: int, warmup: int, config: Any, ring: Ring) -> dict[str, Any]:
+    """As :func:`percall_pika`: the plain side's aiormq channel has aiormq's original
+    ``basic_publish`` / ``basic_consume`` set on it."""
+    import types
+
+    import aio_pika
+    import aiormq
+
+    from swmp.instrument._patch import original
+
+    out: dict[str, Any] = {}
+    loop = asyncio.new_event_loop()
+    set_instrumented("aio-pika", True, config)
+    names = [f"bench-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    pub, q_p, q_t = names
+
+    async def start() -> tuple[Any, Any, Any, Any]:
+        conn = await aio_pika.connect(url)
+        ch_p = await conn.channel(publisher_confirms=False)
+        ch_t = await conn.channel(publisher_confirms=False)
+        ch_fill = await conn.channel(publisher_confirms=False)
+        u = await ch_p.get_underlay_channel()
+        u.basic_publish = types.MethodType(original(aiormq.Channel, "basic_publish"), u)
+        u.basic_consume = types.MethodType(original(aiormq.Channel, "basic_consume"), u)
+        for q in names:
+            await ch_fill.declare_queue(q)
+        return conn, ch_p, ch_t, ch_fill
+
+    conn, ch_p, ch_t, ch_fill = loop.run_until_complete(start())
+    try:
+        recs = (Rec(), Rec())
+
+        def publisher(ch: Any) -> Callable[[], Any]:
+            publish = ch.default_exchange.publish
+            return lambda: publish(aio_pika.Message(PAYLOAD), routing_key=pub)
+
+        async def purge() -> None:
+            await (await ch_fill.get_queue(pub)).purge()
+
+        def drain() -> None:
+            ring.drain()
+            loop.run_until_complete(purge())
+
+        out["publish"] = _abba(
+            _async_publish_op(loop, publisher(ch_p), recs[0]),
+            _async_publish_op(loop, publisher(ch_t), recs[1]),
+            recs,
+            pairs,
+            warmup,
+            between=_every(200, drain),
+        )
+        held: dict[bool, Any] = {False: None, True: None}
+        waiting: dict[bool, asyncio.Future[None]] = {}
+
+        async def fill_and_consume() -> None:
+            for q in (q_p, q_t):
+                for _ in range(pairs + warmup + 2):
+                    with new_entry_span("/prefill"):
+                        await ch_fill.default_exchange.publish(aio_pika.Message(PAYLOAD), routing_key=q)
+            for side, ch, q in ((False, ch_p, q_p), (True, ch_t, q_t)):
+                await ch.set_qos(prefetch_count=1)
+                waiting[side] = loop.create_future()
+
+                def on_message(message: Any, side: bool = side) -> Any:
+                    held[side] = message
+                    if not waiting[side].done():
+                        waiting[side].set_result(None)
+
+                async def callback(message: Any, on_message: Any = on_message) -> None:
+                    on_message(message)
+
+                await (await ch.get_queue(q)).consume(callback)
+            await asyncio.gather(*waiting.values())
+
+        loop.run_until_complete(fill_and_consume())
+
+        def let_in(side: bool) -> None:
+            loop.run_until_complete(held[side].ack())
+            held[side] = None
+            waiting[side] = loop.create_future()
+
+        def consume(side: bool) -> Op:
+            return lambda: loop.run_until_complete(waiting[side])
+
+        recs = (Rec(), Rec())
+        out["consume"] = _abba(
+            _whole_op(consume(False), recs[0]),
+            _whole_op(consume(True), recs[1]),
+            recs,
+            pairs,
+            warmup,
+            before=sided(let_in),
+            between=_every(100, ring.drain),
+        )
+    finally:
+        set_instrumented("aio-pika", False, config)
+
+        async def stop() -> None:
+            for c in (ch_p, ch_t):  # their consumers cancelled before the queues go
+                with contextlib.suppress(Exception):
+                    await c.close()
+            for q in names:
+                with contextlib.suppress(Exception):
+                    await ch_fill.queue_delete(q)
+            await conn.close()
+
+        loop.run_until_complete(stop())
+        loop.close()
+    return out
+
+
+PER_CALL = ("kafka-python", "confluent-kafka", "aiokafka", "pika", "aio-pika")
+
+
+def per_call(
+    clients: list[str], kafka: str, amqp: str, *, pairs: int, warmup: int, config: Any, ring: Ring
+) -> dict[str, Any]:
+    _check_sides()
+    out: dict[str, Any] = {}
+    topic = ""
+    if any(c in ("kafka-python", "confluent-kafka", "aiokafka") for c in clients):
+        topic = prefill_kafka(kafka, pairs + warmup + 10, config)
+    kw: dict[str, Any] = {"pairs": pairs, "warmup": warmup, "config": config, "ring": ring}
+    for client in clients:
+        if client == "kafka-python":
+            out[client] = percall_kafka_python(kafka, topic, **kw)
+        elif client == "confluent-kafka":
+            out[client] = percall_confluent(kafka, topic, **kw)
+        elif client == "aiokafka":
+            out[client] = percall_aiokafka(kafka, topic, **kw)
+        elif client == "pika":
+            out[client] = percall_pika(amqp, **kw)
+        elif client == "aio-pika":
+            out[client] = percall_aio_pika(amqp, **kw)
+        ring.drain()
+    return out
+
+
+def print_per_call(results: dict[str, Any], pairs: int) -> None:
+    print(
+        f"\nper message, {pairs} pairs alternated (ABBA), medians, us: process CPU (all threads) and "
+        "the calling thread's CPU; added = median of the pairs' differences"
+    )
+    head = (
+        "client",
+        "op",
+        "proc plain",
+        "+proc",
+        "thr plain",
+        "+thread",
+        "+call",
+        "+segment",
+        "halves(+proc)",
+    )
+    print(
+        f"{head[0]:<16}{head[1]:<9}{head[2]:>11}{head[3]:>8}{head[4]:>10}{head[5]:>9}{head[6]:>7}"
+        f"{head[7]:>9}{head[8]:>16}"
+    )
+    for client, ops in results.items():
+        for op, r in ops.items():
+            call = f"{r['call_added_us']:.2f}" if "call_added_us" in r else "-"
+            seg = f"{r['segment_added_us']:.2f}" if "segment_added_us" in r else "-"
+            halves = "/".join(f"{h:.1f}" for h in r["process_added_halves_us"])
+            print(
+                f"{client:<16}{op:<9}{r['process_plain_us']:>11.1f}{r['process_added_us']:>8.2f}"
+                f"{r['thread_plain_us']:>10.1f}{r['thread_added_us']:>9.2f}{call:>7}{seg:>9}{halves:>16}"
+            )
+
+
 # -- the run -------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def brokers(
@@ -563,7 +1239,7 @@ def brokers(
             from tests.realpeers import start_kafka
 
             run_dir = Path(tempfile.mkdtemp(prefix="swmp-mqbench-kafka-"))
-            broker = start_kafka(run_dir)
+            broker = start_kafka(run_dir, secured=False)
             stops.append(broker.stop)
             kafka = broker.bootstrap
         if need_amqp and not amqp:
@@ -640,14 +1316,44 @@ def main() -> None:
         help="benchmark only these clients ('in-process': the wrappers alone, no broker)",
     )
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="per-call mode: this many plain/instrumented pairs per client and operation, "
+        "each message timed (instead of the rounds)",
+    )
+    ap.add_argument("--warmup", type=int, default=200, help="per-call mode: untimed pairs first")
     args = ap.parse_args()
+    # A TERM (timeout, kill of the job) unwinds like an exception: the brokers are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     clients = [c for c in args.only or list(MODULES) if c != "in-process"]
+    if args.pairs > 0:
+        skipped = [c for c in clients if c not in PER_CALL]
+        if skipped:
+            print(f"per-call mode: not for {', '.join(skipped)} (use the rounds)", file=sys.stderr)
+        clients = [c for c in clients if c in PER_CALL]
     need_kafka = any("kafka" in c or "confluent" in c for c in clients)
     need_amqp = any("pika" in c for c in clients)
 
     config = load({}, agent_log_reporter_active=False)
     tracing.configure(config)
     ring = Ring()
+    if args.pairs > 0:
+        load1 = os.getloadavg()[0]
+        try:
+            with brokers(args.kafka, args.amqp, need_kafka, need_amqp) as (kafka, amqp):
+                per = per_call(
+                    clients, kafka, amqp, pairs=args.pairs, warmup=args.warmup, config=config, ring=ring
+                )
+        finally:
+            ring.close()
+        print_per_call(per, args.pairs)
+        print(f"Python {sys.version.split()[0]}, load {load1:.2f} -> {os.getloadavg()[0]:.2f}")
+        if args.json:
+            meta = {"pairs": args.pairs, "warmup": args.warmup, "load": [load1, os.getloadavg()[0]]}
+            Path(args.json).write_text(json.dumps({"per_call": per, "meta": meta}, indent=2) + "\n")
+        return
     results: dict[str, Any] = {}
     results["in-process"] = in_process(ring, 20_000, max(3, args.rounds))
     with brokers(args.kafka, args.amqp, need_kafka, need_amqp) as (kafka, amqp):
