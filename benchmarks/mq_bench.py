@@ -68,6 +68,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -75,6 +76,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -600,20 +602,57 @@ _thread_ns = time.thread_time_ns
 Op = Callable[[], None]
 
 
-class Rec:
-    """One side's per-call times besides the process CPU clock of ``alternate``: the thread CPU
-    time of the whole operation, and for a publish its parts (the send call; the entry span's
-    exit, where the segment is serialized and written into the ring)."""
+def _tids() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
 
-    def __init__(self) -> None:
+
+class ThreadsClock:
+    """CPU time (ns) of the calling thread plus the given threads of this process: a client's
+    own I/O threads (Linux: the CPU clock of a thread of this process by its id). A thread
+    that has exited keeps its last reading."""
+
+    def __init__(self, tids: set[int]) -> None:
+        self.tids = [threading.get_native_id(), *sorted(tids)]
+        self._ids = [((~tid) << 3) | 6 for tid in self.tids]  # MAKE_THREAD_CPUCLOCK(tid, SCHED)
+        self._last = [0] * len(self._ids)
+
+    def __call__(self) -> int:
+        total = 0
+        for i, cid in enumerate(self._ids):
+            try:
+                self._last[i] = time.clock_gettime_ns(cid)
+            except OSError:
+                pass
+            total += self._last[i]
+        return total
+
+
+def client_threads(make: Callable[[], Any], use: Callable[[Any], Any]) -> tuple[Any, set[int]]:
+    """``make()`` and the threads it started (the client's own), ``use(client)`` called first
+    (librdkafka starts its broker threads once it connects)."""
+    before = _tids()
+    obj = make()
+    use(obj)
+    time.sleep(0.2)
+    return obj, _tids() - before
+
+
+class Rec:
+    """One side's per-call times besides the process CPU clock of ``alternate``: the client's
+    CPU time (``clock``: the calling thread and the client's own threads), the calling
+    thread's CPU time of the whole operation, and for a publish its parts (the send call; the
+    entry span's exit, where the segment is serialized and written into the ring)."""
+
+    def __init__(self, clock: ThreadsClock | None = None) -> None:
+        self.clock = clock or ThreadsClock(set())
+        self.client: list[int] = []
         self.whole: list[int] = []
         self.call: list[int] = []
         self.seg: list[int] = []
 
     def clear(self) -> None:
-        self.whole.clear()
-        self.call.clear()
-        self.seg.clear()
+        for times in (self.client, self.whole, self.call, self.seg):
+            times.clear()
 
 
 def _traced_first(k: int) -> bool:
@@ -726,6 +765,18 @@ def _abba(
     from benchmarks._abba import alternate
 
     rp, rt = recs
+
+    def client_timed(op: Op, rec: Rec) -> Op:
+        clock, times = rec.clock, rec.client
+
+        def timed_op() -> None:
+            t0 = clock()
+            op()
+            times.append(clock() - t0)
+
+        return timed_op
+
+    plain, traced = client_timed(plain, rp), client_timed(traced, rt)
     if warmup:
         alternate(plain, traced, warmup, clock=_process_ns, before=before, between=between)
     rp.clear()
@@ -746,6 +797,14 @@ def _abba(
         "process_added_quartiles_us": [
             q / 1000 for q in statistics.quantiles([y - x for x, y in zip(p, t, strict=True)], n=4)
         ],
+        "client_plain_us": med(rp.client) / 1000,
+        "client_traced_us": med(rt.client) / 1000,
+        "client_added_us": added(rp.client, rt.client),
+        "client_added_halves_us": [
+            added(rp.client[:half], rt.client[:half]),
+            added(rp.client[half:], rt.client[half:]),
+        ],
+        "client_threads": [len(rp.clock.tids), len(rt.clock.tids)],
         "thread_plain_us": med(rp.whole) / 1000,
         "thread_traced_us": med(rt.whole) / 1000,
         "thread_added_us": added(rp.whole, rt.whole),
@@ -803,11 +862,17 @@ def percall_kafka_python(
     out: dict[str, Any] = {}
     set_instrumented("kafka-python", True, config)
     try:
-        p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+        pub = f"bench-{uuid.uuid4().hex[:8]}"
+        orig_send = _orig(KafkaProducer, "send")
+
+        def first_send(p: Any) -> None:
+            orig_send(p, pub, PAYLOAD)
+            p.flush()
+
+        p, tids = client_threads(lambda: KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0), first_send)
         try:
-            send, orig_send = p.send, _orig(KafkaProducer, "send")
-            pub = f"bench-{uuid.uuid4().hex[:8]}"
-            recs = (Rec(), Rec())
+            send = p.send
+            recs = (Rec(ThreadsClock(tids)), Rec(ThreadsClock(tids)))
             out["publish"] = _abba(
                 _publish_op(lambda: orig_send(p, pub, PAYLOAD), p.flush, recs[0]),
                 _publish_op(lambda: send(pub, PAYLOAD), p.flush, recs[1]),
@@ -818,20 +883,29 @@ def percall_kafka_python(
             )
         finally:
             p.close(timeout=10)
-        consumers = []
-        for _ in range(2):
-            c = KafkaConsumer(
-                bootstrap_servers=bootstrap,
-                enable_auto_commit=False,
-                group_id=None,
-                max_partition_fetch_bytes=FETCH_BYTES,
-            )
+        orig_poll = _orig(KafkaConsumer, "poll")
+
+        def first_poll(c: Any) -> None:  # the first record, untraced: both consumers alike
             c.assign([TopicPartition(topic, 0)])
             c.seek_to_beginning()
+            while not orig_poll(c, timeout_ms=1000, max_records=1):
+                pass
+
+        consumers, clocks = [], []
+        for _ in range(2):
+            c, tids = client_threads(
+                lambda: KafkaConsumer(
+                    bootstrap_servers=bootstrap,
+                    enable_auto_commit=False,
+                    group_id=None,
+                    max_partition_fetch_bytes=FETCH_BYTES,
+                ),
+                first_poll,
+            )
             consumers.append(c)
+            clocks.append(ThreadsClock(tids))
         try:
             cp, ct = consumers
-            orig_poll = _orig(KafkaConsumer, "poll")
 
             def poll_plain() -> None:
                 while not orig_poll(cp, timeout_ms=1000, max_records=1):
@@ -841,7 +915,7 @@ def percall_kafka_python(
                 while not ct.poll(timeout_ms=1000, max_records=1):
                     pass
 
-            recs = (Rec(), Rec())
+            recs = (Rec(clocks[0]), Rec(clocks[1]))
             out["consume"] = _abba(
                 _whole_op(poll_plain, recs[0]),
                 _whole_op(poll_traced, recs[1]),
@@ -866,14 +940,21 @@ def percall_confluent(
     out: dict[str, Any] = {}
     set_instrumented("confluent-kafka", True, config)
     try:
-        p = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+        pub = f"bench-{uuid.uuid4().hex[:8]}"
+
+        def first_produce(p: Any) -> None:
+            _base(p).produce(p, pub, PAYLOAD)
+            p.flush(30)
+
+        p, tids = client_threads(
+            lambda: confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 0}), first_produce
+        )
         try:
             # The instrumented class is a subclass whose ``produce`` is a gate set in its body
             # (no ``__swmp_original__``): the original is librdkafka's, on the base class.
             produce, orig_produce = p.produce, _base(p).produce
             assert orig_produce is not type(p).__dict__["produce"]
-            pub = f"bench-{uuid.uuid4().hex[:8]}"
-            recs = (Rec(), Rec())
+            recs = (Rec(ThreadsClock(tids)), Rec(ThreadsClock(tids)))
 
             def deliver() -> None:
                 p.flush(30)
@@ -888,15 +969,26 @@ def percall_confluent(
             )
         finally:
             p.flush(10)
+
         # The plain consumer is an object of librdkafka's own class, made without the agent.
-        consumers = []
+        def first_message(c: Any) -> None:  # the first record, untraced: both consumers alike
+            c.assign([confluent_kafka.TopicPartition(topic, 0, 0)])
+            while True:
+                m = _base(c).poll(c, 1.0) if hasattr(type(c), "_swmp_aio") else c.poll(1.0)
+                if m is not None and m.error() is None:
+                    return
+
+        consumers, clocks = [], []
         for instrumented in (False, True):
             set_instrumented("confluent-kafka", instrumented, config)
-            c = confluent_kafka.Consumer(
-                {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "enable.auto.commit": False}
-            )
-            c.assign([confluent_kafka.TopicPartition(topic, 0, 0)])
+            conf: dict[str, Any] = {
+                "bootstrap.servers": bootstrap,
+                "group.id": uuid.uuid4().hex,
+                "enable.auto.commit": False,
+            }
+            c, tids = client_threads(functools.partial(confluent_kafka.Consumer, conf), first_message)
             consumers.append(c)
+            clocks.append(ThreadsClock(tids))
         try:
             cp, ct = consumers
             assert not hasattr(type(cp), "_swmp_aio") and hasattr(type(ct), "_swmp_aio")
@@ -910,7 +1002,7 @@ def percall_confluent(
 
                 return run
 
-            recs = (Rec(), Rec())
+            recs = (Rec(clocks[0]), Rec(clocks[1]))
             out["consume"] = _abba(
                 _whole_op(poll(cp), recs[0]),
                 _whole_op(poll(ct), recs[1]),
@@ -1225,32 +1317,22 @@ def per_call(
 
 def print_per_call(results: dict[str, Any], pairs: int) -> None:
     print(
-        f"\nper message, {pairs} pairs alternated (ABBA), medians, us: process CPU (all threads) and "
-        "the calling thread's CPU; added = median of the pairs' differences"
+        f"\nper message, {pairs} pairs alternated (ABBA), medians, us; client = CPU of the calling "
+        "thread and the client's own threads,\nproc = of the whole process, call / segment = the "
+        "calling thread's in the send call / the entry span's exit; + = median of the pairs' differences"
     )
-    head = (
-        "client",
-        "op",
-        "proc plain",
-        "+proc",
-        "thr plain",
-        "+thread",
-        "+call",
-        "+segment",
-        "halves(+proc)",
-    )
+    head = ("client", "op", "plain", "+client", "+proc", "+call", "+segment", "halves(+client)")
     print(
-        f"{head[0]:<16}{head[1]:<9}{head[2]:>11}{head[3]:>8}{head[4]:>10}{head[5]:>9}{head[6]:>7}"
-        f"{head[7]:>9}{head[8]:>16}"
+        f"{head[0]:<16}{head[1]:<9}{head[2]:>8}{head[3]:>9}{head[4]:>8}{head[5]:>7}{head[6]:>9}{head[7]:>17}"
     )
     for client, ops in results.items():
         for op, r in ops.items():
             call = f"{r['call_added_us']:.2f}" if "call_added_us" in r else "-"
             seg = f"{r['segment_added_us']:.2f}" if "segment_added_us" in r else "-"
-            halves = "/".join(f"{h:.1f}" for h in r["process_added_halves_us"])
+            halves = "/".join(f"{h:.1f}" for h in r["client_added_halves_us"])
             print(
-                f"{client:<16}{op:<9}{r['process_plain_us']:>11.1f}{r['process_added_us']:>8.2f}"
-                f"{r['thread_plain_us']:>10.1f}{r['thread_added_us']:>9.2f}{call:>7}{seg:>9}{halves:>16}"
+                f"{client:<16}{op:<9}{r['client_plain_us']:>8.1f}{r['client_added_us']:>9.2f}"
+                f"{r['process_added_us']:>8.2f}{call:>7}{seg:>9}{halves:>17}"
             )
 
 
