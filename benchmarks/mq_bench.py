@@ -1288,6 +1288,224 @@ def percall_aio_pika(url: str, *, pairs: int, warmup: int, config: Any, ring: Ri
     return out
 
 
+# -- where a traced publish's added CPU goes (--steps) ---------------------------------------------
+SW8_SIZED = "1-" + "Y" * 146  # a header value of the size of the agent's sw8 (148 bytes)
+STEPS = (("header bytes", 0, 1), ("span work", 1, 2), ("glue", 2, 3), ("total", 0, 3))
+
+
+def publish_variants(client: str, kafka: str, amqp: str) -> tuple[list[Any], Op, Any, Op]:
+    """Four sends of one message, all with the library's original method except the last:
+    V0 no header; V1 a header of sw8's size (``SW8_SIZED``); V2 the agent's span work done
+    inline (the exit span with its tags and the sw8 headers from ``_mq``) around the original
+    send with those headers; V3 the instrumented send. ``(variants, deliver, loop, close)``;
+    with ``loop`` the variants return awaitables."""
+    from swmp.instrument import _mq
+
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    hdr = [("sw8", SW8_SIZED.encode())]
+    nothing: Op = lambda: None  # noqa: E731
+    if client == "kafka-python":
+        from kafka import KafkaProducer
+
+        kp = KafkaProducer(bootstrap_servers=kafka, linger_ms=0)
+        send = _orig(KafkaProducer, "send")
+
+        def inline() -> None:
+            span, traced = _mq.kafka_send_span(topic, kafka, None)
+            assert span is not None
+            with span:
+                send(kp, topic, PAYLOAD, None, traced)
+
+        variants = [
+            lambda: send(kp, topic, PAYLOAD),
+            lambda: send(kp, topic, PAYLOAD, None, hdr),
+            inline,
+            lambda: kp.send(topic, PAYLOAD),
+        ]
+        return variants, kp.flush, None, lambda: kp.close(timeout=10)
+    if client == "confluent-kafka":
+        import confluent_kafka
+
+        from swmp.instrument.confluent_kafka import _with_headers
+
+        cp = confluent_kafka.Producer({"bootstrap.servers": kafka, "linger.ms": 0})
+        produce = _base(cp).produce
+
+        def inline_c() -> None:
+            span, traced = _mq.kafka_send_span(topic, kafka, None, _with_headers)
+            assert span is not None
+            with span:
+                produce(cp, topic, PAYLOAD, headers=traced)
+
+        variants = [
+            lambda: produce(cp, topic, PAYLOAD),
+            lambda: produce(cp, topic, PAYLOAD, headers=hdr),
+            inline_c,
+            lambda: cp.produce(topic, PAYLOAD),
+        ]
+
+        def flush() -> None:
+            cp.flush(30)
+
+        return variants, flush, None, flush
+    if client == "aiokafka":
+        from aiokafka import AIOKafkaProducer
+
+        loop = asyncio.new_event_loop()
+
+        async def start_a() -> Any:
+            producer = AIOKafkaProducer(bootstrap_servers=kafka, linger_ms=0)
+            await producer.start()
+            return producer
+
+        ap = loop.run_until_complete(start_a())
+        asend = _orig(AIOKafkaProducer, "send")
+
+        async def inline_a() -> Any:
+            span, traced = _mq.kafka_send_span(topic, kafka, None)
+            assert span is not None
+            with span:
+                return await asend(ap, topic, PAYLOAD, headers=traced)
+
+        def close_a() -> None:
+            loop.run_until_complete(ap.stop())
+            loop.close()
+
+        variants = [
+            lambda: asend(ap, topic, PAYLOAD),
+            lambda: asend(ap, topic, PAYLOAD, headers=hdr),
+            inline_a,
+            lambda: ap.send(topic, PAYLOAD),
+        ]
+        return variants, nothing, loop, close_a
+    if client == "pika":
+        import types
+
+        import pika
+        from pika.channel import Channel
+
+        conn = pika.BlockingConnection(pika.URLParameters(amqp))
+        ch_p, ch_t = conn.channel(), conn.channel()
+        ch_p._impl.basic_publish = types.MethodType(_orig(Channel, "basic_publish"), ch_p._impl)
+        ch_p.queue_declare(topic)
+        props = pika.BasicProperties(headers={"sw8": SW8_SIZED})
+        peer = amqp.rsplit("@", 1)[-1].rstrip("/")
+
+        def with_headers(span: Any, _: Any) -> Any:
+            new = pika.BasicProperties()
+            new.headers = _mq.amqp_headers(span, None)
+            return new
+
+        def inline_p() -> None:
+            span, traced = _mq.amqp_send_span("", topic, peer, with_headers, None)
+            assert span is not None
+            with span:
+                ch_p.basic_publish("", topic, PAYLOAD, traced)
+
+        def close_p() -> None:
+            ch_p.queue_delete(topic)
+            conn.close()
+
+        variants = [
+            lambda: ch_p.basic_publish("", topic, PAYLOAD),
+            lambda: ch_p.basic_publish("", topic, PAYLOAD, props),
+            inline_p,
+            lambda: ch_t.basic_publish("", topic, PAYLOAD),
+        ]
+        return variants, nothing, None, close_p
+    import types
+
+    import aio_pika
+    import aiormq
+
+    loop = asyncio.new_event_loop()
+
+    async def start() -> tuple[Any, Any, Any]:
+        conn = await aio_pika.connect(amqp)
+        ch_p = await conn.channel(publisher_confirms=False)
+        ch_t = await conn.channel(publisher_confirms=False)
+        u = await ch_p.get_underlay_channel()
+        u.basic_publish = types.MethodType(_orig(aiormq.Channel, "basic_publish"), u)
+        await ch_p.declare_queue(topic)
+        return conn, ch_p, ch_t
+
+    aconn, ach_p, ach_t = loop.run_until_complete(start())
+    pub_p, pub_t = ach_p.default_exchange.publish, ach_t.default_exchange.publish
+    apeer = amqp.rsplit("@", 1)[-1].rstrip("/")
+
+    async def inline_ap() -> Any:
+        span, headers = _mq.amqp_send_span("", topic, apeer, lambda s, _: _mq.amqp_headers(s, None), None)
+        assert span is not None
+        with span:
+            return await pub_p(aio_pika.Message(PAYLOAD, headers=headers), routing_key=topic)
+
+    def close_ap() -> None:
+        async def stop() -> None:
+            await ach_p.queue_delete(topic)
+            await aconn.close()
+
+        loop.run_until_complete(stop())
+        loop.close()
+
+    variants = [
+        lambda: pub_p(aio_pika.Message(PAYLOAD), routing_key=topic),
+        lambda: pub_p(aio_pika.Message(PAYLOAD, headers={"sw8": SW8_SIZED}), routing_key=topic),
+        inline_ap,
+        lambda: pub_t(aio_pika.Message(PAYLOAD), routing_key=topic),
+    ]
+    return variants, nothing, loop, close_ap
+
+
+def publish_steps(
+    clients: list[str], kafka: str, amqp: str, *, pairs: int, warmup: int, config: Any, ring: Ring
+) -> dict[str, Any]:
+    """Per client, each step of :func:`publish_variants` timed per call like ``--pairs``
+    (``header bytes`` V1-V0: the library's own work for a header of sw8's size; ``span work``
+    V2-V1: the agent's exit span, tags and headers around the real client; ``glue`` V3-V2:
+    the instrumentation's wrapper around them; ``total`` V3-V0), each an ABBA run of its own
+    (so the steps add up to the total only roughly)."""
+    out: dict[str, Any] = {}
+    for client in clients:
+        set_instrumented(client, True, config)
+        try:
+            variants, deliver, loop, close = publish_variants(client, kafka, amqp)
+            try:
+                out[client] = {}
+                for name, a, b in STEPS:
+                    recs = (Rec(), Rec())
+                    if loop is None:
+                        ops = (
+                            _publish_op(variants[a], deliver, recs[0]),
+                            _publish_op(variants[b], deliver, recs[1]),
+                        )
+                    else:
+                        ops = (
+                            _async_publish_op(loop, variants[a], recs[0]),
+                            _async_publish_op(loop, variants[b], recs[1]),
+                        )
+                    out[client][name] = _abba(*ops, recs, pairs, warmup, between=_every(100, ring.drain))
+            finally:
+                close()
+        finally:
+            set_instrumented(client, False, config)
+        ring.drain()
+    return out
+
+
+def print_steps(results: dict[str, Any], pairs: int) -> None:
+    print(
+        f"\nwhere a traced publish's added CPU goes, us per message ({pairs} pairs per step, medians of "
+        "the pairs' differences): process CPU / the send call's (calling thread)"
+    )
+    print(f"{'client':<16}" + "".join(f"{name:>18}" for name, _, _ in STEPS))
+    for client, steps in results.items():
+        cells = "".join(
+            f"{steps[name]['process_added_us']:>9.2f} /{steps[name]['call_added_us']:>6.2f} "
+            for name, _, _ in STEPS
+        )
+        print(f"{client:<16}{cells}")
+
+
 PER_CALL = ("kafka-python", "confluent-kafka", "aiokafka", "pika", "aio-pika")
 
 
@@ -1432,6 +1650,11 @@ def main() -> None:
         "each message timed (instead of the rounds)",
     )
     ap.add_argument("--warmup", type=int, default=200, help="per-call mode: untimed pairs first")
+    ap.add_argument(
+        "--steps",
+        action="store_true",
+        help="per-call mode: where a traced publish's added CPU goes (header bytes, span work, glue)",
+    )
     args = ap.parse_args()
     # A TERM (timeout, kill of the job) unwinds like an exception: the brokers are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -1449,18 +1672,21 @@ def main() -> None:
     ring = Ring()
     if args.pairs > 0:
         load1 = os.getloadavg()[0]
+        kw: dict[str, Any] = {"pairs": args.pairs, "warmup": args.warmup, "config": config, "ring": ring}
         try:
             with brokers(args.kafka, args.amqp, need_kafka, need_amqp) as (kafka, amqp):
-                per = per_call(
-                    clients, kafka, amqp, pairs=args.pairs, warmup=args.warmup, config=config, ring=ring
-                )
+                if args.steps:
+                    per = publish_steps(clients, kafka, amqp, **kw)
+                else:
+                    per = per_call(clients, kafka, amqp, **kw)
         finally:
             ring.close()
-        print_per_call(per, args.pairs)
+        (print_steps if args.steps else print_per_call)(per, args.pairs)
         print(f"Python {sys.version.split()[0]}, load {load1:.2f} -> {os.getloadavg()[0]:.2f}")
         if args.json:
             meta = {"pairs": args.pairs, "warmup": args.warmup, "load": [load1, os.getloadavg()[0]]}
-            Path(args.json).write_text(json.dumps({"per_call": per, "meta": meta}, indent=2) + "\n")
+            key = "publish_steps" if args.steps else "per_call"
+            Path(args.json).write_text(json.dumps({key: per, "meta": meta}, indent=2) + "\n")
         return
     results: dict[str, Any] = {}
     results["in-process"] = in_process(ring, 20_000, max(3, args.rounds))
