@@ -47,20 +47,35 @@ both see the caches as the previous round trip left them and machine drift hits 
   predecessor acked, untimed) just before the call, so each call reads, decodes and
   dispatches exactly one delivery.
 
-Clocks: the outer one is this process's CPU time (``CLOCK_PROCESS_CPUTIME_ID``: all its
-threads, so kafka-python's sender thread and librdkafka's threads, which build, checksum and
-send the batch outside the caller's ``send``, count; their idle wake-ups count too, alike on
-both sides). Beside it the calling thread's CPU time (``thread_time_ns``) of the same calls,
-and for ``publish`` its parts: the send call alone (``+call``: the exit span, the headers,
-the library's extra work in the caller) and the entry span's exit (``+segment``: the exit
-span's share of the segment, serialized and written into the ring). Neither clock counts the
-brokers; both count the kernel's work in our syscalls (on loopback, part of the delivery to
-the broker). Medians per call; ``added`` is the median of the pairs' differences, with the
-two halves of the run apart as a stability check.
+Clocks, all CPU time (waiting for the broker or for a CPU does not count; the brokers' CPU
+is not counted; the kernel's work inside our syscalls is, on loopback part of the delivery):
+
+* ``client`` (the table's main figure): the calling thread plus the client's own threads
+  (by each thread's CPU clock): kafka-python's sender and I/O threads, librdkafka's
+  threads, which build, checksum, send and fetch outside the caller's call, count; the
+  other side's client (the consume runs have two consumers in the process) does not.
+* ``proc``: the whole process (``CLOCK_PROCESS_CPUTIME_ID``, the outer clock of the ABBA
+  loop): the same plus other threads' work, e.g. the other consumer's background fetches.
+* the calling thread's alone (``thread_time_ns``; in the JSON) misses what the client's I/O
+  threads do for the message (kafka-python: its batch CRC, most of its added cost), and for
+  ``publish`` its parts: ``+call``, the send call (the exit span, the headers, the library's
+  extra work in the caller) and ``+segment``, the entry span's exit (the exit span's share of
+  the segment, serialized and written into the ring).
+
+Medians per call; ``+`` is the median of the pairs' differences, with the two halves of the
+run apart as a stability check (quartiles in the JSON). One message in flight per call means
+every call starts with the CPU caches cold after the wait for the network: the cost at low
+message rates (see ``cold_cache_bench.py``); back-to-back deliveries in batches run warmer.
+
+``--steps`` (with ``--pairs``): where a traced publish's added CPU goes, per client, four
+sends alternated pairwise the same way (``publish_variants``): the library's own work for a
+header of sw8's size (original send with and without it), the agent's span work around the
+real client (exit span, tags, sw8 headers done inline), the instrumentation's glue (the
+instrumented send against that), and the total.
 
     python benchmarks/mq_bench.py [--rounds N] [--messages N] [--kafka HOST:PORT]
                                   [--amqp URL] [--only CLIENT|in-process] [--json PATH]
-                                  [--pairs N [--warmup N]]
+                                  [--pairs N [--warmup N] [--steps]]
 """
 
 from __future__ import annotations
