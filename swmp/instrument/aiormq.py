@@ -20,7 +20,6 @@ Span shapes are those of the pika instrumentation (``swmp.instrument.pika``): op
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
@@ -61,7 +60,7 @@ def install(config: Config) -> None:
     def _with_headers(span: Any, properties: Any) -> Any:
         """A copy of the caller's properties with the trace's headers; aiormq's own default
         (``delivery_mode=1``) when there are none."""
-        props = Basic.Properties(delivery_mode=1) if properties is None else copy.copy(properties)
+        props = Basic.Properties(delivery_mode=1) if properties is None else _mq.shallow_copy(properties)
         props.headers = _mq.amqp_headers(span, props.headers)
         return props
 

@@ -26,7 +26,6 @@ Where each span lives:
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
@@ -95,7 +94,7 @@ def install(config: Config) -> None:
 
     def _with_headers(span: Any, properties: Any) -> Any:
         """A copy of the caller's properties (or new ones) with the trace's headers."""
-        props = BasicProperties() if properties is None else copy.copy(properties)
+        props = BasicProperties() if properties is None else _mq.shallow_copy(properties)
         props.headers = _mq.amqp_headers(span, props.headers)
         return props
 
