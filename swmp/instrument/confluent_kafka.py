@@ -50,15 +50,12 @@ thread pool, so their spans are made on the event loop instead (see there).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _confluent_aio, _hook, _mq
 from swmp.instrument._confluent_aio import record as _record
 from swmp.instrument._gate import gated
 from swmp.instrument._patch import Target, patch_all, restore_all
-from swmp.tracing.span import current_span
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -69,7 +66,6 @@ PACKAGE = "confluent-kafka"
 SUPPORTED = ("1.5", "3")
 TRIGGER = "confluent_kafka"
 
-_get_current = current_span.get
 _originals: dict[str, Any] = {}
 _targets: list[Target] = []
 _PRODUCER_BEFORE_HEADERS = 4  # Producer.produce: value, key, partition, on_delivery (after topic)
@@ -98,27 +94,6 @@ def _with_headers(span: Any, headers: Any) -> Any:
     if isinstance(headers, dict):
         return _mq.amqp_headers(span, headers)
     return _mq.kafka_headers(span, headers)
-
-
-def _produce(
-    send: Callable[..., Any],
-    client: Any,
-    topic: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    limit: int,
-) -> Any:
-    """``send(topic, *args, **kwargs)`` inside an exit span with ``sw8`` in its headers, when
-    a trace is current and the headers are not passed positionally (more than ``limit`` args)."""
-    if _get_current() is None or len(args) > limit:
-        return send(topic, *args, **kwargs)
-    brokers = getattr(client, "_swmp_brokers", "")
-    span, traced = _mq.kafka_send_span(topic, brokers, kwargs.get("headers"), _with_headers)
-    if span is None:
-        return send(topic, *args, **kwargs)
-    with span:
-        return send(topic, *args, **{**kwargs, "headers": traced})
 
 
 def _record_batch(client: Any, msgs: Any) -> Any:
@@ -195,11 +170,21 @@ def _make_init(orig: Any) -> Any:
 
 
 def _make_produce(orig: Any, limit: int) -> Any:
-    """The traced form of ``orig`` (a ``produce`` taking the client first)."""
+    """The traced form of ``orig`` (a ``produce`` taking the client first), called by its
+    gate while a trace is current: ``orig(self, topic, *args, **kwargs)`` inside an exit span
+    with ``sw8`` in its headers, unless the headers are passed positionally (more than
+    ``limit`` arguments after the topic)."""
 
     def produce(self: Any, topic: Any, *args: Any, **kwargs: Any) -> Any:
-        send = functools.partial(orig, self)
-        return _produce(send, self, topic, args, kwargs, limit=limit)
+        if len(args) > limit:
+            return orig(self, topic, *args, **kwargs)
+        brokers = getattr(self, "_swmp_brokers", "")
+        span, traced = _mq.kafka_send_span(topic, brokers, kwargs.get("headers"), _with_headers)
+        if span is None:
+            return orig(self, topic, *args, **kwargs)
+        kwargs["headers"] = traced  # a dict of this call's own: the caller's is not touched
+        with span:
+            return orig(self, topic, *args, **kwargs)
 
     return produce
 
