@@ -226,6 +226,28 @@ def _whole_op(fn: Op, rec: Rec) -> Op:
     return op
 
 
+def _consumed(  # noqa: PLR0917
+    plain: Op,
+    traced: Op,
+    recs: tuple[Rec, Rec],
+    pairs: int,
+    warmup: int,
+    ring: Ring,
+    before: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """One message consumed per call by each side, alternated (ABBA), each call timed whole;
+    the ring drained every 100 pairs."""
+    return _abba(
+        _whole_op(plain, recs[0]),
+        _whole_op(traced, recs[1]),
+        recs,
+        pairs,
+        warmup,
+        before=before,
+        between=_every(100, ring.drain),
+    )
+
+
 def _abba(
     plain: Op,
     traced: Op,
@@ -394,13 +416,13 @@ def percall_kafka_python(
                     pass
 
             recs = (Rec(clocks[0]), Rec(clocks[1]))
-            out["consume"] = _abba(
-                _whole_op(poll_plain, recs[0]),
-                _whole_op(poll_traced, recs[1]),
+            out["consume"] = _consumed(
+                poll_plain,
+                poll_traced,
                 recs,
                 pairs,
                 warmup,
-                between=_every(100, ring.drain),
+                ring,
             )
         finally:
             for c in consumers:
@@ -481,13 +503,13 @@ def percall_confluent(
                 return run
 
             recs = (Rec(clocks[0]), Rec(clocks[1]))
-            out["consume"] = _abba(
-                _whole_op(poll(cp), recs[0]),
-                _whole_op(poll(ct), recs[1]),
+            out["consume"] = _consumed(
+                poll(cp),
+                poll(ct),
                 recs,
                 pairs,
                 warmup,
-                between=_every(100, ring.drain),
+                ring,
             )
         finally:
             for c in consumers:
@@ -546,13 +568,13 @@ def percall_aiokafka(
         try:
             orig_getone = _orig(AIOKafkaConsumer, "getone")
             recs = (Rec(), Rec())
-            out["consume"] = _abba(
-                _whole_op(lambda: loop.run_until_complete(orig_getone(cp)), recs[0]),
-                _whole_op(lambda: loop.run_until_complete(ct.getone()), recs[1]),
+            out["consume"] = _consumed(
+                lambda: loop.run_until_complete(orig_getone(cp)),
+                lambda: loop.run_until_complete(ct.getone()),
                 recs,
                 pairs,
                 warmup,
-                between=_every(100, ring.drain),
+                ring,
             )
         finally:
             loop.run_until_complete(cp.stop())
@@ -636,14 +658,14 @@ def percall_pika(url: str, *, pairs: int, warmup: int, config: Any, ring: Ring) 
             return run
 
         recs = (Rec(), Rec())
-        out["consume"] = _abba(
-            _whole_op(consume(False), recs[0]),
-            _whole_op(consume(True), recs[1]),
+        out["consume"] = _consumed(
+            consume(False),
+            consume(True),
             recs,
             pairs,
             warmup,
+            ring,
             before=sided(let_in),
-            between=_every(100, ring.drain),
         )
     finally:
         set_instrumented("pika", False, config)
@@ -740,14 +762,14 @@ def percall_aio_pika(url: str, *, pairs: int, warmup: int, config: Any, ring: Ri
             return lambda: loop.run_until_complete(waiting[side])
 
         recs = (Rec(), Rec())
-        out["consume"] = _abba(
-            _whole_op(consume(False), recs[0]),
-            _whole_op(consume(True), recs[1]),
+        out["consume"] = _consumed(
+            consume(False),
+            consume(True),
             recs,
             pairs,
             warmup,
+            ring,
             before=sided(let_in),
-            between=_every(100, ring.drain),
         )
     finally:
         set_instrumented("aio-pika", False, config)
