@@ -40,7 +40,10 @@ T = TypeVar("T")
 A = TypeVar("A")
 _get_current = current_span.get
 _set_current = current_span.set
-_new_entry_span = _ctx.new_entry_span
+# context.new_entry_span's two steps, called here directly (one Python frame less per
+# consumed message): the native common case, else the Python decision.
+_entry_root = _ctx.entry_root
+_decide_entry = _ctx.decide_entry_span
 _MQ = Layer.MQ
 _KAFKA_CONSUMER = Component.KAFKA_CONSUMER
 _RABBITMQ_CONSUMER = Component.RABBITMQ_CONSUMER
@@ -258,7 +261,7 @@ def entry_span(op: str, carrier: Any, component: int) -> Span | None:
     It never becomes the child of whatever span is current here: the caller makes sure no
     span is current around this call (see :func:`delivered` and :class:`Consuming`).
     """
-    span = _new_entry_span(op, carrier, component, _MQ)
+    span = _entry_root(op, component, _MQ, carrier) or _decide_entry(op, carrier, component, _MQ)
     return span if isinstance(span, Span) else None
 
 
@@ -271,7 +274,7 @@ def delivered(  # noqa: PLR0917 (the message's facts, in a fixed order)
     try:
         if _get_current() is not None:  # a consumer loop inside a trace: not the parent
             token = _set_current(None)
-        span = _new_entry_span(op, carrier, component, _MQ)
+        span = _entry_root(op, component, _MQ, carrier) or _decide_entry(op, carrier, component, _MQ)
         if span.__class__ is Span or isinstance(span, Span):
             lim = limits.tag_value_max
             if (  # tag_mq's common case, inlined (a new span has no tags)
@@ -328,7 +331,7 @@ class Consuming:
         self._span: Span | None = None
         try:
             carrier = carrier_from(lookup) if lookup is not None else table_carrier(table)
-            span = _new_entry_span(op, carrier, component, _MQ)
+            span = _entry_root(op, component, _MQ, carrier) or _decide_entry(op, carrier, component, _MQ)
             if span.__class__ is Span or isinstance(span, Span):
                 tag_mq(span, broker, topic, queue)
                 span.__enter__()
