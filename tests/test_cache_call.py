@@ -16,6 +16,7 @@ import pytest
 
 from swmp import _sink, tracing
 from swmp.config import load
+from swmp.instrument import _cache_span
 from swmp.instrument import _datastore as ds
 from swmp.instrument import pymemcache as memcache_instr
 from swmp.instrument import redis as redis_instr
@@ -79,12 +80,12 @@ class Memcache:
 def _forms(make: Callable[[], Any]) -> tuple[Any, Any]:
     """(native, Python) wrappers, the Python one made as without the native core."""
     native = make()
-    saved = ds._CacheCall
-    ds._CacheCall = None
+    saved = _cache_span._CacheCall
+    _cache_span._CacheCall = None
     try:
         python = make()
     finally:
-        ds._CacheCall = saved
+        _cache_span._CacheCall = saved
     return native, python
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from swmp.instrument import _cache_span
 from swmp.instrument import _datastore as _ds
 from swmp.instrument._cache_commands import cache_head
 from swmp.instrument._gate import gated
@@ -61,7 +62,7 @@ def _key(key: Any) -> Any:
 def _command(cmd: str) -> Any:
     op = "Memcached/" + cmd
     head = cache_head("Memcached", cmd)
-    cache_span = _ds.cache_span
+    cache_span = _cache_span.cache_span
     place = f"{__name__}.{cmd}"
 
     def make(orig: Any) -> Any:
@@ -87,7 +88,9 @@ def _command(cmd: str) -> Any:
         info = (op, cmd, head)
         return gated(
             orig,
-            _ds.traced_command(orig, method, _COMPONENT, "Memcached", info, "server", _addresses, 1, True),
+            _cache_span.traced_command(
+                orig, method, _COMPONENT, "Memcached", info, "server", _addresses, 1, True
+            ),
         )
 
     return make

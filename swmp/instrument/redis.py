@@ -21,6 +21,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from swmp.instrument import _cache_span
 from swmp.instrument import _datastore as _ds
 from swmp.instrument._cache_commands import cache_head, cache_op
 from swmp.instrument._gate import gated
@@ -86,7 +87,7 @@ def _command_info(name: Any) -> tuple[str, str, tuple[str, ...]]:
 def _command_start(client: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
     op, cmd, head = _command_info(args[0]) if args else ("Redis/", "", None)
     address, db = _where(client)
-    return _ds.cache_span(
+    return _cache_span.cache_span(
         op, address, _COMPONENT, "Redis", cmd, args[1] if len(args) > 1 else None, db, None, head
     )
 
@@ -114,7 +115,7 @@ def _command(orig: Any) -> Any:
     # Outside a trace redis-py's ``execute_command(*args, keys=[...])`` goes straight to the
     # original (a Python wrapper passing ``**options`` on cost ~3,200 instructions there);
     # inside one, a command whose name and pool were seen before runs in C.
-    native = _ds.traced_command(
+    native = _cache_span.traced_command(
         orig, execute_command, _COMPONENT, "Redis", _commands, "connection_pool", None, 2, False
     )
     return gated(orig, native)
@@ -133,7 +134,7 @@ def _pipeline_span(pipe: Any) -> Any:
     )
     address, db = _where(pipe)
     op = "Redis/MULTI" if transaction else "Redis/PIPELINE"
-    return _ds.cache_span(op, address, _COMPONENT, "Redis", " ".join(cmds), keys or None, db, kind)
+    return _cache_span.cache_span(op, address, _COMPONENT, "Redis", " ".join(cmds), keys or None, db, kind)
 
 
 def _pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -> Any:
@@ -166,7 +167,7 @@ def _startup(client: Any) -> str:
 
 def _cluster_start(client: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
     cmd = _name(args[0]) if args else ""
-    span = _ds.cache_span(
+    span = _cache_span.cache_span(
         "Redis/" + cmd, _startup(client), _COMPONENT, "Redis", cmd, args[1] if len(args) > 1 else None, "0"
     )
     if span.__class__ is Span:
@@ -223,14 +224,14 @@ def _cluster_pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -
         op, address = "Redis/MULTI", _slot_node(strategy, client)
     else:
         op, address = "Redis/PIPELINE", _startup(client)
-    return _ds.cache_span(op, address, _COMPONENT, "Redis", " ".join(cmds), keys or None, "0", kind)
+    return _cache_span.cache_span(op, address, _COMPONENT, "Redis", " ".join(cmds), keys or None, "0", kind)
 
 
 def _cluster_immediate_start(strategy: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
     """A cluster transaction's WATCH and the commands it runs at once while watching."""
     cmd = _name(args[0]) if args else ""
     address = _slot_node(strategy, getattr(strategy._pipe, "cluster_client", strategy._pipe))
-    return _ds.cache_span(
+    return _cache_span.cache_span(
         "Redis/" + cmd, address, _COMPONENT, "Redis", cmd, args[1] if len(args) > 1 else None, "0"
     )
 
