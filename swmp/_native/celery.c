@@ -33,7 +33,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
-#include <string.h>
 
 #include "celery.h"
 #include "spancore.h"
@@ -262,18 +261,7 @@ static PyObject *send_traced(CelerySend *s, PyObject *span, PyObject *peer, PyOb
 /* ``send_in(span, orig, *args, **options)``: the original inside ``with span:``. */
 static PyObject *send_unrecorded(CelerySend *s, PyObject *span, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
-    PyObject **call = PyMem_Malloc((size_t)(total + 2) * sizeof(PyObject *));
-    if (call == NULL) {
-        return PyErr_NoMemory();
-    }
-    call[0] = span;
-    call[1] = s->orig;
-    memcpy(call + 2, args, (size_t)total * sizeof(PyObject *));
-    PyObject *result = PyObject_Vectorcall(send_in, call, (size_t)(nargs + 2), kwnames);
-    PyMem_Free(call);
-    return result;
+    return swmp_call_with_two(send_in, span, s->orig, args, PyVectorcall_NARGS(nargsf), kwnames);
 }
 
 static PyObject *send_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {

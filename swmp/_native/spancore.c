@@ -41,6 +41,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <string.h>
 #include <time.h>
 
 #include "asgi.h"
@@ -1126,6 +1127,23 @@ static PyObject *new_exit_span(PyObject *module, PyObject *const *args, Py_ssize
 
 PyObject *swmp_new_exit(PyObject *const *args) {
     return new_exit_span(NULL, args, 4, NULL);
+}
+
+PyObject *swmp_call_with_two(PyObject *callable, PyObject *first, PyObject *second, PyObject *const *args,
+                             Py_ssize_t nargs, PyObject *kwnames) {
+    Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+    PyObject **call = PyMem_Malloc((size_t)(total + 2) * sizeof(PyObject *));
+    if (call == NULL) {
+        return PyErr_NoMemory();
+    }
+    call[0] = first;
+    call[1] = second;
+    if (total > 0) {
+        memcpy(call + 2, args, (size_t)total * sizeof(PyObject *));
+    }
+    PyObject *result = PyObject_Vectorcall(callable, call, (size_t)(nargs + 2), kwnames);
+    PyMem_Free(call);
+    return result;
 }
 
 PyObject *swmp_span_leave(PyObject *span, PyObject *result) {

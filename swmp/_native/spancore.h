@@ -21,4 +21,8 @@ int swmp_span_exit(PyObject *span, PyObject *exc);
 PyObject *swmp_span_inject(PyObject *span);
 PyObject *swmp_span_tags(PyObject *span);
 void swmp_span_set_tags(PyObject *span, PyObject *tags);
+/* ``callable(first, second, *args, **kwargs)`` for a vectorcall's ``args`` / ``nargs`` /
+ * ``kwnames``: a Python function handed a call with two objects of ours in front. */
+PyObject *swmp_call_with_two(PyObject *callable, PyObject *first, PyObject *second, PyObject *const *args,
+                             Py_ssize_t nargs, PyObject *kwnames);
 #endif

@@ -20,6 +20,7 @@
  * call of another form is the Python wrapper's (``send_call(span, send, *args, **kwargs)``).
  * For a span that records nothing the server's ``send`` itself is given. */
 #include "status.h"
+#include "spancore.h"
 
 #include <stddef.h>
 
@@ -145,19 +146,7 @@ static int record_fast(PyObject *span, int code) {
 /* A call of another form than the plain one: the Python wrapper's (``fallback``). */
 static PyObject *python_call(PyObject *fallback, StatusRecorder *self, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames) {
-    Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
-    PyObject **call = PyMem_Malloc((size_t)(total + 2) * sizeof(PyObject *));
-    if (call == NULL) {
-        return PyErr_NoMemory();
-    }
-    call[0] = self->span;
-    call[1] = self->start_response;
-    for (Py_ssize_t i = 0; i < total; i++) {
-        call[i + 2] = args[i];
-    }
-    PyObject *res = PyObject_Vectorcall(fallback, call, (size_t)(nargs + 2), kwnames);
-    PyMem_Free(call);
-    return res;
+    return swmp_call_with_two(fallback, self->span, self->start_response, args, nargs, kwnames);
 }
 
 static PyObject *recorder_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
