@@ -430,4 +430,8 @@ def table_carrier(headers: Any) -> Any:
     sw8 = get(SW8)
     if sw8 is None:
         return None
-    return _carrier(sw8, get(SW8_CORRELATION), get(SW8_X))
+    correlation = get(SW8_CORRELATION)
+    sw8x = get(SW8_X)
+    if correlation is None and sw8x is None:
+        return decode_sw8(sw8)  # _carrier's common case, inlined: once per consumed message
+    return _carrier(sw8, correlation, sw8x)
