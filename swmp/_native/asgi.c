@@ -75,15 +75,6 @@ PyObject *swmp_setup_asgi(PyObject *module, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
-/* getattr(obj, name) as a new reference, NULL with no error set when it has none. */
-static PyObject *optional_attr(PyObject *obj, PyObject *name) {
-    PyObject *value = PyObject_GetAttr(obj, name);
-    if (value == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
-        PyErr_Clear();
-    }
-    return value;
-}
-
 int swmp_methods_ignored(PyObject *policy) {
     if (s_rules == NULL && ((s_rules = PyUnicode_InternFromString("rules")) == NULL ||
                             (s_methods = PyUnicode_InternFromString("_methods")) == NULL)) {
@@ -94,7 +85,7 @@ int swmp_methods_ignored(PyObject *policy) {
     if (rules == NULL) {
         return -1;
     }
-    PyObject *methods = optional_attr(rules, s_methods);
+    PyObject *methods = swmp_optional_attr(rules, s_methods);
     Py_DECREF(rules);
     if (methods == NULL && PyErr_Occurred()) {
         return -1;

@@ -34,7 +34,7 @@
 static PyObject *no_tags = NULL, *limits = NULL, *settings = NULL, *layer = NULL, *tag_key = NULL,
                 *tag_instance = NULL, *empty = NULL;
 static PyTypeObject *span_class = NULL;
-static PyObject *s_tags, *s_tag_value_max, *s_collect_keys, *s_enter, *s_where;
+static PyObject *s_tag_value_max, *s_collect_keys, *s_where;
 
 PyObject *swmp_setup_cache(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7 || !PyType_Check(args[0]) || !PyUnicode_Check(args[5]) || !PyUnicode_Check(args[6])) {
@@ -43,10 +43,8 @@ PyObject *swmp_setup_cache(PyObject *module, PyObject *const *args, Py_ssize_t n
                         "tag_instance: str)");
         return NULL;
     }
-    if (s_tags == NULL && ((s_tags = PyUnicode_InternFromString("tags")) == NULL ||
-                           (s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
+    if (empty == NULL && ((s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
                            (s_collect_keys = PyUnicode_InternFromString("collect_keys")) == NULL ||
-                           (s_enter = PyUnicode_InternFromString("__enter__")) == NULL ||
                            (s_where = PyUnicode_InternFromString("_swmp_where")) == NULL ||
                            (empty = PyUnicode_InternFromString("")) == NULL)) {
         return NULL;
@@ -140,8 +138,8 @@ static int tags_fit(PyObject *head, PyObject *key, PyObject *instance) {
            (key == NULL || PyUnicode_GET_LENGTH(key) <= lim) && PyUnicode_GET_LENGTH(instance) <= lim;
 }
 
-/* The span's tags as the one list cache_span builds: the command's first tags, the key, the
- * instance (when not empty). */
+/* The span's tags (``span`` of the recorded class) as the one list cache_span builds: the
+ * command's first tags, the key, the instance (when not empty). */
 static int set_tags(PyObject *span, PyObject *head, PyObject *key, PyObject *instance) {
     Py_ssize_t nhead = PyTuple_GET_SIZE(head);
     Py_ssize_t has_instance = PyUnicode_GET_LENGTH(instance) > 0;
@@ -161,9 +159,8 @@ static int set_tags(PyObject *span, PyObject *head, PyObject *key, PyObject *ins
         PyList_SET_ITEM(list, i++, Py_NewRef(tag_instance));
         PyList_SET_ITEM(list, i++, Py_NewRef(instance));
     }
-    int r = PyObject_SetAttr(span, s_tags, list);
-    Py_DECREF(list);
-    return r;
+    swmp_span_set_tags(span, list);
+    return 0;
 }
 
 /* Whether keys are collected (the setting's truth; 1, 0, -1 error). */
@@ -236,12 +233,10 @@ static PyObject *cachecall_vectorcall(PyObject *callable, PyObject *const *args,
     if (span == NULL) {
         return PyErr_Occurred() ? NULL : PyObject_Vectorcall(c->fallback, args, nargsf, kwnames);
     }
-    PyObject *entered = PyObject_CallMethodNoArgs(span, s_enter);
-    if (entered == NULL) { /* as ``span.__enter__()`` in the Python form: raised */
+    if (swmp_span_enter(span) < 0) { /* as ``span.__enter__()`` in the Python form: raised */
         Py_DECREF(span);
         return NULL;
     }
-    Py_DECREF(entered);
     PyObject *result = swmp_span_leave(span, PyObject_Vectorcall(c->orig, args, nargsf, kwnames));
     Py_DECREF(span);
     return result;

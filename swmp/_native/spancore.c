@@ -112,7 +112,7 @@ static PyTypeObject *span_class = NULL;
 static PyObject *exit_kind = NULL;
 static PyObject *limits = NULL;
 
-static PyObject *s_exit_method, *s_finished, *s_open, *s_token, *s_emit, *s_error, *s_profile, *s_stop, *s_end, *s_prev,
+static PyObject *s_enter_method, *s_exit_method, *s_finished, *s_open, *s_token, *s_emit, *s_error, *s_profile, *s_stop, *s_end, *s_prev,
     *s_ids, *s_span_limit, *s_op, *empty_op;
 static PyTypeObject SpanCoreType;
 
@@ -471,10 +471,11 @@ static PyObject *spancore_finish(SpanCore *self, PyObject *const *args, Py_ssize
 
 static PyObject *spancore_inject(SpanCore *self, PyObject *unused); /* with sw8_header, below */
 
-/* The span steps other sources (celery.c) take on a span they checked is of the recorded
- * class (a SpanCore): the methods' own code, without the method look-ups. */
+/* The span steps the other sources take: for a span of the recorded class the methods' own
+ * code, without the method look-ups (Span adds no __enter__ / __exit__ of its own). */
 int swmp_span_enter(PyObject *span) {
-    PyObject *r = spancore_enter((SpanCore *)span, NULL);
+    PyObject *r = Py_TYPE(span) == span_class ? spancore_enter((SpanCore *)span, NULL)
+                                               : PyObject_CallMethodNoArgs(span, s_enter_method);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
 }
@@ -1125,6 +1126,14 @@ static PyObject *new_exit_span(PyObject *module, PyObject *const *args, Py_ssize
     return PyObject_Vectorcall(py_decide_exit_span, call, 5, NULL);
 }
 
+PyObject *swmp_optional_attr(PyObject *obj, PyObject *name) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+    }
+    return value;
+}
+
 PyObject *swmp_new_exit(PyObject *const *args) {
     return new_exit_span(NULL, args, 4, NULL);
 }
@@ -1155,12 +1164,19 @@ PyObject *swmp_span_leave(PyObject *span, PyObject *result) {
             PyException_SetTraceback(value, tb);
         }
     }
-    PyObject *call[4] = {span, type != NULL ? type : Py_None, value != NULL ? value : Py_None, tb != NULL ? tb : Py_None};
-    PyObject *r = PyObject_VectorcallMethod(s_exit_method, call, 4, NULL);
-    if (r == NULL) {
+    int r;
+    if (Py_TYPE(span) == span_class) {
+        r = swmp_span_exit(span, value);
+    } else {
+        PyObject *call[4] = {span, type != NULL ? type : Py_None, value != NULL ? value : Py_None,
+                             tb != NULL ? tb : Py_None};
+        PyObject *done = PyObject_VectorcallMethod(s_exit_method, call, 4, NULL);
+        r = done == NULL ? -1 : 0;
+        Py_XDECREF(done);
+    }
+    if (r < 0) {
         PyErr_Clear();
     }
-    Py_XDECREF(r);
     if (result == NULL) {
         PyErr_Restore(type, value, tb);
     }
@@ -1908,6 +1924,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     }
     INTERN(s_finished, "finished");
     INTERN(s_open, "_open");
+    INTERN(s_enter_method, "__enter__");
     INTERN(s_exit_method, "__exit__");
     INTERN(s_token, "_token");
     INTERN(s_emit, "emit");

@@ -13,14 +13,18 @@ PyObject *swmp_new_exit(PyObject *const *args);
  * failing ``__exit__`` is cleared: the call happened, its end is the agent's problem.
  * Returns ``result``. */
 PyObject *swmp_span_leave(PyObject *span, PyObject *result);
-/* For a span of the recorded class (a SpanCore; the caller checks): __enter__(), 0 or -1;
- * __exit__ with ``exc`` (NULL: none), 0 or -1; inject(), a new reference; its ``tags``
- * (borrowed), and a new value for them (stolen). */
+/* ``span.__enter__()`` for any span (the recorded class's without a method look-up): 0 or -1. */
 int swmp_span_enter(PyObject *span);
+/* For a span of the recorded class (a SpanCore; the caller checks): __exit__ with ``exc``
+ * (NULL: none), 0 or -1; inject(), a new reference; its ``tags`` (borrowed), and a new value
+ * for them (stolen). */
 int swmp_span_exit(PyObject *span, PyObject *exc);
 PyObject *swmp_span_inject(PyObject *span);
 PyObject *swmp_span_tags(PyObject *span);
 void swmp_span_set_tags(PyObject *span, PyObject *tags);
+/* getattr(obj, name, NULL): a new reference, or NULL without an error when there is no such
+ * attribute (NULL with the error for any other failure). */
+PyObject *swmp_optional_attr(PyObject *obj, PyObject *name);
 /* ``callable(first, second, *args, **kwargs)`` for a vectorcall's ``args`` / ``nargs`` /
  * ``kwnames``: a Python function handed a call with two objects of ours in front. */
 PyObject *swmp_call_with_two(PyObject *callable, PyObject *first, PyObject *second, PyObject *const *args,

@@ -27,7 +27,7 @@ static PyObject *py_sql_span = NULL, *no_tags = NULL, *limits = NULL, *settings 
                 *params_text = NULL, *layer = NULL, *tag_type = NULL, *tag_instance = NULL, *tag_statement = NULL,
                 *tag_parameters = NULL;
 static PyTypeObject *span_class = NULL;
-static PyObject *s_tags, *s_tag, *s_tag_value_max, *s_params_max, *s_enter, *s_where;
+static PyObject *s_tag, *s_tag_value_max, *s_params_max, *s_where;
 
 PyObject *swmp_setup_sql(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 12 || !PyCallable_Check(args[0]) || !PyType_Check(args[1]) || !PyCallable_Check(args[5]) ||
@@ -37,11 +37,9 @@ PyObject *swmp_setup_sql(PyObject *module, PyObject *const *args, Py_ssize_t nar
                         "layer, tag_type, tag_instance, tag_statement, tag_parameters)");
         return NULL;
     }
-    if (s_tags == NULL && ((s_tags = PyUnicode_InternFromString("tags")) == NULL ||
-                           (s_tag = PyUnicode_InternFromString("tag")) == NULL ||
+    if (s_tag == NULL && ((s_tag = PyUnicode_InternFromString("tag")) == NULL ||
                            (s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
                            (s_params_max = PyUnicode_InternFromString("params_max")) == NULL ||
-                           (s_enter = PyUnicode_InternFromString("__enter__")) == NULL ||
                            (s_where = PyUnicode_InternFromString("_swmp_where")) == NULL)) {
         return NULL;
     }
@@ -61,34 +59,33 @@ static int tag(PyObject *span, PyObject *key, PyObject *value) {
     return r == NULL ? -1 : 0;
 }
 
-/* The three tags of the query: one list when they are the span's first and the statement
- * fits the tag limit, else one Span.tag call each (which clips). */
+/* The three tags of the query (``span`` of the recorded class): one list when they are the
+ * span's first and the statement fits the tag limit, else one Span.tag call each (which
+ * clips). */
 static int tag_query(PyObject *span, PyObject *db_type, PyObject *instance, PyObject *statement) {
     statement = PyUnicode_CheckExact(statement) ? Py_NewRef(statement) : PyObject_CallOneArg(text, statement);
     if (statement == NULL) {
         return -1;
     }
-    PyObject *tags = PyObject_GetAttr(span, s_tags);
-    PyObject *lim_obj = tags == NULL ? NULL : PyObject_GetAttr(limits, s_tag_value_max);
+    PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
     Py_ssize_t lim = lim_obj == NULL ? -1 : PyLong_AsSsize_t(lim_obj);
     int r = -1;
     if (lim_obj != NULL && !(lim == -1 && PyErr_Occurred())) {
-        if (tags == no_tags && PyUnicode_Check(statement) && PyUnicode_GET_LENGTH(statement) <= lim) {
+        if (swmp_span_tags(span) == no_tags && PyUnicode_Check(statement) && PyUnicode_GET_LENGTH(statement) <= lim) {
             PyObject *list = PyList_New(6);
             if (list != NULL) {
                 PyObject *items[6] = {tag_type, db_type, tag_instance, instance, tag_statement, statement};
                 for (int i = 0; i < 6; i++) {
                     PyList_SET_ITEM(list, i, Py_NewRef(items[i]));
                 }
-                r = PyObject_SetAttr(span, s_tags, list);
-                Py_DECREF(list);
+                swmp_span_set_tags(span, list);
+                r = 0;
             }
         } else if (tag(span, tag_type, db_type) == 0 && tag(span, tag_instance, instance) == 0) {
             r = tag(span, tag_statement, statement);
         }
     }
     Py_XDECREF(lim_obj);
-    Py_XDECREF(tags);
     Py_DECREF(statement);
     return r;
 }
@@ -177,20 +174,6 @@ typedef struct {
     vectorcallfunc vectorcall;
 } SqlCall;
 
-/* getattr(obj, name) into *out: 1 found, 0 missing (AttributeError cleared, *out NULL), -1
- * another error (*out NULL). */
-static int optional_attr(PyObject *obj, PyObject *name, PyObject **out) {
-    *out = PyObject_GetAttr(obj, name);
-    if (*out != NULL) {
-        return 1;
-    }
-    if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-        PyErr_Clear();
-        return 0;
-    }
-    return -1;
-}
-
 /* ``(peer, database)`` of the cursor's connection as a new reference, NULL without an error
  * when the fallback must work it out, NULL with an error when that failed. */
 static PyObject *where_of(SqlCall *c, PyObject *cursor) {
@@ -199,16 +182,13 @@ static PyObject *where_of(SqlCall *c, PyObject *cursor) {
         Py_XDECREF(conn);
         return NULL;
     }
-    PyObject *pair;
-    if (c->where != Py_None) {
-        pair = PyObject_CallOneArg(c->where, conn);
-    } else if (optional_attr(conn, s_where, &pair) == 0) {
-        pair = NULL; /* no memo yet */
-    } else if (pair != NULL && c->key_attr != Py_None) {
+    /* No memo yet (NULL without an error): the fallback makes it. */
+    PyObject *pair = c->where != Py_None ? PyObject_CallOneArg(c->where, conn) : swmp_optional_attr(conn, s_where);
+    if (pair != NULL && c->where == Py_None && c->key_attr != Py_None) {
         PyObject *memo = pair, *key = NULL;
         pair = NULL;
         if (PyTuple_CheckExact(memo) && PyTuple_GET_SIZE(memo) == 2 &&
-            optional_attr(conn, c->key_attr, &key) > 0 && key == PyTuple_GET_ITEM(memo, 0)) {
+            (key = swmp_optional_attr(conn, c->key_attr)) != NULL && key == PyTuple_GET_ITEM(memo, 0)) {
             pair = Py_NewRef(PyTuple_GET_ITEM(memo, 1));
         }
         Py_XDECREF(key);
@@ -261,12 +241,10 @@ static PyObject *sqlcall_vectorcall(PyObject *callable, PyObject *const *args, s
         PyErr_Clear(); /* no span was made: the Python form meets it again and logs it once */
         return sqlcall_fallback(c, args, nargsf, kwnames);
     }
-    PyObject *entered = PyObject_CallMethodNoArgs(span, s_enter);
-    if (entered == NULL) { /* as ``span.__enter__()`` in the Python form: raised */
+    if (swmp_span_enter(span) < 0) { /* as ``span.__enter__()`` in the Python form: raised */
         Py_DECREF(span);
         return NULL;
     }
-    Py_DECREF(entered);
     PyObject *result = swmp_span_leave(span, PyObject_Vectorcall(c->orig, args, nargsf, NULL));
     Py_DECREF(span);
     return result;

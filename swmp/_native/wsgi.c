@@ -32,8 +32,8 @@
 #include <stddef.h>
 
 #include "asgi.h"
-#include "spancore.h"
 #include "body.h"
+#include "spancore.h"
 #include "status.h"
 #include "wsgi.h"
 
