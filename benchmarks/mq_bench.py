@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import inspect
 import json
 import os
@@ -476,8 +477,11 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
     """The wrappers' own work per message, as ``(base, traced)`` functions (one call = one
     message; ``benchmarks/mq_cachegrind.py`` counts their instructions):
 
-    * ``producer``: inside an entry span, the MQ exit span with its tags, the ``sw8`` header
-      list (as for Kafka) and the larger segment, against the entry span alone;
+    * ``producer``: inside an entry span, what the Kafka instrumentations call for a send
+      (``_mq.kafka_send_span``: the MQ exit span with its tags and the ``sw8`` header list)
+      and the larger segment, against the entry span alone;
+    * ``producer-amqp``: the same for a RabbitMQ publish through aiormq (``_mq.amqp_send_span``
+      with the copy of the caller's pamqp properties and the new headers table);
     * ``consumer``: one Kafka record's entry span, from decoding its ``sw8`` header to the
       segment written into the ring (``_mq.kafka_consumed``), against nothing;
     * ``consumer-no-sw8``: the same for a record without ``sw8`` (a new trace);
@@ -495,10 +499,31 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
 
     def entry_and_exit() -> None:
         with new_entry_span("/publish"):
-            span = _mq.exit_span(f"Kafka/{topic}/Producer", broker, Component.KAFKA_PRODUCER)
+            span, _headers = _mq.kafka_send_span(topic, broker, None)
             assert span is not None
-            _mq.tag_mq(span, broker, topic)
-            _mq.kafka_headers(span, None)
+            with span:
+                pass
+
+    # aiormq's attach: a copy of the caller's pamqp properties with the new headers table
+    # (the copy lived in _mq before 2026-11-27 and in _props_copy after it).
+    try:
+        from pamqp.commands import Basic
+    except ImportError:  # pragma: no cover - aio-pika not installed
+        Basic = None
+    copy_props: Any = getattr(_mq, "shallow_copy", None) or importlib.import_module(
+        "swmp.instrument._props_copy"
+    ).shallow_copy
+    props = Basic.Properties(delivery_mode=2, content_type="application/json") if Basic else None
+
+    def with_headers(span: Any, properties: Any) -> Any:
+        new = copy_props(properties)
+        new.headers = _mq.amqp_headers(span, new.headers)
+        return new
+
+    def entry_and_amqp_exit() -> None:
+        with new_entry_span("/publish"):
+            span, _props = _mq.amqp_send_span("", topic, broker, with_headers, props)
+            assert span is not None
             with span:
                 pass
 
@@ -531,6 +556,7 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
 
     return {
         "producer": (entry_only, entry_and_exit),
+        "producer-amqp": (entry_only, entry_and_amqp_exit),
         "consumer": (nothing, consumed),
         "consumer-no-sw8": (nothing, consumed_no_sw8),
         "consumer-callback": (callback, consuming),

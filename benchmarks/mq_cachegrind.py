@@ -7,8 +7,10 @@ The cases are those of :func:`mq_bench.in_process_cases` (the wrappers' own work
 no network), each a pair of functions: ``base`` (what the message costs without the agent's
 wrapper) and ``traced``:
 
-* ``producer``: inside an entry span, the MQ exit span with its tags and the Kafka ``sw8``
-  header list, against the entry span alone;
+* ``producer``: inside an entry span, what a Kafka send calls (``_mq.kafka_send_span``: the
+  MQ exit span with its tags and the ``sw8`` header list), against the entry span alone;
+  ``producer-amqp``: the same for an aiormq publish (the span, the copy of the caller's
+  pamqp properties, the new headers table);
 * ``consumer``: ``_mq.consumed`` for a Kafka record carrying ``sw8`` (decoding it, the entry
   span with its ref and tags, the segment written into a real shared-memory ring), against
   nothing; ``consumer-no-sw8``: the same for a record without the header (a new trace);
@@ -41,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from benchmarks import _cachegrind as _cg
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ("producer", "consumer", "consumer-no-sw8", "consumer-callback")
+CASES = ("producer", "producer-amqp", "consumer", "consumer-no-sw8", "consumer-callback")
 WARM_UP = 500
 
 

@@ -57,6 +57,9 @@
 #include "within.h"
 #include "wsgi.h"
 #include "sw8.h"
+#include "slots.h"
+#include "mq.h"
+#include "consume.h"
 
 typedef struct {
     PyObject_HEAD
@@ -1907,6 +1910,29 @@ static PyMethodDef module_methods[] = {
      "thread_skipped(thread): whether Thread.start leaves this thread untraced (a Gate's passes)."},
     {"runs_in_own_context", (PyCFunction)(void (*)(void))swmp_runs_in_own_context, METH_FASTCALL | METH_KEYWORDS,
      "runs_in_own_context(executor, fn, ...): whether submit() leaves this work item as it is (a Gate's passes)."},
+    {"setup_mq", (PyCFunction)(void (*)(void))swmp_setup_mq, METH_FASTCALL,
+     "setup_mq(span_class, kafka_send_span, amqp_send_span, kafka_headers, amqp_headers, tag_mq, failed, limits, "
+     "layer, tag_broker, tag_topic, tag_queue, own_headers, kafka_component, amqp_component): the Python forms the "
+     "producer steps hand other cases to, and what they read."},
+    {"kafka_send_span", (PyCFunction)(void (*)(void))swmp_kafka_send_span, METH_FASTCALL | METH_KEYWORDS,
+     "kafka_send_span(topic, brokers, headers, merge=None): a Kafka producer's exit span, tagged, and the record's "
+     "new headers; (None, None) when nothing is recorded (swmp/instrument/_mq.py)."},
+    {"amqp_send_span", (PyCFunction)(void (*)(void))swmp_amqp_send_span, METH_FASTCALL | METH_KEYWORDS,
+     "amqp_send_span(exchange, routing_key, peer, attach, arg): a RabbitMQ publisher's exit span, tagged, and "
+     "attach(span, arg); (None, None) when nothing is recorded (swmp/instrument/_mq.py)."},
+    {"kafka_headers", (PyCFunction)(void (*)(void))swmp_kafka_headers, METH_FASTCALL,
+     "kafka_headers(span, headers): a new Kafka header list, the caller's without sw8 ones plus the span's."},
+    {"amqp_headers", (PyCFunction)(void (*)(void))swmp_amqp_headers, METH_FASTCALL,
+     "amqp_headers(span, headers): a new AMQP headers table, the caller's without sw8 ones plus the span's."},
+    {"setup_consume", (PyCFunction)(void (*)(void))swmp_setup_consume, METH_FASTCALL,
+     "setup_consume(span_class, amqp_consuming, table_carrier, decode_carrier, decode_sw8, decide_entry_span, tag_mq, "
+     "current, failed, limits, layer, component, tag_broker, tag_topic, tag_queue, sw8, sw8_correlation, sw8_x): the "
+     "Python forms amqp_consuming() hands other cases to, and what it reads."},
+    {"amqp_consuming", (PyCFunction)(void (*)(void))swmp_amqp_consuming, METH_FASTCALL,
+     "amqp_consuming(exchange, routing_key, headers, peer): the entry span of one delivered RabbitMQ message, "
+     "current inside ``with`` (swmp/instrument/_mq.py)."},
+    {"copy_slots", (PyCFunction)(void (*)(void))swmp_copy_slots, METH_FASTCALL,
+     "copy_slots(obj, descriptors): a new object.__new__ instance of type(obj) with obj's values in those slots."},
     {"set_segments", (PyCFunction)(void (*)(void))set_segments, METH_FASTCALL,
      "set_segments(identity, count, no_correlation): what a new segment needs."},
     {NULL, NULL, 0, NULL},
@@ -1967,7 +1993,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0 ||
         PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_WSGIMethodType) < 0 ||
         PyType_Ready(&swmp_SqlCallType) < 0 || PyType_Ready(&swmp_CacheCallType) < 0 ||
-        PyType_Ready(&swmp_CelerySendType) < 0) {
+        PyType_Ready(&swmp_CelerySendType) < 0 || PyType_Ready(&swmp_ConsumingType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&spancore_module);

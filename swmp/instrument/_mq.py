@@ -18,17 +18,17 @@ records the delivery and is finished before the message is returned.
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import logging
-import operator
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from swmp.propagation import SW8, SW8_CORRELATION, SW8_X, decode_sw8, from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_MQ_BROKER, TAG_MQ_QUEUE, TAG_MQ_TOPIC, Component, Layer
 from swmp.tracing.limits import limits
-from swmp.tracing.span import Span, current_span
+from swmp.tracing.span import Span, current_span, native_core
 
 log = logging.getLogger("swmp.instrument")
 
@@ -117,7 +117,7 @@ def tag_mq(span: Span, broker: str, topic: str, queue: str | None = None) -> Non
         span.tag(TAG_MQ_QUEUE, queue)
 
 
-def kafka_headers(span: Span, headers: Iterable[tuple[str, Any]] | None) -> list[tuple[str, bytes]]:
+def _py_kafka_headers(span: Span, headers: Iterable[tuple[str, Any]] | None) -> list[tuple[str, bytes]]:
     """A new Kafka header list: the caller's headers (minus old sw8 ones) plus this span's."""
     out = [h for h in headers if h[0] not in OWN_HEADERS] if headers else []
     for k, v in span.inject().items():
@@ -125,72 +125,11 @@ def kafka_headers(span: Span, headers: Iterable[tuple[str, Any]] | None) -> list
     return out
 
 
-def amqp_headers(span: Span, headers: dict[str, Any] | None) -> dict[str, Any]:
+def _py_amqp_headers(span: Span, headers: dict[str, Any] | None) -> dict[str, Any]:
     """A new AMQP headers table: the caller's entries (minus old sw8 ones) plus this span's."""
     out = {k: v for k, v in headers.items() if k not in OWN_HEADERS} if headers else {}
     out.update(span.inject())
     return out
-
-
-# A class's plan for shallow_copy: the slot names to carry over (and one getter of them
-# all), or None for copy.copy.
-_copy_plans: dict[type, tuple[tuple[str, ...], Callable[[Any], Any] | None] | None] = {}
-_OBJECT_NEW: Any = object.__new__
-_COPY_HOOKS = ("__copy__", "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__")
-
-
-def _copy_plan(cls: type) -> tuple[tuple[str, ...], Callable[[Any], Any] | None] | None:
-    """The slots ``copy.copy`` would carry over for ``cls`` (its own and its bases'), or None
-    when ``cls`` copies itself some other way (a copy hook, a ``__new__`` of its own, a
-    private slot name whose mangled form is not the declared one): copy.copy's call then."""
-    if any(getattr(cls, hook, None) is not getattr(object, hook, None) for hook in _COPY_HOOKS):
-        return None
-    if cls.__new__ is not _OBJECT_NEW:
-        return None
-    names: list[str] = []
-    for klass in cls.__mro__:
-        declared = klass.__dict__.get("__slots__", ())
-        for name in (declared,) if isinstance(declared, str) else declared:
-            if name.startswith("__") and not name.endswith("__"):
-                return None
-            if name not in ("__dict__", "__weakref__") and name not in names:
-                names.append(name)
-    if len(names) < 2:  # attrgetter of one name returns the value, not a tuple
-        return tuple(names), None
-    return tuple(names), operator.attrgetter(*names)
-
-
-def shallow_copy(obj: T) -> T:
-    """What ``copy.copy(obj)`` makes for a plain object (its ``__dict__`` and set slots in a
-    new instance made without ``__init__``), without copy.copy's ``__reduce_ex__`` round:
-    a message's properties are copied on every traced publish (pamqp's ``Basic.Properties``
-    5 us through copy.copy, pika's ``BasicProperties`` 3.5 us)."""
-    cls = obj.__class__
-    try:
-        plan = _copy_plans[cls]
-    except KeyError:
-        plan = _copy_plans[cls] = _copy_plan(cls)
-    if plan is None:
-        return copy.copy(obj)
-    new: T = object.__new__(cls)
-    state = getattr(obj, "__dict__", None)
-    if state:
-        new.__dict__.update(state)
-    names, every = plan
-    if every is not None:
-        try:
-            for name, value in zip(names, every(obj), strict=True):  # usually every slot is set
-                setattr(new, name, value)
-            return new
-        except AttributeError:  # a slot never set: one by one below
-            pass
-    for name in names:
-        try:
-            value = getattr(obj, name)
-        except AttributeError:  # a slot never set stays unset
-            continue
-        setattr(new, name, value)
-    return new
 
 
 def _text(v: Any) -> Any:
@@ -329,6 +268,7 @@ class Consuming:
     ) -> None:
         self._token = _set_current(None) if _get_current() is not None else None
         self._span: Span | None = None
+        span = None
         try:
             carrier = carrier_from(lookup) if lookup is not None else table_carrier(table)
             span = _entry_root(op, component, _MQ, carrier) or _decide_entry(op, carrier, component, _MQ)
@@ -338,6 +278,9 @@ class Consuming:
                 self._span = span
         except Exception:
             warn_once(f"consuming:{component}", "swmp: tracing a consumed message failed")
+            if self._span is None and isinstance(span, Span):  # made, not entered: it counts as open
+                with contextlib.suppress(Exception):
+                    span.finish()
 
     def __enter__(self) -> Consuming:
         return self
@@ -356,12 +299,19 @@ class Consuming:
 
 
 # -- the names and shapes per broker kind (as the SkyWalking Python agent names them) -------
-def kafka_send_span(
-    topic: Any, brokers: str, headers: Any, merge: Callable[[Span, Any], Any] = kafka_headers
+def _py_kafka_send_span(
+    topic: Any, brokers: str, headers: Any, merge: Callable[[Span, Any], Any] | None = None
 ) -> tuple[Span | None, Any]:
-    """A Kafka producer's exit span and the record's new headers (``merge(span, headers)``)."""
+    """A Kafka producer's exit span and the record's new headers (``merge(span, headers)``,
+    by default the caller's headers without sw8 ones plus the span's)."""
     return producer_span(
-        f"Kafka/{topic}/Producer", brokers, Component.KAFKA_PRODUCER, str(topic), None, merge, headers
+        f"Kafka/{topic}/Producer",
+        brokers,
+        Component.KAFKA_PRODUCER,
+        str(topic),
+        None,
+        merge or _py_kafka_headers,
+        headers,
     )
 
 
@@ -375,7 +325,7 @@ def kafka_consumed(topic: str, group: str, headers: Any, brokers: str) -> None:
     delivered(f"Kafka/{topic}/Consumer/{group}", carrier, _KAFKA_CONSUMER, brokers, topic)
 
 
-def amqp_send_span(
+def _py_amqp_send_span(
     exchange: Any, routing_key: Any, peer: str, attach: Callable[[Span, A], T], arg: A
 ) -> tuple[Span | None, T | None]:
     """A RabbitMQ publisher's exit span and ``attach(span, arg)`` (the message's new
@@ -391,7 +341,7 @@ def amqp_send_span(
     )
 
 
-def amqp_consuming(exchange: str, routing_key: str, headers: Any, peer: str) -> Consuming:
+def _py_amqp_consuming(exchange: str, routing_key: str, headers: Any, peer: str) -> Consuming:
     """The entry span of one delivered RabbitMQ message (its headers table or None), current
     inside ``with``."""
     return Consuming(
@@ -435,3 +385,74 @@ def table_carrier(headers: Any) -> Any:
     if correlation is None and sw8x is None:
         return decode_sw8(sw8)  # _carrier's common case, inlined: once per consumed message
     return _carrier(sw8, correlation, sw8x)
+
+
+def _send_failed(component: int, span: Span | None) -> None:
+    """The native producer steps' ``except Exception`` (called while it is handled): as
+    :func:`producer_span`'s."""
+    warn_once(f"produce:{component}", "swmp: tracing a message send failed")
+    if span is not None:
+        span.finish()
+
+
+# The producer steps: in C with the native core (swmp/_native/mq.c; the common cases, the
+# Python forms above for the rest), else the Python forms.
+kafka_send_span: Callable[..., tuple[Span | None, Any]] = _py_kafka_send_span
+amqp_send_span: Callable[..., tuple[Span | None, Any]] = _py_amqp_send_span
+kafka_headers: Callable[[Span, Any], list[tuple[str, bytes]]] = _py_kafka_headers
+amqp_headers: Callable[[Span, Any], dict[str, Any]] = _py_amqp_headers
+if hasattr(native_core, "setup_mq"):
+    native_core.setup_mq(
+        Span,
+        _py_kafka_send_span,
+        _py_amqp_send_span,
+        _py_kafka_headers,
+        _py_amqp_headers,
+        tag_mq,
+        _send_failed,
+        limits,
+        Layer.MQ,
+        TAG_MQ_BROKER,
+        TAG_MQ_TOPIC,
+        TAG_MQ_QUEUE,
+        OWN_HEADERS,
+        Component.KAFKA_PRODUCER,
+        Component.RABBITMQ_PRODUCER,
+    )
+    kafka_send_span = native_core.kafka_send_span
+    amqp_send_span = native_core.amqp_send_span
+    kafka_headers = native_core.kafka_headers
+    amqp_headers = native_core.amqp_headers
+
+
+def _consuming_failed() -> None:
+    """The native consumed-message entry's ``except Exception`` (called while it is
+    handled): as :class:`Consuming`'s."""
+    warn_once(f"consuming:{_RABBITMQ_CONSUMER}", "swmp: tracing a consumed message failed")
+
+
+# A delivered RabbitMQ message's entry span around its callback: in C with the native core
+# (swmp/_native/consume.c; the common case, the Python form for the rest).
+amqp_consuming: Callable[[Any, Any, Any, Any], AbstractContextManager[Any]] = _py_amqp_consuming
+if hasattr(native_core, "setup_consume"):
+    native_core.setup_consume(
+        Span,
+        _py_amqp_consuming,
+        table_carrier,
+        native_core.decode_carrier,
+        decode_sw8,
+        _decide_entry,
+        tag_mq,
+        current_span,
+        _consuming_failed,
+        limits,
+        Layer.MQ,
+        _RABBITMQ_CONSUMER,
+        TAG_MQ_BROKER,
+        TAG_MQ_TOPIC,
+        TAG_MQ_QUEUE,
+        SW8,
+        SW8_CORRELATION,
+        SW8_X,
+    )
+    amqp_consuming = native_core.amqp_consuming

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from swmp.instrument import _mq
 from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch, restore
+from swmp.instrument._props_copy import shallow_copy
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -36,10 +37,22 @@ SUPPORTED = ("6.0", "8")
 TRIGGER = "aiormq"
 
 
+# The last connection URL's peer: a yarl URL is immutable, and an application publishes
+# through one connection or a few, so the peer is usually the one made last time (its
+# host and port read and joined once, not on every publish).
+_last_peer: tuple[Any, str] = (None, "")
+
+
 def _peer(channel: Any) -> str:
+    global _last_peer
     try:
         url = channel.connection.url
-        return f"{url.host}:{url.port}" if url.port else str(url.host)
+        last_url, peer = _last_peer
+        if url is last_url:
+            return peer
+        peer = f"{url.host}:{url.port}" if url.port else str(url.host)
+        _last_peer = (url, peer)
+        return peer
     except Exception:
         return ""
 
@@ -60,7 +73,7 @@ def install(config: Config) -> None:
     def _with_headers(span: Any, properties: Any) -> Any:
         """A copy of the caller's properties with the trace's headers; aiormq's own default
         (``delivery_mode=1``) when there are none."""
-        props = Basic.Properties(delivery_mode=1) if properties is None else _mq.shallow_copy(properties)
+        props = Basic.Properties(delivery_mode=1) if properties is None else shallow_copy(properties)
         props.headers = _mq.amqp_headers(span, props.headers)
         return props
 

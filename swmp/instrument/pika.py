@@ -26,11 +26,13 @@ Where each span lives:
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
 from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch, restore
+from swmp.instrument._props_copy import shallow_copy
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -52,7 +54,7 @@ def _peer(channel: Any) -> str:
         return ""
 
 
-def _consuming(channel: Any, method: Any, properties: Any) -> _mq.Consuming:
+def _consuming(channel: Any, method: Any, properties: Any) -> AbstractContextManager[Any]:
     exchange = getattr(method, "exchange", None) or ""
     routing_key = getattr(method, "routing_key", None) or ""
     headers = getattr(properties, "headers", None)
@@ -94,7 +96,7 @@ def install(config: Config) -> None:
 
     def _with_headers(span: Any, properties: Any) -> Any:
         """A copy of the caller's properties (or new ones) with the trace's headers."""
-        props = BasicProperties() if properties is None else _mq.shallow_copy(properties)
+        props = BasicProperties() if properties is None else shallow_copy(properties)
         props.headers = _mq.amqp_headers(span, props.headers)
         return props
 

@@ -1,0 +1,334 @@
+/* amqp_consuming(exchange, routing_key, headers, peer): the entry span of one delivered
+ * RabbitMQ message, current inside ``with`` (swmp/instrument/_mq.py ``amqp_consuming`` and
+ * its ``Consuming``, the Python form: the reference and the fallback).
+ *
+ * Why: around every pika / aiormq consumer callback the Python form ran seven frames of the
+ * agent's (the helper, the context manager's three methods, the headers table's carrier,
+ * the sw8 decoding, the tags), ~7,000 of the ~31,000 instructions a consumed message added,
+ * with the CPU caches cold after the wait for the broker. The same reasoning as mq.c.
+ *
+ * The common case, every step as the Python form takes it: exact strs within the tag limit
+ * (else the Python form, decided before anything changes); the span current around the call
+ * set aside (a consumer loop inside a request is not the message's parent) and given back
+ * on exit; the carrier of a plain dict table holding only ``sw8`` of the three headers,
+ * decoded by the span core's ``decode_carrier`` (``decode_sw8`` for what that declines; the
+ * Python ``table_carrier`` for a table with correlation or extension headers, or another
+ * kind of table); the span (``entry_root``, else the Python ``decide_entry_span``) tagged
+ * and entered. An ``Exception`` while setting up is the Python form's ``except``: logged
+ * once by ``failed``; a span already made but not entered is finished, and the callback
+ * runs untraced. The callback's exception marks the span and passes on unchanged. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "asgi.h"
+#include "consume.h"
+#include "spancore.h"
+
+/* Set by setup_consume(): see its docstring in spancore.c's method table. */
+static PyTypeObject *span_class = NULL;
+static PyObject *py_consuming = NULL, *table_carrier = NULL, *decode_carrier = NULL, *decode_sw8 = NULL,
+                *decide_entry = NULL, *py_tag_mq = NULL, *failed = NULL, *current = NULL, *limits = NULL,
+                *layer = NULL, *component = NULL, *tag_broker = NULL, *tag_topic = NULL, *tag_queue = NULL,
+                *h_sw8 = NULL, *h_correlation = NULL, *h_x = NULL;
+static PyObject *s_tag_value_max, *s_rabbitmq, *s_queue, *s_consumer, *s_exit;
+
+PyObject *swmp_setup_consume(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 18 || !PyType_Check(args[0]) || !PyContextVar_CheckExact(args[7])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "setup_consume(span_class: type, amqp_consuming, table_carrier, decode_carrier, decode_sw8, "
+                        "decide_entry_span, tag_mq, current: ContextVar, failed, limits, layer, component, "
+                        "tag_broker, tag_topic, tag_queue, sw8, sw8_correlation, sw8_x)");
+        return NULL;
+    }
+    if (s_exit == NULL && ((s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
+                           (s_rabbitmq = PyUnicode_InternFromString("RabbitMQ/Topic/")) == NULL ||
+                           (s_queue = PyUnicode_InternFromString("/Queue/")) == NULL ||
+                           (s_consumer = PyUnicode_InternFromString("/Consumer")) == NULL ||
+                           (s_exit = PyUnicode_InternFromString("__exit__")) == NULL)) {
+        return NULL;
+    }
+    PyObject **slots[] = {(PyObject **)&span_class, &py_consuming, &table_carrier, &decode_carrier, &decode_sw8,
+                          &decide_entry, &py_tag_mq, &current, &failed, &limits, &layer, &component,
+                          &tag_broker, &tag_topic, &tag_queue, &h_sw8, &h_correlation, &h_x};
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        Py_XSETREF(*slots[i], Py_NewRef(args[i]));
+    }
+    return Py_NewRef(Py_None);
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *span;  /* the entered span, or NULL (nothing recorded) */
+    PyObject *token; /* the context variable's token when a span was set aside, else NULL */
+    int done;        /* __exit__ has run */
+} Consuming;
+
+static int consuming_traverse(Consuming *c, visitproc visit, void *arg) {
+    Py_VISIT(c->span);
+    Py_VISIT(c->token);
+    return 0;
+}
+
+static int consuming_clear(Consuming *c) {
+    Py_CLEAR(c->span);
+    Py_CLEAR(c->token);
+    return 0;
+}
+
+static void consuming_dealloc(Consuming *c) {
+    PyObject_GC_UnTrack(c);
+    consuming_clear(c);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+/* The error set now (an Exception) logged once by ``failed`` as the exception being
+ * handled, then cleared. */
+static void report_failure(void) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    PyObject *old_type, *old_value, *old_tb;
+    PyErr_GetExcInfo(&old_type, &old_value, &old_tb);
+    PyErr_SetExcInfo(type, value, tb); /* steals */
+    PyObject *r = PyObject_CallNoArgs(failed);
+    if (r == NULL) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(r);
+    PyErr_SetExcInfo(old_type, old_value, old_tb); /* steals */
+}
+
+/* The producer's context from the headers table: table_carrier's steps. New reference. */
+static PyObject *carrier_of(PyObject *headers) {
+    if (headers == Py_None) {
+        return Py_NewRef(Py_None);
+    }
+    if (!PyDict_CheckExact(headers)) {
+        return PyObject_CallOneArg(table_carrier, headers);
+    }
+    PyObject *sw8 = PyDict_GetItemWithError(headers, h_sw8); /* borrowed; str keys: no Python code */
+    if (sw8 == NULL) {
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *correlation = PyDict_GetItemWithError(headers, h_correlation);
+    PyObject *x = correlation == NULL && !PyErr_Occurred() ? PyDict_GetItemWithError(headers, h_x) : NULL;
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (correlation != NULL || x != NULL) {
+        return PyObject_CallOneArg(table_carrier, headers);
+    }
+    Py_INCREF(sw8); /* the table is the caller's: keep the value while it is decoded */
+    PyObject *carrier = PyUnicode_CheckExact(sw8) ? PyObject_CallOneArg(decode_carrier, sw8) : Py_NewRef(Py_None);
+    if (carrier == Py_None) {
+        Py_DECREF(carrier);
+        carrier = PyObject_CallOneArg(decode_sw8, sw8);
+    }
+    Py_DECREF(sw8);
+    return carrier;
+}
+
+/* The message's span (entered, tagged) into ``c->span``: 0, or -1 with an error set. */
+static int open_span(Consuming *c, PyObject *op, PyObject *exchange, PyObject *routing_key, PyObject *headers,
+                     PyObject *peer) {
+    PyObject *carrier = carrier_of(headers);
+    if (carrier == NULL) {
+        return -1;
+    }
+    PyObject *args[4] = {op, component, layer, carrier};
+    PyObject *span = swmp_entry_root(args);
+    if (span == Py_None) {
+        Py_DECREF(span);
+        PyObject *dargs[4] = {op, carrier, component, layer};
+        span = PyObject_Vectorcall(decide_entry, dargs, 4, NULL);
+    }
+    Py_DECREF(carrier);
+    if (span == NULL) {
+        return -1;
+    }
+    int recorded = Py_IS_TYPE(span, span_class) ? 1 : PyObject_IsInstance(span, (PyObject *)span_class);
+    if (recorded <= 0) { /* not recorded: nothing to enter */
+        Py_DECREF(span);
+        return recorded;
+    }
+    int r = 0;
+    if (Py_IS_TYPE(span, span_class) && !PyObject_IsTrue(swmp_span_tags(span))) {
+        PyObject *tags = PyList_New(6);
+        if (tags == NULL) {
+            r = -1;
+        } else {
+            PyObject *items[6] = {tag_broker, peer, tag_topic, exchange, tag_queue, routing_key};
+            for (int i = 0; i < 6; i++) {
+                PyList_SET_ITEM(tags, i, Py_NewRef(items[i]));
+            }
+            swmp_span_set_tags(span, tags);
+        }
+    } else {
+        PyObject *t = PyObject_CallFunctionObjArgs(py_tag_mq, span, peer, exchange, routing_key, NULL);
+        r = t == NULL ? -1 : 0;
+        Py_XDECREF(t);
+    }
+    if (r == 0 && swmp_span_enter(span) == 0) {
+        c->span = span;
+        return 0;
+    }
+    /* Made but not entered: finished now (it counts as open in its segment). */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *done = PyObject_CallMethod(span, "finish", NULL);
+    Py_XDECREF(done);
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+    Py_DECREF(span);
+    return -1;
+}
+
+/* Gives the context back as it was: the token reset, or the current span cleared again. */
+static int give_back(Consuming *c) {
+    if (c->token != NULL) {
+        PyObject *token = c->token;
+        c->token = NULL;
+        int r = PyContextVar_Reset(current, token);
+        Py_DECREF(token);
+        return r;
+    }
+    PyObject *cur = NULL;
+    if (PyContextVar_Get(current, NULL, &cur) < 0) {
+        return -1;
+    }
+    int some = cur != NULL && cur != Py_None;
+    Py_XDECREF(cur);
+    if (!some) {
+        return 0;
+    }
+    PyObject *t = PyContextVar_Set(current, Py_None);
+    Py_XDECREF(t);
+    return t == NULL ? -1 : 0;
+}
+
+
+PyObject *swmp_amqp_consuming(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (span_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_consume() was not called");
+        return NULL;
+    }
+    if (nargs != 4 || !PyUnicode_CheckExact(args[0]) || !PyUnicode_CheckExact(args[1]) ||
+        !PyUnicode_CheckExact(args[3])) {
+        return PyObject_Vectorcall(py_consuming, args, nargs, NULL);
+    }
+    PyObject *exchange = args[0], *routing_key = args[1], *headers = args[2], *peer = args[3];
+    PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
+    Py_ssize_t lim = lim_obj == NULL ? -1 : PyLong_AsSsize_t(lim_obj);
+    Py_XDECREF(lim_obj);
+    if (lim == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            return NULL;
+        }
+        PyErr_Clear();
+        return PyObject_Vectorcall(py_consuming, args, nargs, NULL);
+    }
+    if (PyUnicode_GET_LENGTH(peer) > lim || PyUnicode_GET_LENGTH(exchange) > lim ||
+        PyUnicode_GET_LENGTH(routing_key) > lim) {
+        return PyObject_Vectorcall(py_consuming, args, nargs, NULL); /* a value to clip */
+    }
+    PyObject *parts[5] = {s_rabbitmq, exchange, s_queue, routing_key, s_consumer};
+    PyObject *op = swmp_join(parts, 5);
+    if (op == NULL) {
+        return NULL;
+    }
+    Consuming *c = PyObject_GC_New(Consuming, &swmp_ConsumingType);
+    if (c == NULL) {
+        Py_DECREF(op);
+        return NULL;
+    }
+    c->span = NULL;
+    c->token = NULL;
+    c->done = 0;
+    PyObject_GC_Track(c);
+    PyObject *cur = NULL;
+    if (PyContextVar_Get(current, NULL, &cur) < 0) {
+        Py_DECREF(op);
+        Py_DECREF(c);
+        return NULL;
+    }
+    int inside = cur != NULL && cur != Py_None;
+    Py_XDECREF(cur);
+    if (inside) { /* a consumer loop inside a trace: not the parent */
+        c->token = PyContextVar_Set(current, Py_None);
+    }
+    if ((inside && c->token == NULL) || open_span(c, op, exchange, routing_key, headers, peer) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            Py_DECREF(op);
+            give_back(c); /* raised as the Python form raises it, the context as it was */
+            Py_DECREF(c);
+            return NULL;
+        }
+        report_failure();
+    }
+    Py_DECREF(op);
+    return (PyObject *)c;
+}
+
+static PyObject *consuming_enter(Consuming *c, PyObject *unused) {
+    return Py_NewRef(c);
+}
+
+static PyObject *consuming_exit(Consuming *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "__exit__ takes 3 arguments");
+        return NULL;
+    }
+    if (c->done) {
+        Py_RETURN_FALSE;
+    }
+    c->done = 1;
+    int ok = 1;
+    PyObject *span = c->span;
+    c->span = NULL;
+    if (span != NULL) {
+        if (Py_IS_TYPE(span, span_class)) {
+            ok = swmp_span_exit(span, args[1] == Py_None ? NULL : args[1]) == 0;
+        } else {
+            PyObject *call[4] = {span, args[0], args[1], args[2]};
+            PyObject *r = PyObject_VectorcallMethod(s_exit, call, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            ok = r != NULL;
+            Py_XDECREF(r);
+        }
+        Py_DECREF(span);
+    }
+    /* ``finally``: the context given back whatever the span's exit did. */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (give_back(c) < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return NULL;
+    }
+    PyErr_Restore(type, value, tb);
+    if (!ok) {
+        return NULL;
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef consuming_methods[] = {
+    {"__enter__", (PyCFunction)consuming_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))consuming_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject swmp_ConsumingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "swmp._spancore.Consuming",
+    .tp_basicsize = sizeof(Consuming),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The entry span of one delivered message, current inside ``with`` (see amqp_consuming).",
+    .tp_dealloc = (destructor)consuming_dealloc,
+    .tp_traverse = (traverseproc)consuming_traverse,
+    .tp_clear = (inquiry)consuming_clear,
+    .tp_methods = consuming_methods,
+};

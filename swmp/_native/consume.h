@@ -1,0 +1,8 @@
+/* swmp._spancore's consumed-message entry (consume.c), registered by the module in spancore.c. */
+#ifndef SWMP_CONSUME_H
+#define SWMP_CONSUME_H
+#include <Python.h>
+PyObject *swmp_setup_consume(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *swmp_amqp_consuming(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+extern PyTypeObject swmp_ConsumingType;
+#endif

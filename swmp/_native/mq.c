@@ -1,0 +1,357 @@
+/* The producer side of the message-queue instrumentations (swmp/instrument/_mq.py) in C:
+ *
+ *   kafka_send_span(topic, brokers, headers, merge=None) -> (span, new headers) | (None, None)
+ *   amqp_send_span(exchange, routing_key, peer, attach, arg) -> (span, attach(span, arg)) | ...
+ *   kafka_headers(span, headers), amqp_headers(span, headers): the caller's headers without
+ *       old sw8 ones, plus this span's.
+ *
+ * Why: a traced publish ran five Python frames of the agent's (the send's span, the
+ * producer span, the exit span, its tags, the header list) between the client's own work;
+ * in a process that waits for its broker they run with the CPU caches cold, where each
+ * frame's bytecode, code object and globals cost their cache lines (docs/performance.md,
+ * "Where the real-server and end-to-end gap comes from"). The same reasoning as CacheCall.
+ *
+ * The common case only, every step as the Python form (``_py_*`` in _mq.py, the
+ * reference and the fallback) takes it: names that are exact strs and tag values within the
+ * tag limit, decided before the span exists (a span once made counts as open in its
+ * segment, so the fallback cannot be chosen after it); header lists of tuples and header
+ * dicts with str keys, merged here; anything else is the Python form's. An ``Exception``
+ * once the span exists is the Python form's ``except``: ``failed(component, span)`` logs it
+ * once and finishes the span, and the message goes out untraced ``(None, None)``. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "asgi.h"
+#include "mq.h"
+#include "spancore.h"
+
+/* Set by setup_mq(): see its docstring in spancore.c's method table. */
+static PyTypeObject *span_class = NULL;
+static PyObject *py_kafka_send = NULL, *py_amqp_send = NULL, *py_kafka_headers = NULL, *py_amqp_headers = NULL,
+                *py_tag_mq = NULL, *failed = NULL, *limits = NULL, *layer = NULL, *tag_broker = NULL, *tag_topic = NULL,
+                *tag_queue = NULL, *own_headers = NULL, *kafka_component = NULL, *amqp_component = NULL;
+static PyObject *s_tag_value_max, *s_kafka, *s_producer, *s_rabbitmq, *s_queue, *s_inject, *s_encode, *s_ascii;
+
+PyObject *swmp_setup_mq(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 15 || !PyType_Check(args[0]) || !PyFrozenSet_CheckExact(args[12])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "setup_mq(span_class: type, kafka_send_span, amqp_send_span, kafka_headers, amqp_headers, "
+                        "tag_mq, failed, limits, layer, tag_broker, tag_topic, tag_queue, own_headers: frozenset, "
+                        "kafka_component, amqp_component)");
+        return NULL;
+    }
+    if (s_ascii == NULL && ((s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
+                            (s_kafka = PyUnicode_InternFromString("Kafka/")) == NULL ||
+                            (s_producer = PyUnicode_InternFromString("/Producer")) == NULL ||
+                            (s_rabbitmq = PyUnicode_InternFromString("RabbitMQ/Topic/")) == NULL ||
+                            (s_queue = PyUnicode_InternFromString("/Queue/")) == NULL ||
+                            (s_inject = PyUnicode_InternFromString("inject")) == NULL ||
+                            (s_encode = PyUnicode_InternFromString("encode")) == NULL ||
+                            (s_ascii = PyUnicode_InternFromString("ascii")) == NULL)) {
+        return NULL;
+    }
+    PyObject **slots[] = {(PyObject **)&span_class, &py_kafka_send, &py_amqp_send, &py_kafka_headers, &py_amqp_headers,
+                          &py_tag_mq, &failed, &limits, &layer, &tag_broker, &tag_topic, &tag_queue, &own_headers,
+                          &kafka_component, &amqp_component};
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        Py_XSETREF(*slots[i], Py_NewRef(args[i]));
+    }
+    return Py_NewRef(Py_None);
+}
+
+/* 1 when every value (exact strs) fits the tag limit, 0 when one must be clipped (the
+ * Python form's), -1 on an error. */
+static int tags_fit(PyObject *const *values, int n) {
+    PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
+    if (lim_obj == NULL) {
+        return -1;
+    }
+    Py_ssize_t lim = PyLong_AsSsize_t(lim_obj);
+    Py_DECREF(lim_obj);
+    if (lim == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (PyUnicode_GET_LENGTH(values[i]) > lim) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject *none_pair(void) {
+    return PyTuple_Pack(2, Py_None, Py_None);
+}
+
+/* The ``except Exception`` of the Python form: the error set now logged once by ``failed``
+ * (warn_once logs the exception being handled: it is made that one for the call), the span
+ * finished there, and the message sent untraced. Anything that is not an Exception
+ * (KeyboardInterrupt...) is raised, as the Python form raises it. */
+static PyObject *give_up(PyObject *component, PyObject *span) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+        return NULL;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    PyObject *old_type, *old_value, *old_tb;
+    PyErr_GetExcInfo(&old_type, &old_value, &old_tb);
+    PyErr_SetExcInfo(type, value, tb); /* steals */
+    PyObject *r = PyObject_CallFunctionObjArgs(failed, component, span != NULL ? span : Py_None, NULL);
+    if (r == NULL) {
+        PyErr_Clear(); /* logging it failed: the message goes out all the same */
+    }
+    Py_XDECREF(r);
+    PyErr_SetExcInfo(old_type, old_value, old_tb); /* steals */
+    return none_pair();
+}
+
+/* span.inject(): the span core's own for the recorded class, the method otherwise. */
+static PyObject *inject(PyObject *span) {
+    return Py_IS_TYPE(span, span_class) ? swmp_span_inject(span) : PyObject_CallMethodNoArgs(span, s_inject);
+}
+
+/* The truth of a caller's headers (None: false without a call). */
+static int given(PyObject *headers) {
+    return headers == Py_None ? 0 : PyObject_IsTrue(headers);
+}
+
+/* kafka_headers(span, headers): a new Kafka header list, the caller's ``(name, value)``
+ * tuples without sw8 ones, then the span's headers as ``(name, ASCII bytes)``. Other shapes
+ * (not a list, an item that is not a tuple or whose name is not an exact str) are the
+ * Python form's. */
+static PyObject *kafka_merge(PyObject *span, PyObject *headers) {
+    int truth = given(headers);
+    if (truth < 0) {
+        return NULL;
+    }
+    if (truth) {
+        if (!PyList_CheckExact(headers)) {
+            return PyObject_CallFunctionObjArgs(py_kafka_headers, span, headers, NULL);
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
+            PyObject *h = PyList_GET_ITEM(headers, i);
+            if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) < 1 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(h, 0))) {
+                return PyObject_CallFunctionObjArgs(py_kafka_headers, span, headers, NULL);
+            }
+        }
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    /* No Python code runs in this loop (exact strs hash and compare in C): the list cannot
+     * change under it. */
+    for (Py_ssize_t i = 0; truth && i < PyList_GET_SIZE(headers); i++) {
+        PyObject *h = PyList_GET_ITEM(headers, i);
+        int own = PySet_Contains(own_headers, PyTuple_GET_ITEM(h, 0));
+        if (own < 0 || (!own && PyList_Append(out, h) < 0)) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    PyObject *injected = inject(span);
+    if (injected == NULL || !PyDict_Check(injected)) {
+        if (injected != NULL) {
+            PyErr_SetString(PyExc_TypeError, "span.inject() did not return a dict");
+        }
+        Py_XDECREF(injected);
+        Py_DECREF(out);
+        return NULL;
+    }
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    int ok = 1;
+    while (ok && PyDict_Next(injected, &pos, &k, &v)) {
+        PyObject *b = PyUnicode_CheckExact(v) ? PyUnicode_AsASCIIString(v)
+                                               : PyObject_CallMethodOneArg(v, s_encode, s_ascii);
+        PyObject *pair = b == NULL ? NULL : PyTuple_Pack(2, k, b);
+        ok = pair != NULL && PyList_Append(out, pair) == 0;
+        Py_XDECREF(b);
+        Py_XDECREF(pair);
+    }
+    Py_DECREF(injected);
+    if (!ok) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* amqp_headers(span, headers): a new AMQP headers table, the caller's entries without sw8
+ * ones, then the span's. A table that is not a dict, or has a key that is not an exact str,
+ * is the Python form's. */
+static PyObject *amqp_merge(PyObject *span, PyObject *headers) {
+    int truth = given(headers);
+    if (truth < 0) {
+        return NULL;
+    }
+    if (truth) {
+        if (!PyDict_CheckExact(headers)) {
+            return PyObject_CallFunctionObjArgs(py_amqp_headers, span, headers, NULL);
+        }
+        PyObject *k, *v;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(headers, &pos, &k, &v)) {
+            if (!PyUnicode_CheckExact(k)) {
+                return PyObject_CallFunctionObjArgs(py_amqp_headers, span, headers, NULL);
+            }
+        }
+    }
+    PyObject *injected = inject(span);
+    if (injected == NULL || !truth) {
+        return injected; /* no headers of the caller's: the span's new dict is the table */
+    }
+    PyObject *out = PyDict_New();
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    int ok = out != NULL;
+    /* No Python code runs here either (exact str keys): the table cannot change under it. */
+    while (ok && PyDict_Next(headers, &pos, &k, &v)) {
+        int own = PySet_Contains(own_headers, k);
+        ok = own == 0 ? PyDict_SetItem(out, k, v) == 0 : own == 1;
+    }
+    ok = ok && PyDict_Update(out, injected) == 0;
+    Py_DECREF(injected);
+    if (!ok) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* The producer span of a message (op, peer = broker, the mq.* values), tagged, and its new
+ * headers: ``attach(span, arg)``, or the Kafka merge of ``arg`` when ``attach`` is NULL.
+ * (None, None) outside a trace, inside an exit span, past the span limit, or when a step
+ * failed (logged once, the span finished). */
+static PyObject *send_span(PyObject *op, PyObject *peer, PyObject *component, PyObject *topic, PyObject *queue,
+                           PyObject *attach, PyObject *arg) {
+    PyObject *exit_args[4] = {op, peer, component, layer};
+    PyObject *span = swmp_new_exit(exit_args);
+    if (span == NULL) {
+        return give_up(component, NULL);
+    }
+    int recorded = Py_IS_TYPE(span, span_class) ? 1 : PyObject_IsInstance(span, (PyObject *)span_class);
+    if (recorded <= 0) { /* a span that is not recorded: nothing to finish */
+        Py_DECREF(span);
+        return recorded < 0 ? give_up(component, NULL) : none_pair();
+    }
+    int fresh = Py_IS_TYPE(span, span_class) ? !PyObject_IsTrue(swmp_span_tags(span)) : 0;
+    if (fresh) {
+        PyObject *tags = PyList_New(queue != NULL ? 6 : 4);
+        if (tags == NULL) {
+            goto broken;
+        }
+        PyObject *items[6] = {tag_broker, peer, tag_topic, topic, tag_queue, queue};
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tags); i++) {
+            PyList_SET_ITEM(tags, i, Py_NewRef(items[i]));
+        }
+        swmp_span_set_tags(span, tags);
+    } else {
+        PyObject *r = PyObject_CallFunctionObjArgs(py_tag_mq, span, peer, topic, queue != NULL ? queue : Py_None, NULL);
+        if (r == NULL) {
+            goto broken;
+        }
+        Py_DECREF(r);
+    }
+    PyObject *headers = attach != NULL ? PyObject_CallFunctionObjArgs(attach, span, arg, NULL) : kafka_merge(span, arg);
+    if (headers == NULL) {
+        goto broken;
+    }
+    PyObject *out = PyTuple_Pack(2, span, headers);
+    Py_DECREF(headers);
+    if (out == NULL) {
+        goto broken;
+    }
+    Py_DECREF(span);
+    return out;
+broken:;
+    PyObject *r = give_up(component, span);
+    Py_DECREF(span);
+    return r;
+}
+
+static int ready(void) {
+    return span_class != NULL;
+}
+
+PyObject *swmp_kafka_send_span(PyObject *module, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (!ready() || kwnames != NULL || nargs < 3 || nargs > 4 || !PyUnicode_CheckExact(args[0]) ||
+        !PyUnicode_CheckExact(args[1])) {
+        return ready() ? PyObject_Vectorcall(py_kafka_send, args, nargsf, kwnames)
+                       : (PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_mq() was not called"), NULL);
+    }
+    PyObject *topic = args[0], *brokers = args[1];
+    PyObject *values[2] = {brokers, topic};
+    int fit = tags_fit(values, 2);
+    if (fit <= 0) {
+        if (fit < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) {
+            return NULL;
+        }
+        PyErr_Clear();
+        return PyObject_Vectorcall(py_kafka_send, args, nargsf, kwnames);
+    }
+    PyObject *parts[3] = {s_kafka, topic, s_producer};
+    PyObject *op = swmp_join(parts, 3);
+    if (op == NULL) {
+        return NULL;
+    }
+    PyObject *merge = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
+    PyObject *out = send_span(op, brokers, kafka_component, topic, NULL, merge, args[2]);
+    Py_DECREF(op);
+    return out;
+}
+
+PyObject *swmp_amqp_send_span(PyObject *module, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (!ready() || kwnames != NULL || nargs != 5 || !PyUnicode_CheckExact(args[0]) || !PyUnicode_CheckExact(args[1]) ||
+        !PyUnicode_CheckExact(args[2])) {
+        return ready() ? PyObject_Vectorcall(py_amqp_send, args, nargsf, kwnames)
+                       : (PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_mq() was not called"), NULL);
+    }
+    PyObject *exchange = args[0], *routing_key = args[1], *peer = args[2];
+    PyObject *values[3] = {peer, exchange, routing_key};
+    int fit = tags_fit(values, 3);
+    if (fit <= 0) {
+        if (fit < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) {
+            return NULL;
+        }
+        PyErr_Clear();
+        return PyObject_Vectorcall(py_amqp_send, args, nargsf, kwnames);
+    }
+    PyObject *parts[5] = {s_rabbitmq, exchange, s_queue, routing_key, s_producer};
+    PyObject *op = swmp_join(parts, 5);
+    if (op == NULL) {
+        return NULL;
+    }
+    PyObject *out = send_span(op, peer, amqp_component, exchange, routing_key, args[3], args[4]);
+    Py_DECREF(op);
+    return out;
+}
+
+/* The merges on their own (confluent-kafka's and pika's / aiormq's own attach functions call
+ * them), with the Python form's signature. */
+static PyObject *merge_call(PyObject *const *args, Py_ssize_t nargs, PyObject *(*merge)(PyObject *, PyObject *),
+                            const char *name) {
+    if (!ready()) {
+        PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_mq() was not called");
+        return NULL;
+    }
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s(span, headers) takes 2 arguments (%zd given)", name, nargs);
+        return NULL;
+    }
+    return merge(args[0], args[1]);
+}
+
+PyObject *swmp_kafka_headers(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    return merge_call(args, nargs, kafka_merge, "kafka_headers");
+}
+
+PyObject *swmp_amqp_headers(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    return merge_call(args, nargs, amqp_merge, "amqp_headers");
+}

@@ -1,0 +1,187 @@
+"""The native ``amqp_consuming`` (swmp/_native/consume.c) makes what its Python form in
+swmp/instrument/_mq.py makes around a RabbitMQ consumer callback: the same span current
+while the callback runs, the same segments (the producer's trace continued or a new one),
+the same outcome for the callback's return and exceptions, the context given back as it
+was, for every shape of headers table and names the instrumentations may hand it. The real
+clients against a real broker: test_instrument_mq.py and test_instrument_pika_adapters.py."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from swmp import _sink, tracing
+from swmp.config import load
+from swmp.instrument import _mq
+from swmp.tracing.context import new_entry_span, new_exit_span
+from swmp.tracing.limits import limits
+from swmp.tracing.span import NATIVE, current_span, native_core
+from tests.native_forms import PLACES, segments
+
+pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
+
+
+@pytest.fixture()
+def sink() -> Iterator[_sink.MemorySink]:
+    memory = _sink.MemorySink()
+    _sink.set_sink(memory)
+    tracing.configure(load({}))
+    saved = limits.tag_value_max
+    yield memory
+    limits.tag_value_max = saved
+    tracing.configure(load({}))
+    _sink.set_sink(None)
+
+
+class Text(str):
+    pass
+
+
+class Table(dict[str, Any]):
+    """A headers table that is a dict subclass: the Python form's."""
+
+
+class Unreadable(dict[str, Any]):
+    def get(self, key: str, default: Any = None) -> Any:
+        raise OSError("table gone")
+
+
+def _sw8() -> str:
+    """A producer's sw8 value (made once: its caller fields are then known to the decoder)."""
+    memory = _sink.MemorySink()
+    _sink.set_sink(memory)
+    with new_entry_span("/publish"), new_exit_span("RabbitMQ/x/Producer", "mq:5672", 52, 4) as span:
+        value = span.inject()["sw8"]
+    _sink.set_sink(None)
+    return value
+
+
+def _headers() -> list[Any]:
+    sw8 = _sw8()
+    return [
+        None,
+        {},
+        {"other": 1},
+        {"sw8": sw8},
+        {"sw8": sw8.encode()},
+        {"sw8": "1-bad"},
+        {"sw8": sw8, "sw8-correlation": "a2V5:dmFs"},
+        {"sw8": sw8, "sw8-x": "1"},
+        {1: 2, "sw8": sw8},
+        Table(sw8=sw8),
+        Unreadable(sw8=sw8),
+        [("sw8", sw8)],  # not a table
+    ]
+
+
+HEADERS = _headers()
+
+
+def _run(form: Any, args: tuple[Any, ...], outcome: str, sink: _sink.MemorySink, place: str) -> Any:
+    """The callback run inside ``form(*args)`` made in ``place``: what the callback saw,
+    what came out, the context afterwards and the segments recorded."""
+    seen: list[Any] = []
+
+    def callback() -> Any:
+        cur = current_span.get()
+        seen.append(None if cur is None else (cur.op, cur.kind, list(cur.tags)))
+        if outcome == "error":
+            raise ValueError("callback failed")
+        if outcome == "interrupt":
+            raise KeyboardInterrupt
+        return "done"
+
+    def consume() -> Any:
+        with form(*args):
+            return callback()
+
+    try:
+        if place == "none":
+            result: Any = ("returned", consume())
+            after = current_span.get()
+        else:
+            with new_entry_span("/loop"):
+                if place == "exit":
+                    with new_exit_span("outer", "db:1", 1, 1):
+                        result = ("returned", consume())
+                        after = current_span.get()
+                else:
+                    result = ("returned", consume())
+                    after = current_span.get()
+    except (Exception, KeyboardInterrupt) as e:
+        result = ("raised", type(e).__name__, str(e))
+        after = current_span.get()
+    records = segments(sink.records)
+    sink.clear()
+    return seen, result, None if after is None else after.op, records
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("outcome", ["return", "error", "interrupt"])
+@pytest.mark.parametrize("headers", HEADERS, ids=lambda h: type(h).__name__ + repr(sorted(map(str, h or ()))))
+def test_amqp_consuming(sink: _sink.MemorySink, place: str, outcome: str, headers: Any) -> None:
+    args = ("orders-ex", "orders", headers, "mq:5672")
+    _mq._warned.clear()
+    mine = _run(native_core.amqp_consuming, args, outcome, sink, place)
+    _mq._warned.clear()
+    assert mine == _run(_mq._py_amqp_consuming, args, outcome, sink, place)
+    seen = mine[0]
+    assert len(seen) == 1
+    if not isinstance(headers, Unreadable):  # the callback runs inside the message's span
+        assert seen[0][0] == "RabbitMQ/Topic/orders-ex/Queue/orders/Consumer"
+
+
+@pytest.mark.parametrize(
+    ("exchange", "routing_key", "peer"),
+    [
+        ("", "q", "mq:5672"),
+        (Text("ex"), "q", "mq:5672"),
+        ("ex", None, "mq:5672"),
+        ("e" * 40, "q", "p"),
+        ("ex", "q", ""),
+    ],
+)
+def test_names(sink: _sink.MemorySink, exchange: Any, routing_key: Any, peer: Any) -> None:
+    limits.tag_value_max = 32  # "e" * 40 is clipped: the Python form's
+    args = (exchange, routing_key, {"sw8": HEADERS[3]["sw8"]}, peer)
+    for place in PLACES:
+        assert _run(native_core.amqp_consuming, args, "return", sink, place) == _run(
+            _mq._py_amqp_consuming, args, "return", sink, place
+        )
+
+
+def test_an_ignored_message_runs_its_callback_untraced(sink: _sink.MemorySink) -> None:
+    tracing.configure(load({"SW_AGENT_TRACE_IGNORE_PATH": "RabbitMQ/**"}))
+    args = ("ex", "q", None, "mq:5672")
+    mine = _run(native_core.amqp_consuming, args, "return", sink, "entry")
+    assert mine == _run(_mq._py_amqp_consuming, args, "return", sink, "entry")
+    assert mine[0] == [None]  # no span current in the callback (the loop's is set aside)
+    assert [s[2] for s in mine[3][0][3]] == ["/loop"]  # only the loop's own span
+
+
+def test_a_failing_table_is_logged_once(sink: _sink.MemorySink, caplog: pytest.LogCaptureFixture) -> None:
+    _mq._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="swmp.instrument"):
+        _run(native_core.amqp_consuming, ("ex", "q", Unreadable(sw8="x"), "p:1"), "return", sink, "none")
+        _run(native_core.amqp_consuming, ("ex", "q", Unreadable(sw8="x"), "p:1"), "return", sink, "none")
+    assert [r.getMessage() for r in caplog.records] == ["swmp: tracing a consumed message failed"]
+    assert "table gone" in caplog.text
+
+
+def test_exit_twice_and_wrong_calls(sink: _sink.MemorySink) -> None:
+    cm = native_core.amqp_consuming("ex", "q", None, "p:1")
+    assert cm.__enter__() is cm
+    assert cm.__exit__(None, None, None) is False
+    assert cm.__exit__(None, None, None) is False  # nothing left to do
+    assert current_span.get() is None
+    with pytest.raises(TypeError):
+        cm.__exit__(None)
+    with pytest.raises(TypeError):
+        native_core.amqp_consuming("ex", "q")  # the Python form's own error
+
+
+def test_the_instrumentations_use_the_native_entry() -> None:
+    assert _mq.amqp_consuming is native_core.amqp_consuming
