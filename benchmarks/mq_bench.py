@@ -536,7 +536,9 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
     amqp = {k: v.decode() for k, v in headers}
     # amqp_consuming took a lookup function before it took the headers table (2026-11-26):
     # kept so that the benchmark compares both versions.
-    table: Any = amqp if "headers" in inspect.signature(_mq.amqp_consuming).parameters else amqp.get
+    # (since 2026-11-27 amqp_consuming is native, its Python form _py_amqp_consuming)
+    python_form = getattr(_mq, "_py_amqp_consuming", _mq.amqp_consuming)
+    table: Any = amqp if "headers" in inspect.signature(python_form).parameters else amqp.get
 
     def consumed() -> None:
         _mq.kafka_consumed(topic, group, headers, broker)

@@ -185,3 +185,81 @@ def test_exit_twice_and_wrong_calls(sink: _sink.MemorySink) -> None:
 
 def test_the_instrumentations_use_the_native_entry() -> None:
     assert _mq.amqp_consuming is native_core.amqp_consuming
+
+
+def _kafka_headers() -> list[Any]:
+    sw8 = HEADERS[3]["sw8"]
+    return [
+        None,
+        [],
+        [("other", b"1")],
+        [("sw8", sw8.encode())],
+        [("sw8", sw8)],
+        [("sw8", b"old"), ("sw8", sw8.encode())],  # the last one wins
+        [("sw8", None)],
+        [("sw8", "é".encode())],  # not ASCII
+        [("sw8", b"1-bad")],
+        [("sw8", sw8.encode()), ("sw8-correlation", b"a2V5:dmFs")],
+        [("sw8", sw8.encode()), ("sw8-x", b"1")],
+        (("sw8", sw8.encode()),),  # aiokafka's tuple
+        [["sw8", sw8.encode()]],  # items that are lists: the Python form's
+        [("sw8",)],  # too short: the Python form raises, logged
+        [(Text("sw8"), sw8.encode())],
+    ]
+
+
+def _delivery(form: Any, args: tuple[Any, ...], sink: _sink.MemorySink, place: str) -> Any:
+    try:
+        if place == "none":
+            result: Any = ("returned", form(*args))
+            after = current_span.get()
+        else:
+            with new_entry_span("/loop"):
+                if place == "exit":
+                    with new_exit_span("outer", "db:1", 1, 1):
+                        result = ("returned", form(*args))
+                        after = current_span.get()
+                else:
+                    result = ("returned", form(*args))
+                    after = current_span.get()
+    except Exception as e:
+        result = ("raised", type(e).__name__)
+        after = None
+    records = segments(sink.records)
+    sink.clear()
+    return result, None if after is None else after.op, records
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("headers", _kafka_headers(), ids=repr)
+def test_kafka_consumed(sink: _sink.MemorySink, place: str, headers: Any) -> None:
+    args = ("orders", "group-1", headers, "k1:9092;k2:9092")
+    _mq._warned.clear()
+    mine = _delivery(native_core.kafka_consumed, args, sink, place)
+    _mq._warned.clear()
+    assert mine == _delivery(_mq._py_kafka_consumed, args, sink, place)
+    if headers != [("sw8",)]:  # the record's own segment, its span named after topic and group
+        assert any(s[2] == "Kafka/orders/Consumer/group-1" for seg in mine[2] for s in seg[3])
+
+
+@pytest.mark.parametrize(
+    ("topic", "group", "brokers"),
+    [
+        ("t", "", "k:1"),
+        (Text("t"), "g", "k:1"),
+        ("t" * 40, "g", "k:1"),
+        ("t", "g", "b" * 40),
+        ("t", None, "k:1"),
+    ],
+)
+def test_kafka_names(sink: _sink.MemorySink, topic: Any, group: Any, brokers: Any) -> None:
+    limits.tag_value_max = 32
+    args = (topic, group, [("sw8", HEADERS[3]["sw8"].encode())], brokers)
+    for place in PLACES:
+        assert _delivery(native_core.kafka_consumed, args, sink, place) == _delivery(
+            _mq._py_kafka_consumed, args, sink, place
+        )
+
+
+def test_the_kafka_consumers_use_the_native_delivery() -> None:
+    assert _mq.kafka_consumed is native_core.kafka_consumed

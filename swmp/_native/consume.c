@@ -1,6 +1,8 @@
 /* amqp_consuming(exchange, routing_key, headers, peer): the entry span of one delivered
  * RabbitMQ message, current inside ``with`` (swmp/instrument/_mq.py ``amqp_consuming`` and
- * its ``Consuming``, the Python form: the reference and the fallback).
+ * its ``Consuming``, the Python form: the reference and the fallback). And
+ * kafka_consumed(topic, group, headers, brokers): the entry span of one Kafka record that
+ * the library returns to its caller, recorded and finished (``_mq.kafka_consumed``).
  *
  * Why: around every pika / aiormq consumer callback the Python form ran seven frames of the
  * agent's (the helper, the context manager's three methods, the headers table's carrier,
@@ -81,9 +83,9 @@ static void consuming_dealloc(Consuming *c) {
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
-/* The error set now (an Exception) logged once by ``failed`` as the exception being
+/* The error set now (an Exception) logged once by ``logger`` as the exception being
  * handled, then cleared. */
-static void report_failure(void) {
+static void report_failure(PyObject *logger) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
@@ -93,7 +95,7 @@ static void report_failure(void) {
     PyObject *old_type, *old_value, *old_tb;
     PyErr_GetExcInfo(&old_type, &old_value, &old_tb);
     PyErr_SetExcInfo(type, value, tb); /* steals */
-    PyObject *r = PyObject_CallNoArgs(failed);
+    PyObject *r = PyObject_CallNoArgs(logger);
     if (r == NULL) {
         PyErr_Clear();
     }
@@ -266,7 +268,7 @@ PyObject *swmp_amqp_consuming(PyObject *module, PyObject *const *args, Py_ssize_
             Py_DECREF(c);
             return NULL;
         }
-        report_failure();
+        report_failure(failed);
     }
     Py_DECREF(op);
     return (PyObject *)c;
@@ -332,3 +334,194 @@ PyTypeObject swmp_ConsumingType = {
     .tp_clear = (inquiry)consuming_clear,
     .tp_methods = consuming_methods,
 };
+
+/* -- kafka_consumed --------------------------------------------------------------------- */
+
+/* Set by setup_kafka_consumed(): the Python form, the failure logger, the component. */
+static PyObject *py_kafka_consumed = NULL, *delivery_failed = NULL, *kafka_component = NULL;
+static PyObject *s_kafka, *s_consumer_of;
+
+PyObject *swmp_setup_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "setup_kafka_consumed(kafka_consumed, failed, component)");
+        return NULL;
+    }
+    if (s_consumer_of == NULL && ((s_kafka = PyUnicode_InternFromString("Kafka/")) == NULL ||
+                                  (s_consumer_of = PyUnicode_InternFromString("/Consumer/")) == NULL)) {
+        return NULL;
+    }
+    Py_XSETREF(py_kafka_consumed, Py_NewRef(args[0]));
+    Py_XSETREF(delivery_failed, Py_NewRef(args[1]));
+    Py_XSETREF(kafka_component, Py_NewRef(args[2]));
+    return Py_NewRef(Py_None);
+}
+
+/* The value of the record's last ``sw8`` header (borrowed), or NULL without one; -1 (the
+ * Python form's) when the headers are of another shape or carry the correlation or
+ * extension header. */
+static int record_sw8(PyObject *headers, PyObject **sw8) {
+    *sw8 = NULL;
+    if (headers == Py_None) {
+        return 0;
+    }
+    if (!PyList_CheckExact(headers) && !PyTuple_CheckExact(headers)) {
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(headers);
+    PyObject **items = PySequence_Fast_ITEMS(headers);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *h = items[i];
+        if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) < 2 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(h, 0))) {
+            return -1;
+        }
+        PyObject *name = PyTuple_GET_ITEM(h, 0);
+        if (PyUnicode_Compare(name, h_sw8) == 0) {
+            *sw8 = PyTuple_GET_ITEM(h, 1);
+        } else if (PyUnicode_Compare(name, h_correlation) == 0 || PyUnicode_Compare(name, h_x) == 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The producer's context from an sw8 header value (bytes from a Kafka record): the span
+ * core's decoder for ASCII text, decode_sw8 for whatever it declines. New reference. */
+static PyObject *carrier_of_value(PyObject *value) {
+    if (value == NULL) {
+        return Py_NewRef(Py_None);
+    }
+    PyObject *text = PyBytes_CheckExact(value) ? PyUnicode_DecodeASCII(PyBytes_AS_STRING(value),
+                                                                       PyBytes_GET_SIZE(value), "strict")
+                     : PyUnicode_CheckExact(value) ? Py_NewRef(value)
+                                                   : NULL;
+    PyErr_Clear(); /* not ASCII: decode_sw8 says what it is (None) */
+    PyObject *carrier = text == NULL ? Py_NewRef(Py_None) : PyObject_CallOneArg(decode_carrier, text);
+    Py_XDECREF(text);
+    if (carrier == Py_None) {
+        Py_DECREF(carrier);
+        carrier = PyObject_CallOneArg(decode_sw8, value);
+    }
+    return carrier;
+}
+
+/* The record's span: made, tagged and finished (0), or -1 with an error; a span made and
+ * not finished because a step failed is finished before returning. */
+static int record_delivery(PyObject *op, PyObject *carrier, PyObject *brokers, PyObject *topic) {
+    PyObject *args[4] = {op, kafka_component, layer, carrier};
+    PyObject *span = swmp_entry_root(args);
+    if (span == Py_None) {
+        Py_DECREF(span);
+        PyObject *dargs[4] = {op, carrier, kafka_component, layer};
+        span = PyObject_Vectorcall(decide_entry, dargs, 4, NULL);
+    }
+    if (span == NULL) {
+        return -1;
+    }
+    int recorded = Py_IS_TYPE(span, span_class) ? 1 : PyObject_IsInstance(span, (PyObject *)span_class);
+    if (recorded <= 0) {
+        Py_DECREF(span);
+        return recorded;
+    }
+    int r = 0;
+    if (Py_IS_TYPE(span, span_class) && !PyObject_IsTrue(swmp_span_tags(span))) {
+        PyObject *tags = PyList_New(4);
+        if (tags == NULL) {
+            r = -1;
+        } else {
+            PyObject *items[4] = {tag_broker, brokers, tag_topic, topic};
+            for (int i = 0; i < 4; i++) {
+                PyList_SET_ITEM(tags, i, Py_NewRef(items[i]));
+            }
+            swmp_span_set_tags(span, tags);
+        }
+    } else {
+        PyObject *t = PyObject_CallFunctionObjArgs(py_tag_mq, span, brokers, topic, Py_None, NULL);
+        r = t == NULL ? -1 : 0;
+        Py_XDECREF(t);
+    }
+    /* finished whatever the tags did: a made span counts as open in its segment */
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (r < 0) {
+        PyErr_Fetch(&type, &value, &tb);
+    }
+    PyObject *done = PyObject_CallMethod(span, "finish", NULL);
+    Py_DECREF(span);
+    if (r < 0) {
+        Py_XDECREF(done);
+        PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
+    if (done == NULL) {
+        return -1;
+    }
+    Py_DECREF(done);
+    return 0;
+}
+
+PyObject *swmp_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (span_class == NULL || py_kafka_consumed == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_kafka_consumed() was not called");
+        return NULL;
+    }
+    PyObject *sw8 = NULL;
+    if (nargs != 4 || !PyUnicode_CheckExact(args[0]) || !PyUnicode_CheckExact(args[1]) ||
+        !PyUnicode_CheckExact(args[3]) || record_sw8(args[2], &sw8) < 0) {
+        return PyObject_Vectorcall(py_kafka_consumed, args, nargs, NULL);
+    }
+    PyObject *topic = args[0], *group = args[1], *brokers = args[3];
+    PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
+    Py_ssize_t lim = lim_obj == NULL ? -1 : PyLong_AsSsize_t(lim_obj);
+    Py_XDECREF(lim_obj);
+    if ((lim == -1 && PyErr_Occurred()) || PyUnicode_GET_LENGTH(brokers) > lim || PyUnicode_GET_LENGTH(topic) > lim) {
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                return NULL;
+            }
+            PyErr_Clear();
+        }
+        return PyObject_Vectorcall(py_kafka_consumed, args, nargs, NULL); /* a value to clip */
+    }
+    Py_XINCREF(sw8); /* the headers are the library's: keep the value while it is decoded */
+    PyObject *carrier = carrier_of_value(sw8);
+    Py_XDECREF(sw8);
+    if (carrier == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            return NULL;
+        }
+        report_failure(delivery_failed);
+        return Py_NewRef(Py_None);
+    }
+    PyObject *parts[4] = {s_kafka, topic, s_consumer_of, group};
+    PyObject *op = swmp_join(parts, 4);
+    PyObject *cur = NULL;
+    if (op == NULL || PyContextVar_Get(current, NULL, &cur) < 0) {
+        Py_XDECREF(op);
+        Py_DECREF(carrier);
+        return NULL;
+    }
+    int inside = cur != NULL && cur != Py_None;
+    Py_XDECREF(cur);
+    PyObject *token = inside ? PyContextVar_Set(current, Py_None) : NULL; /* not the record's parent */
+    int r = inside && token == NULL ? -1 : record_delivery(op, carrier, brokers, topic);
+    Py_DECREF(op);
+    Py_DECREF(carrier);
+    if (r < 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
+        report_failure(delivery_failed);
+        r = 0;
+    }
+    if (token != NULL) { /* ``finally``: the context as it was */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        int reset = PyContextVar_Reset(current, token);
+        Py_DECREF(token);
+        if (reset < 0) {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            return NULL;
+        }
+        PyErr_Restore(type, value, tb);
+    }
+    return r < 0 ? NULL : Py_NewRef(Py_None);
+}

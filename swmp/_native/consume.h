@@ -5,4 +5,6 @@
 PyObject *swmp_setup_consume(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *swmp_amqp_consuming(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 extern PyTypeObject swmp_ConsumingType;
+PyObject *swmp_setup_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *swmp_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 #endif

@@ -1931,6 +1931,12 @@ static PyMethodDef module_methods[] = {
     {"amqp_consuming", (PyCFunction)(void (*)(void))swmp_amqp_consuming, METH_FASTCALL,
      "amqp_consuming(exchange, routing_key, headers, peer): the entry span of one delivered RabbitMQ message, "
      "current inside ``with`` (swmp/instrument/_mq.py)."},
+    {"setup_kafka_consumed", (PyCFunction)(void (*)(void))swmp_setup_kafka_consumed, METH_FASTCALL,
+     "setup_kafka_consumed(kafka_consumed, failed, component): the Python form kafka_consumed() hands other cases "
+     "to, the failure logger, the component (after setup_consume())."},
+    {"kafka_consumed", (PyCFunction)(void (*)(void))swmp_kafka_consumed, METH_FASTCALL,
+     "kafka_consumed(topic, group, headers, brokers): the entry span of one Kafka record returned to the caller, "
+     "recorded and finished (swmp/instrument/_mq.py)."},
     {"copy_slots", (PyCFunction)(void (*)(void))swmp_copy_slots, METH_FASTCALL,
      "copy_slots(obj, descriptors): a new object.__new__ instance of type(obj) with obj's values in those slots."},
     {"set_segments", (PyCFunction)(void (*)(void))set_segments, METH_FASTCALL,

@@ -209,7 +209,7 @@ def delivered(  # noqa: PLR0917 (the message's facts, in a fixed order)
 ) -> None:
     """Record the delivery of one message that the library returns to its caller, given its
     decoded headers (``carrier``, None without ``sw8``)."""
-    token = None
+    token = span = None
     try:
         if _get_current() is not None:  # a consumer loop inside a trace: not the parent
             token = _set_current(None)
@@ -229,6 +229,9 @@ def delivered(  # noqa: PLR0917 (the message's facts, in a fixed order)
             span.finish()
     except Exception:
         warn_once(f"consume:{component}", "swmp: recording a consumed message failed")
+        if isinstance(span, Span) and not span.end:  # made, not finished: it counts as open
+            with contextlib.suppress(Exception):
+                span.finish()
     finally:
         if token is not None:
             current_span.reset(token)
@@ -315,7 +318,7 @@ def _py_kafka_send_span(
     )
 
 
-def kafka_consumed(topic: str, group: str, headers: Any, brokers: str) -> None:
+def _py_kafka_consumed(topic: str, group: str, headers: Any, brokers: str) -> None:
     """One consumed Kafka record (headers: ``(name, value)`` pairs or None)."""
     try:
         carrier = pairs_carrier(headers) if headers else None
@@ -431,9 +434,16 @@ def _consuming_failed() -> None:
     warn_once(f"consuming:{_RABBITMQ_CONSUMER}", "swmp: tracing a consumed message failed")
 
 
-# A delivered RabbitMQ message's entry span around its callback: in C with the native core
-# (swmp/_native/consume.c; the common case, the Python form for the rest).
+def _delivery_failed() -> None:
+    """The native Kafka delivery's ``except Exception``: as :func:`delivered`'s."""
+    warn_once(f"consume:{_KAFKA_CONSUMER}", "swmp: recording a consumed message failed")
+
+
+# A delivered RabbitMQ message's entry span around its callback and a Kafka record's
+# delivery: in C with the native core (swmp/_native/consume.c; the common cases, the Python
+# forms for the rest).
 amqp_consuming: Callable[[Any, Any, Any, Any], AbstractContextManager[Any]] = _py_amqp_consuming
+kafka_consumed: Callable[[Any, Any, Any, Any], None] = _py_kafka_consumed
 if hasattr(native_core, "setup_consume"):
     native_core.setup_consume(
         Span,
@@ -456,3 +466,5 @@ if hasattr(native_core, "setup_consume"):
         SW8_X,
     )
     amqp_consuming = native_core.amqp_consuming
+    native_core.setup_kafka_consumed(_py_kafka_consumed, _delivery_failed, _KAFKA_CONSUMER)
+    kafka_consumed = native_core.kafka_consumed
