@@ -179,7 +179,10 @@ def _make_produce(orig: Any, limit: int) -> Any:
         if len(args) > limit:
             return orig(self, topic, *args, **kwargs)
         brokers = getattr(self, "_swmp_brokers", "")
-        span, traced = _mq.kafka_send_span(topic, brokers, kwargs.get("headers"), _with_headers)
+        headers = kwargs.get("headers")
+        # A header list (or none) is merged by kafka_send_span itself: no frame of ours.
+        merge = None if headers is None or headers.__class__ is list else _with_headers
+        span, traced = _mq.kafka_send_span(topic, brokers, headers, merge)
         if span is None:
             return orig(self, topic, *args, **kwargs)
         kwargs["headers"] = traced  # a dict of this call's own: the caller's is not touched
