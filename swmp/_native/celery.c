@@ -167,26 +167,6 @@ static int tag_and_box(PyObject *span, PyObject *broker, PyObject **box) {
     return 0;
 }
 
-/* The error set now, logged once by ``failed`` (warn_once, which logs the exception being
- * handled: it is made that one for the call) and cleared. */
-static void report_failure(void) {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL) {
-        PyException_SetTraceback(value, tb);
-    }
-    PyObject *old_type, *old_value, *old_tb;
-    PyErr_GetExcInfo(&old_type, &old_value, &old_tb);
-    PyErr_SetExcInfo(type, value, tb); /* steals */
-    PyObject *r = PyObject_CallNoArgs(failed);
-    if (r == NULL) {
-        PyErr_Clear(); /* logging it failed: the task goes on all the same */
-    }
-    Py_XDECREF(r);
-    PyErr_SetExcInfo(old_type, old_value, old_tb); /* steals */
-}
-
 typedef struct {
     PyObject_HEAD
     PyObject *fallback; /* the Python send_task: every other case */
@@ -207,7 +187,7 @@ static PyObject *send_traced(CelerySend *s, PyObject *span, PyObject *peer, PyOb
         if (!PyErr_ExceptionMatches(PyExc_Exception)) {
             return NULL; /* as Python's ``except Exception``: anything else goes on up */
         }
-        report_failure();
+        swmp_report_handled(failed, NULL, 0); /* logged once: the task goes on all the same */
     }
     PyObject *token = NULL;
     if (box != NULL && (token = PyContextVar_Set(armed, box)) == NULL) {

@@ -24,34 +24,34 @@
 
 #include "asgi.h"
 #include "consume.h"
+#include "mq.h"
 #include "spancore.h"
 
-/* Set by setup_consume(): see its docstring in spancore.c's method table. */
+/* Set by setup_consume(): see its docstring in spancore.c's method table. The tags and the
+ * tag limit are mq.c's (setup_mq() comes first). */
 static PyTypeObject *span_class = NULL;
 static PyObject *py_consuming = NULL, *table_carrier = NULL, *decode_carrier = NULL, *decode_sw8 = NULL,
-                *decide_entry = NULL, *py_tag_mq = NULL, *failed = NULL, *current = NULL, *limits = NULL,
-                *layer = NULL, *component = NULL, *tag_broker = NULL, *tag_topic = NULL, *tag_queue = NULL,
+                *decide_entry = NULL, *failed = NULL, *current = NULL, *layer = NULL, *component = NULL,
                 *h_sw8 = NULL, *h_correlation = NULL, *h_x = NULL;
-static PyObject *s_tag_value_max, *s_rabbitmq, *s_queue, *s_consumer, *s_exit;
+static PyObject *s_rabbitmq, *s_queue, *s_consumer, *s_exit, *s_finish;
 
 PyObject *swmp_setup_consume(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 18 || !PyType_Check(args[0]) || !PyContextVar_CheckExact(args[7])) {
+    if (nargs != 13 || !PyType_Check(args[0]) || !PyContextVar_CheckExact(args[6])) {
         PyErr_SetString(PyExc_TypeError,
                         "setup_consume(span_class: type, amqp_consuming, table_carrier, decode_carrier, decode_sw8, "
-                        "decide_entry_span, tag_mq, current: ContextVar, failed, limits, layer, component, "
-                        "tag_broker, tag_topic, tag_queue, sw8, sw8_correlation, sw8_x)");
+                        "decide_entry_span, current: ContextVar, failed, layer, component, sw8, sw8_correlation, "
+                        "sw8_x)");
         return NULL;
     }
-    if (s_exit == NULL && ((s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
-                           (s_rabbitmq = PyUnicode_InternFromString("RabbitMQ/Topic/")) == NULL ||
-                           (s_queue = PyUnicode_InternFromString("/Queue/")) == NULL ||
-                           (s_consumer = PyUnicode_InternFromString("/Consumer")) == NULL ||
-                           (s_exit = PyUnicode_InternFromString("__exit__")) == NULL)) {
+    if (s_finish == NULL && ((s_rabbitmq = PyUnicode_InternFromString("RabbitMQ/Topic/")) == NULL ||
+                             (s_queue = PyUnicode_InternFromString("/Queue/")) == NULL ||
+                             (s_consumer = PyUnicode_InternFromString("/Consumer")) == NULL ||
+                             (s_exit = PyUnicode_InternFromString("__exit__")) == NULL ||
+                             (s_finish = PyUnicode_InternFromString("finish")) == NULL)) {
         return NULL;
     }
     PyObject **slots[] = {(PyObject **)&span_class, &py_consuming, &table_carrier, &decode_carrier, &decode_sw8,
-                          &decide_entry, &py_tag_mq, &current, &failed, &limits, &layer, &component,
-                          &tag_broker, &tag_topic, &tag_queue, &h_sw8, &h_correlation, &h_x};
+                          &decide_entry, &current, &failed, &layer, &component, &h_sw8, &h_correlation, &h_x};
     for (Py_ssize_t i = 0; i < nargs; i++) {
         Py_XSETREF(*slots[i], Py_NewRef(args[i]));
     }
@@ -81,26 +81,6 @@ static void consuming_dealloc(Consuming *c) {
     PyObject_GC_UnTrack(c);
     consuming_clear(c);
     Py_TYPE(c)->tp_free((PyObject *)c);
-}
-
-/* The error set now (an Exception) logged once by ``logger`` as the exception being
- * handled, then cleared. */
-static void report_failure(PyObject *logger) {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL) {
-        PyException_SetTraceback(value, tb);
-    }
-    PyObject *old_type, *old_value, *old_tb;
-    PyErr_GetExcInfo(&old_type, &old_value, &old_tb);
-    PyErr_SetExcInfo(type, value, tb); /* steals */
-    PyObject *r = PyObject_CallNoArgs(logger);
-    if (r == NULL) {
-        PyErr_Clear();
-    }
-    Py_XDECREF(r);
-    PyErr_SetExcInfo(old_type, old_value, old_tb); /* steals */
 }
 
 /* The producer's context from the headers table: table_carrier's steps. New reference. */
@@ -133,6 +113,40 @@ static PyObject *carrier_of(PyObject *headers) {
     return carrier;
 }
 
+/* A consumed message's entry span (entry_root, else the Python decide_entry_span) of
+ * ``comp``: a new reference to a recorded span, Py_None (nothing recorded), or NULL. */
+static PyObject *message_span(PyObject *op, PyObject *comp, PyObject *carrier) {
+    PyObject *args[4] = {op, comp, layer, carrier};
+    PyObject *span = swmp_entry_root(args);
+    if (span == Py_None) {
+        Py_DECREF(span);
+        PyObject *dargs[4] = {op, carrier, comp, layer};
+        span = PyObject_Vectorcall(decide_entry, dargs, 4, NULL);
+    }
+    if (span == NULL || Py_IS_TYPE(span, span_class)) {
+        return span;
+    }
+    int recorded = PyObject_IsInstance(span, (PyObject *)span_class);
+    if (recorded <= 0) { /* not recorded: nothing to enter or finish */
+        Py_DECREF(span);
+        return recorded < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    return span;
+}
+
+/* ``span.finish()`` with the error set now kept (a span made and then given up on counts as
+ * open in its segment until finished). Steals ``span``; returns -1. */
+static int finish_given_up(PyObject *span) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *done = PyObject_CallMethodNoArgs(span, s_finish);
+    Py_XDECREF(done);
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+    Py_DECREF(span);
+    return -1;
+}
+
 /* The message's span (entered, tagged) into ``c->span``: 0, or -1 with an error set. */
 static int open_span(Consuming *c, PyObject *op, PyObject *exchange, PyObject *routing_key, PyObject *headers,
                      PyObject *peer) {
@@ -140,52 +154,17 @@ static int open_span(Consuming *c, PyObject *op, PyObject *exchange, PyObject *r
     if (carrier == NULL) {
         return -1;
     }
-    PyObject *args[4] = {op, component, layer, carrier};
-    PyObject *span = swmp_entry_root(args);
-    if (span == Py_None) {
-        Py_DECREF(span);
-        PyObject *dargs[4] = {op, carrier, component, layer};
-        span = PyObject_Vectorcall(decide_entry, dargs, 4, NULL);
-    }
+    PyObject *span = message_span(op, component, carrier);
     Py_DECREF(carrier);
-    if (span == NULL) {
-        return -1;
+    if (span == NULL || span == Py_None) {
+        Py_XDECREF(span);
+        return span == NULL ? -1 : 0;
     }
-    int recorded = Py_IS_TYPE(span, span_class) ? 1 : PyObject_IsInstance(span, (PyObject *)span_class);
-    if (recorded <= 0) { /* not recorded: nothing to enter */
-        Py_DECREF(span);
-        return recorded;
+    if (swmp_mq_tags(span, peer, exchange, routing_key) < 0 || swmp_span_enter(span) < 0) {
+        return finish_given_up(span);
     }
-    int r = 0;
-    if (Py_IS_TYPE(span, span_class) && !PyObject_IsTrue(swmp_span_tags(span))) {
-        PyObject *tags = PyList_New(6);
-        if (tags == NULL) {
-            r = -1;
-        } else {
-            PyObject *items[6] = {tag_broker, peer, tag_topic, exchange, tag_queue, routing_key};
-            for (int i = 0; i < 6; i++) {
-                PyList_SET_ITEM(tags, i, Py_NewRef(items[i]));
-            }
-            swmp_span_set_tags(span, tags);
-        }
-    } else {
-        PyObject *t = PyObject_CallFunctionObjArgs(py_tag_mq, span, peer, exchange, routing_key, NULL);
-        r = t == NULL ? -1 : 0;
-        Py_XDECREF(t);
-    }
-    if (r == 0 && swmp_span_enter(span) == 0) {
-        c->span = span;
-        return 0;
-    }
-    /* Made but not entered: finished now (it counts as open in its segment). */
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyObject *done = PyObject_CallMethod(span, "finish", NULL);
-    Py_XDECREF(done);
-    PyErr_Clear();
-    PyErr_Restore(type, value, tb);
-    Py_DECREF(span);
-    return -1;
+    c->span = span;
+    return 0;
 }
 
 /* Gives the context back as it was: the token reset, or the current span cleared again. */
@@ -222,19 +201,14 @@ PyObject *swmp_amqp_consuming(PyObject *module, PyObject *const *args, Py_ssize_
         return PyObject_Vectorcall(py_consuming, args, nargs, NULL);
     }
     PyObject *exchange = args[0], *routing_key = args[1], *headers = args[2], *peer = args[3];
-    PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
-    Py_ssize_t lim = lim_obj == NULL ? -1 : PyLong_AsSsize_t(lim_obj);
-    Py_XDECREF(lim_obj);
-    if (lim == -1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+    PyObject *values[3] = {peer, exchange, routing_key};
+    int fit = swmp_mq_fit(values, 3);
+    if (fit <= 0) { /* a value to clip (or the limit unreadable): the Python form's */
+        if (fit < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) {
             return NULL;
         }
         PyErr_Clear();
         return PyObject_Vectorcall(py_consuming, args, nargs, NULL);
-    }
-    if (PyUnicode_GET_LENGTH(peer) > lim || PyUnicode_GET_LENGTH(exchange) > lim ||
-        PyUnicode_GET_LENGTH(routing_key) > lim) {
-        return PyObject_Vectorcall(py_consuming, args, nargs, NULL); /* a value to clip */
     }
     PyObject *parts[5] = {s_rabbitmq, exchange, s_queue, routing_key, s_consumer};
     PyObject *op = swmp_join(parts, 5);
@@ -268,7 +242,7 @@ PyObject *swmp_amqp_consuming(PyObject *module, PyObject *const *args, Py_ssize_
             Py_DECREF(c);
             return NULL;
         }
-        report_failure(failed);
+        swmp_report_handled(failed, NULL, 0);
     }
     Py_DECREF(op);
     return (PyObject *)c;
@@ -404,59 +378,21 @@ static PyObject *carrier_of_value(PyObject *value) {
     return carrier;
 }
 
-/* The record's span: made, tagged and finished (0), or -1 with an error; a span made and
- * not finished because a step failed is finished before returning. */
+/* The record's span: made, tagged and finished (0), or -1 with an error (a span made is
+ * finished all the same). */
 static int record_delivery(PyObject *op, PyObject *carrier, PyObject *brokers, PyObject *topic) {
-    PyObject *args[4] = {op, kafka_component, layer, carrier};
-    PyObject *span = swmp_entry_root(args);
-    if (span == Py_None) {
-        Py_DECREF(span);
-        PyObject *dargs[4] = {op, carrier, kafka_component, layer};
-        span = PyObject_Vectorcall(decide_entry, dargs, 4, NULL);
+    PyObject *span = message_span(op, kafka_component, carrier);
+    if (span == NULL || span == Py_None) {
+        Py_XDECREF(span);
+        return span == NULL ? -1 : 0;
     }
-    if (span == NULL) {
-        return -1;
+    if (swmp_mq_tags(span, brokers, topic, NULL) < 0) {
+        return finish_given_up(span);
     }
-    int recorded = Py_IS_TYPE(span, span_class) ? 1 : PyObject_IsInstance(span, (PyObject *)span_class);
-    if (recorded <= 0) {
-        Py_DECREF(span);
-        return recorded;
-    }
-    int r = 0;
-    if (Py_IS_TYPE(span, span_class) && !PyObject_IsTrue(swmp_span_tags(span))) {
-        PyObject *tags = PyList_New(4);
-        if (tags == NULL) {
-            r = -1;
-        } else {
-            PyObject *items[4] = {tag_broker, brokers, tag_topic, topic};
-            for (int i = 0; i < 4; i++) {
-                PyList_SET_ITEM(tags, i, Py_NewRef(items[i]));
-            }
-            swmp_span_set_tags(span, tags);
-        }
-    } else {
-        PyObject *t = PyObject_CallFunctionObjArgs(py_tag_mq, span, brokers, topic, Py_None, NULL);
-        r = t == NULL ? -1 : 0;
-        Py_XDECREF(t);
-    }
-    /* finished whatever the tags did: a made span counts as open in its segment */
-    PyObject *type = NULL, *value = NULL, *tb = NULL;
-    if (r < 0) {
-        PyErr_Fetch(&type, &value, &tb);
-    }
-    PyObject *done = PyObject_CallMethod(span, "finish", NULL);
+    PyObject *done = PyObject_CallMethodNoArgs(span, s_finish);
     Py_DECREF(span);
-    if (r < 0) {
-        Py_XDECREF(done);
-        PyErr_Clear();
-        PyErr_Restore(type, value, tb);
-        return -1;
-    }
-    if (done == NULL) {
-        return -1;
-    }
-    Py_DECREF(done);
-    return 0;
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
 }
 
 PyObject *swmp_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -470,17 +406,14 @@ PyObject *swmp_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_
         return PyObject_Vectorcall(py_kafka_consumed, args, nargs, NULL);
     }
     PyObject *topic = args[0], *group = args[1], *brokers = args[3];
-    PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
-    Py_ssize_t lim = lim_obj == NULL ? -1 : PyLong_AsSsize_t(lim_obj);
-    Py_XDECREF(lim_obj);
-    if ((lim == -1 && PyErr_Occurred()) || PyUnicode_GET_LENGTH(brokers) > lim || PyUnicode_GET_LENGTH(topic) > lim) {
-        if (PyErr_Occurred()) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-                return NULL;
-            }
-            PyErr_Clear();
+    PyObject *values[2] = {brokers, topic};
+    int fit = swmp_mq_fit(values, 2);
+    if (fit <= 0) { /* a value to clip (or the limit unreadable): the Python form's */
+        if (fit < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) {
+            return NULL;
         }
-        return PyObject_Vectorcall(py_kafka_consumed, args, nargs, NULL); /* a value to clip */
+        PyErr_Clear();
+        return PyObject_Vectorcall(py_kafka_consumed, args, nargs, NULL);
     }
     Py_XINCREF(sw8); /* the headers are the library's: keep the value while it is decoded */
     PyObject *carrier = carrier_of_value(sw8);
@@ -489,7 +422,7 @@ PyObject *swmp_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_
         if (!PyErr_ExceptionMatches(PyExc_Exception)) {
             return NULL;
         }
-        report_failure(delivery_failed);
+        swmp_report_handled(delivery_failed, NULL, 0);
         return Py_NewRef(Py_None);
     }
     PyObject *parts[4] = {s_kafka, topic, s_consumer_of, group};
@@ -507,7 +440,7 @@ PyObject *swmp_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_
     Py_DECREF(op);
     Py_DECREF(carrier);
     if (r < 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
-        report_failure(delivery_failed);
+        swmp_report_handled(delivery_failed, NULL, 0);
         r = 0;
     }
     if (token != NULL) { /* ``finally``: the context as it was */

@@ -59,9 +59,7 @@ PyObject *swmp_setup_mq(PyObject *module, PyObject *const *args, Py_ssize_t narg
     return Py_NewRef(Py_None);
 }
 
-/* 1 when every value (exact strs) fits the tag limit, 0 when one must be clipped (the
- * Python form's), -1 on an error. */
-static int tags_fit(PyObject *const *values, int n) {
+int swmp_mq_fit(PyObject *const *values, int n) {
     PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
     if (lim_obj == NULL) {
         return -1;
@@ -79,6 +77,24 @@ static int tags_fit(PyObject *const *values, int n) {
     return 1;
 }
 
+int swmp_mq_tags(PyObject *span, PyObject *broker, PyObject *topic, PyObject *queue) {
+    if (Py_IS_TYPE(span, span_class) && !PyObject_IsTrue(swmp_span_tags(span))) {
+        PyObject *tags = PyList_New(queue != NULL ? 6 : 4);
+        if (tags == NULL) {
+            return -1;
+        }
+        PyObject *items[6] = {tag_broker, broker, tag_topic, topic, tag_queue, queue};
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tags); i++) {
+            PyList_SET_ITEM(tags, i, Py_NewRef(items[i]));
+        }
+        swmp_span_set_tags(span, tags);
+        return 0;
+    }
+    PyObject *r = PyObject_CallFunctionObjArgs(py_tag_mq, span, broker, topic, queue != NULL ? queue : Py_None, NULL);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 static PyObject *none_pair(void) {
     return PyTuple_Pack(2, Py_None, Py_None);
 }
@@ -91,21 +107,8 @@ static PyObject *give_up(PyObject *component, PyObject *span) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) {
         return NULL;
     }
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL) {
-        PyException_SetTraceback(value, tb);
-    }
-    PyObject *old_type, *old_value, *old_tb;
-    PyErr_GetExcInfo(&old_type, &old_value, &old_tb);
-    PyErr_SetExcInfo(type, value, tb); /* steals */
-    PyObject *r = PyObject_CallFunctionObjArgs(failed, component, span != NULL ? span : Py_None, NULL);
-    if (r == NULL) {
-        PyErr_Clear(); /* logging it failed: the message goes out all the same */
-    }
-    Py_XDECREF(r);
-    PyErr_SetExcInfo(old_type, old_value, old_tb); /* steals */
+    PyObject *args[2] = {component, span != NULL ? span : Py_None};
+    swmp_report_handled(failed, args, 2);
     return none_pair();
 }
 
@@ -239,23 +242,8 @@ static PyObject *send_span(PyObject *op, PyObject *peer, PyObject *component, Py
         Py_DECREF(span);
         return recorded < 0 ? give_up(component, NULL) : none_pair();
     }
-    int fresh = Py_IS_TYPE(span, span_class) ? !PyObject_IsTrue(swmp_span_tags(span)) : 0;
-    if (fresh) {
-        PyObject *tags = PyList_New(queue != NULL ? 6 : 4);
-        if (tags == NULL) {
-            goto broken;
-        }
-        PyObject *items[6] = {tag_broker, peer, tag_topic, topic, tag_queue, queue};
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tags); i++) {
-            PyList_SET_ITEM(tags, i, Py_NewRef(items[i]));
-        }
-        swmp_span_set_tags(span, tags);
-    } else {
-        PyObject *r = PyObject_CallFunctionObjArgs(py_tag_mq, span, peer, topic, queue != NULL ? queue : Py_None, NULL);
-        if (r == NULL) {
-            goto broken;
-        }
-        Py_DECREF(r);
+    if (swmp_mq_tags(span, peer, topic, queue) < 0) {
+        goto broken;
     }
     PyObject *headers = attach != NULL ? PyObject_CallFunctionObjArgs(attach, span, arg, NULL) : kafka_merge(span, arg);
     if (headers == NULL) {
@@ -287,7 +275,7 @@ PyObject *swmp_kafka_send_span(PyObject *module, PyObject *const *args, Py_ssize
     }
     PyObject *topic = args[0], *brokers = args[1];
     PyObject *values[2] = {brokers, topic};
-    int fit = tags_fit(values, 2);
+    int fit = swmp_mq_fit(values, 2);
     if (fit <= 0) {
         if (fit < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) {
             return NULL;
@@ -315,7 +303,7 @@ PyObject *swmp_amqp_send_span(PyObject *module, PyObject *const *args, Py_ssize_
     }
     PyObject *exchange = args[0], *routing_key = args[1], *peer = args[2];
     PyObject *values[3] = {peer, exchange, routing_key};
-    int fit = tags_fit(values, 3);
+    int fit = swmp_mq_fit(values, 3);
     if (fit <= 0) {
         if (fit < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) {
             return NULL;

@@ -7,4 +7,10 @@ PyObject *swmp_kafka_send_span(PyObject *module, PyObject *const *args, Py_ssize
 PyObject *swmp_amqp_send_span(PyObject *module, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames);
 PyObject *swmp_kafka_headers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *swmp_amqp_headers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* For consume.c (after setup_mq()): 1 when every value (exact strs) fits the tag limit, 0
+ * when one must be clipped (the Python form's), -1 on an error; and a span's mq.* tags (the
+ * one list when it is of the recorded class without tags yet, else the Python tag_mq;
+ * ``queue`` NULL for none): 0 or -1. */
+int swmp_mq_fit(PyObject *const *values, int n);
+int swmp_mq_tags(PyObject *span, PyObject *broker, PyObject *topic, PyObject *queue);
 #endif

@@ -1129,6 +1129,28 @@ static PyObject *new_exit_span(PyObject *module, PyObject *const *args, Py_ssize
     return PyObject_Vectorcall(py_decide_exit_span, call, 5, NULL);
 }
 
+/* The error set now handed to ``logger(*args)`` as the exception being handled (what
+ * ``except Exception: warn_once(...)`` logs with its traceback), then cleared, as the
+ * handled exception before it is put back. A logger that fails is ignored: the host's work
+ * goes on all the same. */
+void swmp_report_handled(PyObject *logger, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    PyObject *old_type, *old_value, *old_tb;
+    PyErr_GetExcInfo(&old_type, &old_value, &old_tb);
+    PyErr_SetExcInfo(type, value, tb); /* steals */
+    PyObject *r = PyObject_Vectorcall(logger, args, (size_t)nargs, NULL);
+    if (r == NULL) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(r);
+    PyErr_SetExcInfo(old_type, old_value, old_tb); /* steals */
+}
+
 PyObject *swmp_optional_attr(PyObject *obj, PyObject *name) {
     PyObject *value = PyObject_GetAttr(obj, name);
     if (value == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
@@ -1925,9 +1947,9 @@ static PyMethodDef module_methods[] = {
     {"amqp_headers", (PyCFunction)(void (*)(void))swmp_amqp_headers, METH_FASTCALL,
      "amqp_headers(span, headers): a new AMQP headers table, the caller's without sw8 ones plus the span's."},
     {"setup_consume", (PyCFunction)(void (*)(void))swmp_setup_consume, METH_FASTCALL,
-     "setup_consume(span_class, amqp_consuming, table_carrier, decode_carrier, decode_sw8, decide_entry_span, tag_mq, "
-     "current, failed, limits, layer, component, tag_broker, tag_topic, tag_queue, sw8, sw8_correlation, sw8_x): the "
-     "Python forms amqp_consuming() hands other cases to, and what it reads."},
+     "setup_consume(span_class, amqp_consuming, table_carrier, decode_carrier, decode_sw8, decide_entry_span, current, "
+     "failed, layer, component, sw8, sw8_correlation, sw8_x): the Python forms amqp_consuming() hands other cases to, "
+     "and what it reads (after setup_mq())."},
     {"amqp_consuming", (PyCFunction)(void (*)(void))swmp_amqp_consuming, METH_FASTCALL,
      "amqp_consuming(exchange, routing_key, headers, peer): the entry span of one delivered RabbitMQ message, "
      "current inside ``with`` (swmp/instrument/_mq.py)."},

@@ -22,6 +22,9 @@ int swmp_span_exit(PyObject *span, PyObject *exc);
 PyObject *swmp_span_inject(PyObject *span);
 PyObject *swmp_span_tags(PyObject *span);
 void swmp_span_set_tags(PyObject *span, PyObject *tags);
+/* The error set now (an Exception) logged by ``logger(*args)`` as the exception being handled
+ * (warn_once's ``exc_info``), then cleared. */
+void swmp_report_handled(PyObject *logger, PyObject *const *args, Py_ssize_t nargs);
 /* getattr(obj, name, NULL): a new reference, or NULL without an error when there is no such
  * attribute (NULL with the error for any other failure). */
 PyObject *swmp_optional_attr(PyObject *obj, PyObject *name);
