@@ -84,15 +84,28 @@ class Rates:
         self._sent = 0
         self.read_per_s = 0.0
         self.sent_per_s = 0.0
+        self._behind = True  # no totals taken yet, or the last update() could not (no time passed)
 
     def update(self, read_total: int, sent_total: int) -> None:
         now = time.monotonic()
         dt = now - self._t
         if dt <= 0:
+            self._behind = True
             return
         self.read_per_s = round((read_total - self._read) / dt, 1)
         self.sent_per_s = round((sent_total - self._sent) / dt, 1)
         self._t, self._read, self._sent = now, read_total, sent_total
+        self._behind = False
+
+    def at_rest(self) -> bool:
+        """Both rates are 0 and the last update took its totals: while the totals stay
+        those, every update leaves the rates 0."""
+        return not self._behind and self.read_per_s == 0.0 and self.sent_per_s == 0.0
+
+    def restart(self, now: float) -> None:
+        """What :meth:`update` does when the rates are at rest and neither total moved
+        (they stay 0): the next period starts at ``now`` (``time.monotonic()``)."""
+        self._t = now
 
 
 @dataclass(frozen=True)
