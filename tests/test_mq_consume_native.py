@@ -263,3 +263,28 @@ def test_kafka_names(sink: _sink.MemorySink, topic: Any, group: Any, brokers: An
 
 def test_the_kafka_consumers_use_the_native_delivery() -> None:
     assert _mq.kafka_consumed is native_core.kafka_consumed
+
+
+class Meddler:
+    """A table key that collides with ``sw8-correlation`` and, when compared, takes ``sw8``
+    out of the table: the value found before must stay alive while it is decoded."""
+
+    def __init__(self, table: dict[Any, Any]) -> None:
+        self.table = table
+
+    def __hash__(self) -> int:
+        return hash("sw8-correlation")
+
+    def __eq__(self, other: object) -> bool:
+        self.table.pop("sw8", None)
+        return False
+
+
+def test_a_table_changed_while_it_is_read(sink: _sink.MemorySink) -> None:
+    results = []
+    for form in (native_core.amqp_consuming, _mq._py_amqp_consuming):
+        table: dict[Any, Any] = {"sw8": "".join(HEADERS[3]["sw8"])}  # a value of its own
+        table[Meddler(table)] = 1
+        results.append(_run(form, ("ex", "q", table, "p:1"), "return", sink, "none"))
+    assert results[0] == results[1]
+    assert results[0][3][0][3][0][0:2] == [0, -1]  # the message's own entry span, recorded

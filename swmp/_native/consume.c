@@ -91,19 +91,18 @@ static PyObject *carrier_of(PyObject *headers) {
     if (!PyDict_CheckExact(headers)) {
         return PyObject_CallOneArg(table_carrier, headers);
     }
-    PyObject *sw8 = PyDict_GetItemWithError(headers, h_sw8); /* borrowed; str keys: no Python code */
+    /* Held at once: the look-ups below may compare other keys with ``__eq__`` (Python code
+     * that could change the table). */
+    PyObject *sw8 = Py_XNewRef(PyDict_GetItemWithError(headers, h_sw8));
     if (sw8 == NULL) {
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     }
     PyObject *correlation = PyDict_GetItemWithError(headers, h_correlation);
     PyObject *x = correlation == NULL && !PyErr_Occurred() ? PyDict_GetItemWithError(headers, h_x) : NULL;
-    if (PyErr_Occurred()) {
-        return NULL;
+    if (PyErr_Occurred() || correlation != NULL || x != NULL) {
+        Py_DECREF(sw8);
+        return PyErr_Occurred() ? NULL : PyObject_CallOneArg(table_carrier, headers);
     }
-    if (correlation != NULL || x != NULL) {
-        return PyObject_CallOneArg(table_carrier, headers);
-    }
-    Py_INCREF(sw8); /* the table is the caller's: keep the value while it is decoded */
     PyObject *carrier = PyUnicode_CheckExact(sw8) ? PyObject_CallOneArg(decode_carrier, sw8) : Py_NewRef(Py_None);
     if (carrier == Py_None) {
         Py_DECREF(carrier);
@@ -192,8 +191,8 @@ static int give_back(Consuming *c) {
 
 
 PyObject *swmp_amqp_consuming(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (span_class == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_consume() was not called");
+    if (span_class == NULL || !swmp_mq_ready()) {
+        PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_mq() and setup_consume() were not called");
         return NULL;
     }
     if (nargs != 4 || !PyUnicode_CheckExact(args[0]) || !PyUnicode_CheckExact(args[1]) ||
@@ -396,8 +395,8 @@ static int record_delivery(PyObject *op, PyObject *carrier, PyObject *brokers, P
 }
 
 PyObject *swmp_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (span_class == NULL || py_kafka_consumed == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_kafka_consumed() was not called");
+    if (span_class == NULL || py_kafka_consumed == NULL || !swmp_mq_ready()) {
+        PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_mq(), setup_consume() and setup_kafka_consumed() were not called");
         return NULL;
     }
     PyObject *sw8 = NULL;

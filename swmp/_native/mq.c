@@ -266,6 +266,10 @@ static int ready(void) {
     return span_class != NULL;
 }
 
+int swmp_mq_ready(void) {
+    return ready();
+}
+
 PyObject *swmp_kafka_send_span(PyObject *module, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (!ready() || kwnames != NULL || nargs < 3 || nargs > 4 || !PyUnicode_CheckExact(args[0]) ||

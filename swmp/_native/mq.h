@@ -11,6 +11,7 @@ PyObject *swmp_amqp_headers(PyObject *module, PyObject *const *args, Py_ssize_t 
  * when one must be clipped (the Python form's), -1 on an error; and a span's mq.* tags (the
  * one list when it is of the recorded class without tags yet, else the Python tag_mq;
  * ``queue`` NULL for none): 0 or -1. */
+int swmp_mq_ready(void); /* setup_mq() was called */
 int swmp_mq_fit(PyObject *const *values, int n);
 int swmp_mq_tags(PyObject *span, PyObject *broker, PyObject *topic, PyObject *queue);
 #endif
