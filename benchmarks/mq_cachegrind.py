@@ -11,7 +11,7 @@ wrapper) and ``traced``:
   MQ exit span with its tags and the ``sw8`` header list), against the entry span alone;
   ``producer-amqp``: the same for an aiormq publish (the span, the copy of the caller's
   pamqp properties, the new headers table);
-* ``consumer``: ``_mq.consumed`` for a Kafka record carrying ``sw8`` (decoding it, the entry
+* ``consumer``: ``_mq.kafka_consumed`` for a Kafka record carrying ``sw8`` (decoding it, the entry
   span with its ref and tags, the segment written into a real shared-memory ring), against
   nothing; ``consumer-no-sw8``: the same for a record without the header (a new trace);
 * ``consumer-callback``: ``_mq.amqp_consuming`` around a callback (pika / aiormq), the

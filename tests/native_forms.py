@@ -4,16 +4,39 @@ exit span (where nothing is recorded) or outside any trace, with everything it l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
 
-from swmp import _sink
+from swmp import _sink, tracing
+from swmp.config import load
 from swmp.tracing.context import new_entry_span, new_exit_span
+from swmp.tracing.limits import limits
 from swmp.tracing.span import current_span
 
 PLACES = ("entry", "exit", "none")
+
+
+class Text(str):
+    """A str subclass: the native forms leave it to their Python forms."""
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[_sink.MemorySink]:
+    """A memory sink and the default tracing settings; the tag limit (which tests lower) and
+    both put back afterwards."""
+    memory = _sink.MemorySink()
+    _sink.set_sink(memory)
+    tracing.configure(load({}))
+    saved = limits.tag_value_max
+    try:
+        yield memory
+    finally:
+        limits.tag_value_max = saved
+        tracing.configure(load({}))
+        _sink.set_sink(None)
 
 
 def segments(records: list[tuple[int, bytes]]) -> list[Any]:

@@ -697,13 +697,9 @@ def test_consumed_message_gets_its_own_segment_whatever_is_current(sink: _sink.M
             assert producer is not None
             headers = _mq.kafka_headers(producer, None)
             producer.finish()
-            _mq.consumed(
-                "Kafka/t/Consumer/g", _mq.pairs_lookup(headers), Component.KAFKA_CONSUMER, "b:1", "t"
-            )
+            _mq.kafka_consumed("t", "g", headers, "b:1")
             assert active_span() is loop_span  # the application's context is given back
-        _mq.consumed(
-            "Kafka/t/Consumer/g", _mq.pairs_lookup([("sw8", b"garbage")]), Component.KAFKA_CONSUMER, "b", "t"
-        )
+        _mq.kafka_consumed("t", "g", [("sw8", b"garbage")], "b")
     entries = spans_of(sink, Kind.ENTRY, Component.KAFKA_CONSUMER)
     assert len(entries) == 2
     (seg1, span1), (seg2, span2) = entries
@@ -720,9 +716,7 @@ def test_consuming_marks_errors_and_restores_the_context(sink: _sink.MemorySink)
     with new_entry_span("/outer") as outer:
         with (
             pytest.raises(KeyError),
-            _mq.Consuming(
-                "RabbitMQ/Topic//Queue/q/Consumer", {}.get, Component.RABBITMQ_CONSUMER, "b", "", "q"
-            ),
+            _mq.amqp_consuming("", "q", {}, "b"),
         ):
             span = active_span()
             assert span is not None and span.op == "RabbitMQ/Topic//Queue/q/Consumer"

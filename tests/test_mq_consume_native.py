@@ -19,25 +19,15 @@ from swmp.instrument import _mq
 from swmp.tracing.context import new_entry_span, new_exit_span
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NATIVE, current_span, native_core
-from tests.native_forms import PLACES, segments
+from tests.native_forms import PLACES, Text, recording, segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    memory = _sink.MemorySink()
-    _sink.set_sink(memory)
-    tracing.configure(load({}))
-    saved = limits.tag_value_max
-    yield memory
-    limits.tag_value_max = saved
-    tracing.configure(load({}))
-    _sink.set_sink(None)
-
-
-class Text(str):
-    pass
+    with recording() as memory:
+        yield memory
 
 
 class Table(dict[str, Any]):

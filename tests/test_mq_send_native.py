@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-from swmp import _sink, tracing
-from swmp.config import load
+from swmp import _sink
 from swmp.instrument import _mq
 from swmp.tracing.context import new_entry_span, new_exit_span
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NATIVE, Span, current_span, native_core
-from tests.native_forms import PLACES, segments
+from tests.native_forms import PLACES, Text, recording, segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
@@ -30,18 +29,8 @@ AMQP = (native_core.amqp_send_span if NATIVE else None, _mq._py_amqp_send_span)
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    memory = _sink.MemorySink()
-    _sink.set_sink(memory)
-    tracing.configure(load({}))
-    saved = limits.tag_value_max
-    yield memory
-    limits.tag_value_max = saved
-    tracing.configure(load({}))
-    _sink.set_sink(None)
-
-
-class Text(str):
-    """A str subclass: the native steps leave it to the Python forms."""
+    with recording() as memory:
+        yield memory
 
 
 def _normal(span: Any, headers: Any) -> Any:

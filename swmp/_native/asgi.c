@@ -28,7 +28,7 @@ static PyObject *py_entry = NULL, *tag_request = NULL, *decide_entry = NULL, *fr
                 *tag_method = NULL, *tag_url = NULL, *no_tags = NULL;
 static PyTypeObject *span_class = NULL;
 static PyObject *k_type, *k_method, *k_path, *k_headers, *k_scheme, *k_root_path, *k_server, *k_client, *v_http,
-    *s_rules, *s_methods, *s_tags, *s_peer, *s_tag_value_max, *s_max_elements, *s_max_length, *empty_text,
+    *s_rules, *s_methods, *s_tags, *s_peer, *s_max_elements, *s_max_length, *empty_text,
     *default_scheme, *empty_server, *colon, *scheme_end, *index_0, *index_1;
 
 PyObject *swmp_setup_asgi(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -180,13 +180,10 @@ PyObject *swmp_join(PyObject *const *parts, int n) {
 }
 
 int swmp_request_tags(const SwmpRequestTags *parts, PyObject *span, PyObject *method, PyObject *url) {
-    if (s_tags == NULL && ((s_tags = PyUnicode_InternFromString("tags")) == NULL ||
-                           (s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL)) {
+    if (s_tags == NULL && (s_tags = PyUnicode_InternFromString("tags")) == NULL) {
         return -1;
     }
-    PyObject *lim_obj = PyObject_GetAttr(parts->limits, s_tag_value_max);
-    Py_ssize_t lim = lim_obj == NULL ? -1 : PyLong_AsSsize_t(lim_obj);
-    Py_XDECREF(lim_obj);
+    Py_ssize_t lim = swmp_tag_limit(parts->limits);
     PyObject *tags = lim < 0 && PyErr_Occurred() ? NULL : PyObject_GetAttr(span, s_tags);
     if (tags == NULL) {
         return -1;

@@ -34,7 +34,7 @@
 static PyObject *no_tags = NULL, *limits = NULL, *settings = NULL, *layer = NULL, *tag_key = NULL,
                 *tag_instance = NULL, *empty = NULL;
 static PyTypeObject *span_class = NULL;
-static PyObject *s_tag_value_max, *s_collect_keys, *s_where;
+static PyObject *s_collect_keys, *s_where;
 
 PyObject *swmp_setup_cache(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7 || !PyType_Check(args[0]) || !PyUnicode_Check(args[5]) || !PyUnicode_Check(args[6])) {
@@ -43,8 +43,7 @@ PyObject *swmp_setup_cache(PyObject *module, PyObject *const *args, Py_ssize_t n
                         "tag_instance: str)");
         return NULL;
     }
-    if (empty == NULL && ((s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
-                           (s_collect_keys = PyUnicode_InternFromString("collect_keys")) == NULL ||
+    if (empty == NULL && ((s_collect_keys = PyUnicode_InternFromString("collect_keys")) == NULL ||
                            (s_where = PyUnicode_InternFromString("_swmp_where")) == NULL ||
                            (empty = PyUnicode_InternFromString("")) == NULL)) {
         return NULL;
@@ -124,12 +123,7 @@ static PyObject *where_of(CacheCall *c, PyObject *client) {
  * Decided before the span exists: a span once made is in its segment's count of open spans
  * and must be finished, so the fallback cannot be chosen after it. */
 static int tags_fit(PyObject *head, PyObject *key, PyObject *instance) {
-    PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
-    if (lim_obj == NULL) {
-        return -1;
-    }
-    Py_ssize_t lim = PyLong_AsSsize_t(lim_obj);
-    Py_DECREF(lim_obj);
+    Py_ssize_t lim = swmp_tag_limit(limits);
     if (lim == -1 && PyErr_Occurred()) {
         return -1;
     }

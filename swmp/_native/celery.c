@@ -41,7 +41,7 @@
 static PyObject *noop = NULL, *no_tags = NULL, *limits = NULL, *settings = NULL, *component = NULL, *layer = NULL,
                 *tag_broker = NULL, *armed = NULL, *failed = NULL, *not_consumed = NULL, *send_in = NULL;
 static PyTypeObject *span_class = NULL;
-static PyObject *s_tag, *s_tag_value_max, *s_params_length, *prefix, *k_self, *k_name, *k_args, *k_kwargs, *k_headers;
+static PyObject *s_tag, *s_params_length, *prefix, *k_self, *k_name, *k_args, *k_kwargs, *k_headers;
 
 PyObject *swmp_setup_celery(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 12 || !PyType_Check(args[0]) || !PyUnicode_CheckExact(args[7]) ||
@@ -58,7 +58,6 @@ PyObject *swmp_setup_celery(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;                                        \
     }
         INTERN(s_tag, "tag");
-        INTERN(s_tag_value_max, "tag_value_max");
         INTERN(s_params_length, "params_length");
         INTERN(prefix, "celery/");
         INTERN(k_self, "self");
@@ -130,9 +129,7 @@ static int wants_parameters(void) {
 static int tag_and_box(PyObject *span, PyObject *broker, PyObject **box) {
     int first = 0;
     if (swmp_span_tags(span) == no_tags && PyUnicode_Check(broker)) {
-        PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
-        Py_ssize_t lim = lim_obj == NULL ? -1 : PyLong_AsSsize_t(lim_obj);
-        Py_XDECREF(lim_obj);
+        Py_ssize_t lim = swmp_tag_limit(limits);
         if (lim == -1 && PyErr_Occurred()) {
             return -1;
         }

@@ -203,11 +203,7 @@ PyObject *swmp_amqp_consuming(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *values[3] = {peer, exchange, routing_key};
     int fit = swmp_mq_fit(values, 3);
     if (fit <= 0) { /* a value to clip (or the limit unreadable): the Python form's */
-        if (fit < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) {
-            return NULL;
-        }
-        PyErr_Clear();
-        return PyObject_Vectorcall(py_consuming, args, nargs, NULL);
+        return fit < 0 ? NULL : PyObject_Vectorcall(py_consuming, args, nargs, NULL);
     }
     PyObject *parts[5] = {s_rabbitmq, exchange, s_queue, routing_key, s_consumer};
     PyObject *op = swmp_join(parts, 5);
@@ -408,11 +404,7 @@ PyObject *swmp_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *values[2] = {brokers, topic};
     int fit = swmp_mq_fit(values, 2);
     if (fit <= 0) { /* a value to clip (or the limit unreadable): the Python form's */
-        if (fit < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) {
-            return NULL;
-        }
-        PyErr_Clear();
-        return PyObject_Vectorcall(py_kafka_consumed, args, nargs, NULL);
+        return fit < 0 ? NULL : PyObject_Vectorcall(py_kafka_consumed, args, nargs, NULL);
     }
     Py_XINCREF(sw8); /* the headers are the library's: keep the value while it is decoded */
     PyObject *carrier = carrier_of_value(sw8);

@@ -30,7 +30,7 @@ static PyTypeObject *span_class = NULL;
 static PyObject *py_kafka_send = NULL, *py_amqp_send = NULL, *py_kafka_headers = NULL, *py_amqp_headers = NULL,
                 *py_tag_mq = NULL, *failed = NULL, *limits = NULL, *layer = NULL, *tag_broker = NULL, *tag_topic = NULL,
                 *tag_queue = NULL, *own_headers = NULL, *kafka_component = NULL, *amqp_component = NULL;
-static PyObject *s_tag_value_max, *s_kafka, *s_producer, *s_rabbitmq, *s_queue, *s_inject, *s_encode, *s_ascii;
+static PyObject *s_kafka, *s_producer, *s_rabbitmq, *s_queue, *s_inject, *s_encode, *s_ascii;
 
 PyObject *swmp_setup_mq(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 15 || !PyType_Check(args[0]) || !PyFrozenSet_CheckExact(args[12])) {
@@ -40,8 +40,7 @@ PyObject *swmp_setup_mq(PyObject *module, PyObject *const *args, Py_ssize_t narg
                         "kafka_component, amqp_component)");
         return NULL;
     }
-    if (s_ascii == NULL && ((s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
-                            (s_kafka = PyUnicode_InternFromString("Kafka/")) == NULL ||
+    if (s_ascii == NULL && ((s_kafka = PyUnicode_InternFromString("Kafka/")) == NULL ||
                             (s_producer = PyUnicode_InternFromString("/Producer")) == NULL ||
                             (s_rabbitmq = PyUnicode_InternFromString("RabbitMQ/Topic/")) == NULL ||
                             (s_queue = PyUnicode_InternFromString("/Queue/")) == NULL ||
@@ -60,14 +59,13 @@ PyObject *swmp_setup_mq(PyObject *module, PyObject *const *args, Py_ssize_t narg
 }
 
 int swmp_mq_fit(PyObject *const *values, int n) {
-    PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
-    if (lim_obj == NULL) {
-        return -1;
-    }
-    Py_ssize_t lim = PyLong_AsSsize_t(lim_obj);
-    Py_DECREF(lim_obj);
+    Py_ssize_t lim = swmp_tag_limit(limits);
     if (lim == -1 && PyErr_Occurred()) {
-        return -1;
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            return -1;
+        }
+        PyErr_Clear(); /* the Python form reads the limit itself, and says what is wrong */
+        return 0;
     }
     for (int i = 0; i < n; i++) {
         if (PyUnicode_GET_LENGTH(values[i]) > lim) {
@@ -281,11 +279,7 @@ PyObject *swmp_kafka_send_span(PyObject *module, PyObject *const *args, Py_ssize
     PyObject *values[2] = {brokers, topic};
     int fit = swmp_mq_fit(values, 2);
     if (fit <= 0) {
-        if (fit < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) {
-            return NULL;
-        }
-        PyErr_Clear();
-        return PyObject_Vectorcall(py_kafka_send, args, nargsf, kwnames);
+        return fit < 0 ? NULL : PyObject_Vectorcall(py_kafka_send, args, nargsf, kwnames);
     }
     PyObject *parts[3] = {s_kafka, topic, s_producer};
     PyObject *op = swmp_join(parts, 3);
@@ -309,11 +303,7 @@ PyObject *swmp_amqp_send_span(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *values[3] = {peer, exchange, routing_key};
     int fit = swmp_mq_fit(values, 3);
     if (fit <= 0) {
-        if (fit < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) {
-            return NULL;
-        }
-        PyErr_Clear();
-        return PyObject_Vectorcall(py_amqp_send, args, nargsf, kwnames);
+        return fit < 0 ? NULL : PyObject_Vectorcall(py_amqp_send, args, nargsf, kwnames);
     }
     PyObject *parts[5] = {s_rabbitmq, exchange, s_queue, routing_key, s_producer};
     PyObject *op = swmp_join(parts, 5);

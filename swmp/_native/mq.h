@@ -8,7 +8,8 @@ PyObject *swmp_amqp_send_span(PyObject *module, PyObject *const *args, Py_ssize_
 PyObject *swmp_kafka_headers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *swmp_amqp_headers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* For consume.c (after setup_mq()): 1 when every value (exact strs) fits the tag limit, 0
- * when one must be clipped (the Python form's), -1 on an error; and a span's mq.* tags (the
+ * when the Python form must decide (a value to clip, or an Exception reading the limit,
+ * cleared), -1 with an error that is not an Exception; and a span's mq.* tags (the
  * one list when it is of the recorded class without tags yet, else the Python tag_mq;
  * ``queue`` NULL for none): 0 or -1. */
 int swmp_mq_ready(void); /* setup_mq() was called */

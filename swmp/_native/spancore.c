@@ -1129,6 +1129,22 @@ static PyObject *new_exit_span(PyObject *module, PyObject *const *args, Py_ssize
     return PyObject_Vectorcall(py_decide_exit_span, call, 5, NULL);
 }
 
+/* ``limits.tag_value_max`` (swmp.tracing.limits' Limits: what every tag value is cut to),
+ * read on each call (configure() replaces it): the value, or -1 with an error set. */
+Py_ssize_t swmp_tag_limit(PyObject *limits) {
+    static PyObject *name = NULL;
+    if (name == NULL && (name = PyUnicode_InternFromString("tag_value_max")) == NULL) {
+        return -1;
+    }
+    PyObject *v = PyObject_GetAttr(limits, name);
+    if (v == NULL) {
+        return -1;
+    }
+    Py_ssize_t lim = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return lim;
+}
+
 /* The error set now handed to ``logger(*args)`` as the exception being handled (what
  * ``except Exception: warn_once(...)`` logs with its traceback), then cleared, as the
  * handled exception before it is put back. A logger that fails is ignored: the host's work

@@ -22,6 +22,8 @@ int swmp_span_exit(PyObject *span, PyObject *exc);
 PyObject *swmp_span_inject(PyObject *span);
 PyObject *swmp_span_tags(PyObject *span);
 void swmp_span_set_tags(PyObject *span, PyObject *tags);
+/* ``limits.tag_value_max``: the value, or -1 with an error set. */
+Py_ssize_t swmp_tag_limit(PyObject *limits);
 /* The error set now (an Exception) logged by ``logger(*args)`` as the exception being handled
  * (warn_once's ``exc_info``), then cleared. */
 void swmp_report_handled(PyObject *logger, PyObject *const *args, Py_ssize_t nargs);

@@ -27,7 +27,7 @@ static PyObject *py_sql_span = NULL, *no_tags = NULL, *limits = NULL, *settings 
                 *params_text = NULL, *layer = NULL, *tag_type = NULL, *tag_instance = NULL, *tag_statement = NULL,
                 *tag_parameters = NULL;
 static PyTypeObject *span_class = NULL;
-static PyObject *s_tag, *s_tag_value_max, *s_params_max, *s_where;
+static PyObject *s_tag, *s_params_max, *s_where;
 
 PyObject *swmp_setup_sql(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 12 || !PyCallable_Check(args[0]) || !PyType_Check(args[1]) || !PyCallable_Check(args[5]) ||
@@ -38,7 +38,6 @@ PyObject *swmp_setup_sql(PyObject *module, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     if (s_tag == NULL && ((s_tag = PyUnicode_InternFromString("tag")) == NULL ||
-                           (s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
                            (s_params_max = PyUnicode_InternFromString("params_max")) == NULL ||
                            (s_where = PyUnicode_InternFromString("_swmp_where")) == NULL)) {
         return NULL;
@@ -67,10 +66,9 @@ static int tag_query(PyObject *span, PyObject *db_type, PyObject *instance, PyOb
     if (statement == NULL) {
         return -1;
     }
-    PyObject *lim_obj = PyObject_GetAttr(limits, s_tag_value_max);
-    Py_ssize_t lim = lim_obj == NULL ? -1 : PyLong_AsSsize_t(lim_obj);
+    Py_ssize_t lim = swmp_tag_limit(limits);
     int r = -1;
-    if (lim_obj != NULL && !(lim == -1 && PyErr_Occurred())) {
+    if (!(lim == -1 && PyErr_Occurred())) {
         if (swmp_span_tags(span) == no_tags && PyUnicode_Check(statement) && PyUnicode_GET_LENGTH(statement) <= lim) {
             PyObject *list = PyList_New(6);
             if (list != NULL) {
@@ -85,7 +83,6 @@ static int tag_query(PyObject *span, PyObject *db_type, PyObject *instance, PyOb
             r = tag(span, tag_statement, statement);
         }
     }
-    Py_XDECREF(lim_obj);
     Py_DECREF(statement);
     return r;
 }

@@ -184,26 +184,6 @@ def pairs_carrier(headers: Iterable[tuple[str, Any]] | None) -> Any:
     return _carrier(sw8, correlation, sw8x)
 
 
-def pairs_lookup(headers: Iterable[tuple[str, Any]] | None) -> Callable[[str], Any]:
-    """``lookup`` over Kafka-style ``(name, value)`` pairs (last one wins, as a map would)."""
-    found: dict[str, Any] = {}
-    if headers:
-        for h in headers:
-            if h[0] in OWN_HEADERS:
-                found[h[0]] = h[1]
-    return found.get
-
-
-def entry_span(op: str, carrier: Any, component: int) -> Span | None:
-    """A new segment's entry span for one consumed message (None when not recorded).
-
-    It never becomes the child of whatever span is current here: the caller makes sure no
-    span is current around this call (see :func:`delivered` and :class:`Consuming`).
-    """
-    span = _entry_root(op, component, _MQ, carrier) or _decide_entry(op, carrier, component, _MQ)
-    return span if isinstance(span, Span) else None
-
-
 def delivered(  # noqa: PLR0917 (the message's facts, in a fixed order)
     op: str, carrier: Any, component: int, broker: str, topic: str, queue: str | None = None
 ) -> None:
@@ -237,18 +217,6 @@ def delivered(  # noqa: PLR0917 (the message's facts, in a fixed order)
             current_span.reset(token)
 
 
-def consumed(  # noqa: PLR0917 (the message's facts, in a fixed order)
-    op: str, lookup: Callable[[str], Any], component: int, broker: str, topic: str, queue: str | None = None
-) -> None:
-    """Record the delivery of one message that the library returns to its caller."""
-    try:
-        carrier = carrier_from(lookup)
-    except Exception:
-        warn_once(f"consume:{component}", "swmp: recording a consumed message failed")
-        return
-    delivered(op, carrier, component, broker, topic, queue)
-
-
 class Consuming:
     """``with Consuming(...)``: the entry span of one message, current while its callback runs.
 
@@ -260,20 +228,13 @@ class Consuming:
     __slots__ = ("_span", "_token")
 
     def __init__(  # noqa: PLR0917
-        self,
-        op: str,
-        lookup: Callable[[str], Any] | None,
-        component: int,
-        broker: str,
-        topic: str,
-        queue: str | None,
-        table: Any = None,
+        self, op: str, component: int, broker: str, topic: str, queue: str | None, table: Any
     ) -> None:
         self._token = _set_current(None) if _get_current() is not None else None
         self._span: Span | None = None
         span = None
         try:
-            carrier = carrier_from(lookup) if lookup is not None else table_carrier(table)
+            carrier = table_carrier(table)
             span = _entry_root(op, component, _MQ, carrier) or _decide_entry(op, carrier, component, _MQ)
             if span.__class__ is Span or isinstance(span, Span):
                 tag_mq(span, broker, topic, queue)
@@ -349,7 +310,6 @@ def _py_amqp_consuming(exchange: str, routing_key: str, headers: Any, peer: str)
     inside ``with``."""
     return Consuming(
         f"RabbitMQ/Topic/{exchange}/Queue/{routing_key}/Consumer",
-        None,
         _RABBITMQ_CONSUMER,
         peer,
         exchange,
