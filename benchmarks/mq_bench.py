@@ -44,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -486,7 +487,9 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
       segment written into the ring (``_mq.kafka_consumed``), against nothing;
     * ``consumer-no-sw8``: the same for a record without ``sw8`` (a new trace);
     * ``consumer-callback``: a RabbitMQ message's entry span current around its callback
-      (``_mq.amqp_consuming``, its AMQP headers table carrying ``sw8``), against the callback.
+      (``_mq.amqp_consuming``, its AMQP headers table carrying ``sw8``), against the callback;
+    * ``consumer-pika``: the same through the callback the pika instrumentation makes of a
+      BlockingChannel consumer's (the message's facts read from pika's objects first).
     """
     from swmp.instrument import _mq
     from swmp.tracing.constants import Component
@@ -510,9 +513,10 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
         from pamqp.commands import Basic
     except ImportError:  # pragma: no cover - aio-pika not installed
         Basic = None
-    copy_props: Any = getattr(_mq, "shallow_copy", None) or importlib.import_module(
-        "swmp.instrument._props_copy"
-    ).shallow_copy
+    copy_props: Any = (
+        getattr(_mq, "shallow_copy", None)
+        or importlib.import_module("swmp.instrument._props_copy").shallow_copy
+    )
     props = Basic.Properties(delivery_mode=2, content_type="application/json") if Basic else None
 
     def with_headers(span: Any, properties: Any) -> Any:
@@ -556,13 +560,52 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
     def nothing() -> None:
         pass
 
-    return {
+    cases = {
         "producer": (entry_only, entry_and_exit),
         "producer-amqp": (entry_only, entry_and_amqp_exit),
         "consumer": (nothing, consumed),
         "consumer-no-sw8": (nothing, consumed_no_sw8),
         "consumer-callback": (callback, consuming),
     }
+    pika_pair = _pika_callback_case(amqp)
+    if pika_pair is not None:
+        cases["consumer-pika"] = pika_pair
+    return cases
+
+
+def _pika_callback_case(table: dict[str, Any]) -> tuple[Callable[[], None], Callable[[], None]] | None:
+    """A BlockingChannel consumer's callback as the pika instrumentation wraps it, called as
+    pika dispatches a message (pika's own method, properties and connection parameters),
+    against the callback alone: the message's facts read from pika's objects, then its span."""
+    try:
+        import pika
+    except ImportError:  # pragma: no cover - pika not installed
+        return None
+    from swmp.instrument import pika as instr
+
+    impl = types.SimpleNamespace(
+        connection=types.SimpleNamespace(params=pika.ConnectionParameters(host="127.0.0.1", port=5672))
+    )
+    channel = types.SimpleNamespace(_impl=impl)
+    method = pika.spec.Basic.Deliver(consumer_tag="c", delivery_tag=1, exchange="", routing_key="orders")
+    props = pika.BasicProperties(headers=table)
+
+    def on_message(ch: Any, m: Any, p: Any, body: bytes) -> None:
+        pass
+
+    # Before 2026-11-28 _traced_callback also took the function giving a channel's
+    # implementation: kept so that the benchmark compares both versions.
+    wrap: Any = instr._traced_callback
+    two_args = getattr(getattr(wrap, "__code__", None), "co_argcount", 1) == 2
+    wrapped = wrap(on_message, instr._impl) if two_args else wrap(on_message)
+
+    def plain() -> None:
+        on_message(channel, method, props, b"x")
+
+    def traced() -> None:
+        wrapped(channel, method, props, b"x")
+
+    return plain, traced
 
 
 def in_process(ring: Ring, calls: int, rounds: int) -> dict[str, Any]:

@@ -88,3 +88,43 @@ def call_in(  # noqa: PLR0917
     records = segments(sink.records)
     sink.clear()
     return outcome, obj.calls[before:], records
+
+
+def consume_in(form: Any, args: tuple[Any, ...], outcome: str, sink: _sink.MemorySink, place: str) -> Any:
+    """A consumer callback run inside ``with form(*args)`` made in ``place`` (one of
+    :data:`PLACES`): what the callback saw,
+    what came out, the context afterwards and the segments recorded."""
+    seen: list[Any] = []
+
+    def callback() -> Any:
+        cur = current_span.get()
+        seen.append(None if cur is None else (cur.op, cur.kind, list(cur.tags)))
+        if outcome == "error":
+            raise ValueError("callback failed")
+        if outcome == "interrupt":
+            raise KeyboardInterrupt
+        return "done"
+
+    def consume() -> Any:
+        with form(*args):
+            return callback()
+
+    try:
+        if place == "none":
+            result: Any = ("returned", consume())
+            after = current_span.get()
+        else:
+            with new_entry_span("/loop"):
+                if place == "exit":
+                    with new_exit_span("outer", "db:1", 1, 1):
+                        result = ("returned", consume())
+                        after = current_span.get()
+                else:
+                    result = ("returned", consume())
+                    after = current_span.get()
+    except (Exception, KeyboardInterrupt) as e:
+        result = ("raised", type(e).__name__, str(e))
+        after = current_span.get()
+    records = segments(sink.records)
+    sink.clear()
+    return seen, result, None if after is None else after.op, records

@@ -19,7 +19,7 @@ from swmp.instrument import _mq
 from swmp.tracing.context import new_entry_span, new_exit_span
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NATIVE, current_span, native_core
-from tests.native_forms import PLACES, Text, recording, segments
+from tests.native_forms import PLACES, Text, consume_in, recording, segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
@@ -70,54 +70,15 @@ def _headers() -> list[Any]:
 HEADERS = _headers()
 
 
-def _run(form: Any, args: tuple[Any, ...], outcome: str, sink: _sink.MemorySink, place: str) -> Any:
-    """The callback run inside ``form(*args)`` made in ``place``: what the callback saw,
-    what came out, the context afterwards and the segments recorded."""
-    seen: list[Any] = []
-
-    def callback() -> Any:
-        cur = current_span.get()
-        seen.append(None if cur is None else (cur.op, cur.kind, list(cur.tags)))
-        if outcome == "error":
-            raise ValueError("callback failed")
-        if outcome == "interrupt":
-            raise KeyboardInterrupt
-        return "done"
-
-    def consume() -> Any:
-        with form(*args):
-            return callback()
-
-    try:
-        if place == "none":
-            result: Any = ("returned", consume())
-            after = current_span.get()
-        else:
-            with new_entry_span("/loop"):
-                if place == "exit":
-                    with new_exit_span("outer", "db:1", 1, 1):
-                        result = ("returned", consume())
-                        after = current_span.get()
-                else:
-                    result = ("returned", consume())
-                    after = current_span.get()
-    except (Exception, KeyboardInterrupt) as e:
-        result = ("raised", type(e).__name__, str(e))
-        after = current_span.get()
-    records = segments(sink.records)
-    sink.clear()
-    return seen, result, None if after is None else after.op, records
-
-
 @pytest.mark.parametrize("place", PLACES)
 @pytest.mark.parametrize("outcome", ["return", "error", "interrupt"])
 @pytest.mark.parametrize("headers", HEADERS, ids=lambda h: type(h).__name__ + repr(sorted(map(str, h or ()))))
 def test_amqp_consuming(sink: _sink.MemorySink, place: str, outcome: str, headers: Any) -> None:
     args = ("orders-ex", "orders", headers, "mq:5672")
     _mq._warned.clear()
-    mine = _run(native_core.amqp_consuming, args, outcome, sink, place)
+    mine = consume_in(native_core.amqp_consuming, args, outcome, sink, place)
     _mq._warned.clear()
-    assert mine == _run(_mq._py_amqp_consuming, args, outcome, sink, place)
+    assert mine == consume_in(_mq._py_amqp_consuming, args, outcome, sink, place)
     seen = mine[0]
     assert len(seen) == 1
     if not isinstance(headers, Unreadable):  # the callback runs inside the message's span
@@ -138,7 +99,7 @@ def test_names(sink: _sink.MemorySink, exchange: Any, routing_key: Any, peer: An
     limits.tag_value_max = 32  # "e" * 40 is clipped: the Python form's
     args = (exchange, routing_key, {"sw8": HEADERS[3]["sw8"]}, peer)
     for place in PLACES:
-        assert _run(native_core.amqp_consuming, args, "return", sink, place) == _run(
+        assert consume_in(native_core.amqp_consuming, args, "return", sink, place) == consume_in(
             _mq._py_amqp_consuming, args, "return", sink, place
         )
 
@@ -146,8 +107,8 @@ def test_names(sink: _sink.MemorySink, exchange: Any, routing_key: Any, peer: An
 def test_an_ignored_message_runs_its_callback_untraced(sink: _sink.MemorySink) -> None:
     tracing.configure(load({"SW_AGENT_TRACE_IGNORE_PATH": "RabbitMQ/**"}))
     args = ("ex", "q", None, "mq:5672")
-    mine = _run(native_core.amqp_consuming, args, "return", sink, "entry")
-    assert mine == _run(_mq._py_amqp_consuming, args, "return", sink, "entry")
+    mine = consume_in(native_core.amqp_consuming, args, "return", sink, "entry")
+    assert mine == consume_in(_mq._py_amqp_consuming, args, "return", sink, "entry")
     assert mine[0] == [None]  # no span current in the callback (the loop's is set aside)
     assert [s[2] for s in mine[3][0][3]] == ["/loop"]  # only the loop's own span
 
@@ -155,8 +116,12 @@ def test_an_ignored_message_runs_its_callback_untraced(sink: _sink.MemorySink) -
 def test_a_failing_table_is_logged_once(sink: _sink.MemorySink, caplog: pytest.LogCaptureFixture) -> None:
     _mq._warned.clear()
     with caplog.at_level(logging.WARNING, logger="swmp.instrument"):
-        _run(native_core.amqp_consuming, ("ex", "q", Unreadable(sw8="x"), "p:1"), "return", sink, "none")
-        _run(native_core.amqp_consuming, ("ex", "q", Unreadable(sw8="x"), "p:1"), "return", sink, "none")
+        consume_in(
+            native_core.amqp_consuming, ("ex", "q", Unreadable(sw8="x"), "p:1"), "return", sink, "none"
+        )
+        consume_in(
+            native_core.amqp_consuming, ("ex", "q", Unreadable(sw8="x"), "p:1"), "return", sink, "none"
+        )
     assert [r.getMessage() for r in caplog.records] == ["swmp: tracing a consumed message failed"]
     assert "table gone" in caplog.text
 
@@ -275,6 +240,6 @@ def test_a_table_changed_while_it_is_read(sink: _sink.MemorySink) -> None:
     for form in (native_core.amqp_consuming, _mq._py_amqp_consuming):
         table: dict[Any, Any] = {"sw8": "".join(HEADERS[3]["sw8"])}  # a value of its own
         table[Meddler(table)] = 1
-        results.append(_run(form, ("ex", "q", table, "p:1"), "return", sink, "none"))
+        results.append(consume_in(form, ("ex", "q", table, "p:1"), "return", sink, "none"))
     assert results[0] == results[1]
     assert results[0][3][0][3][0][0:2] == [0, -1]  # the message's own entry span, recorded

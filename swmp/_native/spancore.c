@@ -35,6 +35,9 @@
  * framework's WSGI entry method patched to run through it.
  * ``asgi_entry`` (asgi.c): an ASGI request's entry span and its tags; ``within``
  * (within.c): an awaitable run inside a span without a Python coroutine.
+ * ``amqp_consuming`` / ``kafka_consumed`` (consume.c): a consumed message's entry span;
+ * ``pika_consuming`` / ``aiormq_consuming`` / ``pika_callback`` (deliver.c): its facts read
+ * from the client's objects, and a pika callback run inside it.
  * ``status_recorder`` / ``status_sender`` (status.c): a traced WSGI request's
  * ``start_response``, an ASGI request's ``send``; ``wsgi_body`` (body.c): its response.
  */
@@ -60,6 +63,7 @@
 #include "slots.h"
 #include "mq.h"
 #include "consume.h"
+#include "deliver.h"
 
 typedef struct {
     PyObject_HEAD
@@ -1969,6 +1973,19 @@ static PyMethodDef module_methods[] = {
     {"amqp_consuming", (PyCFunction)(void (*)(void))swmp_amqp_consuming, METH_FASTCALL,
      "amqp_consuming(exchange, routing_key, headers, peer): the entry span of one delivered RabbitMQ message, "
      "current inside ``with`` (swmp/instrument/_mq.py)."},
+    {"pika_consuming", (PyCFunction)(void (*)(void))swmp_pika_consuming, METH_FASTCALL,
+     "pika_consuming(channel, method, properties): amqp_consuming() with the facts of a message delivered on a "
+     "pika channel (swmp/instrument/pika.py's _consuming)."},
+    {"aiormq_consuming", (PyCFunction)(void (*)(void))swmp_aiormq_consuming, METH_FASTCALL,
+     "aiormq_consuming(channel, message): amqp_consuming() with the facts of a message delivered on an aiormq "
+     "channel (swmp/instrument/aiormq.py's _message_facts)."},
+    {"pika_peer", (PyCFunction)swmp_pika_peer, METH_O,
+     "pika_peer(channel): swmp/instrument/pika.py's _peer, remembered for the last connection parameters."},
+    {"aiormq_peer", (PyCFunction)swmp_aiormq_peer, METH_O,
+     "aiormq_peer(channel): swmp/instrument/aiormq.py's _peer, remembered for the last URL."},
+    {"pika_callback", (PyCFunction)swmp_pika_callback, METH_O,
+     "pika_callback(callback): callback(channel, method, properties, body) run inside the message's entry span "
+     "(swmp/instrument/pika.py's _traced_callback)."},
     {"setup_kafka_consumed", (PyCFunction)(void (*)(void))swmp_setup_kafka_consumed, METH_FASTCALL,
      "setup_kafka_consumed(kafka_consumed, failed, component): the Python form kafka_consumed() hands other cases "
      "to, the failure logger, the component (after setup_consume())."},
@@ -2037,7 +2054,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0 ||
         PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_WSGIMethodType) < 0 ||
         PyType_Ready(&swmp_SqlCallType) < 0 || PyType_Ready(&swmp_CacheCallType) < 0 ||
-        PyType_Ready(&swmp_CelerySendType) < 0 || PyType_Ready(&swmp_ConsumingType) < 0) {
+        PyType_Ready(&swmp_CelerySendType) < 0 || PyType_Ready(&swmp_ConsumingType) < 0 ||
+        PyType_Ready(&swmp_PikaCallbackType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&spancore_module);

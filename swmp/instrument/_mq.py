@@ -404,6 +404,9 @@ def _delivery_failed() -> None:
 # forms for the rest).
 amqp_consuming: Callable[[Any, Any, Any, Any], AbstractContextManager[Any]] = _py_amqp_consuming
 kafka_consumed: Callable[[Any, Any, Any, Any], None] = _py_kafka_consumed
+# The native core once its consumed-message entry is set up (for the clients' own steps
+# around it, swmp/_native/deliver.c), else None.
+native_consuming: Any = None
 if hasattr(native_core, "setup_consume"):
     native_core.setup_consume(
         Span,
@@ -423,3 +426,4 @@ if hasattr(native_core, "setup_consume"):
     amqp_consuming = native_core.amqp_consuming
     native_core.setup_kafka_consumed(_py_kafka_consumed, _delivery_failed, _KAFKA_CONSUMER)
     kafka_consumed = native_core.kafka_consumed
+    native_consuming = native_core

@@ -20,6 +20,8 @@ Span shapes are those of the pika instrumentation (``swmp.instrument.pika``): op
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
@@ -43,7 +45,7 @@ TRIGGER = "aiormq"
 _last_peer: tuple[Any, str] = (None, "")
 
 
-def _peer(channel: Any) -> str:
+def _py_peer(channel: Any) -> str:
     global _last_peer
     try:
         url = channel.connection.url
@@ -63,7 +65,20 @@ def _message_facts(channel: Any, message: Any) -> tuple[str, str, Any, str]:
     exchange = getattr(delivery, "exchange", None) or ""
     routing_key = getattr(delivery, "routing_key", None) or ""
     headers = getattr(getattr(message.header, "properties", None), "headers", None)
-    return exchange, routing_key, headers, _peer(channel)
+    return exchange, routing_key, headers, _py_peer(channel)
+
+
+def _py_message_consuming(channel: Any, message: Any) -> AbstractContextManager[Any]:
+    return _mq.amqp_consuming(*_message_facts(channel, message))
+
+
+# The same steps in C with the native core (swmp/_native/deliver.c): no frame of the agent's
+# but the callback's own coroutine.
+_message_consuming: Callable[[Any, Any], AbstractContextManager[Any]] = _py_message_consuming
+_peer: Callable[[Any], str] = _py_peer  # (for a publish)
+if _mq.native_consuming is not None:
+    _peer = _mq.native_consuming.aiormq_peer
+    _message_consuming = _mq.native_consuming.aiormq_consuming
 
 
 def install(config: Config) -> None:
@@ -104,10 +119,10 @@ def install(config: Config) -> None:
 
             async def on_message(message: Any) -> Any:
                 try:
-                    facts = _message_facts(channel, message)
+                    consuming = _message_consuming(channel, message)
                 except Exception:
                     return await callback(message)
-                with _mq.amqp_consuming(*facts):
+                with consuming:
                     return await callback(message)
 
             wrapped = on_message if callable(consumer_callback) else consumer_callback

@@ -26,6 +26,7 @@ Where each span lives:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,7 @@ TRIGGER = "pika"
 _MARK = "__swmp_consumer__"  # on the callbacks this module wrapped (their span is ours)
 
 
-def _peer(channel: Any) -> str:
+def _py_peer(channel: Any) -> str:
     try:
         p = channel.connection.params
         return f"{p.host}:{p.port}"
@@ -54,22 +55,37 @@ def _peer(channel: Any) -> str:
         return ""
 
 
-def _consuming(channel: Any, method: Any, properties: Any) -> AbstractContextManager[Any]:
+def _impl(channel: Any) -> Any:
+    return getattr(channel, "_impl", channel)
+
+
+def _py_consuming(channel: Any, method: Any, properties: Any) -> AbstractContextManager[Any]:
     exchange = getattr(method, "exchange", None) or ""
     routing_key = getattr(method, "routing_key", None) or ""
     headers = getattr(properties, "headers", None)
-    return _mq.amqp_consuming(exchange, routing_key, headers, _peer(channel))
+    return _mq.amqp_consuming(exchange, routing_key, headers, _py_peer(channel))
 
 
-def _traced_callback(callback: Any, impl_of: Any) -> Any:
+def _py_traced_callback(callback: Any) -> Any:
     """``callback(channel, method, properties, body)`` inside the message's entry span."""
 
     def on_message(channel: Any, method: Any, properties: Any, body: Any) -> Any:
-        with _consuming(impl_of(channel), method, properties):
+        with _consuming(_impl(channel), method, properties):
             return callback(channel, method, properties, body)
 
     setattr(on_message, _MARK, True)
     return on_message
+
+
+# The same steps in C with the native core (swmp/_native/deliver.c): a delivery then runs
+# none of the agent's Python frames.
+_consuming: Callable[[Any, Any, Any], AbstractContextManager[Any]] = _py_consuming
+_traced_callback: Callable[[Any], Any] = _py_traced_callback
+_peer: Callable[[Any], str] = _py_peer  # (for a publish; its memo saves pika's two properties)
+if _mq.native_consuming is not None:
+    _peer = _mq.native_consuming.pika_peer
+    _consuming = _mq.native_consuming.pika_consuming
+    _traced_callback = _mq.native_consuming.pika_callback
 
 
 def install(config: Config) -> None:
@@ -100,23 +116,20 @@ def install(config: Config) -> None:
         props.headers = _mq.amqp_headers(span, props.headers)
         return props
 
-    def _blocking_owner(channel: Any, tag: Any) -> bool:
-        """Whether a delivery goes to a BlockingChannel consumer whose callback we wrapped."""
-        cb = channel._consumers.get(tag)
-        owner = getattr(cb, "__self__", None)
-        if not isinstance(owner, BlockingChannel):
-            return False
-        info = owner._consumer_infos.get(tag)
-        return info is not None and getattr(info.on_message_callback, _MARK, False)
-
     def make_on_deliver(orig: Any) -> Any:
         def _on_deliver(self: Any, method_frame: Any, header_frame: Any, body: Any) -> Any:
             try:
                 tag = method_frame.method.consumer_tag
                 # Rejected by pika (cancelled or unknown consumer), or a BlockingChannel
-                # callback that is traced when dispatched: no span here.
-                if tag in self._cancelled or tag not in self._consumers or _blocking_owner(self, tag):
+                # consumer whose callback we wrapped, traced when dispatched: no span here.
+                # (One frame: this check runs for every delivery.)
+                if tag in self._cancelled or tag not in self._consumers:
                     return orig(self, method_frame, header_frame, body)
+                owner = getattr(self._consumers[tag], "__self__", None)
+                if isinstance(owner, BlockingChannel):
+                    info = owner._consumer_infos.get(tag)
+                    if info is not None and getattr(info.on_message_callback, _MARK, False):
+                        return orig(self, method_frame, header_frame, body)
             except Exception:
                 pass
             with _consuming(self, method_frame.method, header_frame.properties):
@@ -134,7 +147,7 @@ def install(config: Config) -> None:
     def make_blocking_consume(orig: Any) -> Any:
         def basic_consume(self: Any, queue: Any, on_message_callback: Any, *args: Any, **kwargs: Any) -> Any:
             if callable(on_message_callback):
-                on_message_callback = _traced_callback(on_message_callback, _impl)
+                on_message_callback = _traced_callback(on_message_callback)
             return orig(self, queue, on_message_callback, *args, **kwargs)
 
         return basic_consume
@@ -143,10 +156,6 @@ def install(config: Config) -> None:
     patch(Channel, "_on_deliver", make_on_deliver)
     patch(Channel, "_on_getok", make_on_getok)
     patch(BlockingChannel, "basic_consume", make_blocking_consume)
-
-
-def _impl(channel: Any) -> Any:
-    return getattr(channel, "_impl", channel)
 
 
 def uninstall() -> None:

@@ -1,0 +1,365 @@
+/* The facts of a delivered RabbitMQ message, read from the client's own objects, and the
+ * entry span around its callback: swmp/instrument/pika.py's ``_consuming`` and
+ * ``_traced_callback``, swmp/instrument/aiormq.py's ``_message_facts`` (the Python forms:
+ * the reference, and what runs without the native core).
+ *
+ * And the peers alone (``pika_peer``, ``aiormq_peer``: the ``_peer`` functions), which the
+ * publishing wrappers use.
+ *
+ * Why: amqp_consuming (consume.c) took the span itself out of Python, but a pika delivery
+ * still ran four frames of the agent's around it (the callback wrapper, ``_consuming``,
+ * ``_impl``, ``_peer``, which calls two Python properties of pika's connection parameters)
+ * and an aiormq delivery two (``_message_facts``, ``_peer``), each entered with the CPU
+ * caches cold after the wait for the broker.
+ *
+ * Every step is the Python form's: ``getattr(x, name, default)`` where it has one (only an
+ * AttributeError gives the default), ``value or ""`` by truth, the peer an f-string of the
+ * host and port (``format(v, "")`` of each). The peer is remembered for the last
+ * connection parameters object (pika) or URL (aiormq) seen, held so that its identity
+ * cannot be reused: a connection keeps its parameters, and its peer does not change while
+ * it is connected. An ``Exception`` reading the peer gives "" as ``_peer``'s ``except``
+ * does (not remembered). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+
+#include "consume.h"
+#include "deliver.h"
+
+static PyObject *s_impl, *s_connection, *s_params, *s_host, *s_port, *s_url, *s_exchange, *s_routing_key,
+    *s_headers, *s_properties, *s_delivery, *s_header, *s_empty, *s_enter, *s_exit;
+
+static int interned(void) {
+    if (s_exit != NULL) {
+        return 0;
+    }
+    const char *texts[] = {"_impl", "connection", "params", "host", "port", "url", "exchange", "routing_key",
+                           "headers", "properties", "delivery", "header", "", "__enter__", "__exit__"};
+    PyObject **vars[] = {&s_impl, &s_connection, &s_params, &s_host, &s_port, &s_url, &s_exchange, &s_routing_key,
+                         &s_headers, &s_properties, &s_delivery, &s_header, &s_empty, &s_enter, &s_exit};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        if ((*vars[i] = PyUnicode_InternFromString(texts[i])) == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* getattr(obj, name, fallback): a new reference, or NULL with an error that is not an
+ * AttributeError. */
+static PyObject *attr_or(PyObject *obj, PyObject *name, PyObject *fallback) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        return Py_NewRef(fallback);
+    }
+    return v;
+}
+
+/* ``getattr(obj, name, None) or ""``: a new reference or NULL. */
+static PyObject *text_or_empty(PyObject *obj, PyObject *name) {
+    PyObject *v = attr_or(obj, name, Py_None);
+    if (v == NULL) {
+        return NULL;
+    }
+    int truth = PyObject_IsTrue(v);
+    if (truth <= 0) {
+        Py_DECREF(v);
+        return truth < 0 ? NULL : Py_NewRef(s_empty);
+    }
+    return v;
+}
+
+/* f"{a}:{b}": a new reference or NULL. */
+static PyObject *host_port(PyObject *host, PyObject *port) {
+    PyObject *h = PyObject_Format(host, s_empty);
+    PyObject *p = h == NULL ? NULL : PyObject_Format(port, s_empty);
+    PyObject *joined = p == NULL ? NULL : PyUnicode_FromFormat("%U:%U", h, p);
+    Py_XDECREF(h);
+    Py_XDECREF(p);
+    return joined;
+}
+
+/* The last peer worked out, with the object it was worked out from (held). */
+typedef struct {
+    PyObject *source;
+    PyObject *peer;
+} PeerMemo;
+
+static PeerMemo pika_memo, aiormq_memo;
+
+/* A peer that could not be read is "" (``_peer``'s ``except Exception``); another error
+ * passes on. */
+static PyObject *peer_failed(void) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+        return NULL;
+    }
+    PyErr_Clear();
+    return Py_NewRef(s_empty);
+}
+
+static PyObject *remembered(PeerMemo *memo, PyObject *source, PyObject *peer) {
+    if (peer != NULL) {
+        Py_XSETREF(memo->source, Py_NewRef(source));
+        Py_XSETREF(memo->peer, Py_NewRef(peer));
+    }
+    return peer;
+}
+
+/* pika's ``_peer(channel)``: ``f"{p.host}:{p.port}"`` of ``channel.connection.params``. */
+static PyObject *pika_peer(PyObject *channel) {
+    PyObject *conn = PyObject_GetAttr(channel, s_connection);
+    PyObject *params = conn == NULL ? NULL : PyObject_GetAttr(conn, s_params);
+    Py_XDECREF(conn);
+    if (params == NULL) {
+        return peer_failed();
+    }
+    if (params == pika_memo.source) {
+        Py_DECREF(params);
+        return Py_NewRef(pika_memo.peer);
+    }
+    PyObject *host = PyObject_GetAttr(params, s_host);
+    PyObject *port = host == NULL ? NULL : PyObject_GetAttr(params, s_port);
+    PyObject *peer = port == NULL ? NULL : host_port(host, port);
+    Py_XDECREF(host);
+    Py_XDECREF(port);
+    peer = peer == NULL ? peer_failed() : remembered(&pika_memo, params, peer);
+    Py_DECREF(params);
+    return peer;
+}
+
+/* aiormq's ``_peer(channel)``: of ``channel.connection.url``, ``f"{url.host}:{url.port}"``
+ * when it has a port, else ``str(url.host)``. */
+static PyObject *aiormq_peer(PyObject *channel) {
+    PyObject *conn = PyObject_GetAttr(channel, s_connection);
+    PyObject *url = conn == NULL ? NULL : PyObject_GetAttr(conn, s_url);
+    Py_XDECREF(conn);
+    if (url == NULL) {
+        return peer_failed();
+    }
+    if (url == aiormq_memo.source) {
+        Py_DECREF(url);
+        return Py_NewRef(aiormq_memo.peer);
+    }
+    PyObject *peer = NULL, *host = NULL;
+    PyObject *port = PyObject_GetAttr(url, s_port); /* the port first, as the expression reads them */
+    int has_port = port == NULL ? -1 : PyObject_IsTrue(port);
+    if (has_port >= 0 && (host = PyObject_GetAttr(url, s_host)) != NULL) {
+        peer = has_port ? host_port(host, port) : PyObject_Str(host);
+    }
+    Py_XDECREF(host);
+    Py_XDECREF(port);
+    peer = peer == NULL ? peer_failed() : remembered(&aiormq_memo, url, peer);
+    Py_DECREF(url);
+    return peer;
+}
+
+PyObject *swmp_pika_peer(PyObject *module, PyObject *channel) {
+    return interned() < 0 ? NULL : pika_peer(channel);
+}
+
+PyObject *swmp_aiormq_peer(PyObject *module, PyObject *channel) {
+    return interned() < 0 ? NULL : aiormq_peer(channel);
+}
+
+/* amqp_consuming(exchange, routing_key, headers, peer) with the references given up. */
+static PyObject *consuming_of(PyObject *exchange, PyObject *routing_key, PyObject *headers, PyObject *peer) {
+    PyObject *cm = NULL;
+    if (exchange != NULL && routing_key != NULL && headers != NULL && peer != NULL) {
+        PyObject *args[4] = {exchange, routing_key, headers, peer};
+        cm = swmp_amqp_consuming(NULL, args, 4);
+    }
+    Py_XDECREF(exchange);
+    Py_XDECREF(routing_key);
+    Py_XDECREF(headers);
+    Py_XDECREF(peer);
+    return cm;
+}
+
+/* pika_consuming(channel, method, properties): the entry span's context manager for a
+ * message delivered on ``channel`` (pika.channel.Channel). */
+static PyObject *pika_consuming_of(PyObject *channel, PyObject *method, PyObject *properties) {
+    if (interned() < 0) {
+        return NULL;
+    }
+    PyObject *exchange = text_or_empty(method, s_exchange);
+    PyObject *routing_key = exchange == NULL ? NULL : text_or_empty(method, s_routing_key);
+    PyObject *headers = routing_key == NULL ? NULL : attr_or(properties, s_headers, Py_None);
+    PyObject *peer = headers == NULL ? NULL : pika_peer(channel);
+    return consuming_of(exchange, routing_key, headers, peer);
+}
+
+PyObject *swmp_pika_consuming(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "pika_consuming(channel, method, properties)");
+        return NULL;
+    }
+    return pika_consuming_of(args[0], args[1], args[2]);
+}
+
+PyObject *swmp_aiormq_consuming(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "aiormq_consuming(channel, message)");
+        return NULL;
+    }
+    if (interned() < 0) {
+        return NULL;
+    }
+    PyObject *exchange = NULL, *routing_key = NULL, *headers = NULL, *peer = NULL;
+    PyObject *delivery = PyObject_GetAttr(args[1], s_delivery);
+    if (delivery != NULL) {
+        exchange = text_or_empty(delivery, s_exchange);
+        routing_key = exchange == NULL ? NULL : text_or_empty(delivery, s_routing_key);
+        Py_DECREF(delivery);
+    }
+    if (routing_key != NULL) {
+        /* getattr(getattr(message.header, "properties", None), "headers", None) */
+        PyObject *header = PyObject_GetAttr(args[1], s_header);
+        PyObject *props = header == NULL ? NULL : attr_or(header, s_properties, Py_None);
+        Py_XDECREF(header);
+        headers = props == NULL ? NULL : attr_or(props, s_headers, Py_None);
+        Py_XDECREF(props);
+    }
+    peer = headers == NULL ? NULL : aiormq_peer(args[0]);
+    return consuming_of(exchange, routing_key, headers, peer);
+}
+
+/* -- pika_callback ---------------------------------------------------------------------- */
+
+/* ``callback(channel, method, properties, body)`` run inside the message's entry span, the
+ * facts read from the channel's implementation (``getattr(channel, "_impl", channel)``):
+ * what a BlockingChannel consumer's callback becomes. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *callback;
+    vectorcallfunc vectorcall;
+} PikaCallback;
+
+static int pcb_traverse(PikaCallback *self, visitproc visit, void *arg) {
+    Py_VISIT(self->callback);
+    return 0;
+}
+
+static int pcb_clear(PikaCallback *self) {
+    Py_CLEAR(self->callback);
+    return 0;
+}
+
+static void pcb_dealloc(PikaCallback *self) {
+    PyObject_GC_UnTrack(self);
+    pcb_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* ``with cm: return callable(*args)``: the result, or NULL with the callable's error (or
+ * the context manager's own, which replaces it as ``with`` does). Consumes ``cm``. */
+static PyObject *call_within(PyObject *cm, PyObject *callable, PyObject *const *args, size_t nargsf) {
+    PyObject *entered = PyObject_CallMethodNoArgs(cm, s_enter);
+    if (entered == NULL) {
+        Py_DECREF(cm);
+        return NULL;
+    }
+    Py_DECREF(entered);
+    PyObject *result = PyObject_Vectorcall(callable, args, nargsf, NULL);
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (result == NULL) {
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL && value != NULL) {
+            PyException_SetTraceback(value, tb);
+        }
+    }
+    PyObject *call[4] = {cm, type ? type : Py_None, value ? value : Py_None, tb ? tb : Py_None};
+    PyObject *r = PyObject_VectorcallMethod(s_exit, call, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(cm);
+    if (r == NULL) { /* the exit's own error */
+        Py_XDECREF(result);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return NULL;
+    }
+    int suppressed = result == NULL ? PyObject_IsTrue(r) : 0;
+    Py_DECREF(r);
+    if (result != NULL) {
+        return result;
+    }
+    if (suppressed < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return NULL;
+    }
+    if (suppressed) { /* as ``with``: the function then returns None */
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return Py_NewRef(Py_None);
+    }
+    PyErr_Restore(type, value, tb);
+    return NULL;
+}
+
+static PyObject *pcb_vectorcall(PikaCallback *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 4 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        /* not the call pika makes: the application's callback as it was called, untraced */
+        return PyObject_Vectorcall(self->callback, args, nargsf, kwnames);
+    }
+    if (interned() < 0) {
+        return NULL;
+    }
+    PyObject *impl = attr_or(args[0], s_impl, args[0]);
+    if (impl == NULL) {
+        return NULL;
+    }
+    PyObject *cm = pika_consuming_of(impl, args[1], args[2]);
+    Py_DECREF(impl);
+    if (cm == NULL) {
+        return NULL;
+    }
+    return call_within(cm, self->callback, args, (size_t)nargs);
+}
+
+static PyObject *pcb_mark(PikaCallback *self, void *closure) {
+    Py_RETURN_TRUE;
+}
+
+static PyObject *pcb_wrapped(PikaCallback *self, void *closure) {
+    return Py_NewRef(self->callback);
+}
+
+static PyGetSetDef pcb_getset[] = {
+    {"__swmp_consumer__", (getter)pcb_mark, NULL, "True: a callback whose span is swmp's.", NULL},
+    {"callback", (getter)pcb_wrapped, NULL, "The application's callback.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject swmp_PikaCallbackType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "swmp._spancore.PikaCallback",
+    .tp_basicsize = sizeof(PikaCallback),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "PikaCallback(callback): callback(channel, method, properties, body) inside the message's entry span.",
+    .tp_dealloc = (destructor)pcb_dealloc,
+    .tp_traverse = (traverseproc)pcb_traverse,
+    .tp_clear = (inquiry)pcb_clear,
+    .tp_vectorcall_offset = offsetof(PikaCallback, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_getset = pcb_getset,
+};
+
+PyObject *swmp_pika_callback(PyObject *module, PyObject *callback) {
+    if (!PyCallable_Check(callback)) {
+        PyErr_SetString(PyExc_TypeError, "pika_callback(callback): callback must be callable");
+        return NULL;
+    }
+    PikaCallback *self = PyObject_GC_New(PikaCallback, &swmp_PikaCallbackType);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->callback = Py_NewRef(callback);
+    self->vectorcall = (vectorcallfunc)pcb_vectorcall;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
