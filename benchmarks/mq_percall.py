@@ -170,6 +170,12 @@ def _orig(owner: type, name: str) -> Any:
     return fn
 
 
+def _patched(owner: type, name: str) -> bool:
+    from swmp.instrument._patch import original
+
+    return original(owner, name) is not owner.__dict__[name]
+
+
 def _base(obj: Any) -> Any:
     """The class an instrumented subclass derives from (confluent-kafka's compiled ones)."""
     return type(obj).__bases__[0]
@@ -602,7 +608,11 @@ def percall_pika(url: str, *, pairs: int, warmup: int, config: Any, ring: Ring) 
     try:
         ch_p, ch_t, ch_fill = conn.channel(), conn.channel(), conn.channel()
         ch_p._impl.basic_publish = types.MethodType(_orig(Channel, "basic_publish"), ch_p._impl)
-        ch_p._impl._on_deliver = types.MethodType(_orig(Channel, "_on_deliver"), ch_p._impl)
+        # The consumer's way in that the instrumentation patches: _on_deliver before
+        # 2026-11-28, basic_consume (its callback wrapped once) since.
+        for name in ("_on_deliver", "basic_consume"):
+            if _patched(Channel, name):
+                setattr(ch_p._impl, name, types.MethodType(_orig(Channel, name), ch_p._impl))
         pub, q_p, q_t = (f"bench-{uuid.uuid4().hex[:8]}" for _ in range(3))
         for q in (pub, q_p, q_t):
             ch_fill.queue_declare(q)

@@ -204,13 +204,18 @@ def _call_wrapped(
 @pytest.mark.parametrize("outcome", ["return", "error", "interrupt"])
 @pytest.mark.parametrize("case", ["plain", "no headers", "host fails", "headers fail"])
 @pytest.mark.parametrize("blocking", [True, False])
-def test_pika_callback(sink: _sink.MemorySink, place: str, outcome: str, case: str, blocking: bool) -> None:
+@pytest.mark.parametrize("via_impl", [True, False])
+def test_pika_callback(  # noqa: PLR0917
+    sink: _sink.MemorySink, place: str, outcome: str, case: str, blocking: bool, via_impl: bool
+) -> None:
     impl, method, props = _pika_cases()[case]
     channel = NS(_impl=impl) if blocking else impl  # a BlockingChannel, or the channel itself
     args = (channel, method, props, b"body")
-    mine = _call_wrapped(native_core.pika_callback, args, outcome, sink, place)
-    assert mine == _call_wrapped(pika._py_traced_callback, args, outcome, sink, place)
-    if case == "plain":
+    mine = _call_wrapped(lambda cb: native_core.pika_callback(cb, via_impl), args, outcome, sink, place)
+    assert mine == _call_wrapped(
+        lambda cb: pika._py_traced_callback(cb, via_impl), args, outcome, sink, place
+    )
+    if case == "plain" and (via_impl or not blocking):
         assert mine[0][0][0][0] is channel  # the caller's channel, not its implementation
         assert mine[0][0][2][0] == "RabbitMQ/Topic/ex/Queue/q/Consumer"
 
@@ -230,8 +235,11 @@ def test_pika_callback_is_marked_and_keeps_the_callback() -> None:
 
     cb = native_core.pika_callback(on_message)
     assert getattr(cb, pika._MARK) is True and cb.callback is on_message and callable(cb)
+    assert native_core.pika_callback(on_message, False).callback is on_message
     with pytest.raises(TypeError):
         native_core.pika_callback(1)
+    with pytest.raises(TypeError):
+        native_core.pika_callback(on_message, True, 1)
     with pytest.raises(TypeError):
         native_core.pika_consuming(1, 2)
     with pytest.raises(TypeError):

@@ -226,13 +226,15 @@ PyObject *swmp_aiormq_consuming(PyObject *module, PyObject *const *args, Py_ssiz
 
 /* -- pika_callback ---------------------------------------------------------------------- */
 
-/* ``callback(channel, method, properties, body)`` run inside the message's entry span, the
- * facts read from the channel's implementation (``getattr(channel, "_impl", channel)``):
- * what a BlockingChannel consumer's callback becomes. */
+/* ``callback(channel, method, properties, body)`` run inside the message's entry span:
+ * what a consumer's callback becomes. The facts are read from the channel's implementation
+ * (``getattr(channel, "_impl", channel)``) for a BlockingChannel consumer's (``via_impl``),
+ * from the channel given for one that pika's Channel calls itself. */
 typedef struct {
     PyObject_HEAD
     PyObject *callback;
     vectorcallfunc vectorcall;
+    int via_impl; /* the channel given is a BlockingChannel: the facts from its ``_impl`` */
 } PikaCallback;
 
 static int pcb_traverse(PikaCallback *self, visitproc visit, void *arg) {
@@ -309,7 +311,7 @@ static PyObject *pcb_vectorcall(PikaCallback *self, PyObject *const *args, size_
     if (interned() < 0) {
         return NULL;
     }
-    PyObject *impl = attr_or(args[0], s_impl, args[0]);
+    PyObject *impl = self->via_impl ? attr_or(args[0], s_impl, args[0]) : Py_NewRef(args[0]);
     if (impl == NULL) {
         return NULL;
     }
@@ -349,17 +351,21 @@ PyTypeObject swmp_PikaCallbackType = {
     .tp_getset = pcb_getset,
 };
 
-PyObject *swmp_pika_callback(PyObject *module, PyObject *callback) {
-    if (!PyCallable_Check(callback)) {
-        PyErr_SetString(PyExc_TypeError, "pika_callback(callback): callback must be callable");
+PyObject *swmp_pika_callback(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    int via_impl = 1;
+    if (nargs < 1 || nargs > 2 || !PyCallable_Check(args[0]) || (nargs == 2 && (via_impl = PyObject_IsTrue(args[1])) < 0)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "pika_callback(callback, via_impl=True): callback must be callable");
+        }
         return NULL;
     }
     PikaCallback *self = PyObject_GC_New(PikaCallback, &swmp_PikaCallbackType);
     if (self == NULL) {
         return NULL;
     }
-    self->callback = Py_NewRef(callback);
+    self->callback = Py_NewRef(args[0]);
     self->vectorcall = (vectorcallfunc)pcb_vectorcall;
+    self->via_impl = via_impl;
     PyObject_GC_Track(self);
     return (PyObject *)self;
 }

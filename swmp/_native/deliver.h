@@ -7,6 +7,6 @@ PyObject *swmp_pika_consuming(PyObject *module, PyObject *const *args, Py_ssize_
 PyObject *swmp_aiormq_consuming(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *swmp_pika_peer(PyObject *module, PyObject *channel);
 PyObject *swmp_aiormq_peer(PyObject *module, PyObject *channel);
-PyObject *swmp_pika_callback(PyObject *module, PyObject *callback);
+PyObject *swmp_pika_callback(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 extern PyTypeObject swmp_PikaCallbackType;
 #endif

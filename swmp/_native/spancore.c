@@ -1983,8 +1983,9 @@ static PyMethodDef module_methods[] = {
      "pika_peer(channel): swmp/instrument/pika.py's _peer, remembered for the last connection parameters."},
     {"aiormq_peer", (PyCFunction)swmp_aiormq_peer, METH_O,
      "aiormq_peer(channel): swmp/instrument/aiormq.py's _peer, remembered for the last URL."},
-    {"pika_callback", (PyCFunction)swmp_pika_callback, METH_O,
-     "pika_callback(callback): callback(channel, method, properties, body) run inside the message's entry span "
+    {"pika_callback", (PyCFunction)(void (*)(void))swmp_pika_callback, METH_FASTCALL,
+     "pika_callback(callback, via_impl=True): callback(channel, method, properties, body) run inside the message's "
+     "entry span, its facts read from channel._impl (a BlockingChannel's) or the channel "
      "(swmp/instrument/pika.py's _traced_callback)."},
     {"setup_kafka_consumed", (PyCFunction)(void (*)(void))swmp_setup_kafka_consumed, METH_FASTCALL,
      "setup_kafka_consumed(kafka_consumed, failed, component): the Python form kafka_consumed() hands other cases "

@@ -66,11 +66,12 @@ def _py_consuming(channel: Any, method: Any, properties: Any) -> AbstractContext
     return _mq.amqp_consuming(exchange, routing_key, headers, _py_peer(channel))
 
 
-def _py_traced_callback(callback: Any) -> Any:
-    """``callback(channel, method, properties, body)`` inside the message's entry span."""
+def _py_traced_callback(callback: Any, via_impl: bool = True) -> Any:
+    """``callback(channel, method, properties, body)`` inside the message's entry span, its
+    facts read from the channel's implementation (a BlockingChannel's) or the channel."""
 
     def on_message(channel: Any, method: Any, properties: Any, body: Any) -> Any:
-        with _consuming(_impl(channel), method, properties):
+        with _consuming(_impl(channel) if via_impl else channel, method, properties):
             return callback(channel, method, properties, body)
 
     setattr(on_message, _MARK, True)
@@ -80,7 +81,7 @@ def _py_traced_callback(callback: Any) -> Any:
 # The same steps in C with the native core (swmp/_native/deliver.c): a delivery then runs
 # none of the agent's Python frames.
 _consuming: Callable[[Any, Any, Any], AbstractContextManager[Any]] = _py_consuming
-_traced_callback: Callable[[Any], Any] = _py_traced_callback
+_traced_callback: Callable[[Any, bool], Any] = _py_traced_callback
 _peer: Callable[[Any], str] = _py_peer  # (for a publish; its memo saves pika's two properties)
 if _mq.native_consuming is not None:
     _peer = _mq.native_consuming.pika_peer
@@ -116,26 +117,31 @@ def install(config: Config) -> None:
         props.headers = _mq.amqp_headers(span, props.headers)
         return props
 
-    def make_on_deliver(orig: Any) -> Any:
-        def _on_deliver(self: Any, method_frame: Any, header_frame: Any, body: Any) -> Any:
-            try:
-                tag = method_frame.method.consumer_tag
-                # Rejected by pika (cancelled or unknown consumer), or a BlockingChannel
-                # consumer whose callback we wrapped, traced when dispatched: no span here.
-                # (One frame: this check runs for every delivery.)
-                if tag in self._cancelled or tag not in self._consumers:
-                    return orig(self, method_frame, header_frame, body)
-                owner = getattr(self._consumers[tag], "__self__", None)
-                if isinstance(owner, BlockingChannel):
-                    info = owner._consumer_infos.get(tag)
-                    if info is not None and getattr(info.on_message_callback, _MARK, False):
-                        return orig(self, method_frame, header_frame, body)
-            except Exception:
-                pass
-            with _consuming(self, method_frame.method, header_frame.properties):
-                return orig(self, method_frame, header_frame, body)
+    def traced_at_dispatch(on_message_callback: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether a callback handed to ``Channel.basic_consume`` is a BlockingChannel's hand-
+        over of a consumer whose own callback we wrapped (its span is made when the
+        BlockingChannel dispatches the message, not here)."""
+        owner = getattr(on_message_callback, "__self__", None)
+        if not isinstance(owner, BlockingChannel):
+            return False
+        tag = kwargs["consumer_tag"] if "consumer_tag" in kwargs else args[2] if len(args) > 2 else None
+        info = owner._consumer_infos.get(tag)
+        return info is not None and getattr(info.on_message_callback, _MARK, False)
 
-        return _on_deliver
+    def make_consume(orig: Any) -> Any:
+        # The consumer's callback wrapped once, when it is registered: pika's _on_deliver
+        # then calls our wrapper for each message (no frame of ours per message before it).
+        def basic_consume(self: Any, queue: Any, on_message_callback: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                if callable(on_message_callback) and not traced_at_dispatch(
+                    on_message_callback, args, kwargs
+                ):
+                    on_message_callback = _traced_callback(on_message_callback, False)
+            except Exception:
+                _mq.warn_once("pika.consume", "swmp: tracing a pika consumer failed")
+            return orig(self, queue, on_message_callback, *args, **kwargs)
+
+        return basic_consume
 
     def make_on_getok(orig: Any) -> Any:
         def _on_getok(self: Any, method_frame: Any, header_frame: Any, body: Any) -> Any:
@@ -147,13 +153,13 @@ def install(config: Config) -> None:
     def make_blocking_consume(orig: Any) -> Any:
         def basic_consume(self: Any, queue: Any, on_message_callback: Any, *args: Any, **kwargs: Any) -> Any:
             if callable(on_message_callback):
-                on_message_callback = _traced_callback(on_message_callback)
+                on_message_callback = _traced_callback(on_message_callback, True)
             return orig(self, queue, on_message_callback, *args, **kwargs)
 
         return basic_consume
 
     patch(Channel, "basic_publish", make_publish)
-    patch(Channel, "_on_deliver", make_on_deliver)
+    patch(Channel, "basic_consume", make_consume)
     patch(Channel, "_on_getok", make_on_getok)
     patch(BlockingChannel, "basic_consume", make_blocking_consume)
 
@@ -163,6 +169,6 @@ def uninstall() -> None:
     from pika.channel import Channel  # noqa: PLC0415
 
     restore(Channel, "basic_publish")
-    restore(Channel, "_on_deliver")
+    restore(Channel, "basic_consume")
     restore(Channel, "_on_getok")
     restore(BlockingChannel, "basic_consume")
