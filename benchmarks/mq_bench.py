@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import inspect
 import json
@@ -519,10 +520,16 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
     )
     props = Basic.Properties(delivery_mode=2, content_type="application/json") if Basic else None
 
-    def with_headers(span: Any, properties: Any) -> Any:
+    def py_with_headers(span: Any, properties: Any) -> Any:
         new = copy_props(properties)
         new.headers = _mq.amqp_headers(span, new.headers)
         return new
+
+    # Since 2026-11-28 the instrumentations' attach step (native with the native core).
+    attach_step = getattr(importlib.import_module("swmp.instrument._props_copy"), "attach_step", None)
+    with_headers: Any = py_with_headers
+    if attach_step is not None and Basic is not None:
+        with_headers = attach_step(functools.partial(Basic.Properties, delivery_mode=1))
 
     def entry_and_amqp_exit() -> None:
         with new_entry_span("/publish"):

@@ -7,15 +7,16 @@ not the send time, so a server that falls behind shows it in the latency (no coo
 omission). Requests that cannot start within ``max_lag_s`` of their due time are counted as
 ``late`` instead of piling up.
 
-    python benchmarks/paced_load.py http://127.0.0.1:8000/io 200 5
+    python benchmarks/paced_load.py http://127.0.0.1:8000/io 200 5 [--json]
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
 
@@ -108,7 +109,10 @@ def paced(url: str, rate: float, seconds: float) -> PacedResult:
 
 if __name__ == "__main__":
     r = paced(sys.argv[1], float(sys.argv[2]), float(sys.argv[3]))
-    print(
-        f"{r.rps:.1f} req/s of {r.rate:.1f} asked: {r.requests} ok, {r.errors} errors, {r.late} late; "
-        f"p50 {r.p50_ms:.2f} ms p99 {r.p99_ms:.2f} ms"
-    )
+    if "--json" in sys.argv[4:]:  # for a caller that runs several loads at once (prefork_bench.py)
+        print(json.dumps(asdict(r)))
+    else:
+        print(
+            f"{r.rps:.1f} req/s of {r.rate:.1f} asked: {r.requests} ok, {r.errors} errors, {r.late} late; "
+            f"p50 {r.p50_ms:.2f} ms p99 {r.p99_ms:.2f} ms"
+        )

@@ -20,7 +20,11 @@ same kind of collector.
 Loads: saturation (wrk, ``--connections`` connections), then fixed rates of a fraction of
 the no-agent saturation rate of the same route (``--rates``, default 50% and 10%; paced by
 benchmarks/paced_load.py, since most servers run well below saturation and an agent's
-cost per request can grow as the rate falls).
+cost per request can grow as the rate falls). With ``--together``, each fixed-rate sample
+loads every variant at once over the same window, each from a paced load process of its
+own, so that the machine's drift (the CPU time of a request moves by 100-250 us from one
+5 s sample to the next on a VM) hits all variants alike: for rates the machine has room
+for twice over (10 % here), ``bg %`` then being the other variants' CPU during the sample.
 
 Per variant, route and load (medians over rounds): requests/s, p50/p99 latency, CPU
 microseconds per request summed over every process of the application (master, workers,
@@ -368,9 +372,23 @@ def sample(
     bg_after = cpu_seconds(background)
     elapsed = max(1e-6, time.monotonic() - t0)
     bg_used = sum(bg_after[pid] - bg_before.get(pid, bg_after[pid]) for pid in bg_after)
+    used = {pid: after[pid] - before.get(pid, after[pid]) for pid in after}
+    return _measure(app, rnd, res, procs, used, load, 100.0 * bg_used / elapsed, waited)
+
+
+def _measure(  # noqa: PLR0917
+    app: App,
+    rnd: int,
+    res: dict[str, Any],
+    procs: list[psutil.Process],
+    used: dict[int, float],
+    load: str,
+    background_pct: float,
+    settle_s: float,
+) -> Measure:
+    """A sample's Measure from the load's result and each process's CPU seconds in it."""
     app.served += res["requests"]
     app.errors += res["errors"]
-    used = {pid: after[pid] - before.get(pid, after[pid]) for pid in after}
     cpu = sum(used.values())
     worker_pids = set(app.srv.worker_pids())
     workers = [p for p in procs if p.pid in worker_pids]
@@ -392,9 +410,45 @@ def sample(
         worker_cpu_us=sum(used.get(pid, 0.0) for pid in worker_pids) * per_req,
         reporter_cpu_us=sum(used.get(pid, 0.0) for pid in reporter_pids) * per_req,
         worker_uss_mib=uss_mib(workers) / max(1, len(workers)),
-        background_pct=100.0 * bg_used / elapsed,
-        settle_s=waited,
+        background_pct=background_pct,
+        settle_s=settle_s,
     )
+
+
+def sample_together(
+    apps: list[App], rnd: int, args: argparse.Namespace, rate: float, load: str
+) -> list[Measure]:
+    """One measurement of every application at once: each gets ``rate`` requests/s from a
+    paced load of its own (a process each), and each one's CPU is read over the same window.
+    On a VM whose CPU time per request drifts by 100-250 us from one 5 s sample to the next,
+    the variants then see the same drift (paired within the sample, not across samples)."""
+    waited = settle([p for app in apps for p in app_processes(app.srv.proc)])
+    procs = [app_processes(app.srv.proc) for app in apps]
+    before = [cpu_seconds(p) for p in procs]
+    script = str(Path(__file__).resolve().parent / "paced_load.py")
+    loads = [
+        subprocess.Popen(
+            [sys.executable, script, app.srv.url + app.route, str(rate), str(args.duration), "--json"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for app in apps
+    ]
+    t0 = time.monotonic()
+    outs = [load_proc.communicate(timeout=args.duration + 60)[0] for load_proc in loads]
+    after = [cpu_seconds(p) for p in procs]
+    elapsed = max(1e-6, time.monotonic() - t0)
+    used = [{pid: a[pid] - b.get(pid, a[pid]) for pid in a} for b, a in zip(before, after, strict=True)]
+    total = sum(sum(u.values()) for u in used)
+    out = []
+    for app, text, p, u in zip(apps, outs, procs, used, strict=True):
+        r = json.loads(text)
+        seconds = max(1e-9, r["seconds"])
+        res = {"requests": r["requests"], "rps": r["requests"] / seconds, "p50_ms": r["p50_ms"]}
+        res.update(p99_ms=r["p99_ms"], errors=r["errors"] + r["late"])
+        others_pct = 100.0 * (total - sum(u.values())) / elapsed  # the other variants, loaded alongside
+        out.append(_measure(app, rnd, res, p, u, load, others_pct, waited))
+    return out
 
 
 # -- summary -----------------------------------------------------------------------------------
@@ -634,11 +688,17 @@ def measure_fixed_rates(
         load = f"{share:.0%}"
         for rnd in range(args.rate_rounds):
             shift = rnd % len(running)
-            for app in running[shift:] + running[:shift]:
-                m = sample(app, rnd, args, rate=top * share, load=load, running=running)
+            if args.together:
+                batch = sample_together(running, rnd, args, top * share, load)
+            else:
+                batch = [
+                    sample(app, rnd, args, rate=top * share, load=load, running=running)
+                    for app in running[shift:] + running[:shift]
+                ]
+            for m in batch:
                 measures.append(m)
                 print(
-                    f"{route:<5} {load:>4} round {rnd + 1}/{args.rate_rounds} {app.variant:<18} "
+                    f"{route:<5} {load:>4} round {rnd + 1}/{args.rate_rounds} {m.variant:<18} "
                     f"{m.rps:7.0f} req/s "
                     f"p50 {m.p50_ms:6.2f} p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req"
                     f"  (settled {m.settle_s:.1f} s, others {m.background_pct:.1f}%)",
@@ -665,6 +725,12 @@ def main(argv: list[str] | None = None) -> int:
         help="fixed rates to measure, as shares of no agent's saturation rate ('' = saturation only)",
     )
     ap.add_argument("--rate-rounds", type=int, default=3, help="rounds of each fixed rate")
+    ap.add_argument(
+        "--together",
+        action="store_true",
+        help="at the fixed rates, load every variant at once over the same window (each its own paced "
+        "load): the machine's drift then hits all alike; for rates the machine has room for",
+    )
     ap.add_argument(
         "--worker-cost",
         action="store_true",

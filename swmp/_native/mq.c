@@ -315,6 +315,10 @@ PyObject *swmp_amqp_send_span(PyObject *module, PyObject *const *args, Py_ssize_
     return out;
 }
 
+PyObject *swmp_amqp_merge(PyObject *span, PyObject *headers) {
+    return amqp_merge(span, headers);
+}
+
 /* The merges on their own (confluent-kafka's and pika's / aiormq's own attach functions call
  * them), with the Python form's signature. */
 static PyObject *merge_call(PyObject *const *args, Py_ssize_t nargs, PyObject *(*merge)(PyObject *, PyObject *),

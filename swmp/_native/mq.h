@@ -15,4 +15,6 @@ PyObject *swmp_amqp_headers(PyObject *module, PyObject *const *args, Py_ssize_t 
 int swmp_mq_ready(void); /* setup_mq() was called */
 int swmp_mq_fit(PyObject *const *values, int n);
 int swmp_mq_tags(PyObject *span, PyObject *broker, PyObject *topic, PyObject *queue);
+/* For attach.c: amqp_headers(span, headers) (after setup_mq()). */
+PyObject *swmp_amqp_merge(PyObject *span, PyObject *headers);
 #endif

@@ -38,6 +38,7 @@
  * ``amqp_consuming`` / ``kafka_consumed`` (consume.c): a consumed message's entry span;
  * ``pika_consuming`` / ``aiormq_consuming`` / ``pika_callback`` (deliver.c): its facts read
  * from the client's objects, and a pika callback run inside it.
+ * ``amqp_attach`` (attach.c): a RabbitMQ publish's copy of the properties with the headers.
  * ``status_recorder`` / ``status_sender`` (status.c): a traced WSGI request's
  * ``start_response``, an ASGI request's ``send``; ``wsgi_body`` (body.c): its response.
  */
@@ -64,6 +65,7 @@
 #include "mq.h"
 #include "consume.h"
 #include "deliver.h"
+#include "attach.h"
 
 typedef struct {
     PyObject_HEAD
@@ -1979,6 +1981,9 @@ static PyMethodDef module_methods[] = {
     {"aiormq_consuming", (PyCFunction)(void (*)(void))swmp_aiormq_consuming, METH_FASTCALL,
      "aiormq_consuming(channel, message): amqp_consuming() with the facts of a message delivered on an aiormq "
      "channel (swmp/instrument/aiormq.py's _message_facts)."},
+    {"amqp_attach", (PyCFunction)(void (*)(void))swmp_amqp_attach, METH_FASTCALL,
+     "amqp_attach(factory, shallow_copy, native_plan): the attach step of a RabbitMQ publish, attach(span, "
+     "properties): a copy of the properties (factory() for None) with the span's headers table."},
     {"pika_peer", (PyCFunction)swmp_pika_peer, METH_O,
      "pika_peer(channel): swmp/instrument/pika.py's _peer, remembered for the last connection parameters."},
     {"aiormq_peer", (PyCFunction)swmp_aiormq_peer, METH_O,
@@ -2056,7 +2061,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_WSGIMethodType) < 0 ||
         PyType_Ready(&swmp_SqlCallType) < 0 || PyType_Ready(&swmp_CacheCallType) < 0 ||
         PyType_Ready(&swmp_CelerySendType) < 0 || PyType_Ready(&swmp_ConsumingType) < 0 ||
-        PyType_Ready(&swmp_PikaCallbackType) < 0) {
+        PyType_Ready(&swmp_PikaCallbackType) < 0 || PyType_Ready(&swmp_AttachType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&spancore_module);

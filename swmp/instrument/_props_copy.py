@@ -1,15 +1,19 @@
 """A shallow copy of a message's properties, made the way ``copy.copy`` makes it but faster:
 a traced RabbitMQ publish copies the caller's properties on every message, so that the
-caller's object is never modified (``swmp.instrument._mq``, pika, aiormq)."""
+caller's object is never modified (``swmp.instrument._mq``, pika, aiormq). And the publish's
+whole attach step (the copy with the span's headers table), which the native core runs
+without a Python frame."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from swmp.instrument import _mq
 from swmp.tracing.span import native_core
 
 T = TypeVar("T")
@@ -103,3 +107,38 @@ def shallow_copy(obj: T) -> T:
             continue
         setattr(new, name, value)
     return new
+
+
+def native_plan(cls: type) -> tuple[Any, ...] | None:
+    """For the native attach step (swmp/_native/attach.c): the member descriptors whose slots
+    :func:`shallow_copy` copies pointer by pointer for ``cls`` (an empty tuple for a class
+    copied through its ``__dict__`` alone), or None when it copies ``cls`` another way
+    (``copy.copy``, or slot by slot in Python)."""
+    try:
+        plan = _copy_plans[cls]
+    except KeyError:
+        plan = _copy_plans[cls] = _copy_plan(cls)
+    if plan is None:
+        return None
+    names, _every, descriptors = plan
+    if descriptors is not None:
+        return descriptors
+    return () if not names else None
+
+
+def py_attach(factory: Callable[[], Any], span: Any, properties: Any) -> Any:
+    """The attach step of a traced RabbitMQ publish (what ``amqp_send_span`` calls): a copy
+    of the caller's properties, or ``factory()`` for none, with the span's headers table."""
+    props = factory() if properties is None else shallow_copy(properties)
+    props.headers = _mq.amqp_headers(span, props.headers)
+    return props
+
+
+def attach_step(factory: Callable[[], Any]) -> Callable[[Any, Any], Any]:
+    """:func:`py_attach` for ``factory``: in C with the native core (swmp/_native/attach.c,
+    the same steps with no Python frame), else the Python form."""
+    make = getattr(native_core, "amqp_attach", None)
+    if make is not None and _copy_slots is not None and _mq.amqp_send_span is not _mq._py_amqp_send_span:
+        attach: Callable[[Any, Any], Any] = make(factory, shallow_copy, native_plan)
+        return attach
+    return functools.partial(py_attach, factory)

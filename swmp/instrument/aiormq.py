@@ -20,6 +20,7 @@ Span shapes are those of the pika instrumentation (``swmp.instrument.pika``): op
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from swmp.instrument import _mq
 from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch, restore
-from swmp.instrument._props_copy import shallow_copy
+from swmp.instrument._props_copy import attach_step
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -85,12 +86,9 @@ def install(config: Config) -> None:
     from aiormq import Channel  # noqa: PLC0415
     from pamqp.commands import Basic  # noqa: PLC0415
 
-    def _with_headers(span: Any, properties: Any) -> Any:
-        """A copy of the caller's properties with the trace's headers; aiormq's own default
-        (``delivery_mode=1``) when there are none."""
-        props = Basic.Properties(delivery_mode=1) if properties is None else shallow_copy(properties)
-        props.headers = _mq.amqp_headers(span, props.headers)
-        return props
+    # A copy of the caller's properties with the trace's headers; aiormq's own default
+    # (``delivery_mode=1``) when there are none.
+    _with_headers = attach_step(functools.partial(Basic.Properties, delivery_mode=1))
 
     def make_publish(orig: Any) -> Any:
         async def basic_publish(self: Any, body: Any, *args: Any, **kwargs: Any) -> Any:

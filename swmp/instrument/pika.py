@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from swmp.instrument import _mq
 from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch, restore
-from swmp.instrument._props_copy import shallow_copy
+from swmp.instrument._props_copy import attach_step
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -111,11 +111,8 @@ def install(config: Config) -> None:
 
         return gated(orig, basic_publish)  # outside a trace: the original itself
 
-    def _with_headers(span: Any, properties: Any) -> Any:
-        """A copy of the caller's properties (or new ones) with the trace's headers."""
-        props = BasicProperties() if properties is None else shallow_copy(properties)
-        props.headers = _mq.amqp_headers(span, props.headers)
-        return props
+    # A copy of the caller's properties (or new ones) with the trace's headers.
+    _with_headers = attach_step(BasicProperties)
 
     def traced_at_dispatch(on_message_callback: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Whether a callback handed to ``Channel.basic_consume`` is a BlockingChannel's hand-
