@@ -719,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cpu-iterations", type=int, default=200, help="sha256 rounds of /cpu (~0.5 us each)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--routes", default=",".join(ROUTES), help="routes to measure (default: both)")
     ap.add_argument(
         "--rates",
         default="0.5,0.1",
@@ -780,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     apps: list[App] = []
     work = Path(tempfile.mkdtemp(prefix="prefork-bench-"))
     try:
-        for route in ROUTES:
+        for route in [r for r in ROUTES if r in args.routes.split(",")]:
             # Every variant runs at once (idle while another is measured) and the samples
             # interleave: a burst of outside load hits one sample, not one variant.
             with contextlib.ExitStack() as stack:

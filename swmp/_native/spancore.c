@@ -846,6 +846,21 @@ static PyObject *e_emit = NULL, *e_identity = NULL, *e_dumps = NULL, *e_sink_ns 
                 *e_rtype = NULL;
 static PyObject *s_service, *s_instance, *s_write, *s_written, *s_dropped, *s_sink;
 
+/* count_stat(): ``stats.<name> += 1``. For the tracing core's Stats (a __slots__ class) the slot is
+ * updated where it lies, as the member descriptor would, instead of two attribute look-ups
+ * on every emitted segment; any other object through its attributes. */
+static PyTypeObject *e_stats_type = NULL;
+static Py_ssize_t e_written_at = -1, e_dropped_at = -1;
+
+static Py_ssize_t stats_slot(PyTypeObject *type, PyObject *name) {
+    PyObject *d = _PyType_Lookup(type, name); /* borrowed */
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type) || PyDescr_TYPE(d) != type) {
+        return -1;
+    }
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    return m->type == T_OBJECT_EX && !(m->flags & READONLY) ? m->offset : -1;
+}
+
 static PyObject *set_emit(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[2]) || !PyDict_CheckExact(args[3])) {
         PyErr_SetString(PyExc_TypeError, "set_emit(emit, identity, dumps, sink_namespace: dict, stats, record_type)");
@@ -857,10 +872,27 @@ static PyObject *set_emit(PyObject *module, PyObject *const *args, Py_ssize_t na
     Py_XSETREF(e_sink_ns, Py_NewRef(args[3]));
     Py_XSETREF(e_stats, Py_NewRef(args[4]));
     Py_XSETREF(e_rtype, Py_NewRef(args[5]));
+    PyTypeObject *type = Py_TYPE(args[4]);
+    Py_XSETREF(e_stats_type, (PyTypeObject *)Py_NewRef(type));
+    e_written_at = stats_slot(type, s_written);
+    e_dropped_at = stats_slot(type, s_dropped);
     Py_RETURN_NONE;
 }
 
+/* ``stats.<name> += 1``: see stats_slot() above. */
 static int count_stat(PyObject *name) {
+    Py_ssize_t at = name == s_written ? e_written_at : name == s_dropped ? e_dropped_at : -1;
+    if (at >= 0 && Py_TYPE(e_stats) == e_stats_type) {
+        PyObject **slot = (PyObject **)((char *)e_stats + at);
+        if (*slot != NULL) {
+            PyObject *nv = PyNumber_Add(*slot, one);
+            if (nv == NULL) {
+                return -1;
+            }
+            Py_SETREF(*slot, nv);
+            return 0;
+        }
+    }
     PyObject *v = PyObject_GetAttr(e_stats, name);
     PyObject *nv = v == NULL ? NULL : PyNumber_Add(v, one);
     int r = nv == NULL ? -1 : PyObject_SetAttr(e_stats, name, nv);
@@ -1244,6 +1276,52 @@ static PyObject *entry_kind = NULL, *policy = NULL, *rules_type = NULL, *profile
                 *s_trace_id = NULL;
 
 /* The truth of ``obj.name``: 1, 0, or -1 with an error. */
+/* The fields of a decoded caller context (propagation.ContextCarrier's slots, at the
+ * offsets setup_carrier() found; decode_carrier and caller_ref below use them too). */
+enum {
+    CF_TRACE_ID,
+    CF_SEGMENT_ID,
+    CF_SPAN_ID,
+    CF_SERVICE,
+    CF_INSTANCE,
+    CF_ENDPOINT,
+    CF_ADDRESS,
+    CF_SAMPLED,
+    CF_CORRELATION,
+    CF_SKIP_ANALYSIS,
+    CF_COUNT
+};
+static const char *const carrier_field_names[CF_COUNT] = {
+    "trace_id", "segment_id", "span_id", "service", "instance", "endpoint", "address", "sampled", "correlation",
+    "skip_analysis"};
+static Py_ssize_t carrier_offsets[CF_COUNT];
+static PyTypeObject *carrier_class = NULL;
+static PyObject *known_callers = NULL;
+
+/* ``carrier.<field>`` (new reference): the slot itself for a carrier of the class
+ * setup_carrier() was given, the attribute otherwise (or for a slot never set, which then
+ * raises as reading it does). Why: a continued segment read four of them through the
+ * attribute protocol, each a type look-up and a descriptor call. */
+static PyObject *carrier_get(PyObject *carrier, int field, PyObject *name) {
+    if (carrier_class != NULL && Py_TYPE(carrier) == carrier_class) {
+        PyObject *v = *(PyObject **)((char *)carrier + carrier_offsets[field]);
+        if (v != NULL) {
+            return Py_NewRef(v);
+        }
+    }
+    return PyObject_GetAttr(carrier, name);
+}
+
+static int carrier_true(PyObject *carrier, int field, PyObject *name) {
+    PyObject *v = carrier_get(carrier, field, name);
+    if (v == NULL) {
+        return -1;
+    }
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
 static int attr_true(PyObject *obj, PyObject *name) {
     PyObject *v = PyObject_GetAttr(obj, name);
     if (v == NULL) {
@@ -1310,7 +1388,7 @@ static int add_caller_ref(SpanCore *span, PyObject *carrier) {
 
 /* The caller's trace id, correlation and skip-analysis flag on a new segment. */
 static int join_caller(SegmentCore *seg, PyObject *carrier) {
-    PyObject *corr = PyObject_GetAttr(carrier, s_correlation);
+    PyObject *corr = carrier_get(carrier, CF_CORRELATION, s_correlation);
     if (corr == NULL) {
         return -1;
     }
@@ -1320,7 +1398,7 @@ static int join_caller(SegmentCore *seg, PyObject *carrier) {
     } else {
         Py_DECREF(corr);
     }
-    int skip = has < 0 ? -1 : attr_true(carrier, s_skip_analysis);
+    int skip = has < 0 ? -1 : carrier_true(carrier, CF_SKIP_ANALYSIS, s_skip_analysis);
     if (skip > 0) {
         Py_SETREF(seg->skip_analysis, Py_NewRef(Py_True));
     }
@@ -1348,7 +1426,7 @@ static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     int r = plain_start(args[0], carrier == Py_None);
     if (r > 0 && carrier != Py_None) {
-        r = attr_true(carrier, s_sampled); /* not sampled: Python counts it */
+        r = carrier_true(carrier, CF_SAMPLED, s_sampled); /* not sampled: Python counts it */
     }
     if (r <= 0) {
         if (r < 0) {
@@ -1360,7 +1438,7 @@ static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (carrier == Py_None) {
         seg = PyObject_CallNoArgs((PyObject *)segment_class);
     } else {
-        PyObject *trace_id = PyObject_GetAttr(carrier, s_trace_id);
+        PyObject *trace_id = carrier_get(carrier, CF_TRACE_ID, s_trace_id);
         seg = trace_id == NULL ? NULL : PyObject_CallOneArg((PyObject *)segment_class, trace_id);
         Py_XDECREF(trace_id);
         if (seg != NULL && join_caller((SegmentCore *)seg, carrier) < 0) {
@@ -1657,25 +1735,6 @@ static PyObject *spancore_inject(SpanCore *self, PyObject *unused) {
  * Why: the carrier's Python __init__ (ten slot stores) and decode_sw8's frame were ~5,000
  * instructions of every consumed message, task run and request with a caller, twice what
  * the split costs. The slots are written at the offsets their descriptors give. */
-enum {
-    CF_TRACE_ID,
-    CF_SEGMENT_ID,
-    CF_SPAN_ID,
-    CF_SERVICE,
-    CF_INSTANCE,
-    CF_ENDPOINT,
-    CF_ADDRESS,
-    CF_SAMPLED,
-    CF_CORRELATION,
-    CF_SKIP_ANALYSIS,
-    CF_COUNT
-};
-static const char *const carrier_field_names[CF_COUNT] = {
-    "trace_id", "segment_id", "span_id", "service", "instance", "endpoint", "address", "sampled", "correlation",
-    "skip_analysis"};
-static Py_ssize_t carrier_offsets[CF_COUNT];
-static PyTypeObject *carrier_class = NULL;
-static PyObject *known_callers = NULL;
 
 static PyObject *setup_carrier(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyType_Check(args[0]) || !PyDict_CheckExact(args[1])) {
