@@ -66,6 +66,7 @@
 #include "consume.h"
 #include "deliver.h"
 #include "attach.h"
+#include "attrcache.h"
 
 typedef struct {
     PyObject_HEAD
@@ -585,7 +586,8 @@ static PyObject *set_ids(PyObject *module, PyObject *const *args, Py_ssize_t nar
 }
 
 static long long current_pid(void) {
-    PyObject *v = pid_holder != Py_None ? PyObject_GetAttr(pid_holder, s_pid) : PyObject_CallNoArgs(pid_function);
+    static swmp_AttrCache at_pid;
+    PyObject *v = pid_holder != Py_None ? swmp_slot_attr(pid_holder, s_pid, &at_pid) : PyObject_CallNoArgs(pid_function);
     if (v == NULL) {
         return -1;
     }
@@ -671,7 +673,8 @@ static PyObject *segcore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     /* The first segment of a process names it (its ring slot and instance) before anything
      * is built: its outgoing sw8 headers carry the instance name. */
-    PyObject *unbound = PyObject_GetAttr(seg_identity, s_unbound);
+    static swmp_AttrCache at_unbound;
+    PyObject *unbound = swmp_slot_attr(seg_identity, s_unbound, &at_unbound);
     if (unbound == NULL) {
         return NULL;
     }
@@ -990,8 +993,9 @@ static PyObject *record_orjson(SegmentCore *seg, PyObject *service, PyObject *in
 }
 
 static int emit_fast(SegmentCore *seg) {
-    PyObject *service = PyObject_GetAttr(e_identity, s_service);
-    PyObject *instance = service == NULL ? NULL : PyObject_GetAttr(e_identity, s_instance);
+    static swmp_AttrCache at_service, at_instance;
+    PyObject *service = swmp_slot_attr(e_identity, s_service, &at_service);
+    PyObject *instance = service == NULL ? NULL : swmp_slot_attr(e_identity, s_instance, &at_instance);
     PyObject *payload = NULL;
     if (instance != NULL) {
         payload = record_json(seg, service, instance);
@@ -1105,7 +1109,8 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyObject *ids = SEG_FIELD(seg, ids, s_ids);
     PyObject *n = ids == NULL ? NULL : PyIter_Next(ids);
     Py_XDECREF(ids);
-    PyObject *limit = n == NULL ? NULL : PyObject_GetAttr(limits, s_span_limit);
+    static swmp_AttrCache at_span_limit;
+    PyObject *limit = n == NULL ? NULL : swmp_slot_attr(limits, s_span_limit, &at_span_limit);
     r = limit == NULL ? -1 : PyObject_RichCompareBool(n, limit, Py_LT);
     Py_XDECREF(limit);
     if (r <= 0) {
@@ -1174,7 +1179,8 @@ Py_ssize_t swmp_tag_limit(PyObject *limits) {
     if (name == NULL && (name = PyUnicode_InternFromString("tag_value_max")) == NULL) {
         return -1;
     }
-    PyObject *v = PyObject_GetAttr(limits, name);
+    static swmp_AttrCache at_tag_max;
+    PyObject *v = swmp_slot_attr(limits, name, &at_tag_max);
     if (v == NULL) {
         return -1;
     }
@@ -1322,8 +1328,8 @@ static int carrier_true(PyObject *carrier, int field, PyObject *name) {
     return r;
 }
 
-static int attr_true(PyObject *obj, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+static int attr_true(PyObject *obj, PyObject *name, swmp_AttrCache *cache) {
+    PyObject *v = swmp_slot_attr(obj, name, cache);
     if (v == NULL) {
         return -1;
     }
@@ -1335,12 +1341,14 @@ static int attr_true(PyObject *obj, PyObject *name) {
 /* 1: the rules and settings let this segment start here with no more checks; 0: ask Python. */
 static int plain_start(PyObject *op, int new_trace) {
     if (new_trace) {
-        int on = attr_true(policy, s_sampling);
+        static swmp_AttrCache at_sampling;
+        int on = attr_true(policy, s_sampling, &at_sampling);
         if (on != 0) {
             return on < 0 ? -1 : 0;
         }
     }
-    PyObject *board = PyObject_GetAttr(profile_gate, s_board);
+    static swmp_AttrCache at_board, at_rules, at_cache;
+    PyObject *board = swmp_slot_attr(profile_gate, s_board, &at_board);
     if (board == NULL) {
         return -1;
     }
@@ -1349,7 +1357,7 @@ static int plain_start(PyObject *op, int new_trace) {
     if (attached) {
         return 0;
     }
-    PyObject *rules = PyObject_GetAttr(policy, s_rules);
+    PyObject *rules = swmp_slot_attr(policy, s_rules, &at_rules);
     if (rules == NULL) {
         return -1;
     }
@@ -1357,7 +1365,7 @@ static int plain_start(PyObject *op, int new_trace) {
         Py_DECREF(rules);
         return 0;
     }
-    PyObject *cache = PyObject_GetAttr(rules, s_cache);
+    PyObject *cache = swmp_slot_attr(rules, s_cache, &at_cache);
     Py_DECREF(rules);
     if (cache == NULL) {
         return -1;
@@ -1706,8 +1714,9 @@ static PyObject *spancore_inject(SpanCore *self, PyObject *unused) {
     PyObject *corr = seg != NULL && PyObject_TypeCheck(seg, &SegmentCoreType) ? ((SegmentCore *)seg)->correlation : NULL;
     if (seg_identity != NULL && corr != NULL && ((SegmentCore *)seg)->skip_analysis == Py_False &&
         (corr == no_correlation || (PyDict_CheckExact(corr) && PyDict_GET_SIZE(corr) == 0))) {
-        PyObject *service = PyObject_GetAttr(seg_identity, s_service_b64);
-        PyObject *instance = service == NULL ? NULL : PyObject_GetAttr(seg_identity, s_instance_b64);
+        static swmp_AttrCache at_service_b64, at_instance_b64;
+        PyObject *service = swmp_slot_attr(seg_identity, s_service_b64, &at_service_b64);
+        PyObject *instance = service == NULL ? NULL : swmp_slot_attr(seg_identity, s_instance_b64, &at_instance_b64);
         /* Texts swmp_sw8_join cannot copy (not ASCII str) make build_sw8 decline: Python's. */
         PyObject *sw8 = instance == NULL ? NULL : build_sw8((PyObject *)self, service, instance);
         Py_XDECREF(service);
@@ -2040,6 +2049,8 @@ static PyMethodDef module_methods[] = {
     {"aiormq_consuming", (PyCFunction)(void (*)(void))swmp_aiormq_consuming, METH_FASTCALL,
      "aiormq_consuming(channel, message): amqp_consuming() with the facts of a message delivered on an aiormq "
      "channel (swmp/instrument/aiormq.py's _message_facts)."},
+    {"slot_attr", (PyCFunction)(void (*)(void))swmp_slot_attr_py, METH_FASTCALL,
+     "slot_attr(obj, name): getattr(obj, name) as the C paths read their settings (attrcache.c), one cache."},
     {"amqp_attach", (PyCFunction)(void (*)(void))swmp_amqp_attach, METH_FASTCALL,
      "amqp_attach(factory, shallow_copy, native_plan): the attach step of a RabbitMQ publish, attach(span, "
      "properties): a copy of the properties (factory() for None) with the span's headers table."},
