@@ -92,7 +92,8 @@ typedef struct {
     PyObject *trace_id;
     PyObject *segment_id;
     PyObject *finished;  /* spans in the order they finished */
-    PyObject *ids;       /* itertools.count(1): span ids (0 is the first span's) */
+    PyObject *ids;       /* itertools.count(1): span ids (0 is the first span's); NULL until
+                          * a second span needs one (see seg_ids) */
     PyObject *open;      /* one token per open span */
     PyObject *token;     /* [True]: the right to emit, taken once */
     PyObject *first;
@@ -703,7 +704,7 @@ static PyObject *segcore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->trace_id = Py_NewRef(PyObject_IsTrue(trace_id) == 1 ? trace_id : sid);
     self->segment_id = sid;
     self->finished = PyList_New(0);
-    self->ids = PyObject_CallOneArg(seg_count, one);
+    self->ids = NULL; /* made by seg_ids() when a second span needs an id */
     self->open = PyList_New(1);
     self->token = PyList_New(1);
     self->first = Py_NewRef(Py_None);
@@ -713,7 +714,7 @@ static PyObject *segcore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->correlation = Py_NewRef(no_correlation);
     self->profile = Py_NewRef(Py_None);
     self->ended_op = Py_NewRef(empty_op);
-    if (self->finished == NULL || self->ids == NULL || self->open == NULL || self->token == NULL) {
+    if (self->finished == NULL || self->open == NULL || self->token == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -771,7 +772,6 @@ static PyMemberDef segcore_members[] = {
     SEGFIELD("trace_id", trace_id),
     SEGFIELD("segment_id", segment_id),
     SEGFIELD("finished", finished),
-    SEGFIELD("_ids", ids),
     SEGFIELD("_open", open),
     SEGFIELD("_token", token),
     SEGFIELD("first", first),
@@ -782,6 +782,36 @@ static PyMemberDef segcore_members[] = {
     SEGFIELD("profile", profile),
     SEGFIELD("ended_op", ended_op),
     {NULL, 0, 0, 0, NULL},
+};
+
+/* The span-id counter, made on first use: a segment of one span (a task published or a
+ * message consumed outside a request, a request with no exit span) never needs one, and
+ * making it (``itertools.count(1)``: a call of the type, its arguments parsed) was ~600
+ * instructions of every new segment. New reference or NULL. */
+static PyObject *seg_ids(SegmentCore *seg) {
+    if (seg->ids == NULL && (seg->ids = PyObject_CallOneArg(seg_count, one)) == NULL) {
+        return NULL;
+    }
+    return Py_NewRef(seg->ids);
+}
+
+static PyObject *segcore_get_ids(SegmentCore *self, void *closure) {
+    return seg_ids(self);
+}
+
+static int segcore_set_ids(SegmentCore *self, PyObject *value, void *closure) {
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "_ids cannot be deleted");
+        return -1;
+    }
+    Py_XSETREF(self->ids, Py_NewRef(value));
+    return 0;
+}
+
+static PyGetSetDef segcore_getset[] = {
+    {"_ids", (getter)segcore_get_ids, (setter)segcore_set_ids, "The span-id counter (id 0 is the first span's).",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject SegmentCoreType = {
@@ -796,6 +826,7 @@ static PyTypeObject SegmentCoreType = {
     .tp_traverse = (traverseproc)segcore_traverse,
     .tp_clear = (inquiry)segcore_clear,
     .tp_members = segcore_members,
+    .tp_getset = segcore_getset,
 };
 
 /* -- the record -------------------------------------------------------------------------- */
@@ -1106,7 +1137,8 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_DECREF(cur);
         Py_RETURN_NONE;
     }
-    PyObject *ids = SEG_FIELD(seg, ids, s_ids);
+    PyObject *ids =
+        PyObject_TypeCheck(seg, &SegmentCoreType) ? seg_ids((SegmentCore *)seg) : PyObject_GetAttr(seg, s_ids);
     PyObject *n = ids == NULL ? NULL : PyIter_Next(ids);
     Py_XDECREF(ids);
     static swmp_AttrCache at_span_limit;
