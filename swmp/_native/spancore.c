@@ -92,8 +92,7 @@ typedef struct {
     PyObject *trace_id;
     PyObject *segment_id;
     PyObject *finished;  /* spans in the order they finished */
-    PyObject *ids;       /* itertools.count(1): span ids (0 is the first span's); NULL until
-                          * a second span needs one (see seg_ids) */
+    Py_ssize_t next_id;  /* the next span's id (0 is the first span's): see SpanIds */
     PyObject *open;      /* one token per open span */
     PyObject *token;     /* [True]: the right to emit, taken once */
     PyObject *first;
@@ -644,18 +643,16 @@ static PyObject *new_id(PyObject *module, PyObject *unused) {
 /* -- the segment ------------------------------------------------------------------------- */
 
 
-/* set_segments(identity, count, no_correlation): what a new segment needs. */
-static PyObject *seg_identity = NULL, *seg_count = NULL, *no_correlation = NULL, *one = NULL, *s_unbound = NULL,
-                *s_bind = NULL;
+/* set_segments(identity, no_correlation): what a new segment needs. */
+static PyObject *seg_identity = NULL, *no_correlation = NULL, *one = NULL, *s_unbound = NULL, *s_bind = NULL;
 
 static PyObject *set_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyCallable_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "set_segments(identity, count: callable, no_correlation)");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_segments(identity, no_correlation)");
         return NULL;
     }
     Py_XSETREF(seg_identity, Py_NewRef(args[0]));
-    Py_XSETREF(seg_count, Py_NewRef(args[1]));
-    Py_XSETREF(no_correlation, Py_NewRef(args[2]));
+    Py_XSETREF(no_correlation, Py_NewRef(args[1]));
     Py_RETURN_NONE;
 }
 
@@ -704,7 +701,7 @@ static PyObject *segcore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->trace_id = Py_NewRef(PyObject_IsTrue(trace_id) == 1 ? trace_id : sid);
     self->segment_id = sid;
     self->finished = PyList_New(0);
-    self->ids = NULL; /* made by seg_ids() when a second span needs an id */
+    self->next_id = 1;
     self->open = PyList_New(1);
     self->token = PyList_New(1);
     self->first = Py_NewRef(Py_None);
@@ -731,7 +728,6 @@ static int segcore_traverse(SegmentCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->trace_id);
     Py_VISIT(self->segment_id);
     Py_VISIT(self->finished);
-    Py_VISIT(self->ids);
     Py_VISIT(self->open);
     Py_VISIT(self->token);
     Py_VISIT(self->first);
@@ -748,7 +744,6 @@ static int segcore_clear(SegmentCore *self) {
     Py_CLEAR(self->trace_id);
     Py_CLEAR(self->segment_id);
     Py_CLEAR(self->finished);
-    Py_CLEAR(self->ids);
     Py_CLEAR(self->open);
     Py_CLEAR(self->token);
     Py_CLEAR(self->first);
@@ -784,33 +779,65 @@ static PyMemberDef segcore_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-/* The span-id counter, made on first use: a segment of one span (a task published or a
- * message consumed outside a request, a request with no exit span) never needs one, and
- * making it (``itertools.count(1)``: a call of the type, its arguments parsed) was ~600
- * instructions of every new segment. New reference or NULL. */
-static PyObject *seg_ids(SegmentCore *seg) {
-    if (seg->ids == NULL && (seg->ids = PyObject_CallOneArg(seg_count, one)) == NULL) {
-        return NULL;
-    }
-    return Py_NewRef(seg->ids);
-}
+/* ``segment._ids``: the span-id counter as Python sees it (``next(seg._ids)``), an iterator
+ * over the segment's ``next_id``. The C paths take ``next_id`` directly. Why not the
+ * ``itertools.count(1)`` of the Python core: making one (a call of the type, its arguments
+ * parsed) was ~600 instructions of every new segment, and a segment of one span (a task
+ * published or a message consumed outside a request, a request with no exit span) never
+ * draws an id from it. */
+typedef struct {
+    PyObject_HEAD
+    SegmentCore *seg;
+} SpanIds;
 
-static PyObject *segcore_get_ids(SegmentCore *self, void *closure) {
-    return seg_ids(self);
-}
-
-static int segcore_set_ids(SegmentCore *self, PyObject *value, void *closure) {
-    if (value == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "_ids cannot be deleted");
-        return -1;
-    }
-    Py_XSETREF(self->ids, Py_NewRef(value));
+static int spanids_traverse(SpanIds *self, visitproc visit, void *arg) {
+    Py_VISIT(self->seg);
     return 0;
 }
 
+static int spanids_clear(SpanIds *self) {
+    Py_CLEAR(self->seg);
+    return 0;
+}
+
+static void spanids_dealloc(SpanIds *self) {
+    PyObject_GC_UnTrack(self);
+    spanids_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *spanids_next(SpanIds *self) {
+    if (self->seg == NULL) {
+        return NULL;
+    }
+    return PyLong_FromSsize_t(self->seg->next_id++); /* atomic under the GIL, as count's is */
+}
+
+static PyTypeObject SpanIdsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "swmp._spancore.SpanIds",
+    .tp_basicsize = sizeof(SpanIds),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The span ids of a segment still to be drawn (next() gives the next one).",
+    .tp_dealloc = (destructor)spanids_dealloc,
+    .tp_traverse = (traverseproc)spanids_traverse,
+    .tp_clear = (inquiry)spanids_clear,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)spanids_next,
+};
+
+static PyObject *segcore_get_ids(SegmentCore *self, void *closure) {
+    SpanIds *ids = PyObject_GC_New(SpanIds, &SpanIdsType);
+    if (ids == NULL) {
+        return NULL;
+    }
+    ids->seg = (SegmentCore *)Py_NewRef(self);
+    PyObject_GC_Track(ids);
+    return (PyObject *)ids;
+}
+
 static PyGetSetDef segcore_getset[] = {
-    {"_ids", (getter)segcore_get_ids, (setter)segcore_set_ids, "The span-id counter (id 0 is the first span's).",
-     NULL},
+    {"_ids", (getter)segcore_get_ids, NULL, "The span ids still to be drawn (id 0 is the first span's).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1137,10 +1164,14 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_DECREF(cur);
         Py_RETURN_NONE;
     }
-    PyObject *ids =
-        PyObject_TypeCheck(seg, &SegmentCoreType) ? seg_ids((SegmentCore *)seg) : PyObject_GetAttr(seg, s_ids);
-    PyObject *n = ids == NULL ? NULL : PyIter_Next(ids);
-    Py_XDECREF(ids);
+    PyObject *n;
+    if (PyObject_TypeCheck(seg, &SegmentCoreType)) {
+        n = PyLong_FromSsize_t(((SegmentCore *)seg)->next_id++);
+    } else {
+        PyObject *ids = PyObject_GetAttr(seg, s_ids);
+        n = ids == NULL ? NULL : PyIter_Next(ids);
+        Py_XDECREF(ids);
+    }
     static swmp_AttrCache at_span_limit;
     PyObject *limit = n == NULL ? NULL : swmp_slot_attr(limits, s_span_limit, &at_span_limit);
     r = limit == NULL ? -1 : PyObject_RichCompareBool(n, limit, Py_LT);
@@ -2103,7 +2134,7 @@ static PyMethodDef module_methods[] = {
     {"copy_slots", (PyCFunction)(void (*)(void))swmp_copy_slots, METH_FASTCALL,
      "copy_slots(obj, descriptors): a new object.__new__ instance of type(obj) with obj's values in those slots."},
     {"set_segments", (PyCFunction)(void (*)(void))set_segments, METH_FASTCALL,
-     "set_segments(identity, count, no_correlation): what a new segment needs."},
+     "set_segments(identity, no_correlation): what a new segment needs."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2158,7 +2189,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         (minus_one = PyLong_FromLong(-1)) == NULL) {
         return NULL;
     }
-    if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&swmp_GateType) < 0 ||
+    if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&SpanIdsType) < 0 || PyType_Ready(&swmp_GateType) < 0 ||
         PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0 ||
         PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_WSGIMethodType) < 0 ||
         PyType_Ready(&swmp_SqlCallType) < 0 || PyType_Ready(&swmp_CacheCallType) < 0 ||

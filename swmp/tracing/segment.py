@@ -201,7 +201,7 @@ class Segment(_SegmentBase):
 
 
 if native_core is not None:
-    native_core.set_segments(identity, _count, NO_CORRELATION)
+    native_core.set_segments(identity, NO_CORRELATION)
     # The native span core emits a native segment itself, as emit() below does, while
     # Segment still has this emit (it falls back to it when a step fails: the accounting
     # and logging of failures stay here).
