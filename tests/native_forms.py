@@ -128,3 +128,14 @@ def consume_in(form: Any, args: tuple[Any, ...], outcome: str, sink: _sink.Memor
     records = segments(sink.records)
     sink.clear()
     return seen, result, None if after is None else after.op, records
+
+
+def producer_sw8() -> str:
+    """A RabbitMQ producer's ``sw8`` value, made with a sink of its own (once per test module:
+    its caller fields are then known to the decoder)."""
+    memory = _sink.MemorySink()
+    _sink.set_sink(memory)
+    with new_entry_span("/publish"), new_exit_span("RabbitMQ/x/Producer", "mq:5672", 52, 4) as span:
+        value = span.inject()["sw8"]
+    _sink.set_sink(None)
+    return str(value)

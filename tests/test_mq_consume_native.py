@@ -19,7 +19,7 @@ from swmp.instrument import _mq
 from swmp.tracing.context import new_entry_span, new_exit_span
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NATIVE, current_span, native_core
-from tests.native_forms import PLACES, Text, consume_in, recording, segments
+from tests.native_forms import PLACES, Text, consume_in, producer_sw8, recording, segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
@@ -39,18 +39,8 @@ class Unreadable(dict[str, Any]):
         raise OSError("table gone")
 
 
-def _sw8() -> str:
-    """A producer's sw8 value (made once: its caller fields are then known to the decoder)."""
-    memory = _sink.MemorySink()
-    _sink.set_sink(memory)
-    with new_entry_span("/publish"), new_exit_span("RabbitMQ/x/Producer", "mq:5672", 52, 4) as span:
-        value = span.inject()["sw8"]
-    _sink.set_sink(None)
-    return value
-
-
 def _headers() -> list[Any]:
-    sw8 = _sw8()
+    sw8 = producer_sw8()
     return [
         None,
         {},

@@ -16,7 +16,7 @@ from swmp import _sink
 from swmp.instrument import _mq, aiormq, pika
 from swmp.tracing.context import new_entry_span, new_exit_span
 from swmp.tracing.span import NATIVE, current_span, native_core
-from tests.native_forms import PLACES, Text, consume_in, recording, segments
+from tests.native_forms import PLACES, Text, consume_in, producer_sw8, recording, segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
@@ -41,16 +41,7 @@ class Raising:
         raise AttributeError(name)
 
 
-def _sw8() -> str:
-    memory = _sink.MemorySink()
-    _sink.set_sink(memory)
-    with new_entry_span("/publish"), new_exit_span("RabbitMQ/x/Producer", "mq:5672", 52, 4) as span:
-        value = span.inject()["sw8"]
-    _sink.set_sink(None)
-    return value
-
-
-SW8 = _sw8()
+SW8 = producer_sw8()
 NS = SimpleNamespace
 
 
