@@ -13,6 +13,9 @@ typedef struct {
 } swmp_AttrCache;
 
 /* ``getattr(obj, name)``: a new reference, or NULL with the error getattr raises. */
+/* Where ``name``'s slot lies in ``obj`` when getting and setting it on ``obj`` go straight
+ * to that slot (its value there may be NULL: never set), else NULL (no error). */
+PyObject **swmp_slot_ref(PyObject *obj, PyObject *name, swmp_AttrCache *cache);
 PyObject *swmp_slot_attr(PyObject *obj, PyObject *name, swmp_AttrCache *cache);
 PyObject *swmp_slot_attr_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 #endif

@@ -25,6 +25,7 @@
 
 #include "consume.h"
 #include "deliver.h"
+#include "spancore.h"
 
 static PyObject *s_impl, *s_connection, *s_params, *s_host, *s_port, *s_url, *s_exchange, *s_routing_key,
     *s_headers, *s_properties, *s_delivery, *s_header, *s_empty, *s_enter, *s_exit;
@@ -48,12 +49,8 @@ static int interned(void) {
 /* getattr(obj, name, fallback): a new reference, or NULL with an error that is not an
  * AttributeError. */
 static PyObject *attr_or(PyObject *obj, PyObject *name, PyObject *fallback) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
-        PyErr_Clear();
-        return Py_NewRef(fallback);
-    }
-    return v;
+    PyObject *v = swmp_optional_attr(obj, name);
+    return v != NULL || PyErr_Occurred() ? v : Py_NewRef(fallback);
 }
 
 /* ``getattr(obj, name, None) or ""``: a new reference or NULL. */
@@ -88,70 +85,58 @@ typedef struct {
 
 static PeerMemo pika_memo, aiormq_memo;
 
-/* A peer that could not be read is "" (``_peer``'s ``except Exception``); another error
- * passes on. */
-static PyObject *peer_failed(void) {
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-        return NULL;
-    }
-    PyErr_Clear();
-    return Py_NewRef(s_empty);
-}
-
-static PyObject *remembered(PeerMemo *memo, PyObject *source, PyObject *peer) {
-    if (peer != NULL) {
+/* A ``_peer(channel)`` of the Python forms: ``address`` of ``channel.connection.<attr>``,
+ * remembered for that object; "" when reading it raises an Exception (their ``except
+ * Exception``, not remembered), another error passes on. */
+static PyObject *memo_peer(PyObject *channel, PyObject *attr, PeerMemo *memo, PyObject *(*address)(PyObject *)) {
+    PyObject *conn = PyObject_GetAttr(channel, s_connection);
+    PyObject *source = conn == NULL ? NULL : PyObject_GetAttr(conn, attr);
+    Py_XDECREF(conn);
+    PyObject *peer = NULL;
+    if (source != NULL && source == memo->source) {
+        peer = Py_NewRef(memo->peer);
+    } else if (source != NULL && (peer = address(source)) != NULL) {
         Py_XSETREF(memo->source, Py_NewRef(source));
         Py_XSETREF(memo->peer, Py_NewRef(peer));
+    }
+    Py_XDECREF(source);
+    if (peer == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        peer = Py_NewRef(s_empty);
     }
     return peer;
 }
 
-/* pika's ``_peer(channel)``: ``f"{p.host}:{p.port}"`` of ``channel.connection.params``. */
-static PyObject *pika_peer(PyObject *channel) {
-    PyObject *conn = PyObject_GetAttr(channel, s_connection);
-    PyObject *params = conn == NULL ? NULL : PyObject_GetAttr(conn, s_params);
-    Py_XDECREF(conn);
-    if (params == NULL) {
-        return peer_failed();
-    }
-    if (params == pika_memo.source) {
-        Py_DECREF(params);
-        return Py_NewRef(pika_memo.peer);
-    }
+/* pika's: ``f"{p.host}:{p.port}"`` of the connection parameters. */
+static PyObject *pika_address(PyObject *params) {
     PyObject *host = PyObject_GetAttr(params, s_host);
     PyObject *port = host == NULL ? NULL : PyObject_GetAttr(params, s_port);
     PyObject *peer = port == NULL ? NULL : host_port(host, port);
     Py_XDECREF(host);
     Py_XDECREF(port);
-    peer = peer == NULL ? peer_failed() : remembered(&pika_memo, params, peer);
-    Py_DECREF(params);
     return peer;
 }
 
-/* aiormq's ``_peer(channel)``: of ``channel.connection.url``, ``f"{url.host}:{url.port}"``
- * when it has a port, else ``str(url.host)``. */
-static PyObject *aiormq_peer(PyObject *channel) {
-    PyObject *conn = PyObject_GetAttr(channel, s_connection);
-    PyObject *url = conn == NULL ? NULL : PyObject_GetAttr(conn, s_url);
-    Py_XDECREF(conn);
-    if (url == NULL) {
-        return peer_failed();
-    }
-    if (url == aiormq_memo.source) {
-        Py_DECREF(url);
-        return Py_NewRef(aiormq_memo.peer);
-    }
+/* aiormq's: of the connection URL, ``f"{url.host}:{url.port}"`` when it has a port, else
+ * ``str(url.host)`` (the port read first, as the expression reads them). */
+static PyObject *aiormq_address(PyObject *url) {
     PyObject *peer = NULL, *host = NULL;
-    PyObject *port = PyObject_GetAttr(url, s_port); /* the port first, as the expression reads them */
+    PyObject *port = PyObject_GetAttr(url, s_port);
     int has_port = port == NULL ? -1 : PyObject_IsTrue(port);
     if (has_port >= 0 && (host = PyObject_GetAttr(url, s_host)) != NULL) {
         peer = has_port ? host_port(host, port) : PyObject_Str(host);
     }
     Py_XDECREF(host);
     Py_XDECREF(port);
-    peer = peer == NULL ? peer_failed() : remembered(&aiormq_memo, url, peer);
-    Py_DECREF(url);
     return peer;
+}
+
+static PyObject *pika_peer(PyObject *channel) {
+    return memo_peer(channel, s_params, &pika_memo, pika_address);
+}
+
+static PyObject *aiormq_peer(PyObject *channel) {
+    return memo_peer(channel, s_url, &aiormq_memo, aiormq_address);
 }
 
 PyObject *swmp_pika_peer(PyObject *module, PyObject *channel) {

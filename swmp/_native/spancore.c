@@ -587,7 +587,8 @@ static PyObject *set_ids(PyObject *module, PyObject *const *args, Py_ssize_t nar
 
 static long long current_pid(void) {
     static swmp_AttrCache at_pid;
-    PyObject *v = pid_holder != Py_None ? swmp_slot_attr(pid_holder, s_pid, &at_pid) : PyObject_CallNoArgs(pid_function);
+    PyObject *v =
+        pid_holder != Py_None ? swmp_slot_attr(pid_holder, s_pid, &at_pid) : PyObject_CallNoArgs(pid_function);
     if (v == NULL) {
         return -1;
     }
@@ -907,21 +908,6 @@ static PyObject *e_emit = NULL, *e_identity = NULL, *e_dumps = NULL, *e_sink_ns 
                 *e_rtype = NULL;
 static PyObject *s_service, *s_instance, *s_write, *s_written, *s_dropped, *s_sink;
 
-/* count_stat(): ``stats.<name> += 1``. For the tracing core's Stats (a __slots__ class) the slot is
- * updated where it lies, as the member descriptor would, instead of two attribute look-ups
- * on every emitted segment; any other object through its attributes. */
-static PyTypeObject *e_stats_type = NULL;
-static Py_ssize_t e_written_at = -1, e_dropped_at = -1;
-
-static Py_ssize_t stats_slot(PyTypeObject *type, PyObject *name) {
-    PyObject *d = _PyType_Lookup(type, name); /* borrowed */
-    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type) || PyDescr_TYPE(d) != type) {
-        return -1;
-    }
-    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-    return m->type == T_OBJECT_EX && !(m->flags & READONLY) ? m->offset : -1;
-}
-
 static PyObject *set_emit(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[2]) || !PyDict_CheckExact(args[3])) {
         PyErr_SetString(PyExc_TypeError, "set_emit(emit, identity, dumps, sink_namespace: dict, stats, record_type)");
@@ -933,26 +919,22 @@ static PyObject *set_emit(PyObject *module, PyObject *const *args, Py_ssize_t na
     Py_XSETREF(e_sink_ns, Py_NewRef(args[3]));
     Py_XSETREF(e_stats, Py_NewRef(args[4]));
     Py_XSETREF(e_rtype, Py_NewRef(args[5]));
-    PyTypeObject *type = Py_TYPE(args[4]);
-    Py_XSETREF(e_stats_type, (PyTypeObject *)Py_NewRef(type));
-    e_written_at = stats_slot(type, s_written);
-    e_dropped_at = stats_slot(type, s_dropped);
     Py_RETURN_NONE;
 }
 
-/* ``stats.<name> += 1``: see stats_slot() above. */
+/* ``stats.<name> += 1`` (``segments_written`` or ``segments_dropped``). For the tracing
+ * core's Stats (a __slots__ class) the slot is updated where it lies, as the member
+ * descriptor would, instead of two attribute look-ups on every emitted segment. */
 static int count_stat(PyObject *name) {
-    Py_ssize_t at = name == s_written ? e_written_at : name == s_dropped ? e_dropped_at : -1;
-    if (at >= 0 && Py_TYPE(e_stats) == e_stats_type) {
-        PyObject **slot = (PyObject **)((char *)e_stats + at);
-        if (*slot != NULL) {
-            PyObject *nv = PyNumber_Add(*slot, one);
-            if (nv == NULL) {
-                return -1;
-            }
-            Py_SETREF(*slot, nv);
-            return 0;
+    static swmp_AttrCache at_written, at_dropped;
+    PyObject **slot = swmp_slot_ref(e_stats, name, name == s_written ? &at_written : &at_dropped);
+    if (slot != NULL && *slot != NULL) {
+        PyObject *nv = PyNumber_Add(*slot, one);
+        if (nv == NULL) {
+            return -1;
         }
+        Py_SETREF(*slot, nv);
+        return 0;
     }
     PyObject *v = PyObject_GetAttr(e_stats, name);
     PyObject *nv = v == NULL ? NULL : PyNumber_Add(v, one);
@@ -1345,52 +1327,6 @@ static PyObject *entry_kind = NULL, *policy = NULL, *rules_type = NULL, *profile
                 *s_trace_id = NULL;
 
 /* The truth of ``obj.name``: 1, 0, or -1 with an error. */
-/* The fields of a decoded caller context (propagation.ContextCarrier's slots, at the
- * offsets setup_carrier() found; decode_carrier and caller_ref below use them too). */
-enum {
-    CF_TRACE_ID,
-    CF_SEGMENT_ID,
-    CF_SPAN_ID,
-    CF_SERVICE,
-    CF_INSTANCE,
-    CF_ENDPOINT,
-    CF_ADDRESS,
-    CF_SAMPLED,
-    CF_CORRELATION,
-    CF_SKIP_ANALYSIS,
-    CF_COUNT
-};
-static const char *const carrier_field_names[CF_COUNT] = {
-    "trace_id", "segment_id", "span_id", "service", "instance", "endpoint", "address", "sampled", "correlation",
-    "skip_analysis"};
-static Py_ssize_t carrier_offsets[CF_COUNT];
-static PyTypeObject *carrier_class = NULL;
-static PyObject *known_callers = NULL;
-
-/* ``carrier.<field>`` (new reference): the slot itself for a carrier of the class
- * setup_carrier() was given, the attribute otherwise (or for a slot never set, which then
- * raises as reading it does). Why: a continued segment read four of them through the
- * attribute protocol, each a type look-up and a descriptor call. */
-static PyObject *carrier_get(PyObject *carrier, int field, PyObject *name) {
-    if (carrier_class != NULL && Py_TYPE(carrier) == carrier_class) {
-        PyObject *v = *(PyObject **)((char *)carrier + carrier_offsets[field]);
-        if (v != NULL) {
-            return Py_NewRef(v);
-        }
-    }
-    return PyObject_GetAttr(carrier, name);
-}
-
-static int carrier_true(PyObject *carrier, int field, PyObject *name) {
-    PyObject *v = carrier_get(carrier, field, name);
-    if (v == NULL) {
-        return -1;
-    }
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
-}
-
 static int attr_true(PyObject *obj, PyObject *name, swmp_AttrCache *cache) {
     PyObject *v = swmp_slot_attr(obj, name, cache);
     if (v == NULL) {
@@ -1459,7 +1395,8 @@ static int add_caller_ref(SpanCore *span, PyObject *carrier) {
 
 /* The caller's trace id, correlation and skip-analysis flag on a new segment. */
 static int join_caller(SegmentCore *seg, PyObject *carrier) {
-    PyObject *corr = carrier_get(carrier, CF_CORRELATION, s_correlation);
+    static swmp_AttrCache at_correlation, at_skip;
+    PyObject *corr = swmp_slot_attr(carrier, s_correlation, &at_correlation);
     if (corr == NULL) {
         return -1;
     }
@@ -1469,7 +1406,7 @@ static int join_caller(SegmentCore *seg, PyObject *carrier) {
     } else {
         Py_DECREF(corr);
     }
-    int skip = has < 0 ? -1 : carrier_true(carrier, CF_SKIP_ANALYSIS, s_skip_analysis);
+    int skip = has < 0 ? -1 : attr_true(carrier, s_skip_analysis, &at_skip);
     if (skip > 0) {
         Py_SETREF(seg->skip_analysis, Py_NewRef(Py_True));
     }
@@ -1497,7 +1434,8 @@ static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     int r = plain_start(args[0], carrier == Py_None);
     if (r > 0 && carrier != Py_None) {
-        r = carrier_true(carrier, CF_SAMPLED, s_sampled); /* not sampled: Python counts it */
+        static swmp_AttrCache at_sampled;
+        r = attr_true(carrier, s_sampled, &at_sampled); /* not sampled: Python counts it */
     }
     if (r <= 0) {
         if (r < 0) {
@@ -1509,7 +1447,8 @@ static PyObject *entry_root(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (carrier == Py_None) {
         seg = PyObject_CallNoArgs((PyObject *)segment_class);
     } else {
-        PyObject *trace_id = carrier_get(carrier, CF_TRACE_ID, s_trace_id);
+        static swmp_AttrCache at_trace_id;
+        PyObject *trace_id = swmp_slot_attr(carrier, s_trace_id, &at_trace_id);
         seg = trace_id == NULL ? NULL : PyObject_CallOneArg((PyObject *)segment_class, trace_id);
         Py_XDECREF(trace_id);
         if (seg != NULL && join_caller((SegmentCore *)seg, carrier) < 0) {
@@ -1779,7 +1718,8 @@ static PyObject *spancore_inject(SpanCore *self, PyObject *unused) {
         (corr == no_correlation || (PyDict_CheckExact(corr) && PyDict_GET_SIZE(corr) == 0))) {
         static swmp_AttrCache at_service_b64, at_instance_b64;
         PyObject *service = swmp_slot_attr(seg_identity, s_service_b64, &at_service_b64);
-        PyObject *instance = service == NULL ? NULL : swmp_slot_attr(seg_identity, s_instance_b64, &at_instance_b64);
+        PyObject *instance =
+            service == NULL ? NULL : swmp_slot_attr(seg_identity, s_instance_b64, &at_instance_b64);
         /* Texts swmp_sw8_join cannot copy (not ASCII str) make build_sw8 decline: Python's. */
         PyObject *sw8 = instance == NULL ? NULL : build_sw8((PyObject *)self, service, instance);
         Py_XDECREF(service);
@@ -1807,6 +1747,25 @@ static PyObject *spancore_inject(SpanCore *self, PyObject *unused) {
  * Why: the carrier's Python __init__ (ten slot stores) and decode_sw8's frame were ~5,000
  * instructions of every consumed message, task run and request with a caller, twice what
  * the split costs. The slots are written at the offsets their descriptors give. */
+enum {
+    CF_TRACE_ID,
+    CF_SEGMENT_ID,
+    CF_SPAN_ID,
+    CF_SERVICE,
+    CF_INSTANCE,
+    CF_ENDPOINT,
+    CF_ADDRESS,
+    CF_SAMPLED,
+    CF_CORRELATION,
+    CF_SKIP_ANALYSIS,
+    CF_COUNT
+};
+static const char *const carrier_field_names[CF_COUNT] = {
+    "trace_id", "segment_id", "span_id", "service", "instance", "endpoint", "address", "sampled", "correlation",
+    "skip_analysis"};
+static Py_ssize_t carrier_offsets[CF_COUNT];
+static PyTypeObject *carrier_class = NULL;
+static PyObject *known_callers = NULL;
 
 static PyObject *setup_carrier(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyType_Check(args[0]) || !PyDict_CheckExact(args[1])) {
@@ -2189,7 +2148,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         (minus_one = PyLong_FromLong(-1)) == NULL) {
         return NULL;
     }
-    if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&SpanIdsType) < 0 || PyType_Ready(&swmp_GateType) < 0 ||
+    if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&SpanIdsType) < 0 ||
+        PyType_Ready(&swmp_GateType) < 0 ||
         PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0 ||
         PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_WSGIMethodType) < 0 ||
         PyType_Ready(&swmp_SqlCallType) < 0 || PyType_Ready(&swmp_CacheCallType) < 0 ||
