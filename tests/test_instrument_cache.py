@@ -197,6 +197,45 @@ def test_redis_asyncio(traced: Traced, redis_server: ServerInfo) -> None:
     asyncio.run(main())
 
 
+def test_redis_asyncio_commands_seen_before_run_in_c(traced: Traced, redis_server: ServerInfo) -> None:
+    """Once a command's name and the pool are known, an awaited command is the native lazy
+    awaitable (swmp/_native/within.c): awaited, made a task, gathered, cancelled while the
+    server holds it, each with its span as the Python form records it."""
+    import redis.asyncio as aredis
+
+    from swmp.tracing.span import NATIVE
+
+    async def main() -> None:
+        client = aredis.Redis(host=redis_server.host, port=redis_server.port)
+        try:
+            with traced.trace() as got:
+                await client.set("rk:c", "1")
+                assert await client.get("rk:c") == b"1"  # both names known from here on
+                call = client.get("rk:c")
+                assert (type(call).__name__ == "Within") is NATIVE
+                assert await call == b"1"
+                task = asyncio.get_running_loop().create_task(client.set("rk:c", "2"))
+                assert await task is True
+                assert await asyncio.gather(client.get("rk:c"), client.get("rk:c")) == [b"2", b"2"]
+                await client.blpop(["rk:none"], timeout=1)  # the name, then a cancelled wait
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(client.blpop(["rk:none"], timeout=5), 0.3)
+            ops = [e.op for e in got.exits]
+            assert (
+                ops
+                == ["Redis/SET", "Redis/GET", "Redis/GET", "Redis/SET"]
+                + ["Redis/GET"] * 2
+                + ["Redis/BLPOP"] * 2
+            )
+            assert [e.error for e in got.exits] == [False] * 7 + [True]
+            assert {e.tags["cache.key"] for e in got.exits} == {"rk:c", "rk:none"}
+            assert got.exits[2].tags["cache.op"] == "read" and got.exits[3].tags["cache.op"] == "write"
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
 def test_redis_outside_a_trace_records_nothing(traced: Traced, r: Any) -> None:
     with traced.untraced():
         r.set("rk:o", 1)

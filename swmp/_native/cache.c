@@ -22,13 +22,18 @@
  * memos; so does an ``Exception`` while working the span out (the Python form logs it once
  * and runs the command untraced). The client gets the caller's arguments and keywords
  * unchanged; its result or exception reaches the caller unchanged; the span's ``__exit__``
- * failing after the command ran is the agent's problem and is cleared. */
+ * failing after the command ran is the agent's problem and is cleared.
+ *
+ * ``awaiting`` (redis.asyncio): the call returns within.c's lazy awaitable, which takes
+ * these steps at its first send, in the awaiting task, as the Python ``async def`` form
+ * does, and runs the client's coroutine inside the span. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
 
 #include "cache.h"
 #include "spancore.h"
+#include "within.h"
 
 /* Set by setup_cache(): see its docstring in spancore.c's method table. */
 static PyObject *no_tags = NULL, *limits = NULL, *settings = NULL, *layer = NULL, *tag_key = NULL,
@@ -60,6 +65,7 @@ typedef struct {
     PyObject *orig, *fallback, *component, *cache_type, *info, *holder_attr, *addresses;
     Py_ssize_t key_index;
     int key_required; /* a call without args[key_index] is the fallback's (a key by keyword) */
+    int awaiting;     /* an async client's (redis.asyncio): made at the awaitable's first send */
     vectorcallfunc vectorcall;
 } CacheCall;
 
@@ -220,10 +226,18 @@ declined:
     return NULL;
 }
 
+/* open_span as within.c's lazy form asks for it. */
+static PyObject *cache_open(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    return nargs < 1 || span_class == NULL ? NULL : open_span((CacheCall *)callable, args, nargs);
+}
+
 static PyObject *cachecall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     CacheCall *c = (CacheCall *)callable;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *span = nargs < 1 || span_class == NULL ? NULL : open_span(c, args, nargs);
+    if (c->awaiting) {
+        return swmp_within_lazy(cache_open, callable, c->orig, c->fallback, args, nargsf, kwnames);
+    }
+    PyObject *span = cache_open(callable, args, nargsf, kwnames);
     if (span == NULL) {
         return PyErr_Occurred() ? NULL : PyObject_Vectorcall(c->fallback, args, nargsf, kwnames);
     }
@@ -239,20 +253,20 @@ static PyObject *cachecall_vectorcall(PyObject *callable, PyObject *const *args,
 static PyObject *cachecall_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *orig, *fallback, *component, *cache_type, *info, *holder_attr, *addresses;
     Py_ssize_t key_index;
-    int key_required;
+    int key_required, awaiting = 0;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "CacheCall() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOOUOUOnp:CacheCall", &orig, &fallback, &component, &cache_type, &info, &holder_attr,
-                          &addresses, &key_index, &key_required)) {
+    if (!PyArg_ParseTuple(args, "OOOUOUOnp|p:CacheCall", &orig, &fallback, &component, &cache_type, &info,
+                          &holder_attr, &addresses, &key_index, &key_required, &awaiting)) {
         return NULL;
     }
     if (!PyCallable_Check(orig) || !PyCallable_Check(fallback) || !(PyDict_CheckExact(info) || PyTuple_CheckExact(info)) ||
         !(addresses == Py_None || PyDict_CheckExact(addresses)) || key_index < 1) {
         PyErr_SetString(PyExc_TypeError,
                         "CacheCall(orig, fallback, component, cache_type: str, info: dict | tuple, holder_attr: str, "
-                        "addresses: dict | None, key_index: int >= 1, key_required: bool)");
+                        "addresses: dict | None, key_index: int >= 1, key_required: bool, awaiting: bool = False)");
         return NULL;
     }
     CacheCall *c = (CacheCall *)type->tp_alloc(type, 0);
@@ -266,6 +280,7 @@ static PyObject *cachecall_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     }
     c->key_index = key_index;
     c->key_required = key_required;
+    c->awaiting = awaiting;
     c->vectorcall = cachecall_vectorcall;
     return (PyObject *)c;
 }
@@ -307,7 +322,8 @@ PyTypeObject swmp_CacheCallType = {
     .tp_name = "swmp._spancore.CacheCall",
     .tp_basicsize = sizeof(CacheCall),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "CacheCall(orig, fallback, component, cache_type, info, holder_attr, addresses, key_index, key_required): one cache "
+    .tp_doc = "CacheCall(orig, fallback, component, cache_type, info, holder_attr, addresses, key_index, key_required, "
+              "awaiting=False): one cache "
               "command run in its exit span; other calls go to fallback.",
     .tp_new = cachecall_new,
     .tp_dealloc = (destructor)cachecall_dealloc,

@@ -34,7 +34,9 @@
  * ``wsgi_call`` (wsgi.c): a WSGI request run inside its entry span; ``WSGIMethod``: a
  * framework's WSGI entry method patched to run through it.
  * ``asgi_entry`` (asgi.c): an ASGI request's entry span and its tags; ``within``
- * (within.c): an awaitable run inside a span without a Python coroutine.
+ * (within.c): an awaitable run inside a span without a Python coroutine, and its lazy
+ * form, which opens the span at the first send (the async ``SqlCall`` / ``CacheCall``,
+ * ``AwaitingCall``).
  * ``amqp_consuming`` / ``kafka_consumed`` (consume.c): a consumed message's entry span;
  * ``pika_consuming`` / ``aiormq_consuming`` / ``pika_callback`` (deliver.c): its facts read
  * from the client's objects, and a pika callback run inside it.
@@ -2151,7 +2153,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     if (PyType_Ready(&SpanCoreType) < 0 || PyType_Ready(&SegmentCoreType) < 0 || PyType_Ready(&SpanIdsType) < 0 ||
         PyType_Ready(&swmp_GateType) < 0 ||
         PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0 ||
-        PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_WSGIMethodType) < 0 ||
+        PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_AwaitingCallType) < 0 ||
+        PyType_Ready(&swmp_WSGIMethodType) < 0 ||
         PyType_Ready(&swmp_SqlCallType) < 0 || PyType_Ready(&swmp_CacheCallType) < 0 ||
         PyType_Ready(&swmp_CelerySendType) < 0 || PyType_Ready(&swmp_ConsumingType) < 0 ||
         PyType_Ready(&swmp_PikaCallbackType) < 0 || PyType_Ready(&swmp_AttachType) < 0) {
@@ -2166,6 +2169,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         PyModule_AddObjectRef(m, "Gate", (PyObject *)&swmp_GateType) < 0 ||
         PyModule_AddObjectRef(m, "SqlCall", (PyObject *)&swmp_SqlCallType) < 0 ||
         PyModule_AddObjectRef(m, "CacheCall", (PyObject *)&swmp_CacheCallType) < 0 ||
+        PyModule_AddObjectRef(m, "AwaitingCall", (PyObject *)&swmp_AwaitingCallType) < 0 ||
         PyModule_AddObjectRef(m, "CelerySend", (PyObject *)&swmp_CelerySendType) < 0 ||
         PyModule_AddObjectRef(m, "WSGIMethod", (PyObject *)&swmp_WSGIMethodType) < 0) {
         Py_DECREF(m);

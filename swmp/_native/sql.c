@@ -21,6 +21,7 @@
 
 #include "spancore.h"
 #include "sql.h"
+#include "within.h"
 
 /* Set by setup_sql(): see its docstring in spancore.c's method table. */
 static PyObject *py_sql_span = NULL, *no_tags = NULL, *limits = NULL, *settings = NULL, *text = NULL,
@@ -163,11 +164,16 @@ PyObject *swmp_sql_span(PyObject *module, PyObject *const *args, size_t nargsf, 
  * segment: it is run and finished whatever happens while tagging it.) The driver's call
  * gets the caller's arguments unchanged; its result or exception reaches the caller
  * unchanged; the span's ``__exit__`` failing after the query is the agent's problem and is
- * cleared (the query happened: swmp_span_leave). */
+ * cleared (the query happened: swmp_span_leave).
+ *
+ * ``awaiting`` (an async driver's ``execute``: aiomysql): the call returns the lazy
+ * awaitable of within.c, which takes these steps at its first send, in the awaiting task,
+ * as the Python ``async def`` form does, and runs the driver's coroutine inside the span. */
 typedef struct {
     PyObject_HEAD
     PyObject *orig, *fallback, *op, *component, *db_type, *conn_attr, *where, *key_attr;
-    int truthy; /* params ``or None`` (cursor_method) rather than as given (psycopg2) */
+    int truthy;   /* params ``or None`` (cursor_method) rather than as given (psycopg2) */
+    int awaiting; /* an async driver's: the call is made at the awaitable's first send */
     vectorcallfunc vectorcall;
 } SqlCall;
 
@@ -202,41 +208,48 @@ static PyObject *sqlcall_fallback(SqlCall *c, PyObject *const *args, size_t narg
     return PyObject_Vectorcall(c->fallback, args, nargsf, kwnames);
 }
 
-static PyObject *sqlcall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+/* The span of this call (not entered), or NULL without an error when the call is the
+ * fallback's, or NULL with an error that is not an Exception. */
+static PyObject *sql_open(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     SqlCall *c = (SqlCall *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (kwnames != NULL || nargs < 2 || nargs > 3 || !PyUnicode_CheckExact(args[1]) || py_sql_span == NULL) {
-        return sqlcall_fallback(c, args, nargsf, kwnames);
+        return NULL;
     }
     PyObject *params = nargs == 3 ? args[2] : Py_None;
     if (c->truthy && params != Py_None) {
         int truth = PyObject_IsTrue(params);
         if (truth < 0) {
             PyErr_Clear(); /* the Python form decides what to do with it */
-            return sqlcall_fallback(c, args, nargsf, kwnames);
+            return NULL;
         }
         params = truth ? params : Py_None;
     }
     PyObject *pair = where_of(c, args[0]);
     if (pair == NULL) {
-        if (PyErr_Occurred()) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-                return NULL; /* KeyboardInterrupt and the like: as the Python form lets them go */
-            }
-            PyErr_Clear();
+        if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyErr_Clear(); /* KeyboardInterrupt and the like stay: as the Python form lets them go */
         }
-        return sqlcall_fallback(c, args, nargsf, kwnames);
+        return NULL;
     }
     PyObject *span_args[6] = {c->op, PyTuple_GET_ITEM(pair, 0), c->component, c->db_type, PyTuple_GET_ITEM(pair, 1),
                               args[1]};
     PyObject *span = sql_exit(span_args, params, Py_False, 1);
     Py_DECREF(pair);
-    if (span == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-            return NULL;
-        }
+    if (span == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
         PyErr_Clear(); /* no span was made: the Python form meets it again and logs it once */
-        return sqlcall_fallback(c, args, nargsf, kwnames);
+    }
+    return span;
+}
+
+static PyObject *sqlcall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    SqlCall *c = (SqlCall *)callable;
+    if (c->awaiting) {
+        return swmp_within_lazy(sql_open, callable, c->orig, c->fallback, args, nargsf, kwnames);
+    }
+    PyObject *span = sql_open(callable, args, nargsf, kwnames);
+    if (span == NULL) {
+        return PyErr_Occurred() ? NULL : sqlcall_fallback(c, args, nargsf, kwnames);
     }
     if (swmp_span_enter(span) < 0) { /* as ``span.__enter__()`` in the Python form: raised */
         Py_DECREF(span);
@@ -249,20 +262,20 @@ static PyObject *sqlcall_vectorcall(PyObject *callable, PyObject *const *args, s
 
 static PyObject *sqlcall_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *orig, *fallback, *op, *component, *db_type, *conn_attr, *where, *key_attr;
-    int truthy;
+    int truthy, awaiting = 0;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "SqlCall() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOUOUUOOp:SqlCall", &orig, &fallback, &op, &component, &db_type, &conn_attr,
-                          &where, &key_attr, &truthy)) {
+    if (!PyArg_ParseTuple(args, "OOUOUUOOp|p:SqlCall", &orig, &fallback, &op, &component, &db_type,
+                          &conn_attr, &where, &key_attr, &truthy, &awaiting)) {
         return NULL;
     }
     if (!PyCallable_Check(orig) || !PyCallable_Check(fallback) || (where != Py_None && !PyCallable_Check(where)) ||
         (key_attr != Py_None && !PyUnicode_Check(key_attr))) {
         PyErr_SetString(PyExc_TypeError,
                         "SqlCall(orig, fallback, op: str, component, db_type: str, conn_attr: str, where: callable | "
-                        "None, key_attr: str | None, truthy: bool)");
+                        "None, key_attr: str | None, truthy: bool, awaiting: bool = False)");
         return NULL;
     }
     SqlCall *c = (SqlCall *)type->tp_alloc(type, 0);
@@ -276,6 +289,7 @@ static PyObject *sqlcall_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         *slots[i] = Py_NewRef(values[i]);
     }
     c->truthy = truthy;
+    c->awaiting = awaiting;
     c->vectorcall = sqlcall_vectorcall;
     return (PyObject *)c;
 }
@@ -319,8 +333,8 @@ PyTypeObject swmp_SqlCallType = {
     .tp_name = "swmp._spancore.SqlCall",
     .tp_basicsize = sizeof(SqlCall),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "SqlCall(orig, fallback, op, component, db_type, conn_attr, where, key_attr, truthy): a cursor's "
-              "execute(query, params=None) run in its SQL exit span; other calls go to fallback.",
+    .tp_doc = "SqlCall(orig, fallback, op, component, db_type, conn_attr, where, key_attr, truthy, awaiting=False): a "
+              "cursor's execute(query, params=None) run in its SQL exit span; other calls go to fallback.",
     .tp_new = sqlcall_new,
     .tp_dealloc = (destructor)sqlcall_dealloc,
     .tp_traverse = (traverseproc)sqlcall_traverse,

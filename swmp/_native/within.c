@@ -16,21 +16,48 @@
  * (``__exit__(None, None, None)`` on return, with the exception otherwise: one raised by
  * the awaited object, a ``throw()`` it did not handle, the GeneratorExit of ``close()`` or
  * of this object being collected while running). Awaiting it a second time raises
- * RuntimeError, as a coroutine does. Only for callers that await what they are given (the
- * object is not a coroutine: ``asyncio.iscoroutine`` says no, so it must not be handed to
- * ``create_task``); swmp uses it for Django's ``ASGIHandler.handle``. */
+ * RuntimeError, as a coroutine does. It has ``send``, ``throw``, ``close`` and ``__await__``,
+ * so ``collections.abc.Coroutine`` (and with it ``asyncio.iscoroutine`` and
+ * ``create_task``) takes it. swmp uses it for Django's ``ASGIHandler.handle``.
+ *
+ * The lazy form (``swmp_within_lazy``, for the async data-store calls in sql.c and
+ * cache.c) is what the drivers' Python wrapper
+ *
+ *     async def traced(self, *args, **kwargs):
+ *         with open_span(self, args, kwargs):
+ *             return await orig(self, *args, **kwargs)
+ *
+ * does: nothing happens until the first send, in the awaiting task's context; then the
+ * owner's ``open`` makes the span (or declines: the call is the Python ``fallback``'s,
+ * whose coroutine is run as it is, with no span of ours), the span is entered, and only
+ * then is ``orig`` called for the awaitable. A call never awaited makes no span, as a
+ * coroutine never started runs none of its body; a ``throw()`` before the first send
+ * raises the exception thrown, as it does into a coroutine not started. Why: the Python
+ * wrapper was three to five Python frames per traced command or query between the
+ * client's round trips (see sql.c). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
+#include <string.h>
+#include <structmember.h>
 
+#include "spancore.h"
 #include "within.h"
 
 enum { NOT_STARTED, RUNNING, DONE };
 
 typedef struct {
     PyObject_HEAD
-    PyObject *span;
-    PyObject *inner; /* the awaited object's iterator (a coroutine is its own) */
+    PyObject *span;  /* NULL: none (the lazy form not started yet, or its call declined) */
+    PyObject *inner; /* the awaited object's iterator (a coroutine is its own); NULL until
+                      * the lazy form's first send */
     int state;
+    /* The lazy form: the call to make at the first send (open == NULL: the eager form). */
+    swmp_within_opener open;
+    PyObject *owner, *orig, *fallback;
+    PyObject *argv;    /* the positional arguments, then the keywords' values */
+    PyObject *kwnames; /* NULL: none */
+    Py_ssize_t nargs;
 } Within;
 
 static PyObject *s_enter = NULL, *s_exit = NULL, *s_throw = NULL, *s_close = NULL;
@@ -39,6 +66,9 @@ static PyObject *s_enter = NULL, *s_exit = NULL, *s_throw = NULL, *s_close = NUL
  * still set (or none), 1 when ``__exit__`` answered true for an exception (suppressed, as
  * a ``with`` does: the exception is cleared), -1 with the exit's own error replacing it. */
 static int exit_span(Within *self, int with_error) {
+    if (self->span == NULL) {
+        return 0; /* no span of ours: the outcome passes as it is */
+    }
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     if (with_error) {
         PyErr_Fetch(&type, &value, &tb);
@@ -90,6 +120,55 @@ static PySendResult settle(Within *self, PySendResult r, PyObject **result) {
     return r;
 }
 
+/* The iterator ``await aw`` runs (new reference), or NULL with await's TypeError. */
+static PyObject *await_iter(PyObject *aw) {
+    if (PyCoro_CheckExact(aw)) {
+        return Py_NewRef(aw);
+    }
+    if (Py_TYPE(aw)->tp_as_async != NULL && Py_TYPE(aw)->tp_as_async->am_await != NULL) {
+        PyObject *inner = Py_TYPE(aw)->tp_as_async->am_await(aw);
+        if (inner != NULL && !PyIter_Check(inner)) {
+            PyErr_Format(PyExc_TypeError, "__await__() returned non-iterator of type '%.100s'", Py_TYPE(inner)->tp_name);
+            Py_CLEAR(inner);
+        }
+        return inner;
+    }
+    PyErr_Format(PyExc_TypeError, "object %.100s can't be used in 'await' expression", Py_TYPE(aw)->tp_name);
+    return NULL;
+}
+
+/* The lazy form's first step: the span opened and entered (or the call declined to the
+ * fallback), the awaitable made, its iterator kept. 0; -1 with the error to raise (a span
+ * already entered is exited with it, as the ``with`` around the call would); 1 when that
+ * exit suppressed the error (the coroutine would return None). */
+static int start_lazy(Within *self) {
+    PyObject *const *args = &PyTuple_GET_ITEM(self->argv, 0);
+    size_t nargsf = (size_t)self->nargs;
+    PyObject *span = self->open(self->owner, args, nargsf, self->kwnames);
+    PyObject *aw;
+    if (span == NULL) {
+        if (PyErr_Occurred()) {
+            return -1; /* not an Exception (the opener clears those): raised */
+        }
+        aw = PyObject_Vectorcall(self->fallback, args, nargsf, self->kwnames);
+    } else {
+        if (swmp_span_enter(span) < 0) { /* as ``with span:`` entering: raised */
+            Py_DECREF(span);
+            return -1;
+        }
+        self->span = span;
+        aw = PyObject_Vectorcall(self->orig, args, nargsf, self->kwnames);
+    }
+    PyObject *inner = aw == NULL ? NULL : await_iter(aw);
+    Py_XDECREF(aw);
+    Py_CLEAR(self->argv); /* what the call needed is the awaitable's now */
+    if (inner == NULL) {
+        return exit_span(self, 1) > 0 ? 1 : -1;
+    }
+    self->inner = inner;
+    return 0;
+}
+
 static PySendResult within_send(PyObject *obj, PyObject *arg, PyObject **result) {
     Within *self = (Within *)obj;
     *result = NULL;
@@ -98,12 +177,25 @@ static PySendResult within_send(PyObject *obj, PyObject *arg, PyObject **result)
         return PYGEN_ERROR;
     }
     if (self->state == NOT_STARTED) {
-        PyObject *entered = PyObject_CallMethodNoArgs(self->span, s_enter);
-        if (entered == NULL) {
-            self->state = DONE;
-            return PYGEN_ERROR;
+        if (self->open != NULL) {
+            if (arg != Py_None) { /* refused before anything starts, as by a coroutine */
+                PyErr_SetString(PyExc_TypeError, "can't send non-None value to a just-started coroutine");
+                return PYGEN_ERROR;
+            }
+            int started = start_lazy(self);
+            if (started != 0) {
+                self->state = DONE;
+                *result = started > 0 ? Py_NewRef(Py_None) : NULL;
+                return started > 0 ? PYGEN_RETURN : PYGEN_ERROR;
+            }
+        } else {
+            PyObject *entered = PyObject_CallMethodNoArgs(self->span, s_enter);
+            if (entered == NULL) {
+                self->state = DONE;
+                return PYGEN_ERROR;
+            }
+            Py_DECREF(entered);
         }
-        Py_DECREF(entered);
         self->state = RUNNING;
     }
     return settle(self, PyIter_Send(self->inner, arg, result), result);
@@ -168,8 +260,42 @@ static int stopped(PyObject **result) {
     return 1;
 }
 
+/* ``throw(type[, value[, traceback]])`` into a coroutine not started: the exception thrown
+ * is raised where its body would begin, none of it run. */
+static PyObject *raise_thrown(Within *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "throw expected 1 to 3 arguments");
+        return NULL;
+    }
+    PyObject *type = args[0], *value = nargs > 1 && args[1] != Py_None ? args[1] : NULL;
+    PyObject *tb = nargs > 2 && args[2] != Py_None ? args[2] : NULL;
+    if (PyExceptionInstance_Check(type)) {
+        if (value != NULL) {
+            PyErr_SetString(PyExc_TypeError, "instance exception may not have a separate value");
+            return NULL;
+        }
+        value = type;
+        type = (PyObject *)Py_TYPE(value);
+    } else if (!PyExceptionClass_Check(type)) {
+        PyErr_Format(PyExc_TypeError, "exceptions must be classes or instances deriving from BaseException, not %s",
+                     Py_TYPE(type)->tp_name);
+        return NULL;
+    }
+    self->state = DONE; /* a valid throw ends it, as it ends a coroutine not started */
+    PyObject *t = Py_NewRef(type), *v = Py_XNewRef(value), *b = Py_XNewRef(tb);
+    PyErr_NormalizeException(&t, &v, &b);
+    if (b != NULL && v != NULL) {
+        PyException_SetTraceback(v, b);
+    }
+    PyErr_Restore(t, v, b);
+    return NULL;
+}
+
 static PyObject *within_throw(PyObject *obj, PyObject *const *args, Py_ssize_t nargs) {
     Within *self = (Within *)obj;
+    if (self->inner == NULL) { /* the lazy form before its first send */
+        return raise_thrown(self, args, nargs);
+    }
     PyObject *throw = PyObject_GetAttr(self->inner, s_throw);
     if (throw == NULL) {
         return NULL;
@@ -215,6 +341,9 @@ static PyObject *within_close(PyObject *obj, PyObject *unused) {
     Within *self = (Within *)obj;
     if (self->state != RUNNING) {
         self->state = DONE;
+        if (self->inner == NULL) {
+            Py_RETURN_NONE; /* the lazy form never started: nothing was made */
+        }
         PyObject *close = PyObject_GetAttr(self->inner, s_close);
         if (close == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
@@ -253,12 +382,22 @@ static PyObject *within_await(PyObject *self) {
 static int within_traverse(Within *self, visitproc visit, void *arg) {
     Py_VISIT(self->span);
     Py_VISIT(self->inner);
+    Py_VISIT(self->owner);
+    Py_VISIT(self->orig);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->argv);
+    Py_VISIT(self->kwnames);
     return 0;
 }
 
 static int within_clear(Within *self) {
     Py_CLEAR(self->span);
     Py_CLEAR(self->inner);
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->orig);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->argv);
+    Py_CLEAR(self->kwnames);
     return 0;
 }
 
@@ -299,43 +438,203 @@ PyTypeObject swmp_WithinType = {
     .tp_methods = within_methods,
 };
 
+static int init_names(void) {
+    if (s_enter == NULL && ((s_enter = PyUnicode_InternFromString("__enter__")) == NULL ||
+                            (s_exit = PyUnicode_InternFromString("__exit__")) == NULL ||
+                            (s_throw = PyUnicode_InternFromString("throw")) == NULL ||
+                            (s_close = PyUnicode_InternFromString("close")) == NULL)) {
+        return -1;
+    }
+    return 0;
+}
+
+static Within *new_within(void) {
+    Within *self = PyObject_GC_New(Within, &swmp_WithinType);
+    if (self != NULL) {
+        self->span = self->inner = self->owner = self->orig = self->fallback = self->argv = self->kwnames = NULL;
+        self->open = NULL;
+        self->nargs = 0;
+        self->state = NOT_STARTED;
+    }
+    return self;
+}
+
 PyObject *swmp_within(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "within(span, awaitable)");
         return NULL;
     }
-    if (s_enter == NULL && ((s_enter = PyUnicode_InternFromString("__enter__")) == NULL ||
-                            (s_exit = PyUnicode_InternFromString("__exit__")) == NULL ||
-                            (s_throw = PyUnicode_InternFromString("throw")) == NULL ||
-                            (s_close = PyUnicode_InternFromString("close")) == NULL)) {
+    if (init_names() < 0) {
         return NULL;
     }
-    PyObject *aw = args[1];
-    PyObject *inner;
-    if (PyCoro_CheckExact(aw)) {
-        inner = Py_NewRef(aw);
-    } else if (Py_TYPE(aw)->tp_as_async != NULL && Py_TYPE(aw)->tp_as_async->am_await != NULL) {
-        inner = Py_TYPE(aw)->tp_as_async->am_await(aw);
-        if (inner == NULL) {
-            return NULL;
-        }
-        if (!PyIter_Check(inner)) {
-            PyErr_Format(PyExc_TypeError, "__await__() returned non-iterator of type '%.100s'", Py_TYPE(inner)->tp_name);
-            Py_DECREF(inner);
-            return NULL;
-        }
-    } else {
-        PyErr_Format(PyExc_TypeError, "object %.100s can't be used in 'await' expression", Py_TYPE(aw)->tp_name);
+    PyObject *inner = await_iter(args[1]);
+    if (inner == NULL) {
         return NULL;
     }
-    Within *self = PyObject_GC_New(Within, &swmp_WithinType);
+    Within *self = new_within();
     if (self == NULL) {
         Py_DECREF(inner);
         return NULL;
     }
     self->span = Py_NewRef(args[0]);
     self->inner = inner;
-    self->state = NOT_STARTED;
     PyObject_GC_Track(self);
     return (PyObject *)self;
 }
+
+PyObject *swmp_within_lazy(swmp_within_opener open, PyObject *owner, PyObject *orig, PyObject *fallback,
+                           PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (init_names() < 0) {
+        return NULL;
+    }
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    PyObject *argv = PyTuple_New(nargs + nkw);
+    if (argv == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
+        PyTuple_SET_ITEM(argv, i, Py_NewRef(args[i]));
+    }
+    Within *self = new_within();
+    if (self == NULL) {
+        Py_DECREF(argv);
+        return NULL;
+    }
+    self->open = open;
+    self->owner = Py_NewRef(owner);
+    self->orig = Py_NewRef(orig);
+    self->fallback = Py_NewRef(fallback);
+    self->argv = argv;
+    self->kwnames = nkw ? Py_NewRef(kwnames) : NULL;
+    self->nargs = nargs;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+/* AwaitingCall(open, owner, orig, fallback): a callable whose call ``(*args, **kwargs)``
+ * is the lazy form above with ``open(owner, *args, **kwargs)`` as its opener (a C
+ * function called without a Python frame: aiormq's ``aiormq_consuming(channel, message)``
+ * in deliver.c) and an ``Exception`` from it declining the call to ``fallback``. What
+ *
+ *     async def call(*args, **kwargs):
+ *         try:
+ *             cm = open(owner, *args, **kwargs)
+ *         except Exception:
+ *             return await fallback(*args, **kwargs)
+ *         with cm:
+ *             return await orig(*args, **kwargs)
+ *
+ * does. Why: aiormq runs each delivery's callback in a task of its own, through this
+ * wrapper; as a Python coroutine its frame was resumed at every await of the callback. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *open, *owner, *orig, *fallback;
+    PyObject *dict; /* attributes the Python side gives it (see aiormq.py's _on_message) */
+    vectorcallfunc vectorcall;
+} AwaitingCall;
+
+#define AWAITING_STACK 8
+
+static PyObject *awaiting_open(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    AwaitingCall *c = (AwaitingCall *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+    PyObject *stack[AWAITING_STACK];
+    PyObject **call = total < AWAITING_STACK ? stack : PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
+    if (call == NULL) {
+        PyErr_NoMemory();
+        return NULL; /* MemoryError is an Exception: cleared below, the fallback runs */
+    }
+    call[0] = c->owner;
+    memcpy(call + 1, args, (size_t)total * sizeof(PyObject *));
+    PyObject *cm = PyObject_Vectorcall(c->open, call, (size_t)(nargs + 1), kwnames);
+    if (call != stack) {
+        PyMem_Free(call);
+    }
+    if (cm == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+    }
+    return cm;
+}
+
+static PyObject *awaiting_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    AwaitingCall *c = (AwaitingCall *)callable;
+    return swmp_within_lazy(awaiting_open, callable, c->orig, c->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *awaiting_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *open, *owner, *orig, *fallback;
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds)) ||
+        !PyArg_ParseTuple(args, "OOOO:AwaitingCall", &open, &owner, &orig, &fallback) || !PyCallable_Check(open) ||
+        !PyCallable_Check(orig) || !PyCallable_Check(fallback)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "AwaitingCall(open, owner, orig, fallback): three callables and an owner");
+        }
+        return NULL;
+    }
+    AwaitingCall *c = (AwaitingCall *)type->tp_alloc(type, 0);
+    if (c == NULL) {
+        return NULL;
+    }
+    c->open = Py_NewRef(open);
+    c->owner = Py_NewRef(owner);
+    c->orig = Py_NewRef(orig);
+    c->fallback = Py_NewRef(fallback);
+    c->vectorcall = awaiting_vectorcall;
+    return (PyObject *)c;
+}
+
+static int awaiting_traverse(AwaitingCall *c, visitproc visit, void *arg) {
+    Py_VISIT(c->open);
+    Py_VISIT(c->owner);
+    Py_VISIT(c->orig);
+    Py_VISIT(c->fallback);
+    Py_VISIT(c->dict);
+    return 0;
+}
+
+static int awaiting_clear(AwaitingCall *c) {
+    Py_CLEAR(c->open);
+    Py_CLEAR(c->owner);
+    Py_CLEAR(c->orig);
+    Py_CLEAR(c->fallback);
+    Py_CLEAR(c->dict);
+    return 0;
+}
+
+static void awaiting_dealloc(AwaitingCall *c) {
+    PyObject_GC_UnTrack(c);
+    awaiting_clear(c);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+/* ``__wrapped__``: the callable run inside the span. The rest of what a function offers
+ * (``__code__``, ``__name__``, ...) the Python side may set in the instance's dict. */
+static PyMemberDef awaiting_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(AwaitingCall, orig), READONLY, "The callable run inside the span."},
+    {NULL},
+};
+
+static PyGetSetDef awaiting_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL},
+};
+
+PyTypeObject swmp_AwaitingCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "swmp._spancore.AwaitingCall",
+    .tp_basicsize = sizeof(AwaitingCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "AwaitingCall(open, owner, orig, fallback): call(*a, **kw) awaits orig(*a, **kw) inside "
+              "open(owner, *a, **kw), made at the first send; fallback(*a, **kw) when open raises.",
+    .tp_new = awaiting_new,
+    .tp_dealloc = (destructor)awaiting_dealloc,
+    .tp_traverse = (traverseproc)awaiting_traverse,
+    .tp_clear = (inquiry)awaiting_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(AwaitingCall, vectorcall),
+    .tp_members = awaiting_members,
+    .tp_dictoffset = offsetof(AwaitingCall, dict),
+    .tp_getset = awaiting_getset,
+};

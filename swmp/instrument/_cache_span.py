@@ -98,6 +98,8 @@ def traced_command(  # noqa: PLR0917
     addresses: dict[Any, str] | None,
     key_index: int,
     key_required: bool,
+    *,
+    awaiting: bool = False,
 ) -> Callable[..., Any]:
     """What a gate calls while a span is current for one cache command: with the native
     core, ``swmp._spancore.CacheCall`` (swmp/_native/cache.c), which runs the usual call in
@@ -109,9 +111,10 @@ def traced_command(  # noqa: PLR0917
     ``db.instance``: the pair ``traced`` keeps as :data:`WHERE` on ``getattr(self,
     holder_attr)``, or with ``addresses`` ``(addresses[getattr(self, holder_attr)], "")``.
     The key: positional argument ``key_index`` (``self`` is 0), which ``key_required`` says
-    must be there."""
+    must be there. ``awaiting``: an async client's method (``traced`` an ``async def``),
+    whose span opens when the call is awaited."""
     if _CacheCall is None:
         return traced
     return _CacheCall(  # type: ignore[no-any-return]
-        orig, traced, component, cache_type, info, holder_attr, addresses, key_index, key_required
+        orig, traced, component, cache_type, info, holder_attr, addresses, key_index, key_required, awaiting
     )

@@ -330,11 +330,14 @@ def traced_execute(  # noqa: PLR0917
     where: Callable[[Any], tuple[str, str]] | None = None,
     key_attr: str | None = None,
     truthy: bool = False,
+    awaiting: bool = False,
 ) -> Callable[..., Any]:
     """What a gate calls while a span is current for a cursor's ``execute(query,
     params=None)``: with the native core, ``swmp._spancore.SqlCall`` (swmp/_native/sql.c),
     which runs the usual call in its exit span without a Python frame and hands every
-    other to ``traced``, the Python form; else ``traced`` itself.
+    other to ``traced``, the Python form; else ``traced`` itself. ``awaiting``: an async
+    driver's method (``traced`` an ``async def``), whose span opens when the call is
+    awaited.
 
     The connection is ``getattr(cursor, conn_attr)``; its ``(peer, database)`` comes from
     ``where(connection)``, or without ``where`` from the memo ``traced`` keeps on it as
@@ -342,7 +345,9 @@ def traced_execute(  # noqa: PLR0917
     then, pair)``. ``truthy``: empty parameters are no parameters (``params or None``)."""
     if _SqlCall is None:
         return traced
-    return _SqlCall(orig, traced, op, component, db_type, conn_attr, where, key_attr, truthy)  # type: ignore[no-any-return]
+    return _SqlCall(  # type: ignore[no-any-return]
+        orig, traced, op, component, db_type, conn_attr, where, key_attr, truthy, awaiting
+    )
 
 
 def cursor_method(
@@ -360,8 +365,7 @@ def cursor_method(
     operation ``prefix + method``; ``where(cursor)`` gives ``(peer, database)``. An async
     method's wrapper returns the driver's own coroutine outside a trace. ``memo_key``: the
     connection attribute (at ``cursor.connection``) whose object the memo ``where`` keeps
-    there was made for, so that a synchronous ``execute`` can be native
-    (:func:`traced_execute`)."""
+    there was made for, so that ``execute`` can be native (:func:`traced_execute`)."""
     op = prefix + method
     default = () if method == "callproc" else None
 
@@ -410,8 +414,10 @@ def cursor_method(
         traced: Callable[..., Any] = atraced if is_async else straced
         if method == "callproc":
             traced = _procname(traced)
-        elif method == "execute" and memo_key is not None and not is_async:
-            traced = traced_execute(orig, straced, op, component, db_type, "connection", None, memo_key, True)
+        elif method == "execute" and memo_key is not None:
+            traced = traced_execute(
+                orig, traced, op, component, db_type, "connection", None, memo_key, True, awaiting=is_async
+            )
         return gated(orig, traced)
 
     return make
@@ -430,6 +436,25 @@ def _procname(traced: Callable[..., Any]) -> Callable[..., Any]:
     return callproc
 
 
+def async_traced(
+    start: Callable[[Any, tuple[Any, ...], dict[str, Any]], Span | NoopSpan], orig: Callable[..., Any]
+) -> Callable[..., Any]:
+    """The async method ``orig`` run inside ``start(self, args, kwargs)``'s span, opened when
+    the call is awaited (the Python form :func:`traced_method` and the async clients' native
+    calls fall back to). ``start`` failing is logged once: the call goes on without a span."""
+    place = f"{start.__module__}.{start.__qualname__}"
+
+    async def atraced(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            span = start(self, args, kwargs)
+        except Exception as e:
+            span = failed(place, e)
+        with span:
+            return await orig(self, *args, **kwargs)
+
+    return atraced
+
+
 def traced_method(
     start: Callable[[Any, tuple[Any, ...], dict[str, Any]], Span | NoopSpan], *, is_async: bool = False
 ) -> Callable[[Any], Any]:
@@ -440,20 +465,9 @@ def traced_method(
 
     place = f"{start.__module__}.{start.__qualname__}"
 
-    def opened(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Span | NoopSpan:
-        try:
-            return start(self, args, kwargs)
-        except Exception as e:
-            return failed(place, e)
-
     def make(orig: Any) -> Any:
         if is_async:
-
-            async def atraced(self: Any, *args: Any, **kwargs: Any) -> Any:
-                with opened(self, args, kwargs):
-                    return await orig(self, *args, **kwargs)
-
-            return gated(orig, atraced)
+            return gated(orig, async_traced(start, orig))
 
         def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:  # opened(), inlined: this runs on every traced call

@@ -36,7 +36,14 @@ def install(config: Config) -> None:
             Cursor,
             m,
             _ds.cursor_method(
-                m, "Mysql/AioMysql/", Component.MYSQL, "mysql", where, many=m == "executemany", is_async=True
+                m,
+                "Mysql/AioMysql/",
+                Component.MYSQL,
+                "mysql",
+                where,
+                many=m == "executemany",
+                is_async=True,
+                memo_key="db",
             ),
         )
 

@@ -80,6 +80,46 @@ _peer: Callable[[Any], str] = _py_peer  # (for a publish)
 if _mq.native_consuming is not None:
     _peer = _mq.native_consuming.aiormq_peer
     _message_consuming = _mq.native_consuming.aiormq_consuming
+# The callback's wrapper without a coroutine of ours (swmp/_native/within.c): aiormq runs
+# each delivery's callback in a task, and a Python wrapper's frame was resumed at every
+# await of the callback. None without the native core.
+_AwaitingCall: Any = getattr(_mq.native_consuming, "AwaitingCall", None)
+
+
+def _py_on_message(channel: Any, callback: Any) -> Callable[[Any], Any]:
+    async def on_message(message: Any) -> Any:
+        try:
+            consuming = _message_consuming(channel, message)
+        except Exception:
+            return await callback(message)
+        with consuming:
+            return await callback(message)
+
+    return on_message
+
+
+# What makes the native wrapper a coroutine function to ``inspect.iscoroutinefunction``
+# (the duck typing it applies to Cython's compiled functions): aiormq hands a callback it
+# does not take for one to a Python coroutine of its own, which is what this replaces.
+_FUNCTION_LIKE = _py_on_message(None, None)
+
+
+def _on_message(channel: Any, callback: Any) -> Callable[[Any], Any]:
+    """The consumer callback aiormq is given: ``callback(message)`` awaited inside the
+    delivered message's entry span, opened when aiormq's task starts it."""
+    if _AwaitingCall is None:
+        return _py_on_message(channel, callback)
+    wrapped = _AwaitingCall(_message_consuming, channel, callback, callback)
+    like = _FUNCTION_LIKE
+    wrapped.__dict__.update(
+        __code__=like.__code__,
+        __name__=like.__name__,
+        __qualname__=like.__qualname__,
+        __defaults__=None,
+        __kwdefaults__=None,
+        __annotations__={},
+    )
+    return wrapped  # type: ignore[no-any-return]
 
 
 def install(config: Config) -> None:
@@ -112,18 +152,9 @@ def install(config: Config) -> None:
         async def basic_consume(
             self: Any, queue: Any, consumer_callback: Any, *args: Any, **kwargs: Any
         ) -> Any:
-            channel = self
-            callback = consumer_callback
-
-            async def on_message(message: Any) -> Any:
-                try:
-                    consuming = _message_consuming(channel, message)
-                except Exception:
-                    return await callback(message)
-                with consuming:
-                    return await callback(message)
-
-            wrapped = on_message if callable(consumer_callback) else consumer_callback
+            wrapped = (
+                _on_message(self, consumer_callback) if callable(consumer_callback) else consumer_callback
+            )
             return await orig(self, queue, wrapped, *args, **kwargs)
 
         return basic_consume

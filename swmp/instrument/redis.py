@@ -121,6 +121,24 @@ def _command(orig: Any) -> Any:
     return gated(orig, native)
 
 
+def _acommand(orig: Any) -> Any:
+    """redis.asyncio's ``execute_command``: the command's span opens when it is awaited; in
+    C (within.c's lazy form) once its name and pool are known, else in Python."""
+    native = _cache_span.traced_command(
+        orig,
+        _ds.async_traced(_command_start, orig),
+        _COMPONENT,
+        "Redis",
+        _commands,
+        "connection_pool",
+        None,
+        2,
+        False,
+        awaiting=True,
+    )
+    return gated(orig, native)
+
+
 def _pipeline_span(pipe: Any) -> Any:
     stack = pipe.command_stack
     cmds = [_name(args[0]) for args, _ in stack if args]
@@ -310,9 +328,9 @@ def _targets() -> list[tuple[Any, str, Callable[[Any], Any]]]:
         # While it WATCHes, a pipeline sends each command at once through this method (not
         # execute_command, which it overrides to queue): a command span like the client's.
         (client.Pipeline, "immediate_execute_command", _command),
-        (aclient.Redis, "execute_command", _ds.traced_method(_command_start, is_async=True)),
+        (aclient.Redis, "execute_command", _acommand),
         (aclient.Pipeline, "execute", _ds.traced_method(_pipeline_start, is_async=True)),
-        (aclient.Pipeline, "immediate_execute_command", _ds.traced_method(_command_start, is_async=True)),
+        (aclient.Pipeline, "immediate_execute_command", _acommand),
         *_cluster_targets(),
     ]
 
