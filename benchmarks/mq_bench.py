@@ -490,7 +490,10 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
     * ``consumer-callback``: a RabbitMQ message's entry span current around its callback
       (``_mq.amqp_consuming``, its AMQP headers table carrying ``sw8``), against the callback;
     * ``consumer-pika``: the same through the callback the pika instrumentation makes of a
-      BlockingChannel consumer's (the message's facts read from pika's objects first).
+      BlockingChannel consumer's (the message's facts read from pika's objects first);
+    * ``consumer-aiormq``: a delivery as aiormq runs it (``awaitable()`` of the registered
+      callback called, the result run as a task on a running loop) through the callback the
+      aiormq instrumentation registers, against the callback alone.
     """
     from swmp.instrument import _mq
     from swmp.tracing.constants import Component
@@ -577,7 +580,53 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
     pika_pair = _pika_callback_case(amqp)
     if pika_pair is not None:
         cases["consumer-pika"] = pika_pair
+    aiormq_pair = _aiormq_callback_case(amqp)
+    if aiormq_pair is not None:
+        cases["consumer-aiormq"] = aiormq_pair
     return cases
+
+
+def _aiormq_callback_case(table: dict[str, Any]) -> tuple[Callable[[], None], Callable[[], None]] | None:
+    """One delivery as aiormq dispatches it (``Channel._on_deliver_frame``: the registered
+    ``awaitable(callback)`` called with the message, made a task, run to its end), the
+    callback registered through the aiormq instrumentation's wrapper or as it is."""
+    try:
+        from aiormq.tools import awaitable
+        from yarl import URL
+    except ImportError:  # pragma: no cover - aio-pika not installed
+        return None
+    from swmp.instrument import aiormq as instr
+
+    ns = types.SimpleNamespace
+    channel = ns(connection=ns(url=URL("amqp://guest:guest@127.0.0.1:5672/")))
+    message = ns(delivery=ns(exchange="", routing_key="orders"), header=ns(properties=ns(headers=table)))
+
+    async def on_message(m: Any) -> None:
+        pass
+
+    def inline(channel: Any, callback: Any) -> Any:
+        # Before 2026-11-29 the wrapper was made inside basic_consume's patch, as this.
+        async def wrapped(message: Any) -> Any:
+            try:
+                consuming = instr._message_consuming(channel, message)
+            except Exception:
+                return await callback(message)
+            with consuming:
+                return await callback(message)
+
+        return wrapped
+
+    wrap: Any = getattr(instr, "_on_message", inline)
+    loop = asyncio.new_event_loop()
+    plain_consumer, traced_consumer = awaitable(on_message), awaitable(wrap(channel, on_message))
+
+    def plain() -> None:
+        loop.run_until_complete(loop.create_task(plain_consumer(message)))
+
+    def traced() -> None:
+        loop.run_until_complete(loop.create_task(traced_consumer(message)))
+
+    return plain, traced
 
 
 def _pika_callback_case(table: dict[str, Any]) -> tuple[Callable[[], None], Callable[[], None]] | None:

@@ -17,7 +17,9 @@ wrapper) and ``traced``:
 * ``consumer-callback``: ``_mq.amqp_consuming`` around a callback (pika / aiormq), the
   message's AMQP headers table carrying ``sw8``, against calling the callback alone;
   ``consumer-pika``: the callback the pika instrumentation makes of a BlockingChannel
-  consumer's, called with pika's own objects (the message's facts read from them first).
+  consumer's, called with pika's own objects (the message's facts read from them first);
+  ``consumer-aiormq``: a delivery as aiormq runs it (the registered callback's call made a
+  task on a running loop) through the aiormq instrumentation's wrapper.
 
 Each function runs under ``valgrind --tool=cachegrind --cache-sim=no`` twice, N and 3N
 times after the same warm-up; ``(I(3N) - I(N)) / 2N`` is the count per call with start-up
@@ -45,7 +47,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from benchmarks import _cachegrind as _cg
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ("producer", "producer-amqp", "consumer", "consumer-no-sw8", "consumer-callback", "consumer-pika")
+CASES = (
+    "producer",
+    "producer-amqp",
+    "consumer",
+    "consumer-no-sw8",
+    "consumer-callback",
+    "consumer-pika",
+    "consumer-aiormq",
+)
 WARM_UP = 500
 
 

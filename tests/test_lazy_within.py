@@ -100,13 +100,15 @@ class Connection:
 
 
 class AsyncCursor:
+    """aiomysql's shape: ``connection`` a property over ``_connection``."""
+
     def __init__(self, conn: Any) -> None:
-        self._conn = conn
+        self._connection = conn
         self.calls: list[Any] = []
 
     @property
     def connection(self) -> Any:
-        return self._conn
+        return self._connection
 
     async def execute(self, query: Any, args: Any = None) -> Any:
         self.calls.append((query, args, _seen()))
@@ -130,10 +132,7 @@ def _redis_forms() -> tuple[Any, Any]:
 
 
 def _mysql_forms() -> tuple[Any, Any]:
-    method = ds.cursor_method(
-        "execute", "Mysql/AioMysql/", 5, "mysql", aiomysql_instr.where, is_async=True, memo_key="db"
-    )
-    return _forms(lambda: method(AsyncCursor.execute))
+    return _forms(lambda: aiomysql_instr.method("execute")(AsyncCursor.execute))
 
 
 async def _in_place(inside: str, work: Callable[[], Awaitable[Any]]) -> Any:
@@ -219,6 +218,36 @@ def test_aiomysql_execute_matches_the_python_form(sink: _sink.MemorySink, params
     ds.settings.params_max = params_max
     native, python = _mysql_forms()
     _compare(native, python, lambda: AsyncCursor(Connection()), MYSQL_CALLS, sink)
+
+
+def test_aiomysql_a_changed_database_goes_through_the_python_form(
+    sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheres: list[Any] = []
+    real = aiomysql_instr.where
+    monkeypatch.setattr(aiomysql_instr, "where", lambda cur: wheres.append(cur) or real(cur))
+    native, _ = _mysql_forms()
+    conn = Connection("first")
+    cur = AsyncCursor(conn)
+
+    async def main() -> Any:
+        with new_entry_span("/request"):
+            await native(cur, "SELECT 1")  # the Python form makes the memo
+            await native(cur, "SELECT 1")  # C takes it
+            # What aiomysql's connect(db=...) keeps changes: the memo is out of date, the
+            # Python form makes it again. (A call made before the change and awaited after
+            # it names the new one: its span opens when it is awaited.)
+            conn._db = "second"
+            await native(cur, "SELECT 2")
+
+    asyncio.run(main())
+    assert len(wheres) == 2  # the Python form's: the first query and the one after the change
+    (segment,) = segments(sink.records)
+    assert [(s[2], s[9][3]) for s in segment[3][:-1]] == [
+        ("Mysql/AioMysql/execute", "first"),
+        ("Mysql/AioMysql/execute", "first"),
+        ("Mysql/AioMysql/execute", "second"),
+    ]
 
 
 def test_the_native_call_is_lazy_and_c_made(sink: _sink.MemorySink) -> None:

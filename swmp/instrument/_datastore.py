@@ -360,12 +360,14 @@ def cursor_method(
     many: bool = False,
     is_async: bool = False,
     memo_key: str | None = None,
+    conn_attr: str = "connection",
 ) -> Callable[[Any], Any]:
     """A ``patch`` wrapper factory for a DB-API cursor method ``(self, query, args)``:
     operation ``prefix + method``; ``where(cursor)`` gives ``(peer, database)``. An async
     method's wrapper returns the driver's own coroutine outside a trace. ``memo_key``: the
     connection attribute (at ``cursor.connection``) whose object the memo ``where`` keeps
-    there was made for, so that ``execute`` can be native (:func:`traced_execute`)."""
+    there was made for, so that ``execute`` can be native (:func:`traced_execute`), which
+    reads the connection as ``getattr(cursor, conn_attr)``."""
     op = prefix + method
     default = () if method == "callproc" else None
 
@@ -416,7 +418,7 @@ def cursor_method(
             traced = _procname(traced)
         elif method == "execute" and memo_key is not None:
             traced = traced_execute(
-                orig, traced, op, component, db_type, "connection", None, memo_key, True, awaiting=is_async
+                orig, traced, op, component, db_type, conn_attr, None, memo_key, True, awaiting=is_async
             )
         return gated(orig, traced)
 
