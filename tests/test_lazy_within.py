@@ -446,3 +446,51 @@ def test_aiormq_callback_is_the_native_wrapper_and_a_coroutine_function() -> Non
     # aiormq keeps it as it is (no coroutine of its own around it), as asyncio would.
     assert inspect.iscoroutinefunction(wrapped) and asyncio.iscoroutinefunction(wrapped)
     assert awaitable(wrapped) is wrapped
+
+
+def test_awaiting_call_passes_every_argument_and_declines_on_an_exception(sink: _sink.MemorySink) -> None:
+    from swmp.tracing.span import native_core
+
+    opened: list[Any] = []
+
+    def open_span(owner: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append((owner, args, kwargs))
+        if args[0] == "decline":
+            raise ValueError("cannot read the message")
+        if args[0] == "interrupt":
+            raise KeyboardInterrupt
+        return new_exit_span("Awaited/op", "peer:1", 1, 1)
+
+    async def orig(*args: Any, **kwargs: Any) -> Any:
+        return ("orig", args, kwargs, _seen())
+
+    async def fallback(*args: Any, **kwargs: Any) -> Any:
+        return ("fallback", args, kwargs, _seen())
+
+    call = native_core.AwaitingCall(open_span, "owner", orig, fallback)
+    many = tuple(range(12))  # more than the opener's stack buffer holds
+
+    async def main() -> Any:
+        with new_entry_span("/request"):
+            got = [
+                await call("run", *many, key="v"),
+                await call("decline", 1),
+                await asyncio.get_running_loop().create_task(call("run")),
+            ]
+            with pytest.raises(KeyboardInterrupt):
+                await call("interrupt")
+            return got
+
+    got = asyncio.run(main())
+    assert got == [
+        ("orig", ("run", *many), {"key": "v"}, "Awaited/op"),
+        ("fallback", ("decline", 1), {}, "/request"),
+        ("orig", ("run",), {}, "Awaited/op"),
+    ]
+    assert opened[0] == ("owner", ("run", *many), {"key": "v"})
+    (segment,) = segments(sink.records)
+    assert [s[2] for s in segment[3]] == ["Awaited/op", "Awaited/op", "/request"]
+    with pytest.raises(TypeError):
+        native_core.AwaitingCall(open_span, "owner", orig)
+    with pytest.raises(TypeError):
+        native_core.AwaitingCall(1, "owner", orig, fallback)

@@ -542,15 +542,16 @@ static PyObject *awaiting_open(PyObject *callable, PyObject *const *args, size_t
     Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
     PyObject *stack[AWAITING_STACK];
     PyObject **call = total < AWAITING_STACK ? stack : PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
+    PyObject *cm = NULL;
     if (call == NULL) {
-        PyErr_NoMemory();
-        return NULL; /* MemoryError is an Exception: cleared below, the fallback runs */
-    }
-    call[0] = c->owner;
-    memcpy(call + 1, args, (size_t)total * sizeof(PyObject *));
-    PyObject *cm = PyObject_Vectorcall(c->open, call, (size_t)(nargs + 1), kwnames);
-    if (call != stack) {
-        PyMem_Free(call);
+        PyErr_NoMemory(); /* an Exception: cleared below, the fallback runs */
+    } else {
+        call[0] = c->owner;
+        memcpy(call + 1, args, (size_t)total * sizeof(PyObject *));
+        cm = PyObject_Vectorcall(c->open, call, (size_t)(nargs + 1), kwnames);
+        if (call != stack) {
+            PyMem_Free(call);
+        }
     }
     if (cm == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
         PyErr_Clear();
