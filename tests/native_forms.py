@@ -5,6 +5,7 @@ exit span (where nothing is recorded) or outside any trace, with everything it l
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -88,6 +89,26 @@ def call_in(  # noqa: PLR0917
     records = segments(sink.records)
     sink.clear()
     return outcome, obj.calls[before:], records
+
+
+def compare_forms(  # noqa: PLR0917
+    native: Any,
+    python: Any,
+    make: Callable[[], Any],
+    calls: Any,
+    sink: _sink.MemorySink,
+    run: Callable[..., Any] = call_in,
+) -> None:
+    """Each ``(args, kwargs)`` of ``calls`` made in each of :data:`PLACES` through both
+    forms, each on a fresh object from ``make`` and twice (the first call makes the memos,
+    the second uses them): ``run(fn, obj, args, kwargs, sink, place)`` (:func:`call_in` or
+    an async runner) gives the same for both."""
+    for (args, kw), inside in itertools.product(calls, PLACES):
+        results = []
+        for fn in (native, python):
+            obj = make()
+            results.append((run(fn, obj, args, kw, sink, inside), run(fn, obj, args, kw, sink, inside)))
+        assert results[0] == results[1], (args, kw, inside)
 
 
 def consume_in(form: Any, args: tuple[Any, ...], outcome: str, sink: _sink.MemorySink, place: str) -> Any:

@@ -8,14 +8,12 @@ provoked. The real clients against the real servers: test_instrument_cache.py.""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from swmp import _sink, tracing
-from swmp.config import load
+from swmp import _sink
 from swmp.instrument import _cache_span
 from swmp.instrument import _datastore as ds
 from swmp.instrument import pymemcache as memcache_instr
@@ -23,21 +21,17 @@ from swmp.instrument import redis as redis_instr
 from swmp.tracing.context import new_entry_span
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NATIVE, current_span, native_core
-from tests.native_forms import PLACES, call_in, segments
+from tests.native_forms import compare_forms, recording, segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    memory = _sink.MemorySink()
-    _sink.set_sink(memory)
-    tracing.configure(load({}))
-    saved = ds.settings.collect_keys, limits.tag_value_max
-    yield memory
-    ds.settings.collect_keys, limits.tag_value_max = saved
-    tracing.configure(load({}))
-    _sink.set_sink(None)
+    saved = ds.settings.collect_keys
+    with recording() as memory:
+        yield memory
+    ds.settings.collect_keys = saved
 
 
 class Pool:
@@ -116,18 +110,6 @@ MEMCACHE_CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
 ]
 
 
-def _compare(native: Any, python: Any, make_client: Callable[[], Any], calls: Any, sink: Any) -> None:
-    for (args, kw), inside in itertools.product(calls, PLACES):
-        results = []
-        for fn in (native, python):
-            client = make_client()
-            # Twice: the first call makes the memos (names, pool, address), the second uses them.
-            results.append(
-                (call_in(fn, client, args, kw, sink, inside), call_in(fn, client, args, kw, sink, inside))
-            )
-        assert results[0] == results[1], (args, kw, inside)
-
-
 @pytest.mark.parametrize("collect_keys", [True, False])
 @pytest.mark.parametrize("tag_limit", [2048, 4])
 def test_redis_command_matches_the_python_form(
@@ -136,7 +118,7 @@ def test_redis_command_matches_the_python_form(
     ds.settings.collect_keys = collect_keys
     limits.tag_value_max = tag_limit
     native, python = _forms(lambda: redis_instr._command(Redis.execute_command))
-    _compare(native, python, Redis, REDIS_CALLS, sink)
+    compare_forms(native, python, Redis, REDIS_CALLS, sink)
 
 
 @pytest.mark.parametrize("collect_keys", [True, False])
@@ -147,9 +129,9 @@ def test_memcached_command_matches_the_python_form(
     ds.settings.collect_keys = collect_keys
     limits.tag_value_max = tag_limit
     native, python = _forms(lambda: memcache_instr._command("get")(Memcache.get))
-    _compare(native, python, Memcache, MEMCACHE_CALLS, sink)
+    compare_forms(native, python, Memcache, MEMCACHE_CALLS, sink)
     # A socket path for a server (not a tuple): the Python form's every time.
-    _compare(native, python, lambda: Memcache("/run/memcached.sock"), MEMCACHE_CALLS[:2], sink)
+    compare_forms(native, python, lambda: Memcache("/run/memcached.sock"), MEMCACHE_CALLS[:2], sink)
 
 
 def test_the_native_path_is_taken_once_the_memos_exist(sink: _sink.MemorySink, monkeypatch: Any) -> None:

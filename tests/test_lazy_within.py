@@ -16,15 +16,13 @@ test_instrument_mq.py."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Awaitable, Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from swmp import _sink, tracing
-from swmp.config import load
+from swmp import _sink
 from swmp.instrument import _cache_span
 from swmp.instrument import _datastore as ds
 from swmp.instrument import aiomysql as aiomysql_instr
@@ -33,21 +31,17 @@ from swmp.instrument import redis as redis_instr
 from swmp.tracing.context import new_entry_span, new_exit_span
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NATIVE, current_span
-from tests.native_forms import PLACES, producer_sw8, segments
+from tests.native_forms import compare_forms, producer_sw8, recording, segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    memory = _sink.MemorySink()
-    _sink.set_sink(memory)
-    tracing.configure(load({}))
-    saved = ds.settings.collect_keys, ds.settings.params_max, limits.tag_value_max
-    yield memory
-    ds.settings.collect_keys, ds.settings.params_max, limits.tag_value_max = saved
-    tracing.configure(load({}))
-    _sink.set_sink(None)
+    saved = ds.settings.collect_keys, ds.settings.params_max
+    with recording() as memory:
+        yield memory
+    ds.settings.collect_keys, ds.settings.params_max = saved
 
 
 def _seen() -> Any:
@@ -192,16 +186,6 @@ MYSQL_CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
 ]
 
 
-def _compare(native: Any, python: Any, make: Callable[[], Any], calls: Any, sink: _sink.MemorySink) -> None:
-    for (args, kw), inside in itertools.product(calls, PLACES):
-        results = []
-        for fn in (native, python):
-            obj = make()
-            # Twice: the first call makes the memos (names, pool, connection), the second uses them.
-            results.append((_run(fn, obj, args, kw, sink, inside), _run(fn, obj, args, kw, sink, inside)))
-        assert results[0] == results[1], (args, kw, inside)
-
-
 @pytest.mark.parametrize("collect_keys", [True, False])
 @pytest.mark.parametrize("tag_limit", [2048, 4])
 def test_redis_asyncio_command_matches_the_python_form(
@@ -210,14 +194,14 @@ def test_redis_asyncio_command_matches_the_python_form(
     ds.settings.collect_keys = collect_keys
     limits.tag_value_max = tag_limit
     native, python = _redis_forms()
-    _compare(native, python, AsyncRedis, REDIS_CALLS, sink)
+    compare_forms(native, python, AsyncRedis, REDIS_CALLS, sink, _run)
 
 
 @pytest.mark.parametrize("params_max", [0, 8])
 def test_aiomysql_execute_matches_the_python_form(sink: _sink.MemorySink, params_max: int) -> None:
     ds.settings.params_max = params_max
     native, python = _mysql_forms()
-    _compare(native, python, lambda: AsyncCursor(Connection()), MYSQL_CALLS, sink)
+    compare_forms(native, python, lambda: AsyncCursor(Connection()), MYSQL_CALLS, sink, _run)
 
 
 def test_aiomysql_a_changed_database_goes_through_the_python_form(
