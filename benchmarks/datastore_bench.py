@@ -123,6 +123,34 @@ def make_psycopg(s: dict[str, Any]) -> tuple[Call, Callable[[], None]]:
     return _sync(call), conn.close
 
 
+def make_psycopg_async(s: dict[str, Any]) -> tuple[Call, Callable[[], None]]:
+    import psycopg
+
+    p = s["pg"]
+    loop = asyncio.new_event_loop()
+    conn = loop.run_until_complete(
+        psycopg.AsyncConnection.connect(
+            host=p["host"],
+            port=p["port"],
+            user=p["user"],
+            password=p["password"],
+            dbname=p["database"],
+            autocommit=True,
+        )
+    )
+    cur = conn.cursor()
+
+    async def call() -> Any:
+        await cur.execute("SELECT 1")
+        return await cur.fetchone()
+
+    def close() -> None:
+        loop.run_until_complete(conn.close())
+        loop.close()
+
+    return _async(loop, call), close
+
+
 def make_asyncpg(s: dict[str, Any]) -> tuple[Call, Callable[[], None]]:
     import asyncpg
 
@@ -241,6 +269,7 @@ def make_pymemcache(s: dict[str, Any]) -> tuple[Call, Callable[[], None]]:
 WORKLOADS: dict[str, Callable[[dict[str, Any]], tuple[Call, Callable[[], None]]]] = {
     "psycopg2": make_psycopg2,
     "psycopg": make_psycopg,
+    "psycopg.async": make_psycopg_async,
     "asyncpg": make_asyncpg,
     "pymysql": make_pymysql,
     "mysqlclient": make_mysqlclient,
@@ -253,6 +282,7 @@ WORKLOADS: dict[str, Callable[[dict[str, Any]], tuple[Call, Callable[[], None]]]
 PEER_PLUGIN = {
     "psycopg2": "sw_psycopg2",
     "psycopg": "sw_psycopg",
+    "psycopg.async": "sw_psycopg",
     "asyncpg": "sw_asyncpg",
     "pymysql": "sw_pymysql",
     "mysqlclient": "sw_mysqlclient",
@@ -567,7 +597,7 @@ def servers_running(libs: list[str]) -> Iterator[dict[str, Any]]:
     from tests import daemons
 
     need = {
-        "pg": any(lib in {"psycopg2", "psycopg", "asyncpg"} for lib in libs),
+        "pg": any(lib in {"psycopg2", "psycopg", "psycopg.async", "asyncpg"} for lib in libs),
         "mysql": any(lib in {"pymysql", "mysqlclient", "aiomysql"} for lib in libs),
         "redis": any(lib.startswith("redis") for lib in libs),
         "memcached": "pymemcache" in libs,

@@ -27,6 +27,7 @@ from swmp.instrument import _cache_span
 from swmp.instrument import _datastore as ds
 from swmp.instrument import aiomysql as aiomysql_instr
 from swmp.instrument import aiormq as aiormq_instr
+from swmp.instrument import psycopg as psycopg_instr
 from swmp.instrument import redis as redis_instr
 from swmp.tracing.context import new_entry_span, new_exit_span
 from swmp.tracing.limits import limits
@@ -107,6 +108,28 @@ class AsyncCursor:
     async def execute(self, query: Any, args: Any = None) -> Any:
         self.calls.append((query, args, _seen()))
         return await _reply(query if isinstance(query, str) else "", ("rows", query))
+
+
+class PgConnection:
+    """psycopg's shape as its ``_where`` reads it: ``pgconn`` and ``info``."""
+
+    def __init__(self) -> None:
+        self.pgconn = object()
+        self.info = SimpleNamespace(host="pg.local", port=5432, dbname="shop")
+
+
+class PgAsyncCursor:
+    """psycopg's ``AsyncCursor`` shape: ``execute(query, params=None, *, prepare=None, binary=None)``."""
+
+    def __init__(self) -> None:
+        self._conn = PgConnection()
+        self.calls: list[Any] = []
+
+    async def execute(
+        self, query: Any, params: Any = None, *, prepare: Any = None, binary: Any = None
+    ) -> Any:
+        self.calls.append((query, params, prepare, binary, _seen()))
+        return await _reply(query if isinstance(query, str) else "", self)
 
 
 def _forms(make: Callable[[], Any]) -> tuple[Any, Any]:
@@ -195,6 +218,53 @@ def test_redis_asyncio_command_matches_the_python_form(
     limits.tag_value_max = tag_limit
     native, python = _redis_forms()
     compare_forms(native, python, AsyncRedis, REDIS_CALLS, sink, _run)
+
+
+PSYCOPG_CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    (("SELECT 1",), {}),
+    (("SELECT %s", (1,)), {}),
+    (("SELECT %s", (1,)), {"prepare": True}),  # AsyncConnection.execute's call: native
+    (("SELECT %s",), {"params": (2,)}),
+    (("SELECT 1", None), {"binary": True}),
+    ((b"SELECT bytes",), {}),
+    (("FAIL", (1,)), {}),
+    (("INTERRUPT",), {}),
+]
+
+
+@pytest.mark.parametrize("params_max", [0, 8])
+def test_psycopg_async_execute_matches_the_python_form(sink: _sink.MemorySink, params_max: int) -> None:
+    ds.settings.params_max = params_max
+    native, python = _forms(lambda: psycopg_instr._aexecute(PgAsyncCursor.execute))
+    # The cursor itself is what execute returns: compared by the calls it saw.
+    compare_forms(native, python, PgAsyncCursor, PSYCOPG_CALLS, sink, _run_calls)
+
+
+def test_psycopg_async_execute_runs_in_c(sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch) -> None:
+    spans: list[Any] = []
+    real = psycopg_instr._span
+    monkeypatch.setattr(psycopg_instr, "_span", lambda *a, **k: spans.append(a) or real(*a, **k))
+    native, _ = _forms(lambda: psycopg_instr._aexecute(PgAsyncCursor.execute))
+    cur = PgAsyncCursor()
+
+    async def main() -> None:
+        with new_entry_span("/request"):
+            await native(cur, "SELECT 1")
+            await native(cur, "SELECT %s", (1,), prepare=None)  # AsyncConnection.execute's call
+            await native(cur, "SELECT %s", params=(1,))  # the parameters by keyword: Python's
+
+    asyncio.run(main())
+    assert len(spans) == 1  # only the last call went through the Python form
+    assert [c[4] for c in cur.calls] == ["PostgreSQL/Psycopg/execute"] * 3
+    (segment,) = segments(sink.records)
+    assert segment[3][1][9][:4] == ["db.type", "PostgreSQL", "db.instance", "shop"]
+
+
+def _run_calls(  # noqa: PLR0917
+    fn: Any, obj: Any, args: tuple[Any, ...], kw: dict[str, Any], sink: _sink.MemorySink, inside: str
+) -> Any:
+    outcome, calls, records = _run(fn, obj, args, kw, sink, inside)
+    return (outcome if outcome[0] == "raised" else ("returned", outcome[1] is obj)), calls, records
 
 
 @pytest.mark.parametrize("params_max", [0, 8])

@@ -100,13 +100,13 @@ def _of_connection(conn: Any) -> tuple[str, str]:  # psycopg's: a function of th
     return ("db.local:5433", str(conn.db))
 
 
-STYLES = ("pair", "keyed", "function")
+STYLES = ("pair", "keyed", "function", "function-keyed")
 
 
 def _wrapper(style: str, truthy: bool) -> tuple[Callable[..., Any], Callable[..., Any], Counted]:
     """(native gate, Python gate, the counted where) around ``Cursor.execute``."""
     orig = Cursor.execute
-    if style == "function":
+    if style.startswith("function"):
         where = Counted(_of_connection)
         cursor_where = Counted(lambda cur: where(cur.connection))
     else:
@@ -128,8 +128,8 @@ def _wrapper(style: str, truthy: bool) -> tuple[Callable[..., Any], Callable[...
         COMPONENT,
         "PostgreSQL",
         "connection",
-        where if style == "function" else None,
-        "db" if style == "keyed" else None,
+        where if style.startswith("function") else None,
+        "db" if style in ("keyed", "function-keyed") else None,
         truthy,
     )
     return gated(orig, native), gated(orig, traced), where
@@ -148,6 +148,8 @@ CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
     (("SELECT %s",), {"params": (3,)}),
     (("SELECT 1", None, "extra"), {}),
     (("SELECT 1",), {"prepare": True}),
+    (("SELECT %s", (4,)), {"prepare": True}),  # psycopg's Connection.execute: native
+    (("SELECT %s", None), {"prepare": False, "binary": True}),
     (("x" * 5000,), {}),
 ]
 
@@ -184,8 +186,9 @@ def test_the_native_path_is_taken_once_the_memo_exists(sink: _sink.MemorySink, s
     with new_entry_span("/request"):
         for _ in range(5):
             assert native(cur, "SELECT %s", (1,)) == ("result", "SELECT %s")
-    # The memo styles ask the Python where once (the fallback makes the memo); the function
-    # style calls it on every query, from C.
+    # The memo styles ask the Python where once (the fallback makes the memo, or C keeps the
+    # answer for the connection's key object); the function style calls it on every query,
+    # from C.
     assert where.calls == (5 if style == "function" else 1)
     (segment,) = segments(sink.records)
     spans = segment[3]
@@ -194,8 +197,9 @@ def test_the_native_path_is_taken_once_the_memo_exists(sink: _sink.MemorySink, s
     assert tags[:6] == ["db.type", "PostgreSQL", "db.instance", "shop", "db.statement", "SELECT %s"]
 
 
-def test_a_changed_database_goes_through_the_python_form_again(sink: _sink.MemorySink) -> None:
-    native, _, where = _wrapper("keyed", truthy=True)
+@pytest.mark.parametrize("style", ["keyed", "function-keyed"])
+def test_a_changed_database_asks_the_python_where_again(sink: _sink.MemorySink, style: str) -> None:
+    native, _, where = _wrapper(style, truthy=True)
     conn = Connection("first")
     cur = Cursor(conn)
     with new_entry_span("/request"):

@@ -153,11 +153,13 @@ PyObject *swmp_sql_span(PyObject *module, PyObject *const *args, size_t nargsf, 
  * with the CPU caches cold: each frame's bytecode, code object and globals cost their cache
  * lines there (docs/performance.md, "Where the real-server and end-to-end gap comes from").
  *
- * The common case only: ``(cursor, query)`` or ``(cursor, query, params)`` positionally, the
- * query a str, the cursor's connection (attribute ``conn_attr``) giving its ``(peer,
- * database)`` either from its ``_swmp_where`` memo (kept there by the Python ``where`` the
+ * The common case only: ``(cursor, query)`` or ``(cursor, query, params)`` positionally (the
+ * latter with any keywords, which go to the driver as they came), the query a str, the
+ * cursor's connection (attribute ``conn_attr``) giving its ``(peer, database)`` either from its ``_swmp_where`` memo (kept there by the Python ``where`` the
  * first time: a pair, or with ``key_attr`` a ``(the connection's key attribute then, pair)``
- * that holds while that attribute is the same object) or from ``where(connection)``. Every
+ * that holds while that attribute is the same object) or from ``where(connection)`` (with
+ * ``key_attr``, remembered here for the connection's ``key_attr`` object seen last: psycopg's
+ * libpq connection, whose answer never changes). Every
  * other call, and a memo not made yet or out of date, goes to ``fallback`` (the Python form,
  * which makes the memo), as does an ``Exception`` before the span exists: the Python form
  * logs it once and runs the query untraced. (Once made, a span counts as open in its
@@ -172,10 +174,38 @@ PyObject *swmp_sql_span(PyObject *module, PyObject *const *args, size_t nargsf, 
 typedef struct {
     PyObject_HEAD
     PyObject *orig, *fallback, *op, *component, *db_type, *conn_attr, *where, *key_attr;
-    int truthy;   /* params ``or None`` (cursor_method) rather than as given (psycopg2) */
-    int awaiting; /* an async driver's: the call is made at the awaitable's first send */
+    PyObject *last; /* with ``where`` and ``key_attr``: (the key object seen last, its pair) */
+    int truthy;     /* params ``or None`` (cursor_method) rather than as given (psycopg2) */
+    int awaiting;   /* an async driver's: the call is made at the awaitable's first send */
     vectorcallfunc vectorcall;
 } SqlCall;
+
+/* ``where(connection)`` remembered for the connection's ``key_attr`` object seen last. The
+ * memo is one tuple, replaced at once: a thread never reads one key with another's pair. */
+static PyObject *where_remembered(SqlCall *c, PyObject *conn) {
+    PyObject *key = swmp_optional_attr(conn, c->key_attr);
+    if (key == NULL) {
+        return NULL;
+    }
+    PyObject *last = Py_XNewRef(c->last), *pair = NULL;
+    if (last != NULL && PyTuple_GET_ITEM(last, 0) == key) {
+        pair = Py_NewRef(PyTuple_GET_ITEM(last, 1));
+    }
+    Py_XDECREF(last);
+    if (pair == NULL) {
+        pair = PyObject_CallOneArg(c->where, conn);
+        if (pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2) {
+            PyObject *memo = PyTuple_Pack(2, key, pair);
+            if (memo == NULL) {
+                PyErr_Clear(); /* not remembered: asked again next time */
+            } else {
+                Py_XSETREF(c->last, memo);
+            }
+        }
+    }
+    Py_DECREF(key);
+    return pair;
+}
 
 /* ``(peer, database)`` of the cursor's connection as a new reference, NULL without an error
  * when the fallback must work it out, NULL with an error when that failed. */
@@ -186,7 +216,9 @@ static PyObject *where_of(SqlCall *c, PyObject *cursor) {
         return NULL;
     }
     /* No memo yet (NULL without an error): the fallback makes it. */
-    PyObject *pair = c->where != Py_None ? PyObject_CallOneArg(c->where, conn) : swmp_optional_attr(conn, s_where);
+    PyObject *pair = c->where == Py_None      ? swmp_optional_attr(conn, s_where)
+                     : c->key_attr != Py_None ? where_remembered(c, conn)
+                                              : PyObject_CallOneArg(c->where, conn);
     if (pair != NULL && c->where == Py_None && c->key_attr != Py_None) {
         PyObject *memo = pair, *key = NULL;
         pair = NULL;
@@ -213,7 +245,11 @@ static PyObject *sqlcall_fallback(SqlCall *c, PyObject *const *args, size_t narg
 static PyObject *sql_open(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     SqlCall *c = (SqlCall *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs < 2 || nargs > 3 || !PyUnicode_CheckExact(args[1]) || py_sql_span == NULL) {
+    /* Keywords only beside positional parameters (psycopg's ``Connection.execute`` passes
+     * ``prepare=``): with the query and its parameters given by position, a keyword is the
+     * driver's own option, not one this span reads. */
+    if ((kwnames != NULL && nargs != 3) || nargs < 2 || nargs > 3 || !PyUnicode_CheckExact(args[1]) ||
+        py_sql_span == NULL) {
         return NULL;
     }
     PyObject *params = nargs == 3 ? args[2] : Py_None;
@@ -255,7 +291,7 @@ static PyObject *sqlcall_vectorcall(PyObject *callable, PyObject *const *args, s
         Py_DECREF(span);
         return NULL;
     }
-    PyObject *result = swmp_span_leave(span, PyObject_Vectorcall(c->orig, args, nargsf, NULL));
+    PyObject *result = swmp_span_leave(span, PyObject_Vectorcall(c->orig, args, nargsf, kwnames));
     Py_DECREF(span);
     return result;
 }
@@ -303,6 +339,7 @@ static int sqlcall_traverse(SqlCall *c, visitproc visit, void *arg) {
     Py_VISIT(c->conn_attr);
     Py_VISIT(c->where);
     Py_VISIT(c->key_attr);
+    Py_VISIT(c->last);
     return 0;
 }
 
@@ -315,6 +352,7 @@ static int sqlcall_clear(SqlCall *c) {
     Py_CLEAR(c->conn_attr);
     Py_CLEAR(c->where);
     Py_CLEAR(c->key_attr);
+    Py_CLEAR(c->last);
     return 0;
 }
 

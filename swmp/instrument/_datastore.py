@@ -340,9 +340,11 @@ def traced_execute(  # noqa: PLR0917
     awaited.
 
     The connection is ``getattr(cursor, conn_attr)``; its ``(peer, database)`` comes from
-    ``where(connection)``, or without ``where`` from the memo ``traced`` keeps on it as
-    :data:`WHERE`: the pair itself, or with ``key_attr`` ``(the connection's key_attr
-    then, pair)``. ``truthy``: empty parameters are no parameters (``params or None``)."""
+    ``where(connection)`` (with ``key_attr``, remembered for the connection's ``key_attr``
+    object seen last: one whose answer never changes), or without ``where`` from the memo
+    ``traced`` keeps on it as :data:`WHERE`: the pair itself, or with ``key_attr`` ``(the
+    connection's key_attr then, pair)``. ``truthy``: empty parameters are no parameters
+    (``params or None``)."""
     if _SqlCall is None:
         return traced
     return _SqlCall(  # type: ignore[no-any-return]

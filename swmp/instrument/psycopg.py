@@ -85,7 +85,7 @@ def _execute(orig: Any) -> Any:
 
     return gated(
         orig,
-        _ds.traced_execute(orig, execute, _OP_EXECUTE, _COMPONENT, "PostgreSQL", "_conn", _where),
+        _ds.traced_execute(orig, execute, _OP_EXECUTE, _COMPONENT, "PostgreSQL", "_conn", _where, "pgconn"),
     )
 
 
@@ -94,7 +94,14 @@ def _aexecute(orig: Any) -> Any:
         with _span(self, "execute", query, params):
             return await orig(self, query, params, *args, **kwargs)
 
-    return gated(orig, execute)
+    # A str query with positional parameters: in C, the span opened when the call is
+    # awaited (swmp/_native/within.c's lazy form); anything else in this Python form.
+    return gated(
+        orig,
+        _ds.traced_execute(
+            orig, execute, _OP_EXECUTE, _COMPONENT, "PostgreSQL", "_conn", _where, "pgconn", awaiting=True
+        ),
+    )
 
 
 def _rows(params_seq: Any) -> Any:
