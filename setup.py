@@ -32,11 +32,11 @@ setup(
                [SPAN + f for f in ("spancore.c", "gate.c", "sw8.c", "status.c", "body.c", "json.c",
                                    "threads.c", "asgi.c", "within.c", "wsgi.c", "sql.c", "cache.c",
                                    "celery.c", "slots.c", "mq.c", "consume.c", "deliver.c", "attach.c",
-                                   "attrcache.c")],
+                                   "attrcache.c", "publish.c")],
                [SPAN + f for f in ("gate.h", "sw8.h", "status.h", "body.h", "json.h", "threads.h",
                                    "asgi.h", "within.h", "wsgi.h", "sql.h", "cache.h", "celery.h",
                                    "slots.h", "mq.h", "consume.h", "deliver.h", "attach.h", "attrcache.h",
-                                   "spancore.h")]),
+                                   "spancore.h", "publish.h")]),
         native("ipc._ringwrite", ["ipc/_native/ringwrite.c"]),
     ]
 )

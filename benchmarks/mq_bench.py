@@ -493,7 +493,10 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
       BlockingChannel consumer's (the message's facts read from pika's objects first);
     * ``consumer-aiormq``: a delivery as aiormq runs it (``awaitable()`` of the registered
       callback called, the result run as a task on a running loop) through the callback the
-      aiormq instrumentation registers, against the callback alone.
+      aiormq instrumentation registers, against the callback alone;
+    * ``producer-aiormq``: inside an entry span, an aiormq ``basic_publish`` through the
+      instrumentation's wrapper (the span, the properties' copy with the headers, the call),
+      the channel's own method doing nothing, against the entry span and that method alone.
     """
     from swmp.instrument import _mq
     from swmp.tracing.constants import Component
@@ -583,7 +586,68 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
     aiormq_pair = _aiormq_callback_case(amqp)
     if aiormq_pair is not None:
         cases["consumer-aiormq"] = aiormq_pair
+    publish_pair = _aiormq_publish_case(with_headers, props)
+    if publish_pair is not None:
+        cases["producer-aiormq"] = publish_pair
     return cases
+
+
+def _aiormq_publish_case(
+    with_headers: Any, props: Any
+) -> tuple[Callable[[], None], Callable[[], None]] | None:
+    """One publish through the aiormq instrumentation's wrapper, awaited inside an entry span
+    on a running loop, against the channel's method alone in the same span."""
+    try:
+        from yarl import URL
+    except ImportError:  # pragma: no cover - aio-pika not installed
+        return None
+    from swmp.instrument import aiormq as instr
+
+    class Channel:
+        connection = types.SimpleNamespace(url=URL("amqp://guest:guest@127.0.0.1:5672/"))
+
+        async def basic_publish(self, body: bytes, **kwargs: Any) -> None:
+            pass
+
+    def inline(orig: Any, attach: Any) -> Any:
+        # Before 2026-11-29 the wrapper was made inside install(), as this.
+        async def basic_publish(self: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
+            span, traced = _mq_module().amqp_send_span(
+                kwargs.get("exchange", ""),
+                kwargs.get("routing_key", ""),
+                instr._peer(self),
+                attach,
+                kwargs.get("properties"),
+            )
+            if span is None:
+                return await orig(self, body, *args, **kwargs)
+            with span:
+                return await orig(self, body, *args, **{**kwargs, "properties": traced})
+
+        return basic_publish
+
+    make: Any = getattr(instr, "publish", inline)
+    channel, orig = Channel(), Channel.basic_publish
+    wrapped = make(orig, with_headers)
+    loop = asyncio.new_event_loop()
+
+    async def publish(fn: Any) -> None:
+        with new_entry_span("/publish"):
+            await fn(channel, b"x", routing_key="orders", properties=props)
+
+    def plain() -> None:
+        loop.run_until_complete(publish(orig))
+
+    def traced() -> None:
+        loop.run_until_complete(publish(wrapped))
+
+    return plain, traced
+
+
+def _mq_module() -> Any:
+    from swmp.instrument import _mq
+
+    return _mq
 
 
 def _aiormq_callback_case(table: dict[str, Any]) -> tuple[Callable[[], None], Callable[[], None]] | None:

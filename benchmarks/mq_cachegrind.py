@@ -19,7 +19,9 @@ wrapper) and ``traced``:
   ``consumer-pika``: the callback the pika instrumentation makes of a BlockingChannel
   consumer's, called with pika's own objects (the message's facts read from them first);
   ``consumer-aiormq``: a delivery as aiormq runs it (the registered callback's call made a
-  task on a running loop) through the aiormq instrumentation's wrapper.
+  task on a running loop) through the aiormq instrumentation's wrapper;
+* ``producer-aiormq``: an aiormq publish awaited through the instrumentation's wrapper in an
+  entry span (the channel's own method doing nothing), against the method alone.
 
 Each function runs under ``valgrind --tool=cachegrind --cache-sim=no`` twice, N and 3N
 times after the same warm-up; ``(I(3N) - I(N)) / 2N`` is the count per call with start-up
@@ -55,6 +57,7 @@ CASES = (
     "consumer-callback",
     "consumer-pika",
     "consumer-aiormq",
+    "producer-aiormq",
 )
 WARM_UP = 500
 

@@ -4,9 +4,10 @@ exit span (where nothing is recorded) or outside any trace, with everything it l
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -84,6 +85,41 @@ def call_in(  # noqa: PLR0917
                     outcome = ("returned", fn(obj, *args, **kw))
                 after = current_span.get()
                 assert after is not None and after.op == "/request"
+    except (Exception, KeyboardInterrupt) as e:
+        outcome = ("raised", type(e).__name__, str(e), e.__traceback__ is not None)
+    records = segments(sink.records)
+    sink.clear()
+    return outcome, obj.calls[before:], records
+
+
+async def in_place(inside: str, work: Callable[[], Awaitable[Any]]) -> Any:
+    """``work()`` awaited inside an entry span, inside an exit span, or outside any; the
+    context checked to be the request's again afterwards."""
+    if inside == "none":
+        return await work()
+    with new_entry_span("/request"):
+        if inside == "exit":
+            with new_exit_span("outer", "db:1", 1, 1):
+                result = await work()
+        else:
+            result = await work()
+        after = current_span.get()
+        assert after is not None and after.op == "/request"
+    return result
+
+
+def acall_in(  # noqa: PLR0917
+    fn: Any, obj: Any, args: tuple[Any, ...], kw: dict[str, Any], sink: _sink.MemorySink, inside: str
+) -> Any:
+    """:func:`call_in` for an async ``fn``: what ``await fn(obj, *args, **kw)`` gave in
+    ``inside`` (run by ``asyncio.run``), the calls ``obj.calls`` gained, the segments."""
+    before = len(obj.calls)
+
+    async def work() -> Any:
+        return await fn(obj, *args, **kw)
+
+    try:
+        outcome: Any = ("returned", asyncio.run(in_place(inside, work)))
     except (Exception, KeyboardInterrupt) as e:
         outcome = ("raised", type(e).__name__, str(e), e.__traceback__ is not None)
     records = segments(sink.records)

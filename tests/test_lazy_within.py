@@ -16,7 +16,7 @@ test_instrument_mq.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,7 +32,7 @@ from swmp.instrument import redis as redis_instr
 from swmp.tracing.context import new_entry_span, new_exit_span
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NATIVE, current_span
-from tests.native_forms import compare_forms, producer_sw8, recording, segments
+from tests.native_forms import acall_in, compare_forms, in_place, producer_sw8, recording, segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
@@ -152,41 +152,6 @@ def _mysql_forms() -> tuple[Any, Any]:
     return _forms(lambda: aiomysql_instr.method("execute")(AsyncCursor.execute))
 
 
-async def _in_place(inside: str, work: Callable[[], Awaitable[Any]]) -> Any:
-    """``work()`` awaited inside an entry span, inside an exit span, or outside any; the
-    context checked to be the request's again afterwards."""
-    if inside == "none":
-        return await work()
-    with new_entry_span("/request"):
-        if inside == "exit":
-            with new_exit_span("outer", "db:1", 1, 1):
-                result = await work()
-        else:
-            result = await work()
-        after = current_span.get()
-        assert after is not None and after.op == "/request"
-    return result
-
-
-def _run(  # noqa: PLR0917
-    fn: Any, obj: Any, args: tuple[Any, ...], kw: dict[str, Any], sink: _sink.MemorySink, inside: str
-) -> Any:
-    """What ``await fn(obj, *args, **kw)`` gave in ``inside``, the client's calls, the
-    segments recorded."""
-    before = len(obj.calls)
-
-    async def work() -> Any:
-        return await fn(obj, *args, **kw)
-
-    try:
-        outcome: Any = ("returned", asyncio.run(_in_place(inside, work)))
-    except (Exception, KeyboardInterrupt) as e:
-        outcome = ("raised", type(e).__name__, str(e), e.__traceback__ is not None)
-    records = segments(sink.records)
-    sink.clear()
-    return outcome, obj.calls[before:], records
-
-
 REDIS_CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
     (("GET", "user:1"), {"keys": ["user:1"]}),
     (("SET", "user:1", "v"), {}),
@@ -217,7 +182,7 @@ def test_redis_asyncio_command_matches_the_python_form(
     ds.settings.collect_keys = collect_keys
     limits.tag_value_max = tag_limit
     native, python = _redis_forms()
-    compare_forms(native, python, AsyncRedis, REDIS_CALLS, sink, _run)
+    compare_forms(native, python, AsyncRedis, REDIS_CALLS, sink, acall_in)
 
 
 PSYCOPG_CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
@@ -263,7 +228,7 @@ def test_psycopg_async_execute_runs_in_c(sink: _sink.MemorySink, monkeypatch: py
 def _run_calls(  # noqa: PLR0917
     fn: Any, obj: Any, args: tuple[Any, ...], kw: dict[str, Any], sink: _sink.MemorySink, inside: str
 ) -> Any:
-    outcome, calls, records = _run(fn, obj, args, kw, sink, inside)
+    outcome, calls, records = acall_in(fn, obj, args, kw, sink, inside)
     return (outcome if outcome[0] == "raised" else ("returned", outcome[1] is obj)), calls, records
 
 
@@ -271,7 +236,7 @@ def _run_calls(  # noqa: PLR0917
 def test_aiomysql_execute_matches_the_python_form(sink: _sink.MemorySink, params_max: int) -> None:
     ds.settings.params_max = params_max
     native, python = _mysql_forms()
-    compare_forms(native, python, lambda: AsyncCursor(Connection()), MYSQL_CALLS, sink, _run)
+    compare_forms(native, python, lambda: AsyncCursor(Connection()), MYSQL_CALLS, sink, acall_in)
 
 
 def test_aiomysql_a_changed_database_goes_through_the_python_form(
@@ -463,7 +428,7 @@ def _consume(wrap: Callable[[Any, Any], Any], case: str, outcome: str, place: st
         return await task
 
     try:
-        result: Any = ("returned", asyncio.run(_in_place(place, deliver)))
+        result: Any = ("returned", asyncio.run(in_place(place, deliver)))
     except (Exception, asyncio.CancelledError) as e:
         result = ("raised", type(e).__name__, str(e))
     records = segments(sink.records)

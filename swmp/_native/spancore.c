@@ -40,7 +40,8 @@
  * ``amqp_consuming`` / ``kafka_consumed`` (consume.c): a consumed message's entry span;
  * ``pika_consuming`` / ``aiormq_consuming`` / ``pika_callback`` (deliver.c): its facts read
  * from the client's objects, and a pika callback run inside it.
- * ``amqp_attach`` (attach.c): a RabbitMQ publish's copy of the properties with the headers.
+ * ``amqp_attach`` (attach.c): a RabbitMQ publish's copy of the properties with the headers;
+ * ``AmqpPublish`` (publish.c): aiormq's publish run in its span without a Python coroutine.
  * ``status_recorder`` / ``status_sender`` (status.c): a traced WSGI request's
  * ``start_response``, an ASGI request's ``send``; ``wsgi_body`` (body.c): its response.
  */
@@ -69,6 +70,7 @@
 #include "deliver.h"
 #include "attach.h"
 #include "attrcache.h"
+#include "publish.h"
 
 typedef struct {
     PyObject_HEAD
@@ -2154,6 +2156,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         PyType_Ready(&swmp_GateType) < 0 ||
         PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0 ||
         PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_AwaitingCallType) < 0 ||
+        PyType_Ready(&swmp_AmqpPublishType) < 0 ||
         PyType_Ready(&swmp_WSGIMethodType) < 0 ||
         PyType_Ready(&swmp_SqlCallType) < 0 || PyType_Ready(&swmp_CacheCallType) < 0 ||
         PyType_Ready(&swmp_CelerySendType) < 0 || PyType_Ready(&swmp_ConsumingType) < 0 ||
@@ -2170,6 +2173,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         PyModule_AddObjectRef(m, "SqlCall", (PyObject *)&swmp_SqlCallType) < 0 ||
         PyModule_AddObjectRef(m, "CacheCall", (PyObject *)&swmp_CacheCallType) < 0 ||
         PyModule_AddObjectRef(m, "AwaitingCall", (PyObject *)&swmp_AwaitingCallType) < 0 ||
+        PyModule_AddObjectRef(m, "AmqpPublish", (PyObject *)&swmp_AmqpPublishType) < 0 ||
         PyModule_AddObjectRef(m, "CelerySend", (PyObject *)&swmp_CelerySendType) < 0 ||
         PyModule_AddObjectRef(m, "WSGIMethod", (PyObject *)&swmp_WSGIMethodType) < 0) {
         Py_DECREF(m);

@@ -52,8 +52,10 @@ typedef struct {
     PyObject *inner; /* the awaited object's iterator (a coroutine is its own); NULL until
                       * the lazy form's first send */
     int state;
-    /* The lazy form: the call to make at the first send (open == NULL: the eager form). */
+    /* The lazy form: the call to make at the first send (open and rewrite NULL: the eager
+     * form); ``rewrite``, an opener that may also give the call new arguments. */
     swmp_within_opener open;
+    swmp_within_rewriter rewrite;
     PyObject *owner, *orig, *fallback;
     PyObject *argv;    /* the positional arguments, then the keywords' values */
     PyObject *kwnames; /* NULL: none */
@@ -142,15 +144,20 @@ static PyObject *await_iter(PyObject *aw) {
  * already entered is exited with it, as the ``with`` around the call would); 1 when that
  * exit suppressed the error (the coroutine would return None). */
 static int start_lazy(Within *self) {
-    PyObject *const *args = &PyTuple_GET_ITEM(self->argv, 0);
     size_t nargsf = (size_t)self->nargs;
-    PyObject *span = self->open(self->owner, args, nargsf, self->kwnames);
+    PyObject *span = self->rewrite != NULL
+                         ? self->rewrite(self->owner, &self->argv, &self->kwnames, self->nargs)
+                         : self->open(self->owner, &PyTuple_GET_ITEM(self->argv, 0), nargsf, self->kwnames);
+    PyObject *const *args = &PyTuple_GET_ITEM(self->argv, 0); /* the call's, maybe new */
     PyObject *aw;
     if (span == NULL) {
         if (PyErr_Occurred()) {
             return -1; /* not an Exception (the opener clears those): raised */
         }
         aw = PyObject_Vectorcall(self->fallback, args, nargsf, self->kwnames);
+    } else if (span == Py_None) { /* no span to make: the call as it came, without one */
+        Py_DECREF(span);
+        aw = PyObject_Vectorcall(self->orig, args, nargsf, self->kwnames);
     } else {
         if (swmp_span_enter(span) < 0) { /* as ``with span:`` entering: raised */
             Py_DECREF(span);
@@ -177,7 +184,7 @@ static PySendResult within_send(PyObject *obj, PyObject *arg, PyObject **result)
         return PYGEN_ERROR;
     }
     if (self->state == NOT_STARTED) {
-        if (self->open != NULL) {
+        if (self->open != NULL || self->rewrite != NULL) {
             if (arg != Py_None) { /* refused before anything starts, as by a coroutine */
                 PyErr_SetString(PyExc_TypeError, "can't send non-None value to a just-started coroutine");
                 return PYGEN_ERROR;
@@ -453,6 +460,7 @@ static Within *new_within(void) {
     if (self != NULL) {
         self->span = self->inner = self->owner = self->orig = self->fallback = self->argv = self->kwnames = NULL;
         self->open = NULL;
+        self->rewrite = NULL;
         self->nargs = 0;
         self->state = NOT_STARTED;
     }
@@ -482,8 +490,8 @@ PyObject *swmp_within(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return (PyObject *)self;
 }
 
-PyObject *swmp_within_lazy(swmp_within_opener open, PyObject *owner, PyObject *orig, PyObject *fallback,
-                           PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+static Within *lazy(PyObject *owner, PyObject *orig, PyObject *fallback, PyObject *const *args, size_t nargsf,
+                    PyObject *kwnames) {
     if (init_names() < 0) {
         return NULL;
     }
@@ -501,14 +509,32 @@ PyObject *swmp_within_lazy(swmp_within_opener open, PyObject *owner, PyObject *o
         Py_DECREF(argv);
         return NULL;
     }
-    self->open = open;
     self->owner = Py_NewRef(owner);
     self->orig = Py_NewRef(orig);
     self->fallback = Py_NewRef(fallback);
     self->argv = argv;
     self->kwnames = nkw ? Py_NewRef(kwnames) : NULL;
     self->nargs = nargs;
-    PyObject_GC_Track(self);
+    return self;
+}
+
+PyObject *swmp_within_lazy(swmp_within_opener open, PyObject *owner, PyObject *orig, PyObject *fallback,
+                           PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Within *self = lazy(owner, orig, fallback, args, nargsf, kwnames);
+    if (self != NULL) {
+        self->open = open;
+        PyObject_GC_Track(self);
+    }
+    return (PyObject *)self;
+}
+
+PyObject *swmp_within_rewriting(swmp_within_rewriter rewrite, PyObject *owner, PyObject *orig, PyObject *fallback,
+                                PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Within *self = lazy(owner, orig, fallback, args, nargsf, kwnames);
+    if (self != NULL) {
+        self->rewrite = rewrite;
+        PyObject_GC_Track(self);
+    }
     return (PyObject *)self;
 }
 

@@ -13,4 +13,11 @@ typedef PyObject *(*swmp_within_opener)(PyObject *owner, PyObject *const *args, 
  * **kwargs)`` at its first send, or ``fallback(...)`` when ``open`` declines. */
 PyObject *swmp_within_lazy(swmp_within_opener open, PyObject *owner, PyObject *orig, PyObject *fallback,
                            PyObject *const *args, size_t nargsf, PyObject *kwnames);
+/* An opener that may also give the call new arguments: ``*argv`` (the positional values,
+ * then the keywords') and ``*kwnames`` (NULL: none) may be replaced (the old references
+ * released). It returns the span, NULL as the plain opener does, or None: no span, the
+ * call made as it came. */
+typedef PyObject *(*swmp_within_rewriter)(PyObject *owner, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs);
+PyObject *swmp_within_rewriting(swmp_within_rewriter rewrite, PyObject *owner, PyObject *orig, PyObject *fallback,
+                                PyObject *const *args, size_t nargsf, PyObject *kwnames);
 #endif

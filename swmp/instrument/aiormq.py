@@ -80,6 +80,9 @@ _peer: Callable[[Any], str] = _py_peer  # (for a publish)
 if _mq.native_consuming is not None:
     _peer = _mq.native_consuming.aiormq_peer
     _message_consuming = _mq.native_consuming.aiormq_consuming
+# The publish without a coroutine of ours (swmp/_native/publish.c); None without the
+# native core.
+_AmqpPublish: Any = getattr(_mq.native_consuming, "AmqpPublish", None)
 # The callback's wrapper without a coroutine of ours (swmp/_native/within.c): aiormq runs
 # each delivery's callback in a task, and a Python wrapper's frame was resumed at every
 # await of the callback. None without the native core.
@@ -122,31 +125,38 @@ def _on_message(channel: Any, callback: Any) -> Callable[[Any], Any]:
     return wrapped  # type: ignore[no-any-return]
 
 
+def publish(orig: Any, with_headers: Callable[[Any, Any], Any]) -> Any:
+    """The wrapper of ``Channel.basic_publish``: an exit span per publish inside a trace, the
+    message given a copy of its properties with the trace's headers (``with_headers``, the
+    attach step); outside a trace the original itself."""
+
+    async def basic_publish(self: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            return await orig(self, body, *args, **kwargs)
+        span, traced = _mq.amqp_send_span(
+            kwargs.get("exchange", ""),
+            kwargs.get("routing_key", ""),
+            _peer(self),
+            with_headers,
+            kwargs.get("properties"),
+        )
+        if span is None:
+            return await orig(self, body, *args, **kwargs)
+        with span:
+            return await orig(self, body, *args, **{**kwargs, "properties": traced})
+
+    # With the native core the same steps in C, the span opened when the publish is awaited.
+    native = basic_publish if _AmqpPublish is None else _AmqpPublish(orig, basic_publish, with_headers, _peer)
+    return gated(orig, native)
+
+
 def install(config: Config) -> None:
     from aiormq import Channel  # noqa: PLC0415
     from pamqp.commands import Basic  # noqa: PLC0415
 
     # A copy of the caller's properties with the trace's headers; aiormq's own default
     # (``delivery_mode=1``) when there are none.
-    _with_headers = attach_step(functools.partial(Basic.Properties, delivery_mode=1))
-
-    def make_publish(orig: Any) -> Any:
-        async def basic_publish(self: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
-            if args:
-                return await orig(self, body, *args, **kwargs)
-            span, traced = _mq.amqp_send_span(
-                kwargs.get("exchange", ""),
-                kwargs.get("routing_key", ""),
-                _peer(self),
-                _with_headers,
-                kwargs.get("properties"),
-            )
-            if span is None:
-                return await orig(self, body, *args, **kwargs)
-            with span:
-                return await orig(self, body, *args, **{**kwargs, "properties": traced})
-
-        return gated(orig, basic_publish)  # outside a trace: the original itself
+    with_headers = attach_step(functools.partial(Basic.Properties, delivery_mode=1))
 
     def make_consume(orig: Any) -> Any:
         async def basic_consume(
@@ -171,7 +181,7 @@ def install(config: Config) -> None:
 
         return basic_get
 
-    patch(Channel, "basic_publish", make_publish)
+    patch(Channel, "basic_publish", lambda orig: publish(orig, with_headers))
     patch(Channel, "basic_consume", make_consume)
     patch(Channel, "basic_get", make_get)
 

@@ -1,0 +1,188 @@
+/* AmqpPublish(orig, fallback, attach, peer): aiormq's ``Channel.basic_publish`` (and so
+ * every aio-pika publish) while a span is current, without the instrumentation's Python
+ * coroutine (swmp/instrument/aiormq.py's ``basic_publish``, the reference and the fallback):
+ *
+ *     async def basic_publish(self, body, *args, **kwargs):
+ *         if args:
+ *             return await orig(self, body, *args, **kwargs)
+ *         span, traced = amqp_send_span(kwargs.get("exchange", ""), kwargs.get("routing_key", ""),
+ *                                       peer(self), attach, kwargs.get("properties"))
+ *         if span is None:
+ *             return await orig(self, body, *args, **kwargs)
+ *         with span:
+ *             return await orig(self, body, *args, **{**kwargs, "properties": traced})
+ *
+ * Why: that coroutine's frame was made for every publish and resumed at each of the
+ * publish's waits (the write, the broker's confirmation), in a process that waits for its
+ * broker, where the CPU caches are cold.
+ *
+ * The call returns within.c's lazy awaitable (a ``collections.abc.Coroutine``, which
+ * ``create_task`` takes): at its first send, in the awaiting task, the steps above run in
+ * their order (mq.c's ``amqp_send_span``, this channel's peer), and the publish's keywords
+ * get the properties with the trace's headers. A call with positional options is the
+ * fallback's; so is one whose steps raise an ``Exception`` before the span exists (the
+ * Python form meets it again). If the keywords cannot be rebuilt once the span exists (no
+ * memory), the message goes out with the caller's properties inside its span. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+
+#include "mq.h"
+#include "publish.h"
+#include "within.h"
+
+static PyObject *s_exchange = NULL, *s_routing_key = NULL, *s_properties = NULL, *empty = NULL;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *orig, *fallback, *attach, *peer;
+    vectorcallfunc vectorcall;
+} AmqpPublish;
+
+static int is_name(PyObject *name, PyObject *wanted) {
+    return name == wanted || (PyUnicode_Check(name) && PyUnicode_Compare(name, wanted) == 0);
+}
+
+/* ``*argv`` / ``*kwnames`` with ``properties=traced``: in its place when the caller gave
+ * properties (``at``), else added last, as ``{**kwargs, "properties": traced}`` orders them.
+ * 0, or -1 with an error (nothing replaced). */
+static int with_properties(PyObject **argv, PyObject **kwnames, Py_ssize_t at, PyObject *traced) {
+    Py_ssize_t n = PyTuple_GET_SIZE(*argv), nkw = *kwnames == NULL ? 0 : PyTuple_GET_SIZE(*kwnames);
+    PyObject *names = NULL, *values = PyTuple_New(at >= 0 ? n : n + 1);
+    if (values == NULL) {
+        return -1;
+    }
+    Py_ssize_t replaced = at >= 0 ? n - nkw + at : -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyTuple_SET_ITEM(values, i, Py_NewRef(i == replaced ? traced : PyTuple_GET_ITEM(*argv, i)));
+    }
+    if (at < 0) {
+        PyTuple_SET_ITEM(values, n, Py_NewRef(traced));
+        names = PyTuple_New(nkw + 1);
+        if (names == NULL) {
+            Py_DECREF(values);
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < nkw; i++) {
+            PyTuple_SET_ITEM(names, i, Py_NewRef(PyTuple_GET_ITEM(*kwnames, i)));
+        }
+        PyTuple_SET_ITEM(names, nkw, Py_NewRef(s_properties));
+        Py_XSETREF(*kwnames, names);
+    }
+    Py_SETREF(*argv, values);
+    return 0;
+}
+
+/* within.c's rewriting opener: the span (the call's keywords given the traced properties),
+ * None (no span: the publish as it came), or NULL for the fallback (an error left set only
+ * when it is not an Exception). */
+static PyObject *publish_open(PyObject *owner, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs) {
+    AmqpPublish *p = (AmqpPublish *)owner;
+    PyObject *const *items = &PyTuple_GET_ITEM(*argv, 0);
+    Py_ssize_t nkw = *kwnames == NULL ? 0 : PyTuple_GET_SIZE(*kwnames), at = -1;
+    PyObject *exchange = empty, *routing_key = empty, *properties = Py_None;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(*kwnames, i), *value = items[nargs + i];
+        if (is_name(name, s_exchange)) {
+            exchange = value;
+        } else if (is_name(name, s_routing_key)) {
+            routing_key = value;
+        } else if (is_name(name, s_properties)) {
+            properties = value;
+            at = i;
+        }
+    }
+    PyObject *peer = PyObject_CallOneArg(p->peer, items[0]);
+    PyObject *pair = NULL;
+    if (peer != NULL) {
+        PyObject *call[5] = {exchange, routing_key, peer, p->attach, properties};
+        pair = swmp_amqp_send_span(NULL, call, 5, NULL);
+        Py_DECREF(peer);
+    }
+    if (pair == NULL || !PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        Py_XDECREF(pair);
+        if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyErr_Clear();
+        }
+        return NULL;
+    }
+    PyObject *span = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
+    if (span != Py_None && with_properties(argv, kwnames, at, PyTuple_GET_ITEM(pair, 1)) < 0) {
+        PyErr_Clear(); /* the span exists: the message goes out in it, untraced headers */
+    }
+    Py_DECREF(pair);
+    return span;
+}
+
+static PyObject *publish_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    AmqpPublish *p = (AmqpPublish *)callable;
+    if (PyVectorcall_NARGS(nargsf) != 2) { /* positional options: the Python form's */
+        return PyObject_Vectorcall(p->fallback, args, nargsf, kwnames);
+    }
+    return swmp_within_rewriting(publish_open, callable, p->orig, p->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *publish_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *orig, *fallback, *attach, *peer;
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds)) ||
+        !PyArg_ParseTuple(args, "OOOO:AmqpPublish", &orig, &fallback, &attach, &peer) || !PyCallable_Check(orig) ||
+        !PyCallable_Check(fallback) || !PyCallable_Check(attach) || !PyCallable_Check(peer)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "AmqpPublish(orig, fallback, attach, peer): four callables");
+        }
+        return NULL;
+    }
+    if (empty == NULL && ((s_exchange = PyUnicode_InternFromString("exchange")) == NULL ||
+                          (s_routing_key = PyUnicode_InternFromString("routing_key")) == NULL ||
+                          (s_properties = PyUnicode_InternFromString("properties")) == NULL ||
+                          (empty = PyUnicode_InternFromString("")) == NULL)) {
+        return NULL;
+    }
+    AmqpPublish *p = (AmqpPublish *)type->tp_alloc(type, 0);
+    if (p == NULL) {
+        return NULL;
+    }
+    p->orig = Py_NewRef(orig);
+    p->fallback = Py_NewRef(fallback);
+    p->attach = Py_NewRef(attach);
+    p->peer = Py_NewRef(peer);
+    p->vectorcall = publish_vectorcall;
+    return (PyObject *)p;
+}
+
+static int publish_traverse(AmqpPublish *p, visitproc visit, void *arg) {
+    Py_VISIT(p->orig);
+    Py_VISIT(p->fallback);
+    Py_VISIT(p->attach);
+    Py_VISIT(p->peer);
+    return 0;
+}
+
+static int publish_clear(AmqpPublish *p) {
+    Py_CLEAR(p->orig);
+    Py_CLEAR(p->fallback);
+    Py_CLEAR(p->attach);
+    Py_CLEAR(p->peer);
+    return 0;
+}
+
+static void publish_dealloc(AmqpPublish *p) {
+    PyObject_GC_UnTrack(p);
+    publish_clear(p);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+PyTypeObject swmp_AmqpPublishType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "swmp._spancore.AmqpPublish",
+    .tp_basicsize = sizeof(AmqpPublish),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "AmqpPublish(orig, fallback, attach, peer): aiormq's basic_publish(channel, body, **kw) in its "
+              "exit span, opened when awaited; other calls go to fallback.",
+    .tp_new = publish_new,
+    .tp_dealloc = (destructor)publish_dealloc,
+    .tp_traverse = (traverseproc)publish_traverse,
+    .tp_clear = (inquiry)publish_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(AmqpPublish, vectorcall),
+};
