@@ -34,7 +34,9 @@
  * coroutine never started runs none of its body; a ``throw()`` before the first send
  * raises the exception thrown, as it does into a coroutine not started. Why: the Python
  * wrapper was three to five Python frames per traced command or query between the
- * client's round trips (see sql.c). */
+ * client's round trips (see sql.c). ``swmp_within_rewriting`` is the same with an opener
+ * that may also give the call new arguments (aiormq's publish in publish.c: the
+ * properties with the trace's headers). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
