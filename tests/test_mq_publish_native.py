@@ -93,6 +93,10 @@ CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
     ((b"m",), {"properties": _props(), "routing_key": "q", "mandatory": True}),
     ((b"m",), {"routing_key": "q", "properties": None, "timeout": 5}),
     ((b"m", "positional"), {}),  # the channel refuses it, in both forms
+    ((), {"body": b"m", "exchange": "ex", "routing_key": "q", "properties": _props()}),  # aio-pika's
+    ((), {"routing_key": "q", "body": b"m", "mandatory": True}),
+    ((b"m",), {"body": b"twice"}),  # refused as the call is made, in both forms
+    ((), {"routing_key": "q"}),  # no body: the same
     ((b"FAIL",), {"routing_key": "q"}),
     ((b"m",), {"routing_key": 5}),  # not a str: the Python steps of amqp_send_span
     ((b"m",), {"routing_key": "q" * 3000}),  # over the tag limit: the same
@@ -117,15 +121,17 @@ def test_the_native_publish_is_lazy_and_carries_the_trace(sink: _sink.MemorySink
             assert type(call).__name__ == "Within" and asyncio.iscoroutine(call)
             assert channel.calls == []  # nothing published before it is awaited
             task = asyncio.get_running_loop().create_task(native(channel, b"n", routing_key="orders"))
-            return await call, await task
+            by_keyword = native(channel, body=b"k", routing_key="orders")  # aio-pika's call
+            assert type(by_keyword).__name__ == "Within"
+            return await call, await task, await by_keyword
 
-    assert asyncio.run(main()) == ("confirmed", "confirmed")
+    assert asyncio.run(main()) == ("confirmed", "confirmed", "confirmed")
     op = "RabbitMQ/Topic//Queue/orders/Producer"
     assert channel.calls[0] == (b"m", "", "orders", ("text/plain", None, {"x": "y"}, True), False, None, op)
     assert channel.calls[1][3] == (None, 1, {}, True)  # aiormq's default properties, with sw8
     assert props.headers == {"x": "y"}  # the caller's properties are left as they were
     (segment,) = segments(sink.records)
-    assert [s[2] for s in segment[3]] == [op, op, "/request"]
+    assert [s[2] for s in segment[3]] == [op, op, op, "/request"]
 
 
 def test_constructor_refuses_wrong_arguments() -> None:

@@ -16,7 +16,9 @@
  * publish's waits (the write, the broker's confirmation), in a process that waits for its
  * broker, where the CPU caches are cold.
  *
- * The call returns within.c's lazy awaitable (a ``collections.abc.Coroutine``, which
+ * The body by position or by keyword (aio-pika's ``Exchange.publish`` passes it by keyword,
+ * which the Python form turns into a positional argument; here the call keeps the caller's
+ * form, which aiormq binds alike). The call returns within.c's lazy awaitable (a ``collections.abc.Coroutine``, which
  * ``create_task`` takes): at its first send, in the awaiting task, the steps above run in
  * their order (mq.c's ``amqp_send_span``, this channel's peer), and the publish's keywords
  * get the properties with the trace's headers. A call with positional options is the
@@ -31,7 +33,7 @@
 #include "publish.h"
 #include "within.h"
 
-static PyObject *s_exchange = NULL, *s_routing_key = NULL, *s_properties = NULL, *empty = NULL;
+static PyObject *s_exchange = NULL, *s_routing_key = NULL, *s_properties = NULL, *s_body = NULL, *empty = NULL;
 
 typedef struct {
     PyObject_HEAD
@@ -114,9 +116,24 @@ static PyObject *publish_open(PyObject *owner, PyObject **argv, PyObject **kwnam
     return span;
 }
 
+/* Whether ``body`` is among the keywords (aio-pika passes every argument by keyword). */
+static int body_by_keyword(PyObject *kwnames) {
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        if (is_name(PyTuple_GET_ITEM(kwnames, i), s_body)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *publish_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     AmqpPublish *p = (AmqpPublish *)callable;
-    if (PyVectorcall_NARGS(nargsf) != 2) { /* positional options: the Python form's */
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    /* The channel and the body, the body by position or by keyword; anything else (options
+     * by position, no body, two bodies) is the Python form's, which binds or refuses it as
+     * the call is made. */
+    if (nargs < 1 || nargs + body_by_keyword(kwnames) != 2) {
         return PyObject_Vectorcall(p->fallback, args, nargsf, kwnames);
     }
     return swmp_within_rewriting(publish_open, callable, p->orig, p->fallback, args, nargsf, kwnames);
@@ -135,6 +152,7 @@ static PyObject *publish_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (empty == NULL && ((s_exchange = PyUnicode_InternFromString("exchange")) == NULL ||
                           (s_routing_key = PyUnicode_InternFromString("routing_key")) == NULL ||
                           (s_properties = PyUnicode_InternFromString("properties")) == NULL ||
+                          (s_body = PyUnicode_InternFromString("body")) == NULL ||
                           (empty = PyUnicode_InternFromString("")) == NULL)) {
         return NULL;
     }
