@@ -102,18 +102,23 @@ def make_psycopg2(s: dict[str, Any]) -> tuple[Call, Callable[[], None]]:
     return _sync(call), conn.close
 
 
+def _pg3_kwargs(s: dict[str, Any]) -> dict[str, Any]:
+    """psycopg 3's connection arguments (sync and async alike)."""
+    p = s["pg"]
+    return {
+        "host": p["host"],
+        "port": p["port"],
+        "user": p["user"],
+        "password": p["password"],
+        "dbname": p["database"],
+        "autocommit": True,
+    }
+
+
 def make_psycopg(s: dict[str, Any]) -> tuple[Call, Callable[[], None]]:
     import psycopg
 
-    p = s["pg"]
-    conn = psycopg.connect(
-        host=p["host"],
-        port=p["port"],
-        user=p["user"],
-        password=p["password"],
-        dbname=p["database"],
-        autocommit=True,
-    )
+    conn = psycopg.connect(**_pg3_kwargs(s))
     cur = conn.cursor()
 
     def call() -> Any:
@@ -126,18 +131,8 @@ def make_psycopg(s: dict[str, Any]) -> tuple[Call, Callable[[], None]]:
 def make_psycopg_async(s: dict[str, Any]) -> tuple[Call, Callable[[], None]]:
     import psycopg
 
-    p = s["pg"]
     loop = asyncio.new_event_loop()
-    conn = loop.run_until_complete(
-        psycopg.AsyncConnection.connect(
-            host=p["host"],
-            port=p["port"],
-            user=p["user"],
-            password=p["password"],
-            dbname=p["database"],
-            autocommit=True,
-        )
-    )
+    conn = loop.run_until_complete(psycopg.AsyncConnection.connect(**_pg3_kwargs(s)))
     cur = conn.cursor()
 
     async def call() -> Any:
