@@ -601,6 +601,7 @@ def _aiormq_publish_case(
         from yarl import URL
     except ImportError:  # pragma: no cover - aio-pika not installed
         return None
+    from swmp.instrument import _mq
     from swmp.instrument import aiormq as instr
 
     class Channel:
@@ -612,7 +613,7 @@ def _aiormq_publish_case(
     def inline(orig: Any, attach: Any) -> Any:
         # Before 2026-11-29 the wrapper was made inside install(), as this.
         async def basic_publish(self: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
-            span, traced = _mq_module().amqp_send_span(
+            span, traced = _mq.amqp_send_span(
                 kwargs.get("exchange", ""),
                 kwargs.get("routing_key", ""),
                 instr._peer(self),
@@ -642,12 +643,6 @@ def _aiormq_publish_case(
         loop.run_until_complete(publish(wrapped))
 
     return plain, traced
-
-
-def _mq_module() -> Any:
-    from swmp.instrument import _mq
-
-    return _mq
 
 
 def _aiormq_callback_case(table: dict[str, Any]) -> tuple[Callable[[], None], Callable[[], None]] | None:

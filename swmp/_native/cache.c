@@ -226,18 +226,22 @@ declined:
     return NULL;
 }
 
-/* open_span as within.c's lazy form asks for it. */
-static PyObject *cache_open(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    return nargs < 1 || span_class == NULL ? NULL : open_span((CacheCall *)callable, args, nargs);
+/* The span of a call with ``nargs`` positional arguments (see open_span). */
+static PyObject *span_of(CacheCall *c, PyObject *const *args, Py_ssize_t nargs) {
+    return nargs < 1 || span_class == NULL ? NULL : open_span(c, args, nargs);
+}
+
+/* span_of as within.c's lazy form calls it. */
+static PyObject *span_of_lazy(PyObject *callable, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs) {
+    return span_of((CacheCall *)callable, &PyTuple_GET_ITEM(*argv, 0), nargs);
 }
 
 static PyObject *cachecall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     CacheCall *c = (CacheCall *)callable;
     if (c->awaiting) {
-        return swmp_within_lazy(cache_open, callable, c->orig, c->fallback, args, nargsf, kwnames);
+        return swmp_within_lazy(span_of_lazy, callable, c->orig, c->fallback, args, nargsf, kwnames);
     }
-    PyObject *span = cache_open(callable, args, nargsf, kwnames);
+    PyObject *span = span_of(c, args, PyVectorcall_NARGS(nargsf));
     if (span == NULL) {
         return PyErr_Occurred() ? NULL : PyObject_Vectorcall(c->fallback, args, nargsf, kwnames);
     }

@@ -75,18 +75,6 @@ PyObject *swmp_setup_celery(PyObject *module, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
-/* Whether keyword ``k`` is ``name``: the same object for the interned names of call sites,
- * a comparison only for a name that is not interned (built at run time, ``**options``). */
-static int is_name(PyObject *k, PyObject *name) {
-    if (k == name) {
-        return 1;
-    }
-    if (!PyUnicode_Check(k) || PyUnicode_CHECK_INTERNED(k)) {
-        return 0; /* two interned strs that are not the same object differ */
-    }
-    return PyUnicode_Compare(k, name) == 0;
-}
-
 /* The call's keywords leave the C path nothing to do with them: no ``headers`` (the
  * caller's, merged by the Python code) and none the Python binding would refuse. */
 static int plain_keywords(PyObject *kwnames, Py_ssize_t nargs) {
@@ -96,8 +84,8 @@ static int plain_keywords(PyObject *kwnames, Py_ssize_t nargs) {
     Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *k = PyTuple_GET_ITEM(kwnames, i);
-        if (is_name(k, k_headers) || is_name(k, k_self) || is_name(k, k_name) || (nargs > 2 && is_name(k, k_args)) ||
-            (nargs > 3 && is_name(k, k_kwargs))) {
+        if (swmp_is_name(k, k_headers) || swmp_is_name(k, k_self) || swmp_is_name(k, k_name) ||
+            (nargs > 2 && swmp_is_name(k, k_args)) || (nargs > 3 && swmp_is_name(k, k_kwargs))) {
             return 0;
         }
     }

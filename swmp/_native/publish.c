@@ -31,6 +31,7 @@
 
 #include "mq.h"
 #include "publish.h"
+#include "spancore.h"
 #include "within.h"
 
 static PyObject *s_exchange = NULL, *s_routing_key = NULL, *s_properties = NULL, *s_body = NULL, *empty = NULL;
@@ -40,10 +41,6 @@ typedef struct {
     PyObject *orig, *fallback, *attach, *peer;
     vectorcallfunc vectorcall;
 } AmqpPublish;
-
-static int is_name(PyObject *name, PyObject *wanted) {
-    return name == wanted || (PyUnicode_Check(name) && PyUnicode_Compare(name, wanted) == 0);
-}
 
 /* ``*argv`` / ``*kwnames`` with ``properties=traced``: in its place when the caller gave
  * properties (``at``), else added last, as ``{**kwargs, "properties": traced}`` orders them.
@@ -75,7 +72,7 @@ static int with_properties(PyObject **argv, PyObject **kwnames, Py_ssize_t at, P
     return 0;
 }
 
-/* within.c's rewriting opener: the span (the call's keywords given the traced properties),
+/* within.c's opener: the span (the call's keywords given the traced properties),
  * None (no span: the publish as it came), or NULL for the fallback (an error left set only
  * when it is not an Exception). */
 static PyObject *publish_open(PyObject *owner, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs) {
@@ -85,11 +82,11 @@ static PyObject *publish_open(PyObject *owner, PyObject **argv, PyObject **kwnam
     PyObject *exchange = empty, *routing_key = empty, *properties = Py_None;
     for (Py_ssize_t i = 0; i < nkw; i++) {
         PyObject *name = PyTuple_GET_ITEM(*kwnames, i), *value = items[nargs + i];
-        if (is_name(name, s_exchange)) {
+        if (swmp_is_name(name, s_exchange)) {
             exchange = value;
-        } else if (is_name(name, s_routing_key)) {
+        } else if (swmp_is_name(name, s_routing_key)) {
             routing_key = value;
-        } else if (is_name(name, s_properties)) {
+        } else if (swmp_is_name(name, s_properties)) {
             properties = value;
             at = i;
         }
@@ -120,7 +117,7 @@ static PyObject *publish_open(PyObject *owner, PyObject **argv, PyObject **kwnam
 static int body_by_keyword(PyObject *kwnames) {
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t i = 0; i < nkw; i++) {
-        if (is_name(PyTuple_GET_ITEM(kwnames, i), s_body)) {
+        if (swmp_is_name(PyTuple_GET_ITEM(kwnames, i), s_body)) {
             return 1;
         }
     }
@@ -136,7 +133,7 @@ static PyObject *publish_vectorcall(PyObject *callable, PyObject *const *args, s
     if (nargs < 1 || nargs + body_by_keyword(kwnames) != 2) {
         return PyObject_Vectorcall(p->fallback, args, nargsf, kwnames);
     }
-    return swmp_within_rewriting(publish_open, callable, p->orig, p->fallback, args, nargsf, kwnames);
+    return swmp_within_lazy(publish_open, callable, p->orig, p->fallback, args, nargsf, kwnames);
 }
 
 static PyObject *publish_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {

@@ -34,4 +34,16 @@ PyObject *swmp_optional_attr(PyObject *obj, PyObject *name);
  * ``kwnames``: a Python function handed a call with two objects of ours in front. */
 PyObject *swmp_call_with_two(PyObject *callable, PyObject *first, PyObject *second, PyObject *const *args,
                              Py_ssize_t nargs, PyObject *kwnames);
+/* Whether keyword ``k`` is ``name`` (an interned str): the same object for the interned
+ * names of call sites, a comparison only for a name that is not interned (built at run
+ * time, ``**options``). */
+static inline int swmp_is_name(PyObject *k, PyObject *name) {
+    if (k == name) {
+        return 1;
+    }
+    if (!PyUnicode_Check(k) || PyUnicode_CHECK_INTERNED(k)) {
+        return 0; /* two interned strs that are not the same object differ */
+    }
+    return PyUnicode_Compare(k, name) == 0;
+}
 #endif

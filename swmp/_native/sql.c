@@ -278,10 +278,15 @@ static PyObject *sql_open(PyObject *callable, PyObject *const *args, size_t narg
     return span;
 }
 
+/* sql_open as within.c's lazy form calls it. */
+static PyObject *sql_open_lazy(PyObject *callable, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs) {
+    return sql_open(callable, &PyTuple_GET_ITEM(*argv, 0), (size_t)nargs, *kwnames);
+}
+
 static PyObject *sqlcall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     SqlCall *c = (SqlCall *)callable;
     if (c->awaiting) {
-        return swmp_within_lazy(sql_open, callable, c->orig, c->fallback, args, nargsf, kwnames);
+        return swmp_within_lazy(sql_open_lazy, callable, c->orig, c->fallback, args, nargsf, kwnames);
     }
     PyObject *span = sql_open(callable, args, nargsf, kwnames);
     if (span == NULL) {

@@ -34,9 +34,8 @@
  * coroutine never started runs none of its body; a ``throw()`` before the first send
  * raises the exception thrown, as it does into a coroutine not started. Why: the Python
  * wrapper was three to five Python frames per traced command or query between the
- * client's round trips (see sql.c). ``swmp_within_rewriting`` is the same with an opener
- * that may also give the call new arguments (aiormq's publish in publish.c: the
- * properties with the trace's headers). */
+ * client's round trips (see sql.c). The opener may also give the call new arguments
+ * (aiormq's publish in publish.c: the properties with the trace's headers). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
@@ -54,10 +53,8 @@ typedef struct {
     PyObject *inner; /* the awaited object's iterator (a coroutine is its own); NULL until
                       * the lazy form's first send */
     int state;
-    /* The lazy form: the call to make at the first send (open and rewrite NULL: the eager
-     * form); ``rewrite``, an opener that may also give the call new arguments. */
+    /* The lazy form: the call to make at the first send (open NULL: the eager form). */
     swmp_within_opener open;
-    swmp_within_rewriter rewrite;
     PyObject *owner, *orig, *fallback;
     PyObject *argv;    /* the positional arguments, then the keywords' values */
     PyObject *kwnames; /* NULL: none */
@@ -147,9 +144,7 @@ static PyObject *await_iter(PyObject *aw) {
  * exit suppressed the error (the coroutine would return None). */
 static int start_lazy(Within *self) {
     size_t nargsf = (size_t)self->nargs;
-    PyObject *span = self->rewrite != NULL
-                         ? self->rewrite(self->owner, &self->argv, &self->kwnames, self->nargs)
-                         : self->open(self->owner, &PyTuple_GET_ITEM(self->argv, 0), nargsf, self->kwnames);
+    PyObject *span = self->open(self->owner, &self->argv, &self->kwnames, self->nargs);
     PyObject *const *args = &PyTuple_GET_ITEM(self->argv, 0); /* the call's, maybe new */
     PyObject *aw;
     if (span == NULL) {
@@ -186,7 +181,7 @@ static PySendResult within_send(PyObject *obj, PyObject *arg, PyObject **result)
         return PYGEN_ERROR;
     }
     if (self->state == NOT_STARTED) {
-        if (self->open != NULL || self->rewrite != NULL) {
+        if (self->open != NULL) {
             if (arg != Py_None) { /* refused before anything starts, as by a coroutine */
                 PyErr_SetString(PyExc_TypeError, "can't send non-None value to a just-started coroutine");
                 return PYGEN_ERROR;
@@ -462,7 +457,6 @@ static Within *new_within(void) {
     if (self != NULL) {
         self->span = self->inner = self->owner = self->orig = self->fallback = self->argv = self->kwnames = NULL;
         self->open = NULL;
-        self->rewrite = NULL;
         self->nargs = 0;
         self->state = NOT_STARTED;
     }
@@ -492,8 +486,8 @@ PyObject *swmp_within(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return (PyObject *)self;
 }
 
-static Within *lazy(PyObject *owner, PyObject *orig, PyObject *fallback, PyObject *const *args, size_t nargsf,
-                    PyObject *kwnames) {
+PyObject *swmp_within_lazy(swmp_within_opener open, PyObject *owner, PyObject *orig, PyObject *fallback,
+                           PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (init_names() < 0) {
         return NULL;
     }
@@ -511,32 +505,14 @@ static Within *lazy(PyObject *owner, PyObject *orig, PyObject *fallback, PyObjec
         Py_DECREF(argv);
         return NULL;
     }
+    self->open = open;
     self->owner = Py_NewRef(owner);
     self->orig = Py_NewRef(orig);
     self->fallback = Py_NewRef(fallback);
     self->argv = argv;
     self->kwnames = nkw ? Py_NewRef(kwnames) : NULL;
     self->nargs = nargs;
-    return self;
-}
-
-PyObject *swmp_within_lazy(swmp_within_opener open, PyObject *owner, PyObject *orig, PyObject *fallback,
-                           PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Within *self = lazy(owner, orig, fallback, args, nargsf, kwnames);
-    if (self != NULL) {
-        self->open = open;
-        PyObject_GC_Track(self);
-    }
-    return (PyObject *)self;
-}
-
-PyObject *swmp_within_rewriting(swmp_within_rewriter rewrite, PyObject *owner, PyObject *orig, PyObject *fallback,
-                                PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Within *self = lazy(owner, orig, fallback, args, nargsf, kwnames);
-    if (self != NULL) {
-        self->rewrite = rewrite;
-        PyObject_GC_Track(self);
-    }
+    PyObject_GC_Track(self);
     return (PyObject *)self;
 }
 
@@ -564,10 +540,10 @@ typedef struct {
 
 #define AWAITING_STACK 8
 
-static PyObject *awaiting_open(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+static PyObject *awaiting_open(PyObject *callable, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs) {
     AwaitingCall *c = (AwaitingCall *)callable;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+    PyObject *const *args = &PyTuple_GET_ITEM(*argv, 0);
+    Py_ssize_t total = PyTuple_GET_SIZE(*argv);
     PyObject *stack[AWAITING_STACK];
     PyObject **call = total < AWAITING_STACK ? stack : PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
     PyObject *cm = NULL;
@@ -576,7 +552,7 @@ static PyObject *awaiting_open(PyObject *callable, PyObject *const *args, size_t
     } else {
         call[0] = c->owner;
         memcpy(call + 1, args, (size_t)total * sizeof(PyObject *));
-        cm = PyObject_Vectorcall(c->open, call, (size_t)(nargs + 1), kwnames);
+        cm = PyObject_Vectorcall(c->open, call, (size_t)(nargs + 1), *kwnames);
         if (call != stack) {
             PyMem_Free(call);
         }

@@ -367,9 +367,9 @@ def cursor_method(
     """A ``patch`` wrapper factory for a DB-API cursor method ``(self, query, args)``:
     operation ``prefix + method``; ``where(cursor)`` gives ``(peer, database)``. An async
     method's wrapper returns the driver's own coroutine outside a trace. ``memo_key``: the
-    connection attribute (at ``cursor.connection``) whose object the memo ``where`` keeps
-    there was made for, so that ``execute`` can be native (:func:`traced_execute`), which
-    reads the connection as ``getattr(cursor, conn_attr)``."""
+    connection attribute whose object the memo ``where`` keeps there was made for, so that
+    ``execute`` can be native (:func:`traced_execute`), which reads the connection as
+    ``getattr(cursor, conn_attr)``."""
     op = prefix + method
     default = () if method == "callproc" else None
 
