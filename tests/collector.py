@@ -69,11 +69,23 @@ from swmp.collector.decode import HTTP_ROUTES, BadInput, parse_json_body
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+# Ports this process has handed out. Callers pick several before any server binds one
+# (tests/test_instrument_fastapi.py: one port per server, then the servers): the kernel
+# can give the same free port twice in a row, and the second server then fails to bind
+# while the first one answers on its port. Seen once in a whole-suite run.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that this process has
+    not handed out before."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 class _Fault:
