@@ -243,6 +243,7 @@ class App:
     served: int = 0  # every request wrk counted, warm-up included
     errors: int = 0
     segments: int = 0
+    extra_segments: int = 0  # received by the fresh servers of --fresh-sets (their served: in served)
 
 
 @contextlib.contextmanager
@@ -302,7 +303,7 @@ def finish(app: App) -> None:
     app.srv.proc.stop(signal.SIGTERM, timeout=30)
     app.col.stop()
     summary = json.loads((app.run_dir / "summary.json").read_text())
-    app.segments = int(summary["segment"])
+    app.segments = int(summary["segment"]) + app.extra_segments
 
 
 def warm_up(app: App, args: argparse.Namespace) -> None:
@@ -418,31 +419,39 @@ def _measure(  # noqa: PLR0917
 def sample_together(
     apps: list[App], rnd: int, args: argparse.Namespace, rate: float, load: str
 ) -> list[Measure]:
-    """One measurement of every application at once: each gets ``rate`` requests/s from a
-    paced load of its own (a process each), and each one's CPU is read over the same window.
-    On a VM whose CPU time per request drifts by 100-250 us from one 5 s sample to the next,
-    the variants then see the same drift (paired within the sample, not across samples)."""
+    """One measurement of every application at once: each gets ``rate`` requests/s, their
+    requests taking turns from one paced load (``paced_load.run_interleaved``; the order
+    rotates every round), and each one's CPU is read over the same window. On a VM whose
+    CPU time per request drifts by 100-250 us from one 5 s sample to the next, the variants
+    then see the same drift (paired within the sample, not across samples). One load, not
+    one per application: loads started together have their requests due at the same
+    instants, and which server's request met an idle CPU and which a warm one held for the
+    whole run (20-35 us per request between two identical servers)."""
     waited = settle([p for app in apps for p in app_processes(app.srv.proc)])
     procs = [app_processes(app.srv.proc) for app in apps]
     before = [cpu_seconds(p) for p in procs]
     script = str(Path(__file__).resolve().parent / "paced_load.py")
-    loads = [
-        subprocess.Popen(
-            [sys.executable, script, app.srv.url + app.route, str(rate), str(args.duration), "--json"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for app in apps
-    ]
+    shift = rnd % len(apps)
+    turns = list(range(len(apps)))[shift:] + list(range(len(apps)))[:shift]
+    urls = [apps[i].srv.url + apps[i].route for i in turns]
     t0 = time.monotonic()
-    outs = [load_proc.communicate(timeout=args.duration + 60)[0] for load_proc in loads]
+    done = subprocess.run(
+        [sys.executable, script, *urls, str(rate), str(args.duration), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=args.duration * len(apps) + 60,
+        check=True,
+    )
     after = [cpu_seconds(p) for p in procs]
     elapsed = max(1e-6, time.monotonic() - t0)
+    rows = json.loads(done.stdout)
+    rows = [rows] if isinstance(rows, dict) else rows
+    by_app = {i: row for i, row in zip(turns, rows, strict=True)}
     used = [{pid: a[pid] - b.get(pid, a[pid]) for pid in a} for b, a in zip(before, after, strict=True)]
     total = sum(sum(u.values()) for u in used)
     out = []
-    for app, text, p, u in zip(apps, outs, procs, used, strict=True):
-        r = json.loads(text)
+    for i, (app, p, u) in enumerate(zip(apps, procs, used, strict=True)):
+        r = by_app[i]
         seconds = max(1e-9, r["seconds"])
         res = {"requests": r["requests"], "rps": r["requests"] / seconds, "p50_ms": r["p50_ms"]}
         res.update(p99_ms=r["p99_ms"], errors=r["errors"] + r["late"])
@@ -676,7 +685,7 @@ def worker_cost(n: int, work: Path, rounds: int = 5, gap_ms: float = 0.0) -> lis
 
 
 def measure_fixed_rates(
-    running: list[App], measures: list[Measure], route: str, args: argparse.Namespace
+    running: list[App], measures: list[Measure], route: str, args: argparse.Namespace, work: Path
 ) -> None:
     """Every variant at fixed shares of the no-agent saturation rate measured just before."""
     shares = [float(x) for x in args.rates.split(",") if x.strip()]
@@ -686,6 +695,16 @@ def measure_fixed_rates(
     top = _median(sat)
     for share in shares:
         load = f"{share:.0%}"
+        if args.together and args.fresh_sets:
+            rounds = args.fresh_sets * args.rate_rounds
+            for k in range(args.fresh_sets):
+                with fresh_applications(running, route, work, args, k) as apps:
+                    for rnd in range(args.rate_rounds):
+                        at = k * args.rate_rounds + rnd
+                        batch = sample_together(apps, at, args, top * share, load)
+                        _report(f"{route:<5} {load:>4} round {at + 1}/{rounds}", batch)
+                        measures += batch
+            continue
         for rnd in range(args.rate_rounds):
             shift = rnd % len(running)
             if args.together:
@@ -695,15 +714,44 @@ def measure_fixed_rates(
                     sample(app, rnd, args, rate=top * share, load=load, running=running)
                     for app in running[shift:] + running[:shift]
                 ]
-            for m in batch:
-                measures.append(m)
-                print(
-                    f"{route:<5} {load:>4} round {rnd + 1}/{args.rate_rounds} {m.variant:<18} "
-                    f"{m.rps:7.0f} req/s "
-                    f"p50 {m.p50_ms:6.2f} p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req"
-                    f"  (settled {m.settle_s:.1f} s, others {m.background_pct:.1f}%)",
-                    flush=True,
-                )
+            _report(f"{route:<5} {load:>4} round {rnd + 1}/{args.rate_rounds}", batch)
+            measures += batch
+
+
+@contextlib.contextmanager
+def fresh_applications(
+    running: list[App], route: str, work: Path, args: argparse.Namespace, k: int
+) -> Iterator[list[App]]:
+    """A new server for every variant, started in an order rotated by ``k``, warmed up.
+
+    Why: on this project's VM one server instance can cost ~20 us per request more than an
+    identical one at low rates, and keeps that for its life (measured with three no-agent
+    servers side by side). Spreading the rounds over several sets of servers, each started
+    in a different order, spreads that over the variants instead of charging it to one.
+    What they serve and report is added to the applications of the saturation phase, whose
+    served/segments columns then cover these too."""
+    order = running[k % len(running) :] + running[: k % len(running)]
+    with contextlib.ExitStack() as stack:
+        fresh = {a.variant: stack.enter_context(application(a.variant, route, work, args)) for a in order}
+        apps = [fresh[app.variant] for app in running]
+        for app in apps:
+            warm_up(app, args)
+        yield apps
+        for app, old in zip(apps, running, strict=True):
+            finish(app)
+            old.served += app.served
+            old.errors += app.errors
+            old.extra_segments += app.segments
+
+
+def _report(label: str, batch: list[Measure]) -> None:
+    for m in batch:
+        print(
+            f"{label} {m.variant:<18} {m.rps:7.0f} req/s "
+            f"p50 {m.p50_ms:6.2f} p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req"
+            f"  (settled {m.settle_s:.1f} s, others {m.background_pct:.1f}%)",
+            flush=True,
+        )
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -729,8 +777,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--together",
         action="store_true",
-        help="at the fixed rates, load every variant at once over the same window (each its own paced "
-        "load): the machine's drift then hits all alike; for rates the machine has room for",
+        help="at the fixed rates, load every variant at once over the same window (one paced load, "
+        "their requests taking turns): the machine's drift then hits all alike; for rates the machine "
+        "has room for",
+    )
+    ap.add_argument(
+        "--fresh-sets",
+        type=int,
+        default=0,
+        help="with --together: spread the fixed-rate rounds over this many sets of newly started "
+        "servers (--rate-rounds each), started in rotated orders",
     )
     ap.add_argument(
         "--worker-cost",
@@ -799,7 +855,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"  (settled {m.settle_s:.1f} s, others {m.background_pct:.1f}%)",
                             flush=True,
                         )
-                measure_fixed_rates(running, measures, route, args)
+                measure_fixed_rates(running, measures, route, args, work)
                 for app in running:
                     finish(app)
                     apps.append(app)
