@@ -21,10 +21,14 @@ Loads: saturation (wrk, ``--connections`` connections), then fixed rates of a fr
 the no-agent saturation rate of the same route (``--rates``, default 50% and 10%; paced by
 benchmarks/paced_load.py, since most servers run well below saturation and an agent's
 cost per request can grow as the rate falls). With ``--together``, each fixed-rate sample
-loads every variant at once over the same window, each from a paced load process of its
-own, so that the machine's drift (the CPU time of a request moves by 100-250 us from one
-5 s sample to the next on a VM) hits all variants alike: for rates the machine has room
-for twice over (10 % here), ``bg %`` then being the other variants' CPU during the sample.
+loads every variant at once over the same window, so that the machine's drift (the CPU
+time of a request moves by 100-250 us from one 5 s sample to the next on a VM) hits all
+variants alike: for rates the machine has room for twice over (10 % here), ``bg %`` then
+being the other variants' CPU during the sample. One paced load drives them all, their
+requests taking turns (two loads started together biased one server by 20-35 us a
+request); ``--fresh-sets N`` spreads those rounds over N sets of newly started servers,
+started in rotated orders (one server instance can keep a bias of ~20 us a request for its
+life).
 
 Per variant, route and load (medians over rounds): requests/s, p50/p99 latency, CPU
 microseconds per request summed over every process of the application (master, workers,
