@@ -233,3 +233,35 @@ def test_a_table_changed_while_it_is_read(sink: _sink.MemorySink) -> None:
         results.append(consume_in(form, ("ex", "q", table, "p:1"), "return", sink, "none"))
     assert results[0] == results[1]
     assert results[0][3][0][3][0][0:2] == [0, -1]  # the message's own entry span, recorded
+
+
+def test_the_names_follow_the_message_from_one_delivery_to_the_next(sink: _sink.MemorySink) -> None:
+    """consume.c remembers the last operation name it built (swmp_join_memo): a change of any
+    part, or the same text in another str object, must still name the span as the Python
+    form does."""
+    sw8 = HEADERS[3]["sw8"]
+    names = [
+        ("ex", "q"),
+        ("ex", "q"),
+        ("ex", "r"),
+        ("other", "r"),
+        ("".join(["oth", "er"]), "".join("r")),
+        ("ex", "q"),
+    ]
+    for exchange, key in names:
+        args = (exchange, key, {"sw8": sw8}, "mq:5672")
+        mine = consume_in(native_core.amqp_consuming, args, "return", sink, "entry")
+        assert mine == consume_in(_mq._py_amqp_consuming, args, "return", sink, "entry")
+        assert mine[0][0][0] == f"RabbitMQ/Topic/{exchange}/Queue/{key}/Consumer"
+    for topic, group in [
+        ("t", "g"),
+        ("t", "g"),
+        ("t", "h"),
+        ("u", "h"),
+        ("".join(["u"]), "".join(["h"])),
+        ("t", ""),
+    ]:
+        args = (topic, group, [("sw8", sw8.encode())], "k:1")
+        mine = _delivery(native_core.kafka_consumed, args, sink, "entry")
+        assert mine == _delivery(_mq._py_kafka_consumed, args, sink, "entry")
+        assert any(s[2] == f"Kafka/{topic}/Consumer/{group}" for seg in mine[2] for s in seg[3])

@@ -226,3 +226,30 @@ def test_the_instrumentations_use_the_native_steps() -> None:
     assert _mq.kafka_send_span is native_core.kafka_send_span
     assert _mq.amqp_send_span is native_core.amqp_send_span
     assert _mq.amqp_headers is native_core.amqp_headers
+
+
+def test_the_operation_name_follows_the_names_from_one_send_to_the_next(sink: _sink.MemorySink) -> None:
+    """mq.c remembers the last operation name it built per step (swmp_join_memo): a change of
+    any part, or the same text in another str object, must still name the span right."""
+    sends = [
+        ("orders", "new", "orders"),
+        ("orders", "new", "orders"),
+        ("orders", "paid", "orders"),
+        ("billing", "paid", "billing"),
+        ("".join(["bill", "ing"]), "".join(["pa", "id"]), "billing"),  # equal text, new objects
+        ("orders", "new", "orders"),
+    ]
+    seen = []
+    with new_entry_span("/request"):
+        for exchange, key, topic in sends:
+            span, _ = native_core.amqp_send_span(exchange, key, "mq:5672", _mq.amqp_headers, {})
+            seen.append(span.op)
+            span.finish()
+            span, _ = native_core.kafka_send_span(topic, "kafka:9092", [])
+            seen.append(span.op)
+            span.finish()
+    assert seen == [
+        name
+        for exchange, key, topic in sends
+        for name in (f"RabbitMQ/Topic/{exchange}/Queue/{key}/Producer", f"Kafka/{topic}/Producer")
+    ]

@@ -179,6 +179,43 @@ PyObject *swmp_join(PyObject *const *parts, int n) {
     return out;
 }
 
+/* Equal parts, the same objects first (constants and a client's own exchange/topic strings
+ * usually are): ~20 instructions against ~850 for a new join of five. */
+static int same_parts(const SwmpJoinMemo *memo, PyObject *const *parts, int n) {
+    if (memo->joined == NULL || memo->n != n) {
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        PyObject *a = memo->parts[i], *b = parts[i];
+        if (a != b && (PyUnicode_GET_LENGTH(a) != PyUnicode_GET_LENGTH(b) || PyUnicode_Compare(a, b) != 0)) {
+            return 0; /* exact strs: no comparison error is possible */
+        }
+    }
+    return 1;
+}
+
+PyObject *swmp_join_memo(SwmpJoinMemo *memo, PyObject *const *parts, int n) {
+    if (n > SWMP_JOIN_MEMO_PARTS) {
+        return swmp_join(parts, n);
+    }
+    if (same_parts(memo, parts, n)) {
+        return Py_NewRef(memo->joined);
+    }
+    PyObject *joined = swmp_join(parts, n);
+    if (joined == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < memo->n; i++) {
+        Py_CLEAR(memo->parts[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        memo->parts[i] = Py_NewRef(parts[i]);
+    }
+    memo->n = n;
+    Py_XSETREF(memo->joined, Py_NewRef(joined));
+    return joined;
+}
+
 int swmp_request_tags(const SwmpRequestTags *parts, PyObject *span, PyObject *method, PyObject *url) {
     if (s_tags == NULL && (s_tags = PyUnicode_InternFromString("tags")) == NULL) {
         return -1;

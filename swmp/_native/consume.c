@@ -205,8 +205,9 @@ PyObject *swmp_amqp_consuming(PyObject *module, PyObject *const *args, Py_ssize_
     if (fit <= 0) { /* a value to clip (or the limit unreadable): the Python form's */
         return fit < 0 ? NULL : PyObject_Vectorcall(py_consuming, args, nargs, NULL);
     }
+    static SwmpJoinMemo memo;
     PyObject *parts[5] = {s_rabbitmq, exchange, s_queue, routing_key, s_consumer};
-    PyObject *op = swmp_join(parts, 5);
+    PyObject *op = swmp_join_memo(&memo, parts, 5);
     if (op == NULL) {
         return NULL;
     }
@@ -416,8 +417,9 @@ PyObject *swmp_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_
         swmp_report_handled(delivery_failed, NULL, 0);
         return Py_NewRef(Py_None);
     }
+    static SwmpJoinMemo memo;
     PyObject *parts[4] = {s_kafka, topic, s_consumer_of, group};
-    PyObject *op = swmp_join(parts, 4);
+    PyObject *op = swmp_join_memo(&memo, parts, 4);
     PyObject *cur = NULL;
     if (op == NULL || PyContextVar_Get(current, NULL, &cur) < 0) {
         Py_XDECREF(op);

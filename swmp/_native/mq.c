@@ -281,8 +281,9 @@ PyObject *swmp_kafka_send_span(PyObject *module, PyObject *const *args, Py_ssize
     if (fit <= 0) {
         return fit < 0 ? NULL : PyObject_Vectorcall(py_kafka_send, args, nargsf, kwnames);
     }
+    static SwmpJoinMemo memo;
     PyObject *parts[3] = {s_kafka, topic, s_producer};
-    PyObject *op = swmp_join(parts, 3);
+    PyObject *op = swmp_join_memo(&memo, parts, 3);
     if (op == NULL) {
         return NULL;
     }
@@ -305,8 +306,9 @@ PyObject *swmp_amqp_send_span(PyObject *module, PyObject *const *args, Py_ssize_
     if (fit <= 0) {
         return fit < 0 ? NULL : PyObject_Vectorcall(py_amqp_send, args, nargsf, kwnames);
     }
+    static SwmpJoinMemo memo;
     PyObject *parts[5] = {s_rabbitmq, exchange, s_queue, routing_key, s_producer};
-    PyObject *op = swmp_join(parts, 5);
+    PyObject *op = swmp_join_memo(&memo, parts, 5);
     if (op == NULL) {
         return NULL;
     }
