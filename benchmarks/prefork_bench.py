@@ -450,7 +450,7 @@ def sample_together(
     elapsed = max(1e-6, time.monotonic() - t0)
     rows = json.loads(done.stdout)
     rows = [rows] if isinstance(rows, dict) else rows
-    by_app = {i: row for i, row in zip(turns, rows, strict=True)}
+    by_app = dict(zip(turns, rows, strict=True))
     used = [{pid: a[pid] - b.get(pid, a[pid]) for pid in a} for b, a in zip(before, after, strict=True)]
     total = sum(sum(u.values()) for u in used)
     out = []

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -76,20 +75,12 @@ def test_one_url_is_the_plain_paced_load() -> None:
 
 def test_the_command_line_prints_one_result_per_url(capsys: pytest.CaptureFixture[str]) -> None:
     arrivals: list[tuple[int, float]] = []
-    loop = asyncio.new_event_loop()
-    try:
-        cm = servers(2, arrivals)
-        urls = loop.run_until_complete(cm.__aenter__())
-        # The command runs its own loop: the servers answer from a thread meanwhile.
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
-        try:
-            paced_load._main([*urls, "10", "0.5", "--json"])
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(5)
-        loop.run_until_complete(cm.__aexit__(None, None, None))
-    finally:
-        loop.close()
+
+    async def run() -> None:
+        async with servers(2, arrivals) as urls:
+            # The command runs a loop of its own: in a thread, while these servers answer.
+            await asyncio.to_thread(paced_load._main, [*urls, "10", "0.5", "--json"])
+
+    asyncio.run(run())
     rows = json.loads(capsys.readouterr().out)
     assert [row["requests"] for row in rows] == [5, 5]
