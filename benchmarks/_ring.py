@@ -1,6 +1,18 @@
 """The agent's sink for the benchmarks: a real shared-memory ring (an ipc Arena in a private
 temporary directory), as a worker writes into, drained by the benchmark where the reporter
-would read it (untimed: the reporter's part is not the worker's cost)."""
+would read it (untimed: the reporter's part is not the worker's cost).
+
+The ring is the one the agent makes (``SW_AGENT_RING_SIZE``, 4 MiB by default) and it has
+gone round once (:meth:`Ring.warm`), as the ring of a worker that has served for a while has.
+A ring that has never gone round charges each timed write the first touch of its pages: the
+kernel allocates and zeroes a tmpfs page, ~4 us per 4 KiB on this project's VM, so ~0.6 us
+per 800-byte segment (docs/performance.md, "A benchmark ring that had never gone round").
+A busy worker's ring stays resident (``ipc/ring_pages.py`` frees pages of quiet rings only),
+so that cost is the first lap's alone. Call :meth:`warm` again right before a timed loop that
+follows a pause of a second or more: the ring's writer takes a pause for quietness and frees
+the pages it has read at its next stretch, which a quiet worker pays again and a busy one
+does not.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +20,49 @@ import sys
 import tempfile
 from pathlib import Path
 
+# Records of one page each (header included): a lap is then one write per page.
+_FILLER = bytes(4096 - 8)
+_FILLER_TYPE = 1
+
+
+def agent_ring_size() -> int:
+    """The ring size the agent would use here (``SW_AGENT_RING_SIZE`` or its default)."""
+    from swmp.config import load
+
+    return int(load().agent_ring_size)
+
 
 class Ring:
     """Installed as swmp's sink on creation; :meth:`close` takes it out and removes the arena."""
 
-    def __init__(self, capacity: int = 32 << 20) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
         import ipc
         from swmp import _sink
 
         self._tmp = tempfile.TemporaryDirectory(prefix="swmp-bench-")
-        self.arena = ipc.Arena.create(str(Path(self._tmp.name) / "b.arena"), slots=1, ring_capacity=capacity)
+        self.capacity = capacity if capacity is not None else agent_ring_size()
+        self.arena = ipc.Arena.create(
+            str(Path(self._tmp.name) / "b.arena"), slots=1, ring_capacity=self.capacity
+        )
         writer = self.arena.claim_slot()
         assert writer is not None
         self.writer = writer
         self.reader = self.arena.reader(writer.slot)
+        self.warm()
         _sink.set_sink(writer)
+
+    def warm(self) -> None:
+        """Go round the ring once (filler records, drained as a reporter would), so that its
+        pages are resident and the next lap's writes find them in place."""
+        self.drain()
+        write = self.writer.write
+        for written in range(1, self.capacity // 4096 + 2):
+            if not write(_FILLER_TYPE, _FILLER):
+                self.drain()  # full: read it, as the reporter would, and carry on
+                write(_FILLER_TYPE, _FILLER)
+            if written % 64 == 0:
+                self.drain()
+        self.drain()
 
     def drain(self) -> None:
         while self.reader.read(100_000):

@@ -36,24 +36,25 @@ import gc
 import json
 import statistics
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if TYPE_CHECKING:
+    from benchmarks._ring import Ring
 
 Op = Callable[[], Any]
 
 
-def setup(broker: str) -> tuple[dict[str, tuple[Op, Op]], Callable[[], None], Callable[[], None]]:
-    """``{operation: (plain, instrumented)}``, a drain function and a close function."""
+def setup(broker: str) -> tuple[dict[str, tuple[Op, Op]], Callable[[], None], Callable[[], None], Ring]:
+    """``{operation: (plain, instrumented)}``, a drain function, a close function and the ring."""
     from celery import Celery
     from celery.app import trace
 
-    import ipc
-    from swmp import _sink, instrument, tracing
+    from benchmarks._ring import Ring
+    from swmp import instrument, tracing
     from swmp.config import load
     from swmp.instrument._patch import original
     from swmp.tracing import Component, Layer
@@ -64,12 +65,7 @@ def setup(broker: str) -> tuple[dict[str, tuple[Op, Op]], Callable[[], None], Ca
     status = instrument.install_one("swmp.instrument.celery", cfg)
     assert status[1] == "installed", status
 
-    tmp = tempfile.TemporaryDirectory(prefix="swmp-celery-bench-")
-    arena = ipc.Arena.create(str(Path(tmp.name) / "bench.arena"), slots=1, ring_capacity=16 * 1024 * 1024)
-    writer = arena.claim_slot()
-    assert writer is not None
-    reader = arena.reader(writer.slot)
-    _sink.set_sink(writer)
+    ring = Ring()
 
     app = Celery("bench", broker=broker, set_as_current=False)
     queue = f"bench-{uuid.uuid4().hex[:8]}"
@@ -160,23 +156,17 @@ def setup(broker: str) -> tuple[dict[str, tuple[Op, Op]], Callable[[], None], Ca
     }
 
     def drain() -> None:
-        while reader.read(1 << 20):
-            reader.commit()
+        ring.drain()
         with app.connection_for_write() as conn:
             conn.default_channel.queue_purge(queue)
 
     def close() -> None:
         drain()
-        stats = writer.stats()
-        if stats.dropped_records:
-            print(f"warning: the ring dropped {stats.dropped_records} records", file=sys.stderr)
         producer.release()
-        _sink.set_sink(None)
+        ring.close()
         instrument.uninstall_all()
-        arena.unlink()
-        tmp.cleanup()
 
-    return ops, drain, close
+    return ops, drain, close, ring
 
 
 def _pairs(plain: Op, traced: Op, n: int, drain: Callable[[], None]) -> tuple[list[int], list[int]]:
@@ -194,7 +184,7 @@ def _pairs(plain: Op, traced: Op, n: int, drain: Callable[[], None]) -> tuple[li
 
 
 def run(rounds: int, tasks: int, broker: str) -> list[dict[str, Any]]:
-    ops, drain, close = setup(broker)
+    ops, drain, close, ring = setup(broker)
     per: dict[str, dict[str, list[int]]] = {name: {"plain": [], "swmp": []} for name in ops}
     added: dict[str, list[float]] = {name: [] for name in ops}
     try:
@@ -206,6 +196,7 @@ def run(rounds: int, tasks: int, broker: str) -> list[dict[str, Any]]:
         for _ in range(rounds):
             for name, (plain, traced) in ops.items():
                 gc.collect()
+                ring.warm()  # resident, as a busy worker's ring is (benchmarks/_ring.py)
                 p, t = _pairs(plain, traced, tasks, drain)
                 per[name]["plain"] += p
                 per[name]["swmp"] += t

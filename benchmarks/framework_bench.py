@@ -38,7 +38,6 @@ import io
 import json
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -375,22 +374,15 @@ CASES += [Case(name, build, server, generic) for name, build, server, generic in
 
 # -- the agent side ------------------------------------------------------------------------------
 class Agent:
-    """The instrumentation (installed / not) with segments going into a real ring."""
+    """The instrumentation (installed / not) with segments going into a real ring, one that
+    has gone round once (benchmarks/_ring.py) and holds a traced batch."""
 
-    def __init__(self) -> None:
-        import ipc
-        from swmp import _sink, tracing
+    def __init__(self, batch: int) -> None:
+        from benchmarks._ring import Ring, agent_ring_size
+        from swmp import tracing
         from swmp.config import load
 
-        self._tmp = tempfile.TemporaryDirectory(prefix="swmp-fwbench-")
-        self.arena = ipc.Arena.create(
-            str(Path(self._tmp.name) / "bench.arena"), slots=1, ring_capacity=16 << 20
-        )
-        writer = self.arena.claim_slot()
-        assert writer is not None
-        self.writer = writer
-        self.reader = self.arena.reader(writer.slot)
-        _sink.set_sink(writer)
+        self.ring = Ring(max(agent_ring_size(), 1 << (batch * 2048).bit_length()))
         self.config = load({}, agent_log_reporter_active=False, agent_meter_reporter_active=False)
         tracing.configure(self.config)
 
@@ -404,25 +396,11 @@ class Agent:
 
         instrument.uninstall_all()
 
-    def drain(self) -> int:
-        n = 0
-        while True:
-            got = self.reader.read(100_000)
-            if not got:
-                return n
-            n += len(got) if isinstance(got, list) else 1
-            self.reader.commit()
+    def drain(self) -> None:
+        self.ring.drain()
 
     def close(self) -> None:
-        from swmp import _sink
-
-        _sink.set_sink(None)
-        self.drain()
-        stats = self.writer.stats()
-        if stats.dropped_records:
-            print(f"warning: the ring dropped {stats.dropped_records} records", file=sys.stderr)
-        self.arena.unlink()
-        self._tmp.cleanup()
+        self.ring.close()
 
 
 def measure(serve: Serve, n: int) -> float:
@@ -450,7 +428,8 @@ def _median(xs: list[float]) -> float:
 
 
 def run(cases: list[Case], rounds: int, requests: int) -> list[dict[str, Any]]:
-    agent = Agent()
+    batch = max(1, requests // BATCHES)
+    agent = Agent(batch)
     built: dict[str, _Built] = {}
     try:
         for case in cases:
@@ -474,7 +453,7 @@ def run(cases: list[Case], rounds: int, requests: int) -> list[dict[str, Any]]:
             agent.install()
             b.traced(min(requests, 200))
             agent.drain()
-        batch = max(1, requests // BATCHES)
+        agent.ring.warm()  # after the set-up's pause: resident, as a busy worker's ring is
         for _ in range(rounds):
             for name, b in built.items():
                 # Short alternating batches: a change of machine load hits all modes alike.

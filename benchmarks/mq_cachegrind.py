@@ -70,7 +70,7 @@ def _child(case: str, which: str, n: int) -> None:
     from swmp.config import load
 
     tracing.configure(load({}, agent_log_reporter_active=False))
-    ring = mb.Ring()
+    ring = mb.Ring(32 << 20)  # never drained while counting: room for every segment of 3N calls
     fn = mb.in_process_cases()[case][0 if which == "base" else 1]
     for _ in range(WARM_UP):
         fn()

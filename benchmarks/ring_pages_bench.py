@@ -11,7 +11,10 @@ by side:
   it is busy and frees nothing: the cost at high rates;
 * ``every-stretch``: every stretch counts as quiet (``QUIET_SECONDS = 0``), so the writer
   frees the read pages and brings in the next stretch every 128 KiB: the cost per record a
-  quiet writer pays (it is per byte written, whatever the rate).
+  quiet writer pays (it is per byte written, whatever the rate);
+* ``first-lap``: as shipped, but only the first lap of a new ring (one capacity's worth of
+  records), whose every page is touched for the first time: what a benchmark pays per record
+  when its ring never goes round (benchmarks/_ring.py warms its ring for that reason).
 
 Columns: the writer's CPU per record (its process time around the writes only), the
 reader's CPU per record, and the bytes of the ring still allocated in the arena file when
@@ -72,7 +75,7 @@ while sent < n:
 print(cpu, failed, flush=True)
 """
 
-VARIANTS = ("resident", "shipped", "every-stretch")
+VARIANTS = ("resident", "shipped", "every-stretch", "first-lap")
 
 
 def one_run(variant: str, size: int, n: int, *, capacity: int, read_ms: float, tmp: Path) -> dict[str, Any]:
@@ -136,12 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for r in range(args.rounds):
             for size in sizes:
-                order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
+                order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
                 for variant in order:
+                    written = args.capacity if variant == "first-lap" else args.bytes
                     run = one_run(
                         variant,
                         size,
-                        args.bytes // (size + 8),
+                        written // (size + 8),
                         capacity=args.capacity,
                         read_ms=args.read_ms,
                         tmp=tmp,
