@@ -314,6 +314,20 @@ class ProcessSink:
         pass
 
 
+def _write_around_the_sink() -> None:
+    """Let the native span core hand a segment straight to the ring writer when
+    ``ProcessSink.write`` would do just that (its pid is this process's, it has a ring):
+    spancore.c's ``direct_writer``; everything else still goes through ``write``."""
+    from swmp.tracing.span import native_core  # noqa: PLC0415 (tracing imports nothing of ours)
+
+    register = getattr(native_core, "set_direct_sink", None)
+    if register is not None:
+        register(ProcessSink.write, lifecycle.pid_holder, lifecycle.current_pid)
+
+
+_write_around_the_sink()
+
+
 class ArenaSink(ProcessSink):
     """Process mode: writes into the slot this process claimed in the shared arena."""
 

@@ -5,6 +5,12 @@ segment / log / meter report. In production the sink is the worker's shared-memo
 (installed by the agent at start and re-installed after fork); tests install a
 :class:`MemorySink`. ``write`` never raises and never blocks: it returns False when the
 record was dropped (and the sink counted it).
+
+The production sink (``swmp._runtime.ProcessSink``) checks its process and claims its ring in
+``write``, then hands the record to the ring writer. The native span core goes around that
+Python frame for segments when the check would pass (``_spancore.set_direct_sink``): the
+sink's class still has that ``write``, its ``_pid`` is this process's and its ``_writer`` is
+not None. Any other sink, state or subclass with a ``write`` of its own is called as above.
 """
 
 from __future__ import annotations

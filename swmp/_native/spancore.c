@@ -926,6 +926,51 @@ static PyObject *set_emit(PyObject *module, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
+/* set_direct_sink(write, pid_holder, pid_function): ``write`` is the sink method (the
+ * agent's ProcessSink.write) whose every call, while ``sink._pid`` is this process's pid and
+ * ``sink._writer`` is not None, is exactly ``sink._writer.write(rtype, payload)``; the pid is
+ * ``pid_holder.pid`` (kept by the fork hooks) or, when the holder is None, ``pid_function()``:
+ * swmp.lifecycle.current_pid, as write() itself reads it. emit_fast then calls the ring
+ * writer itself, a Python frame (and its pid check's) less per segment; a sink of another
+ * class, a subclass with its own write, or a sink in any other state goes through write(). */
+static PyObject *d_write = NULL, *d_holder = NULL, *d_pid_fn = NULL, *s_sink_pid, *s_sink_writer;
+
+static PyObject *set_direct_sink(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "set_direct_sink(write, pid_holder, pid_function)");
+        return NULL;
+    }
+    Py_XSETREF(d_write, Py_NewRef(args[0]));
+    Py_XSETREF(d_holder, Py_NewRef(args[1]));
+    Py_XSETREF(d_pid_fn, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+/* The ring writer ``sink.write()`` would hand the record to, as a new reference; NULL (and
+ * no error) when write() must decide: another class, another pid (a fork to notice, a first
+ * claim), no ring (a master, a process without a slot), anything unexpected. */
+static PyObject *direct_writer(PyObject *sink) {
+    static swmp_AttrCache at_pid;
+    if (d_write == NULL || _PyType_Lookup(Py_TYPE(sink), s_write) != d_write) {
+        return NULL;
+    }
+    PyObject *bound = PyObject_GetAttr(sink, s_sink_pid);
+    PyObject *now = bound == NULL ? NULL
+                    : d_holder != Py_None ? swmp_slot_attr(d_holder, s_pid, &at_pid)
+                                          : PyObject_CallNoArgs(d_pid_fn);
+    int same = now == NULL ? -1 : PyObject_RichCompareBool(bound, now, Py_EQ);
+    Py_XDECREF(bound);
+    Py_XDECREF(now);
+    PyObject *writer = same == 1 ? PyObject_GetAttr(sink, s_sink_writer) : NULL;
+    if (writer == Py_None) {
+        Py_CLEAR(writer);
+    }
+    if (writer == NULL) {
+        PyErr_Clear();
+    }
+    return writer;
+}
+
 /* ``stats.<name> += 1`` (``segments_written`` or ``segments_dropped``). For the tracing
  * core's Stats (a __slots__ class) the slot is updated where it lies, as the member
  * descriptor would, instead of two attribute look-ups on every emitted segment. */
@@ -1056,8 +1101,20 @@ static int emit_fast(SegmentCore *seg) {
         PyErr_Clear();
         return 0;
     }
-    PyObject *call[3] = {sink, e_rtype, payload};
-    PyObject *res = PyObject_VectorcallMethod(s_write, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *res = NULL;
+    PyObject *writer = direct_writer(sink);
+    if (writer != NULL) {
+        PyObject *call[3] = {writer, e_rtype, payload};
+        res = PyObject_VectorcallMethod(s_write, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(writer);
+        if (res == NULL) {
+            PyErr_Clear(); /* refused before writing anything: write() decides, and counts */
+        }
+    }
+    if (res == NULL) {
+        PyObject *call[3] = {sink, e_rtype, payload};
+        res = PyObject_VectorcallMethod(s_write, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
     Py_DECREF(sink);
     Py_DECREF(payload);
     if (res == NULL) {
@@ -1993,6 +2050,8 @@ static PyMethodDef module_methods[] = {
     {"set_ids", (PyCFunction)(void (*)(void))set_ids, METH_FASTCALL,
      "set_ids(prefix, pid, pid_holder, pid_function, reseed): this process's id source."},
     {"new_id", (PyCFunction)new_id, METH_NOARGS, "new_id(): a unique id (prefix + counter)."},
+    {"set_direct_sink", (PyCFunction)(void (*)(void))set_direct_sink, METH_FASTCALL,
+     "set_direct_sink(write, pid_holder, pid_function): the sink method emit may go around."},
     {"set_emit", (PyCFunction)(void (*)(void))set_emit, METH_FASTCALL,
      "set_emit(emit, identity, dumps, sink_namespace, stats, record_type): what Segment.emit uses."},
     {"setup_status", (PyCFunction)(void (*)(void))swmp_setup_status, METH_FASTCALL,
@@ -2131,6 +2190,8 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     INTERN(s_instance, "instance");
     INTERN(s_write, "write");
     INTERN(s_sink, "_sink");
+    INTERN(s_sink_pid, "_pid");
+    INTERN(s_sink_writer, "_writer");
     INTERN(s_written, "segments_written");
     INTERN(s_dropped, "segments_dropped");
     INTERN(s_op, "op");
