@@ -374,15 +374,16 @@ CASES += [Case(name, build, server, generic) for name, build, server, generic in
 
 # -- the agent side ------------------------------------------------------------------------------
 class Agent:
-    """The instrumentation (installed / not) with segments going into a real ring, one that
-    has gone round once (benchmarks/_ring.py) and holds a traced batch."""
+    """The instrumentation (installed / not) with segments going into a real ring of
+    ``capacity`` bytes that has gone round once (benchmarks/_ring.py). The default holds the
+    segments of a few thousand requests for callers that never drain while measuring."""
 
-    def __init__(self, batch: int) -> None:
-        from benchmarks._ring import Ring, agent_ring_size
+    def __init__(self, capacity: int = 16 << 20) -> None:
+        from benchmarks._ring import Ring
         from swmp import tracing
         from swmp.config import load
 
-        self.ring = Ring(max(agent_ring_size(), 1 << (batch * 2048).bit_length()))
+        self.ring = Ring(capacity)
         self.config = load({}, agent_log_reporter_active=False, agent_meter_reporter_active=False)
         tracing.configure(self.config)
 
@@ -428,8 +429,10 @@ def _median(xs: list[float]) -> float:
 
 
 def run(cases: list[Case], rounds: int, requests: int) -> list[dict[str, Any]]:
+    from benchmarks._ring import agent_ring_size
+
     batch = max(1, requests // BATCHES)
-    agent = Agent(batch)
+    agent = Agent(max(agent_ring_size(), 1 << (batch * 2048).bit_length()))  # drained every batch
     built: dict[str, _Built] = {}
     try:
         for case in cases:
