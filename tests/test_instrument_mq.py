@@ -781,3 +781,24 @@ def test_mq_instrumentations_install_on_first_import_and_honour_disable() -> Non
     assert found["before"] == dict.fromkeys(libs, "disabled")
     assert found["patched"][:4] == [False, False, False, False] and found["patched"][4] is True
     assert found["patched"][5:] == [False, False]
+
+
+def test_kafka_python_without_native_crc32c_says_so_once_at_install(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sw8 header costs kafka-python ~0.11 us a byte to checksum without the crc32c
+    package: the operator is told where that cost comes from, and told nothing when the
+    package is there."""
+    from kafka.record import util
+
+    from swmp.instrument import kafka as kafka_instrumentation
+
+    for native, expected in ((None, 1), (lambda data, crc=0: 0, 0)):
+        monkeypatch.setattr(util, "crc32c_c", native)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="swmp.instrument"):
+            kafka_instrumentation.install(load({}, agent_log_reporter_active=False))
+            kafka_instrumentation.uninstall()
+        said = [r for r in caplog.records if "pip install crc32c" in r.getMessage()]
+        assert len(said) == expected
+        assert kafka_instrumentation.checksums_in_python() is (native is None)
