@@ -64,9 +64,13 @@ class Ring:
                 self.drain()
         self.drain()
 
-    def drain(self) -> None:
-        while self.reader.read(100_000):
+    def drain(self) -> int:
+        """Read everything written so far, as the reporter would; the number of records."""
+        n = 0
+        while records := self.reader.read(100_000):
+            n += len(records)
             self.reader.commit()
+        return n
 
     def close(self) -> None:
         from swmp import _sink

@@ -397,8 +397,8 @@ class Agent:
 
         instrument.uninstall_all()
 
-    def drain(self) -> None:
-        self.ring.drain()
+    def drain(self) -> int:
+        return self.ring.drain()
 
     def close(self) -> None:
         self.ring.close()
