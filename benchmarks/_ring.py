@@ -72,6 +72,15 @@ class Ring:
             self.reader.commit()
         return n
 
+    def discard(self) -> None:
+        """Take the ring out and remove its arena without reading it back (a measured
+        process about to exit: reading the ring is the reporter's cost, not the one measured)."""
+        from swmp import _sink
+
+        _sink.set_sink(None)
+        self.arena.unlink()
+        self._tmp.cleanup()
+
     def close(self) -> None:
         from swmp import _sink
 

@@ -29,7 +29,7 @@ def _child(op: str, mode: str, n: int) -> None:
     """In the measured process: ``celery_bench``'s operation ``op`` in ``mode``, ``n`` times."""
     from benchmarks.celery_bench import setup
 
-    ops, drain, close = setup("memory://")
+    ops, drain, close, _ring = setup("memory://")
     plain, traced = ops[op]
     fn = traced if mode == "swmp" else plain
     for _ in range(300):

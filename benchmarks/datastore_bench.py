@@ -370,7 +370,7 @@ class TraceInContext:
         self.context.run(self._close)
 
 
-def _per_call(one: Callable[[], Any], pairs: int, drain: Callable[[], None]) -> dict[str, float]:
+def _per_call(one: Callable[[], Any], pairs: int, drain: Callable[[], object]) -> dict[str, float]:
     """:func:`interleaved` for one workload: ``pairs`` calls inside a trace and as many outside."""
     import contextvars
 
