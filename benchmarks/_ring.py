@@ -32,6 +32,12 @@ def agent_ring_size() -> int:
     return int(load().agent_ring_size)
 
 
+def ring_size_for(records: int, record_bytes: int = 2048) -> int:
+    """The agent's ring size, or the power of two above ``records`` records of up to
+    ``record_bytes`` when a benchmark writes that many between two drains."""
+    return max(agent_ring_size(), 1 << (records * record_bytes).bit_length())
+
+
 class Ring:
     """Installed as swmp's sink on creation; :meth:`close` takes it out and removes the arena."""
 

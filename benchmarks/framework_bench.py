@@ -429,10 +429,10 @@ def _median(xs: list[float]) -> float:
 
 
 def run(cases: list[Case], rounds: int, requests: int) -> list[dict[str, Any]]:
-    from benchmarks._ring import agent_ring_size
+    from benchmarks._ring import ring_size_for
 
     batch = max(1, requests // BATCHES)
-    agent = Agent(max(agent_ring_size(), 1 << (batch * 2048).bit_length()))  # drained every batch
+    agent = Agent(ring_size_for(batch))  # drained every batch
     built: dict[str, _Built] = {}
     try:
         for case in cases:

@@ -50,13 +50,13 @@ def make_untraced() -> tuple[Callable[[], Any], Callable[[], None], Callable[[],
 
 
 def make_swmp(requests: int = 3000) -> tuple[Callable[[], Any], Callable[[], None], Callable[[], None]]:
-    from benchmarks._ring import Ring, agent_ring_size
+    from benchmarks._ring import Ring, ring_size_for
     from swmp.tracing import Component, Layer
     from swmp.tracing.context import new_entry_span, new_exit_span
 
     # Drained and gone round once before every timed round (benchmarks/_ring.py): the other
     # implementations' rounds in between are a pause after which it would free its pages.
-    ring = Ring(max(agent_ring_size(), 1 << (requests * 2048).bit_length()))
+    ring = Ring(ring_size_for(requests))
 
     def request() -> Any:
         with new_entry_span("/api/orders", None, Component.FLASK, Layer.HTTP) as span:

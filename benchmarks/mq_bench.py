@@ -53,7 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._ring import Ring, agent_ring_size
+from benchmarks._ring import Ring, ring_size_for
 from swmp import instrument, tracing
 from swmp.config import load
 from swmp.tracing.context import new_entry_span
@@ -866,11 +866,7 @@ def main() -> None:
     tracing.configure(config)
     # Per call, the ring is drained every 100 pairs: the agent's ring size. A round sends and
     # consumes ``--messages`` each without a drain: a ring that holds them (~1 KiB a message).
-    ring = (
-        Ring()
-        if args.pairs > 0
-        else Ring(max(agent_ring_size(), 1 << (2 * args.messages * 1024).bit_length()))
-    )
+    ring = Ring() if args.pairs > 0 else Ring(ring_size_for(2 * args.messages, 1024))
     if args.pairs > 0:
         load1 = os.getloadavg()[0]
         kw: dict[str, Any] = {"pairs": args.pairs, "warmup": args.warmup, "config": config, "ring": ring}

@@ -117,16 +117,18 @@ async def run_interleaved(
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
     elapsed = max(1e-9, time.monotonic() - start)
+    for lat in latencies:
+        lat.sort()
     return [
         PacedResult(rate, elapsed, len(lat), c["errors"], c["late"], _pct(lat, 0.5), _pct(lat, 0.99))
         for lat, c in zip(latencies, counts, strict=True)
     ]
 
 
-def _pct(latencies: list[float], p: float) -> float:
-    if not latencies:
+def _pct(ordered: list[float], p: float) -> float:
+    """The ``p`` quantile of sorted latencies, in ms."""
+    if not ordered:
         return float("nan")
-    ordered = sorted(latencies)
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1e3
 
 

@@ -62,7 +62,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -435,8 +435,7 @@ def sample_together(
     procs = [app_processes(app.srv.proc) for app in apps]
     before = [cpu_seconds(p) for p in procs]
     script = str(Path(__file__).resolve().parent / "paced_load.py")
-    shift = rnd % len(apps)
-    turns = list(range(len(apps)))[shift:] + list(range(len(apps)))[:shift]
+    turns = _rotated(list(range(len(apps))), rnd)
     urls = [apps[i].srv.url + apps[i].route for i in turns]
     t0 = time.monotonic()
     done = subprocess.run(
@@ -710,13 +709,12 @@ def measure_fixed_rates(
                         measures += batch
             continue
         for rnd in range(args.rate_rounds):
-            shift = rnd % len(running)
             if args.together:
                 batch = sample_together(running, rnd, args, top * share, load)
             else:
                 batch = [
                     sample(app, rnd, args, rate=top * share, load=load, running=running)
-                    for app in running[shift:] + running[:shift]
+                    for app in _rotated(running, rnd)
                 ]
             _report(f"{route:<5} {load:>4} round {rnd + 1}/{args.rate_rounds}", batch)
             measures += batch
@@ -734,7 +732,7 @@ def fresh_applications(
     in a different order, spreads that over the variants instead of charging it to one.
     What they serve and report is added to the applications of the saturation phase, whose
     served/segments columns then cover these too."""
-    order = running[k % len(running) :] + running[: k % len(running)]
+    order = _rotated(running, k)
     with contextlib.ExitStack() as stack:
         fresh = {a.variant: stack.enter_context(application(a.variant, route, work, args)) for a in order}
         apps = [fresh[app.variant] for app in running]
@@ -746,6 +744,15 @@ def fresh_applications(
             old.served += app.served
             old.errors += app.errors
             old.extra_segments += app.segments
+
+
+T = TypeVar("T")
+
+
+def _rotated(items: list[T], k: int) -> list[T]:
+    """``items`` starting from index ``k`` (mod their number): who goes first changes every round."""
+    k %= len(items)
+    return items[k:] + items[:k]
 
 
 def _report(label: str, batch: list[Measure]) -> None:
@@ -849,16 +856,10 @@ def main(argv: list[str] | None = None) -> int:
                 for app in running:
                     warm_up(app, args)
                 for rnd in range(args.rounds):
-                    shift = rnd % len(running)
-                    for app in running[shift:] + running[:shift]:
+                    for app in _rotated(running, rnd):
                         m = sample(app, rnd, args, running=running)
                         measures.append(m)
-                        print(
-                            f"{route:<5} round {rnd + 1}/{args.rounds} {app.variant:<18} {m.rps:7.0f} req/s "
-                            f"p50 {m.p50_ms:6.2f} p99 {m.p99_ms:6.2f} ms  cpu {m.cpu_us_per_req:5.0f} us/req"
-                            f"  (settled {m.settle_s:.1f} s, others {m.background_pct:.1f}%)",
-                            flush=True,
-                        )
+                        _report(f"{route:<5} round {rnd + 1}/{args.rounds}", [m])
                 measure_fixed_rates(running, measures, route, args, work)
                 for app in running:
                     finish(app)

@@ -589,16 +589,21 @@ static PyObject *set_ids(PyObject *module, PyObject *const *args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
-static long long current_pid(void) {
-    static swmp_AttrCache at_pid;
-    PyObject *v =
-        pid_holder != Py_None ? swmp_slot_attr(pid_holder, s_pid, &at_pid) : PyObject_CallNoArgs(pid_function);
+/* ``holder.pid`` (kept by the fork hooks, no system call) or, with no holder, ``fn()``;
+ * -1 with an error. */
+static long long pid_of(PyObject *holder, PyObject *fn, swmp_AttrCache *cache) {
+    PyObject *v = holder != Py_None ? swmp_slot_attr(holder, s_pid, cache) : PyObject_CallNoArgs(fn);
     if (v == NULL) {
         return -1;
     }
     long long pid = PyLong_AsLongLong(v);
     Py_DECREF(v);
     return pid;
+}
+
+static long long current_pid(void) {
+    static swmp_AttrCache at_pid;
+    return pid_of(pid_holder, pid_function, &at_pid);
 }
 
 static PyObject *draw_id(void) {
@@ -955,13 +960,10 @@ static PyObject *direct_writer(PyObject *sink) {
         return NULL;
     }
     PyObject *bound = PyObject_GetAttr(sink, s_sink_pid);
-    PyObject *now = bound == NULL ? NULL
-                    : d_holder != Py_None ? swmp_slot_attr(d_holder, s_pid, &at_pid)
-                                          : PyObject_CallNoArgs(d_pid_fn);
-    int same = now == NULL ? -1 : PyObject_RichCompareBool(bound, now, Py_EQ);
+    long long pid = bound == NULL ? -1 : PyLong_AsLongLong(bound); /* -1: not bound yet */
     Py_XDECREF(bound);
-    Py_XDECREF(now);
-    PyObject *writer = same == 1 ? PyObject_GetAttr(sink, s_sink_writer) : NULL;
+    int same = pid != -1 && pid == pid_of(d_holder, d_pid_fn, &at_pid);
+    PyObject *writer = same ? PyObject_GetAttr(sink, s_sink_writer) : NULL;
     if (writer == Py_None) {
         Py_CLEAR(writer);
     }
