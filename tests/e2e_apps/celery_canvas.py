@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+from typing import Any
 
 from celery import Celery, chain, chord, group
 
@@ -42,6 +44,21 @@ def tsum(numbers: list[int]) -> int:
     return sum(numbers)
 
 
+def _when_ready(result: Any, timeout: float = 60.0) -> Any:
+    """The result's value once the backend holds it, read by polling its meta key.
+
+    Why not ``result.get()`` alone: with the Redis result backend it waits on a pub/sub
+    subscription, and once in a few runs the chain's result, stored by the worker while the
+    publisher was still waiting for the chord, never reached it (every task had succeeded).
+    ``ready()`` reads the stored state directly; ``get()`` then returns it from the cache."""
+    deadline = time.monotonic() + timeout
+    while not result.ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no result for {result!r} within {timeout} s")
+        time.sleep(0.05)
+    return result.get(timeout=timeout)
+
+
 def main(argv: list[str]) -> int:
     from swmp.tracing.context import new_entry_span
 
@@ -53,9 +70,9 @@ def main(argv: list[str]) -> int:
         group_result = group(add.s(i, 100) for i in range(3)).apply_async()
     results = {
         "trace_id": trace_id,
-        "chord": chord_result.get(timeout=60),
-        "chain": chain_result.get(timeout=60),
-        "group": group_result.get(timeout=60),
+        "chord": _when_ready(chord_result),
+        "chain": _when_ready(chain_result),
+        "group": _when_ready(group_result),
     }
     with open(out + ".tmp", "w") as f:
         json.dump(results, f)
