@@ -43,7 +43,8 @@ async def _send_all(sender: GrpcSender, batches: list[list[list[Any]]]) -> None:
 def measure(stream: bool, batches: list[list[list[Any]]], total: int, workdir: Path) -> dict[str, float]:
     summary_file = workdir / f"summary-{stream}.json"
     # No dump file: writing JSON lines would dwarf what is measured; counts come at exit.
-    with CollectorProcess(str(workdir), ["--summary-file", str(summary_file)], dump=False) as proc:
+    with CollectorProcess(str(workdir), ["--summary-file", str(summary_file), "--count-only"],
+                          dump=False) as proc:
         server = psutil.Process(proc.proc.pid if proc.proc else 0)
         sender = GrpcSender(ReporterSettings(backends=(proc.grpc_address,), send_timeout_s=30.0),
                             segment_stream=stream, stream_max_age_s=3600.0)

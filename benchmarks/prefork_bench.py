@@ -251,11 +251,20 @@ class App:
 
 
 @contextlib.contextmanager
-def application(variant: str, route: str, work: Path, args: argparse.Namespace) -> Iterator[App]:
-    """A collector and a Gunicorn running examples/app.py under ``variant``, answering."""
+def application(
+    variant: str, route: str, work: Path, args: argparse.Namespace, extra_env: dict[str, str] | None = None
+) -> Iterator[App]:
+    """A collector and a Gunicorn running examples/app.py under ``variant``, answering
+    (``extra_env`` last: benchmarks/tail_probe.py points one at another backend).
+    """
     run_dir = Path(tempfile.mkdtemp(prefix=f"{variant}-{route.strip('/')}-", dir=work))
+    # Counts only: a collector that keeps every segment of the run spends its CPU and the
+    # machine's caches on its own garbage collector, which showed in the agent's p99
+    # (docs/performance.md, "The p99 at saturation: the test collector's share, and delivery's").
     col = CollectorProcess(
-        str(run_dir), extra_args=["--summary-file", str(run_dir / "summary.json")], dump=False
+        str(run_dir),
+        extra_args=["--summary-file", str(run_dir / "summary.json"), "--count-only"],
+        dump=False,
     )
     col.start()
     # The collector stands in for an OAP on another machine: it may only use idle CPU.
@@ -275,6 +284,7 @@ def application(variant: str, route: str, work: Path, args: argparse.Namespace) 
         )
         env["SW_AGENT_COLLECTOR_HEARTBEAT_PERIOD"] = "30"
         env.pop("SW_AGENT_REPORTER_FLUSH_INTERVAL", None)  # the defaults are what is measured
+        env.update(extra_env or {})
         config = ""
         if variant.startswith("skywalking"):
             conf = run_dir / "sw_gunicorn_conf.py"
@@ -650,7 +660,7 @@ def worker_cost(n: int, work: Path, rounds: int = 5, gap_ms: float = 0.0) -> lis
     the same-round differences to no agent. CPU time, not wall time."""
     variants = ("none", "swmp", "swmp-inprocess")
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-    with CollectorProcess(str(work), dump=False) as col:
+    with CollectorProcess(str(work), ["--count-only"], dump=False) as col:
         for rnd in range(rounds):
             for variant in variants if rnd % 2 == 0 else variants[::-1]:
                 arena_dir = tempfile.mkdtemp(dir=work)

@@ -109,6 +109,7 @@ class Collector:
         enable_http: bool = True,
         grpc_credentials: grpc.ServerCredentials | None = None,
         http_ssl: ssl.SSLContext | None = None,
+        keep: bool = True,
     ) -> None:
         # TLS tests: a secure gRPC port with these credentials, HTTPS with this context.
         self._grpc_credentials = grpc_credentials
@@ -138,6 +139,11 @@ class Collector:
         self.profile_queries: list[profile_pb2.ProfileTaskCommandQuery] = []
         self.calls: Counter[str] = Counter()  # "grpc:collectInSync", "http:/v3/segments", ...
         self.failed_calls: Counter[str] = Counter()
+        # keep=False counts what arrives, keeping and dumping none of it (benchmarks): a
+        # collector holding every message of a long run grows to hundreds of MiB and works
+        # per message, on the same cores as the application being measured.
+        self.keeps = keep
+        self.counted: Counter[str] = Counter()  # messages counted, not kept, per kind
         self.auth: list[str] = []  # authentication metadata/header of every call ("" when absent)
         # behaviour
         self.delay_s = 0.0
@@ -146,7 +152,7 @@ class Collector:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> Collector:
-        if self.dump_file:
+        if self.dump_file and self.keeps:
             self._dump = open(self.dump_file, "a", encoding="utf-8")  # noqa: SIM115 (closed in stop)
         if self._enable_grpc:
             self._start_grpc()
@@ -263,7 +269,7 @@ class Collector:
     def summary(self) -> dict[str, Any]:
         """Counts of what arrived, per kind and per call."""
         with self._lock:
-            return {
+            kept = {
                 "segment": len(self.segments),
                 "log": len(self.logs),
                 "meter": len(self.meters),
@@ -272,6 +278,9 @@ class Collector:
                 "snapshot": len(self.snapshots),
                 "finish": len(self.finishes),
                 "profile_query": len(self.profile_queries),
+            }
+            return {
+                **{kind: n + self.counted[kind] for kind, n in kept.items()},
                 "calls": dict(self.calls),
                 "failed_calls": dict(self.failed_calls),
             }
@@ -309,6 +318,9 @@ class Collector:
     def _record(
         self, transport: str, kind: str, target: list[Any], messages: Iterable[Message], auth: str
     ) -> None:
+        if not self.keeps:
+            self._count(kind, sum(1 for _ in messages))
+            return
         with self._lock:
             for msg in messages:
                 target.append(msg)
@@ -322,6 +334,11 @@ class Collector:
                     self._dump.write(json.dumps(line) + "\n")
             if self._dump is not None:
                 self._dump.flush()
+            self._lock.notify_all()
+
+    def _count(self, kind: str, n: int) -> None:
+        with self._lock:
+            self.counted[kind] += n
             self._lock.notify_all()
 
     def _commands_for_query(self) -> common_pb2.Commands:
@@ -354,6 +371,9 @@ class _Base:
         fault = self.c._enter("grpc", method, auth)
         if fault is not None:
             context.abort(fault.grpc_code, f"collector: injected failure of {method}")
+        if not self.c.keeps:  # counted once per call: no lock and wake-up per message
+            self.c._count(kind, sum(1 for _ in messages()))
+            return common_pb2.Commands()
         for msg in messages():  # one by one: a long-lived stream shows its messages as they come
             self.c._record("grpc", kind, target, [msg], auth)
         return common_pb2.Commands()
@@ -588,6 +608,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fail-first", type=int, default=0, help="answer the first N calls with an error")
     ap.add_argument("--delay", type=float, default=0.0, help="seconds every call waits first")
     ap.add_argument("--summary-file", help="on exit, write counts per kind and per call as JSON")
+    ap.add_argument(
+        "--count-only", action="store_true", help="count the messages; keep and dump none (benchmarks)"
+    )
     args = ap.parse_args(argv)
 
     collector = Collector(
@@ -596,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         dump_file=args.dump_file,
         enable_grpc=args.grpc_port >= 0,
         enable_http=args.http_port >= 0,
+        keep=not args.count_only,
     )
     collector.delay_s = args.delay
     if args.fail_first:
