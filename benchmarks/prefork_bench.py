@@ -258,8 +258,8 @@ def application(
     (``extra_env`` last: benchmarks/tail_probe.py points one at another backend).
     """
     run_dir = Path(tempfile.mkdtemp(prefix=f"{variant}-{route.strip('/')}-", dir=work))
-    # Counts only: a collector that keeps every segment of the run spends its CPU and the
-    # machine's caches on its own garbage collector, which showed in the agent's p99
+    # Counts only: a collector that keeps every segment of the run and handles them one by
+    # one works on the same two cores as the application, which showed in the agent's p99
     # (docs/performance.md, "The p99 at saturation: the test collector's share, and delivery's").
     col = CollectorProcess(
         str(run_dir),
