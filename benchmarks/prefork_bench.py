@@ -329,8 +329,9 @@ def warm_up(app: App, args: argparse.Namespace) -> None:
 
 
 # -- the variants not being measured keep still ----------------------------------------------------
-def others(running: list[App], app: App) -> list[psutil.Process]:
-    """Every process of the other variants' applications and of their collectors."""
+def others(running: list[App], app: App | None) -> list[psutil.Process]:
+    """Every process of the other variants' applications and of their collectors (with
+    ``app`` None, of all of them)."""
     procs: list[psutil.Process] = []
     for other in running:
         if other is app:

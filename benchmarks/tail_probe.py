@@ -57,7 +57,7 @@ class _Sink(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method: str = handler_call_details.method
-        if method.endswith(("/collect", "/collectSnapshot")):  # client streams
+        if method.endswith(("/collect", "/collectBatch", "/collectSnapshot")):  # client streams
             return grpc.stream_unary_rpc_method_handler(lambda requests, _ctx: _drain(requests))
         return grpc.unary_unary_rpc_method_handler(lambda _request, _ctx: b"")
 
@@ -117,7 +117,9 @@ def paused_for(variant: str, app: pb.App) -> list[psutil.Process]:
 
 
 def sample(variant: str, app: pb.App, running: list[pb.App], args: argparse.Namespace) -> dict[str, Any]:
-    pb.settle([p for other in running for p in pb.app_processes(other.srv.proc)] + pb.others(running, app))
+    # Every application and collector quiet first, this one's too: after a paused sample its
+    # reporter (or collector) catches up on what it held back.
+    pb.settle(pb.others(running, None))
     stopped = paused_for(variant, app)
     if variant.endswith("-paused") and not stopped:
         raise RuntimeError(f"{variant}: nothing to pause")
@@ -152,7 +154,7 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "errors": sum(s["errors"] for s in mine),
             }
         )
-    base = rows[0]
+    base = next(r for r in rows if r["variant"] == "none")
     for row in rows:
         row["rps_x_none"] = row["rps"] / base["rps"]
         row["p99_x_none"] = row["p99_ms"] / base["p99_ms"]

@@ -319,7 +319,10 @@ class Collector:
         self, transport: str, kind: str, target: list[Any], messages: Iterable[Message], auth: str
     ) -> None:
         if not self.keeps:
-            self._count(kind, sum(1 for _ in messages))
+            n = sum(1 for _ in messages)
+            with self._lock:
+                self.counted[kind] += n
+                self._lock.notify_all()
             return
         with self._lock:
             for msg in messages:
@@ -334,11 +337,6 @@ class Collector:
                     self._dump.write(json.dumps(line) + "\n")
             if self._dump is not None:
                 self._dump.flush()
-            self._lock.notify_all()
-
-    def _count(self, kind: str, n: int) -> None:
-        with self._lock:
-            self.counted[kind] += n
             self._lock.notify_all()
 
     def _commands_for_query(self) -> common_pb2.Commands:
@@ -372,7 +370,7 @@ class _Base:
         if fault is not None:
             context.abort(fault.grpc_code, f"collector: injected failure of {method}")
         if not self.c.keeps:  # counted once per call: no lock and wake-up per message
-            self.c._count(kind, sum(1 for _ in messages()))
+            self.c._record("grpc", kind, target, messages(), auth)
             return common_pb2.Commands()
         for msg in messages():  # one by one: a long-lived stream shows its messages as they come
             self.c._record("grpc", kind, target, [msg], auth)
