@@ -8,6 +8,7 @@ provoked. The real clients against the real servers: test_instrument_cache.py.""
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -165,3 +166,38 @@ def test_constructor_refuses_wrong_arguments() -> None:
         native_core.CacheCall(f, f, 7, "Redis", {}, "connection_pool", None, 0, False)
     with pytest.raises(TypeError):
         native_core.CacheCall(f, f, 7, "Redis", {}, "connection_pool", None, 2, False, x=1)
+
+
+def test_the_memo_emptied_during_the_call_leaves_the_span_whole(sink: _sink.MemorySink) -> None:
+    """redis.py's command memo is the only owner of each ``(operation, cmd, tags)`` and is
+    emptied when full; Python code run while the span is being made (here the client's pool
+    property, as another thread or a finalizer could) must not free the entry under the
+    native call. The tag value's finalizer tells when the entry is freed."""
+    freed: list[str] = []
+
+    class Marker(str):
+        def __del__(self) -> None:
+            freed.append(str(self))
+
+    memo: dict[Any, Any] = {}
+    pool = types.SimpleNamespace(_swmp_where=("cache.local:6380", "0"))
+
+    class Client:
+        @property
+        def connection_pool(self) -> Any:
+            memo.clear()  # what redis.py's _command_info does at 1,024 names
+            freed.append("cleared")
+            return pool
+
+    def orig(self: Any, *args: Any, **options: Any) -> Any:
+        return "reply"
+
+    call = native_core.CacheCall(orig, orig, 7, "Redis", memo, "connection_pool", None, 2, False)
+    memo["GET"] = ("Redis/GET", "GET", ("cache.type", Marker("Redis"), "cache.cmd", "GET"))
+    with new_entry_span("/request"):
+        assert call(Client(), "GET", "k") == "reply"
+    assert freed[0] == "cleared"  # the entry outlived the property that dropped it
+    (segment,) = segments(sink.records)
+    (span,) = segment[3][:-1]
+    assert span[2] == "Redis/GET"
+    assert span[9][:4] == ["cache.type", "Redis", "cache.cmd", "GET"]

@@ -254,3 +254,15 @@ def test_native_gate_refuses_a_passes_that_cannot_be_called() -> None:
         _spancore.Gate(current_span, print, print, 3)  # type: ignore[call-arg]
     gate: Any = _spancore.Gate(current_span, len, print, None)  # None: no predicate
     assert gate("ab") == 2
+
+
+def test_a_keyboard_interrupt_in_passes_reaches_the_caller(form: str, in_span: None) -> None:
+    """Only the predicate's own errors are taken as "undecided"; a KeyboardInterrupt or
+    SystemExit arriving in it is the process's, raised in both forms."""
+
+    def passes(*args: Any) -> bool:
+        raise KeyboardInterrupt
+
+    gate = _gate.gated(lambda x: ("orig", x), lambda x: ("traced", x), passes)
+    with pytest.raises(KeyboardInterrupt):
+        gate(1)

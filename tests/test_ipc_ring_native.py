@@ -166,3 +166,24 @@ def test_ring_tests_pass_with_the_pure_writer() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
+
+
+@native_only
+def test_a_failed_init_gives_its_views_back() -> None:
+    """A Writer whose ``__init__`` fails after taking the data buffer's view (here: a control
+    buffer too small) releases it, so the mapping can still be closed, and a second
+    ``__init__`` on the same object starts clean."""
+    from ipc import _ringwrite  # type: ignore[attr-defined]
+
+    mm = mmap.mmap(-1, L.CONTROL_SIZE + CAP)
+    control = memoryview(mm)[: L.CONTROL_SIZE]
+    data = memoryview(mm)[L.CONTROL_SIZE :]
+    status = bytearray(L.STATUS_SIZE)
+    writer = _ringwrite.Writer.__new__(_ringwrite.Writer)
+    with pytest.raises(ValueError, match="control is too small"):
+        writer.__init__(data, control[:8], status, CAP, lambda: None, lambda *a: None)
+    writer.__init__(data, control, status, CAP, lambda: None, lambda *a: None)
+    del writer
+    control.release()
+    data.release()
+    mm.close()  # BufferError while any view of the mapping is still held

@@ -373,3 +373,52 @@ def test_the_callers_reference_is_the_one_python_builds() -> None:
     finally:
         tracing.configure(load({}))
         _sink.set_sink(None)
+
+
+@native_only
+def test_a_spans_or_segments_fields_cannot_be_deleted() -> None:
+    """The C paths read a span's and a segment's fields without a NULL check; ``del`` on one
+    (a user holds spans) is refused with AttributeError instead of leaving a NULL to crash
+    on. Setting them, and deleting a subclass instance's own attributes, work as before."""
+    sink = _sink.MemorySink()
+    _sink.set_sink(sink)
+    try:
+        with new_entry_span("/x", None, Component.FLASK, Layer.HTTP) as entry:
+            for name in ("end", "_prev", "tags", "segment", "span_id", "op", "is_error"):
+                with pytest.raises(AttributeError, match="cannot be deleted"):
+                    delattr(entry, name)
+            seg = entry.segment
+            for name in ("_open", "_token", "finished", "profile", "trace_id", "encoded"):
+                with pytest.raises(AttributeError, match="cannot be deleted"):
+                    delattr(seg, name)
+            entry.op = "/renamed"
+            with pytest.raises(AttributeError):
+                del entry.not_a_field
+        (record,) = sink.records
+        assert b"/renamed" in record[1]
+    finally:
+        _sink.set_sink(None)
+
+
+@native_only
+def test_errors_of_odd_values_are_raised_not_left_set() -> None:
+    """A trace id whose truth test raises, a span id past a C long: the error is raised (or
+    the value taken as it is), never left set behind a result (a SystemError)."""
+    from swmp.tracing.segment import Segment
+
+    class Undecided:
+        def __bool__(self) -> bool:
+            raise ValueError("no truth")
+
+    with pytest.raises(ValueError, match="no truth"):
+        Segment(Undecided())
+    sink = _sink.MemorySink()
+    _sink.set_sink(sink)
+    try:
+        with new_entry_span("/x", None, Component.FLASK, Layer.HTTP):
+            child = new_exit_span("op", "peer:1", Component.REQUESTS, Layer.HTTP)
+            child.span_id = 2**63  # past a C long, within what the record takes
+            assert child.finish() is None
+        assert len(sink.records) == 1
+    finally:
+        _sink.set_sink(None)

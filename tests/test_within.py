@@ -309,3 +309,25 @@ def test_an_exit_that_suppresses_or_fails(manager: type[Recorder]) -> None:
         results.append(span.calls)
         outcomes[name] = (results, steps)
     assert outcomes["native"] == outcomes["python"]
+
+
+def test_throw_into_an_awaited_iterator_without_throw() -> None:
+    """An awaitable whose ``__await__`` gives a plain iterator (no ``throw``): a coroutine
+    raises the thrown exception at its ``await``, so the ``with`` sees it and the span ends
+    with it; a throw of something not an exception is refused and changes nothing."""
+
+    class Plain:
+        def __await__(self) -> Any:
+            return iter([None, None])
+
+    def scenario(within: Any, span: Recorder, steps: list[str]) -> Any:
+        coro = within(span, Plain()).__await__()
+        coro.send(None)
+        try:
+            coro.throw(42)  # type: ignore[arg-type]
+        except TypeError:
+            steps.append("refused")
+        coro.throw(ValueError("v"))
+        return None
+
+    _run_both(scenario)

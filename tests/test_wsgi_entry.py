@@ -330,3 +330,41 @@ def test_a_framework_entry_method_binds_and_runs_as_the_python_method(sink: _sin
         assert expected[4]  # a segment was recorded
     with pytest.raises(TypeError):
         native(App())  # as the Python method: a missing argument is the caller's error
+
+
+def _setup_wsgi(decide: Any) -> None:
+    """The native request's set-up as swmp.instrument.wsgi makes it, ``decide_entry_span``
+    replaced."""
+    native_core.setup_wsgi(
+        wsgi._py_trace_wsgi, wsgi._tag_request, wsgi._run_unrecorded, decide, wsgi.from_headers,
+        wsgi.request_tags, wsgi.NOOP, wsgi.Span, wsgi._ctx.policy, limits, wsgi._HTTP,
+        wsgi.TAG_HTTP_METHOD, wsgi.TAG_HTTP_URL, wsgi.NO_TAGS, current_span,
+    )  # fmt: skip
+
+
+def test_an_interrupt_while_the_span_is_made_is_raised_an_error_is_not(sink: _sink.MemorySink) -> None:
+    """The agent failing to make the span lets the request run untraced; a KeyboardInterrupt
+    arriving meanwhile is the process's and reaches the server, as from the Python form."""
+    ran: list[str] = []
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        ran.append(environ["PATH_INFO"])
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    def failing(*args: Any) -> Any:
+        raise RuntimeError("the agent's own failure")
+
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    try:
+        with new_entry_span("/outer"):  # a span current: the native path asks decide_entry_span
+            _setup_wsgi(failing)
+            assert list(native_core.wsgi_call(app, _environ(), lambda *a: None, 7001, False, 0)) == [b"ok"]
+            _setup_wsgi(interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                native_core.wsgi_call(app, _environ(PATH_INFO="/never"), lambda *a: None, 7001, False, 0)
+    finally:
+        _setup_wsgi(wsgi._ctx.decide_entry_span)
+    assert ran == ["/users/7"]

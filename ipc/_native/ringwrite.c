@@ -68,6 +68,23 @@ static int get_buffer(PyObject *obj, Py_buffer *view, int *have, Py_ssize_t min_
     return 0;
 }
 
+/* The buffer views this writer holds, given back (a held view keeps its mapping from being
+ * closed or resized). */
+static void release_views(Writer *self) {
+    if (self->have_data) {
+        PyBuffer_Release(&self->data);
+        self->have_data = 0;
+    }
+    if (self->have_control) {
+        PyBuffer_Release(&self->control);
+        self->have_control = 0;
+    }
+    if (self->have_status) {
+        PyBuffer_Release(&self->status);
+        self->have_status = 0;
+    }
+}
+
 static int writer_init(Writer *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"data", "control", "status", "capacity", "wake", "report", NULL};
     PyObject *data, *control, *status, *wake, *report;
@@ -88,14 +105,18 @@ static int writer_init(Writer *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_TypeError, "wake and report must be callable");
         return -1;
     }
+    /* A failed __init__ gives back the views it took: the caller may close the mapping, or
+     * call __init__ again. */
     if (get_buffer(data, &self->data, &self->have_data, (Py_ssize_t)cap, "data") < 0 ||
         get_buffer(control, &self->control, &self->have_control, (C_HEAD + 1) * 8, "control") < 0 ||
         get_buffer(status, &self->status, &self->have_status, (S_SLEEPING + 1) * 8, "status") < 0) {
+        release_views(self);
         return -1;
     }
     if (((uintptr_t)self->control.buf & 7) != 0 || ((uintptr_t)self->status.buf & 7) != 0 ||
         ((uintptr_t)self->data.buf & 7) != 0) {
         PyErr_SetString(PyExc_ValueError, "ring buffers must be 8-byte aligned");
+        release_views(self);
         return -1;
     }
     self->d = (unsigned char *)self->data.buf;
@@ -109,11 +130,12 @@ static int writer_init(Writer *self, PyObject *args, PyObject *kwds) {
     for (int i = 0; i < 5; i++) {
         Py_CLEAR(self->big[i]);
     }
-    self->wake = Py_NewRef(wake);
-    self->report = Py_NewRef(report);
+    Py_XSETREF(self->wake, Py_NewRef(wake));
+    Py_XSETREF(self->report, Py_NewRef(report));
     self->lock = PyThread_allocate_lock();
     if (self->lock == NULL) {
         PyErr_NoMemory();
+        release_views(self);
         return -1;
     }
     return 0;
@@ -142,15 +164,7 @@ static int writer_clear(Writer *self) {
 static void writer_dealloc(Writer *self) {
     PyObject_GC_UnTrack(self);
     writer_clear(self);
-    if (self->have_data) {
-        PyBuffer_Release(&self->data);
-    }
-    if (self->have_control) {
-        PyBuffer_Release(&self->control);
-    }
-    if (self->have_status) {
-        PyBuffer_Release(&self->status);
-    }
+    release_views(self);
     if (self->lock != NULL) {
         PyThread_free_lock(self->lock);
     }

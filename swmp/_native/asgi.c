@@ -441,6 +441,9 @@ PyObject *swmp_asgi_entry(PyObject *module, PyObject *const *args, Py_ssize_t na
     }
     PyObject *span = entry_of(args);
     if (span == NULL) { /* as the Python entry: a request the tracing failed on goes untraced */
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            return NULL; /* KeyboardInterrupt, SystemExit: the Python entry lets them through */
+        }
         PyErr_Clear();
         span = Py_NewRef(Py_None);
     }

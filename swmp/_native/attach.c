@@ -59,11 +59,12 @@ static void attach_dealloc(Attach *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The class's descriptors tuple (borrowed), Py_None for shallow_copy's own way, NULL on error. */
+/* The class's descriptors tuple, Py_None for shallow_copy's own way (a new reference either way), NULL
+ * on error. */
 static PyObject *plan_of(Attach *self, PyObject *cls) {
     PyObject *plan = PyDict_GetItemWithError(self->plans, cls);
     if (plan != NULL || PyErr_Occurred()) {
-        return plan;
+        return Py_XNewRef(plan);
     }
     PyObject *made = PyObject_CallOneArg(self->native_plan, cls);
     if (made == NULL) {
@@ -74,22 +75,27 @@ static PyObject *plan_of(Attach *self, PyObject *cls) {
         PyErr_SetString(PyExc_TypeError, "amqp_attach: native_plan must return a tuple or None");
         return NULL;
     }
-    int r = PyDict_SetItem(self->plans, cls, made);
-    Py_DECREF(made);
-    return r < 0 ? NULL : PyDict_GetItemWithError(self->plans, cls);
+    if (PyDict_SetItem(self->plans, cls, made) < 0) {
+        Py_DECREF(made);
+        return NULL;
+    }
+    return made;
 }
 
 /* ``shallow_copy(obj)``: a new reference or NULL. */
 static PyObject *copy_of(Attach *self, PyObject *obj) {
+    /* A new reference: the plans dict is its only owner, and Python code may run below. */
     PyObject *plan = plan_of(self, (PyObject *)Py_TYPE(obj));
     if (plan == NULL) {
         return NULL;
     }
     if (plan == Py_None) {
+        Py_DECREF(plan);
         return PyObject_CallOneArg(self->shallow_copy, obj);
     }
     PyObject *args[2] = {obj, plan};
     PyObject *copy = swmp_copy_slots(NULL, args, 2);
+    Py_DECREF(plan);
     if (copy == NULL) {
         return NULL;
     }

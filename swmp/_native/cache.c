@@ -79,7 +79,11 @@ static PyObject *attr_or_null(PyObject *obj, PyObject *name) {
     return v;
 }
 
-/* ``(operation, cache.cmd, first tags)`` of this call, borrowed; NULL: the fallback's. */
+/* ``(operation, cache.cmd, first tags)`` of this call as a new reference; NULL: the
+ * fallback's. A new reference because the memo dict it comes from is the tuple's only owner
+ * and is emptied when full (redis.py's ``_command_info``): any Python code run before the span
+ * is tagged (an attribute read of the client, another thread taking the GIL, a finalizer)
+ * could otherwise free it under us. */
 static PyObject *info_of(CacheCall *c, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *info = c->info;
     if (PyDict_CheckExact(info)) {
@@ -96,7 +100,7 @@ static PyObject *info_of(CacheCall *c, PyObject *const *args, Py_ssize_t nargs) 
         !PyTuple_CheckExact(PyTuple_GET_ITEM(info, 2))) {
         return NULL;
     }
-    return info;
+    return Py_NewRef(info);
 }
 
 /* ``(peer, db.instance)`` as a new reference; NULL: the fallback's (an error is left set
@@ -174,13 +178,13 @@ static int collecting_keys(void) {
 /* The span of this call (recorded or not) as a new reference; NULL with no error: the
  * fallback's; NULL with an error: raised (not an Exception). */
 static PyObject *open_span(CacheCall *c, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *info = info_of(c, args, nargs);
+    PyObject *info = info_of(c, args, nargs); /* held until the span is tagged: see info_of */
     if (info == NULL) {
         return NULL;
     }
-    PyObject *key = NULL;
+    PyObject *key = NULL, *pair = NULL, *span = NULL;
     if (nargs <= c->key_index && c->key_required) {
-        return NULL;
+        goto fallback;
     }
     if (nargs > c->key_index) {
         int collect = collecting_keys();
@@ -190,39 +194,42 @@ static PyObject *open_span(CacheCall *c, PyObject *const *args, Py_ssize_t nargs
         if (collect) {
             key = args[c->key_index];
             if (!PyUnicode_CheckExact(key)) {
-                return NULL; /* bytes, lists of keys...: the Python form's text() */
+                goto fallback; /* bytes, lists of keys...: the Python form's text() */
             }
         }
     }
-    PyObject *pair = where_of(c, args[0]);
+    pair = where_of(c, args[0]);
     if (pair == NULL) {
         goto declined;
     }
     PyObject *head = PyTuple_GET_ITEM(info, 2), *instance = PyTuple_GET_ITEM(pair, 1);
     int fit = tags_fit(head, key, instance);
-    if (fit <= 0) {
-        Py_DECREF(pair);
-        if (fit < 0) {
-            goto declined;
-        }
-        return NULL; /* a value to clip: the Python form's */
+    if (fit < 0) {
+        goto declined;
+    }
+    if (fit == 0) {
+        goto fallback; /* a value to clip: the Python form's */
     }
     PyObject *exit_args[4] = {PyTuple_GET_ITEM(info, 0), PyTuple_GET_ITEM(pair, 0), c->component, layer};
-    PyObject *span = swmp_new_exit(exit_args);
+    span = swmp_new_exit(exit_args);
     if (span != NULL && Py_IS_TYPE(span, span_class) && set_tags(span, head, key, instance) < 0) {
         /* The span exists (and counts as open in its segment): it runs untagged rather than
          * not at all. Not expected: a fresh span takes a list. */
         PyErr_Clear();
     }
-    Py_DECREF(pair);
     if (span == NULL) {
         goto declined;
     }
+    Py_DECREF(pair);
+    Py_DECREF(info);
     return span;
 declined:
     if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) {
         PyErr_Clear();
     }
+fallback:
+    Py_XDECREF(pair);
+    Py_DECREF(info);
     return NULL;
 }
 

@@ -49,6 +49,9 @@ static PyObject *gate_vectorcall(PyObject *callable, PyObject *const *args, size
         int passed = answer == NULL ? -1 : PyObject_IsTrue(answer);
         Py_XDECREF(answer);
         if (passed < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                return NULL; /* KeyboardInterrupt, SystemExit: the process's, raised */
+            }
             PyErr_Clear(); /* undecided: left untraced, the caller's call unchanged */
         }
         if (passed != 0) {

@@ -399,7 +399,9 @@ static int finish_span(SpanCore *self, PyObject *end_ms) {
     if (ended != 0) {
         return ended < 0 ? -1 : 0;
     }
-    if (PyLong_CheckExact(self->span_id) && PyLong_AsLong(self->span_id) == 0) {
+    int overflow = 0;
+    long id = PyLong_CheckExact(self->span_id) ? PyLong_AsLongAndOverflow(self->span_id, &overflow) : -1;
+    if (id == 0 && overflow == 0) { /* an exact int: no error possible */
         PyObject *profile = SEG_FIELD(self->segment, profile, s_profile);
         if (profile == NULL) {
             return -1;
@@ -524,6 +526,28 @@ static PyMethodDef spancore_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Setting a field from Python as a slot's member descriptor does; deleting one of the core's
+ * fields refused. Why: the C paths read the fields without a NULL check (a field is always
+ * set from __new__ on), and ``del span.end`` on a span a user holds would otherwise leave a
+ * NULL for them to crash on. Python code only ever sets them. Deleting anything else (an
+ * attribute in a subclass's __dict__) goes on as usual. Stores from Python lose the
+ * interpreter's STORE_ATTR_SLOT specialization (it wants the generic setattro): a few tens of
+ * ns on the few fields Python code sets per span; loads keep theirs. */
+static int refuse_field_deletion(PyObject *self, PyObject *name, PyObject *value, PyTypeObject *core) {
+    if (value == NULL && PyUnicode_Check(name)) {
+        PyObject *d = _PyType_Lookup(Py_TYPE(self), name); /* borrowed */
+        if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type) && PyDescr_TYPE(d) == core) {
+            PyErr_Format(PyExc_AttributeError, "'%s' field '%U' cannot be deleted", core->tp_name, name);
+            return -1;
+        }
+    }
+    return PyObject_GenericSetAttr(self, name, value);
+}
+
+static int spancore_setattro(PyObject *self, PyObject *name, PyObject *value) {
+    return refuse_field_deletion(self, name, value, &SpanCoreType);
+}
+
 #define FIELD(name, member) {name, T_OBJECT_EX, offsetof(SpanCore, member), 0, NULL}
 static PyMemberDef spancore_members[] = {
     FIELD("segment", segment),
@@ -557,6 +581,7 @@ static PyTypeObject SpanCoreType = {
     .tp_clear = (inquiry)spancore_clear,
     .tp_methods = spancore_methods,
     .tp_members = spancore_members,
+    .tp_setattro = spancore_setattro,
 };
 
 /* -- ids -------------------------------------------------------------------------------- */
@@ -698,6 +723,10 @@ static PyObject *segcore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         }
         Py_DECREF(r);
     }
+    int continues = PyObject_IsTrue(trace_id);
+    if (continues < 0) {
+        return NULL;
+    }
     PyObject *sid = draw_id();
     if (sid == NULL) {
         return NULL;
@@ -708,7 +737,7 @@ static PyObject *segcore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     /* A new trace reuses the segment's id as the trace id: both are unique ids. */
-    self->trace_id = Py_NewRef(PyObject_IsTrue(trace_id) == 1 ? trace_id : sid);
+    self->trace_id = Py_NewRef(continues ? trace_id : sid);
     self->segment_id = sid;
     self->finished = PyList_New(0);
     self->next_id = 1;
@@ -770,6 +799,10 @@ static void segcore_dealloc(SegmentCore *self) {
     PyObject_GC_UnTrack(self);
     segcore_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int segcore_setattro(PyObject *self, PyObject *name, PyObject *value) {
+    return refuse_field_deletion(self, name, value, &SegmentCoreType);
 }
 
 #define SEGFIELD(name, member) {name, T_OBJECT_EX, offsetof(SegmentCore, member), 0, NULL}
@@ -864,6 +897,7 @@ static PyTypeObject SegmentCoreType = {
     .tp_clear = (inquiry)segcore_clear,
     .tp_members = segcore_members,
     .tp_getset = segcore_getset,
+    .tp_setattro = segcore_setattro,
 };
 
 /* -- the record -------------------------------------------------------------------------- */
@@ -1235,13 +1269,25 @@ static PyObject *exit_child(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     PyObject *open = seg_list(SEG_FIELD(seg, open, s_open), s_open);
     r = open == NULL ? -1 : PyList_Append(open, Py_None);
-    Py_XDECREF(open);
     if (r < 0) {
+        Py_XDECREF(open);
         Py_DECREF(n);
         Py_DECREF(cur);
         return NULL;
     }
     PyObject *span = make_span(span_class, seg, n, parent->span_id, args[0], exit_kind, args[3], args[2], args[1]);
+    if (span == NULL) {
+        /* No span will finish and give the token back: left there, it would keep the segment
+         * open (never emitted) for good. The tokens are all None: one off the end is ours. */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        Py_ssize_t k = PyList_GET_SIZE(open);
+        if (k > 0 && PyList_SetSlice(open, k - 1, k, NULL) < 0) {
+            PyErr_Clear();
+        }
+        PyErr_Restore(type, value, tb);
+    }
+    Py_DECREF(open);
     Py_DECREF(cur);
     return span;
 }

@@ -264,34 +264,43 @@ static int stopped(PyObject **result) {
     return 1;
 }
 
-/* ``throw(type[, value[, traceback]])`` into a coroutine not started: the exception thrown
- * is raised where its body would begin, none of it run. */
-static PyObject *raise_thrown(Within *self, PyObject *const *args, Py_ssize_t nargs) {
+/* The exception of ``throw(type[, value[, traceback]])`` set as raised: 0; -1: the arguments
+ * are not an exception (a TypeError set instead, as ``coroutine.throw`` raises it without
+ * touching the coroutine). */
+static int set_thrown(PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 3) {
         PyErr_SetString(PyExc_TypeError, "throw expected 1 to 3 arguments");
-        return NULL;
+        return -1;
     }
     PyObject *type = args[0], *value = nargs > 1 && args[1] != Py_None ? args[1] : NULL;
     PyObject *tb = nargs > 2 && args[2] != Py_None ? args[2] : NULL;
     if (PyExceptionInstance_Check(type)) {
         if (value != NULL) {
             PyErr_SetString(PyExc_TypeError, "instance exception may not have a separate value");
-            return NULL;
+            return -1;
         }
         value = type;
         type = (PyObject *)Py_TYPE(value);
     } else if (!PyExceptionClass_Check(type)) {
         PyErr_Format(PyExc_TypeError, "exceptions must be classes or instances deriving from BaseException, not %s",
                      Py_TYPE(type)->tp_name);
-        return NULL;
+        return -1;
     }
-    self->state = DONE; /* a valid throw ends it, as it ends a coroutine not started */
     PyObject *t = Py_NewRef(type), *v = Py_XNewRef(value), *b = Py_XNewRef(tb);
     PyErr_NormalizeException(&t, &v, &b);
     if (b != NULL && v != NULL) {
         PyException_SetTraceback(v, b);
     }
     PyErr_Restore(t, v, b);
+    return 0;
+}
+
+/* ``throw(...)`` into a coroutine not started: the exception thrown is raised where its body
+ * would begin, none of it run. */
+static PyObject *raise_thrown(Within *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (set_thrown(args, nargs) == 0) {
+        self->state = DONE; /* a valid throw ends it, as it ends a coroutine not started */
+    }
     return NULL;
 }
 
@@ -300,12 +309,20 @@ static PyObject *within_throw(PyObject *obj, PyObject *const *args, Py_ssize_t n
     if (self->inner == NULL) { /* the lazy form before its first send */
         return raise_thrown(self, args, nargs);
     }
-    PyObject *throw = PyObject_GetAttr(self->inner, s_throw);
-    if (throw == NULL) {
+    PyObject *throw = PyObject_GetAttr(self->inner, s_throw), *out = NULL;
+    if (throw != NULL) {
+        out = PyObject_Vectorcall(throw, args, nargs, NULL);
+        Py_DECREF(throw);
+    } else if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
         return NULL;
+    } else {
+        /* An awaited iterator without throw(): a coroutine raises the exception at its
+         * ``await`` (where the ``with`` sees it), as here. */
+        PyErr_Clear();
+        if (set_thrown(args, nargs) < 0) {
+            return NULL; /* not an exception: refused, the coroutine untouched */
+        }
     }
-    PyObject *out = PyObject_Vectorcall(throw, args, nargs, NULL);
-    Py_DECREF(throw);
     if (self->state != RUNNING) { /* never entered, or over: the awaited object answers alone */
         self->state = DONE;
         return out;

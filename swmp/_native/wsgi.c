@@ -342,7 +342,10 @@ PyObject *swmp_wsgi_call(PyObject *module, PyObject *const *args, size_t nargsf,
     Py_INCREF(path);
     PyObject *span = make_span(environ, path, args[3]);
     PyObject *result = NULL;
-    if (span == NULL) { /* the agent failed, not the request: it goes on untraced */
+    if (span == NULL && !PyErr_ExceptionMatches(PyExc_Exception)) {
+        /* KeyboardInterrupt, SystemExit arriving while the span was made: the process's, not
+         * the agent's to swallow (the Python form lets them through too). */
+    } else if (span == NULL) { /* the agent failed, not the request: it goes on untraced */
         PyErr_Clear();
         result = call_app(args[0], environ, args[2]);
     } else if (span == noop) {
