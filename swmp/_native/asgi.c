@@ -40,7 +40,7 @@ PyObject *swmp_setup_asgi(PyObject *module, PyObject *const *args, Py_ssize_t na
                         "span_class: type, policy, limits, layer, tag_method: str, tag_url: str, no_tags)");
         return NULL;
     }
-    if (k_type == NULL) {
+    if (index_1 == NULL) { /* the last one made: a set-up that failed part way is made again */
 #define INTERN(var, text)                                   \
     if ((var = PyUnicode_InternFromString(text)) == NULL) { \
         return NULL;                                        \

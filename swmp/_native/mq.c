@@ -129,23 +129,24 @@ static PyObject *kafka_merge(PyObject *span, PyObject *headers) {
     if (truth < 0) {
         return NULL;
     }
-    if (truth) {
-        if (!PyList_CheckExact(headers)) {
-            return PyObject_CallFunctionObjArgs(py_kafka_headers, span, headers, NULL);
-        }
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
-            PyObject *h = PyList_GET_ITEM(headers, i);
-            if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) < 1 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(h, 0))) {
-                return PyObject_CallFunctionObjArgs(py_kafka_headers, span, headers, NULL);
-            }
-        }
+    if (truth && !PyList_CheckExact(headers)) {
+        return PyObject_CallFunctionObjArgs(py_kafka_headers, span, headers, NULL);
     }
+    /* Made before the headers are checked: making a list may run the garbage collector, and
+     * with it finalizers that could change the caller's list between the check and the copy. */
     PyObject *out = PyList_New(0);
     if (out == NULL) {
         return NULL;
     }
-    /* No Python code runs in this loop (exact strs hash and compare in C): the list cannot
-     * change under it. */
+    for (Py_ssize_t i = 0; truth && i < PyList_GET_SIZE(headers); i++) {
+        PyObject *h = PyList_GET_ITEM(headers, i);
+        if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) < 1 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(h, 0))) {
+            Py_DECREF(out);
+            return PyObject_CallFunctionObjArgs(py_kafka_headers, span, headers, NULL);
+        }
+    }
+    /* No Python code runs in this loop (exact strs hash and compare in C, the list grows by
+     * realloc): the list cannot change under it. */
     for (Py_ssize_t i = 0; truth && i < PyList_GET_SIZE(headers); i++) {
         PyObject *h = PyList_GET_ITEM(headers, i);
         int own = PySet_Contains(own_headers, PyTuple_GET_ITEM(h, 0));

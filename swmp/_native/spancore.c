@@ -1595,7 +1595,7 @@ static PyObject *setup_route(PyObject *module, PyObject *fallback) {
         PyErr_SetString(PyExc_TypeError, "setup_route(name_request: callable)");
         return NULL;
     }
-    if (s_by_endpoint == NULL && ((s_by_endpoint = PyUnicode_InternFromString("by_endpoint")) == NULL ||
+    if (s_consider == NULL && ((s_by_endpoint = PyUnicode_InternFromString("by_endpoint")) == NULL ||
                                   (s_consider = PyUnicode_InternFromString("consider")) == NULL)) {
         return NULL;
     }

@@ -460,7 +460,7 @@ PyTypeObject swmp_WithinType = {
 };
 
 static int init_names(void) {
-    if (s_enter == NULL && ((s_enter = PyUnicode_InternFromString("__enter__")) == NULL ||
+    if (s_close == NULL && ((s_enter = PyUnicode_InternFromString("__enter__")) == NULL ||
                             (s_exit = PyUnicode_InternFromString("__exit__")) == NULL ||
                             (s_throw = PyUnicode_InternFromString("throw")) == NULL ||
                             (s_close = PyUnicode_InternFromString("close")) == NULL)) {

@@ -58,7 +58,7 @@ PyObject *swmp_setup_wsgi(PyObject *module, PyObject *const *args, Py_ssize_t na
                         "tag_url: str, no_tags, current: ContextVar)");
         return NULL;
     }
-    if (k_method == NULL) {
+    if (scheme_end == NULL) { /* the last one made: a set-up that failed part way is made again */
 #define INTERN(var, text)                                   \
     if ((var = PyUnicode_InternFromString(text)) == NULL) { \
         return NULL;                                        \
