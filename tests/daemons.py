@@ -97,6 +97,15 @@ def _stop_leftovers() -> None:
         d.stop()
 
 
+def server_env() -> dict[str, str] | None:
+    """The environment of a server and its tools: this process's without its preloaded
+    libraries (the sanitizer runtimes of a sanitized run of the tests, there to check the
+    agent's C code; PostgreSQL's tools hang under them); None (inherited) when there are none."""
+    if "LD_PRELOAD" not in os.environ:
+        return None
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
 class Daemon:
     """One server process in its own temporary directory."""
 
@@ -114,7 +123,7 @@ class Daemon:
         self.name = name
         self.port = port
         self.user = user
-        self.env = env
+        self.env = server_env() if env is None else env
         self.stop_signal = stop_signal
         self.stop_timeout = stop_timeout
         self.dir = Path(tempfile.mkdtemp(prefix=f"swmp-{name}-"))
@@ -268,6 +277,7 @@ def _pg_ready(d: Daemon) -> bool:
     # pg_isready opens a real connection and reads the server's answer.
     r = subprocess.run(
         [str(PG_BIN / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(d.port), "-t", "1"],
+        env=d.env,
         check=False,
         capture_output=True,
     )

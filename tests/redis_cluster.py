@@ -26,6 +26,7 @@ from tests.daemons import (
     DaemonError,
     _need,
     free_port,
+    server_env,
     start_with_retry,
     talk,
 )
@@ -95,6 +96,7 @@ def start_cluster(nodes: list[Daemon], timeout: float = 60.0) -> ClusterInfo:
     addresses = [f"127.0.0.1:{d.port}" for d in nodes]
     create = subprocess.run(
         [REDIS_CLI, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+        env=server_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=timeout,
