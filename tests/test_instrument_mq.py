@@ -672,6 +672,41 @@ def test_aio_pika_publish_consume_and_get(sink: _sink.MemorySink, rabbitmq: Rabb
     assert callback_seg[R.SEG_SPANS][0][R.SPAN_OPERATION] == "handle"
 
 
+def test_aiormq_plain_function_callback(sink: _sink.MemorySink, rabbitmq: RabbitMQBroker) -> None:
+    """aiormq takes a plain function as a consumer callback (not a coroutine function): it
+    is called for each message, inside the message's entry span, as without the agent."""
+    import aiormq
+
+    queue_name = unique_name("q")
+    seen: list[Any] = []
+
+    async def main() -> None:
+        conn = await aiormq.connect(rabbitmq.url)
+        try:
+            ch = await conn.channel()
+            await ch.queue_declare(queue_name, auto_delete=True)
+            done = asyncio.get_running_loop().create_future()
+
+            def on_message(message: Any) -> None:  # plain: returns None, nothing to await
+                span = active_span()
+                seen.append((message.body, span.op if span is not None else None))
+                if not done.done():
+                    done.set_result(True)
+
+            with new_entry_span("/plain"):
+                await ch.basic_publish(b"m", routing_key=queue_name)
+            await ch.basic_consume(queue_name, on_message, no_ack=True)
+            await asyncio.wait_for(done, 20)
+        finally:
+            await conn.close()
+
+    asyncio.run(main())
+    assert seen == [(b"m", f"RabbitMQ/Topic//Queue/{queue_name}/Consumer")]
+    wait_for(lambda: len(spans_of(sink, Kind.ENTRY, Component.RABBITMQ_CONSUMER)) == 1)
+    ((_seg, span),) = spans_of(sink, Kind.ENTRY, Component.RABBITMQ_CONSUMER)
+    assert span[R.SPAN_IS_ERROR] is False
+
+
 def test_amqp_publish_outside_a_trace_adds_nothing(sink: _sink.MemorySink, rabbitmq: RabbitMQBroker) -> None:
     import pika
 

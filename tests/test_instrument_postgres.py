@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -193,6 +194,34 @@ def test_psycopg_sync_calls(traced: Traced, pg3: Any, postgres_server: ServerInf
     _check_shape(got.exits[0], postgres_server, ops[0], Component.PSYCOPG, "SELECT %s::int * 2")
     assert got.exits[0].tags["db.sql.parameters"] == "[21]"
     assert all(e.parent_id == 0 and not e.error for e in got.exits)
+
+
+def test_psycopg_connections_dropped_unclosed_are_freed(
+    traced: Traced, pg3: Any, postgres_server: ServerInfo
+) -> None:
+    """A connection the application drops without closing it is freed, and its server
+    session ended, as without the agent: the agent remembers a connection's address weakly.
+    (The native call's memo holds the connection it saw last: at most one.)"""
+    import gc
+
+    import psycopg
+
+    name = "swmp-dropped"
+    with traced.trace():
+        for _ in range(6):
+            conn = psycopg.connect(**_dsn(postgres_server), application_name=name)
+            conn.execute("SELECT 1")
+            del conn
+    gc.collect()
+
+    def sessions() -> int:
+        row = pg3.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,))
+        return int(row.fetchone()[0])
+
+    deadline = time.monotonic() + 10
+    while sessions() > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sessions() <= 1
 
 
 def test_psycopg_errors(traced: Traced, pg3: Any) -> None:

@@ -158,12 +158,19 @@ def install(config: Config) -> None:
     # (``delivery_mode=1``) when there are none.
     with_headers = attach_step(functools.partial(Basic.Properties, delivery_mode=1))
 
+    from aiormq.tools import awaitable  # noqa: PLC0415
+
     def make_consume(orig: Any) -> Any:
         async def basic_consume(
             self: Any, queue: Any, consumer_callback: Any, *args: Any, **kwargs: Any
         ) -> Any:
+            # aiormq takes a plain function too (its ``awaitable`` makes it one to await); our
+            # wrapper awaits the callback, and looks like a coroutine function to aiormq, so it
+            # is given the callback as aiormq would have made it.
             wrapped = (
-                _on_message(self, consumer_callback) if callable(consumer_callback) else consumer_callback
+                _on_message(self, awaitable(consumer_callback))
+                if callable(consumer_callback)
+                else consumer_callback
             )
             return await orig(self, queue, wrapped, *args, **kwargs)
 

@@ -9,6 +9,7 @@ cursor class derived from them is covered and nothing about the objects changes.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
@@ -28,24 +29,30 @@ SUPPORTED = ("3.1", "4")
 TRIGGER = "psycopg"
 
 _COMPONENT = Component.PSYCOPG
-_where_cache: dict[int, tuple[str, str, Any]] = {}  # id(pgconn) -> (peer, dbname)
+# id(connection) -> (peer, dbname, a weak reference to the connection). Weak: a connection
+# the application drops without closing it must be freed (and its server session ended) as
+# without the agent; the reference also tells a reused id from the connection it was.
+_where_cache: dict[int, tuple[str, str, Any]] = {}
 
 
 def _where(conn: Any) -> tuple[str, str]:
     """``(host:port, dbname)`` of a connection (psycopg's objects take no new attributes, so
-    the answer is kept per libpq connection, which a connection keeps for its life)."""
-    pgconn = conn.pgconn
-    key = id(pgconn)
+    the answer is kept here, for the connection's life)."""
+    key = id(conn)
     cached = _where_cache.get(key)
-    if cached is None or cached[2] is not pgconn:
+    if cached is None or cached[2]() is not conn:
         try:
             info = conn.info
-            cached = (_ds.peer(info.host, info.port), info.dbname or "", pgconn)
+            peer, db = _ds.peer(info.host, info.port), info.dbname or ""
         except Exception:
-            cached = ("", "", pgconn)
+            peer, db = "", ""
+        try:
+            ref = weakref.ref(conn)
+        except TypeError:  # not a psycopg connection: not remembered
+            return peer, db
         if len(_where_cache) > 4096:
             _where_cache.clear()
-        _where_cache[key] = cached
+        cached = _where_cache[key] = (peer, db, ref)
     return cached[0], cached[1]
 
 
