@@ -52,6 +52,45 @@ def test_psycopg2_execute_span_and_results(traced: Traced, pg2: Any, postgres_se
     assert not e.error
 
 
+def test_psycopg2_cursor_factories_and_signatures_of_the_application(traced: Traced, pg2: Any) -> None:
+    """A ``cursor_factory`` that is a callable but not a class works (its cursors untraced);
+    a cursor class with an ``execute`` of its own names and options gets its calls as
+    written; ``callproc`` by keyword is refused as psycopg2 refuses it."""
+    import functools
+
+    import psycopg2.extras
+    from psycopg2.extensions import cursor as plain_cursor
+
+    def made_by_a_function(*args: Any, **kwargs: Any) -> Any:
+        return psycopg2.extras.RealDictCursor(*args, **kwargs)
+
+    class OwnNames(plain_cursor):  # type: ignore[misc]
+        def execute(self, sql: Any, params: Any = None, *, tag: Any = None) -> Any:
+            self.tag = tag
+            return super().execute(sql, params)
+
+    with traced.trace() as got:
+        with pg2.cursor(cursor_factory=functools.partial(psycopg2.extras.DictCursor)) as cur:
+            cur.execute("SELECT 1 AS one")
+            assert cur.fetchone()["one"] == 1
+        with pg2.cursor(cursor_factory=made_by_a_function) as cur:
+            cur.execute("SELECT 2 AS two")
+            assert cur.fetchone() == {"two": 2}
+        with pg2.cursor(cursor_factory=OwnNames) as cur:
+            cur.execute("SELECT 3", params=None, tag="x")
+            assert cur.fetchone() == (3,) and cur.tag == "x"
+            cur.execute(sql="SELECT %s::int", params=(4,))
+            assert cur.fetchone() == (4,)
+            with pytest.raises(TypeError):
+                cur.callproc("abs", parameters=[-3])
+    # Traced: the call that names its query by position (OwnNames' first), and the refused
+    # callproc (its span marked as failed); by its own keyword names the call runs untraced.
+    assert [(e.op, e.error) for e in got.exits] == [
+        ("PostgreSQL/Psycopg/execute", False),
+        ("PostgreSQL/Psycopg/callproc", True),
+    ]
+
+
 def test_psycopg2_error_reaches_the_app_unchanged(traced: Traced, pg2: Any) -> None:
     import psycopg2.errors
 

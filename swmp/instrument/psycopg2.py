@@ -62,18 +62,6 @@ def _span(cur: Any, method: str, statement: Any, params: Any, many: bool = False
         return _ds.failed(_PLACE, e)
 
 
-def _run(span: Any, method: Any, cur: Any, a: Any, b: Any) -> Any:
-    """``with span: return method(cur, a, b)``, spelled out (two plain calls are cheaper)."""
-    span.__enter__()
-    try:
-        result = method(cur, a, b)
-    except BaseException as e:
-        span.__exit__(type(e), e, e.__traceback__)
-        raise
-    span.__exit__(None, None, None)
-    return result
-
-
 def _traced_cursor(base: type) -> type:
     cls = _traced.get(base)
     if cls is not None:
@@ -86,29 +74,49 @@ def _traced_cursor(base: type) -> type:
     b_callproc = methods.callproc
     b_copy_expert = methods.copy_expert
 
-    def traced_execute(self: Any, query: Any, vars: Any = None) -> Any:
-        span = _span(self, "execute", query, vars)
-        span.__enter__()  # _run(), inlined: the call every query makes
+    # Each passes its arguments on as it was given them (a cursor class of the application's
+    # may have its own names and options), and reads the query and its parameters from them
+    # by psycopg2's names; a call without the query by either is run untraced.
+    def traced_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not args and "query" not in kwargs:
+            return b_execute(self, *args, **kwargs)
+        query = args[0] if args else kwargs["query"]
+        span = _span(self, "execute", query, args[1] if len(args) > 1 else kwargs.get("vars"))
+        span.__enter__()  # ``with span:`` spelled out: the call every query makes
         try:
-            result = b_execute(self, query, vars)
+            result = b_execute(self, *args, **kwargs)
         except BaseException as e:
             span.__exit__(type(e), e, e.__traceback__)
             raise
         span.__exit__(None, None, None)
         return result
 
-    def traced_executemany(self: Any, query: Any, vars_list: Any) -> Any:
-        if _ds.settings.params_max and not isinstance(vars_list, (list, tuple)):
+    def traced_executemany(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not args and "query" not in kwargs:
+            return b_executemany(self, *args, **kwargs)
+        query = args[0] if args else kwargs["query"]
+        vars_list = args[1] if len(args) > 1 else kwargs.get("vars_list")
+        if _ds.settings.params_max and vars_list is not None and not isinstance(vars_list, (list, tuple)):
             vars_list = list(vars_list)  # a generator would be consumed by the tag
-        span = _span(self, "executemany", query, vars_list, many=True)
-        return _run(span, b_executemany, self, query, vars_list)
+            if len(args) > 1:
+                args = (args[0], vars_list, *args[2:])
+            else:
+                kwargs["vars_list"] = vars_list
+        with _span(self, "executemany", query, vars_list, many=True):
+            return b_executemany(self, *args, **kwargs)
 
-    def traced_callproc(self: Any, procname: Any, parameters: Any = None) -> Any:
-        return _run(_span(self, "callproc", procname, parameters), b_callproc, self, procname, parameters)
+    def traced_callproc(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not args and "procname" not in kwargs:
+            return b_callproc(self, *args, **kwargs)
+        procname = args[0] if args else kwargs["procname"]
+        with _span(self, "callproc", procname, args[1] if len(args) > 1 else kwargs.get("parameters")):
+            return b_callproc(self, *args, **kwargs)
 
-    def traced_copy_expert(self: Any, sql: Any, file: Any, size: int = 8192) -> Any:
-        with _span(self, "copy_expert", sql, None):
-            return b_copy_expert(self, sql, file, size)
+    def traced_copy_expert(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not args and "sql" not in kwargs:
+            return b_copy_expert(self, *args, **kwargs)
+        with _span(self, "copy_expert", args[0] if args else kwargs["sql"], None):
+            return b_copy_expert(self, *args, **kwargs)
 
     class TracedCursor(base):  # type: ignore[misc]
         # Outside a trace each is the base class's own method (the check in C, see _gate).
@@ -155,7 +163,13 @@ def _traced_connection(base: type) -> type:
                     probe.close()
                 else:
                     factory = self.cursor_factory or plain_cursor
-            kwargs["cursor_factory"] = _traced_cursor(factory)
+            # psycopg2 takes any callable that makes a cursor; only a class can be subclassed
+            # with the traced methods: the cursors of any other are not traced.
+            if isinstance(factory, type):
+                try:
+                    kwargs["cursor_factory"] = _traced_cursor(factory)
+                except Exception as e:
+                    _ds.failed(f"{__name__}._traced_cursor", e)
             return super().cursor(**kwargs)
 
     TracedConnection.__name__ = base.__name__
