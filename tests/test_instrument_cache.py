@@ -543,6 +543,28 @@ def test_pymemcache(traced: Traced, memcached_server: ServerInfo) -> None:
         pooled.close()
 
 
+def test_pymemcache_first_argument_by_name(traced: Traced, memcached_server: ServerInfo) -> None:
+    """The *_many commands name their first parameter ``values`` / ``keys``; given by name,
+    the call reaches the client as without the agent, and is traced with its keys."""
+    from pymemcache.client.base import Client
+
+    mc = Client((memcached_server.host, memcached_server.port))
+    try:
+        with traced.trace() as got:
+            assert mc.set_many(values={"kw:1": b"1", "kw:2": b"2"}) == []
+            assert mc.get_many(keys=["kw:1", "kw:2"]) == {"kw:1": b"1", "kw:2": b"2"}
+            assert mc.get(key="kw:1") == b"1"
+            assert mc.delete_many(keys=["kw:1", "kw:2"]) is True
+        assert [(e.op, e.tags.get("cache.key")) for e in got.exits] == [
+            ("Memcached/set_many", "kw:1 kw:2"),
+            ("Memcached/get_many", "kw:1 kw:2"),
+            ("Memcached/get", "kw:1"),
+            ("Memcached/delete_many", "kw:1 kw:2"),
+        ]
+    finally:
+        mc.close()
+
+
 def test_a_failing_instrumentation_never_fails_the_call(
     traced: Traced, r: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

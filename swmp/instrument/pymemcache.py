@@ -66,7 +66,13 @@ def _command(cmd: str) -> Any:
     place = f"{__name__}.{cmd}"
 
     def make(orig: Any) -> Any:
-        def method(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
+        # The first parameter is ``key``, or ``keys`` / ``values`` for the *_many commands,
+        # and may come by name: the call goes to the client as it was given.
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if args:
+                key = args[0]
+            else:
+                key = next((kwargs[n] for n in ("key", "keys", "values") if n in kwargs), None)
             try:  # the span may fail to open (a changed client), never the call
                 server = self.server  # a (host, port) tuple or a socket path
                 address = (_addresses.get(server) if server.__class__ is tuple else None) or _address(self)
@@ -76,7 +82,7 @@ def _command(cmd: str) -> Any:
                 span = _ds.failed(place, e)
             span.__enter__()  # ``with span:`` spelled out: cheaper
             try:
-                result = orig(self, key, *args, **kwargs) if args or kwargs else orig(self, key)
+                result = orig(self, *args, **kwargs) if kwargs or len(args) != 1 else orig(self, key)
             except BaseException as e:
                 span.__exit__(type(e), e, e.__traceback__)
                 raise
