@@ -22,6 +22,7 @@ from swmp import _sink, instrument, tracing
 from swmp.config import load
 from swmp.instrument._incoming import REPORTER_THREAD_NAME
 from swmp.instrument.grpcio import IgnoredMethods
+from swmp.tracing.context import new_entry_span
 
 
 @pytest.fixture()
@@ -325,6 +326,33 @@ def test_aiohttp_client_headers_and_errors(sink: _sink.MemorySink) -> None:
     assert exits["/a"][R.SPAN_COMPONENT] == 7008
 
 
+def test_aiohttp_client_replaces_a_forwarded_sw8(sink: _sink.MemorySink) -> None:
+    """A proxy that forwards its incoming headers (sw8 among them) sends one sw8, the exit
+    span's own, not the forwarded one beside it."""
+    import aiohttp
+    from aiohttp import web
+
+    received: list[list[str]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        received.append(request.headers.getall("sw8", []))
+        return web.Response(text="x")
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        async with aiohttp_serving(app) as port, aiohttp.ClientSession() as session:
+            forwarded = {"sw8": "1-forwarded", "X-App": "1"}
+            with new_entry_span("/proxy"):
+                async with session.get(f"http://127.0.0.1:{port}/b", headers=forwarded) as r:
+                    assert r.status == 200
+            assert forwarded == {"sw8": "1-forwarded", "X-App": "1"}
+
+    asyncio.run(main())
+    ((sw8,),) = received
+    assert sw8 != "1-forwarded" and sw8.startswith("1-")
+
+
 def test_aiohttp_client_on_the_reporter_thread_is_untouched(sink: _sink.MemorySink) -> None:
     import aiohttp
     from aiohttp import web
@@ -388,14 +416,14 @@ def test_websockets_sync_client(sink: _sink.MemorySink) -> None:
     from websockets.asyncio.server import serve
     from websockets.sync.client import connect
 
-    seen: list[str | None] = []
+    seen: list[str] = []
     ready = threading.Event()
     stop: list[Any] = []
     port: list[int] = []
 
     def server_thread() -> None:
         async def echo(ws: Any) -> None:
-            seen.append(ws.request.headers.get("sw8"))
+            seen.append(",".join(ws.request.headers.get_all("sw8")))
             async for msg in ws:
                 await ws.send(msg)
 
@@ -413,7 +441,9 @@ def test_websockets_sync_client(sink: _sink.MemorySink) -> None:
     t.start()
     try:
         assert ready.wait(10)
-        with connect(f"ws://127.0.0.1:{port[0]}/sync", additional_headers={"X-App": "1"}) as ws:
+        # A forwarded sw8 among the caller's headers: replaced by the span's, not sent beside it.
+        mine = {"X-App": "1", "sw8": "1-forwarded"}
+        with connect(f"ws://127.0.0.1:{port[0]}/sync", additional_headers=mine) as ws:
             ws.send("hi")
             assert ws.recv() == "hi"
     finally:
@@ -424,7 +454,7 @@ def test_websockets_sync_client(sink: _sink.MemorySink) -> None:
     (span,) = wait_spans(sink, 1)
     assert span[R.SPAN_OPERATION] == "/sync" and span[R.SPAN_COMPONENT] == 7018
     assert tags_of(span)["http.status_code"] == "101"
-    assert seen[0] is not None and seen[0].startswith("1-")  # sw8 reached the server
+    assert seen[0].startswith("1-") and "," not in seen[0] and seen[0] != "1-forwarded"  # one sw8, ours
 
 
 def test_grpc_aio_server_keeps_each_handler_kind(sink: _sink.MemorySink) -> None:

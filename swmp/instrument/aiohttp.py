@@ -180,7 +180,7 @@ def _client() -> None:
                     span.tag(TAG_HTTP_URL, f"{url.scheme}://{peer}{path}")
                     given = kwargs.get("headers")
                     headers = CIMultiDict(given) if given is not None else CIMultiDict()
-                    headers.extend(span.inject())
+                    headers.update(span.inject())  # replaces a forwarded sw8, never a second one
                     kwargs["headers"] = headers
                 resp = await orig(self, method, str_or_url, **kwargs)
                 if span.__class__ is Span:

@@ -54,7 +54,10 @@ def _start(conn: Any, headers: Any) -> tuple[Any, Any]:
     span.tag(TAG_HTTP_METHOD, "websocket.connect")
     span.tag(TAG_HTTP_URL, f"{scheme}://{peer}{path}")
     merged = Headers(headers) if headers is not None else Headers()
-    merged.update(span.inject())
+    for name, value in span.inject().items():
+        if name in merged:  # a forwarded sw8 replaced: Headers adds a second value otherwise
+            del merged[name]
+        merged[name] = value
     return span, merged
 
 
