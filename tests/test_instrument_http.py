@@ -20,7 +20,7 @@ from swmp import _sink, instrument, tracing
 from swmp.config import load
 from swmp.instrument.wsgi import WSGIMiddleware
 from swmp.tracing import Component, Kind
-from swmp.tracing.context import new_local_span
+from swmp.tracing.context import new_entry_span, new_local_span
 
 
 class _Quiet(WSGIRequestHandler):
@@ -264,3 +264,42 @@ def test_no_trace_no_headers(sink: _sink.MemorySink, echo: tuple[Server, list[di
     requests.get(srv.url, timeout=5)  # not sampled: no header
     assert "HTTP_SW8" in seen[0] and "HTTP_SW8" not in seen[1]
     assert len(segments(sink)) == 1
+
+
+@pytest.mark.parametrize("client", ["requests", "httpx", "httpx-async"])
+def test_a_request_object_sent_in_a_trace_is_given_back_as_it_was(
+    sink: _sink.MemorySink, echo: tuple[Server, list[dict[str, Any]]], client: str
+) -> None:
+    """The application's own request object (a prepared request, an httpx Request) carries
+    the span's sw8 while it is sent, and not after: sent again later (with no trace to
+    continue), it must not carry a finished span's sw8."""
+    srv, seen = echo
+    if client == "requests":
+        import requests
+
+        session = requests.Session()
+        prepared = session.prepare_request(requests.Request("GET", srv.url, headers={"X-App": "1"}))
+        with new_entry_span("/outer"):
+            assert session.send(prepared, timeout=5).status_code == 200
+        headers: Any = prepared.headers
+    else:
+        import httpx
+
+        if client == "httpx":
+            with httpx.Client() as hc:
+                request = hc.build_request("GET", srv.url, headers={"X-App": "1"})
+                with new_entry_span("/outer"):
+                    assert hc.send(request).status_code == 200
+        else:
+
+            async def main() -> httpx.Request:
+                async with httpx.AsyncClient() as ac:
+                    request = ac.build_request("GET", srv.url, headers={"X-App": "1"})
+                    with new_entry_span("/outer"):
+                        assert (await ac.send(request)).status_code == 200
+                    return request
+
+            request = asyncio.run(main())
+        headers = request.headers
+    assert "HTTP_SW8" in seen[0] and seen[0]["HTTP_X_APP"] == "1"
+    assert "sw8" not in headers and headers["X-App"] == "1"

@@ -67,3 +67,29 @@ def record_status(span: Any, status: int) -> None:
     if status >= 400:
         span.error()
 
+
+
+# A request object the application built may be sent again, outside any trace: the headers
+# a traced send added to it are taken out again once it was sent, so a later send does not
+# carry this span's sw8 (continuing a trace that has ended).
+Saved = list[tuple[str, Any]]
+_ABSENT = object()
+
+
+def add_headers(headers: Any, added: dict[str, str]) -> Saved:
+    """``headers.update(added)``; what to give back to :func:`restore_headers` afterwards."""
+    saved = [(name, headers.get(name, _ABSENT)) for name in added]
+    headers.update(added)
+    return saved
+
+
+def restore_headers(headers: Any, saved: Saved) -> None:
+    """The headers as they were before :func:`add_headers` (never raises)."""
+    try:
+        for name, old in saved:
+            if old is _ABSENT:
+                headers.pop(name, None)
+            else:
+                headers[name] = old
+    except Exception:  # a headers object of another shape: left as sent
+        pass

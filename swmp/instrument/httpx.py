@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import peer_of, record_status
+from swmp.instrument._http import Saved, add_headers, peer_of, record_status, restore_headers
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
@@ -23,16 +23,19 @@ SUPPORTED = ("0.23", "1")
 TRIGGER = "httpx"  # Client and AsyncClient exist once httpx/__init__ ran
 
 
-def _start(request: Any) -> Span | NoopSpan:
+def _start(request: Any) -> tuple[Span | NoopSpan, Saved]:
+    """The exit span of ``request``, and what its headers were before sw8 went in (to be
+    given back after the send: see add_headers)."""
     u = request.url
     path = u.path or "/"
     peer = peer_of(u.scheme, u.host, u.port)
     span = _ctx.new_exit_span(path, peer, Component.HTTPX, Layer.HTTP)
+    saved: Saved = []
     if span.__class__ is Span:
         span.tag(TAG_HTTP_METHOD, request.method)
         span.tag(TAG_HTTP_URL, f"{u.scheme}://{peer}{path}")
-        request.headers.update(span.inject())
-    return span
+        saved = add_headers(request.headers, span.inject())
+    return span, saved
 
 
 def install(config: Config) -> None:
@@ -40,11 +43,14 @@ def install(config: Config) -> None:
 
     def make_sync(orig: Any) -> Any:
         def send(self: Any, request: Any, **kwargs: Any) -> Any:
-            span = _start(request)
+            span, saved = _start(request)
             if span is NOOP:
                 return orig(self, request, **kwargs)
             with span:
-                resp = orig(self, request, **kwargs)
+                try:
+                    resp = orig(self, request, **kwargs)
+                finally:
+                    restore_headers(request.headers, saved)
                 record_status(span, resp.status_code)
                 return resp
 
@@ -52,11 +58,14 @@ def install(config: Config) -> None:
 
     def make_async(orig: Any) -> Any:
         async def send(self: Any, request: Any, **kwargs: Any) -> Any:
-            span = _start(request)
+            span, saved = _start(request)
             if span is NOOP:
                 return await orig(self, request, **kwargs)
             with span:
-                resp = await orig(self, request, **kwargs)
+                try:
+                    resp = await orig(self, request, **kwargs)
+                finally:
+                    restore_headers(request.headers, saved)
                 record_status(span, resp.status_code)
                 return resp
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import record_status, split_url
+from swmp.instrument._http import Saved, add_headers, record_status, restore_headers, split_url
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
@@ -33,11 +33,16 @@ def install(config: Config) -> None:
             if span is NOOP:
                 return orig(self, request, **kwargs)
             with span:
+                saved: Saved = []
                 if span.recording:
                     span.tag(TAG_HTTP_METHOD, request.method or "")
                     span.tag(TAG_HTTP_URL, url)
-                    request.headers.update(span.inject())
-                resp = orig(self, request, **kwargs)
+                    saved = add_headers(request.headers, span.inject())
+                try:
+                    resp = orig(self, request, **kwargs)
+                finally:
+                    if saved:
+                        restore_headers(request.headers, saved)
                 if span.recording:
                     record_status(span, resp.status_code)
                 return resp
