@@ -266,3 +266,34 @@ def test_a_keyboard_interrupt_in_passes_reaches_the_caller(form: str, in_span: N
     gate = _gate.gated(lambda x: ("orig", x), lambda x: ("traced", x), passes)
     with pytest.raises(KeyboardInterrupt):
         gate(1)
+
+
+def test_a_gate_of_an_async_original_answers_as_one(form: str) -> None:
+    """What decides sync or async behaviour elsewhere (asyncio.iscoroutinefunction, and with
+    the native gate inspect's checks, its signature, mock.create_autospec) sees a gate of a
+    coroutine or async generator function as the original."""
+    from unittest import mock
+
+    class Client:
+        async def send(self, topic: str, value: Any = None, *, key: Any = None) -> str:
+            return topic
+
+        async def stream(self, query: str) -> Any:
+            yield query
+
+        def plain(self, x: int) -> int:
+            return x
+
+    for name in ("send", "stream", "plain"):
+        orig = Client.__dict__[name]
+        setattr(Client, name, _gate.gated(orig, orig))
+    assert asyncio.iscoroutinefunction(Client.send) and asyncio.iscoroutinefunction(Client().send)
+    assert not asyncio.iscoroutinefunction(Client.plain)
+    if form == "native":
+        assert inspect.iscoroutinefunction(Client.send) and inspect.iscoroutinefunction(Client().send)
+        assert inspect.isasyncgenfunction(Client.stream) and not inspect.iscoroutinefunction(Client.stream)
+        unbound = inspect.signature(Client.__dict__["send"].__wrapped__)
+        assert inspect.signature(Client.send) == unbound
+        assert list(inspect.signature(Client().send).parameters) == ["topic", "value", "key"]
+        assert isinstance(mock.create_autospec(Client, instance=True).send, mock.AsyncMock)
+    assert asyncio.run(Client().send("t")) == "t"  # and it still runs as itself

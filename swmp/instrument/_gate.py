@@ -16,7 +16,9 @@ coroutine is returned, not awaited, outside a trace.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +47,35 @@ def gated(
         functools.update_wrapper(gate, orig)
     except (AttributeError, TypeError):  # an original without the usual attributes
         pass
+    _async_like(gate, orig)
     return gate
+
+
+_ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _async_like(gate: Any, orig: Any) -> None:
+    """A gate for a coroutine or async generator function answers as the original does to
+    ``inspect.iscoroutinefunction`` / ``isasyncgenfunction`` / ``signature`` (and so to
+    ``asyncio.iscoroutinefunction`` and ``mock.create_autospec``, which pick sync or async
+    behaviour by them): libraries and tests decide by these what a method is.
+
+    The native gate is given the original's code attributes, which is how ``inspect``
+    recognises an object that behaves like a function (the duck typing it applies to
+    compiled functions); the Python gate, a function of its own, gets asyncio's marker."""
+    code = getattr(orig, "__code__", None)
+    if not inspect.isfunction(orig) or code is None or not code.co_flags & _ASYNC_FLAGS:
+        return
+    try:
+        if inspect.isfunction(gate):
+            if code.co_flags & inspect.CO_COROUTINE:
+                gate._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
+        else:
+            gate.__dict__.update(
+                __code__=code, __defaults__=orig.__defaults__, __kwdefaults__=orig.__kwdefaults__
+            )
+    except (AttributeError, TypeError):  # a gate without a __dict__: answers as a callable
+        pass
 
 
 def _passed(passes: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
