@@ -707,6 +707,20 @@ def test_aiormq_plain_function_callback(sink: _sink.MemorySink, rabbitmq: Rabbit
     assert span[R.SPAN_IS_ERROR] is False
 
 
+def test_confluent_headers_it_refuses_are_refused_in_a_trace(sink: _sink.MemorySink) -> None:
+    """confluent-kafka takes a list or a dict of headers; anything else it refuses with its
+    own TypeError, inside a trace as outside one (no broker needed: the check comes first)."""
+    import confluent_kafka
+
+    producer = confluent_kafka.Producer({"bootstrap.servers": "127.0.0.1:9", "socket.timeout.ms": 100})
+    for headers in ((("a", b"1"),), "ab"):
+        with pytest.raises(TypeError) as outside:
+            producer.produce("t", b"v", headers=headers)
+        with new_entry_span("/t"), pytest.raises(TypeError) as inside:
+            producer.produce("t", b"v", headers=headers)
+        assert str(inside.value) == str(outside.value)
+
+
 def test_amqp_publish_outside_a_trace_adds_nothing(sink: _sink.MemorySink, rabbitmq: RabbitMQBroker) -> None:
     import pika
 

@@ -93,6 +93,8 @@ def _remember(client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
 def _with_headers(span: Any, headers: Any) -> Any:
     if isinstance(headers, dict):
         return _mq.amqp_headers(span, headers)
+    if headers is not None and not isinstance(headers, list):
+        return headers  # confluent-kafka takes a list or a dict: its own error, as without us
     return _mq.kafka_headers(span, headers)
 
 
