@@ -381,10 +381,12 @@ def cursor_method(
     place = f"{prefix}{method} ({where.__module__}.{where.__qualname__})"
 
     def make(orig: Any) -> Any:
+        # Called without parameters, the driver is too (its default, or PyMySQL's TypeError).
         async def atraced(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
-            if args is _MISSING:
+            given = args is not _MISSING
+            if not given:
                 args = default
-            if many:
+            elif many:
                 args = rows(args)
             try:  # guarded() inlined: this runs on every traced query
                 address, db = where(self)
@@ -392,12 +394,15 @@ def cursor_method(
             except Exception as e:
                 span = failed(place, e)
             with span:
-                return await (orig(self, query, args, *rest) if rest else orig(self, query, args))
+                if rest:
+                    return await orig(self, query, args, *rest)
+                return await (orig(self, query, args) if given else orig(self, query))
 
         def straced(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
-            if args is _MISSING:
+            given = args is not _MISSING
+            if not given:
                 args = default
-            if many:
+            elif many:
                 args = rows(args)
             try:  # guarded() inlined: this runs on every traced query
                 address, db = where(self)
@@ -408,7 +413,10 @@ def cursor_method(
             span.__enter__()
             try:
                 # Without ``*rest`` when there is none (the usual call): no argument tuple.
-                result = orig(self, query, args, *rest) if rest else orig(self, query, args)
+                if rest:
+                    result = orig(self, query, args, *rest)
+                else:
+                    result = orig(self, query, args) if given else orig(self, query)
             except BaseException as e:
                 span.__exit__(type(e), e, e.__traceback__)
                 raise
