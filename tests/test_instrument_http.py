@@ -4,6 +4,7 @@ one exit span per client call, framework auto-install."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import threading
 import time
@@ -303,3 +304,25 @@ def test_a_request_object_sent_in_a_trace_is_given_back_as_it_was(
         headers = request.headers
     assert "HTTP_SW8" in seen[0] and seen[0]["HTTP_X_APP"] == "1"
     assert "sw8" not in headers and headers["X-App"] == "1"
+
+
+def test_http_client_headers_none_is_refused_as_without_the_agent(
+    sink: _sink.MemorySink, echo: tuple[Server, list[dict[str, Any]]]
+) -> None:
+    """``HTTPConnection.request(..., headers=None)`` fails in http.client itself; the agent
+    neither hides that nor sends the request, in a trace or outside one."""
+    import http.client
+
+    srv, seen = echo
+    port = int(srv.url.rsplit(":", 1)[1].split("/", 1)[0])
+    for traced in (False, True):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            with contextlib.ExitStack() as stack:
+                if traced:
+                    stack.enter_context(new_entry_span("/outer"))
+                with pytest.raises((TypeError, AttributeError)):
+                    conn.request("GET", "/", headers=None)
+        finally:
+            conn.close()
+    assert seen == []

@@ -38,13 +38,18 @@ def _pending(conn: Any) -> Any:
     return span
 
 
+_NOT_GIVEN: Any = object()
+
+
 def install(config: Config) -> None:
     from http.client import HTTPConnection  # noqa: PLC0415
 
     def make_request(orig: Any) -> Any:
         def request(
-            self: Any, method: str, url: str, body: Any = None, headers: Any = None, **kw: Any
+            self: Any, method: str, url: str, body: Any = None, headers: Any = _NOT_GIVEN, **kw: Any
         ) -> Any:
+            if headers is _NOT_GIVEN:
+                headers = {}  # http.client's own default; anything given goes on as given
             old = _pending(self)
             if old is not None:
                 old.finish()
@@ -57,12 +62,13 @@ def install(config: Config) -> None:
             if span.__class__ is Span:
                 span.tag(TAG_HTTP_METHOD, method)
                 span.tag(TAG_HTTP_URL, f"{scheme}://{peer}{path}")
-                merged = dict(headers) if headers else {}
-                merged.update(span.inject())
-                headers = merged
+                if headers is not None:  # None: http.client's own error, as without us
+                    merged = dict(headers)
+                    merged.update(span.inject())
+                    headers = merged
                 setattr(self, _ATTR, span)
             try:
-                return orig(self, method, url, body, headers if headers is not None else {}, **kw)
+                return orig(self, method, url, body, headers, **kw)
             except BaseException as e:
                 if span.__class__ is Span:
                     _pending(self)
