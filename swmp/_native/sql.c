@@ -174,28 +174,46 @@ PyObject *swmp_sql_span(PyObject *module, PyObject *const *args, size_t nargsf, 
 typedef struct {
     PyObject_HEAD
     PyObject *orig, *fallback, *op, *component, *db_type, *conn_attr, *where, *key_attr;
-    PyObject *last; /* with ``where`` and ``key_attr``: (the key object seen last, its pair) */
+    PyObject *last; /* with ``where`` and ``key_attr``: the memo of where_remembered */
     int truthy;     /* params ``or None`` (cursor_method) rather than as given (psycopg2) */
     int awaiting;   /* an async driver's: the call is made at the awaitable's first send */
     vectorcallfunc vectorcall;
 } SqlCall;
 
-/* ``where(connection)`` remembered for the connection's ``key_attr`` object seen last. The
- * memo is one tuple, replaced at once: a thread never reads one key with another's pair. */
+/* ``where(connection)`` remembered for the connection seen last, while its ``key_attr``
+ * object is the one it had then. The memo is one tuple ``(connection, address of the key
+ * object, pair)``, replaced at once: a thread never reads one key with another's pair. The
+ * connection is held by a weak reference when it takes one, and the key by its address
+ * only: a connection the application drops without closing it must be freed (and its server
+ * session ended, psycopg's ``pgconn``) as without the agent, not kept by this memo. */
+static int memo_matches(PyObject *last, PyObject *conn, PyObject *key) {
+    PyObject *held = PyTuple_GET_ITEM(last, 0);
+    PyObject *was = PyWeakref_CheckRef(held) ? PyWeakref_GET_OBJECT(held) : held; /* borrowed */
+    return was == conn && PyLong_AsVoidPtr(PyTuple_GET_ITEM(last, 1)) == (void *)key;
+}
+
 static PyObject *where_remembered(SqlCall *c, PyObject *conn) {
     PyObject *key = swmp_optional_attr(conn, c->key_attr);
     if (key == NULL) {
         return NULL;
     }
     PyObject *last = Py_XNewRef(c->last), *pair = NULL;
-    if (last != NULL && PyTuple_GET_ITEM(last, 0) == key) {
-        pair = Py_NewRef(PyTuple_GET_ITEM(last, 1));
+    if (last != NULL && memo_matches(last, conn, key)) {
+        pair = Py_NewRef(PyTuple_GET_ITEM(last, 2));
     }
     Py_XDECREF(last);
     if (pair == NULL) {
         pair = PyObject_CallOneArg(c->where, conn);
         if (pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2) {
-            PyObject *memo = PyTuple_Pack(2, key, pair);
+            PyObject *held = PyWeakref_NewRef(conn, NULL);
+            if (held == NULL) {
+                PyErr_Clear(); /* a connection without weak references: held as it is */
+                held = Py_NewRef(conn);
+            }
+            PyObject *address = PyLong_FromVoidPtr(key);
+            PyObject *memo = address == NULL ? NULL : PyTuple_Pack(3, held, address, pair);
+            Py_DECREF(held);
+            Py_XDECREF(address);
             if (memo == NULL) {
                 PyErr_Clear(); /* not remembered: asked again next time */
             } else {
