@@ -97,9 +97,8 @@ def test_pymysql_calls_by_keyword(traced: Traced, pymysql_conn: Any) -> None:
 def test_pymysql_calls_without_parameters_are_the_drivers(traced: Traced, pymysql_conn: Any) -> None:
     """A call without its parameters reaches the driver without them: ``execute`` takes its
     own default, ``executemany`` (whose parameters PyMySQL requires) raises as without us."""
-    with pymysql_conn.cursor() as cur:
-        with pytest.raises(TypeError) as outside:
-            cur.executemany("SELECT 1")
+    with pymysql_conn.cursor() as cur, pytest.raises(TypeError) as outside:
+        cur.executemany("SELECT 1")
     with traced.trace() as got, pymysql_conn.cursor() as cur:
         assert cur.execute("SELECT 3") == 1
         with pytest.raises(TypeError) as inside:

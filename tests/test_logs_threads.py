@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import gc
 import io
 import logging
 import logging.config
 import threading
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -254,6 +256,36 @@ def test_threads_and_pool_work_continue_the_trace(sink: _sink.MemorySink, report
     assert plain[6] == a.segment.trace_id and plain[7] == a.segment.segment_id
 
 
+def test_a_finished_thread_started_in_a_trace_is_freed_without_the_collector(
+    sink: _sink.MemorySink, reporting: Any
+) -> None:
+    """The wrapper that carries the trace into a thread hangs on the thread only while it
+    runs: a finished thread is freed by its reference count, as without the agent (not left
+    in a cycle for the garbage collector), and a ``run`` of the thread's own is given back."""
+    reporting()
+
+    class Own(threading.Thread):
+        pass
+
+    gc.disable()
+    try:
+        with ctx.new_entry_span("/a"):
+            plain = threading.Thread(target=_child_span, args=("thread-free",))
+            plain.start()
+            plain.join()
+            own = Own(target=_child_span, args=("thread-own",))
+            own_run = own.run = functools.partial(_child_span, "thread-own")  # type: ignore[method-assign]
+            own.start()
+            own.join()
+        assert own.run is own_run and "run" not in plain.__dict__
+        gone = weakref.ref(plain)
+        del plain
+        assert gone() is None
+    finally:
+        gc.enable()
+    assert {seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(sink)} >= {"thread-free", "thread-own"}
+
+
 def test_work_run_in_a_copy_of_the_callers_context_stays_in_its_segment(
     sink: _sink.MemorySink, reporting: Any
 ) -> None:
@@ -317,7 +349,8 @@ def test_grpc_threads_carry_their_own_context(sink: _sink.MemorySink, reporting:
         copied = contextvars.copy_context()
         submit(None, copied.run, _child_span, "x")
         submit(None, _child_span, "x")
-    assert "run" not in vars(managed._thread) and "run" in vars(plain)
+    # (Which thread got a snapshot shows in the segments below: the managed thread's span is
+    # in the starting segment, the plain thread's in one of its own, referring to it.)
     assert wrapped[0] == copied.run and wrapped[1] is not _child_span
     segs = segments(sink)
     (seg,) = [s for s in segs if s[R.SEG_SPANS][-1][R.SPAN_OPERATION] == "/grpc-call"]

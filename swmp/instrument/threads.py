@@ -123,6 +123,29 @@ def _continuing(fn: Any, snapshot: _ctx.Snapshot) -> Any:
     return run
 
 
+def _thread_run(thread: threading.Thread, snapshot: _ctx.Snapshot) -> Any:
+    """``thread.run`` continuing ``snapshot``. Once it has run, the thread's own ``run``
+    attribute is as it was before: the wrapper (which refers to the thread) no longer hangs
+    on the thread, so a finished thread is freed by its reference count, not left in a
+    reference cycle for the garbage collector (as threading.Thread.run drops its target)."""
+    own = thread.__dict__.get("run", _NONE)
+    wrapped = _continuing(thread.run, snapshot)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            if own is _NONE:
+                thread.__dict__.pop("run", None)
+            else:
+                thread.__dict__["run"] = own
+
+    return run
+
+
+_NONE: Any = object()
+
+
 def _make_start(orig: Any) -> Any:
     def start(self: threading.Thread) -> None:
         # Reached with a span current, for a thread that is not skipped (the gate asked).
@@ -131,7 +154,7 @@ def _make_start(orig: Any) -> Any:
             if snapshot is not None:
                 # An instance attribute: the class (and other threads) stay untouched;
                 # named like the method it stands for (what a debugger or a log shows).
-                run = _continuing(self.run, snapshot)
+                run = _thread_run(self, snapshot)
                 functools.update_wrapper(run, self.run)
                 self.run = run  # type: ignore[method-assign]
         except Exception:  # never fail the application's thread start for tracing
