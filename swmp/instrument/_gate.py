@@ -16,7 +16,6 @@ coroutine is returned, not awaited, outside a trace.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 from collections.abc import Callable
@@ -69,7 +68,11 @@ def _async_like(gate: Any, orig: Any) -> None:
     try:
         if inspect.isfunction(gate):
             if code.co_flags & inspect.CO_COROUTINE:
-                gate._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
+                # Imported here: an async original's library has imported asyncio already, and
+                # the agent must not import it into every process (test_instrument_lazy.py).
+                from asyncio import coroutines  # noqa: PLC0415
+
+                gate._is_coroutine = coroutines._is_coroutine  # type: ignore[attr-defined]
         else:
             gate.__dict__.update(
                 __code__=code, __defaults__=orig.__defaults__, __kwdefaults__=orig.__kwdefaults__
