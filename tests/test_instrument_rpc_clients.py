@@ -116,6 +116,28 @@ class Recorder(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
         return continuation(details, request)
 
 
+def test_grpc_handler_with_grpcs_experimental_attributes_is_left_as_it_is(sink: _sink.MemorySink) -> None:
+    """A behaviour marked ``experimental_non_blocking`` is called by grpc with a callback to
+    send its response with; the agent leaves such a handler as it is (untraced) so that the
+    call works as without it."""
+
+    def nb(req: bytes, ctx: Any, send: Any) -> None:
+        send(b"nb-" + req)
+        send(None)  # the end of the stream
+
+    nb.experimental_non_blocking = True  # type: ignore[attr-defined]
+    handler = grpc.method_handlers_generic_handler("t.N", {"Nb": grpc.unary_stream_rpc_method_handler(nb)})
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            assert list(ch.unary_stream("/t.N/Nb")(b"x", timeout=10)) == [b"nb-x"]
+    finally:
+        server.stop(None)
+
+
 def test_grpc_metadata_copied_not_mutated(sink: _sink.MemorySink, grpc_server: tuple[str, Seen]) -> None:
     target, seen = grpc_server
     recorder = Recorder()

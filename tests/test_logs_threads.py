@@ -97,6 +97,50 @@ def test_reported_once_whatever_the_logging_configuration(sink: _sink.MemorySink
     assert stream.getvalue() == "N/A|after basicConfig\n"  # %(tid)s outside a trace
 
 
+def test_the_applications_handlers_format_the_record_their_own_way(
+    sink: _sink.MemorySink, reporting: Any
+) -> None:
+    """The reporter formats a record before the application's handlers see it; what it
+    formats stays its own: a handler's own ``formatException`` and a filter that drops
+    ``exc_info`` give the output they give without the agent."""
+    reporting()
+
+    class OneLine(logging.Formatter):
+        def formatException(self, ei: Any) -> str:
+            return f"EXC={ei[1]!r}"
+
+    def no_traceback(record: logging.LogRecord) -> bool:
+        record.exc_info = None
+        return True
+
+    app = logging.getLogger("test.exc")
+    one_line, quiet = io.StringIO(), io.StringIO()
+    first = logging.StreamHandler(one_line)
+    first.setFormatter(OneLine("%(levelname)s %(message)s"))
+    second = logging.StreamHandler(quiet)
+    second.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    second.addFilter(no_traceback)
+    app.addHandler(first)
+    try:
+        try:
+            1 / 0  # noqa: B018
+        except ZeroDivisionError:
+            app.exception("boom")
+        app.removeHandler(first)
+        app.addHandler(second)
+        try:
+            {}["k"]
+        except KeyError:
+            app.exception("failed")
+    finally:
+        app.removeHandler(first)
+        app.removeHandler(second)
+    assert one_line.getvalue() == "ERROR boom\nEXC=ZeroDivisionError('division by zero')\n"
+    assert quiet.getvalue() == "ERROR failed\n"
+    reported = bodies(sink)
+    assert reported[0].startswith("ERROR test.exc boom\nTraceback") and "KeyError" in reported[1]
+
+
 def test_trace_context_and_the_tid_attribute(sink: _sink.MemorySink, reporting: Any) -> None:
     reporting(agent_log_reporter_layout="%(tid)s %(message)s")
     stream = io.StringIO()

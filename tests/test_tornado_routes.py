@@ -133,3 +133,44 @@ def test_tornado_route_found_once_per_request(sink: _sink.MemorySink) -> None:
         "/none",  # no rule: the path
         "/late/([0-9]+)",
     ]
+
+
+def test_an_exception_with_an_odd_status_code_is_logged_by_tornado(
+    sink: _sink.MemorySink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler's exception whose ``status_code`` is not a number: Tornado's own
+    ``log_exception`` still logs it ("Uncaught exception"), the span marks the failure."""
+    import logging
+
+    import tornado.web
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.httpserver import HTTPServer
+    from tornado.netutil import bind_sockets
+
+    class ApiError(Exception):
+        status_code = None
+
+    class Failing(tornado.web.RequestHandler):
+        def get(self) -> None:
+            raise ApiError("boom")
+
+    async def main() -> int:
+        app = tornado.web.Application([(r"/x", Failing)], log_function=lambda h: None)
+        sockets = bind_sockets(0, "127.0.0.1")
+        server = HTTPServer(app)
+        server.add_sockets(sockets)
+        client = AsyncHTTPClient(force_instance=True)
+        try:
+            url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/x"
+            return int((await client.fetch(url, raise_error=False)).code)
+        finally:
+            client.close()
+            server.stop()
+            await server.close_all_connections()
+
+    with caplog.at_level(logging.ERROR, logger="tornado.application"):
+        assert asyncio.run(main()) == 500
+    messages = [r.getMessage() for r in caplog.records if r.name == "tornado.application"]
+    assert any(m.startswith("Uncaught exception") for m in messages), messages
+    assert not any("Error in exception logger" in m for m in messages), messages
+    assert entry_ops(sink, 1) == ["/x"]

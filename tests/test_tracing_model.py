@@ -81,6 +81,25 @@ def test_error_with_stack_and_logs(sink: _sink.MemorySink) -> None:
     assert "in fail" in data["stack"] and "ValueError: boom" in data["stack"]
 
 
+def test_an_exception_that_cannot_be_printed_is_the_one_raised(sink: _sink.MemorySink) -> None:
+    """An application's exception whose ``__str__`` fails: the span still ends (its segment
+    is recorded, the context given back) and the ``with`` raises the application's
+    exception, not the agent's failure to read it."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise AttributeError("no message")
+
+    with pytest.raises(Unprintable), new_entry_span("/x", None, Component.FLASK, Layer.HTTP):
+        raise Unprintable
+    (seg,) = segments(sink)
+    (s,) = seg[R.SEG_SPANS]
+    assert s[R.SPAN_IS_ERROR] is True
+    data = dict(zip(s[R.SPAN_LOGS][0][1][::2], s[R.SPAN_LOGS][0][1][1::2], strict=True))
+    assert data["error.kind"] == "Unprintable" and data["message"] == "<unprintable Unprintable object>"
+    assert tracing.context.active_span() is None
+
+
 def test_cross_process_ref_from_carrier(sink: _sink.MemorySink) -> None:
     carrier = ContextCarrier("t-1", "seg-9", 3, "up-svc", "up-inst", "/up", "me:80")
     carrier.correlation = {"k": "v"}

@@ -368,3 +368,40 @@ def test_an_interrupt_while_the_span_is_made_is_raised_an_error_is_not(sink: _si
     finally:
         _setup_wsgi(wsgi._ctx.decide_entry_span)
     assert ran == ["/users/7"]
+
+
+class FileWrapper:
+    """A server's ``wsgi.file_wrapper`` (wsgiref's and Gunicorn's shape)."""
+
+    def __init__(self, filelike: Any, blksize: int = 8192) -> None:
+        self.filelike = filelike
+        self.closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self.filelike
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("form", ["native", "python"])
+def test_a_servers_file_wrapper_goes_back_to_it_as_it_is(sink: _sink.MemorySink, form: str) -> None:
+    """A response made with the server's ``wsgi.file_wrapper`` (send_file, FileResponse) is
+    handed back as the same object, so the server still recognises it and sends the file
+    its own way (sendfile); the span ends when the server closes it."""
+    made: list[Any] = []
+
+    def app(environ: Any, start_response: Any) -> Any:
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+        made.append(environ["wsgi.file_wrapper"](b"file bytes"))
+        return made[-1]
+
+    run = native_core.wsgi_call if form == "native" else wsgi._py_trace_wsgi
+    result = run(app, _environ(**{"wsgi.file_wrapper": FileWrapper}), lambda *a: None, 7001, False, 0)
+    assert result is made[0] and isinstance(result, FileWrapper)
+    assert segments(sink.records) == []  # the span is open until the server closes it
+    assert list(result) == [b"file bytes"]
+    result.close()
+    assert made[0].closed
+    ((seg_spans),) = [seg[3] for seg in segments(sink.records)]
+    assert seg_spans[0][2] == "/users/7"

@@ -452,9 +452,22 @@ static PyObject *spancore_exit(SpanCore *self, PyObject *const *args, Py_ssize_t
     if (args[1] != Py_None) {
         PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, s_error, args[1]);
         if (r == NULL) {
-            return NULL;
+            /* Recording the exception failed (a subclass's error(), an object of the
+             * application's that cannot be read): the span still ends, and the with
+             * statement raises the application's exception, not this one. */
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                PyObject *type, *value, *tb;
+                PyErr_Fetch(&type, &value, &tb);
+                int ended = finish_span(self, NULL);
+                if (ended < 0) {
+                    PyErr_Clear();
+                }
+                PyErr_Restore(type, value, tb);
+                return NULL;
+            }
+            PyErr_Clear();
         }
-        Py_DECREF(r);
+        Py_XDECREF(r);
     }
     if (finish_span(self, NULL) < 0) {
         return NULL;
@@ -2144,6 +2157,8 @@ static PyMethodDef module_methods[] = {
      "setup_wsgi(py_trace, tag_request, run_unrecorded, decide_entry_span, from_headers, request_tags, noop, "
      "span_class, policy, limits, layer, tag_method, tag_url, no_tags, current): what wsgi_call() reads and hands "
      "over to."},
+    {"setup_wsgi_file", (PyCFunction)swmp_setup_wsgi_file, METH_O,
+     "setup_wsgi_file(file_response): what wsgi_call() hands a server's own file wrapper to."},
     {"wsgi_call", (PyCFunction)(void (*)(void))swmp_wsgi_call, METH_FASTCALL | METH_KEYWORDS,
      "wsgi_call(app, environ, start_response, component, collect_params, params_limit): a WSGI request run in "
      "its entry span (swmp/instrument/wsgi.py's trace_wsgi)."},

@@ -42,6 +42,8 @@ static PyObject *py_trace = NULL, *tag_request = NULL, *run_unrecorded = NULL, *
                 *from_headers = NULL, *request_tags = NULL, *noop = NULL, *policy = NULL, *limits = NULL,
                 *layer = NULL, *tag_method = NULL, *tag_url = NULL, *no_tags = NULL, *current = NULL;
 static PyTypeObject *span_class = NULL;
+/* The Python ``_file_response(result, span)`` (swmp/instrument/wsgi.py), set by setup_wsgi_file(). */
+static PyObject *py_file_response = NULL, *k_file_wrapper = NULL;
 static PyObject *k_method, *k_path, *k_sw8, *k_sw8_correlation, *k_sw8_x, *k_host, *k_server_name,
     *k_server_port, *k_scheme, *k_script, *k_remote, *k_remote_port, *s_peer,
     *s_max_elements, *s_max_length, *s_enter, *s_error, *s_finish, *v_get, *v_root, *v_http, *empty_text, *colon,
@@ -86,6 +88,7 @@ PyObject *swmp_setup_wsgi(PyObject *module, PyObject *const *args, Py_ssize_t na
         INTERN(v_http, "http");
         INTERN(empty_text, "");
         INTERN(colon, ":");
+        INTERN(k_file_wrapper, "wsgi.file_wrapper");
         INTERN(scheme_end, "://");
 #undef INTERN
     }
@@ -306,6 +309,22 @@ static PyObject *run_traced(PyObject *module, PyObject *span, PyObject *prev, Py
         quietly(span, s_finish, NULL);
         return result;
     }
+    /* A server's own file wrapper goes back to it as it is (see _file_response). */
+    PyObject *wrapper = py_file_response == NULL ? NULL : PyDict_GetItemWithError(environ, k_file_wrapper);
+    if (wrapper != NULL && PyType_Check(wrapper) && PyObject_TypeCheck(result, (PyTypeObject *)wrapper)) {
+        PyObject *call[2] = {result, span};
+        PyObject *kept = PyObject_Vectorcall(py_file_response, call, 2, NULL);
+        if (kept == NULL) { /* answered as the application answered, the span ended now */
+            PyErr_Clear();
+            quietly(span, s_finish, NULL);
+            return result;
+        }
+        Py_DECREF(result);
+        return kept;
+    }
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+    }
     PyObject *body_args[2] = {result, span};
     PyObject *body = swmp_wsgi_body(module, body_args, 2);
     if (body == NULL) { /* answered as the application answered, the span ended now */
@@ -315,6 +334,15 @@ static PyObject *run_traced(PyObject *module, PyObject *span, PyObject *prev, Py
     }
     Py_DECREF(result);
     return body;
+}
+
+PyObject *swmp_setup_wsgi_file(PyObject *module, PyObject *fn) {
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "setup_wsgi_file(file_response: callable)");
+        return NULL;
+    }
+    Py_XSETREF(py_file_response, Py_NewRef(fn));
+    Py_RETURN_NONE;
 }
 
 static PyObject *python_trace(PyObject *const *args, size_t nargsf, PyObject *kwnames) {

@@ -4,5 +4,6 @@
 #include <Python.h>
 extern PyTypeObject swmp_WSGIMethodType;
 PyObject *swmp_setup_wsgi(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *swmp_setup_wsgi_file(PyObject *module, PyObject *fn);
 PyObject *swmp_wsgi_call(PyObject *module, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 #endif

@@ -331,6 +331,10 @@ def wrap_handler(handler: Any, method: str) -> Any:
     if kind is None:
         return handler
     fn = getattr(handler, kind)
+    if getattr(fn, "experimental_non_blocking", False) or getattr(fn, "experimental_thread_pool", None):
+        # grpc's experimental behaviour attributes (a callback to send the response with, a
+        # thread pool of its own) belong to the function it calls: left as it is, untraced.
+        return handler
     factory = factories[kind]
     streaming = bool(handler.response_streaming)
     _status_table()

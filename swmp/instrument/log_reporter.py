@@ -163,6 +163,9 @@ def checked_formatter(layout: str | None) -> logging.Formatter:
         return logging.Formatter(DEFAULT_LAYOUT)
 
 
+_ABSENT: Any = object()  # (an attribute the record did not have)
+
+
 class LogReporter:
     """Turns stdlib log records into LOG records (see ``reporter_proc.records``)."""
 
@@ -209,6 +212,12 @@ class LogReporter:
         return body, tags
 
     def _format(self, record: logging.LogRecord) -> str:
+        # Formatter.format writes onto the record (``message``, ``asctime``, and the traceback
+        # text every later handler reuses): the reporter runs before the application's own
+        # handlers, which must see the record as the application made it (their own
+        # formatException, a filter that drops exc_info).
+        d = record.__dict__
+        kept = (d.get("exc_text"), d.get("message", _ABSENT), d.get("asctime", _ABSENT))
         try:
             return self.formatter.format(record)
         except Exception:
@@ -217,6 +226,13 @@ class LogReporter:
                 return self._fallback.format(record)
             except Exception:  # the message itself cannot be formatted (bad args)
                 return str(record.msg)
+        finally:
+            d["exc_text"] = kept[0]
+            for name, old in (("message", kept[1]), ("asctime", kept[2])):
+                if old is _ABSENT:
+                    d.pop(name, None)
+                else:
+                    d[name] = old
 
 
 class SkyWalkingLogHandler(logging.Handler):

@@ -164,8 +164,12 @@ def install(config: Config) -> None:
 
     def make_log_exception(orig: Any) -> Any:
         def log_exception(self: Any, typ: Any, value: Any, tb: Any) -> Any:
-            if getattr(value, "status_code", 500) >= 500:  # an HTTPError(404) is no failure
-                record_exception(value)
+            try:
+                status = getattr(value, "status_code", 500)
+                if not isinstance(status, int) or status >= 500:  # an HTTPError(404) is no failure
+                    record_exception(value)
+            except Exception:  # an exception of the application's we cannot read: not ours to raise
+                pass
             return orig(self, typ, value, tb)
 
         return log_exception

@@ -98,6 +98,34 @@ def _py_status_recorder(span: Any, start_response: Callable[..., Any]) -> Callab
     return partial(_py_start_response, span, start_response)
 
 
+def _file_response(result: Any, span: Span) -> Any:
+    """A server's own file wrapper (an instance of ``environ["wsgi.file_wrapper"]``: what
+    Flask's ``send_file``, Django's ``FileResponse``, Bottle's ``static_file`` return) handed
+    back as it is, its ``close`` made to finish the span: the server knows it by its type and
+    sends the file its own way (``sendfile``); wrapped, it would be iterated block by block.
+    PEP 3333 has the server call ``close()``. An object that takes no ``close`` of ours is
+    wrapped as any other response."""
+    close = getattr(result, "close", None)
+
+    def closed() -> None:
+        try:
+            if close is not None:
+                close()
+        finally:
+            span.finish()
+
+    try:
+        result.close = closed
+    except Exception:
+        return _make_body(result, span)
+    return result
+
+
+def _is_file_response(environ: Any, result: Any) -> bool:
+    wrapper = environ.get("wsgi.file_wrapper")
+    return isinstance(wrapper, type) and isinstance(result, wrapper)
+
+
 # The response iterable that finishes the span when closed: in C (swmp/_native/body.c) when
 # the span core is built.
 _make_body: Callable[[Iterable[bytes], Span], Iterable[bytes]] = (
@@ -199,6 +227,8 @@ def _py_trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are che
     if cls is list or cls is tuple or isinstance(result, (list, tuple)):  # exact types first
         span.finish()
         return result
+    if _is_file_response(environ, result):
+        return _file_response(result, span)  # type: ignore[no-any-return]
     return _make_body(result, span)
 
 
@@ -223,6 +253,7 @@ if native_core is not None and hasattr(native_core, "wsgi_call"):
         NO_TAGS,
         current_span,
     )
+    native_core.setup_wsgi_file(_file_response)
     trace_wsgi = native_core.wsgi_call
 _WSGIMethod: Any = getattr(native_core, "WSGIMethod", None) if trace_wsgi is not _py_trace_wsgi else None
 

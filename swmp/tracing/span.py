@@ -118,7 +118,10 @@ class PySpanCore:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         # finish(), inlined: one call less per span on the hot path.
         if ev is not None:
-            self.error(ev)  # type: ignore[attr-defined]  # Span's
+            try:  # the span ends, and the application's exception is the one raised
+                self.error(ev)  # type: ignore[attr-defined]  # Span's
+            except Exception:
+                pass
         if self.end:
             return
         if self.span_id == 0 and self.segment.profile is not None:
@@ -279,9 +282,12 @@ class Span(_CoreType):
                 stack = format_stack(type(exc), exc, exc.__traceback__)
             except Exception:
                 stack = ""
-            self.log(
-                **{"event": "error", "error.kind": type(exc).__name__, "message": str(exc), "stack": stack}
-            )
+            try:
+                message = str(exc)
+            except Exception:  # an exception whose __str__ fails: the application's to raise, not ours
+                message = f"<unprintable {type(exc).__name__} object>"
+            kind = type(exc).__name__
+            self.log(**{"event": "error", "error.kind": kind, "message": message, "stack": stack})
         return self
 
     def set_operation(self, op: str) -> Span:
