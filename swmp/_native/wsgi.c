@@ -309,31 +309,23 @@ static PyObject *run_traced(PyObject *module, PyObject *span, PyObject *prev, Py
         quietly(span, s_finish, NULL);
         return result;
     }
-    /* A server's own file wrapper goes back to it as it is (see _file_response). */
+    /* A server's own file wrapper goes back to it as it is (see _file_response); any other
+     * response into the body that finishes the span when the server closes it. */
     PyObject *wrapper = py_file_response == NULL ? NULL : PyDict_GetItemWithError(environ, k_file_wrapper);
+    PyObject *made, *made_of[2] = {result, span};
     if (wrapper != NULL && PyType_Check(wrapper) && PyObject_TypeCheck(result, (PyTypeObject *)wrapper)) {
-        PyObject *call[2] = {result, span};
-        PyObject *kept = PyObject_Vectorcall(py_file_response, call, 2, NULL);
-        if (kept == NULL) { /* answered as the application answered, the span ended now */
-            PyErr_Clear();
-            quietly(span, s_finish, NULL);
-            return result;
-        }
-        Py_DECREF(result);
-        return kept;
+        made = PyObject_Vectorcall(py_file_response, made_of, 2, NULL);
+    } else {
+        PyErr_Clear(); /* (a failed look-up in an exact dict: not expected) */
+        made = swmp_wsgi_body(module, made_of, 2);
     }
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-    }
-    PyObject *body_args[2] = {result, span};
-    PyObject *body = swmp_wsgi_body(module, body_args, 2);
-    if (body == NULL) { /* answered as the application answered, the span ended now */
+    if (made == NULL) { /* answered as the application answered, the span ended now */
         PyErr_Clear();
         quietly(span, s_finish, NULL);
         return result;
     }
     Py_DECREF(result);
-    return body;
+    return made;
 }
 
 PyObject *swmp_setup_wsgi_file(PyObject *module, PyObject *fn) {
