@@ -62,9 +62,9 @@ def _async_like(gate: Any, orig: Any) -> None:
     The native gate is given the original's code attributes, which is how ``inspect``
     recognises an object that behaves like a function (the duck typing it applies to
     compiled functions); the Python gate, a function of its own, gets asyncio's marker."""
-    code = getattr(orig, "__code__", None)
-    if not inspect.isfunction(orig) or code is None or not code.co_flags & _ASYNC_FLAGS:
+    if not inspect.isfunction(orig) or not orig.__code__.co_flags & _ASYNC_FLAGS:
         return
+    code = orig.__code__
     try:
         if inspect.isfunction(gate):
             if code.co_flags & inspect.CO_COROUTINE:

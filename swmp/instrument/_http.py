@@ -68,7 +68,6 @@ def record_status(span: Any, status: int) -> None:
         span.error()
 
 
-
 # A request object the application built may be sent again, outside any trace: the headers
 # a traced send added to it are taken out again once it was sent, so a later send does not
 # carry this span's sw8 (continuing a trace that has ended).

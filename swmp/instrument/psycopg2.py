@@ -62,6 +62,18 @@ def _span(cur: Any, method: str, statement: Any, params: Any, many: bool = False
         return _ds.failed(_PLACE, e)
 
 
+def _by_name(
+    args: tuple[Any, ...], kwargs: dict[str, Any], first: str, second: str
+) -> tuple[Any, Any] | None:
+    """The first two arguments of a call, by position or by psycopg2's names for them
+    (``second`` None when not given); None when the first is given neither way."""
+    if args:
+        return args[0], args[1] if len(args) > 1 else kwargs.get(second)
+    if first in kwargs:
+        return kwargs[first], kwargs.get(second)
+    return None
+
+
 def _traced_cursor(base: type) -> type:
     cls = _traced.get(base)
     if cls is not None:
@@ -78,10 +90,10 @@ def _traced_cursor(base: type) -> type:
     # may have its own names and options), and reads the query and its parameters from them
     # by psycopg2's names; a call without the query by either is run untraced.
     def traced_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not args and "query" not in kwargs:
+        given = _by_name(args, kwargs, "query", "vars")
+        if given is None:
             return b_execute(self, *args, **kwargs)
-        query = args[0] if args else kwargs["query"]
-        span = _span(self, "execute", query, args[1] if len(args) > 1 else kwargs.get("vars"))
+        span = _span(self, "execute", *given)
         span.__enter__()  # ``with span:`` spelled out: the call every query makes
         try:
             result = b_execute(self, *args, **kwargs)
@@ -92,10 +104,10 @@ def _traced_cursor(base: type) -> type:
         return result
 
     def traced_executemany(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not args and "query" not in kwargs:
+        given = _by_name(args, kwargs, "query", "vars_list")
+        if given is None:
             return b_executemany(self, *args, **kwargs)
-        query = args[0] if args else kwargs["query"]
-        vars_list = args[1] if len(args) > 1 else kwargs.get("vars_list")
+        query, vars_list = given
         if _ds.settings.params_max and vars_list is not None and not isinstance(vars_list, (list, tuple)):
             vars_list = list(vars_list)  # a generator would be consumed by the tag
             if len(args) > 1:
@@ -106,16 +118,17 @@ def _traced_cursor(base: type) -> type:
             return b_executemany(self, *args, **kwargs)
 
     def traced_callproc(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not args and "procname" not in kwargs:
+        given = _by_name(args, kwargs, "procname", "parameters")
+        if given is None:
             return b_callproc(self, *args, **kwargs)
-        procname = args[0] if args else kwargs["procname"]
-        with _span(self, "callproc", procname, args[1] if len(args) > 1 else kwargs.get("parameters")):
+        with _span(self, "callproc", *given):
             return b_callproc(self, *args, **kwargs)
 
     def traced_copy_expert(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not args and "sql" not in kwargs:
+        given = _by_name(args, kwargs, "sql", "file")
+        if given is None:
             return b_copy_expert(self, *args, **kwargs)
-        with _span(self, "copy_expert", args[0] if args else kwargs["sql"], None):
+        with _span(self, "copy_expert", given[0], None):
             return b_copy_expert(self, *args, **kwargs)
 
     class TracedCursor(base):  # type: ignore[misc]

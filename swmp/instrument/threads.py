@@ -123,6 +123,9 @@ def _continuing(fn: Any, snapshot: _ctx.Snapshot) -> Any:
     return run
 
 
+_NONE: Any = object()
+
+
 def _thread_run(thread: threading.Thread, snapshot: _ctx.Snapshot) -> Any:
     """``thread.run`` continuing ``snapshot``. Once it has run, the thread's own ``run``
     attribute is as it was before: the wrapper (which refers to the thread) no longer hangs
@@ -141,9 +144,6 @@ def _thread_run(thread: threading.Thread, snapshot: _ctx.Snapshot) -> Any:
                 thread.__dict__["run"] = own
 
     return run
-
-
-_NONE: Any = object()
 
 
 def _make_start(orig: Any) -> Any:
