@@ -85,11 +85,14 @@ def test_database_and_cache_spans_reach_the_oap(
     # The topology: the service calls the database and the cache, both as services.
     def topology() -> dict[str, Any] | None:
         data = q.gql(TOPOLOGY, {"s": service_id, "d": duration(15)})["getServiceTopology"]
-        names = {n["name"] for n in data["nodes"]}
-        wanted = {f"127.0.0.1:{pg.port}", f"127.0.0.1:{rd.port}"}
-        return data if wanted <= names and len(data["calls"]) >= 2 else None
+        layers = {n["name"]: n["layers"] for n in data["nodes"]}
+        wanted = (f"127.0.0.1:{pg.port}", f"127.0.0.1:{rd.port}")
+        # A node can show up (from the call metrics) before the OAP has stored the service
+        # record that carries its layer: until then it reads UNDEFINED, so wait for the layer.
+        known = all(layers.get(name, ["UNDEFINED"]) != ["UNDEFINED"] for name in wanted)
+        return data if known and len(data["calls"]) >= 2 else None
 
-    topo = wait_for(topology, DATA_TIMEOUT, what="database and cache nodes in the topology")
+    topo = wait_for(topology, DATA_TIMEOUT, what="database and cache nodes with their layers")
     nodes = {n["name"]: n for n in topo["nodes"]}
     db_node, cache_node = nodes[f"127.0.0.1:{pg.port}"], nodes[f"127.0.0.1:{rd.port}"]
     assert not db_node["isReal"] and not cache_node["isReal"]
