@@ -238,6 +238,41 @@ def test_loguru_through_its_api_after_remove_and_no_double_report(
     assert "from loguru 1" in out.getvalue()  # the application's sink still works
 
 
+def test_loguru_sink_does_not_widen_what_the_application_logs(sink: _sink.MemorySink, reporting: Any) -> None:
+    """Below the application's sinks' level loguru must not format or call lazy arguments."""
+    from loguru import logger
+
+    reporting()
+    called: list[str] = []
+
+    def expensive() -> str:
+        called.append("called")
+        return "value"
+
+    logger.remove()
+    out = io.StringIO()
+    errors_only = logger.add(out, level="ERROR", format="{message}")
+    try:
+        logger.warning("{0} {1}", "one argument for two fields")  # loguru would raise formatting it
+        logger.opt(lazy=True).warning("lazy {}", expensive)
+        logger.error("an error {}", 1)
+        assert called == []
+        assert bodies(sink) == ["an error 1"]  # a WARNING the application drops is not reported
+        logger.remove(errors_only)
+        logger.configure(handlers=[{"sink": out, "level": "DEBUG", "format": "{message}"}])
+        logger.opt(lazy=True).warning("lazy {}", expensive)  # the application takes it now
+        logger.info("info, below the reporter's level")
+        assert called == ["called"]
+        assert bodies(sink) == ["an error 1", "lazy value"]
+        logger.remove()
+        logger.warning("{0} {1}", "no sink of the application's")  # nothing formats it
+        assert bodies(sink) == ["an error 1", "lazy value"]
+    finally:
+        logger.remove()
+        logger.add(io.StringIO())
+    assert "info, below" in out.getvalue()
+
+
 def test_structlog_through_its_api(sink: _sink.MemorySink, reporting: Any) -> None:
     import structlog
 

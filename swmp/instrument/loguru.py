@@ -9,10 +9,18 @@ it back. Tags as the SkyWalking Python agent's loguru plugin: ``level``, ``logge
 
 A message forwarded from the stdlib by a handler (the usual ``InterceptHandler``) was
 already reported as a stdlib record and is not reported twice.
+
+loguru formats a message (and calls ``opt(lazy=True)`` arguments) only when some sink takes
+its level: the lowest level of all sinks, which loguru keeps in its core. A sink of ours at
+WARNING would lower that for an application whose sinks take ERROR, and its WARNING calls
+would then be formatted (and could raise) where they were silent before. So after every
+``add`` and ``remove`` the core's lowest level is set back to that of the application's own
+sinks: the reporter sees what the application logs, and loguru does no more work than it did.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._patch import patch, restore
@@ -29,6 +37,21 @@ SUPPORTED = ("0.6", "1")
 TRIGGER = "loguru"
 
 _state: dict[str, Any] = {"id": None}
+_log = logging.getLogger("swmp.logs")
+
+
+def _keep_min_level(target: Any) -> None:
+    """Give loguru's core back the lowest level of the application's sinks (ours left out)."""
+    try:
+        core = target._core
+        with core.lock:
+            ours = _state["id"]
+            levels = [h.levelno for key, h in core.handlers.items() if key != ours]
+            core.min_level = min(levels, default=float("inf"))
+    except Exception:  # a loguru whose inside differs: our sink's level then counts, as before
+        if not _state.get("warned"):
+            _state["warned"] = True
+            _log.warning("loguru: cannot keep its lowest sink level; the reporter's level applies")
 
 
 def _make_sink(safe_mode: bool) -> Any:
@@ -63,6 +86,15 @@ def install(config: Config) -> None:
     def add(target: Any) -> int:
         return int(target.add(sink, level=level, format="{message}", catch=True, colorize=False))
 
+    def make_add(orig: Any) -> Any:
+        def add_sink(self: Any, *args: Any, **kwargs: Any) -> Any:
+            handler_id = orig(self, *args, **kwargs)
+            if _state["id"] is not None:
+                _keep_min_level(self)
+            return handler_id
+
+        return add_sink
+
     def make_remove(orig: Any) -> Any:
         def remove(self: Any, handler_id: int | None = None) -> None:
             orig(self, handler_id)
@@ -73,10 +105,13 @@ def install(config: Config) -> None:
                     _state["id"] = add(self)
                 except Exception:
                     pass
+            _keep_min_level(self)
 
         return remove
 
     _state["id"] = add(logger)
+    _keep_min_level(logger)
+    patch(Logger, "add", make_add)
     patch(Logger, "remove", make_remove)
 
 
@@ -84,6 +119,7 @@ def uninstall() -> None:
     from loguru import logger  # noqa: PLC0415
     from loguru._logger import Logger  # noqa: PLC0415
 
+    restore(Logger, "add")
     restore(Logger, "remove")
     ours, _state["id"] = _state["id"], None
     if ours is not None:
