@@ -214,6 +214,48 @@ def _consume(
     return asyncio.run(read())
 
 
+def test_kafka_python_iteration_gives_a_span_per_record_received(
+    sink: _sink.MemorySink, kafka_broker: KafkaBroker
+) -> None:
+    """Iteration fetches a batch but hands it out a record at a time; a seek drops the rest of
+    the batch, fetched again later. Each record the application receives gets one span."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    topic, group = unique_name("kp-iter"), unique_name("g")
+    p = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
+    try:
+        with new_entry_span("/send"):
+            for i in range(4):
+                p.send(topic, value=str(i).encode(), partition=0)
+        p.flush(timeout=30)
+    finally:
+        p.close()
+    sends = spans_of(sink, Kind.EXIT, Component.KAFKA_PRODUCER)
+    assert len(sends) == 4
+    c = KafkaConsumer(
+        topic,
+        bootstrap_servers=kafka_broker.bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=30_000,
+    )
+    try:
+        got = [next(c)]
+        assert got[0].offset == 0
+        c.seek(TopicPartition(topic, 0), 1)  # drops the rest of the fetched batch
+        while len(got) < 4:
+            got.append(next(c))
+    finally:
+        c.close()
+    assert [r.value for r in got] == [b"0", b"1", b"2", b"3"]
+    received = spans_of(sink, Kind.ENTRY, Component.KAFKA_CONSUMER)
+    assert len(received) == 4, [s[R.SPAN_REFS][0][3] for _, s in received]
+    assert sorted(s[R.SPAN_REFS][0][2:4] for _, s in received) == sorted(
+        [seg[R.SEG_SEGMENT_ID], s[R.SPAN_ID]] for seg, s in sends
+    )
+
+
 KAFKA_CLIENTS = ("kafka-python", "confluent-kafka", "aiokafka")
 
 

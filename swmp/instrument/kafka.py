@@ -10,6 +10,12 @@ Consumer: ``poll`` returns a batch (topic-partition -> records); each record of 
 gets its own entry span and segment (operation ``Kafka/<topic>/Consumer/<group id>``,
 component kafka-consumer (41)), continuing the trace of the producer that sent it. The
 spans record the delivery and are finished when ``poll`` returns (see ``_mq``).
+
+Iteration (``for record in consumer``) fetches through ``poll(update_offsets=False)`` too, but
+hands the batch out one record at a time, and drops the rest of it on a seek, a pause or a
+lost assignment: those records are fetched again later. So that path records a span per record
+as ``__next__`` returns it, and its inner ``poll`` records none: one span per record the
+application receives.
 """
 
 from __future__ import annotations
@@ -95,7 +101,7 @@ def install(config: Config) -> None:
     def make_poll(orig: Any) -> Any:
         def poll(self: Any, *args: Any, **kwargs: Any) -> Any:
             batch = orig(self, *args, **kwargs)
-            if batch:
+            if batch and _updates_offsets(args, kwargs):
                 try:
                     brokers = _brokers(self)
                     group = self.config.get("group_id") or ""
@@ -108,8 +114,28 @@ def install(config: Config) -> None:
 
         return poll
 
+    def make_next(orig: Any) -> Any:
+        def __next__(self: Any) -> Any:
+            record = orig(self)
+            try:
+                group = self.config.get("group_id") or ""
+                _mq.kafka_consumed(record.topic, group, record.headers, _brokers(self))
+            except Exception:
+                _mq.warn_once("kafka.next", "swmp: tracing a kafka-python record failed")
+            return record
+
+        return __next__
+
     patch(KafkaProducer, "send", make_send)
     patch(KafkaConsumer, "poll", make_poll)
+    patch(KafkaConsumer, "__next__", make_next)
+
+
+def _updates_offsets(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``poll(timeout_ms, max_records, update_offsets)``: False only from the iterator."""
+    if "update_offsets" in kwargs:
+        return bool(kwargs["update_offsets"])
+    return bool(args[2]) if len(args) > 2 else True
 
 
 def uninstall() -> None:
@@ -117,3 +143,4 @@ def uninstall() -> None:
 
     restore(KafkaProducer, "send")
     restore(KafkaConsumer, "poll")
+    restore(KafkaConsumer, "__next__")
