@@ -202,6 +202,51 @@ def test_base_exceptions_pass_through(native: ModuleType) -> None:
         encode.segment_py(rec)
 
 
+class _Clearing:
+    """A falsy value whose truth, once taken, empties the list holding it (frees its items)."""
+
+    def __init__(self) -> None:
+        self.holder: list[Any] = []
+
+    def __bool__(self) -> bool:
+        self.holder.clear()
+        return False
+
+
+def _with_clearing(where: str) -> list[Any]:
+    rec = _rich_segment()
+    if where == "span":  # the span's operation name: the span's own list is emptied
+        value = _Clearing()
+        value.holder = rec[5][0]
+        rec[5][0][4] = value
+    elif where == "tags":  # a tag key: the tag list being walked is emptied
+        value = _Clearing()
+        value.holder = rec[5][0][11]
+        rec[5][0][11][2] = value
+    else:  # the record's service: the record itself
+        value = _Clearing()
+        value.holder = rec
+        rec[2] = value
+    return rec
+
+
+@pytest.mark.parametrize("where", ["span", "tags", "record"])
+def test_values_that_run_code_are_encoded_as_python_does(native: ModuleType, where: str) -> None:
+    """The native walk reads the record's lists without running Python code; a value whose
+    truth, length or hash does run code (here: emptying the list it is in) sends the record to
+    the pure-Python encoder, which gives the bytes (or the error) the Python rules give."""
+    assert _outcome(native.segment, _with_clearing(where)) == _outcome(
+        _pure(encode.segment_py), _with_clearing(where)
+    )
+
+    def log() -> list[Any]:  # the endpoint empties the record
+        rec = [1_700_000_000_000, "svc", "inst", _Clearing(), "text", "body", "t", "s", 2, ["level", "X"], ""]
+        rec[3].holder = rec
+        return rec
+
+    assert _outcome(native.log, log()) == _outcome(_pure(encode.log_py), log())
+
+
 def test_segment_collection_rejects_non_bytes(native: ModuleType) -> None:
     with pytest.raises(TypeError):
         native.segment_collection([b"ok", "not bytes"])

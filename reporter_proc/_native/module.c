@@ -9,6 +9,7 @@
 #include "wire.h"
 
 PyObject *swmp_EncodeError;
+PyObject *swmp_Exotic;
 
 static PyObject *native_segment_json(PyObject *module, PyObject *payload) {
     (void)module;
@@ -61,12 +62,33 @@ static void as_encode_error(const char *what) {
     Py_DECREF(exc);
 }
 
-static PyObject *encode_with(PyObject *rec, int (*put)(Buf *, PyObject *), const char *what) {
+/* ``reporter_proc.encode.<name>(rec)``: the pure-Python encoder, for a record the native walk
+ * declined (swmp_Exotic). Looked up when needed: encode.py imports this module. */
+static PyObject *encode_in_python(const char *name, PyObject *rec) {
+    PyObject *encode = PyImport_ImportModule("reporter_proc.encode");
+    if (encode == NULL) {
+        return NULL;
+    }
+    PyObject *fn = PyObject_GetAttrString(encode, name);
+    Py_DECREF(encode);
+    if (fn == NULL) {
+        return NULL;
+    }
+    PyObject *out = PyObject_CallOneArg(fn, rec);
+    Py_DECREF(fn);
+    return out;
+}
+
+static PyObject *encode_with(PyObject *rec, int (*put)(Buf *, PyObject *), const char *what,
+                             const char *python_encoder) {
     Buf b;
     buf_init(&b);
     PyObject *out = NULL;
     if (put(&b, rec) == 0) {
         out = PyBytes_FromStringAndSize(b.p, b.len);
+    } else if (PyErr_ExceptionMatches(swmp_Exotic)) {
+        PyErr_Clear();
+        out = encode_in_python(python_encoder, rec);
     } else {
         as_encode_error(what);
     }
@@ -76,12 +98,12 @@ static PyObject *encode_with(PyObject *rec, int (*put)(Buf *, PyObject *), const
 
 static PyObject *native_segment(PyObject *module, PyObject *rec) {
     (void)module;
-    return encode_with(rec, swmp_put_segment, "SEGMENT record -> SegmentObject");
+    return encode_with(rec, swmp_put_segment, "SEGMENT record -> SegmentObject", "segment_py");
 }
 
 static PyObject *native_log(PyObject *module, PyObject *rec) {
     (void)module;
-    return encode_with(rec, swmp_put_log, "LOG record -> LogData");
+    return encode_with(rec, swmp_put_log, "LOG record -> LogData", "log_py");
 }
 
 /* SegmentCollection of encoded SegmentObjects: repeated field 1. */
@@ -149,6 +171,12 @@ PyMODINIT_FUNC PyInit__encode_native(void) {
     Py_DECREF(wire);
     if (EncodeError == NULL) {
         return NULL;
+    }
+    if (swmp_Exotic == NULL) {
+        swmp_Exotic = PyErr_NewException("reporter_proc._encode_native._Exotic", NULL, NULL);
+        if (swmp_Exotic == NULL) {
+            return NULL;
+        }
     }
     PyObject *m = PyModule_Create(&module_def);
     if (m != NULL && PyModule_AddIntConstant(m, "SHORT_VALUE", SHORT_VALUE) < 0) {

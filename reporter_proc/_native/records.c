@@ -17,6 +17,33 @@
  */
 #include "wire.h"
 
+/* ------------------------------------------------------------------------------ plain values
+ * The walk below reads list items through borrowed pointers. That is safe only while no Python
+ * code runs: code run by a value's __bool__, __len__, __hash__ or __iter__ could change or free
+ * the lists being read. Decoded JSON holds only the exact built-in types below, whose truth,
+ * length, hash and items never run Python code; any other value makes the walk raise
+ * swmp_Exotic before touching it, and the record is encoded in Python (module.c). */
+static inline int plain(PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+    return o == Py_None || t == &PyUnicode_Type || t == &PyLong_Type || t == &PyBool_Type ||
+           t == &PyList_Type || t == &PyTuple_Type || t == &PyFloat_Type || t == &PyBytes_Type ||
+           t == &PyDict_Type;
+}
+
+/* 0, or -1 with swmp_Exotic set. */
+static inline int require_plain(PyObject *o) {
+    if (plain(o)) {
+        return 0;
+    }
+    PyErr_SetNone(swmp_Exotic);
+    return -1;
+}
+
+/* PyObject_IsTrue of a plain value (1 / 0), or -1 with an error set. */
+static inline int truth_of(PyObject *o) {
+    return require_plain(o) < 0 ? -1 : PyObject_IsTrue(o);
+}
+
 /* ------------------------------------------------------------------------------ slots */
 /* A falsy value in a slot is left out; a truthy one of the wrong type is an error. Returns
  * 0 (left out) or -1 (error set). `hashed`: the Python encoder hashes this value. */
@@ -24,7 +51,7 @@ static int falsy_or_error(PyObject *o, int hashed, const char *expected) {
     if (o == Py_None) {
         return 0;
     }
-    int truth = PyObject_IsTrue(o);
+    int truth = truth_of(o);
     if (truth < 0) {
         return -1;
     }
@@ -103,7 +130,7 @@ static inline int put_bool_slot(Buf *b, unsigned char tag, PyObject *o) {
 
 /* Unpack like `a, b, c = obj`: a new reference to a list/tuple of exactly n items. */
 static PyObject *unpack(PyObject *o, Py_ssize_t n, const char *what) {
-    PyObject *seq = PySequence_Fast(o, what);
+    PyObject *seq = require_plain(o) < 0 ? NULL : PySequence_Fast(o, what);
     if (seq == NULL) {
         return NULL;
     }
@@ -119,7 +146,7 @@ static PyObject *unpack(PyObject *o, Py_ssize_t n, const char *what) {
 /* `if x: for item in x` : a new reference to the items, or Py_None (borrowed-safe: incref'd)
  * when x is falsy. */
 static PyObject *iter_items(PyObject *o, const char *what) {
-    int truth = PyObject_IsTrue(o);
+    int truth = truth_of(o);
     if (truth < 0) {
         return NULL;
     }
@@ -158,7 +185,7 @@ static int put_kv_pairs(Buf *b, unsigned char tag, PyObject *flat) {
         } else {
             /* The Python encoder takes len(v), then caches (k, v) and leaves an empty v out:
              * only an empty, hashable non-str passes there. */
-            Py_ssize_t size = PyObject_Size(v);
+            Py_ssize_t size = require_plain(v) < 0 ? -1 : PyObject_Size(v);
             if (size < 0) {
                 return -1;
             }
@@ -216,7 +243,7 @@ static int put_span_log(Buf *b, PyObject *entry) {
     int ok = msg_begin(b, 0x6a, &start) == 0 /* SpanObject.logs = 13 */
              && put_int_slot(b, 0x08, f[0], 0, 1) >= 0;
     if (ok) {
-        int truth = PyObject_IsTrue(f[1]);
+        int truth = truth_of(f[1]);
         ok = truth >= 0 && (!truth || put_kv_pairs(b, 0x12, f[1]) == 0) && msg_end(b, start) == 0;
     }
     Py_DECREF(seq);
@@ -261,7 +288,7 @@ static int put_span(Buf *b, PyObject *span) {
              && put_int_slot(b, 0x50, f[8], 1, 0) >= 0   /* componentId */
              && put_bool_slot(b, 0x58, f[9]) >= 0;       /* isError */
     if (ok) {                                            /* tags = 12 */
-        int truth = PyObject_IsTrue(f[11]);
+        int truth = truth_of(f[11]);
         ok = truth >= 0 && (!truth || put_kv_pairs(b, 0x62, f[11]) == 0);
     }
     ok = ok && put_each(b, f[12], "span logs", put_span_log) == 0
@@ -280,7 +307,8 @@ int swmp_put_segment(Buf *b, PyObject *rec) {
     int ok = put_str_slot(b, 0x0a, f[0], 0) >= 0 /* traceId */
              && put_str_slot(b, 0x12, f[1], 0) >= 0; /* traceSegmentId */
     if (ok) {
-        PyObject *spans = PySequence_Fast(f[5], "spans is not iterable"); /* `for span in spans` */
+        /* `for span in spans` */
+        PyObject *spans = require_plain(f[5]) < 0 ? NULL : PySequence_Fast(f[5], "spans is not iterable");
         ok = spans != NULL;
         if (ok) {
             Py_ssize_t n = PySequence_Fast_GET_SIZE(spans);
@@ -334,9 +362,9 @@ int swmp_put_log(Buf *b, PyObject *rec) {
     }
     int context = 0;
     if (ok) { /* `if trace_id or segment_id` */
-        context = PyObject_IsTrue(trace_id);
+        context = truth_of(trace_id);
         if (context == 0) {
-            context = PyObject_IsTrue(segment_id);
+            context = truth_of(segment_id);
         }
         ok = context >= 0;
     }
@@ -351,7 +379,7 @@ int swmp_put_log(Buf *b, PyObject *rec) {
                 long long x = PyLong_AsLongLongAndOverflow(span_id, &overflow);
                 positive = (x == -1 && PyErr_Occurred()) ? -1 : (overflow > 0 || x > 0);
             } else {
-                PyObject *zero = PyLong_FromLong(0);
+                PyObject *zero = require_plain(span_id) < 0 ? NULL : PyLong_FromLong(0);
                 positive = zero == NULL ? -1 : PyObject_RichCompareBool(span_id, zero, Py_GT);
                 Py_XDECREF(zero);
                 if (positive > 0) {
@@ -367,7 +395,7 @@ int swmp_put_log(Buf *b, PyObject *rec) {
         ok = 0;
     }
     if (ok) { /* tags = 7: LogTags{data = 1} */
-        int truth = PyObject_IsTrue(f[9]);
+        int truth = truth_of(f[9]);
         Py_ssize_t start;
         ok = truth >= 0
              && (!truth || (msg_begin(b, 0x3a, &start) == 0 && put_kv_pairs(b, 0x0a, f[9]) == 0

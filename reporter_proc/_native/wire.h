@@ -16,6 +16,12 @@
 extern PyObject *swmp_EncodeError;
 #define EncodeError swmp_EncodeError
 
+/* Raised (module-private) where a decoded record holds a value of a type that could run
+ * Python code when its truth, length, hash or items are taken: the record goes to the
+ * pure-Python encoder instead (module.c). The walk in records.c holds borrowed pointers into
+ * the record's lists, which such code could resize or free. */
+extern PyObject *swmp_Exotic;
+
 #define SHORT_VALUE 24 /* encode.SHORT_VALUE: the Python encoder caches (key, value) below this */
 #define STACK_BYTES 4096
 #define LEN_RESERVE 2 /* bytes reserved for a nested message's length (bodies < 16 KiB) */
