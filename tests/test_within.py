@@ -189,6 +189,22 @@ def test_throw_ends_it_and_a_return_through_throw() -> None:
     _run_both(scenario)
 
 
+def test_a_first_send_of_a_value_is_refused_before_anything_starts() -> None:
+    def scenario(within: Any, span: Recorder, steps: list[str]) -> Any:
+        coro = within(span, _inner(steps, 0, "done")).__await__()
+        try:
+            coro.send("a value")
+        except TypeError as e:  # refused: the span is not entered, and the call can still start
+            steps.append(f"refused: {e}")
+        try:
+            coro.send(None)
+        except StopIteration as e:
+            steps.append(f"then returned {e.value}")
+        return None
+
+    _run_both(scenario)
+
+
 @pytest.mark.filterwarnings("ignore:coroutine '_inner' was never awaited")  # the Python form's
 def test_not_started_thrown_closed_awaited_twice_and_collected() -> None:
     def scenario(within: Any, span: Recorder, steps: list[str]) -> Any:

@@ -233,9 +233,16 @@ PyObject *swmp_amqp_consuming(PyObject *module, PyObject *const *args, Py_ssize_
     }
     if ((inside && c->token == NULL) || open_span(c, op, exchange, routing_key, headers, peer) < 0) {
         if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            /* Raised as the Python form raises it, the context as it was: the interrupt kept
+             * aside while the context is given back, and kept over any error of that. */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
             Py_DECREF(op);
-            give_back(c); /* raised as the Python form raises it, the context as it was */
+            if (give_back(c) < 0) {
+                PyErr_Clear();
+            }
             Py_DECREF(c);
+            PyErr_Restore(type, value, tb);
             return NULL;
         }
         swmp_report_handled(failed, NULL, 0);

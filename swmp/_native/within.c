@@ -181,11 +181,11 @@ static PySendResult within_send(PyObject *obj, PyObject *arg, PyObject **result)
         return PYGEN_ERROR;
     }
     if (self->state == NOT_STARTED) {
+        if (arg != Py_None) { /* refused before anything starts (no span entered), as by a coroutine */
+            PyErr_SetString(PyExc_TypeError, "can't send non-None value to a just-started coroutine");
+            return PYGEN_ERROR;
+        }
         if (self->open != NULL) {
-            if (arg != Py_None) { /* refused before anything starts, as by a coroutine */
-                PyErr_SetString(PyExc_TypeError, "can't send non-None value to a just-started coroutine");
-                return PYGEN_ERROR;
-            }
             int started = start_lazy(self);
             if (started != 0) {
                 self->state = DONE;
