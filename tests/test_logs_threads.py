@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
+from ipc import private as ipc_private
 from reporter_proc import records as R
 from swmp import _sink, tracing
 from swmp.config import load
@@ -88,11 +89,19 @@ def test_reported_once_whatever_the_logging_configuration(sink: _sink.MemorySink
     quiet.warning("not propagated")
     app.info("below the reporter's level")
     logging.getLogger("swmp.internal").error("the agent's own")
+    logging.getLogger("swmp").error("the agent's own")
+    ipc_private._warn_once(f"test {id(sink)}", "the shared-memory package's own")
+    logging.getLogger("ipc").error("an application's logger named ipc")
+    logging.getLogger("ipc.server").error("and one under it")
+    logging.getLogger("swmpish").error("a name that only starts like ours")
     assert bodies(sink) == [
         "WARNING test.app after dictConfig",
         "WARNING test.app after basicConfig",
         "WARNING test.app after a reset",
         "WARNING test.quiet not propagated",
+        "ERROR ipc an application's logger named ipc",
+        "ERROR ipc.server and one under it",
+        "ERROR swmpish a name that only starts like ours",
     ]
     assert stream.getvalue() == "N/A|after basicConfig\n"  # %(tid)s outside a trace
 

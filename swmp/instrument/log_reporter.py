@@ -24,6 +24,7 @@ never reported, so a failing sink cannot feed itself. loguru and structlog reuse
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+import ipc
 from reporter_proc.records import LOG
 from swmp import _sink
 from swmp.instrument._patch import patch, restore
@@ -50,8 +52,11 @@ DEFAULT_LAYOUT = "%(asctime)s [%(threadName)s] %(levelname)s %(name)s - %(messag
 NO_TRACE = "N/A"  # record.tid outside a trace
 _get_current = current_span.get
 
-_OWN = ("swmp", "ipc")
-_OWN_PREFIXES = ("swmp.", "ipc.")
+# The agent's own records are not reported (a report of a failure to report would feed
+# itself). Its loggers are "swmp" and "swmp.*", and "ipc" for the shared-memory package, a
+# name an application may use for a logger of its own: "ipc" counts as ours only for calls
+# made from that package's files.
+_IPC_DIR = os.path.dirname(ipc.__file__) + os.sep
 _CREDENTIALS = re.compile(r"(://)[^/\s:@]+:[^/\s@]+@")
 
 log = logging.getLogger("swmp.logs")
@@ -185,7 +190,9 @@ class LogReporter:
     def report(self, record: logging.LogRecord) -> None:
         """Report ``record`` unless it comes from the agent itself. Never raises."""
         name = record.name
-        if name in _OWN or name.startswith(_OWN_PREFIXES):
+        if name.startswith("swmp") and (len(name) == 4 or name[4] == "."):
+            return
+        if name == "ipc" and str(record.pathname).startswith(_IPC_DIR):
             return
         try:
             body, tags = self.body_and_tags(record)
