@@ -37,6 +37,7 @@ from reporter_proc.process import in_reporter_process, spawn_reporter, start_rep
 from swmp import _sink, _spawned, lifecycle, tracing
 from swmp._runtime import ArenaSink, ProcessSink, ThreadSink
 from swmp.config import Config, parse_instance_properties
+from swmp.ops.locate import registry_path
 from swmp.tracing.identity import identity
 
 log = logging.getLogger("swmp.agent")
@@ -284,7 +285,7 @@ def _start(config: Config) -> _Running:
 def _arena_file(owner_pid: int, directory: str, use_process: bool) -> str:
     """The application's shared arena; in thread mode the one that only names processes."""
     path = ipc.arena_path(owner_pid, directory)
-    return path if use_process else path.replace(".arena", "-names.arena")
+    return path if use_process else registry_path(path)
 
 
 def _needs_reporter(arena: ipc.Arena) -> bool:

@@ -275,10 +275,11 @@ class Server:
         """
         if "arena" not in self.info:
             import ipc
+            from swmp.ops.locate import registry_path
 
             path = ipc.arena_path(self.pid, str(self.arena_dir))
             if self.env.get("SW_AGENT_REPORTER_PROCESS") == "false":
-                path = path.replace(".arena", "-names.arena")
+                path = registry_path(path)
             self.info["arena"] = Path(path)
         return Path(self.info["arena"])
 

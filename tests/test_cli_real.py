@@ -31,7 +31,6 @@ STATUS = jsonschema.Draft202012Validator(STATUS_SCHEMA)
 S = support  # the helpers, under the short name these tests use
 
 
-
 def published(arena: ipc.Arena) -> dict[str, Any]:
     raw = arena.status.snapshot().document
     return orjson.loads(raw) if raw else {}
@@ -187,3 +186,53 @@ def test_gunicorn_with_the_agent(tmp_path: Path) -> None:
                     kill(pid)
             if arena is not None:
                 arena.close()
+
+
+@pytest.mark.servers
+def test_gunicorn_in_thread_mode_is_healthy(tmp_path: Path) -> None:
+    """With the reporter on a thread of each worker, the application's shared arena only names
+    the processes: no reporter ever holds it, and a probe must not count it as an agent."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (tmp_path / "app.py").write_text(APP)
+    port = _free_port()
+    with CollectorProcess(str(tmp_path)) as collector:
+        env = S.env(
+            SW_AGENT_ARENA_DIR=str(shm),
+            SW_AGENT_NAME="threaded-app",
+            SW_AGENT_REPORTER_PROCESS="false",
+            SW_AGENT_COLLECTOR_BACKEND_SERVICES=collector.grpc_address,
+        )
+        server = subprocess.Popen(
+            [sys.executable, "-m", "swmp.cli", "run", "--", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{port}",
+             "--control-socket", str(tmp_path / "gunicorn.ctl"), "app:app"],
+            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+
+            def reporting_workers() -> list[ipc.Arena] | None:
+                arenas = []
+                for path in ipc.discover(str(shm)):
+                    try:
+                        arenas.append(ipc.Arena.open(path, wait_s=0))
+                    except (OSError, ipc.ArenaError):
+                        continue
+                live = [a for a in arenas if a.reporter_pid() is not None and published(a)]
+                for a in arenas:
+                    a.close()
+                return live if len(live) == 2 else None
+
+            S.wait_for(reporting_workers, 60, "both workers' reporter threads to publish their status")
+            proc = S.cli("health", "--dir", str(shm), "--liveness", "--interval", "0.3")
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            assert "UNHEALTHY" not in proc.stdout, proc.stdout
+            rc, doc = S.cli_json("status", "--dir", str(shm), "--interval", "0")
+            STATUS.validate(doc)
+            assert rc == 0 and sorted(a["mode"] for a in doc["agents"]) == ["thread", "thread"], doc
+        finally:
+            kill(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                kill(server.pid)
+                server.wait(timeout=30)

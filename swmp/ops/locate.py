@@ -32,6 +32,17 @@ from ipc.arena import DEFAULT_DIRECTORY, DEFAULT_PREFIX
 from swmp.ops.mask import mask
 
 ENV_DIRECTORY = "SW_AGENT_ARENA_DIR"
+# In thread mode the application's shared arena only names the processes (its slot locks);
+# each process reports from an arena of its own, on a thread. No reporter ever holds the
+# shared one, so it is not an agent to look at: discovery leaves it out by this name.
+REGISTRY_SUFFIX = "-names.arena"
+
+
+def registry_path(arena_path: str) -> str:
+    """The thread-mode name registry that stands where the application's arena would."""
+    return arena_path.removesuffix(".arena") + REGISTRY_SUFFIX
+
+
 # swmp-<uid>-<owner pid>.arena, or swmp-<uid>-<pid>-<tag>.arena for a thread-mode agent
 _NAME = re.compile(rf"^{DEFAULT_PREFIX}-(\d+)-.*\.arena$")
 
@@ -193,6 +204,8 @@ def select(
         sel.notes.append(f"{refused}: the agents use a private directory with a random name beside it")
     stale = 0
     for path in discover(directory):
+        if path.endswith(REGISTRY_SUFFIX):
+            continue
         try:
             target = open_target(path)
         except Refused as exc:
