@@ -40,11 +40,11 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from ipc import _files, _locks, private
+from ipc import _files, _locks, private, ring_room
 from ipc import _layout as L
 from ipc.board import Board
 from ipc.procinfo import boot_time_ns, process_alive, process_start_ticks
-from ipc.ring import RingReader, RingStats, RingWriter, page_returner, read_stats
+from ipc.ring import RingReader, RingStats, RingWriter, file_writer, read_stats
 from ipc.status import StatusBlock
 from ipc.wakeup import Doorbell, create_fifo, fifo_path
 
@@ -175,6 +175,7 @@ class Arena:
             os.fchmod(fd, MODE)  # exactly 0600 whatever the umask
             size = L.file_size(slots, ring_capacity)
             os.ftruncate(fd, size)
+            ring_room.reserve_fixed_parts(fd, slots, ring_capacity)  # ENOSPC here, not SIGBUS later
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
@@ -293,9 +294,8 @@ class Arena:
                 c[L.C_OWNER_START] = process_start_ticks(pid)
                 c[L.C_CLAIMS] += 1
                 c[L.C_CLAIMED_NS] = time.time_ns()
-                data = self.views.data(slot)  # read pages go back while the writer is quiet:
-                pages = page_returner(self._mm, self.views.base(slot) + L.CONTROL_SIZE, len(data))
-                writer = RingWriter(slot, c, data, self.status._w, self._doorbell, pages=pages)
+                fd = ring_room.weak_call(_descriptor, self)  # its pages get room before they are written
+                writer = file_writer(slot, c, self.views, self.status._w, self._doorbell, mm=self._mm, fd=fd)
                 self._mine()[slot] = writer
                 return writer
         return None

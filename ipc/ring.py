@@ -37,16 +37,30 @@ word repairs by storing it again; it is never trusted blindly (see :class:`RingR
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ipc import _layout as L
+from ipc import ring_room
 from ipc.ring_pages import page_returner
 from ipc.ring_reader import RingReader
 from ipc.ring_stats import RingStats, read_stats
 from ipc.ring_writer import RingWriter
 
+if TYPE_CHECKING:
+    from ipc.arena import SlotViews
+
 # The two ends live in ring_writer.py and ring_reader.py; this module keeps the protocol's
 # description above and the names every caller imports.
-__all__ = ["RingReader", "RingStats", "RingWriter", "anonymous_ring", "page_returner", "read_stats"]
+__all__ = [
+    "RingReader",
+    "RingStats",
+    "RingWriter",
+    "anonymous_ring",
+    "file_writer",
+    "page_returner",
+    "read_stats",
+]
 
 
 def anonymous_ring(capacity: int = 1 << 16) -> tuple[RingWriter, RingReader, memoryview]:
@@ -61,3 +75,24 @@ def anonymous_ring(capacity: int = 1 << 16) -> tuple[RingWriter, RingReader, mem
     writer = RingWriter(0, control, data, status, pages=page_returner(mm, L.CONTROL_SIZE, capacity))
     reader = RingReader(0, control, data, mapping=mm, base=L.CONTROL_SIZE)
     return writer, reader, control
+
+
+def file_writer(
+    slot: int,
+    control: memoryview,
+    views: SlotViews,
+    status: memoryview,
+    wake: Callable[[], None] | None,
+    *,
+    mm: mmap.mmap | None,
+    fd: Callable[[], int],
+) -> RingWriter:
+    """The writer of ``slot``'s ring in an arena file mapped at ``mm``: pages its reader is
+    done with go back while it is quiet (``ring_pages``), and pages get the file system's
+    room before it writes them (``ring_room``). ``fd()`` is the file's descriptor in this
+    process, -1 once closed."""
+    data, data_offset = views.data(slot), views.base(slot) + L.CONTROL_SIZE
+    pages = page_returner(mm, data_offset, len(data))
+    stretch = pages.stretch if pages is not None else len(data)
+    room = ring_room.RingRoom(fd, data_offset, len(data), stretch=stretch, tail=int(control[L.C_TAIL]))
+    return RingWriter(slot, control, data, status, wake, pages=pages, room=room)

@@ -75,30 +75,36 @@ class PageReturner:
     def active(self) -> bool:
         return self._mm is not None
 
-    def __call__(self, tail: int, head: int) -> None:
+    def __call__(self, tail: int, head: int) -> tuple[int, int] | None:
+        """Free what is due; the logical positions [start, end) whose pages were freed, if any
+        (the writer's ``RingRoom`` reserves them again before they come back into use)."""
         if self._mm is None:
-            return
+            return None
         if self._mark < 0 or tail < self._mark:  # the first look (or a tail that jumped back)
             self._mark, self._mark_time = tail, self._clock()
-            return
+            return None
         if tail - self._mark < self.stretch:  # a wrap or a full ring, inside a stretch
-            return
+            return None
         now = self._clock()
         quiet = now - self._mark_time >= QUIET_SECONDS
         self._mark, self._mark_time = tail, now
+        freed = None
         if quiet:
             start = max(self.done, tail - self._cap)
             if head > start:
                 self.done = head
+                # Counted as freed even if it fails part-way: some pages may be gone.
+                freed = (start, head)
                 if not self._each(start, head, mmap.MADV_REMOVE):
                     # No hole punching on this file system (or the mapping is gone): the
                     # ring stays resident, as it did before this existed.
                     self._mm = None
-                    return
+                    return freed
         # The pages ahead were freed a lap ago only if what was freed reaches past them.
         ahead_freed = self.done > tail - self._cap
         if ahead_freed and self._populate and not self._each(tail, tail + self.stretch, MADV_POPULATE_WRITE):
             self._populate = False  # an older kernel: the writer takes page faults instead
+        return freed
 
     def _each(self, start: int, end: int, advice: int) -> bool:
         """``madvise`` the whole pages of logical positions [start, end); False if it failed."""

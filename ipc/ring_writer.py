@@ -16,6 +16,7 @@ from typing import Any
 
 from ipc import _layout as L
 from ipc.ring_pages import PageReturner
+from ipc.ring_room import RingRoom
 from ipc.ring_stats import RingStats, read_stats
 
 log = logging.getLogger("ipc")
@@ -60,6 +61,7 @@ class RingWriter:
         wake: Callable[[], None] | None = None,
         *,
         pages: PageReturner | None = None,
+        room: RingRoom | None = None,
     ) -> None:
         capacity = len(data)
         if capacity < 4096 or capacity & (capacity - 1) or control.format != "Q":
@@ -71,7 +73,7 @@ class RingWriter:
         self._max_payload = capacity // 2 - L.RECORD_HEADER_SIZE
         self._lost = 0  # writes refused after the writer was disabled (not in shared memory)
         self.write = _make_write(
-            slot, control=control, data=data, status=status, wake=wake, cap=capacity, pages=pages
+            slot, control=control, data=data, status=status, wake=wake, cap=capacity, pages=pages, room=room
         )
         _writers.add(self)
 
@@ -194,6 +196,7 @@ def _make_write(
     wake: Callable[[], None] | None,
     cap: int,
     pages: PageReturner | None = None,
+    room: RingRoom | None = None,
     native: bool = NATIVE,
 ) -> Callable[[int, bytes], bool]:
     """Build the writer's hot path (see :class:`RingWriter`): the native ``Writer.write``
@@ -207,7 +210,8 @@ def _make_write(
     Records that would end exactly at the end of the lap also take the slow path, so the
     check word's lap tag only changes there. With ``pages`` (``ipc/ring_pages.py``) the
     limit also stops at every ``pages.stretch`` boundary, where the slow path frees the
-    pages the reader is done with.
+    pages the reader is done with. With ``room`` (``ipc/ring_room.py``) it stops where the
+    file system's room for the ring was reserved up to, and the slow path reserves more.
     """
     mask = cap - 1
     stretch_mask = pages.stretch - 1 if pages is not None else mask
@@ -236,6 +240,8 @@ def _make_write(
     st.limit = 0  # the first record takes the slow path, which loads the head
     st.written = int(control[C_WRITTEN])
     st.insane_head = -1
+
+    no_room_said: list[bool] = []  # the full file system is logged once per writer
 
     def drop(n: int, oversize: bool) -> None:
         control[L.C_DROPPED_RECORDS] += 1
@@ -283,18 +289,29 @@ def _make_write(
             t = (head + 7) & -8
             used = t - head
         elif pages is not None:
-            pages(t, head)  # before any write: a page freed here may be written below
+            freed = pages(t, head)  # before any write: a page freed here may be written below
+            if freed is not None and room is not None:
+                room.freed(*freed)
         offset = t & mask
-        room = cap - offset
-        extra = room if span > room else 0
+        left = cap - offset
+        extra = left if span > left else 0
         if used + extra + span > cap:
             st.limit = 0
             drop(n, False)
             return False
+        if room is not None and not room.make(t + extra + span):
+            # The file system has no room for the pages (a full /dev/shm): writing them
+            # would be a SIGBUS. Dropped and counted; asked again at the next record.
+            st.limit = 0
+            drop(n, False)
+            if no_room_said:
+                return False
+            no_room_said.append(True)
+            return "the arena's file system is full (no room for the ring's pages)"
         if extra:
             # The record would straddle the end: fill the rest with a padding record.
-            data[offset : offset + 8] = L.header_word(room - 8, pad, t, cap).to_bytes(8, "little")
-            t += room
+            data[offset : offset + 8] = L.header_word(left - 8, pad, t, cap).to_bytes(8, "little")
+            t += left
             offset = 0
         data[offset : offset + 8] = L.header_word(n, rtype, t, cap).to_bytes(8, "little")
         data[offset + 8 : offset + 8 + n] = payload
@@ -305,6 +322,8 @@ def _make_write(
         control[C_WRITTEN] = st.written
         st.tag = L.lap_tag(t, cap)
         st.limit = min((t | stretch_mask) + 1, head + cap + 1)
+        if room is not None:
+            st.limit = min(st.limit, room.reserved + 1)
         return True
 
     def guarded_slow(rtype: int, payload: bytes) -> str | bool:
