@@ -470,3 +470,17 @@ def test_processes_that_fall_back_at_once_share_one_directory(
     chosen = {p.communicate(timeout=60)[0].strip() for p in procs}
     assert len(chosen) == 1 and chosen.pop().startswith(f"{shared_dir}/swmp-{os.getuid()}.")
     assert len(list(shared_dir.glob(f"swmp-{os.getuid()}.*"))) == 1
+
+
+def test_the_memory_senders_output_file_is_never_written_through_a_link(tmp_path: Path) -> None:
+    import asyncio
+
+    from reporter_proc.senders.memory import MemorySender
+
+    target = tmp_path / "victim"
+    target.write_text("")
+    link = tmp_path / "calls.jsonl"
+    link.symlink_to(target)
+    with pytest.raises(OSError):
+        asyncio.run(MemorySender(path=str(link)).start())
+    assert target.read_text() == ""

@@ -102,7 +102,9 @@ class MemorySender(Sender):
     # -- Sender API ------------------------------------------------------------------------
     async def start(self) -> None:
         if self.path:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # Never through a planted link, as every file the agent writes (a test double too).
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+            self._fd = os.open(self.path, flags, 0o600)
         self.started = True
 
     async def send_segments(self, records: list[Record]) -> None:

@@ -48,10 +48,14 @@ def _keep_min_level(target: Any) -> None:
             ours = _state["id"]
             levels = [h.levelno for key, h in core.handlers.items() if key != ours]
             core.min_level = min(levels, default=float("inf"))
-    except Exception:  # a loguru whose inside differs: our sink's level then counts, as before
+    except Exception as exc:  # a loguru whose inside differs: our sink's level then counts
         if not _state.get("warned"):
             _state["warned"] = True
-            _log.warning("loguru: cannot keep its lowest sink level; the reporter's level applies")
+            _log.warning(
+                "swmp: cannot keep loguru's lowest sink level (%r); messages of the reporter's "
+                "level are formatted even where the application's sinks drop them",
+                exc,
+            )
 
 
 def _make_sink(safe_mode: bool) -> Any:
