@@ -55,7 +55,9 @@ class CoreSettings:
     agent_logging_level: str = opt(
         "INFO",
         "SW_AGENT_LOGGING_LEVEL",
-        "Level of the agent's own loggers (`swmp`, `ipc`).",
+        "Level set on the agent's own loggers (`swmp`, `ipc`) when it starts, however it is started; "
+        "the reporter process and thread inherit it. swmp adds no handler: the application's logging "
+        "configuration (or Python's last-resort stderr output, WARNING and above) shows the records.",
         CORE,
         check=log_level,
     )
@@ -130,4 +132,3 @@ class KafkaSettings:
         KAFKA,
         prefix=KAFKA_CONFIG_PREFIX,
     )
-
