@@ -33,7 +33,9 @@ sizes accept a `K`/`M`/`G` suffix (`4M`, `64MiB`). An invalid value never stops 
 application: it is reported once on the `swmp.config` logger (which variable, what was wrong,
 what is used instead) and the default applies. An empty value (`SW_X=`, Kubernetes
 `value: ""`) of a boolean or a number is invalid like that; an empty text or list is the empty
-value (for `SW_AGENT_SPOOL_DIR`, no spool). An unknown keyword is reported and ignored.
+value (for `SW_AGENT_SPOOL_DIR`, no spool). Every setting in seconds is at most 86400 (a
+day): each becomes a wait or a timer, which fail on huge values, so a larger one is invalid
+too. An unknown keyword is reported and ignored.
 """
 
 

@@ -13,6 +13,7 @@ from swmp.config._declare import (
     log_level,
     one_of,
     opt,
+    seconds,
 )
 
 
@@ -64,9 +65,9 @@ class CoreSettings:
     agent_collector_heartbeat_period: float = opt(
         30.0,
         "SW_AGENT_COLLECTOR_HEARTBEAT_PERIOD",
-        "Seconds between instance keep-alives.",
+        "Seconds between instance keep-alives (1 to 86400).",
         CORE,
-        check=at_least(1),
+        check=seconds(1),
     )
     agent_collector_properties_report_period_factor: int = opt(
         10,
