@@ -11,6 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def kafka_key(raw: str) -> str:
+    """A SW_KAFKA_REPORTER_CONFIG_* key as a producer argument name ("Linger.MS" -> "linger_ms").
+
+    The one normalisation of those keys: the agent's config splits ``compression_type`` out
+    with it and the Kafka sender reads the rest with it, so both see the same names.
+    """
+    return raw.strip().lower().replace(".", "_").replace("-", "_")
+
+
 @dataclass(frozen=True)
 class ReporterSettings:
     service: str = "python-service"

@@ -31,7 +31,11 @@ the setting, so a deployment can switch agents without touching its environment.
 Values: booleans accept `true/false`, `1/0`, `yes/no`, `on/off`; lists are comma-separated;
 sizes accept a `K`/`M`/`G` suffix (`4M`, `64MiB`). An invalid value never stops the
 application: it is reported once on the `swmp.config` logger (which variable, what was wrong,
-what is used instead) and the default applies. An unknown keyword is reported and ignored.
+what is used instead) and the default applies. An empty value (`SW_X=`, Kubernetes
+`value: ""`) of a boolean or a number is invalid like that; an empty text or list is the empty
+value (for `SW_AGENT_SPOOL_DIR`, no spool). Every setting in seconds is at most 86400 (a
+day): each becomes a wait or a timer, which fail on huge values, so a larger one is invalid
+too. An unknown keyword is reported and ignored.
 """
 
 

@@ -34,7 +34,7 @@ import orjson
 
 import ipc
 from reporter_proc.process import in_reporter_process, spawn_reporter, start_reporter_thread
-from swmp import _sink, _spawned, lifecycle, tracing
+from swmp import _own_logging, _sink, _spawned, lifecycle, tracing
 from swmp._runtime import ArenaSink, ProcessSink, ThreadSink
 from swmp.config import Config, parse_instance_properties
 from swmp.ops.locate import registry_path
@@ -178,11 +178,14 @@ def start(config: Config) -> None:
     with _state_lock:
         if _running is not None:
             return
+        # Before the reporter is forked or its thread started, so both inherit the level.
+        _own_logging.apply(config)
         try:
             _running = _start(config)
         except Exception:
             log.exception("swmp: the agent could not start; the application runs without it")
             _running = None
+            _own_logging.restore()
 
 
 def _start(config: Config) -> _Running:
@@ -441,3 +444,4 @@ def stop() -> None:
             run.sink.leave(run.config.agent_reporter_shutdown_timeout)
         except Exception:
             log.debug("swmp: stop failed", exc_info=True)
+        _own_logging.restore()

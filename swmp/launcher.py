@@ -157,9 +157,6 @@ def bootstrap() -> None:
         from swmp import config as config_module  # noqa: PLC0415 (the loader imports us lazily)
         from swmp.agent import start  # noqa: PLC0415
 
-        level = os.environ.get("SW_AGENT_LOGGING_LEVEL")
-        if level:
-            logging.getLogger("swmp").setLevel(level.upper())
         start(config_module.load())
     except Exception as exc:
         sys.stderr.write(f"swmp: agent bootstrap failed: {exc!r}\n")

@@ -6,6 +6,7 @@ to the in-process test collector over gRPC.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import subprocess
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from swmp import launcher
+from swmp import _own_logging, launcher
+from swmp.config import Config
 from tests.collector import Collector
 
 REPO = Path(__file__).resolve().parent.parent
@@ -144,6 +146,69 @@ def test_exit_status_and_signals_are_the_commands_own(tmp_path: Path, collector:
     assert done.returncode == 7
     assert run(swmp_run("no-such-command-swmp"), env, tmp_path).returncode == 127
     assert run([sys.executable, "-m", "swmp.cli", "run"], env, tmp_path).returncode != 0
+
+
+# -- SW_AGENT_LOGGING_LEVEL, whatever starts the agent ------------------------------------------
+LEVELS_PROGRAM = textwrap.dedent(
+    """
+    import logging, os
+    import swmp
+    from swmp import agent
+    if os.environ.get("EXPLICIT_START"):
+        kw = {"agent_logging_level": os.environ["KW_LEVEL"]} if os.environ.get("KW_LEVEL") else {}
+        swmp.start(**kw)
+    levels = [logging.getLevelName(logging.getLogger(n).level) for n in ("swmp", "ipc")]
+    print("agent running:", agent.running(), "levels:", *levels, flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("swmp-run", "LOUD", "", "INFO"),  # refused, the default used, the agent still starts
+        ("swmp-run", "debug", "", "DEBUG"),
+        ("explicit", "LOUD", "", "INFO"),
+        ("explicit", "DEBUG", "", "DEBUG"),  # the environment, under a plain swmp.start()
+        ("explicit", "", "DEBUG", "DEBUG"),  # swmp.start(agent_logging_level="DEBUG")
+        ("explicit", "DEBUG", "ERROR", "ERROR"),  # the keyword wins
+        ("explicit", "", "", "INFO"),  # the documented default is applied too
+    ],
+)
+def test_the_agent_logging_level_is_applied_to_its_loggers(
+    tmp_path: Path, collector: Collector, case: tuple[str, str, str, str]
+) -> None:
+    how, env_level, kw_level, expected = case
+    prog = tmp_path / "prog.py"
+    prog.write_text(LEVELS_PROGRAM)
+    env = base_env(tmp_path, collector, KW_LEVEL=kw_level)
+    if env_level:
+        env["SW_AGENT_LOGGING_LEVEL"] = env_level
+    if how == "swmp-run":
+        argv = swmp_run(sys.executable, str(prog))
+    else:
+        env["EXPLICIT_START"] = "1"
+        argv = [sys.executable, str(prog)]
+    done = run(argv, env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"agent running: True levels: {expected} {expected}" in done.stdout, done.stdout + done.stderr
+    assert "bootstrap failed" not in done.stderr
+    refused = "SW_AGENT_LOGGING_LEVEL='LOUD' is invalid"
+    assert (refused in done.stderr) == (env_level == "LOUD"), done.stderr
+
+
+def test_a_bad_level_in_a_hand_built_config_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+    before = [logging.getLogger(n).level for n in _own_logging.AGENT_LOGGERS]
+    with caplog.at_level(logging.WARNING, logger="swmp.agent"):
+        _own_logging.apply(Config(agent_logging_level="LOUD"))
+    try:
+        assert [logging.getLogger(n).level for n in _own_logging.AGENT_LOGGERS] == [logging.INFO] * 2
+        assert any("'LOUD' is invalid" in r.getMessage() for r in caplog.records)
+        _own_logging.apply(Config(agent_logging_level="warn"))
+        assert logging.getLogger("ipc").level == logging.WARNING
+    finally:
+        _own_logging.restore()
+    assert [logging.getLogger(n).level for n in _own_logging.AGENT_LOGGERS] == before
 
 
 # -- the launcher's pieces ---------------------------------------------------------------------

@@ -126,6 +126,9 @@ def test_keywords_override_environment() -> None:
         ("SW_AGENT_REPORTER_FLUSH_INTERVAL", "nan", "finite"),
         ("SW_SAMPLE_N_PER_3_SECS", "-1", ">= 0"),
         ("SW_AGENT_LOGGING_LEVEL", "LOUD", "must be one of"),
+        ("SW_AGENT_METER_REPORTER_PERIOD", "1e10", "between 1 and 86400 seconds"),
+        ("SW_AGENT_REPORTER_PROCESS", "", "not a boolean"),  # Kubernetes `value: ""`
+        ("SW_AGENT_PROFILE_ACTIVE", " ", "not a boolean"),
     ],
 )
 def test_invalid_value_is_reported_once_and_default_used(
@@ -141,6 +144,44 @@ def test_invalid_value_is_reported_once_and_default_used(
     msgs = [r.getMessage() for r in caplog.records if env in r.getMessage()]
     assert len(msgs) == 1, msgs
     assert value in msgs[0] and why in msgs[0] and "using" in msgs[0]
+
+
+def test_an_empty_boolean_is_refused_like_an_empty_number(caplog: pytest.LogCaptureFixture) -> None:
+    """Never silently false: every boolean keeps its default, each refusal is logged."""
+    C._load._reported.clear()
+    booleans = [s for s in C.settings() if s.type_name == "bool"]
+    assert len(booleans) > 10
+    with caplog.at_level(logging.WARNING, logger="swmp.config"):
+        cfg = C.load({s.env: "" for s in booleans})
+        kw = C.load({}, **{s.name: "" for s in booleans})
+    for s in booleans:
+        assert getattr(cfg, s.name) == s.default and getattr(kw, s.name) == s.default, s.env
+        assert any(f"{s.env}='' is invalid" in r.getMessage() for r in caplog.records), s.env
+    assert cfg.agent_reporter_process is True  # the reporter process stays on
+
+
+def test_every_setting_in_seconds_is_at_most_a_day(caplog: pytest.LogCaptureFixture) -> None:
+    """Each reaches a wait, sleep or timer, which overflow on huge values (Event.wait above
+    threading.TIMEOUT_MAX killed the meter thread): above a day is refused, the default used."""
+    timed = {s.env: s for s in C.settings() if s.type_name == "float"}
+    assert set(timed) == {  # a new float setting must be looked at here
+        "SW_AGENT_COLLECTOR_HEARTBEAT_PERIOD",
+        "SW_AGENT_METER_REPORTER_PERIOD",
+        "SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL",
+        "SW_AGENT_REPORTER_FLUSH_INTERVAL",
+        "SW_AGENT_REPORTER_SEND_TIMEOUT",
+        "SW_AGENT_REPORTER_SHUTDOWN_TIMEOUT",
+    }
+    assert C.MAX_SECONDS == 86400
+    C._load._reported.clear()
+    with caplog.at_level(logging.WARNING, logger="swmp.config"):
+        huge = C.load({env: "1e10" for env in timed})
+        kw = C.load({}, **{s.name: 86400.5 for s in timed.values()})
+    day = C.load({env: "86400" for env in timed})
+    for env, s in timed.items():
+        assert getattr(huge, s.name) == s.default and getattr(kw, s.name) == s.default, env
+        assert getattr(day, s.name) == 86400.0, env
+        assert any(f"{env}='1e10' is invalid" in r.getMessage() for r in caplog.records), env
 
 
 def test_unknown_keyword_is_reported_and_ignored(caplog: pytest.LogCaptureFixture) -> None:

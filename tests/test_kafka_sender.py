@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import uuid
 from typing import Any
 
@@ -173,3 +174,35 @@ def test_missing_codec_falls_back_to_uncompressed(monkeypatch: pytest.MonkeyPatc
         await producer.stop()
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize(
+    ("env", "kw"),
+    [
+        ({"SW_KAFKA_REPORTER_CONFIG_compression.type": "gzip"}, None),
+        ({"SW_KAFKA_REPORTER_CONFIG_COMPRESSION-TYPE": "GZIP"}, None),
+        ({}, {"COMPRESSION_TYPE": "gzip", "Linger.MS": "5"}),
+        ({}, {"compression.type": " Gzip "}),
+    ],
+)
+def test_compression_type_is_found_in_any_spelling(
+    env: dict[str, str], kw: dict[str, str] | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The config splits compression_type out with the sender's key normalisation: it turns
+    compression on instead of landing among the extra options (refused with a warning)."""
+    from swmp import config
+
+    cfg = config.load(env, **({"kafka_reporter_config": kw} if kw is not None else {}))
+    settings = dataclasses.replace(cfg.to_reporter_settings(), protocol="kafka")
+    assert settings.kafka_compression == "gzip"
+    with caplog.at_level(logging.WARNING, logger="swmp.reporter.kafka"):
+        sender = KafkaSender(settings)
+
+        async def body() -> None:
+            producer = sender._new_producer()
+            assert sender._compression == "gzip"
+            await producer.stop()
+
+        asyncio.run(body())
+    assert not [r.getMessage() for r in caplog.records], caplog.text
+    assert sender._kwargs == ({"linger_ms": 5} if kw and "Linger.MS" in kw else {})

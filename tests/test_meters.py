@@ -297,6 +297,17 @@ def test_the_reporter_thread_reports_and_flush_is_final(sink: _sink.MemorySink) 
     assert meters.stats()["thread_alive"] is True
 
 
+def test_a_huge_period_from_a_hand_built_config_keeps_the_thread_alive(sink: _sink.MemorySink) -> None:
+    """Event.wait overflows above threading.TIMEOUT_MAX; the default period is used instead."""
+    from swmp.meters._state import config as current
+
+    meters.start_meter_reporter(_config(period=1e10))
+    assert current.settings is not None and current.settings.period == 20.0
+    Counter("huge-period").increment()
+    thread = meters._control.here.thread
+    assert thread is not None and thread.is_alive() and thread.period == 20.0
+
+
 # -- fork ------------------------------------------------------------------------------------
 def _in_child(body: Any) -> Any:
     """Run ``body()`` in a forked child and return what it returns (orjson-able)."""

@@ -32,9 +32,8 @@ from reporter_proc.senders.tls import (
     MASK,
     SecurityConfigError,
     client_context,
-    kafka_key,
 )
-from reporter_proc.settings import ReporterSettings
+from reporter_proc.settings import ReporterSettings, kafka_key
 
 log = logging.getLogger("swmp.reporter.kafka")
 

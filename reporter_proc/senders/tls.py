@@ -14,7 +14,7 @@ import os
 import ssl
 from collections.abc import Sequence
 
-from reporter_proc.settings import ReporterSettings
+from reporter_proc.settings import ReporterSettings, kafka_key
 
 MASK = "****"
 # SW_KAFKA_REPORTER_CONFIG_* values that are never logged, converted or shown.
@@ -123,11 +123,6 @@ def agent_context(settings: ReporterSettings) -> ssl.SSLContext:
     """The client context for HTTP from the SW_AGENT_TLS_* settings."""
     return client_context(ca_file=settings.tls_ca_file, cert_file=settings.tls_cert_file,
                           key_file=settings.tls_key_file)
-
-
-def kafka_key(raw: str) -> str:
-    """A SW_KAFKA_REPORTER_CONFIG_* key as a producer argument name ("Linger.MS" -> "linger_ms")."""
-    return raw.strip().lower().replace(".", "_").replace("-", "_")
 
 
 def has_secret(settings: ReporterSettings) -> bool:

@@ -13,6 +13,7 @@ from swmp.config._declare import (
     log_level,
     one_of,
     opt,
+    seconds,
 )
 
 
@@ -55,16 +56,18 @@ class CoreSettings:
     agent_logging_level: str = opt(
         "INFO",
         "SW_AGENT_LOGGING_LEVEL",
-        "Level of the agent's own loggers (`swmp`, `ipc`).",
+        "Level set on the agent's own loggers (`swmp`, `ipc`) when it starts, however it is started; "
+        "the reporter process and thread inherit it. swmp adds no handler: the application's logging "
+        "configuration (or Python's last-resort stderr output, WARNING and above) shows the records.",
         CORE,
         check=log_level,
     )
     agent_collector_heartbeat_period: float = opt(
         30.0,
         "SW_AGENT_COLLECTOR_HEARTBEAT_PERIOD",
-        "Seconds between instance keep-alives.",
+        "Seconds between instance keep-alives (1 to 86400).",
         CORE,
-        check=at_least(1),
+        check=seconds(1),
     )
     agent_collector_properties_report_period_factor: int = opt(
         10,
@@ -126,8 +129,8 @@ class KafkaSettings:
         {},
         "SW_KAFKA_REPORTER_CONFIG_*",
         "Producer options: `SW_KAFKA_REPORTER_CONFIG_<KEY>=value` sets `<key>` (e.g. `..._ACKS=all`, "
-        "`..._COMPRESSION_TYPE=gzip`); keyword: a dict.",
+        "`..._COMPRESSION_TYPE=gzip`); keyword: a dict. Keys are read in any case, `.` and `-` as `_` "
+        "(`compression.type` is `compression_type`), the same for every key including the codec.",
         KAFKA,
         prefix=KAFKA_CONFIG_PREFIX,
     )
-

@@ -51,6 +51,23 @@ def opt(
     return field(default=default, metadata=meta)
 
 
+# The most any setting in seconds may be. Each one ends up as a wait, a sleep or a timer,
+# and those fail far below float's range: threading's Event.wait and join raise
+# OverflowError above threading.TIMEOUT_MAX (which killed the meter thread), and Kafka's
+# millisecond timeouts are 32-bit (24.8 days). A day is longer than any useful period or
+# timeout, so a larger value is a mistake and refused like any out-of-range one.
+MAX_SECONDS = 24 * 3600
+
+
+def seconds(lo: float) -> Check:
+    """A duration in seconds: from ``lo`` to :data:`MAX_SECONDS`."""
+
+    def check(v: Any) -> str | None:
+        return None if lo <= v <= MAX_SECONDS else f"must be between {lo:g} and {MAX_SECONDS} seconds"
+
+    return check
+
+
 def at_least(n: float) -> Check:
     def check(v: Any) -> str | None:
         return None if v >= n else f"must be >= {n}"

@@ -19,7 +19,9 @@ from swmp.config._model import Config, Setting, settings, split_list
 log = logging.getLogger("swmp.config")
 
 _TRUE = frozenset({"true", "1", "yes", "on", "y", "t"})
-_FALSE = frozenset({"false", "0", "no", "off", "n", "f", ""})
+# No empty string: an empty boolean (Kubernetes `value: ""`) is refused and the default used,
+# as an empty number is, rather than silently meaning false.
+_FALSE = frozenset({"false", "0", "no", "off", "n", "f"})
 
 _reported: set[tuple[str, str]] = set()
 
@@ -31,7 +33,6 @@ def _report(source: str, raw: object, why: str, fallback: object) -> None:
         return
     _reported.add(key)
     log.warning("swmp: %s=%r is invalid (%s); using %r instead", source, raw, why, fallback)
-
 
 
 def _parse(type_name: str, raw: Any) -> Any:

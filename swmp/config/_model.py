@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from reporter_proc.settings import ReporterSettings
+from reporter_proc.settings import ReporterSettings, kafka_key
 from swmp.config._core import CoreSettings, KafkaSettings
 from swmp.config._plugins import PluginSettings
 from swmp.config._reporter import ReporterProcessSettings
@@ -53,7 +53,11 @@ class Config(
         return f"{self.kafka_namespace}-{topic}" if self.kafka_namespace else topic
 
     def to_reporter_settings(self) -> ReporterSettings:
-        extra = {k: v for k, v in self.kafka_reporter_config.items() if k != "compression_type"}
+        # compression_type is the producer's own argument, not an extra one; it is found with
+        # the sender's key normalisation, so COMPRESSION_TYPE or compression.type count too.
+        options = self.kafka_reporter_config
+        extra = {k: v for k, v in options.items() if kafka_key(k) != "compression_type"}
+        codecs = [v for k, v in options.items() if kafka_key(k) == "compression_type"]
         return ReporterSettings(
             service=self.service_name,
             namespace=self.agent_namespace,
@@ -71,7 +75,8 @@ class Config(
             kafka_topic_log=self.kafka_topic_log,
             kafka_topic_meter=self.kafka_topic_meter,
             kafka_topic_management=self.kafka_topic_management,
-            kafka_compression=self.kafka_reporter_config.get("compression_type", ""),
+            # aiokafka knows the codecs in lower case only (gzip, snappy, lz4, zstd).
+            kafka_compression=codecs[-1].strip().lower() if codecs else "",
             kafka_extra=extra,
             batch_max_records=self.agent_reporter_batch_size,
             batch_max_bytes=self.agent_reporter_batch_max_bytes,
@@ -89,9 +94,6 @@ class Config(
             spool_dir=self.agent_spool_dir,
             spool_max_bytes=self.agent_spool_max_bytes,
         )
-
-
-
 
 
 @dataclass(frozen=True)
@@ -139,5 +141,3 @@ def settings() -> tuple[Setting, ...]:
 def env_to_kwarg(env: str) -> str:
     """``SW_AGENT_NAME`` -> ``agent_name``: the documented mapping to keyword arguments."""
     return env[3:].lower() if env.startswith("SW_") else env.lower()
-
-

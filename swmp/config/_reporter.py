@@ -11,6 +11,7 @@ from swmp.config._declare import (
     at_least,
     opt,
     power_of_two,
+    seconds,
 )
 
 
@@ -68,16 +69,17 @@ class ReporterProcessSettings:
         "Longest time in seconds a record waits in the reporter below saturation before it is "
         "sent (plus up to the 1 s between its reads of the rings). A batch of 500 records or "
         "more is sent at the next read, a full one at once: a send costs about the same CPU "
-        "whatever it carries, so a quiet application sends seldom and a busy one about once a second.",
+        "whatever it carries, so a quiet application sends seldom and a busy one about once a second "
+        "(0.001 to 86400).",
         REPORTER,
-        check=at_least(0.001),
+        check=seconds(0.001),
     )
     agent_reporter_send_timeout: float = opt(
         10.0,
         "SW_AGENT_REPORTER_SEND_TIMEOUT",
-        "Seconds one send to the backend may take.",
+        "Seconds one send to the backend may take (0.1 to 86400).",
         REPORTER,
-        check=at_least(0.1),
+        check=seconds(0.1),
     )
     agent_reporter_max_pending_bytes: int = opt(
         64 * MIB,
@@ -89,9 +91,9 @@ class ReporterProcessSettings:
     agent_reporter_shutdown_timeout: float = opt(
         5.0,
         "SW_AGENT_REPORTER_SHUTDOWN_TIMEOUT",
-        "Seconds the reporter may spend flushing at shutdown.",
+        "Seconds the reporter may spend flushing at shutdown (0 to 86400).",
         REPORTER,
-        check=at_least(0),
+        check=seconds(0),
     )
     agent_spool_dir: str = opt(
         "auto",

@@ -13,6 +13,7 @@ from swmp.config._declare import (
     at_least,
     log_level,
     opt,
+    seconds,
 )
 
 
@@ -146,9 +147,9 @@ class MeterSettings:
     agent_meter_reporter_period: float = opt(
         20.0,
         "SW_AGENT_METER_REPORTER_PERIOD",
-        "Seconds between two meter reports.",
+        "Seconds between two meter reports (1 to 86400).",
         METER,
-        check=at_least(1),
+        check=seconds(1),
     )
     agent_pvm_meter_reporter_active: bool = opt(
         True,
@@ -171,9 +172,9 @@ class ProfileSettings:
     agent_collector_get_profile_task_interval: float = opt(
         20.0,
         "SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL",
-        "Seconds between two queries for new profile tasks (the reporter asks the OAP).",
+        "Seconds between two queries for new profile tasks (the reporter asks the OAP; 1 to 86400).",
         PROFILE,
-        check=at_least(1),
+        check=seconds(1),
     )
     agent_profile_max_parallel: int = opt(
         5,
@@ -196,4 +197,3 @@ class ProfileSettings:
         PROFILE,
         check=at_least(1),
     )
-

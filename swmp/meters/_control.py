@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from swmp import lifecycle
+from swmp.config import MAX_SECONDS
 from swmp.meters._pvm import pvm as pvm_meters
 from swmp.meters._registry import registry
 from swmp.meters._report import report
@@ -120,7 +121,8 @@ def start_meter_reporter(config: Any) -> None:
     try:
         period = float(getattr(config, "agent_meter_reporter_period", 20.0))
         pvm = bool(getattr(config, "agent_pvm_meter_reporter_active", True))
-        if not period > 0:
+        # A hand-built Config skips the loader's range check; Event.wait overflows on huge values.
+        if not 0 < period <= MAX_SECONDS:
             period = 20.0
         if pvm:
             pvm_meters.install()
