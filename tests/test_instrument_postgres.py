@@ -146,6 +146,55 @@ def test_psycopg2_connection_factories_keep_their_cursor_classes(
         conn.close()
 
 
+@pytest.mark.parametrize("factory", ["RealDictConnection", "NamedTupleConnection", "LoggingConnection"])
+def test_psycopg2_named_cursor_of_a_connection_class_sends_nothing(
+    traced: Traced, postgres_server: ServerInfo, factory: str
+) -> None:
+    """A connection class with a ``cursor()`` of its own (``RealDictConnection``...) hands out
+    a named cursor as psycopg2 does, without a statement to the server: psycopg2's refcursor
+    pattern (a function opens a cursor, ``conn.cursor(its name)`` reads it) keeps working."""
+    import logging
+
+    import psycopg2
+    import psycopg2.extras
+
+    cls = getattr(psycopg2.extras, factory)
+    conn = psycopg2.connect(**_dsn(postgres_server), connection_factory=cls)
+    if factory == "LoggingConnection":
+        conn.initialize(logging.getLogger("tests.psycopg2"))
+    watcher = psycopg2.connect(**_dsn(postgres_server))
+    watcher.autocommit = True
+
+    def last_query() -> str:  # what the server last received from ``conn``
+        with watcher.cursor() as w:
+            w.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", (conn.info.backend_pid,))
+            return str(w.fetchone()[0])
+
+    try:
+        with traced.trace() as got:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "CREATE OR REPLACE FUNCTION swmp_reffunc(refcursor) RETURNS refcursor AS $$"
+                    " BEGIN OPEN $1 FOR SELECT generate_series(1, 3) AS n; RETURN $1; END; $$"
+                    " LANGUAGE plpgsql"
+                )
+                cur.callproc("swmp_reffunc", ["swmp_ref"])
+            sent = last_query()
+            named = conn.cursor("swmp_ref")
+            assert last_query() == sent
+            assert type(named).__name__ == factory.replace("Connection", "Cursor")
+            # psycopg2's Dict cursors cannot fetch from a cursor they did not execute.
+            if factory != "RealDictConnection":
+                assert [r[0] for r in named.fetchall()] == [1, 2, 3]
+            named.close()
+        conn.rollback()
+        ops = [e.op for e in got.exits if "pg_stat_activity" not in e.tags["db.statement"]]
+        assert ops == ["PostgreSQL/Psycopg/execute", "PostgreSQL/Psycopg/callproc"]
+    finally:
+        conn.close()
+        watcher.close()
+
+
 def test_psycopg2_server_side_cursor_and_transaction(traced: Traced, postgres_server: ServerInfo) -> None:
     import psycopg2
 

@@ -150,6 +150,24 @@ def _traced_cursor(base: type) -> type:
     return TracedCursor
 
 
+# Only a named cursor takes them (psycopg2 refuses them on an unnamed one).
+_NAMED_ONLY = ("name", "withhold", "scrollable")
+
+
+def _chosen(conn: Any, kwargs: dict[str, Any]) -> type | None:
+    """The cursor class a connection class's own ``cursor()`` hands out (``conn`` bound to
+    it), asked of an unnamed cursor: psycopg2 sends nothing to make or close one, while
+    closing a named cursor that never ran asks the server whether a cursor of that name is
+    open and closes it (the application's refcursor, see psycopg2's docs). None when it
+    cannot be asked: the call is then made as given, untraced, and fails as it fails."""
+    try:
+        probe = conn.cursor(**{k: v for k, v in kwargs.items() if k not in _NAMED_ONLY})
+        probe.close()
+    except Exception:
+        return None
+    return type(probe)
+
+
 def _traced_connection(base: type) -> type:
     cls = _traced.get(base)
     if cls is not None:
@@ -171,9 +189,9 @@ def _traced_connection(base: type) -> type:
             if factory is None:
                 kwargs.pop("cursor_factory", None)
                 if own_cursor:
-                    probe = super().cursor(**kwargs)  # a client-side object: nothing is sent
-                    factory = type(probe)
-                    probe.close()
+                    factory = _chosen(super(), kwargs)
+                    if factory is None:
+                        return super().cursor(**kwargs)
                 else:
                     factory = self.cursor_factory or plain_cursor
             # psycopg2 takes any callable that makes a cursor; only a class can be subclassed
