@@ -195,6 +195,19 @@ def test_psycopg2_named_cursor_of_a_connection_class_sends_nothing(
         watcher.close()
 
 
+def test_psycopg2_cursor_argument_given_twice_is_refused_as_psycopg2_refuses_it(pg2: Any) -> None:
+    from psycopg2.extensions import connection as plain_connection
+
+    with pytest.raises(TypeError) as plain:
+        plain_connection.cursor(pg2, "a", name="b")
+    with pytest.raises(TypeError) as wrapped:
+        pg2.cursor("a", name="b")
+    assert str(wrapped.value) == str(plain.value)
+    with pytest.raises(TypeError) as wrapped:
+        pg2.cursor(None, None, False, cursor_factory=None)
+    assert "cursor_factory" in str(wrapped.value)
+
+
 def test_psycopg2_server_side_cursor_and_transaction(traced: Traced, postgres_server: ServerInfo) -> None:
     import psycopg2
 

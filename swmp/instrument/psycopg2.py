@@ -181,8 +181,10 @@ def _traced_connection(base: type) -> type:
 
     class TracedConnection(base):  # type: ignore[misc]
         def cursor(self, *args: Any, **kwargs: Any) -> Any:
-            if len(args) > len(_CURSOR_PARAMS):
-                return super().cursor(*args, **kwargs)  # psycopg2's own TypeError
+            # Too many arguments, or one given both by position and by name: the call as
+            # given, for psycopg2's own TypeError.
+            if len(args) > len(_CURSOR_PARAMS) or not kwargs.keys().isdisjoint(_CURSOR_PARAMS[: len(args)]):
+                return super().cursor(*args, **kwargs)
             if args:  # psycopg2 takes every one of them by keyword too
                 kwargs.update(zip(_CURSOR_PARAMS, args, strict=False))
             factory = kwargs.get("cursor_factory")
