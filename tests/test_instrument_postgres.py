@@ -340,6 +340,36 @@ def test_psycopg_errors(traced: Traced, pg3: Any) -> None:
     assert got.exits[2].logs[0]["error.kind"] == "ZeroDivisionError"
 
 
+def test_psycopg_stream_and_copy_never_used_leave_the_trace_whole(traced: Traced, pg3: Any) -> None:
+    """psycopg sends a ``stream()``'s query at its first row and a ``copy()``'s statement when
+    its block is entered: one made and dropped sends nothing and records nothing, and the
+    trace around it is still reported (a span left open would hold its segment back)."""
+    with traced.trace() as got, pg3.cursor() as cur:
+        cur.stream("SELECT 1")  # dropped unstarted
+        cur.copy("COPY pg3_items FROM STDIN")  # dropped unentered
+        assert cur.execute("SELECT 2").fetchone() == (2,)
+    assert got.segments == 1
+    assert [e.tags["db.statement"] for e in got.exits] == ["SELECT 2"]
+
+
+def test_psycopg_async_stream_and_copy_never_used_leave_the_trace_whole(
+    traced: Traced, postgres_server: ServerInfo
+) -> None:
+    import psycopg
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(**_dsn(postgres_server), autocommit=True) as conn:
+            with traced.trace() as got:
+                async with conn.cursor() as cur:
+                    cur.stream("SELECT 1")
+                    cur.copy("COPY pg3_items FROM STDIN")
+                    await cur.execute("SELECT 3")
+            assert got.segments == 1
+            assert [e.tags["db.statement"] for e in got.exits] == ["SELECT 3"]
+
+    asyncio.run(main())
+
+
 def test_psycopg_async(traced: Traced, postgres_server: ServerInfo) -> None:
     import psycopg
 
