@@ -297,6 +297,29 @@ def test_psycopg_sync_calls(traced: Traced, pg3: Any, postgres_server: ServerInf
     assert all(e.parent_id == 0 and not e.error for e in got.exits)
 
 
+def test_psycopg_executemany_rows_from_an_iterator_are_read_as_it_sends_them(
+    traced: Traced, pg3: Any
+) -> None:
+    """Rows given as a one-shot iterator (parameters recorded): psycopg takes them one at a
+    time inside its pipeline, as without the agent, and the span still shows them."""
+    from psycopg import pq
+
+    status: list[pq.PipelineStatus] = []
+
+    def rows() -> Iterator[tuple[int, str]]:
+        for row in ((1, "a"), (2, "b")):
+            status.append(pg3.pgconn.pipeline_status)
+            yield row
+
+    with traced.trace() as got, pg3.cursor() as cur:
+        cur.executemany("INSERT INTO pg3_items VALUES (%s, %s)", rows())
+        cur.executemany("INSERT INTO pg3_items VALUES (%s, %s)", iter(()))
+    assert status == [pq.PipelineStatus.ON, pq.PipelineStatus.ON]
+    assert got.exits[0].tags["db.sql.parameters"] == "[[1,a],[2,b]]"
+    assert "db.sql.parameters" not in got.exits[1].tags
+    assert [r[0] for r in pg3.execute("SELECT id FROM pg3_items ORDER BY id")] == [1, 2]
+
+
 def test_psycopg_connections_dropped_unclosed_are_freed(
     traced: Traced, pg3: Any, postgres_server: ServerInfo
 ) -> None:

@@ -113,27 +113,32 @@ def _aexecute(orig: Any) -> Any:
     )
 
 
-def _rows(params_seq: Any) -> Any:
-    # The parameters tag must not consume a one-shot iterable the driver still needs.
-    if _ds.settings.params_max and not isinstance(params_seq, (list, tuple)):
-        return list(params_seq)
-    return params_seq
-
-
+# executemany: a one-shot iterator of rows is read by psycopg as it would be (one row at a
+# time, inside its pipeline), noted on the way for the parameters tag (_datastore.many_rows).
 def _executemany(orig: Any) -> Any:
     def executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
-        params_seq = _rows(params_seq)
-        with _span(self, "executemany", query, params_seq, many=True):
-            return orig(self, query, params_seq, *args, **kwargs)
+        params_seq, shown, seen = _ds.many_rows(params_seq)
+        span = _span(self, "executemany", query, shown, many=True)
+        with span:
+            try:
+                return orig(self, query, params_seq, *args, **kwargs)
+            finally:
+                if seen is not None:
+                    seen.tag(span)
 
     return gated(orig, executemany)
 
 
 def _aexecutemany(orig: Any) -> Any:
     async def executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
-        params_seq = _rows(params_seq)
-        with _span(self, "executemany", query, params_seq, many=True):
-            return await orig(self, query, params_seq, *args, **kwargs)
+        params_seq, shown, seen = _ds.many_rows(params_seq)
+        span = _span(self, "executemany", query, shown, many=True)
+        with span:
+            try:
+                return await orig(self, query, params_seq, *args, **kwargs)
+            finally:
+                if seen is not None:
+                    seen.tag(span)
 
     return gated(orig, executemany)
 

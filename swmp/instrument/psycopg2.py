@@ -108,14 +108,20 @@ def _traced_cursor(base: type) -> type:
         if given is None:
             return b_executemany(self, *args, **kwargs)
         query, vars_list = given
-        if _ds.settings.params_max and vars_list is not None and not isinstance(vars_list, (list, tuple)):
-            vars_list = list(vars_list)  # a generator would be consumed by the tag
+        # A one-shot iterator of rows is read by psycopg2 as it would be, noted on the way.
+        vars_list, shown, seen = _ds.many_rows(vars_list)
+        if seen is not None:
             if len(args) > 1:
                 args = (args[0], vars_list, *args[2:])
             else:
                 kwargs["vars_list"] = vars_list
-        with _span(self, "executemany", query, vars_list, many=True):
-            return b_executemany(self, *args, **kwargs)
+        span = _span(self, "executemany", query, shown, many=True)
+        with span:
+            try:
+                return b_executemany(self, *args, **kwargs)
+            finally:
+                if seen is not None:
+                    seen.tag(span)
 
     def traced_callproc(self: Any, *args: Any, **kwargs: Any) -> Any:
         given = _by_name(args, kwargs, "procname", "parameters")
