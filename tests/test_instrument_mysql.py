@@ -110,6 +110,33 @@ def test_pymysql_calls_without_parameters_are_the_drivers(traced: Traced, pymysq
     ]
 
 
+def test_pymysql_executemany_rows_from_an_iterator_reach_it_as_they_would(
+    traced: Traced, pymysql_conn: Any
+) -> None:
+    """Rows given as a one-shot iterator (parameters recorded): PyMySQL takes them one at a
+    time as it runs the statements, an empty one is not an empty list (``if not args``),
+    and the span still shows the rows."""
+    with pymysql_conn.cursor() as cur:
+        cur.execute("INSERT INTO pm_items VALUES (1, 'a'), (2, 'b')")
+    seen_rowcount: list[int] = []
+
+    def rows(cur: Any) -> Iterator[tuple[str, int]]:
+        for row in (("x", 1), ("y", 2)):
+            seen_rowcount.append(cur.rowcount)  # -1 until PyMySQL has run a statement
+            yield row
+
+    with traced.trace() as got, pymysql_conn.cursor() as cur:
+        assert cur.executemany("UPDATE pm_items SET name = %s WHERE id = %s", iter(())) == 0
+        with pytest.raises(StopIteration):  # PyMySQL's INSERT path takes a first row
+            cur.executemany("INSERT INTO pm_items VALUES (%s, %s)", iter(()))
+    with traced.trace() as got2, pymysql_conn.cursor() as cur:
+        assert cur.executemany("UPDATE pm_items SET name = %s WHERE id = %s", rows(cur)) == 2
+    assert seen_rowcount == [-1, 1]
+    assert [e.error for e in got.exits] == [False, True]
+    assert "db.sql.parameters" not in got.exits[0].tags
+    assert only(got2).tags["db.sql.parameters"] == "[[x,1],[y,2]]"
+
+
 def test_pymysql_database_of_each_connection(
     traced: Traced, pymysql_conn: Any, mariadb_server: ServerInfo
 ) -> None:

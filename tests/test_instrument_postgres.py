@@ -146,6 +146,68 @@ def test_psycopg2_connection_factories_keep_their_cursor_classes(
         conn.close()
 
 
+@pytest.mark.parametrize("factory", ["RealDictConnection", "NamedTupleConnection", "LoggingConnection"])
+def test_psycopg2_named_cursor_of_a_connection_class_sends_nothing(
+    traced: Traced, postgres_server: ServerInfo, factory: str
+) -> None:
+    """A connection class with a ``cursor()`` of its own (``RealDictConnection``...) hands out
+    a named cursor as psycopg2 does, without a statement to the server: psycopg2's refcursor
+    pattern (a function opens a cursor, ``conn.cursor(its name)`` reads it) keeps working."""
+    import logging
+
+    import psycopg2
+    import psycopg2.extras
+
+    cls = getattr(psycopg2.extras, factory)
+    conn = psycopg2.connect(**_dsn(postgres_server), connection_factory=cls)
+    if factory == "LoggingConnection":
+        conn.initialize(logging.getLogger("tests.psycopg2"))
+    watcher = psycopg2.connect(**_dsn(postgres_server))
+    watcher.autocommit = True
+
+    def last_query() -> str:  # what the server last received from ``conn``
+        with watcher.cursor() as w:
+            w.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", (conn.info.backend_pid,))
+            return str(w.fetchone()[0])
+
+    try:
+        with traced.trace() as got:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "CREATE OR REPLACE FUNCTION swmp_reffunc(refcursor) RETURNS refcursor AS $$"
+                    " BEGIN OPEN $1 FOR SELECT generate_series(1, 3) AS n; RETURN $1; END; $$"
+                    " LANGUAGE plpgsql"
+                )
+                cur.callproc("swmp_reffunc", ["swmp_ref"])
+            sent = last_query()
+            named = conn.cursor("swmp_ref")
+            assert last_query() == sent
+            assert type(named).__name__ == factory.replace("Connection", "Cursor")
+            # psycopg2's Dict cursors cannot fetch from a cursor they did not execute.
+            if factory != "RealDictConnection":
+                assert [r[0] for r in named.fetchall()] == [1, 2, 3]
+            named.close()
+        conn.rollback()
+        ops = [e.op for e in got.exits if "pg_stat_activity" not in e.tags["db.statement"]]
+        assert ops == ["PostgreSQL/Psycopg/execute", "PostgreSQL/Psycopg/callproc"]
+    finally:
+        conn.close()
+        watcher.close()
+
+
+def test_psycopg2_cursor_argument_given_twice_is_refused_as_psycopg2_refuses_it(pg2: Any) -> None:
+    from psycopg2.extensions import connection as plain_connection
+
+    with pytest.raises(TypeError) as plain:
+        plain_connection.cursor(pg2, "a", name="b")
+    with pytest.raises(TypeError) as wrapped:
+        pg2.cursor("a", name="b")
+    assert str(wrapped.value) == str(plain.value)
+    with pytest.raises(TypeError) as wrapped:
+        pg2.cursor(None, None, False, cursor_factory=None)
+    assert "cursor_factory" in str(wrapped.value)
+
+
 def test_psycopg2_server_side_cursor_and_transaction(traced: Traced, postgres_server: ServerInfo) -> None:
     import psycopg2
 
@@ -235,6 +297,29 @@ def test_psycopg_sync_calls(traced: Traced, pg3: Any, postgres_server: ServerInf
     assert all(e.parent_id == 0 and not e.error for e in got.exits)
 
 
+def test_psycopg_executemany_rows_from_an_iterator_are_read_as_it_sends_them(
+    traced: Traced, pg3: Any
+) -> None:
+    """Rows given as a one-shot iterator (parameters recorded): psycopg takes them one at a
+    time inside its pipeline, as without the agent, and the span still shows them."""
+    from psycopg import pq
+
+    status: list[pq.PipelineStatus] = []
+
+    def rows() -> Iterator[tuple[int, str]]:
+        for row in ((1, "a"), (2, "b")):
+            status.append(pg3.pgconn.pipeline_status)
+            yield row
+
+    with traced.trace() as got, pg3.cursor() as cur:
+        cur.executemany("INSERT INTO pg3_items VALUES (%s, %s)", rows())
+        cur.executemany("INSERT INTO pg3_items VALUES (%s, %s)", iter(()))
+    assert status == [pq.PipelineStatus.ON, pq.PipelineStatus.ON]
+    assert got.exits[0].tags["db.sql.parameters"] == "[[1,a],[2,b]]"
+    assert "db.sql.parameters" not in got.exits[1].tags
+    assert [r[0] for r in pg3.execute("SELECT id FROM pg3_items ORDER BY id")] == [1, 2]
+
+
 def test_psycopg_connections_dropped_unclosed_are_freed(
     traced: Traced, pg3: Any, postgres_server: ServerInfo
 ) -> None:
@@ -276,6 +361,36 @@ def test_psycopg_errors(traced: Traced, pg3: Any) -> None:
     assert [e.error for e in got.exits] == [True, True, True]
     assert got.exits[0].logs[0]["error.kind"] == "UndefinedTable"
     assert got.exits[2].logs[0]["error.kind"] == "ZeroDivisionError"
+
+
+def test_psycopg_stream_and_copy_never_used_leave_the_trace_whole(traced: Traced, pg3: Any) -> None:
+    """psycopg sends a ``stream()``'s query at its first row and a ``copy()``'s statement when
+    its block is entered: one made and dropped sends nothing and records nothing, and the
+    trace around it is still reported (a span left open would hold its segment back)."""
+    with traced.trace() as got, pg3.cursor() as cur:
+        cur.stream("SELECT 1")  # dropped unstarted
+        cur.copy("COPY pg3_items FROM STDIN")  # dropped unentered
+        assert cur.execute("SELECT 2").fetchone() == (2,)
+    assert got.segments == 1
+    assert [e.tags["db.statement"] for e in got.exits] == ["SELECT 2"]
+
+
+def test_psycopg_async_stream_and_copy_never_used_leave_the_trace_whole(
+    traced: Traced, postgres_server: ServerInfo
+) -> None:
+    import psycopg
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(**_dsn(postgres_server), autocommit=True) as conn:
+            with traced.trace() as got:
+                async with conn.cursor() as cur:
+                    cur.stream("SELECT 1")
+                    cur.copy("COPY pg3_items FROM STDIN")
+                    await cur.execute("SELECT 3")
+            assert got.segments == 1
+            assert [e.tags["db.statement"] for e in got.exits] == ["SELECT 3"]
+
+    asyncio.run(main())
 
 
 def test_psycopg_async(traced: Traced, postgres_server: ServerInfo) -> None:

@@ -18,7 +18,8 @@ SkyWalking Python agent's name and format: ``[a,b]``, cut with ``...``),
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._gate import gated
@@ -167,15 +168,81 @@ def params_text(params: Any, many: bool = False) -> str:
         body = ",".join(text(v) for v in _values(params))
         return f"[{body[:limit]}...]" if len(body) > limit else f"[{body}]"
     parts: list[str] = []
-    total = 0
+    room = limit
     for row in params:
-        item = f"[{','.join(text(v) for v in _values(row))}]"
-        total += len(item)
-        if total > limit:
-            parts.append(f"{item[: limit - total]}...")
+        room = _add_row(parts, room, row)
+        if room < 0:
             break
-        parts.append(item)
     return f"[{','.join(parts)}]"
+
+
+def _add_row(parts: list[str], room: int, row: Any) -> int:
+    """Add the text of ``executemany``'s ``row`` to ``parts``, which has ``room`` characters
+    left; the room left after it (below 0: full, the row cut and marked ``...``)."""
+    item = f"[{','.join(text(v) for v in _values(row))}]"
+    room -= len(item)
+    parts.append(item if room >= 0 else f"{item[:room]}...")
+    return room
+
+
+# Containers of ``executemany`` rows the tag can read without taking them from the driver.
+_REREADABLE = (list, tuple, range, set, frozenset, deque)
+
+
+class SeenRows:
+    """Stands in for an application's one-shot iterator of ``executemany`` rows (a generator,
+    ``map``...): the driver takes each row from it when it would take it from the iterator,
+    so rows are read as the driver sends them, none before, and the text of the first ones is
+    kept for the ``db.sql.parameters`` tag, written when the call ends: only what the tag
+    shows, so memory stays bounded (the rows are not copied into a list)."""
+
+    __slots__ = ("_it", "_parts", "_room")
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self._it = it
+        self._parts: list[str] = []
+        self._room = settings.params_max
+
+    def __iter__(self) -> SeenRows:
+        return self
+
+    def __next__(self) -> Any:
+        row = next(self._it)
+        if self._room >= 0:
+            try:
+                self._room = _add_row(self._parts, self._room, row)
+            except Exception:  # the rows matter more than the tag
+                self._room = -1
+        return row
+
+    def tag(self, span: Span | NoopSpan) -> None:
+        """Tag ``span`` with the rows the driver took; none taken, no tag (as an empty list)."""
+        if self._parts:
+            try:
+                span.tag(TAG_DB_SQL_PARAMETERS, f"[{','.join(self._parts)}]")
+            except Exception:
+                pass
+
+
+def many_rows(rows: Any) -> tuple[Any, Any, SeenRows | None]:
+    """``executemany``'s rows as ``(what the driver gets, what the span's tag reads when it
+    opens, the SeenRows that tags it when the call ends)``. A one-shot iterator is handed to
+    the driver as a :class:`SeenRows`, which is true, lazy and iterable as the iterator is
+    (an iterator whose type has ``__len__`` or ``__bool__`` could be false: the driver tests
+    that, PyMySQL's ``if not args``, so it is left as it is). Any other iterable that is not
+    a plain container might be one-shot too: it goes to the driver as it is, untagged."""
+    if not settings.params_max or rows is None or isinstance(rows, _REREADABLE):
+        return rows, rows, None
+    kind = type(rows)
+    if (
+        hasattr(kind, "__next__")
+        and hasattr(kind, "__iter__")
+        and not hasattr(kind, "__len__")
+        and not hasattr(kind, "__bool__")
+    ):
+        seen = SeenRows(rows)
+        return seen, None, seen
+    return rows, None, None
 
 
 def _py_sql_span(  # noqa: PLR0917 (one call per query: positional is cheaper)
@@ -230,91 +297,6 @@ if native_core is not None and hasattr(native_core, "sql_span"):
         TAG_DB_SQL_PARAMETERS,
     )
     sql_span = native_core.sql_span
-
-
-class SpanAround:
-    """Wraps a driver's context manager (sync or async) so that ``span`` covers its block,
-    without making the span current: the application's code inside the block (a COPY
-    feeding loop) keeps its own span as parent. The driver's object is what ``with``
-    yields; exceptions, and the driver's choice to suppress one, pass through unchanged."""
-
-    __slots__ = ("_cm", "_span")
-
-    def __init__(self, cm: Any, span: Span | NoopSpan) -> None:
-        self._cm = cm
-        self._span = span
-
-    def _done(self, ev: BaseException | None) -> None:
-        if ev is not None and not isinstance(ev, GeneratorExit):
-            self._span.error(ev)
-        self._span.finish()
-
-    def __enter__(self) -> Any:
-        try:
-            return self._cm.__enter__()
-        except BaseException as e:
-            self._done(e)
-            raise
-
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> Any:
-        try:
-            suppressed = self._cm.__exit__(et, ev, tb)
-        except BaseException as e:
-            self._done(e)
-            raise
-        self._done(None if suppressed else ev)
-        return suppressed
-
-    async def __aenter__(self) -> Any:
-        try:
-            return await self._cm.__aenter__()
-        except BaseException as e:
-            self._done(e)
-            raise
-
-    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> Any:
-        try:
-            suppressed = await self._cm.__aexit__(et, ev, tb)
-        except BaseException as e:
-            self._done(e)
-            raise
-        self._done(None if suppressed else ev)
-        return suppressed
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cm, name)
-
-
-def span_over_iterator(span: Span | NoopSpan, it: Any) -> Any:
-    """Yield from ``it`` with ``span`` open until it is exhausted, fails or is closed
-    (the span is not made current: the consumer's loop body keeps its own parent)."""
-    try:
-        yield from it
-    except GeneratorExit:
-        raise
-    except BaseException as e:
-        span.error(e)
-        raise
-    finally:
-        span.finish()
-
-
-async def span_over_async_iterator(span: Span | NoopSpan, it: Any) -> Any:
-    """The async form of :func:`span_over_iterator`; closing it closes ``it`` too, as
-    ``yield from`` does for the sync form (the driver's clean-up runs)."""
-    try:
-        async for item in it:
-            yield item
-    except GeneratorExit:
-        aclose = getattr(it, "aclose", None)
-        if aclose is not None:
-            await aclose()
-        raise
-    except BaseException as e:
-        span.error(e)
-        raise
-    finally:
-        span.finish()
 
 
 _SqlCall: Any = getattr(native_core, "SqlCall", None)
@@ -373,11 +355,6 @@ def cursor_method(
     op = prefix + method
     default = () if method == "callproc" else None
 
-    def rows(args: Any) -> Any:
-        if settings.params_max and args is not None and not isinstance(args, (list, tuple)):
-            return list(args)  # the tag must not consume what the driver still needs
-        return args
-
     place = f"{prefix}{method} ({where.__module__}.{where.__qualname__})"
 
     def make(orig: Any) -> Any:
@@ -386,27 +363,33 @@ def cursor_method(
             given = args is not _MISSING
             if not given:
                 args = default
-            elif many:
-                args = rows(args)
+            shown, seen = args, None
+            if many and given:
+                args, shown, seen = many_rows(args)
             try:  # guarded() inlined: this runs on every traced query
                 address, db = where(self)
-                span = sql_span(op, address, component, db_type, db, query, args or None, many)
+                span = sql_span(op, address, component, db_type, db, query, shown or None, many)
             except Exception as e:
                 span = failed(place, e)
             with span:
-                if rest:
-                    return await orig(self, query, args, *rest)
-                return await (orig(self, query, args) if given else orig(self, query))
+                try:
+                    if rest:
+                        return await orig(self, query, args, *rest)
+                    return await (orig(self, query, args) if given else orig(self, query))
+                finally:
+                    if seen is not None:
+                        seen.tag(span)
 
         def straced(self: Any, query: Any, args: Any = _MISSING, *rest: Any) -> Any:
             given = args is not _MISSING
             if not given:
                 args = default
-            elif many:
-                args = rows(args)
+            shown, seen = args, None
+            if many and given:
+                args, shown, seen = many_rows(args)
             try:  # guarded() inlined: this runs on every traced query
                 address, db = where(self)
-                span = sql_span(op, address, component, db_type, db, query, args or None, many)
+                span = sql_span(op, address, component, db_type, db, query, shown or None, many)
             except Exception as e:
                 span = failed(place, e)
             # What ``with span:`` does, spelled out: two plain method calls are cheaper.
@@ -418,8 +401,12 @@ def cursor_method(
                 else:
                     result = orig(self, query, args) if given else orig(self, query)
             except BaseException as e:
+                if seen is not None:
+                    seen.tag(span)
                 span.__exit__(type(e), e, e.__traceback__)
                 raise
+            if seen is not None:
+                seen.tag(span)
             span.__exit__(None, None, None)
             return result
 

@@ -108,12 +108,11 @@ def _traced(
     (``params_name``) holds the query's arguments."""
 
     def make(orig: Any) -> Any:
-        def start(proto: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def start(proto: Any, args: tuple[Any, ...], kwargs: dict[str, Any], params: Any) -> Any:
             try:  # inlined guarded(): this runs on every traced query
                 address, db = getattr(proto, "_swmp_where", None) or _late_where(proto)
                 stmt = args[stmt_pos] if len(args) > stmt_pos else kwargs.get(stmt_name)
                 query = stmt if stmt.__class__ is str else getattr(stmt, "query", "")
-                params = _arg(args, kwargs, 1, params_name) if params_name else None
                 return _ds.sql_span(op, address, _COMPONENT, "PostgreSQL", db, query, params, many)
             except Exception as e:
                 return _ds.failed(place, e)
@@ -121,16 +120,25 @@ def _traced(
         place = f"{start.__module__}.{start.__qualname__}"
 
         async def traced(proto: Any, *args: Any, **kwargs: Any) -> Any:
-            if many and _ds.settings.params_max:
-                rows = _arg(args, kwargs, 1, str(params_name))
-                if rows is not None and not isinstance(rows, (list, tuple)):
-                    rows = list(rows)  # the tag and the driver each need the rows
-                    if len(args) > 1:
-                        args = (args[0], rows, *args[2:])
-                    else:
-                        kwargs[str(params_name)] = rows
-            with start(proto, args, kwargs):
-                return await orig(proto, *args, **kwargs)
+            params = _arg(args, kwargs, 1, params_name) if params_name else None
+            if not many:
+                with start(proto, args, kwargs, params):
+                    return await orig(proto, *args, **kwargs)
+            # A one-shot iterator of rows is read by asyncpg as it would be (lazily, as it
+            # encodes them), noted on the way for the parameters tag.
+            rows, shown, seen = _ds.many_rows(params)
+            if seen is not None:
+                if len(args) > 1:
+                    args = (args[0], rows, *args[2:])
+                else:
+                    kwargs[str(params_name)] = rows
+            span = start(proto, args, kwargs, shown)
+            with span:
+                try:
+                    return await orig(proto, *args, **kwargs)
+                finally:
+                    if seen is not None:
+                        seen.tag(span)
 
         return gated(orig, traced)  # outside a trace: the original itself
 

@@ -1,7 +1,8 @@
 """psycopg 3, sync and async: one exit span per ``execute`` / ``executemany`` (client-side,
 server-side, raw and client-binding cursors, and ``Connection.execute``), per ``stream``
-(open until the rows are consumed) and per ``copy`` block (component Psycopg, 7010;
-operation ``PostgreSQL/Psycopg/<method>`` as the SkyWalking Python agent names it).
+(from its first row until the rows are consumed) and per ``copy`` block (component
+Psycopg, 7010; operation ``PostgreSQL/Psycopg/<method>`` as the SkyWalking Python agent
+names it).
 
 psycopg 3's cursors are Python classes: their methods are wrapped in place, so every
 cursor class derived from them is covered and nothing about the objects changes.
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _datastore as _ds
 from swmp.instrument._gate import gated
+from swmp.instrument._lazy_span import SpanAround, span_over_async_iterator, span_over_iterator
 from swmp.instrument._patch import patch_all, restore_all
 from swmp.tracing.constants import Component
 
@@ -111,27 +113,32 @@ def _aexecute(orig: Any) -> Any:
     )
 
 
-def _rows(params_seq: Any) -> Any:
-    # The parameters tag must not consume a one-shot iterable the driver still needs.
-    if _ds.settings.params_max and not isinstance(params_seq, (list, tuple)):
-        return list(params_seq)
-    return params_seq
-
-
+# executemany: a one-shot iterator of rows is read by psycopg as it would be (one row at a
+# time, inside its pipeline), noted on the way for the parameters tag (_datastore.many_rows).
 def _executemany(orig: Any) -> Any:
     def executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
-        params_seq = _rows(params_seq)
-        with _span(self, "executemany", query, params_seq, many=True):
-            return orig(self, query, params_seq, *args, **kwargs)
+        params_seq, shown, seen = _ds.many_rows(params_seq)
+        span = _span(self, "executemany", query, shown, many=True)
+        with span:
+            try:
+                return orig(self, query, params_seq, *args, **kwargs)
+            finally:
+                if seen is not None:
+                    seen.tag(span)
 
     return gated(orig, executemany)
 
 
 def _aexecutemany(orig: Any) -> Any:
     async def executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
-        params_seq = _rows(params_seq)
-        with _span(self, "executemany", query, params_seq, many=True):
-            return await orig(self, query, params_seq, *args, **kwargs)
+        params_seq, shown, seen = _ds.many_rows(params_seq)
+        span = _span(self, "executemany", query, shown, many=True)
+        with span:
+            try:
+                return await orig(self, query, params_seq, *args, **kwargs)
+            finally:
+                if seen is not None:
+                    seen.tag(span)
 
     return gated(orig, executemany)
 
@@ -139,7 +146,7 @@ def _aexecutemany(orig: Any) -> Any:
 def _stream(orig: Any) -> Any:
     def stream(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
         rows = orig(self, query, params, *args, **kwargs)
-        return _ds.span_over_iterator(_span(self, "stream", query, params), rows)
+        return span_over_iterator(lambda: _span(self, "stream", query, params), rows)
 
     return gated(orig, stream)
 
@@ -147,7 +154,7 @@ def _stream(orig: Any) -> Any:
 def _astream(orig: Any) -> Any:
     def stream(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
         rows = orig(self, query, params, *args, **kwargs)
-        return _ds.span_over_async_iterator(_span(self, "stream", query, params), rows)
+        return span_over_async_iterator(lambda: _span(self, "stream", query, params), rows)
 
     return gated(orig, stream)
 
@@ -155,7 +162,7 @@ def _astream(orig: Any) -> Any:
 def _copy(orig: Any) -> Any:
     def copy(self: Any, statement: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
         cm = orig(self, statement, params, *args, **kwargs)
-        return _ds.SpanAround(cm, _span(self, "copy", statement, params))
+        return SpanAround(cm, lambda: _span(self, "copy", statement, params))
 
     return gated(orig, copy)
 

@@ -108,14 +108,20 @@ def _traced_cursor(base: type) -> type:
         if given is None:
             return b_executemany(self, *args, **kwargs)
         query, vars_list = given
-        if _ds.settings.params_max and vars_list is not None and not isinstance(vars_list, (list, tuple)):
-            vars_list = list(vars_list)  # a generator would be consumed by the tag
+        # A one-shot iterator of rows is read by psycopg2 as it would be, noted on the way.
+        vars_list, shown, seen = _ds.many_rows(vars_list)
+        if seen is not None:
             if len(args) > 1:
                 args = (args[0], vars_list, *args[2:])
             else:
                 kwargs["vars_list"] = vars_list
-        with _span(self, "executemany", query, vars_list, many=True):
-            return b_executemany(self, *args, **kwargs)
+        span = _span(self, "executemany", query, shown, many=True)
+        with span:
+            try:
+                return b_executemany(self, *args, **kwargs)
+            finally:
+                if seen is not None:
+                    seen.tag(span)
 
     def traced_callproc(self: Any, *args: Any, **kwargs: Any) -> Any:
         given = _by_name(args, kwargs, "procname", "parameters")
@@ -150,6 +156,24 @@ def _traced_cursor(base: type) -> type:
     return TracedCursor
 
 
+# Only a named cursor takes them (psycopg2 refuses them on an unnamed one).
+_NAMED_ONLY = ("name", "withhold", "scrollable")
+
+
+def _chosen(conn: Any, kwargs: dict[str, Any]) -> type | None:
+    """The cursor class a connection class's own ``cursor()`` hands out (``conn`` bound to
+    it), asked of an unnamed cursor: psycopg2 sends nothing to make or close one, while
+    closing a named cursor that never ran asks the server whether a cursor of that name is
+    open and closes it (the application's refcursor, see psycopg2's docs). None when it
+    cannot be asked: the call is then made as given, untraced, and fails as it fails."""
+    try:
+        probe = conn.cursor(**{k: v for k, v in kwargs.items() if k not in _NAMED_ONLY})
+        probe.close()
+    except Exception:
+        return None
+    return type(probe)
+
+
 def _traced_connection(base: type) -> type:
     cls = _traced.get(base)
     if cls is not None:
@@ -163,17 +187,19 @@ def _traced_connection(base: type) -> type:
 
     class TracedConnection(base):  # type: ignore[misc]
         def cursor(self, *args: Any, **kwargs: Any) -> Any:
-            if len(args) > len(_CURSOR_PARAMS):
-                return super().cursor(*args, **kwargs)  # psycopg2's own TypeError
+            # Too many arguments, or one given both by position and by name: the call as
+            # given, for psycopg2's own TypeError.
+            if len(args) > len(_CURSOR_PARAMS) or not kwargs.keys().isdisjoint(_CURSOR_PARAMS[: len(args)]):
+                return super().cursor(*args, **kwargs)
             if args:  # psycopg2 takes every one of them by keyword too
                 kwargs.update(zip(_CURSOR_PARAMS, args, strict=False))
             factory = kwargs.get("cursor_factory")
             if factory is None:
                 kwargs.pop("cursor_factory", None)
                 if own_cursor:
-                    probe = super().cursor(**kwargs)  # a client-side object: nothing is sent
-                    factory = type(probe)
-                    probe.close()
+                    factory = _chosen(super(), kwargs)
+                    if factory is None:
+                        return super().cursor(**kwargs)
                 else:
                     factory = self.cursor_factory or plain_cursor
             # psycopg2 takes any callable that makes a cursor; only a class can be subclassed
