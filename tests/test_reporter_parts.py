@@ -411,6 +411,29 @@ def test_the_keeper_asks_only_for_the_slots_of_its_instances(tmp_path: Path) -> 
         arena.close()
 
 
+def test_worker_records_with_a_slot_or_pid_out_of_range_are_refused_and_counted(tmp_path: Path) -> None:
+    """A WORKER_START naming a slot past 64 bits reached the keeper's lock query, whose
+    ``struct`` packing raised and killed the reporter (a restarted one read it again)."""
+    arena = Arena.create(str(tmp_path / "b.arena"), slots=4, ring_capacity=4096)
+    j = journal()
+    table = Instances(arena, j, MemorySender(), StopState(), own_process_slots=False, backoff=lambda n: 1.0)
+    bad = [(4_000_005, 2**64 - 1), (4_000_005, 4), (4_000_005, -1), (2**63, 1), (0, 1)]
+    for pid, slot in bad:
+        table.on_record(R.WORKER_START, orjson.loads(worker_start(pid=pid, slot=slot)))
+    huge = orjson.loads(worker_start(pid=4_000_005, slot=1))
+    huge[R.WS_SLOT] = 1e30  # a float: int() of it is far past 64 bits
+    table.on_record(R.WORKER_START, huge)
+    table.on_record(R.WORKER_STOP, R.worker_stop(4_000_005, 2**64 - 1))
+    try:
+        assert table.table_live() == {}  # what each keeper round asks first
+        assert table.table == {}
+        assert drops(j) == {"invalid": len(bad) + 2}
+        table.on_record(R.WORKER_START, orjson.loads(worker_start(pid=4_000_005, slot=3)))
+        assert list(table.table) == [3]  # the last slot is one
+    finally:
+        arena.close()
+
+
 def test_the_keeper_outlasts_more_than_a_thousand_failed_keep_alives(tmp_path: Path) -> None:
     arena = Arena.create(str(tmp_path / "o.arena"), slots=4, ring_capacity=4096)
     j = journal()
