@@ -35,12 +35,18 @@ from reporter_proc.senders.base import (
 from reporter_proc.spooling import SpoolWriter
 
 RETRYABLE = (SendError, asyncio.TimeoutError, OSError)
+_MAX_EXPONENT = 1023  # the largest n for which 2.0 ** n is a float
 
 
 def backoff(journal: Journal, attempt: int) -> float:
     """Seconds to wait before retry ``attempt`` (1-based), jittered so reporters do not align."""
     s = journal.settings
-    base = min(s.retry_backoff_max_s, s.retry_backoff_base_s * 2.0 ** (attempt - 1))
+    # The exponent stops growing long before the cap could be missed: 2.0 ** 1024 raises
+    # OverflowError, and the keeper, the replayer and delivery without a spool count their
+    # attempts without bound during an outage (attempt 1025 came after ~17 minutes and
+    # killed the reporter). A product past the float range is inf, which the cap takes.
+    exponent = min(attempt - 1, _MAX_EXPONENT)
+    base = min(s.retry_backoff_max_s, s.retry_backoff_base_s * 2.0**exponent)
     return base * (0.5 + random.random() / 2)
 
 

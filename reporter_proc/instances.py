@@ -30,6 +30,8 @@ from reporter_proc.ticks import until_next_tick
 
 log = logging.getLogger("swmp.reporter")
 
+_PID_MAX = 2**31 - 1  # pid_t is a signed 32-bit int (Linux's pid_max is at most 2**22)
+
 
 @dataclass
 class Instance:
@@ -87,7 +89,7 @@ class Instances:
             if rtype == R.WORKER_START:
                 self._started(rec)
             else:
-                pid, slot = int(rec[R.WS_PID]), int(rec[R.WS_SLOT])
+                pid, slot = self._pid_and_slot(rec)
                 inst = self.table.get(slot)
                 if inst is not None and inst.pid == pid:
                     if not inst.props_sent:
@@ -100,8 +102,22 @@ class Instances:
         except (TypeError, ValueError, IndexError) as exc:
             self.journal.invalid(f"worker record {rec!r:.100}: {exc}")
 
-    def _started(self, rec: list[Any], save: bool = True) -> None:
+    def _pid_and_slot(self, rec: list[Any]) -> tuple[int, int]:
+        """The record's pid and slot; ValueError for numbers no worker of this arena has.
+
+        A slot outside the arena reached the lock query of every keeper round, whose
+        ``struct`` packing raised for numbers past 64 bits and killed the reporter; a pid
+        outside ``pid_t`` could never hold a slot, and made the status document unbuildable.
+        """
         pid, slot = int(rec[R.WS_PID]), int(rec[R.WS_SLOT])
+        if not 0 <= slot < self.arena.slots:
+            raise ValueError(f"slot {slot} is not one of the arena's {self.arena.slots} slots")
+        if not 0 < pid <= _PID_MAX:
+            raise ValueError(f"pid {pid} is not a process id")
+        return pid, slot
+
+    def _started(self, rec: list[Any], save: bool = True) -> None:
+        pid, slot = self._pid_and_slot(rec)
         service, instance, props, layer = (
             rec[R.WS_SERVICE],
             rec[R.WS_INSTANCE],

@@ -41,6 +41,18 @@ COMMAND_NAME = "ProfileTaskQuery"
 # Snapshots dumped in a task's last moments are still in rings or batches at its end.
 FINISH_GRACE_S = 2.0
 
+# What a task's numbers may be; a command with any other is refused. A number past 64 bits
+# once reached the board's encoder, which raised, and killed the reporter; the restarted one
+# heard the same command again (it asks from 0), so the reporter crashed in a loop. The
+# bounds are those of SkyWalking itself: the OAP creates no task of less than 1 or more than
+# 15 minutes (ProfileConstants, as the Java agent checks it too), and keeps the threshold,
+# the dump period and the sampling count as Java ints. Times are milliseconds since the epoch,
+# at most the end of year 9999.
+MIN_DURATION_MIN = 1
+MAX_DURATION_MIN = 15
+MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+MAX_JAVA_INT = 2**31 - 1
+
 
 @dataclass
 class KnownTask:
@@ -50,27 +62,63 @@ class KnownTask:
     finished: bool = False
 
 
-def parse_command(cmd: dict[str, str]) -> tuple[BoardTask, int] | None:
-    """A ``ProfileTaskQuery`` command as ``(task, create_time_ms)``; None for anything else."""
+@dataclass(frozen=True)
+class Refused:
+    """A ``ProfileTaskQuery`` the reporter does not run: a field missing, not a number, or
+    out of range."""
+
+    reason: str
+    create_ms: int  # its CreateTime when that one is valid (else 0): heard, not asked again
+
+
+def _number(cmd: dict[str, str], key: str, low: int, high: int, default: int | None = None) -> int:
+    raw = cmd.get(key)
+    if raw is None or raw == "":
+        if default is None:
+            raise ValueError(f"{key} is missing")
+        return default
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} {str(raw)[:40]!r} is not a number") from None
+    if not low <= value <= high:
+        raise ValueError(f"{key} {value} is not in {low}..{high}")
+    return value
+
+
+def read_command(cmd: dict[str, str]) -> tuple[BoardTask, int] | Refused | None:
+    """A ``ProfileTaskQuery`` command as ``(task, create_time_ms)``, or why it is refused;
+    None for any other command."""
     if cmd.get("command") != COMMAND_NAME:
         return None
     try:
-        start = int(cmd["StartTime"])
+        create = _number(cmd, "CreateTime", 0, MAX_TIME_MS, 0)
+    except ValueError as exc:
+        return Refused(str(exc), 0)
+    try:
+        start = _number(cmd, "StartTime", 0, MAX_TIME_MS)
         task = BoardTask(
-            task_id=cmd["TaskId"],
-            endpoint=cmd["EndpointName"],
+            task_id=str(cmd.get("TaskId") or ""),
+            endpoint=str(cmd.get("EndpointName") or ""),
             start_ms=start,
-            end_ms=start + int(cmd["Duration"]) * 60_000,
-            min_duration_ms=max(0, int(cmd.get("MinDurationThreshold", "0") or 0)),
-            dump_period_ms=max(taskboard.MIN_DUMP_PERIOD_MS, int(cmd["DumpPeriod"])),
-            max_sampling_count=max(0, int(cmd.get("MaxSamplingCount", "0") or 0)),
+            end_ms=start + _number(cmd, "Duration", MIN_DURATION_MIN, MAX_DURATION_MIN) * 60_000,
+            min_duration_ms=_number(cmd, "MinDurationThreshold", 0, MAX_JAVA_INT, 0),
+            # Below the OAP's 10 ms: sampled at 10 ms (see taskboard), as before.
+            dump_period_ms=max(taskboard.MIN_DUMP_PERIOD_MS, _number(cmd, "DumpPeriod", 0, MAX_JAVA_INT)),
+            max_sampling_count=_number(cmd, "MaxSamplingCount", 0, MAX_JAVA_INT, 0),
         )
-        create = int(cmd.get("CreateTime", "0") or 0)
-    except (KeyError, ValueError):
-        return None
+    except ValueError as exc:
+        return Refused(str(exc), create)
     if not task.task_id or not task.endpoint:
-        return None
+        return Refused("TaskId or EndpointName is empty", create)
     return task, create
+
+
+def parse_command(cmd: dict[str, str]) -> tuple[BoardTask, int] | None:
+    """A ``ProfileTaskQuery`` command as ``(task, create_time_ms)``; None for anything else,
+    a refused command included."""
+    got = read_command(cmd)
+    return None if isinstance(got, Refused) else got
 
 
 class ProfileTaskPoller:
@@ -97,6 +145,7 @@ class ProfileTaskPoller:
         self.posted: list[BoardTask] | None = None
         self.polls = 0
         self.finishes_sent = 0
+        self.refused = 0  # ProfileTaskQuery commands not run (out of range, incomplete)
 
     async def run(self) -> None:
         next_poll = 0.0
@@ -121,13 +170,21 @@ class ProfileTaskPoller:
                 commands = await self.sender.fetch_profile_commands(service, instance, newest)
             except SendError as exc:
                 self.journal.log_once(
-                    "profile-poll", logging.WARNING, "cannot fetch profile tasks (retrying every %.0f s): %s",
-                    self.interval_s, exc,
+                    "profile-poll",
+                    logging.WARNING,
+                    "cannot fetch profile tasks (retrying every %.0f s): %s",
+                    self.interval_s,
+                    exc,
                 )
                 break
             for cmd in commands:
-                parsed = parse_command(cmd)
+                parsed = read_command(cmd)
                 if parsed is None:
+                    continue
+                if isinstance(parsed, Refused):
+                    self._refuse(cmd, parsed)
+                    # Heard all the same (as the Java agent does): not asked for again.
+                    newest = max(newest, parsed.create_ms)
                     continue
                 task, create = parsed
                 newest = max(newest, create)
@@ -139,8 +196,13 @@ class ProfileTaskPoller:
                     log.info(
                         "profile task %s: endpoint %r, %d min from %d, dump every %d ms, at least %d ms, "
                         "at most %d segments per instance",
-                        task.task_id, task.endpoint, (task.end_ms - task.start_ms) // 60_000, task.start_ms,
-                        task.dump_period_ms, task.min_duration_ms, task.max_sampling_count,
+                        task.task_id,
+                        task.endpoint,
+                        (task.end_ms - task.start_ms) // 60_000,
+                        task.start_ms,
+                        task.dump_period_ms,
+                        task.min_duration_ms,
+                        task.max_sampling_count,
                     )
                 known.notified.add(key)
             heard[key] = newest
@@ -151,6 +213,16 @@ class ProfileTaskPoller:
             del heard[key]
         self.post()
 
+    def _refuse(self, cmd: dict[str, str], refused: Refused) -> None:
+        self.refused += 1
+        self.journal.log_once(
+            "profile-command",
+            logging.WARNING,
+            "refusing profile task %r: %s; further refusals are only counted",
+            str(cmd.get("TaskId", ""))[:100],
+            refused.reason,
+        )
+
     def post(self) -> None:
         """Put the tasks that are not over on the board (only when the set changed)."""
         tasks = [k.task for k in self.tasks.values() if not k.finished]
@@ -158,7 +230,7 @@ class ProfileTaskPoller:
             return
         try:
             self.board.publish(taskboard.encode(tasks))
-        except ValueError as exc:  # BoardTooLarge: hundreds of tasks at once
+        except Exception as exc:  # BoardTooLarge (hundreds of tasks), anything orjson cannot encode
             self.journal.log_once("profile-board", logging.ERROR, "cannot post profile tasks: %s", exc)
             return
         self.posted = tasks
@@ -178,8 +250,11 @@ class ProfileTaskPoller:
                     await self.sender.report_finish(R.profile_finish(service, instance, task_id))
                 except SendError as exc:
                     self.journal.log_once(
-                        "profile-finish", logging.WARNING, "cannot report profile task %s finished: %s",
-                        task_id, exc,
+                        "profile-finish",
+                        logging.WARNING,
+                        "cannot report profile task %s finished: %s",
+                        task_id,
+                        exc,
                     )
                     continue  # try again on the next tick
                 known.notified.discard((service, instance))

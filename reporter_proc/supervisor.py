@@ -54,6 +54,7 @@ class Supervisor:
         self.stop_signal = 0
         self.owner_dead = False
         self.restarts = 0
+        self.fork_failures = 0  # consecutive forks of a reporter that failed (EAGAIN, ENOMEM)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._owner_fd = -1
 
@@ -73,6 +74,7 @@ class Supervisor:
             self._owner_fd = -1  # no pidfd: poll the owner below
         s = self.settings
         delay = s.restart_backoff_base_s
+        fork_delay = s.restart_backoff_base_s
         while True:
             if self.stop_signal:
                 return EXIT_OK
@@ -81,9 +83,16 @@ class Supervisor:
                 pid, self._adopt = self._adopt, 0
                 code = self._wait(pid, child=False)
             else:
-                pid = self._fork_reporter(
-                    self.arena_path, s, self.owner_pid, self.restarts, (self._wake_r, self._wake_w)
-                )
+                pid = self._fork()
+                if pid < 0:
+                    # No reporter exists and nothing else would start one: try again, with
+                    # a capped backoff, for as long as the application lives.
+                    if self.stop_signal or self.owner_dead or not self._owner_alive():
+                        return EXIT_OK
+                    self._pause(fork_delay)
+                    fork_delay = min(s.restart_backoff_max_s, fork_delay * 2)
+                    continue
+                fork_delay = s.restart_backoff_base_s
                 code = self._wait(pid)
             if self.stop_signal or self.owner_dead or not self._owner_alive():
                 return EXIT_OK
@@ -100,6 +109,24 @@ class Supervisor:
             )
             self._pause(delay)
             delay = min(s.restart_backoff_max_s, delay * 2)
+
+    def _fork(self) -> int:
+        """A new reporter's pid, or -1 when the system cannot fork now (out of processes or
+        memory): a failure that passes, which once ended the supervisor, leaving the
+        application without a reporter for good. Logged once per such outage."""
+        try:
+            pid = self._fork_reporter(
+                self.arena_path, self.settings, self.owner_pid, self.restarts, (self._wake_r, self._wake_w)
+            )
+        except OSError as exc:
+            self.fork_failures += 1
+            if self.fork_failures == 1:
+                log.error("cannot fork a reporter (%s); trying again until it can", exc)
+            return -1
+        if self.fork_failures:
+            log.warning("forked a reporter after %d failed attempts", self.fork_failures)
+            self.fork_failures = 0
+        return pid
 
     def _owner_alive(self) -> bool:
         return process_alive(self.owner_pid, 0)

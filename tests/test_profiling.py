@@ -20,7 +20,14 @@ from reporter_proc import encode, taskboard
 from reporter_proc import records as R
 from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
-from reporter_proc.profile_tasks import ProfileTaskPoller, parse_command, profiling_unavailable
+from reporter_proc.profile_tasks import (
+    KnownTask,
+    ProfileTaskPoller,
+    Refused,
+    parse_command,
+    profiling_unavailable,
+    read_command,
+)
 from reporter_proc.protocol.generated import profile_pb2
 from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
@@ -68,8 +75,13 @@ def now_ms() -> int:
 
 def task(endpoint: str = "/slow", **kw: Any) -> BoardTask:
     fields: dict[str, Any] = {
-        "task_id": "t1", "endpoint": endpoint, "start_ms": now_ms() - 1000, "end_ms": now_ms() + 60_000,
-        "min_duration_ms": 0, "dump_period_ms": 10, "max_sampling_count": 5,
+        "task_id": "t1",
+        "endpoint": endpoint,
+        "start_ms": now_ms() - 1000,
+        "end_ms": now_ms() + 60_000,
+        "min_duration_ms": 0,
+        "dump_period_ms": 10,
+        "max_sampling_count": 5,
     }
     fields.update(kw)
     return BoardTask(**fields)
@@ -142,9 +154,16 @@ def test_taskboard_round_trip_and_garbage() -> None:
 # -- commands --------------------------------------------------------------------------------
 def command(**over: str) -> dict[str, str]:
     cmd = {
-        "command": "ProfileTaskQuery", "SerialNumber": "s", "TaskId": "t1", "EndpointName": "/slow",
-        "Duration": "5", "MinDurationThreshold": "100", "DumpPeriod": "20", "MaxSamplingCount": "3",
-        "StartTime": "1000", "CreateTime": "900",
+        "command": "ProfileTaskQuery",
+        "SerialNumber": "s",
+        "TaskId": "t1",
+        "EndpointName": "/slow",
+        "Duration": "5",
+        "MinDurationThreshold": "100",
+        "DumpPeriod": "20",
+        "MaxSamplingCount": "3",
+        "StartTime": "1000",
+        "CreateTime": "900",
     }
     cmd.update(over)
     return cmd
@@ -159,6 +178,81 @@ def test_parse_command() -> None:
     assert parse_command(command(EndpointName="")) is None
 
 
+def test_commands_with_numbers_out_of_range_are_refused() -> None:
+    """The bounds are SkyWalking's (1 to 15 minutes, Java ints, times up to year 9999); a
+    number past 64 bits reached the board's encoder and killed the reporter, in a loop."""
+    assert parse_command(command(Duration="15")) is not None
+    assert parse_command(command(Duration="1", MinDurationThreshold="", MaxSamplingCount="")) is not None
+    got = parse_command(command(DumpPeriod="0"))
+    assert got is not None and got[0].dump_period_ms == taskboard.MIN_DUMP_PERIOD_MS  # as before
+    for bad in (
+        {"Duration": "999999999999999"},
+        {"Duration": "16"},
+        {"Duration": "0"},
+        {"Duration": "-5"},
+        {"StartTime": "-1"},
+        {"StartTime": str(2**70)},
+        {"MinDurationThreshold": "-1"},
+        {"MinDurationThreshold": str(2**31)},
+        {"DumpPeriod": "-10"},
+        {"DumpPeriod": str(2**64)},
+        {"MaxSamplingCount": "-1"},
+        {"MaxSamplingCount": str(2**40)},
+        {"CreateTime": str(2**63)},
+        {"CreateTime": "-1"},
+    ):
+        refused = read_command(command(**bad))
+        assert isinstance(refused, Refused), bad
+        assert parse_command(command(**bad)) is None
+    refused = read_command(command(Duration="16", CreateTime="900"))
+    assert isinstance(refused, Refused) and refused.create_ms == 900 and "Duration 16" in refused.reason
+
+
+def test_the_poller_refuses_a_command_out_of_range_and_posts_the_others(
+    arena: Arena, caplog: pytest.LogCaptureFixture
+) -> None:
+    sender = MemorySender()
+    clock = [10_000_000]
+    sender.profile_commands = [
+        command(TaskId="huge", StartTime=str(clock[0]), Duration="999999999999999", CreateTime="7"),
+        command(TaskId="far", StartTime=str(2**70), Duration="1", CreateTime="8"),
+        command(TaskId="t1", StartTime=str(clock[0]), Duration="1", CreateTime="5"),
+    ]
+    poller = ProfileTaskPoller(
+        arena.board,
+        Journal(ReporterSettings()),
+        sender,
+        StopState(),
+        lambda: [("svc", "i-w0")],
+        interval_s=1,
+        clock_ms=lambda: clock[0],
+    )
+
+    async def scenario() -> None:
+        with caplog.at_level(logging.WARNING, logger="swmp.reporter"):
+            await poller.poll()
+        _gen, doc = arena.board.read() or (0, b"")
+        assert [t.task_id for t in taskboard.decode(doc)] == ["t1"]
+        assert poller.refused == 2 and list(poller.tasks) == ["t1"]
+        # Heard: the OAP is not asked for them again (it answers only newer commands).
+        assert poller.last_command_time == {("svc", "i-w0"): 8}
+        await poller.poll()
+        assert sender.profile_queries[-1] == ("svc", "i-w0", 8) and poller.refused == 2
+
+    asyncio.run(scenario())
+    refusals = [r for r in caplog.records if "refusing profile task" in r.getMessage()]
+    assert len(refusals) == 1 and "'huge'" in refusals[0].getMessage()
+
+
+def test_a_task_the_board_cannot_encode_is_logged_not_raised(arena: Arena) -> None:
+    poller = ProfileTaskPoller(
+        arena.board, Journal(ReporterSettings()), MemorySender(), StopState(), lambda: [], interval_s=1
+    )
+    poller.tasks["x"] = KnownTask(BoardTask("x", "/e", 0, 2**70, 0, 10, 1), 0)
+    poller.post()  # orjson refuses ints past 64 bits (TypeError)
+    assert poller.posted is None and arena.board.read() in (None, (0, b""))
+
+
 # -- the poller ------------------------------------------------------------------------------
 def test_poller_posts_tasks_and_reports_them_finished(arena: Arena) -> None:
     sender = MemorySender()
@@ -170,8 +264,13 @@ def test_poller_posts_tasks_and_reports_them_finished(arena: Arena) -> None:
     ]
     j = Journal(ReporterSettings())
     poller = ProfileTaskPoller(
-        arena.board, j, sender, StopState(), lambda: [("svc", "i-w0"), ("svc", "i-w1")],
-        interval_s=1, clock_ms=lambda: clock[0],
+        arena.board,
+        j,
+        sender,
+        StopState(),
+        lambda: [("svc", "i-w0"), ("svc", "i-w1")],
+        interval_s=1,
+        clock_ms=lambda: clock[0],
     )
 
     async def scenario() -> None:
@@ -216,8 +315,13 @@ def test_every_instance_hears_a_task_the_oap_cached_in_the_middle_of_a_round(are
     sender = _CachedLate()
     live = [("svc", "i-w0"), ("svc", "i-w1")]
     poller = ProfileTaskPoller(
-        arena.board, Journal(ReporterSettings()), sender, StopState(), lambda: live,
-        interval_s=1, clock_ms=lambda: 10_000_000,
+        arena.board,
+        Journal(ReporterSettings()),
+        sender,
+        StopState(),
+        lambda: live,
+        interval_s=1,
+        clock_ms=lambda: 10_000_000,
     )
 
     async def scenario() -> None:
@@ -240,8 +344,13 @@ def test_poller_retries_a_failed_finish(arena: Arena) -> None:
     clock = [10_000_000]
     sender.profile_commands = [command(StartTime=str(clock[0]), Duration="1")]
     poller = ProfileTaskPoller(
-        arena.board, Journal(ReporterSettings()), sender, StopState(), lambda: [("svc", "i")],
-        interval_s=1, clock_ms=lambda: clock[0],
+        arena.board,
+        Journal(ReporterSettings()),
+        sender,
+        StopState(),
+        lambda: [("svc", "i")],
+        interval_s=1,
+        clock_ms=lambda: clock[0],
     )
 
     async def scenario() -> None:
@@ -407,7 +516,11 @@ def test_snapshot_record_encodes_byte_identical_to_the_generated_class(
         assert wire == pbref.thread_snapshot(rec).SerializeToString()
         msg = profile_pb2.ThreadSnapshot.FromString(wire)
         assert (msg.taskId, msg.traceSegmentId, msg.time, msg.sequence, list(msg.stack.codeSignatures)) == (
-            rec[0], rec[1], rec[2], rec[3], rec[4]
+            rec[0],
+            rec[1],
+            rec[2],
+            rec[3],
+            rec[4],
         )
 
 

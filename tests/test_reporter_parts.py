@@ -14,7 +14,7 @@ import orjson
 
 from ipc import Arena
 from reporter_proc import records as R
-from reporter_proc.delivery import Delivery, decode
+from reporter_proc.delivery import Delivery, backoff, decode
 from reporter_proc.instances import Instances
 from reporter_proc.intake import Intake
 from reporter_proc.journal import Journal
@@ -155,6 +155,24 @@ def test_delivery_without_a_spool_keeps_retrying_while_memory_has_room() -> None
     assert len(sender.meters) == 1 and sender.failures == 20
 
 
+def test_the_retry_backoff_stays_capped_at_any_attempt_count() -> None:
+    """The keeper, the replayer and delivery without a spool count their attempts without
+    bound during an outage: ``2.0 ** 1024`` raised OverflowError at attempt 1025 (about 17
+    minutes of a backend refusing connections) and killed the reporter."""
+    j = journal(retry_backoff_base_s=0.5, retry_backoff_max_s=1.0)
+    for attempt in (2, 1024, 1025, 1026, 100_000, 10**30):
+        assert 0.5 <= backoff(j, attempt) <= 1.0, attempt
+
+
+def test_delivery_without_a_spool_outlasts_more_than_a_thousand_failed_attempts() -> None:
+    j = journal(retry_backoff_base_s=0.0, retry_backoff_max_s=0.0)  # no wait between attempts
+    sender = MemorySender(fail_next=1100)
+    d, _ = _delivery(j, sender)
+    asyncio.run(d.deliver(_batch(d.ledger, "meter", [meter_record("m")])))
+    assert len(sender.meters) == 1 and sender.failures == 1100
+    assert drops(j) == {} and j.counters.retried == 1100
+
+
 def test_delivery_without_a_spool_counts_the_drop_when_memory_is_full() -> None:
     j = journal(max_pending_bytes=10)  # the one pending record already fills memory
     d, _ = _delivery(j, MemorySender(fail_next=99))
@@ -266,6 +284,37 @@ def test_replay_sends_spooled_records_and_counts_unreadable_ones(tmp_path: Path)
     spool.spool.close()
 
 
+def test_the_replayer_outlasts_more_than_a_thousand_failed_attempts(tmp_path: Path) -> None:
+    j = journal(retry_backoff_base_s=0.0, retry_backoff_max_s=0.0)  # no wait between attempts
+    spool = SpoolWriter(Spool(str(tmp_path / "spool"), 1 << 20, 1 << 16), j)
+    spool.write([(R.SEGMENT, segment("s1"))])
+    sender = MemorySender(fail_next=1100)
+    stop = StopState()
+    replayer = Replayer(
+        spool,
+        j,
+        Delivery(j, Ledger(lambda s, p: None), sender, spool, StopState()).send,
+        stop=stop,
+        busy=lambda: False,
+        backoff=lambda n: backoff(j, n),
+    )
+
+    async def outage() -> None:
+        task = asyncio.ensure_future(replayer.run())
+        while not sender.segments:
+            if task.done():
+                task.result()  # raises what ended it
+            await asyncio.sleep(0)
+        # Closing, not cancel(): the send may be finishing, and Python 3.11's wait_for
+        # returns its result rather than the cancellation then.
+        stop.closing = True
+        await task
+
+    asyncio.run(outage())
+    assert sender.failures == 1100 and j.counters.replayed == 1
+    spool.spool.close()
+
+
 # -- intake ------------------------------------------------------------------------------------
 def test_intake_batches_raw_bytes_per_kind_and_hands_worker_records_over(tmp_path: Path) -> None:
     arena = Arena.create(str(tmp_path / "a.arena"), slots=2, ring_capacity=64 * 1024)
@@ -358,6 +407,48 @@ def test_the_keeper_asks_only_for_the_slots_of_its_instances(tmp_path: Path) -> 
         assert [p[1] for p in sender.properties] == ["inst-3", "inst-7"]
         assert not table.table
         assert sorted(set(asked)) == [3, 7]
+    finally:
+        arena.close()
+
+
+def test_worker_records_with_a_slot_or_pid_out_of_range_are_refused_and_counted(tmp_path: Path) -> None:
+    """A WORKER_START naming a slot past 64 bits reached the keeper's lock query, whose
+    ``struct`` packing raised and killed the reporter (a restarted one read it again)."""
+    arena = Arena.create(str(tmp_path / "b.arena"), slots=4, ring_capacity=4096)
+    j = journal()
+    table = Instances(arena, j, MemorySender(), StopState(), own_process_slots=False, backoff=lambda n: 1.0)
+    bad = [(4_000_005, 2**64 - 1), (4_000_005, 4), (4_000_005, -1), (2**63, 1), (0, 1)]
+    for pid, slot in bad:
+        table.on_record(R.WORKER_START, orjson.loads(worker_start(pid=pid, slot=slot)))
+    huge = orjson.loads(worker_start(pid=4_000_005, slot=1))
+    huge[R.WS_SLOT] = 1e30  # a float: int() of it is far past 64 bits
+    table.on_record(R.WORKER_START, huge)
+    table.on_record(R.WORKER_STOP, R.worker_stop(4_000_005, 2**64 - 1))
+    try:
+        assert table.table_live() == {}  # what each keeper round asks first
+        assert table.table == {}
+        assert drops(j) == {"invalid": len(bad) + 2}
+        table.on_record(R.WORKER_START, orjson.loads(worker_start(pid=4_000_005, slot=3)))
+        assert list(table.table) == [3]  # the last slot is one
+    finally:
+        arena.close()
+
+
+def test_the_keeper_outlasts_more_than_a_thousand_failed_keep_alives(tmp_path: Path) -> None:
+    arena = Arena.create(str(tmp_path / "o.arena"), slots=4, ring_capacity=4096)
+    j = journal()
+    sender = MemorySender(fail_next=1100)
+    table = Instances(arena, j, sender, StopState(), own_process_slots=False, backoff=lambda n: backoff(j, n))
+    table.on_record(R.WORKER_START, orjson.loads(worker_start(pid=4_000_004, slot=1)))
+    inst = table.table[1]
+
+    async def outage() -> None:
+        for _ in range(1101):  # what the keeper does each time the instance is due
+            await table.keep_alive(inst)
+
+    try:
+        asyncio.run(outage())
+        assert sender.failures == 1100 and len(sender.keepalives) == 1 and inst.failures == 0
     finally:
         arena.close()
 
