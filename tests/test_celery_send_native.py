@@ -346,6 +346,28 @@ def test_the_callers_exception_is_the_originals_and_the_span_has_it(harness: Har
     assert _celery_message._get_armed() is None  # disarmed after the failed send
 
 
+def test_a_database_broker_gives_a_peer_without_its_password(harness: Harness) -> None:
+    """The SQLAlchemy transport keeps the whole database URL, password included, as the
+    connection's hostname: the publish span's peer (the OAP's topology node) is its host
+    and port in both forms, and no field of the segment has the password."""
+    app = make_app("sqla")
+    app.conf.broker_url = "sqla+postgresql://celery:s3cret@db.internal:5433/celery"
+    sent: list[str] = []
+    # No database here: the message stops before kombu (the connection is never opened).
+    app.amqp.send_task_message = lambda producer, name, message, **options: sent.append(name)
+    for form in FORMS:
+        (kind, _), segs, _ = harness.run(form, _in_request(lambda: app.send_task("n.add", (1, 2))), app)
+        assert kind == "returned"
+        assert form == "python" or not harness.handed  # the native form's own send
+        (seg,) = segs
+        publish = seg[R.SEG_SPANS][0]
+        assert publish[R.SPAN_OPERATION] == "celery/n.add"
+        assert publish[R.SPAN_PEER] == "db.internal:5433"
+        assert publish[R.SPAN_TAGS] == ["mq.broker", "sqla+postgresql://db.internal:5433/celery"]
+        assert "s3cret" not in orjson.dumps(segs).decode()
+    assert sent == ["n.add", "n.add"]
+
+
 def test_an_app_whose_messages_skip_the_carrier(harness: Harness, caplog: Any) -> None:
     """Armed and not consumed: the first message goes without ``sw8``, the next ones get
     it as the option (the state the native form shares with the Python one)."""

@@ -498,6 +498,41 @@ def test_exceptions_and_results_unchanged(celery_env: Any) -> None:
     assert res.id == "fixed-id"
 
 
+@pytest.mark.parametrize(
+    ("broker", "peer", "tag"),
+    [
+        (
+            "sqla+postgresql://celery:s3cret@db.internal/celery",
+            "db.internal",
+            "sqla+postgresql://db.internal/celery",
+        ),
+        (
+            "sqlalchemy+postgresql://celery:s3cret@db.internal:5433/celery",
+            "db.internal:5433",
+            "sqlalchemy+postgresql://db.internal:5433/celery",
+        ),
+        # SQLAlchemy reads a password up to the '@', '/' included; kombu's masking reads
+        # "1234" as a port and keeps the password. A query after the path may hold one too.
+        (
+            "sqla+postgresql://celery:1234/s3cret@db.internal:5433/celery?password=s3cret",
+            "db.internal:5433",
+            "sqla+postgresql://db.internal:5433/celery",
+        ),
+        ("sqla+sqlite:////var/lib/s3cret.db", "localhost", "sqla+sqlite:////var/lib/s3cret.db"),
+        ("redis://:s3cret@cache.internal:6380/2", "cache.internal:6380", "redis://cache.internal:6380/2"),
+        ("amqp://guest:s3cret@mq.internal//", "mq.internal:5672", "amqp://mq.internal:5672//"),
+    ],
+)
+def test_broker_peer_and_tag_carry_no_credentials(broker: str, peer: str, tag: str) -> None:
+    """A transport that parses its own URL (SQLAlchemy's) keeps it whole, password included,
+    as the connection's hostname: the peer is that URL's host and port, cleaned as the tag
+    is. (A file path is no secret; the SQLite case shows the peer is not the URL.)"""
+    app = Celery(f"b{uuid.uuid4().hex[:6]}", broker=broker, set_as_current=False)
+    got = celery_instr.broker_of(app)
+    assert got == (peer, tag)
+    assert "s3cret" not in got[0] and ("s3cret" not in got[1] or "sqlite" in broker)
+
+
 def test_patched_and_restored(setup: Any) -> None:
     from celery import Celery as C
     from celery.app import trace

@@ -749,6 +749,58 @@ def test_aiormq_plain_function_callback(sink: _sink.MemorySink, rabbitmq: Rabbit
     assert span[R.SPAN_IS_ERROR] is False
 
 
+@pytest.mark.parametrize("form", ["native", "python"])
+def test_aiormq_publish_gives_the_callers_properties_their_message_id(
+    sink: _sink.MemorySink, rabbitmq: RabbitMQBroker, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiormq writes the message_id it makes for a message without one on the properties it is
+    given: the caller's object without the agent. In a trace the message goes with a copy
+    (the trace's headers added); the caller's properties still end with that message's id,
+    their headers dict untouched, and an id of the caller's is kept, as outside a trace."""
+    import aiormq
+    from pamqp.commands import Basic
+
+    from swmp.instrument import aiormq as instr
+
+    if form == "python":  # the wrapper installed without the native core
+        instr.uninstall()
+        monkeypatch.setattr(instr, "_AmqpPublish", None)
+        instr.install(load({}, agent_log_reporter_active=False))
+    queue_name = unique_name("q")
+    headers = {"app": "kept"}
+    fresh = Basic.Properties(content_type="text/plain", headers=headers)
+    own = Basic.Properties(message_id="mine")
+    untraced = Basic.Properties()
+    received: list[Any] = []
+
+    async def main() -> None:
+        conn = await aiormq.connect(rabbitmq.url)
+        try:
+            ch = await conn.channel()
+            await ch.queue_declare(queue_name, auto_delete=True)
+            with new_entry_span("/ids"):
+                await ch.basic_publish(b"fresh", routing_key=queue_name, properties=fresh)
+                await ch.basic_publish(b"own", routing_key=queue_name, properties=own)
+            await ch.basic_publish(b"untraced", routing_key=queue_name, properties=untraced)
+            for _ in range(3):
+                got = await ch.basic_get(queue_name, no_ack=True)
+                received.append((got.body, got.header.properties.message_id, got.header.properties.headers))
+        finally:
+            await conn.close()
+
+    asyncio.run(main())
+    ids = {body: message_id for body, message_id, _ in received}
+    assert fresh.message_id and fresh.message_id == ids[b"fresh"]  # the id that message went with
+    assert own.message_id == ids[b"own"] == "mine"
+    assert untraced.message_id and untraced.message_id == ids[b"untraced"]  # aiormq's own doing
+    assert fresh.headers is headers and headers == {"app": "kept"}
+    assert "sw8" in received[0][2] and received[0][2]["app"] == "kept"
+    if form == "python":
+        instr.uninstall()
+        monkeypatch.undo()
+        instr.install(load({}, agent_log_reporter_active=False))
+
+
 def test_confluent_headers_it_refuses_are_refused_in_a_trace(sink: _sink.MemorySink) -> None:
     """confluent-kafka takes a list or a dict of headers; anything else it refuses with its
     own TypeError, inside a trace as outside one (no broker needed: the check comes first)."""

@@ -9,6 +9,7 @@ with pamqp's own properties. The real client against a real RabbitMQ: test_instr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -71,12 +72,12 @@ class Channel:
         return "confirmed"
 
 
-def _forms() -> tuple[Any, Any]:
+def _forms(orig: Any = Channel.basic_publish) -> tuple[Any, Any]:
     with_headers = attach_step(functools.partial(Basic.Properties, delivery_mode=1))
-    native = instr.publish(Channel.basic_publish, with_headers)
+    native = instr.publish(orig, with_headers)
     saved, instr._AmqpPublish = instr._AmqpPublish, None
     try:
-        python = instr.publish(Channel.basic_publish, with_headers)
+        python = instr.publish(orig, with_headers)
     finally:
         instr._AmqpPublish = saved
     return native, python
@@ -132,6 +133,64 @@ def test_the_native_publish_is_lazy_and_carries_the_trace(sink: _sink.MemorySink
     assert props.headers == {"x": "y"}  # the caller's properties are left as they were
     (segment,) = segments(sink.records)
     assert [s[2] for s in segment[3]] == [op, op, op, "/request"]
+
+
+class IdChannel(Channel):
+    """aiormq's ``basic_publish`` as it treats the properties (6.0 to 7.2.4): a message
+    without a ``message_id`` gets one of its own, written on the properties it was given,
+    before its first wait; then the publish waits (``b"FAIL"``: fails, ``b"HANG"``: until
+    cancelled)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[Any] = []
+
+    async def basic_publish(self, body: bytes, *, properties: Any = None, **kwargs: Any) -> Any:
+        properties = properties or Basic.Properties(delivery_mode=1)
+        if not properties.message_id:
+            properties.message_id = f"id{len(self.ids)}"
+        self.ids.append(properties.message_id)
+        if body == b"HANG":
+            await asyncio.Event().wait()
+        return await super().basic_publish(body, properties=properties, **kwargs)
+
+
+@pytest.mark.parametrize("form", ["native", "python"])
+@pytest.mark.parametrize("body", [b"m", b"FAIL", b"HANG"])
+def test_the_callers_properties_get_the_message_id_aiormq_writes(
+    sink: _sink.MemorySink, form: str, body: bytes
+) -> None:
+    """Without the agent aiormq writes the id on the caller's properties; in a trace it
+    writes it on the copy the message goes with, and the caller's properties get it when the
+    publish is over: returned, failed or cancelled. An id the caller set stays; properties
+    only the call holds (aio-pika's, built for each publish) are handled as well."""
+    publish = dict(zip(("native", "python"), _forms(IdChannel.basic_publish), strict=True))[form]
+    channel = IdChannel()
+    fresh, own = _props(headers={"x": "y"}), _props(message_id="mine")
+    headers = fresh.headers
+
+    async def one(make: Any) -> None:
+        task = asyncio.get_running_loop().create_task(
+            publish(channel, body, routing_key="q", properties=make())
+        )
+        if body == b"HANG":
+            await asyncio.sleep(0)  # the publish runs up to its wait
+            task.cancel()
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            await task
+
+    async def main() -> None:
+        with new_entry_span("/ids"):
+            await one(lambda: fresh)
+            await one(lambda: own)
+            await one(_props)  # held by the call alone, as aio-pika's are
+
+    asyncio.run(main())
+    assert channel.ids == ["id0", "mine", "id2"]
+    assert fresh.message_id == "id0" and own.message_id == "mine"
+    assert fresh.headers is headers and headers == {"x": "y"}
+    (segment,) = segments(sink.records)
+    assert [s[2] for s in segment[3]][-1] == "/ids" and len(segment[3]) == 4
 
 
 def test_constructor_refuses_wrong_arguments() -> None:

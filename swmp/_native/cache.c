@@ -239,7 +239,8 @@ static PyObject *span_of(CacheCall *c, PyObject *const *args, Py_ssize_t nargs) 
 }
 
 /* span_of as within.c's lazy form calls it. */
-static PyObject *span_of_lazy(PyObject *callable, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs) {
+static PyObject *span_of_lazy(PyObject *callable, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs,
+                             swmp_within_after *after) {
     return span_of((CacheCall *)callable, &PyTuple_GET_ITEM(*argv, 0), nargs);
 }
 

@@ -10,7 +10,10 @@
  *         if span is None:
  *             return await orig(self, body, *args, **kwargs)
  *         with span:
- *             return await orig(self, body, *args, **{**kwargs, "properties": traced})
+ *             try:
+ *                 return await orig(self, body, *args, **{**kwargs, "properties": traced})
+ *             finally:
+ *                 copy_back(kwargs.get("properties"), traced)
  *
  * Why: that coroutine's frame was made for every publish and resumed at each of the
  * publish's waits (the write, the broker's confirmation), in a process that waits for its
@@ -24,7 +27,9 @@
  * get the properties with the trace's headers. A call with positional options is the
  * fallback's; so is one whose steps raise an ``Exception`` before the span exists (the
  * Python form meets it again). If the keywords cannot be rebuilt once the span exists (no
- * memory), the message goes out with the caller's properties inside its span. */
+ * memory), the message goes out with the caller's properties inside its span. When the
+ * call is over, what aiormq wrote on the copy is given to the caller's properties
+ * (``copy_back`` below, within.c's step for the end of the call). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
@@ -34,7 +39,8 @@
 #include "spancore.h"
 #include "within.h"
 
-static PyObject *s_exchange = NULL, *s_routing_key = NULL, *s_properties = NULL, *s_body = NULL, *empty = NULL;
+static PyObject *s_exchange = NULL, *s_routing_key = NULL, *s_properties = NULL, *s_body = NULL, *empty = NULL,
+                *s_message_id = NULL;
 
 typedef struct {
     PyObject_HEAD
@@ -72,10 +78,44 @@ static int with_properties(PyObject **argv, PyObject **kwnames, Py_ssize_t at, P
     return 0;
 }
 
+/* ``copy_back(properties, sent)`` of swmp/instrument/_props_copy.py for ``state`` =
+ * ``(properties, sent)``: aiormq gives a message without a ``message_id`` one, written on the
+ * properties it was given (the caller's object without the agent, the copy here), so the
+ * caller's properties get it when they still have none:
+ *
+ *     if not properties.message_id and sent.message_id:
+ *         properties.message_id = sent.message_id
+ *
+ * An ``Exception`` on the way is cleared (the agent's problem, never the caller's): 0; -1
+ * with any other error. */
+static int copy_back(PyObject *state) {
+    PyObject *properties = PyTuple_GET_ITEM(state, 0), *sent = PyTuple_GET_ITEM(state, 1);
+    PyObject *mine = PyObject_GetAttr(properties, s_message_id), *theirs = NULL;
+    int ok = mine != NULL;
+    int empty_mine = ok ? PyObject_Not(mine) : -1;
+    ok = empty_mine >= 0;
+    if (ok && empty_mine) {
+        theirs = PyObject_GetAttr(sent, s_message_id);
+        int set = theirs == NULL ? -1 : PyObject_IsTrue(theirs);
+        ok = set >= 0 && (set == 0 || PyObject_SetAttr(properties, s_message_id, theirs) == 0);
+    }
+    Py_XDECREF(mine);
+    Py_XDECREF(theirs);
+    if (ok) {
+        return 0;
+    }
+    if (PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
 /* within.c's opener: the span (the call's keywords given the traced properties),
  * None (no span: the publish as it came), or NULL for the fallback (an error left set only
  * when it is not an Exception). */
-static PyObject *publish_open(PyObject *owner, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs) {
+static PyObject *publish_open(PyObject *owner, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs,
+                              swmp_within_after *after) {
     AmqpPublish *p = (AmqpPublish *)owner;
     PyObject *const *items = &PyTuple_GET_ITEM(*argv, 0);
     Py_ssize_t nkw = *kwnames == NULL ? 0 : PyTuple_GET_SIZE(*kwnames), at = -1;
@@ -105,9 +145,21 @@ static PyObject *publish_open(PyObject *owner, PyObject **argv, PyObject **kwnam
         }
         return NULL;
     }
-    PyObject *span = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
-    if (span != Py_None && with_properties(argv, kwnames, at, PyTuple_GET_ITEM(pair, 1)) < 0) {
+    PyObject *span = Py_NewRef(PyTuple_GET_ITEM(pair, 0)), *traced = PyTuple_GET_ITEM(pair, 1);
+    if (span != Py_None && properties != Py_None && traced != properties) {
+        /* Taken before the call's arguments are replaced: ``properties`` is borrowed from
+         * them, and they may be its only owner (aio-pika builds them for each publish). */
+        after->state = PyTuple_Pack(2, properties, traced);
+        if (after->state == NULL) {
+            PyErr_Clear(); /* no memory: the message goes out, the caller's message_id unset */
+        } else {
+            after->fn = copy_back;
+        }
+    }
+    if (span != Py_None && with_properties(argv, kwnames, at, traced) < 0) {
         PyErr_Clear(); /* the span exists: the message goes out in it, untraced headers */
+        after->fn = NULL; /* with the caller's own properties: nothing to give back */
+        Py_CLEAR(after->state);
     }
     Py_DECREF(pair);
     return span;
@@ -150,6 +202,7 @@ static PyObject *publish_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                           (s_routing_key = PyUnicode_InternFromString("routing_key")) == NULL ||
                           (s_properties = PyUnicode_InternFromString("properties")) == NULL ||
                           (s_body = PyUnicode_InternFromString("body")) == NULL ||
+                          (s_message_id = PyUnicode_InternFromString("message_id")) == NULL ||
                           (empty = PyUnicode_InternFromString("")) == NULL)) {
         return NULL;
     }

@@ -297,7 +297,8 @@ static PyObject *sql_open(PyObject *callable, PyObject *const *args, size_t narg
 }
 
 /* sql_open as within.c's lazy form calls it. */
-static PyObject *sql_open_lazy(PyObject *callable, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs) {
+static PyObject *sql_open_lazy(PyObject *callable, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs,
+                              swmp_within_after *after) {
     return sql_open(callable, &PyTuple_GET_ITEM(*argv, 0), (size_t)nargs, *kwnames);
 }
 

@@ -35,7 +35,9 @@
  * raises the exception thrown, as it does into a coroutine not started. Why: the Python
  * wrapper was three to five Python frames per traced command or query between the
  * client's round trips (see sql.c). The opener may also give the call new arguments
- * (aiormq's publish in publish.c: the properties with the trace's headers). */
+ * (aiormq's publish in publish.c: the properties with the trace's headers), and a step to
+ * take when the call is over, before the span exits (publish.c: what aiormq wrote on those
+ * properties given back to the caller's). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
@@ -59,16 +61,51 @@ typedef struct {
     PyObject *argv;    /* the positional arguments, then the keywords' values */
     PyObject *kwnames; /* NULL: none */
     Py_ssize_t nargs;
+    swmp_within_after after; /* the opener's step for the end of the call; fn NULL: none */
 } Within;
 
 static PyObject *s_enter = NULL, *s_exit = NULL, *s_throw = NULL, *s_close = NULL;
 
-/* span.__exit__(type, value, tb) for the exception set (or none): 0 with the exception
- * still set (or none), 1 when ``__exit__`` answered true for an exception (suppressed, as
- * a ``with`` does: the exception is cleared), -1 with the exit's own error replacing it. */
+/* The opener's step for the end of the call, taken once, the outcome (the exception set, if
+ * ``with_error``) kept: 0; -1 with the step's own error (not an Exception) replacing it, as
+ * one raised in a ``finally`` does. */
+static int run_after(Within *self, int with_error) {
+    int (*fn)(PyObject *) = self->after.fn;
+    PyObject *state = self->after.state;
+    if (fn == NULL) {
+        return 0;
+    }
+    self->after.fn = NULL;
+    self->after.state = NULL;
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (with_error) {
+        PyErr_Fetch(&type, &value, &tb);
+    }
+    int r = fn(state);
+    Py_XDECREF(state);
+    if (r < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    if (with_error) {
+        PyErr_Restore(type, value, tb);
+    }
+    return 0;
+}
+
+/* span.__exit__(type, value, tb) for the exception set (or none), after the opener's step
+ * for the end of the call: 0 with the exception still set (or none), 1 when ``__exit__``
+ * answered true for an exception (suppressed, as a ``with`` does: the exception is
+ * cleared), -1 with the exit's own error (or that step's) replacing it. */
 static int exit_span(Within *self, int with_error) {
+    int after_failed = run_after(self, with_error) < 0;
+    if (after_failed) {
+        with_error = 1; /* the span exits with the step's error, which is the outcome now */
+    }
     if (self->span == NULL) {
-        return 0; /* no span of ours: the outcome passes as it is */
+        return after_failed ? -1 : 0; /* no span of ours: the outcome passes as it is */
     }
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     if (with_error) {
@@ -97,7 +134,7 @@ static int exit_span(Within *self, int with_error) {
     if (with_error) {
         PyErr_Restore(type, value, tb);
     }
-    return 0;
+    return after_failed ? -1 : 0; /* the step's error, not suppressed: the call raises it */
 }
 
 /* The outcome of a step of the awaited object: NEXT passes through; RETURN and ERROR exit
@@ -144,9 +181,13 @@ static PyObject *await_iter(PyObject *aw) {
  * exit suppressed the error (the coroutine would return None). */
 static int start_lazy(Within *self) {
     size_t nargsf = (size_t)self->nargs;
-    PyObject *span = self->open(self->owner, &self->argv, &self->kwnames, self->nargs);
+    PyObject *span = self->open(self->owner, &self->argv, &self->kwnames, self->nargs, &self->after);
     PyObject *const *args = &PyTuple_GET_ITEM(self->argv, 0); /* the call's, maybe new */
     PyObject *aw;
+    if (span == NULL || span == Py_None) { /* no span: nothing of the opener's to do at the end */
+        self->after.fn = NULL;
+        Py_CLEAR(self->after.state);
+    }
     if (span == NULL) {
         if (PyErr_Occurred()) {
             return -1; /* not an Exception (the opener clears those): raised */
@@ -408,6 +449,7 @@ static int within_traverse(Within *self, visitproc visit, void *arg) {
     Py_VISIT(self->fallback);
     Py_VISIT(self->argv);
     Py_VISIT(self->kwnames);
+    Py_VISIT(self->after.state);
     return 0;
 }
 
@@ -419,6 +461,8 @@ static int within_clear(Within *self) {
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->argv);
     Py_CLEAR(self->kwnames);
+    self->after.fn = NULL;
+    Py_CLEAR(self->after.state);
     return 0;
 }
 
@@ -475,6 +519,8 @@ static Within *new_within(void) {
         self->span = self->inner = self->owner = self->orig = self->fallback = self->argv = self->kwnames = NULL;
         self->open = NULL;
         self->nargs = 0;
+        self->after.fn = NULL;
+        self->after.state = NULL;
         self->state = NOT_STARTED;
     }
     return self;
@@ -557,7 +603,8 @@ typedef struct {
 
 #define AWAITING_STACK 8
 
-static PyObject *awaiting_open(PyObject *callable, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs) {
+static PyObject *awaiting_open(PyObject *callable, PyObject **argv, PyObject **kwnames, Py_ssize_t nargs,
+                               swmp_within_after *after) {
     AwaitingCall *c = (AwaitingCall *)callable;
     PyObject *const *args = &PyTuple_GET_ITEM(*argv, 0);
     Py_ssize_t total = PyTuple_GET_SIZE(*argv);

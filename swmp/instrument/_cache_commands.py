@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from swmp.tracing.constants import TAG_CACHE_CMD, TAG_CACHE_OP, TAG_CACHE_TYPE
 
-__all__ = ["READ_COMMANDS", "WRITE_COMMANDS", "cache_head", "cache_op"]
+__all__ = [
+    "READ_COMMANDS",
+    "SECRET_ARGUMENT_COMMANDS",
+    "WRITE_COMMANDS",
+    "cache_head",
+    "cache_op",
+    "key_allowed",
+]
 
 # Redis commands by effect (cache.op), for the OAP's cache read/write metrics. Commands in
 # neither set (PING, PUBLISH, EXPIRE, pipelines of mixed kinds...) get no cache.op.
@@ -29,6 +36,19 @@ _WRITE = (
 )
 READ_COMMANDS = frozenset(_READ.split())
 WRITE_COMMANDS = frozenset(_WRITE.split())
+
+
+# Redis commands whose arguments can carry a secret: AUTH's password (and user name), HELLO's
+# AUTH user password, MIGRATE's AUTH / AUTH2, CONFIG SET requirepass / masterauth, ACL SETUSER's
+# >password, SENTINEL SET auth-pass, MODULE LOADEX's CONFIG values. Their first argument is not
+# a key, and none of their arguments may become cache.key. By the command's first word:
+# redis-py names subcommands "CONFIG SET", "ACL SETUSER".
+SECRET_ARGUMENT_COMMANDS = frozenset({"AUTH", "HELLO", "MIGRATE", "CONFIG", "ACL", "SENTINEL", "MODULE"})
+
+
+def key_allowed(cmd: str) -> bool:
+    """Whether an argument of the (upper-case) Redis command ``cmd`` may be its cache.key."""
+    return cmd.partition(" ")[0] not in SECRET_ARGUMENT_COMMANDS
 
 
 def cache_op(cmd: str) -> str:

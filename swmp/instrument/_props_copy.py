@@ -134,6 +134,22 @@ def py_attach(factory: Callable[[], Any], span: Any, properties: Any) -> Any:
     return props
 
 
+def copy_back(properties: Any, sent: Any) -> None:
+    """After a traced aiormq publish: aiormq gives a message without a ``message_id`` one of
+    its own, written on the properties it was given, which without the agent are the
+    caller's object and here are the copy ``sent``; the caller's ``properties`` get it too
+    when they still have none (a ``message_id`` the caller set meanwhile is kept). The only
+    field aiormq's ``basic_publish`` writes (6.0 to 7.2.4). Never raises an Exception:
+    the native form is publish.c's ``copy_back``."""
+    if properties is None or sent is properties:
+        return
+    try:
+        if not properties.message_id and sent.message_id:
+            properties.message_id = sent.message_id
+    except Exception:  # properties of the caller's own kind: left as they are
+        pass
+
+
 def attach_step(factory: Callable[[], Any]) -> Callable[[Any, Any], Any]:
     """:func:`py_attach` for ``factory``: in C with the native core (swmp/_native/attach.c,
     the same steps with no Python frame), else the Python form."""

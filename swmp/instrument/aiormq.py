@@ -9,7 +9,9 @@ Span shapes are those of the pika instrumentation (``swmp.instrument.pika``): op
 
 * Publishing: the span covers ``basic_publish`` up to the broker's confirmation when the
   channel has publisher confirms (aio-pika's default), else up to the hand-over to the
-  connection. The message gets a copy of the caller's properties with the headers added.
+  connection. The message gets a copy of the caller's properties with the headers added;
+  the ``message_id`` aiormq writes on it (one it makes when there is none) is given to the
+  caller's properties when the publish is over, as aiormq would have set it there.
 * ``basic_consume`` callbacks (aio-pika's ``Queue.consume`` callbacks): aiormq runs each
   delivery's callback in a task of its own; the span is current for the whole callback,
   so what it awaits is traced under the message. aio-pika's ``Queue.iterator()`` is fed by
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from swmp.instrument import _mq
 from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch, restore
-from swmp.instrument._props_copy import attach_step
+from swmp.instrument._props_copy import attach_step, copy_back
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -143,7 +145,12 @@ def publish(orig: Any, with_headers: Callable[[Any, Any], Any]) -> Any:
         if span is None:
             return await orig(self, body, *args, **kwargs)
         with span:
-            return await orig(self, body, *args, **{**kwargs, "properties": traced})
+            try:
+                return await orig(self, body, *args, **{**kwargs, "properties": traced})
+            finally:
+                # aiormq writes the message_id it makes on the properties it is given: the
+                # copy; the caller's object ends up as it would without the agent.
+                copy_back(kwargs.get("properties"), traced)
 
     # With the native core the same steps in C, the span opened when the publish is awaited.
     native = basic_publish if _AmqpPublish is None else _AmqpPublish(orig, basic_publish, with_headers, _peer)

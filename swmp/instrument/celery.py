@@ -28,9 +28,9 @@ arguments are recorded (tag ``celery.parameters``) only when
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from swmp.instrument import _celery_message as _message
 from swmp.instrument._mq import carrier_from, warn_once
@@ -77,11 +77,48 @@ settings = _Settings()
 
 
 # -- helpers ---------------------------------------------------------------------------------
+# A URL's user information as SQLAlchemy reads it (the sqla transport hands it the URL): a
+# user name without ':' or '/', then a password of anything but '@', so the password may hold
+# '/', '?' or '#' where a URL parser would end the host part before it.
+_SQLA_USERINFO = re.compile(r"[^:/]*(?::[^@]*)?@")
+
+
+def without_credentials(url: str) -> tuple[str, str, str]:
+    """``(scheme, host[:port], path)`` of a URL with its user information, query and fragment
+    left out (the query may hold a password too); ``("", url's host, "")`` for text that is not
+    a URL. The user information ends where either reading ends it, whichever is later: a URL
+    parser's (up to the last '@' before the first '/', '?' or '#') and SQLAlchemy's, so that
+    neither reading's password is kept; what comes out is for spans, never for connecting."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    authority = len(rest)
+    for c in "/?#":
+        i = rest.find(c)
+        if 0 <= i < authority:
+            authority = i
+    start = rest.rfind("@", 0, authority) + 1
+    m = _SQLA_USERINFO.match(rest)
+    if m is not None and m.end() > start:
+        start = m.end()
+    rest = rest[start:]
+    end = len(rest)
+    for c in "/?#":
+        i = rest.find(c)
+        if 0 <= i < end:
+            end = i
+    if not sep:
+        return "", rest[:end], ""
+    return scheme, rest[:end], rest[end:].partition("?")[0].partition("#")[0]
+
+
 def broker_of(app: Any) -> tuple[str, str]:
     """``(peer, mq.broker tag)`` for an app's broker, cached on the app (never raises).
 
     The tag is the broker URL without credentials; the peer is ``host:port`` (the
-    transport's default port when the URL has none).
+    transport's default port when the URL has none). Both go through ``without_credentials``:
+    a transport that parses its URL itself (``sqla+``, ``mongodb``, Azure) keeps the whole
+    URL, password included, as the connection's ``hostname``.
     """
     cached: tuple[str, str] | None = getattr(app, _BROKER_ATTR, None)
     if cached is not None:
@@ -90,11 +127,14 @@ def broker_of(app: Any) -> tuple[str, str]:
         conn = app.connection_for_write()
         try:
             host = conn.hostname or "localhost"
-            port = conn.port or getattr(conn.transport, "default_port", None)
-            peer = f"{host}:{port}" if port else host
-            uri = urlsplit(conn.as_uri())
-            where = uri.netloc.rpartition("@")[2]
-            result = (peer, f"{uri.scheme}://{where}{uri.path}")
+            if "://" in host:  # a database URL: its own host and port, if any
+                peer = without_credentials(host)[1] or "localhost"
+            else:
+                host = without_credentials(host)[1] or "localhost"
+                port = conn.port or getattr(conn.transport, "default_port", None)
+                peer = f"{host}:{port}" if port else host
+            scheme, where, path = without_credentials(conn.as_uri())
+            result = (peer, f"{scheme}://{where}{path}")
         finally:
             conn.release()
     except Exception:

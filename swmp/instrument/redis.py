@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _cache_span
 from swmp.instrument import _datastore as _ds
-from swmp.instrument._cache_commands import cache_head, cache_op
+from swmp.instrument._cache_commands import cache_head, cache_op, key_allowed
 from swmp.instrument._gate import gated
 from swmp.instrument._patch import patch_all, restore_all
 from swmp.tracing.constants import Component
@@ -75,6 +75,10 @@ def _command_info(name: Any) -> tuple[str, str, tuple[str, ...]]:
         pass
     cmd = _name(name)
     info = ("Redis/" + cmd, cmd, cache_head("Redis", cmd))
+    if not key_allowed(cmd):
+        # Not memoized: the native CacheCall takes only the names in this memo and would
+        # record args[1] (AUTH's password) as cache.key; these rare commands stay Python's.
+        return info
     try:
         if len(_commands) >= 1024:
             _commands.clear()
@@ -84,12 +88,16 @@ def _command_info(name: Any) -> tuple[str, str, tuple[str, ...]]:
     return info
 
 
+def _key(cmd: str, args: Any) -> Any:
+    """A command's cache.key: its first argument, none for a command whose arguments can
+    carry a secret (``AUTH password``, ``CONFIG SET requirepass ...``: _cache_commands)."""
+    return args[1] if len(args) > 1 and key_allowed(cmd) else None
+
+
 def _command_start(client: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
     op, cmd, head = _command_info(args[0]) if args else ("Redis/", "", None)
     address, db = _where(client)
-    return _cache_span.cache_span(
-        op, address, _COMPONENT, "Redis", cmd, args[1] if len(args) > 1 else None, db, None, head
-    )
+    return _cache_span.cache_span(op, address, _COMPONENT, "Redis", cmd, _key(cmd, args), db, None, head)
 
 
 _COMMAND_PLACE = f"{__name__}._command_start"
@@ -140,13 +148,13 @@ def _acommand(orig: Any) -> Any:
 
 
 def _pipeline_span(pipe: Any) -> Any:
-    stack = pipe.command_stack
-    cmds = [_name(args[0]) for args, _ in stack if args]
+    named = [(_name(args[0]), args) for args, _ in pipe.command_stack if args]
+    cmds = [cmd for cmd, _ in named]
     transaction = pipe.transaction or pipe.explicit_transaction
     kinds = {cache_op(c) for c in cmds}
     kind = "write" if "write" in kinds else "read" if kinds == {"read"} else ""
     keys = (
-        " ".join(_ds.text(args[1]) for args, _ in stack if len(args) > 1)
+        " ".join(_ds.text(args[1]) for cmd, args in named if len(args) > 1 and key_allowed(cmd))
         if _ds.settings.collect_keys
         else None
     )
@@ -186,7 +194,7 @@ def _startup(client: Any) -> str:
 def _cluster_start(client: Any, args: tuple[Any, ...], _: dict[str, Any]) -> Any:
     cmd = _name(args[0]) if args else ""
     span = _cache_span.cache_span(
-        "Redis/" + cmd, _startup(client), _COMPONENT, "Redis", cmd, args[1] if len(args) > 1 else None, "0"
+        "Redis/" + cmd, _startup(client), _COMPONENT, "Redis", cmd, _key(cmd, args), "0"
     )
     if span.__class__ is Span:
         _route.set([span])
@@ -231,11 +239,14 @@ def _cluster_pipeline_start(pipe: Any, _: tuple[Any, ...], __: dict[str, Any]) -
     stack = pipe.command_stack if strategy is None else strategy._command_queue
     if not stack:  # nothing queued: nothing sent
         return NOOP
-    cmds = [_name(c.args[0]) for c in stack if c.args]
+    named = [(_name(c.args[0]), c.args) for c in stack if c.args]
+    cmds = [cmd for cmd, _ in named]
     kinds = {cache_op(c) for c in cmds}
     kind = "write" if "write" in kinds else "read" if kinds == {"read"} else ""
     keys = (
-        " ".join(_ds.text(c.args[1]) for c in stack if len(c.args) > 1) if _ds.settings.collect_keys else None
+        " ".join(_ds.text(args[1]) for cmd, args in named if len(args) > 1 and key_allowed(cmd))
+        if _ds.settings.collect_keys
+        else None
     )
     client = getattr(pipe, "cluster_client", pipe)  # asyncio: the pipeline holds its client
     if isinstance(strategy, _transactions):
@@ -249,9 +260,7 @@ def _cluster_immediate_start(strategy: Any, args: tuple[Any, ...], _: dict[str, 
     """A cluster transaction's WATCH and the commands it runs at once while watching."""
     cmd = _name(args[0]) if args else ""
     address = _slot_node(strategy, getattr(strategy._pipe, "cluster_client", strategy._pipe))
-    return _cache_span.cache_span(
-        "Redis/" + cmd, address, _COMPONENT, "Redis", cmd, args[1] if len(args) > 1 else None, "0"
-    )
+    return _cache_span.cache_span("Redis/" + cmd, address, _COMPONENT, "Redis", cmd, _key(cmd, args), "0")
 
 
 _IMMEDIATE_PLACE = f"{__name__}._cluster_immediate_start"
