@@ -13,6 +13,7 @@ import logging
 import os
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import orjson
 
@@ -20,7 +21,7 @@ from reporter_proc import records as R
 from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
 from reporter_proc.senders.base import FatalSendError, Record, SendError, UnsupportedError
-from reporter_proc.spool import Spool, SpoolBusy
+from reporter_proc.spool import Spool, SpoolBusy, SpoolFile
 from reporter_proc.spooldir import AUTO, OFF_VALUES, SpoolUnsafe, default_base
 from reporter_proc.ticks import IDLE_CHECK_S, until_next_tick
 
@@ -86,6 +87,20 @@ class SpoolWriter:
 
 
 Send = Callable[[str, list[Record]], Awaitable[None]]
+RETRYABLE = (SendError, asyncio.TimeoutError, OSError)
+
+
+@dataclass
+class _Read:
+    """One read of the spool on its way out: what is still to send, by kind.
+
+    It outlives a failed attempt, so the retry sends only the groups not sent yet (a group
+    sent before the failure is neither sent nor counted again)."""
+
+    file: SpoolFile
+    end: int  # the file's offset after the read, acknowledged once every group is done
+    count: int  # records read
+    groups: dict[str, list[Record]]
 
 
 class Replayer:
@@ -107,65 +122,86 @@ class Replayer:
         self.stop = stop
         self._busy = busy  # True while live records fill memory: they go first
         self._backoff = backoff
+        self.pending: _Read | None = None  # the read being replayed
 
     async def run(self) -> None:
         failures = 0
         while not self.stop.closing:
-            waiting = self.stop.stopping or not self.spool or self._busy()  # live records first
-            f = None if waiting else self.spool.oldest()
-            if f is None:
-                # Nothing to replay now: look again on the reporter's next one-second tick,
-                # in the same wake-up as its other periodic work.
+            # Live records first: nothing is replayed while they fill memory or while stopping.
+            if self.stop.stopping or self._busy() or not self.next_read():
+                # Look again on the reporter's next one-second tick, in the same wake-up as
+                # its other periodic work.
                 await until_next_tick(IDLE_CHECK_S)
                 continue
-            items, end = self.spool.read(f, self.journal.settings.batch_max_records)
-            try:
-                await self.replay(items)
-            except (SendError, asyncio.TimeoutError, OSError) as exc:
-                self.journal.counters.failure(f"{type(exc).__name__}: {exc}")
+            failure = await self.replay()
+            if failure is not None:
+                self.journal.counters.failure(f"{type(failure).__name__}: {failure}")
                 failures += 1
                 await asyncio.sleep(self._backoff(failures))
                 continue
             self.journal.counters.success()
             failures = 0
-            self.spool.ack(f, end, len(items))
             await asyncio.sleep(0)  # the next read at once, after the loop's other work
 
-    async def replay(self, items: list[tuple[int, bytes]]) -> None:
-        """Send one read of the spool; raises the retryable errors, counts the rest."""
-        j = self.journal
-        c = j.counters
+    def next_read(self) -> bool:
+        """Is there a read to replay? The one a failure interrupted, else the spool's next."""
+        if self.pending is None:
+            f = self.spool.oldest()
+            if f is None:
+                return False
+            items, end = self.spool.read(f, self.journal.settings.batch_max_records)
+            self.pending = _Read(f, end, len(items), self._groups(items))
+        return True
+
+    def _groups(self, items: list[tuple[int, bytes]]) -> dict[str, list[Record]]:
+        """The records of a read by kind; unreadable ones are counted and left out."""
         groups: dict[str, list[Record]] = {}
         for rtype, payload in items:
             kind = R.BY_TYPE.get(rtype)
-            recs = _decode_one(kind, payload)
-            if kind is None or recs is None:
-                j.invalid(f"spooled record of type {rtype} is unreadable")
+            rec = _decode_one(kind, payload)
+            if kind is None or rec is None:
+                self.journal.invalid(f"spooled record of type {rtype} is unreadable")
                 continue
-            reason = j.shut.get(kind.name)
+            groups.setdefault(kind.name, []).append(rec)
+        return groups
+
+    async def replay(self) -> BaseException | None:
+        """Send what is left of the pending read, then acknowledge it.
+
+        Returns the retryable failure that interrupted it (the groups not sent stay pending),
+        or None once the read is resolved; refused records are counted.
+        """
+        read = self.pending
+        assert read is not None
+        j = self.journal
+        c = j.counters
+        for name in list(read.groups):
+            recs = read.groups[name]
+            reason = j.shut.get(name)  # shut since the read, perhaps, by live delivery
             if reason is not None:
-                j.dropped(reason)
+                j.dropped(reason, len(recs))
+                del read.groups[name]
                 continue
-            groups.setdefault(kind.name, []).append(recs)
-        try:
-            for name, recs in groups.items():
-                try:
-                    await self._send(name, recs)
-                except UnsupportedError as exc:
-                    j.unsupported(name, len(recs), exc)
-                    continue
-                except FatalSendError as exc:
-                    j.dropped("rejected", len(recs))
-                    j.log_once(f"fatal-{name}", logging.ERROR, "backend refused %s records: %s", name, exc)
-                    continue
+            try:
+                await self._send(name, recs)
+            except UnsupportedError as exc:
+                j.unsupported(name, len(recs), exc)
+            except FatalSendError as exc:
+                j.dropped("rejected", len(recs))
+                j.log_once(f"fatal-{name}", logging.ERROR, "backend refused %s records: %s", name, exc)
+            except RETRYABLE as exc:
+                return exc
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                j.invalid(f"spooled records could not be encoded: {exc!r}", len(recs))
+            else:
                 c.add(c.sent, name, len(recs))
                 c.replayed += len(recs)
-        except (SendError, asyncio.TimeoutError, OSError):
-            raise
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            j.invalid(f"spooled records could not be encoded: {exc!r}", len(items))
+            del read.groups[name]
+        self.spool.ack(read.file, read.end, read.count)
+        self.pending = None
+        return None
 
 
 def _decode_one(kind: R.Kind | None, payload: bytes) -> Record | None:
