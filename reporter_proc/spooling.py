@@ -17,10 +17,17 @@ from dataclasses import dataclass
 
 import orjson
 
+from reporter_proc import isolation
 from reporter_proc import records as R
 from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
-from reporter_proc.senders.base import FatalSendError, Record, SendError, UnsupportedError
+from reporter_proc.senders.base import (
+    FatalSendError,
+    InvalidDataError,
+    Record,
+    TooLargeError,
+    UnsupportedError,
+)
 from reporter_proc.spool import Spool, SpoolBusy, SpoolFile
 from reporter_proc.spooldir import AUTO, OFF_VALUES, SpoolUnsafe, default_base
 from reporter_proc.ticks import IDLE_CHECK_S, until_next_tick
@@ -87,7 +94,6 @@ class SpoolWriter:
 
 
 Send = Callable[[str, list[Record]], Awaitable[None]]
-RETRYABLE = (SendError, asyncio.TimeoutError, OSError)
 
 
 @dataclass
@@ -168,47 +174,76 @@ class Replayer:
     async def replay(self) -> BaseException | None:
         """Send what is left of the pending read, then acknowledge it.
 
-        Returns the retryable failure that interrupted it (the groups not sent stay pending),
-        or None once the read is resolved; refused records are counted.
+        Returns the retryable failure that interrupted it (what is not sent yet stays
+        pending), or None once the read is resolved; refused records are counted.
         """
         read = self.pending
         assert read is not None
         j = self.journal
-        c = j.counters
         for name in list(read.groups):
-            recs = read.groups[name]
             reason = j.shut.get(name)  # shut since the read, perhaps, by live delivery
             if reason is not None:
-                j.dropped(reason, len(recs))
-                del read.groups[name]
+                j.dropped(reason, len(read.groups.pop(name)))
                 continue
-            try:
-                await self._send(name, recs)
-            except UnsupportedError as exc:
-                j.unsupported(name, len(recs), exc)
-            except FatalSendError as exc:
-                j.dropped("rejected", len(recs))
-                j.log_once(f"fatal-{name}", logging.ERROR, "backend refused %s records: %s", name, exc)
-            except RETRYABLE as exc:
-                return exc
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                j.invalid(f"spooled records could not be encoded: {exc!r}", len(recs))
-            else:
-                c.add(c.sent, name, len(recs))
-                c.replayed += len(recs)
+            failure = await self._send_group(read, name)
+            if failure is not None:
+                return failure
             del read.groups[name]
         self.spool.ack(read.file, read.end, read.count)
         self.pending = None
         return None
 
+    async def _send_group(self, read: _Read, name: str) -> BaseException | None:
+        """Send the read's records of one kind as live delivery sends a batch: a group refused
+        as too large or invalid is halved until the records to blame are alone, one the
+        encoder chokes on is sent record by record. Returns the retryable failure that
+        stopped it; its records not sent yet stay in ``read``."""
+        j = self.journal
+        c = j.counters
+        while recs := read.groups[name]:
+            n = len(recs)
+            try:
+                await self._send(name, recs)
+            except UnsupportedError as exc:
+                j.unsupported(name, n, exc)
+                read.groups[name] = []
+            except (TooLargeError, InvalidDataError) as exc:
+                keep: list[Record] = []
+                c.replayed += await isolation.split(j, self._send, name, recs, exc, keep=keep)
+                read.groups[name] = keep
+                if len(keep) == n:
+                    return exc  # the parts failed for another reason: try again later
+            except FatalSendError as exc:
+                c.failure(f"{type(exc).__name__}: {exc}")
+                j.dropped("rejected", n)
+                c.failed += 1
+                j.log_once(f"fatal-{name}", logging.ERROR, "backend refused %s records: %s", name, exc)
+                read.groups[name] = []
+            except isolation.RETRYABLE as exc:
+                return exc
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the encoder choked on something: find the bad records
+                if n == 1:
+                    j.invalid(f"spooled {name} record could not be encoded: {exc!r}")
+                    read.groups[name] = []
+                    continue
+                keep, sent = await isolation.isolate(j, self._send, name, recs)
+                c.replayed += sent
+                read.groups[name] = keep
+            else:
+                c.add(c.sent, name, n)
+                c.replayed += n
+                read.groups[name] = []
+        return None
+
 
 def _decode_one(kind: R.Kind | None, payload: bytes) -> Record | None:
+    """The record, or None when it is not one live delivery's decode would send on."""
     if kind is None or not kind.data:
         return None
     try:
         rec = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return None
-    return rec if type(rec) is list else None
+    return rec if type(rec) is list and len(rec) >= kind.min_len else None

@@ -11,7 +11,7 @@ from typing import Any
 from reporter_proc import records as R
 from reporter_proc.delivery import Delivery
 from reporter_proc.journal import Journal
-from reporter_proc.ledger import Ledger
+from reporter_proc.ledger import Batch, Ledger
 from reporter_proc.lifecycle import StopState
 from reporter_proc.senders.base import Record, SendError
 from reporter_proc.senders.memory import MemorySender
@@ -87,3 +87,71 @@ def test_a_replay_that_fails_part_way_resumes_with_what_was_not_sent(tmp_path: P
     assert len(sender.segments) == 10 and len(sender.logs) == 5
     assert nonzero(j.counters.sent) == {"segment": 10, "log": 5}
     assert j.counters.replayed == 15 and nonzero(j.counters.dropped) == {}
+
+
+class Encoder(Backend):
+    """A sender whose encoder chokes (ValueError) on a call holding ``marker``, and fails
+    (IndexError) on a record shorter than its layout, as the real encoders do."""
+
+    def __init__(self, j: Journal, sender: MemorySender, marker: str) -> None:
+        super().__init__(j, sender)
+        self.marker = marker
+        self.short_seen = 0
+
+    async def __call__(self, kind: str, records: list[Record]) -> None:
+        self.calls.append((kind, len(records)))
+        if any(len(r) < R.BY_NAME[kind].min_len for r in records):
+            self.short_seen += 1
+            raise IndexError("list index out of range")
+        if any(self.marker in str(r) for r in records):
+            raise ValueError("cannot encode")
+        await self.live(kind, records)
+
+
+def test_replay_isolates_the_record_the_backend_refuses_as_live_delivery_does(tmp_path: Path) -> None:
+    payloads = [segment(f"s{i}") for i in range(99)]
+    payloads.insert(40, segment("POISON"))
+
+    live_j = journal()
+    live_sender = MemorySender(poison=b"POISON")
+    live = Delivery(live_j, Ledger(lambda s, p: None), live_sender, None, StopState())
+    batch = Batch("segment")
+    batch.payloads = list(payloads)
+    asyncio.run(live.deliver(batch))
+
+    j = journal()
+    sender = MemorySender(poison=b"POISON")
+    replay_everything(spooled(tmp_path, j, [(R.SEGMENT, p) for p in payloads]), j, Backend(j, sender))
+    assert nonzero(j.counters.sent) == nonzero(live_j.counters.sent) == {"segment": 99}
+    assert nonzero(j.counters.dropped) == nonzero(live_j.counters.dropped) == {"rejected": 1}
+    assert j.counters.replayed == 99 and len(sender.segments) == 99
+
+
+def test_replay_halves_a_group_too_large_and_counts_a_record_too_large_alone(tmp_path: Path) -> None:
+    j = journal()
+    payloads = [segment(f"s{i}") for i in range(20)]
+    limit = 6 * max(len(p) for p in payloads)  # a few records per call, never all 20
+    huge = segment("huge", spans=40)
+    assert len(huge) > limit
+    payloads.insert(7, huge)
+    sender = MemorySender(max_call_bytes=limit)
+    replay_everything(spooled(tmp_path, j, [(R.SEGMENT, p) for p in payloads]), j, Backend(j, sender))
+    assert nonzero(j.counters.sent) == {"segment": 20} and j.counters.replayed == 20
+    assert nonzero(j.counters.dropped) == {"too_large": 1}
+    assert sorted(s[R.SEG_TRACE_ID] for s in sender.segments) == sorted(f"s{i}" for i in range(20))
+
+
+def test_replay_refuses_a_short_or_unencodable_record_alone(tmp_path: Path) -> None:
+    j = journal()
+    items = [(R.SEGMENT, segment(f"s{i}")) for i in range(3)]
+    items += [(R.LOG, log_record(f"l{i}")) for i in range(4)]
+    items.insert(4, (R.LOG, log_record("BAD")))  # the encoder chokes on it
+    items.insert(2, (R.LOG, b'[1, "svc", "inst"]'))  # JSON, but shorter than a log
+    sender = MemorySender()
+    backend = Encoder(j, sender, marker="BAD")
+    replay_everything(spooled(tmp_path, j, items), j, backend)
+    assert backend.short_seen == 0  # refused when read, as live delivery's decode does
+    assert [s[R.SEG_TRACE_ID] for s in sender.segments] == ["s0", "s1", "s2"]
+    assert [rec[R.LOG_BODY] for rec in sender.logs] == ["l0", "l1", "l2", "l3"]
+    assert nonzero(j.counters.sent) == {"segment": 3, "log": 4} and j.counters.replayed == 7
+    assert nonzero(j.counters.dropped) == {"invalid": 2}
