@@ -145,7 +145,6 @@ class Replayer:
                 failures += 1
                 await asyncio.sleep(self._backoff(failures))
                 continue
-            self.journal.counters.success()
             failures = 0
             await asyncio.sleep(0)  # the next read at once, after the loop's other work
 
@@ -232,6 +231,8 @@ class Replayer:
                 c.replayed += sent
                 read.groups[name] = keep
             else:
+                # Only a send the backend took says it is up (not a read with nothing to send).
+                c.success()
                 c.add(c.sent, name, n)
                 c.replayed += n
                 read.groups[name] = []

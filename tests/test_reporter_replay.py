@@ -189,3 +189,13 @@ def test_records_spooled_over_the_cap_during_a_replay_are_counted_once(tmp_path:
     sent = [s[R.SEG_TRACE_ID] for s in sender.segments]
     assert len(sent) == len(set(sent)) == j.counters.sent["segment"] == j.counters.replayed
     assert j.counters.spooled == 330 and j.counters.replayed + writer.dropped == 330
+
+
+def test_a_replay_that_sends_nothing_does_not_show_the_backend_as_ok(tmp_path: Path) -> None:
+    j = journal()
+    j.counters.failure("SendError: backend down")  # live delivery is failing
+    writer = spooled(tmp_path, j, [(R.LOG, b"not json"), (R.SEGMENT, b"[1]"), (999, b"[]")])
+    sender = MemorySender()
+    replay_everything(writer, j, Backend(j, sender))
+    assert nonzero(j.counters.dropped) == {"invalid": 3} and j.counters.replayed == 0
+    assert j.counters.backend_state == "failing" and j.counters.consecutive_failures == 1
