@@ -28,6 +28,7 @@ are ever indexed and replayed; anything else in the directory is skipped and cou
 
 from __future__ import annotations
 
+import bisect
 import errno
 import fcntl
 import io
@@ -50,6 +51,14 @@ _MAX_RECORD = 1 << 30
 
 class SpoolBusy(Exception):
     """Another live process holds this spool directory."""
+
+
+class SpoolShortWrite(OSError):
+    """The disk filled up during an append: only the first ``records`` records are kept."""
+
+    def __init__(self, records: int) -> None:
+        super().__init__(errno.ENOSPC, "short write to the spool")
+        self.records = records
 
 
 @dataclass
@@ -139,13 +148,15 @@ class Spool:
 
     # -- writing ---------------------------------------------------------------------------
     def append(self, items: Iterable[tuple[int, bytes]]) -> int:
-        """Append records; returns how many were written. Raises OSError on disk trouble."""
+        """Append records; returns how many were written. Raises OSError on disk trouble
+        (:class:`SpoolShortWrite` when some of them were written)."""
         buf = bytearray()
-        n = 0
+        ends: list[int] = []  # where each record ends in buf, to tell what a short write kept
         for rtype, payload in items:
             buf += _REC.pack(len(payload), rtype, 0, zlib.crc32(payload))
             buf += payload
-            n += 1
+            ends.append(len(buf))
+        n = len(ends)
         if not n:
             return 0
         active = self._active
@@ -158,8 +169,13 @@ class Spool:
             self.seal()  # the file may end in a torn record now: never append after it
             raise
         if written < len(buf):  # the disk filled up during the write
+            # The whole records written are on disk, and a restart would index and replay
+            # them: they count as spooled, not dropped (the torn one after them is ignored).
+            kept = bisect.bisect_right(ends, written)
+            active.size += ends[kept - 1] if kept else 0
+            active.records += kept
             self.seal()
-            raise OSError(errno.ENOSPC, "short write to the spool")
+            raise SpoolShortWrite(kept)
         active.size += len(buf)
         active.records += n
         self._enforce_cap()

@@ -28,7 +28,7 @@ from reporter_proc.senders.base import (
     TooLargeError,
     UnsupportedError,
 )
-from reporter_proc.spool import Spool, SpoolBusy, SpoolFile
+from reporter_proc.spool import Spool, SpoolBusy, SpoolFile, SpoolShortWrite
 from reporter_proc.spooldir import AUTO, OFF_VALUES, SpoolUnsafe, default_base
 from reporter_proc.ticks import IDLE_CHECK_S, until_next_tick
 
@@ -84,7 +84,9 @@ class SpoolWriter:
             self.spool.append(items)
         except OSError as exc:
             self.journal.log_once("spool-write", logging.ERROR, "cannot write to the spool: %s", exc)
-            self.write_drops += len(items)
+            kept = exc.records if isinstance(exc, SpoolShortWrite) else 0  # on disk: replayed
+            self.journal.counters.spooled += kept
+            self.write_drops += len(items) - kept
             return
         self.journal.counters.spooled += len(items)
 

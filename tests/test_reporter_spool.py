@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 
+from reporter_proc.journal import Journal
+from reporter_proc.settings import ReporterSettings
 from reporter_proc.spool import Spool, SpoolBusy
+from reporter_proc.spooling import SpoolWriter
 
 
 def items(prefix: str, n: int, size: int = 100) -> list[tuple[int, bytes]]:
@@ -143,3 +146,25 @@ def test_the_cap_leaves_the_records_in_flight_when_nothing_else_is_left(tmp_path
     s.ack(f, end, len(recs))
     assert len(recs) + s.dropped_records + s.total_records == 200 and not s.files
     s.close()
+
+
+def test_a_short_write_counts_as_dropped_only_what_did_not_reach_the_disk(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    j = Journal(ReporterSettings())
+    w = SpoolWriter(Spool(str(tmp_path), max_bytes=1 << 20), j)
+    w.write(items("a", 5))
+    real_write = os.write
+
+    def short(fd: int, data: Any) -> int:  # the disk fills up in the middle of a record
+        return real_write(fd, bytes(data[: len(data) // 2 + 7]) if fd == w.spool._fd else data)
+
+    monkeypatch.setattr(os, "write", short)
+    w.write(items("b", 10))
+    monkeypatch.undo()
+    assert j.counters.spooled + w.dropped == 15 and w.dropped > 0
+    assert w.spool.total_records == j.counters.spooled
+    w.spool.close()
+    again = Spool(str(tmp_path), max_bytes=1 << 20)  # a restart replays what counted as spooled
+    assert again.total_records == j.counters.spooled
+    again.close()
