@@ -19,6 +19,7 @@ from typing import cast
 
 import orjson
 
+from reporter_proc import isolation
 from reporter_proc import records as R
 from reporter_proc.journal import Journal
 from reporter_proc.ledger import Batch, Ledger
@@ -205,72 +206,15 @@ class Delivery:
         return self.spool is not None or self.stop.stopping or memory_full
 
     async def split(self, kind: str, records: list[Record], exc: FatalSendError, keep: list[Record]) -> None:
-        """The backend refused ``records`` as too large or invalid: send halves, recursively.
-
-        A single record refused is dropped and counted (``dropped.too_large`` or
-        ``dropped.rejected``); records whose part failed for a retryable reason go to
-        ``keep`` for the caller's next attempt.
-        """
-        j = self.journal
-        if len(records) == 1:
-            if isinstance(exc, TooLargeError):
-                j.dropped("too_large")
-                j.log_once(
-                    f"too-large-{kind}",
-                    logging.WARNING,
-                    "dropped a %s record the backend finds too large (%s); more are only counted",
-                    kind,
-                    exc,
-                )
-            else:
-                j.dropped("rejected")
-                j.log_once(
-                    f"invalid-{kind}",
-                    logging.WARNING,
-                    "dropped a %s record the backend refused as invalid (%s); more are only counted",
-                    kind,
-                    exc,
-                )
-            return
-        mid = len(records) // 2
-        for part in (records[:mid], records[mid:]):
-            try:
-                await self.send(kind, part)
-            except (TooLargeError, InvalidDataError) as part_exc:
-                await self.split(kind, part, part_exc, keep)
-            except UnsupportedError:
-                keep.extend(part)  # the caller's next attempt shuts the kind
-            except FatalSendError as part_exc:
-                j.dropped("rejected", len(part))
-                msg = "backend refused %d %s records: %s"
-                j.log_once(f"fatal-{kind}", logging.ERROR, msg, len(part), kind, part_exc)
-            except RETRYABLE:
-                keep.extend(part)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                keep.extend(part)  # an encoder problem: the caller's next attempt isolates it
-            else:
-                j.counters.add(j.counters.sent, kind, len(part))
-                j.counters.success()
+        """The backend refused ``records`` as too large or invalid: send halves, recursively
+        (:func:`reporter_proc.isolation.split`, which replay shares)."""
+        await isolation.split(self.journal, self.send, kind, records, exc, keep=keep)
 
     async def isolate(self, batch: Batch) -> None:
-        """Send records one by one so one bad record costs itself, not its batch."""
-        j = self.journal
-        keep: list[Record] = []
-        for rec in batch.decoded or []:
-            try:
-                await self.send(batch.kind, [rec])
-            except (UnsupportedError, *RETRYABLE):
-                keep.append(rec)  # counted on deliver's next round
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                j.invalid(f"{batch.kind} record could not be encoded: {exc!r}")
-            else:
-                j.counters.add(j.counters.sent, batch.kind)
-                j.counters.success()
-        batch.decoded = keep
+        """Send records one by one so one bad record costs itself, not its batch
+        (:func:`reporter_proc.isolation.isolate`; what failed for a retryable reason stays)."""
+        records = batch.decoded or []
+        batch.decoded, _sent = await isolation.isolate(self.journal, self.send, batch.kind, records)
 
     def give_up(self, batch: Batch, exc: BaseException) -> None:
         j = self.journal

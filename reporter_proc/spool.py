@@ -13,7 +13,8 @@ what is there and starts a new one.
 
 The cap (``max_bytes``) is enforced by deleting the oldest files, whose unreplayed records
 are counted in :attr:`Spool.dropped_records`: a long outage loses the oldest data, never
-the newest, and never silently.
+the newest, and never silently. The records of the read being replayed are never dropped
+(only what follows them in their file, cut off): their send may still succeed.
 
 One reporter per directory: an ``flock`` on ``.lock`` guards it (two applications
 configured with the same spool directory would otherwise replay each other's files twice).
@@ -27,6 +28,7 @@ are ever indexed and replayed; anything else in the directory is skipped and cou
 
 from __future__ import annotations
 
+import bisect
 import errno
 import fcntl
 import io
@@ -51,6 +53,14 @@ class SpoolBusy(Exception):
     """Another live process holds this spool directory."""
 
 
+class SpoolShortWrite(OSError):
+    """The disk filled up during an append: only the first ``records`` records are kept."""
+
+    def __init__(self, records: int) -> None:
+        super().__init__(errno.ENOSPC, "short write to the spool")
+        self.records = records
+
+
 @dataclass
 class SpoolFile:
     seq: int
@@ -60,6 +70,9 @@ class SpoolFile:
     offset: int = len(MAGIC)  # replay progress (in memory; a restart replays the file again)
     replayed: int = 0
     sealed: bool = True
+    # (end offset, records) of the read being replayed, until it is acknowledged: the cap
+    # never drops these (their send may still succeed, and they would count twice).
+    reading: tuple[int, int] | None = None
 
 
 class Spool:
@@ -135,13 +148,15 @@ class Spool:
 
     # -- writing ---------------------------------------------------------------------------
     def append(self, items: Iterable[tuple[int, bytes]]) -> int:
-        """Append records; returns how many were written. Raises OSError on disk trouble."""
+        """Append records; returns how many were written. Raises OSError on disk trouble
+        (:class:`SpoolShortWrite` when some of them were written)."""
         buf = bytearray()
-        n = 0
+        ends: list[int] = []  # where each record ends in buf, to tell what a short write kept
         for rtype, payload in items:
             buf += _REC.pack(len(payload), rtype, 0, zlib.crc32(payload))
             buf += payload
-            n += 1
+            ends.append(len(buf))
+        n = len(ends)
         if not n:
             return 0
         active = self._active
@@ -154,8 +169,13 @@ class Spool:
             self.seal()  # the file may end in a torn record now: never append after it
             raise
         if written < len(buf):  # the disk filled up during the write
+            # The whole records written are on disk, and a restart would index and replay
+            # them: they count as spooled, not dropped (the torn one after them is ignored).
+            kept = bisect.bisect_right(ends, written)
+            active.size += ends[kept - 1] if kept else 0
+            active.records += kept
             self.seal()
-            raise OSError(errno.ENOSPC, "short write to the spool")
+            raise SpoolShortWrite(kept)
         active.size += len(buf)
         active.records += n
         self._enforce_cap()
@@ -194,16 +214,45 @@ class Spool:
             self._active = None
 
     def _enforce_cap(self) -> None:
-        while self.files and self.total_bytes > self.max_bytes:
-            oldest = self.files[0]
-            if oldest is self._active:
+        """Drop the oldest records until the spool fits its cap, whole files at a time; of a
+        file being replayed only what follows the read in flight (the records in flight may
+        still be delivered, so they are neither dropped nor counted). When they alone exceed
+        the cap, the spool stays above it until they are acknowledged."""
+        for f in list(self.files):
+            if self.total_bytes <= self.max_bytes:
+                return
+            if f.reading is not None:
+                self._drop_unread(f)
+                continue
+            if f is self._active:
                 self.seal()
-            lost = oldest.records - oldest.replayed
+            lost = f.records - f.replayed
             self.dropped_records += lost
-            self._remove(oldest)
+            self._remove(f)
             log.warning(
                 "spool over its cap of %d bytes: dropped its oldest file (%d records)", self.max_bytes, lost
             )
+
+    def _drop_unread(self, f: SpoolFile) -> None:
+        """Drop what follows the read in flight in ``f`` by truncating the file, so that a
+        restart does not replay records counted as dropped."""
+        assert f.reading is not None
+        end, in_flight = f.reading
+        if f.size <= end:
+            return
+        if f is self._active:
+            self.seal()
+        if not _truncate(f.path, end, self._uid):
+            return  # left as it is: the cap takes the next files instead
+        lost = f.records - f.replayed - in_flight
+        f.size = end
+        f.records = f.replayed + in_flight
+        self.dropped_records += lost
+        log.warning(
+            "spool over its cap of %d bytes: dropped the unsent rest of the file being replayed (%d records)",
+            self.max_bytes,
+            lost,
+        )
 
     # -- replay ----------------------------------------------------------------------------
     def oldest(self) -> SpoolFile | None:
@@ -241,10 +290,12 @@ class Spool:
             pos = f.size
         if not out:
             pos = f.size  # nothing readable left: let ack() retire the file
+        f.reading = (pos, len(out))
         return out, pos
 
     def ack(self, f: SpoolFile, offset: int, count: int) -> None:
         """Records of ``f`` up to ``offset`` were delivered."""
+        f.reading = None
         f.offset = max(f.offset, offset)
         f.replayed = min(f.records, f.replayed + count)
         if f.offset >= f.size:
@@ -272,6 +323,23 @@ def _open_own(path: str, uid: int) -> io.BufferedReader:
         os.close(fd)
         raise SpoolUnsafe(f"{path} is not a private file of this user")
     return open(fd, "rb")
+
+
+def _truncate(path: str, size: int, uid: int) -> bool:
+    """Cut a spool file of ours to ``size`` bytes; False when it cannot be done."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not own_private_file(os.fstat(fd), uid):
+            return False
+        os.ftruncate(fd, size)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _scan(path: str) -> tuple[int, int, bool]:

@@ -13,14 +13,22 @@ import logging
 import os
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import orjson
 
+from reporter_proc import isolation
 from reporter_proc import records as R
 from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
-from reporter_proc.senders.base import FatalSendError, Record, SendError, UnsupportedError
-from reporter_proc.spool import Spool, SpoolBusy
+from reporter_proc.senders.base import (
+    FatalSendError,
+    InvalidDataError,
+    Record,
+    TooLargeError,
+    UnsupportedError,
+)
+from reporter_proc.spool import Spool, SpoolBusy, SpoolFile, SpoolShortWrite
 from reporter_proc.spooldir import AUTO, OFF_VALUES, SpoolUnsafe, default_base
 from reporter_proc.ticks import IDLE_CHECK_S, until_next_tick
 
@@ -76,7 +84,9 @@ class SpoolWriter:
             self.spool.append(items)
         except OSError as exc:
             self.journal.log_once("spool-write", logging.ERROR, "cannot write to the spool: %s", exc)
-            self.write_drops += len(items)
+            kept = exc.records if isinstance(exc, SpoolShortWrite) else 0  # on disk: replayed
+            self.journal.counters.spooled += kept
+            self.write_drops += len(items) - kept
             return
         self.journal.counters.spooled += len(items)
 
@@ -86,6 +96,19 @@ class SpoolWriter:
 
 
 Send = Callable[[str, list[Record]], Awaitable[None]]
+
+
+@dataclass
+class _Read:
+    """One read of the spool on its way out: what is still to send, by kind.
+
+    It outlives a failed attempt, so the retry sends only the groups not sent yet (a group
+    sent before the failure is neither sent nor counted again)."""
+
+    file: SpoolFile
+    end: int  # the file's offset after the read, acknowledged once every group is done
+    count: int  # records read
+    groups: dict[str, list[Record]]
 
 
 class Replayer:
@@ -107,72 +130,123 @@ class Replayer:
         self.stop = stop
         self._busy = busy  # True while live records fill memory: they go first
         self._backoff = backoff
+        self.pending: _Read | None = None  # the read being replayed
 
     async def run(self) -> None:
         failures = 0
         while not self.stop.closing:
-            waiting = self.stop.stopping or not self.spool or self._busy()  # live records first
-            f = None if waiting else self.spool.oldest()
-            if f is None:
-                # Nothing to replay now: look again on the reporter's next one-second tick,
-                # in the same wake-up as its other periodic work.
+            # Live records first: nothing is replayed while they fill memory or while stopping.
+            if self.stop.stopping or self._busy() or not self.next_read():
+                # Look again on the reporter's next one-second tick, in the same wake-up as
+                # its other periodic work.
                 await until_next_tick(IDLE_CHECK_S)
                 continue
-            items, end = self.spool.read(f, self.journal.settings.batch_max_records)
-            try:
-                await self.replay(items)
-            except (SendError, asyncio.TimeoutError, OSError) as exc:
-                self.journal.counters.failure(f"{type(exc).__name__}: {exc}")
+            failure = await self.replay()
+            if failure is not None:
+                self.journal.counters.failure(f"{type(failure).__name__}: {failure}")
                 failures += 1
                 await asyncio.sleep(self._backoff(failures))
                 continue
-            self.journal.counters.success()
             failures = 0
-            self.spool.ack(f, end, len(items))
             await asyncio.sleep(0)  # the next read at once, after the loop's other work
 
-    async def replay(self, items: list[tuple[int, bytes]]) -> None:
-        """Send one read of the spool; raises the retryable errors, counts the rest."""
-        j = self.journal
-        c = j.counters
+    def next_read(self) -> bool:
+        """Is there a read to replay? The one a failure interrupted, else the spool's next."""
+        if self.pending is None:
+            f = self.spool.oldest()
+            if f is None:
+                return False
+            items, end = self.spool.read(f, self.journal.settings.batch_max_records)
+            self.pending = _Read(f, end, len(items), self._groups(items))
+        return True
+
+    def _groups(self, items: list[tuple[int, bytes]]) -> dict[str, list[Record]]:
+        """The records of a read by kind; unreadable ones are counted and left out."""
         groups: dict[str, list[Record]] = {}
         for rtype, payload in items:
             kind = R.BY_TYPE.get(rtype)
-            recs = _decode_one(kind, payload)
-            if kind is None or recs is None:
-                j.invalid(f"spooled record of type {rtype} is unreadable")
+            rec = _decode_one(kind, payload)
+            if kind is None or rec is None:
+                self.journal.invalid(f"spooled record of type {rtype} is unreadable")
                 continue
-            reason = j.shut.get(kind.name)
+            groups.setdefault(kind.name, []).append(rec)
+        return groups
+
+    async def replay(self) -> BaseException | None:
+        """Send what is left of the pending read, then acknowledge it.
+
+        Returns the retryable failure that interrupted it (what is not sent yet stays
+        pending), or None once the read is resolved; refused records are counted.
+        """
+        read = self.pending
+        assert read is not None
+        j = self.journal
+        for name in list(read.groups):
+            reason = j.shut.get(name)  # shut since the read, perhaps, by live delivery
             if reason is not None:
-                j.dropped(reason)
+                j.dropped(reason, len(read.groups.pop(name)))
                 continue
-            groups.setdefault(kind.name, []).append(recs)
-        try:
-            for name, recs in groups.items():
-                try:
-                    await self._send(name, recs)
-                except UnsupportedError as exc:
-                    j.unsupported(name, len(recs), exc)
+            failure = await self._send_group(read, name)
+            if failure is not None:
+                return failure
+            del read.groups[name]
+        self.spool.ack(read.file, read.end, read.count)
+        self.pending = None
+        return None
+
+    async def _send_group(self, read: _Read, name: str) -> BaseException | None:
+        """Send the read's records of one kind as live delivery sends a batch: a group refused
+        as too large or invalid is halved until the records to blame are alone, one the
+        encoder chokes on is sent record by record. Returns the retryable failure that
+        stopped it; its records not sent yet stay in ``read``."""
+        j = self.journal
+        c = j.counters
+        while recs := read.groups[name]:
+            n = len(recs)
+            try:
+                await self._send(name, recs)
+            except UnsupportedError as exc:
+                j.unsupported(name, n, exc)
+                read.groups[name] = []
+            except (TooLargeError, InvalidDataError) as exc:
+                keep: list[Record] = []
+                c.replayed += await isolation.split(j, self._send, name, recs, exc, keep=keep)
+                read.groups[name] = keep
+                if len(keep) == n:
+                    return exc  # the parts failed for another reason: try again later
+            except FatalSendError as exc:
+                c.failure(f"{type(exc).__name__}: {exc}")
+                j.dropped("rejected", n)
+                c.failed += 1
+                j.log_once(f"fatal-{name}", logging.ERROR, "backend refused %s records: %s", name, exc)
+                read.groups[name] = []
+            except isolation.RETRYABLE as exc:
+                return exc
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the encoder choked on something: find the bad records
+                if n == 1:
+                    j.invalid(f"spooled {name} record could not be encoded: {exc!r}")
+                    read.groups[name] = []
                     continue
-                except FatalSendError as exc:
-                    j.dropped("rejected", len(recs))
-                    j.log_once(f"fatal-{name}", logging.ERROR, "backend refused %s records: %s", name, exc)
-                    continue
-                c.add(c.sent, name, len(recs))
-                c.replayed += len(recs)
-        except (SendError, asyncio.TimeoutError, OSError):
-            raise
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            j.invalid(f"spooled records could not be encoded: {exc!r}", len(items))
+                keep, sent = await isolation.isolate(j, self._send, name, recs)
+                c.replayed += sent
+                read.groups[name] = keep
+            else:
+                # Only a send the backend took says it is up (not a read with nothing to send).
+                c.success()
+                c.add(c.sent, name, n)
+                c.replayed += n
+                read.groups[name] = []
+        return None
 
 
 def _decode_one(kind: R.Kind | None, payload: bytes) -> Record | None:
+    """The record, or None when it is not one live delivery's decode would send on."""
     if kind is None or not kind.data:
         return None
     try:
         rec = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return None
-    return rec if type(rec) is list else None
+    return rec if type(rec) is list and len(rec) >= kind.min_len else None

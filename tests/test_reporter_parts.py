@@ -274,10 +274,8 @@ def test_replay_sends_spooled_records_and_counts_unreadable_ones(tmp_path: Path)
         busy=lambda: False,
         backoff=lambda n: 0.0,
     )
-    f = spool.spool.oldest()
-    assert f is not None
-    items, _ = spool.spool.read(f, 10)
-    asyncio.run(replayer.replay(items))
+    assert replayer.next_read()
+    assert asyncio.run(replayer.replay()) is None
     assert [s[R.SEG_TRACE_ID] for s in sender.segments] == ["s1"]
     assert [rec[R.LOG_BODY] for rec in sender.logs] == ["l1"]
     assert j.counters.replayed == 2 and drops(j) == {"invalid": 2}

@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 
+from reporter_proc.journal import Journal
+from reporter_proc.settings import ReporterSettings
 from reporter_proc.spool import Spool, SpoolBusy
+from reporter_proc.spooling import SpoolWriter
 
 
 def items(prefix: str, n: int, size: int = 100) -> list[tuple[int, bytes]]:
@@ -96,3 +99,72 @@ def test_one_owner_per_directory(tmp_path: Any) -> None:
     s.close()
     s3 = Spool(str(tmp_path), max_bytes=1 << 20)  # free again after close
     s3.close()
+
+
+def test_the_cap_never_drops_the_records_being_replayed(tmp_path: Any) -> None:
+    s = Spool(str(tmp_path), max_bytes=20_000, segment_bytes=4096)
+    s.append(items("a", 40))
+    f = s.oldest()
+    assert f is not None
+    recs, end = s.read(f, 10)  # on their way to the backend
+    for i in range(10):  # the backend fails again meanwhile: far over the cap
+        s.append(items(f"b{i}", 30))
+    assert s.files[0] is f and s.total_bytes <= 20_000
+    s.ack(f, end, len(recs))  # their send succeeded
+    # Every record written is delivered, dropped or still held: exactly one of them.
+    assert len(recs) + s.dropped_records + s.total_records == 40 + 300
+    assert replay_all(s)[-1].startswith(b"b9-29-")  # the newest survived
+    s.close()
+
+
+def test_the_cap_drops_the_unsent_rest_of_the_file_being_replayed_from_disk_too(tmp_path: Any) -> None:
+    s = Spool(str(tmp_path), max_bytes=20_000, segment_bytes=4096)
+    s.append(items("a", 150))  # one file
+    f = s.oldest()
+    assert f is not None
+    recs, _end = s.read(f, 100)
+    s.append(items("b", 50))  # over the cap: the oldest records not in flight go
+    assert s.files[0] is f and f.records == 100 and s.dropped_records == 50
+    held = s.total_records  # the 100 in flight (not acknowledged yet) and the 50 new ones
+    assert held == 150
+    s.close()
+    s2 = Spool(str(tmp_path), max_bytes=20_000, segment_bytes=4096)  # a restart before the ack
+    assert s2.total_records == held  # what was counted dropped is not replayed
+    got = replay_all(s2)
+    assert got[:100] == [p for _t, p in recs] and got[-1].startswith(b"b-49-")
+    s2.close()
+
+
+def test_the_cap_leaves_the_records_in_flight_when_nothing_else_is_left(tmp_path: Any) -> None:
+    s = Spool(str(tmp_path), max_bytes=20_000, segment_bytes=4096)
+    s.append(items("a", 150))
+    f = s.oldest()
+    assert f is not None
+    recs, end = s.read(f, 150)  # the whole file in flight
+    s.append(items("b", 50))
+    assert [g.seq for g in s.files] == [f.seq] and s.dropped_records == 50
+    s.ack(f, end, len(recs))
+    assert len(recs) + s.dropped_records + s.total_records == 200 and not s.files
+    s.close()
+
+
+def test_a_short_write_counts_as_dropped_only_what_did_not_reach_the_disk(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    j = Journal(ReporterSettings())
+    w = SpoolWriter(Spool(str(tmp_path), max_bytes=1 << 20), j)
+    w.write(items("a", 5))
+    real_write = os.write
+
+    def short(fd: int, data: Any) -> int:  # the disk fills up in the middle of a record
+        return real_write(fd, bytes(data[: len(data) // 2 + 7]) if fd == w.spool._fd else data)
+
+    monkeypatch.setattr(os, "write", short)
+    w.write(items("b", 10))
+    monkeypatch.undo()
+    assert j.counters.spooled + w.dropped == 15 and w.dropped > 0
+    assert w.spool.total_records == j.counters.spooled
+    w.spool.close()
+    again = Spool(str(tmp_path), max_bytes=1 << 20)  # a restart replays what counted as spooled
+    assert again.total_records == j.counters.spooled
+    again.close()
