@@ -90,9 +90,17 @@ def test_reported_once_whatever_the_logging_configuration(sink: _sink.MemorySink
     app.info("below the reporter's level")
     logging.getLogger("swmp.internal").error("the agent's own")
     logging.getLogger("swmp").error("the agent's own")
-    ipc_private._warn_once(f"test {id(sink)}", "the shared-memory package's own")
-    logging.getLogger("ipc").error("an application's logger named ipc")
-    logging.getLogger("ipc.server").error("and one under it")
+    ipc_logger = logging.getLogger("ipc")  # as an application's would be (tests quiet it)
+    saved_level, saved_disabled = ipc_logger.level, ipc_logger.disabled
+    ipc_logger.setLevel(logging.NOTSET)
+    ipc_logger.disabled = False
+    try:
+        ipc_private._warn_once(f"test {id(sink)}", "the shared-memory package's own")
+        ipc_logger.error("an application's logger named ipc")
+        logging.getLogger("ipc.server").error("and one under it")
+    finally:
+        ipc_logger.setLevel(saved_level)
+        ipc_logger.disabled = saved_disabled
     logging.getLogger("swmpish").error("a name that only starts like ours")
     assert bodies(sink) == [
         "WARNING test.app after dictConfig",
