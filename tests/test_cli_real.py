@@ -105,6 +105,16 @@ def test_real_reporter_through_a_backend_outage(tmp_path: Path, procs: Any) -> N
         arena.close()
 
 
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    """TERM, then KILL if it does not go within 30 s."""
+    kill(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        kill(server.pid)
+        server.wait(timeout=30)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -175,12 +185,7 @@ def test_gunicorn_with_the_agent(tmp_path: Path) -> None:
             everything = json.dumps(doc) + text.stdout + text.stderr + proc.stdout + proc.stderr
             assert secret not in everything
         finally:
-            kill(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                kill(server.pid)
-                server.wait(timeout=30)
+            stop_server(server)
             for pid in others:  # workers and reporter follow the master; make sure of it
                 if pid:
                     kill(pid)
@@ -230,9 +235,4 @@ def test_gunicorn_in_thread_mode_is_healthy(tmp_path: Path) -> None:
             STATUS.validate(doc)
             assert rc == 0 and sorted(a["mode"] for a in doc["agents"]) == ["thread", "thread"], doc
         finally:
-            kill(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                kill(server.pid)
-                server.wait(timeout=30)
+            stop_server(server)
