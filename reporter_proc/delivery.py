@@ -29,13 +29,12 @@ from reporter_proc.senders.base import (
     InvalidDataError,
     Record,
     Sender,
-    SendError,
     TooLargeError,
     UnsupportedError,
 )
 from reporter_proc.spooling import SpoolWriter
 
-RETRYABLE = (SendError, asyncio.TimeoutError, OSError)
+RETRYABLE = isolation.RETRYABLE  # failures worth another attempt: one definition
 _MAX_EXPONENT = 1023  # the largest n for which 2.0 ** n is a float
 
 
