@@ -417,6 +417,17 @@ def _at_exit() -> None:
         run.arena.unlink()  # the name registry; process mode: the reporter unlinks
 
 
+def _stop_meters() -> None:
+    """Meters off in this process: their thread, the PVM meters' gc callback (a later
+    start() sets them up again with its own settings)."""
+    meters = sys.modules.get("swmp.meters")
+    if meters is not None:
+        try:
+            meters.stop_meter_reporter()
+        except Exception:
+            log.debug("swmp: stopping the meters failed", exc_info=True)
+
+
 def _uninstall_profiling() -> None:
     profiling = sys.modules.get("swmp.profiling")
     if profiling is not None:
@@ -437,6 +448,11 @@ def stop() -> None:
             return
         _running = None
         _spawned.withdraw(run.owner_pid, run.arena_path)
+        try:
+            lifecycle.announce_leaving()  # as at exit: meters write their last report, first
+        except Exception:
+            log.debug("swmp: stop failed", exc_info=True)
+        _stop_meters()
         _sink.set_sink(None)
         identity.set_binder(None)
         _uninstall_profiling()

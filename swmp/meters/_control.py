@@ -187,6 +187,7 @@ def stats() -> dict[str, int | bool]:
         "reports_written": counts.reports_written,
         "reports_dropped": counts.reports_dropped,
         "supplier_errors": counts.supplier_errors,
+        "values_refused": counts.values_refused,
         "errors": counts.errors,
         "observations_dropped": sum(m.dropped for m in registry.meters()),
         "meters": len(registry),

@@ -14,6 +14,7 @@ from reporter_proc import records as R
 from swmp.meters._control import enter
 from swmp.meters._registry import Labels, _declare, _Meter
 from swmp.meters._state import here as _here
+from swmp.meters._state import log as _log
 from swmp.meters._state import stats as _stats
 from swmp.meters._state import warn_once
 
@@ -21,6 +22,34 @@ from swmp.meters._state import warn_once
 # the lowest finite double (JSON has no -inf, and a consumer ignoring the flag still
 # sorts it first).
 _NEG_INF_BOUND = -sys.float_info.max
+
+
+def _number(meter: str, value: Any) -> float | None:
+    """``value`` as a finite float, or None: refused, counted, said once per meter.
+
+    The hot paths take ints and finite floats themselves; this is the rest. A number type of
+    another library (Decimal, Fraction, numpy's: they define ``__float__``) counts as its
+    float; anything else (a str, None, a complex) or NaN/inf would raise in the caller or
+    poison the meter's total, and meters never raise at run time."""
+    try:
+        # __float__, not float(): float("1") would parse a str, and str is not a number here
+        number = float(value) if hasattr(type(value), "__float__") else math.nan
+    except Exception:
+        number = math.nan
+    if math.isfinite(number):
+        return number
+    _stats.values_refused += 1
+    if meter not in _refused_once:
+        _refused_once.add(meter)
+        _log.warning(
+            "swmp: meter %r was given %r, not a finite number; refused and counted (values_refused)",
+            meter,
+            value,
+        )
+    return None
+
+
+_refused_once: set[str] = set()
 
 
 class CounterMode(enum.IntEnum):
@@ -56,6 +85,12 @@ class Counter(_Meter):
         here = _here
         if not here.ready or (here.check_pid and here.pid != os.getpid()):
             enter()
+        cls = value.__class__
+        if cls is not int and (cls is not float or not math.isfinite(value)):
+            number = _number(self.name, value)
+            if number is None:
+                return
+            value = number
         with self._lock:
             self._value += value
 
@@ -148,6 +183,12 @@ class Histogram(_Meter):
         here = _here
         if not here.ready or (here.check_pid and here.pid != os.getpid()):
             enter()
+        cls = value.__class__
+        if cls is not int and cls is not float:  # NaN floats go below, counted as dropped
+            number = _number(self.name, value)
+            if number is None:
+                return
+            value = number
         if not value >= self._min:  # below the first bucket, or NaN
             with self._lock:
                 self.dropped += 1

@@ -36,6 +36,7 @@ class _Pvm:
         self._process: Any = None
         self._psutil: Any = None
         self.gc_ms = 0.0  # total time spent in collections since the callback was installed
+        self._machine: tuple[float, float] | None = None  # (busy, total) CPU seconds at the last read
         self._gc_started = 0.0
         self._installed = False
 
@@ -89,7 +90,7 @@ class _Pvm:
         """CPU percentages compare with the previous call: take the first sample now."""
         if self._installed and self._psutil is not None:
             try:
-                self._psutil.cpu_percent(None)
+                self._machine = self._machine_times()
                 self._proc()
             except Exception:
                 log.debug("PVM priming failed", exc_info=True)
@@ -111,7 +112,21 @@ class _Pvm:
             self._gc_started = 0.0
 
     def total_cpu(self) -> float:
-        return float(self._psutil.cpu_percent(None))  # whole machine, since the last report
+        """Whole machine, % busy since the last report. Not ``psutil.cpu_percent(None)``: its
+        baseline is one module global, shared with the application's own calls, whose
+        readings ours would then shorten to "since the agent's last report"."""
+        now = self._machine_times()
+        last, self._machine = self._machine, now
+        if last is None or now[1] <= last[1]:
+            return 0.0
+        return max(0.0, min(100.0, 100.0 * (now[0] - last[0]) / (now[1] - last[1])))
+
+    def _machine_times(self) -> tuple[float, float]:
+        """(busy, total) CPU seconds of the machine, as psutil's ``cpu_percent`` counts them:
+        guest time is already in user time; idle and I/O wait are not busy."""
+        t = self._psutil.cpu_times()
+        total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+        return total - t.idle - getattr(t, "iowait", 0.0), total
 
     def process_cpu(self) -> float:
         return float(self._proc().cpu_percent(None))  # this process; 100 = one core

@@ -13,18 +13,24 @@ from swmp.meters._state import locks, stats, warn_once
 from swmp.tracing.identity import identity
 
 
-def _build() -> tuple[bytes | None, list[Callable[[], None]]]:
-    """One METER record of every meter (None when there is nothing to report)."""
-    undo: list[Callable[[], None]] = []
+def _build(undo: list[Callable[[], None]]) -> bytes | None:
+    """One METER record of every meter (None when there is nothing to report). What RATE
+    counters handed over goes into ``undo`` as it is taken, so a report that fails later
+    still gives it back. A meter that cannot be read is left out of this report alone."""
     meters: list[list[Any]] = []
     for meter in registry.meters():
-        entry = meter._collect(undo)
+        try:
+            entry = meter._collect(undo)
+        except Exception:
+            stats.errors += 1
+            warn_once(f"collect:{meter.name}", "swmp: meter %r could not be read", meter.name)
+            continue
         if entry is not None:
             meters.append(entry)
     if not meters:
-        return None, undo
+        return None
     record = R.meter_report(int(time.time() * 1000), identity.service, identity.instance, meters)
-    return R.encode(record), undo
+    return R.encode(record)
 
 
 def report() -> bool:
@@ -32,7 +38,7 @@ def report() -> bool:
     with locks.report:
         undo: list[Callable[[], None]] = []
         try:
-            payload, undo = _build()
+            payload = _build(undo)
             if payload is None:
                 return False
             ok = get_sink().write(R.METER, payload)

@@ -44,7 +44,7 @@ class Settings:
 
 
 class Stats:
-    __slots__ = ("errors", "reports_dropped", "reports_written", "supplier_errors")
+    __slots__ = ("errors", "reports_dropped", "reports_written", "supplier_errors", "values_refused")
 
     def __init__(self) -> None:
         self.reset()
@@ -54,6 +54,7 @@ class Stats:
         self.reports_dropped = 0  # METER records the sink refused (ring full, no ring)
         self.supplier_errors = 0  # gauge suppliers that raised or returned a non-number
         self.errors = 0  # reports that could not be built, threads that did not start
+        self.values_refused = 0  # increment/observe values that are not finite numbers
 
 
 class Locks:
