@@ -104,7 +104,7 @@ def test_agent_start_imports_no_instrumented_library(tmp_path: Path) -> None:
     out, err = run_child(
         f"""
         import swmp
-        swmp.start(agent_name="lazy", agent_reporter_process=False,
+        swmp.start(agent_name="lazy", agent_reporter_process=False, agent_logging_level="DEBUG",
                    agent_collector_backend_services="127.0.0.1:1", agent_arena_dir={str(tmp_path)!r})
         found = dict(libs=loaded({LIBS!r}), statuses=instrument.statuses(),
                      pending=list(_hook.pending()), hooked=_hook.active())
