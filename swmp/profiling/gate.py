@@ -6,11 +6,14 @@ one load of its generation word and one comparison; only when the reporter poste
 table is it read and decoded again. Without tasks for this process's endpoints, nothing
 else runs.
 
-A match starts profiling the segment when every limit allows it: the task is active now
+A match starts watching the segment when every limit allows it: the task is active now
 (its start and duration, on this process's clock), fewer than ``max_sampling_count``
 segments were profiled for it in this process (each worker is an instance of its own, and
 the OAP's limit is per instance), and fewer than ``SW_AGENT_PROFILE_MAX_PARALLEL``
-segments are being profiled at this moment.
+segments are being watched at this moment. As in SkyWalking's Java agent, a segment counts
+towards ``max_sampling_count`` only when its first snapshot is taken, once the request ran
+past the task's threshold: a request that ends before it leaves the count as it was, and a
+segment that reaches its first snapshot after others took the last places is not sampled.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from ipc.board import GENERATION
 from reporter_proc import taskboard
 from reporter_proc.taskboard import BoardTask
 from swmp.profiling import stacks
-from swmp.profiling.sampler import Profiled, Sampler, StackSource, stats
+from swmp.profiling.sampler import Profiled, Sampler, StackSource
 
 log = logging.getLogger("swmp.profiling")
 
@@ -38,7 +41,10 @@ class Gate:
         self._words: memoryview | None = None  # the board's words: its generation, read inline
         self.seen = -1  # the generation last read
         self.by_endpoint: dict[str, BoardTask] = {}
-        self.started: dict[str, int] = {}  # task id -> segments profiled by this process
+        # task id -> segments of it this process profiled (first snapshot taken). The sampler
+        # thread counts under the lock; the gate only reads it (a dict read, atomic).
+        self.started: dict[str, int] = {}
+        self._count_lock = threading.Lock()
         # Created on the first match in a process (see Sampler: after gevent's patching).
         self.sampler: Sampler | None = None
         self._made: dict[str, Sampler] = {}
@@ -61,6 +67,7 @@ class Gate:
         """A new process: no board yet, no counts, and no sampler thread (threads do not fork)."""
         self.attach(None)
         self.started = {}
+        self._count_lock = threading.Lock()  # another thread may have held it at the fork
         self.sampler = None  # the parent's thread did not come along
         self._made = {}
 
@@ -115,22 +122,32 @@ class Gate:
         # Scheduled from the span's own start: a rename found late does not delay the threshold.
         started_mono = time.monotonic() - max(0, time.time_ns() // 1_000_000 - span.start) / 1000
         item = Profiled(
-            task, seg.segment_id, source, started_mono=started_mono, depth=self.depth,
+            task,
+            seg.segment_id,
+            source,
+            started_mono=started_mono,
+            depth=self.depth,
             max_profile_s=self.max_profile_s,
+            claim=self.claim,
         )
         task_id, limit = task.task_id, task.max_sampling_count
 
-        def admit() -> bool:  # under the sampler's lock: counted once per profiled segment
-            started = self.started.get(task_id, 0)
-            if started >= limit:
-                return False
-            self.started[task_id] = started + 1
-            return True
+        def admit() -> bool:  # no count taken here: the segment claims its place at its first snapshot
+            return self.started.get(task_id, 0) < limit
 
         if not self._sampler().try_add(item, self.max_parallel, admit):
             return
         seg.profile = item
-        stats.segments += 1
+
+    def claim(self, task: BoardTask) -> bool:
+        """Count one profiled segment of ``task`` if its max sampling count has room (called
+        by the sampler at a segment's first snapshot, under that segment's lock)."""
+        with self._count_lock:  # no other lock is taken while it is held: no lock order to keep
+            started = self.started.get(task.task_id, 0)
+            if started >= task.max_sampling_count:
+                return False
+            self.started[task.task_id] = started + 1
+            return True
 
 
 def current_stack_source() -> StackSource:
