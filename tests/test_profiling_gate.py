@@ -16,7 +16,7 @@ from reporter_proc import taskboard
 from reporter_proc.taskboard import BoardTask
 from swmp import _sink, tracing
 from swmp.config import load
-from swmp.profiling.gate import gate
+from swmp.profiling.gate import active_task, by_endpoint, gate
 from swmp.profiling.sampler import Profiled, Sampler
 from swmp.tracing.context import new_entry_span
 
@@ -151,3 +151,34 @@ def test_segments_in_flight_beyond_the_count_are_not_sampled(arena: Arena, sink:
     Sampler.sample_due(items, due + 1)  # the two go on being sampled, the third never is
     assert len(snapshots(sink)) == 4 and gate.started == {"t1": 2}
     assert not fast_request("/slow")  # the count is full: not even watched
+
+
+# -- bug: a later task on the same endpoint hid the running one ------------------------------
+def test_a_scheduled_task_does_not_hide_the_running_one(arena: Arena, sink: _sink.MemorySink) -> None:
+    """The OAP accepts a second task for the endpoint once the first one's time is taken:
+    both are on the board. Keyed by endpoint alone, the later one replaced the running one
+    and, not active yet, left the endpoint unprofiled in every worker. The board's order
+    does not matter."""
+    running = task(task_id="running")
+    later = task(task_id="later", start_ms=running.end_ms, end_ms=running.end_ms + 60_000)
+    for order in ((running, later), (later, running)):
+        post(arena, *order)
+        item = slow_request("/slow")
+        assert item is not None and item.task == running, order
+    assert {s[R.SNAP_TASK_ID] for s in snapshots(sink)} == {"running"}
+
+
+def test_the_task_of_an_endpoint_is_the_one_whose_time_covers_now() -> None:
+    first = BoardTask("a", "/e", 1_000, 2_000, 0, 10, 5)
+    second = BoardTask("b", "/e", 3_000, 4_000, 0, 10, 5)
+    other = BoardTask("c", "/o", 0, 9_000, 0, 10, 5)
+    table = by_endpoint([second, other, first])
+    assert table == {"/e": (first, second), "/o": (other,)}
+    assert [active_task(table["/e"], now) for now in (999, 1_000, 1_999, 2_500, 3_000, 4_000)] == [
+        None,
+        first,
+        first,
+        None,
+        second,
+        None,
+    ]

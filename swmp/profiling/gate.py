@@ -40,7 +40,9 @@ class Gate:
         self.board: Board | None = None  # None: nothing to check (no agent, master, stopped)
         self._words: memoryview | None = None  # the board's words: its generation, read inline
         self.seen = -1  # the generation last read
-        self.by_endpoint: dict[str, BoardTask] = {}
+        # endpoint -> its tasks, by start time: the OAP refuses tasks of one service whose times
+        # overlap, not a task scheduled after the running one, so both can be on the board.
+        self.by_endpoint: dict[str, tuple[BoardTask, ...]] = {}
         # task id -> segments of it this process profiled (first snapshot taken). The sampler
         # thread counts under the lock; the gate only reads it (a dict read, atomic).
         self.started: dict[str, int] = {}
@@ -107,16 +109,17 @@ class Gate:
         except Exception:
             tasks = []
             log.error("swmp: the profile task board is unreadable; profiling is off until it changes")
-        self.by_endpoint = {t.endpoint: t for t in tasks}
+        self.by_endpoint = by_endpoint(tasks)
         self.seen = gen
 
     def consider(self, span: Any) -> None:
         """Start profiling ``span``'s segment if a task matches and every limit allows."""
-        task = self.by_endpoint.get(span.op)
+        tasks = self.by_endpoint.get(span.op)
         seg = span.segment
-        if task is None or seg.profile is not None:
+        if tasks is None or seg.profile is not None:
             return
-        if not task.active(time.time_ns() // 1_000_000):
+        task = active_task(tasks, time.time_ns() // 1_000_000)
+        if task is None:
             return
         source = current_stack_source()
         # Scheduled from the span's own start: a rename found late does not delay the threshold.
@@ -148,6 +151,24 @@ class Gate:
                 return False
             self.started[task.task_id] = started + 1
             return True
+
+
+def by_endpoint(tasks: list[BoardTask]) -> dict[str, tuple[BoardTask, ...]]:
+    """The board's tasks per endpoint, earliest start first (see :func:`active_task`)."""
+    out: dict[str, list[BoardTask]] = {}
+    for t in sorted(tasks, key=lambda t: t.start_ms):
+        out.setdefault(t.endpoint, []).append(t)
+    return {endpoint: tuple(ts) for endpoint, ts in out.items()}
+
+
+def active_task(tasks: tuple[BoardTask, ...], now_ms: int) -> BoardTask | None:
+    """The task of an endpoint running at ``now_ms``: whichever of its tasks' time covers
+    it, not the one posted last (a later task would hide the running one). Should the OAP
+    ever post overlapping ones, the one that started first wins."""
+    for t in tasks:
+        if t.active(now_ms):
+            return t
+    return None
 
 
 def current_stack_source() -> StackSource:
