@@ -182,3 +182,19 @@ def test_the_task_of_an_endpoint_is_the_one_whose_time_covers_now() -> None:
         second,
         None,
     ]
+
+
+# -- bug: the counts of tasks long over were kept for ever -----------------------------------
+def test_counts_of_tasks_taken_off_the_board_are_dropped(arena: Arena, sink: _sink.MemorySink) -> None:
+    """One entry per task ever profiled, never removed but at fork: a worker that lives
+    through many tasks grew without limit. The counts of the tasks still posted stay."""
+    first, second = task(task_id="first"), task("/other", task_id="second")
+    post(arena, first, second)
+    assert slow_request("/slow") is not None and slow_request("/other") is not None
+    assert gate.started == {"first": 1, "second": 1}
+    post(arena, second)  # the reporter took "first" off the board: it is over
+    assert not fast_request("/elsewhere")  # the next segment reads the new board
+    assert gate.started == {"second": 1}
+    arena.board.publish(b"not a task table")  # unreadable: nothing is forgotten
+    assert not fast_request("/elsewhere")
+    assert gate.started == {"second": 1}

@@ -109,8 +109,19 @@ class Gate:
         except Exception:
             tasks = []
             log.error("swmp: the profile task board is unreadable; profiling is off until it changes")
+        else:
+            self._forget_counts({t.task_id for t in tasks})
         self.by_endpoint = by_endpoint(tasks)
         self.seen = gen
+
+    def _forget_counts(self, on_board: set[str]) -> None:
+        """Drop the counts of tasks the reporter took off the board (they are over): without
+        this a long-lived worker keeps one entry per task it ever profiled. An unreadable
+        board forgets nothing, so a board readable again does not restart the counts. A
+        segment of a removed task still being dumped may count again; the next refresh drops it."""
+        with self._count_lock:
+            if self.started.keys() - on_board:
+                self.started = {k: n for k, n in self.started.items() if k in on_board}
 
     def consider(self, span: Any) -> None:
         """Start profiling ``span``'s segment if a task matches and every limit allows."""
