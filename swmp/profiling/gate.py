@@ -6,11 +6,14 @@ one load of its generation word and one comparison; only when the reporter poste
 table is it read and decoded again. Without tasks for this process's endpoints, nothing
 else runs.
 
-A match starts profiling the segment when every limit allows it: the task is active now
+A match starts watching the segment when every limit allows it: the task is active now
 (its start and duration, on this process's clock), fewer than ``max_sampling_count``
 segments were profiled for it in this process (each worker is an instance of its own, and
 the OAP's limit is per instance), and fewer than ``SW_AGENT_PROFILE_MAX_PARALLEL``
-segments are being profiled at this moment.
+segments are being watched at this moment. As in SkyWalking's Java agent, a segment counts
+towards ``max_sampling_count`` only when its first snapshot is taken, once the request ran
+past the task's threshold: a request that ends before it leaves the count as it was, and a
+segment that reaches its first snapshot after others took the last places is not sampled.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from ipc.board import GENERATION
 from reporter_proc import taskboard
 from reporter_proc.taskboard import BoardTask
 from swmp.profiling import stacks
-from swmp.profiling.sampler import Profiled, Sampler, StackSource, stats
+from swmp.profiling.sampler import Profiled, Sampler, StackSource
 
 log = logging.getLogger("swmp.profiling")
 
@@ -37,8 +40,13 @@ class Gate:
         self.board: Board | None = None  # None: nothing to check (no agent, master, stopped)
         self._words: memoryview | None = None  # the board's words: its generation, read inline
         self.seen = -1  # the generation last read
-        self.by_endpoint: dict[str, BoardTask] = {}
-        self.started: dict[str, int] = {}  # task id -> segments profiled by this process
+        # endpoint -> its tasks, by start time: the OAP refuses tasks of one service whose times
+        # overlap, not a task scheduled after the running one, so both can be on the board.
+        self.by_endpoint: dict[str, tuple[BoardTask, ...]] = {}
+        # task id -> segments of it this process profiled (first snapshot taken). The sampler
+        # thread counts under the lock; the gate only reads it (a dict read, atomic).
+        self.started: dict[str, int] = {}
+        self._count_lock = threading.Lock()
         # Created on the first match in a process (see Sampler: after gevent's patching).
         self.sampler: Sampler | None = None
         self._made: dict[str, Sampler] = {}
@@ -61,6 +69,7 @@ class Gate:
         """A new process: no board yet, no counts, and no sampler thread (threads do not fork)."""
         self.attach(None)
         self.started = {}
+        self._count_lock = threading.Lock()  # another thread may have held it at the fork
         self.sampler = None  # the parent's thread did not come along
         self._made = {}
 
@@ -100,37 +109,77 @@ class Gate:
         except Exception:
             tasks = []
             log.error("swmp: the profile task board is unreadable; profiling is off until it changes")
-        self.by_endpoint = {t.endpoint: t for t in tasks}
+        else:
+            self._forget_counts({t.task_id for t in tasks})
+        self.by_endpoint = by_endpoint(tasks)
         self.seen = gen
+
+    def _forget_counts(self, on_board: set[str]) -> None:
+        """Drop the counts of tasks the reporter took off the board (they are over): without
+        this a long-lived worker keeps one entry per task it ever profiled. An unreadable
+        board forgets nothing, so a board readable again does not restart the counts. A
+        segment of a removed task still being dumped may count again; the next refresh drops it."""
+        with self._count_lock:
+            if self.started.keys() - on_board:
+                self.started = {k: n for k, n in self.started.items() if k in on_board}
 
     def consider(self, span: Any) -> None:
         """Start profiling ``span``'s segment if a task matches and every limit allows."""
-        task = self.by_endpoint.get(span.op)
+        tasks = self.by_endpoint.get(span.op)
         seg = span.segment
-        if task is None or seg.profile is not None:
+        if tasks is None or seg.profile is not None:
             return
-        if not task.active(time.time_ns() // 1_000_000):
+        task = active_task(tasks, time.time_ns() // 1_000_000)
+        if task is None:
             return
         source = current_stack_source()
         # Scheduled from the span's own start: a rename found late does not delay the threshold.
         started_mono = time.monotonic() - max(0, time.time_ns() // 1_000_000 - span.start) / 1000
         item = Profiled(
-            task, seg.segment_id, source, started_mono=started_mono, depth=self.depth,
+            task,
+            seg.segment_id,
+            source,
+            started_mono=started_mono,
+            depth=self.depth,
             max_profile_s=self.max_profile_s,
+            claim=self.claim,
         )
         task_id, limit = task.task_id, task.max_sampling_count
 
-        def admit() -> bool:  # under the sampler's lock: counted once per profiled segment
-            started = self.started.get(task_id, 0)
-            if started >= limit:
-                return False
-            self.started[task_id] = started + 1
-            return True
+        def admit() -> bool:  # no count taken here: the segment claims its place at its first snapshot
+            return self.started.get(task_id, 0) < limit
 
         if not self._sampler().try_add(item, self.max_parallel, admit):
             return
         seg.profile = item
-        stats.segments += 1
+
+    def claim(self, task: BoardTask) -> bool:
+        """Count one profiled segment of ``task`` if its max sampling count has room (called
+        by the sampler at a segment's first snapshot, under that segment's lock)."""
+        with self._count_lock:  # no other lock is taken while it is held: no lock order to keep
+            started = self.started.get(task.task_id, 0)
+            if started >= task.max_sampling_count:
+                return False
+            self.started[task.task_id] = started + 1
+            return True
+
+
+def by_endpoint(tasks: list[BoardTask]) -> dict[str, tuple[BoardTask, ...]]:
+    """The board's tasks per endpoint, earliest start first (see :func:`active_task`)."""
+    out: dict[str, list[BoardTask]] = {}
+    for t in sorted(tasks, key=lambda t: t.start_ms):
+        out.setdefault(t.endpoint, []).append(t)
+    return {endpoint: tuple(ts) for endpoint, ts in out.items()}
+
+
+def active_task(tasks: tuple[BoardTask, ...], now_ms: int) -> BoardTask | None:
+    """The task of an endpoint running at ``now_ms``: whichever of its tasks' time covers
+    it, not the one posted last (a later task would hide the running one). Should the OAP
+    ever post overlapping ones, the one that started first wins."""
+    for t in tasks:
+        if t.active(now_ms):
+            return t
+    return None
 
 
 def current_stack_source() -> StackSource:

@@ -43,7 +43,16 @@ class Profiled:
     """One segment being profiled under one task."""
 
     __slots__ = (
-        "deadline", "depth", "lock", "next_due", "segment_id", "sequence", "source", "stopped", "task",
+        "claim",
+        "deadline",
+        "depth",
+        "lock",
+        "next_due",
+        "segment_id",
+        "sequence",
+        "source",
+        "stopped",
+        "task",
         "wake",
     )
 
@@ -56,6 +65,7 @@ class Profiled:
         started_mono: float,
         depth: int,
         max_profile_s: float,
+        claim: Callable[[BoardTask], bool] | None = None,
     ) -> None:
         self.task = task
         self.segment_id = segment_id
@@ -69,6 +79,9 @@ class Profiled:
         self.next_due = started_mono + max(task.min_duration_ms, task.dump_period_ms) / 1000
         self.deadline = started_mono + max_profile_s  # SW_AGENT_PROFILE_DURATION
         self.wake: Callable[[], None] | None = None  # set by the sampler that takes it
+        # Asked at the first snapshot whether the task's max sampling count has room left: a
+        # segment counts only once it ran past the threshold (None: no limit, benchmarks).
+        self.claim = claim
 
     def stop(self) -> None:
         """The segment is ending: no snapshot after this returns."""
@@ -90,6 +103,14 @@ class Profiled:
             stack = self.source(self.depth)
             if not stack:
                 return True  # momentarily nothing to show (a task between steps)
+            if self.sequence == 0:
+                # Counted here, as SkyWalking's ThreadProfiler does (its first dump), not when
+                # the segment was admitted: requests that end before the task's threshold must
+                # not use up the count, or a stream of fast ones keeps the slow ones out.
+                if self.claim is not None and not self.claim(self.task):
+                    self.stopped = True  # others took the last places meanwhile
+                    return False
+                stats.segments += 1
             rec = R.profile_snapshot(
                 self.task.task_id, self.segment_id, time_ms=time_ms, sequence=self.sequence, stack=stack
             )
@@ -107,7 +128,7 @@ class _Stats:
     __slots__ = ("dropped", "segments", "snapshots", "threads")
 
     def __init__(self) -> None:
-        self.segments = 0  # segments profiled in this process
+        self.segments = 0  # segments profiled in this process (their first snapshot taken)
         self.snapshots = 0  # snapshots written to the ring
         self.dropped = 0  # snapshots the ring refused
         self.threads = 0  # sampler threads started
@@ -185,9 +206,14 @@ class Sampler:
                 continue
             idle_since = 0.0
             self._wake.clear()
-            now = time.monotonic()
-            for p in items:
-                if now >= p.next_due and p.sample(now):
-                    p.next_due = now + p.task.dump_period_ms / 1000
-            wake = min(p.next_due for p in items)
+            wake = self.sample_due(items, time.monotonic())
             self._wake.wait(max(0.001, wake - time.monotonic()))
+
+    @staticmethod
+    def sample_due(items: list[Profiled], now: float) -> float:
+        """Dump the segments whose next sample is due at ``now`` (monotonic seconds); returns
+        when the next one is due. Apart from the loop so tests can drive it with their clock."""
+        for p in items:
+            if now >= p.next_due and p.sample(now):
+                p.next_due = now + p.task.dump_period_ms / 1000
+        return min(p.next_due for p in items)
