@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from ipc import Arena, private
+from ipc.arena import MAX_SLOTS
 from reporter_proc import records as R
 from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
@@ -110,8 +111,11 @@ class Instances:
         outside ``pid_t`` could never hold a slot, and made the status document unbuildable.
         """
         pid, slot = int(rec[R.WS_PID]), int(rec[R.WS_SLOT])
-        if not 0 <= slot < self.arena.slots:
-            raise ValueError(f"slot {slot} is not one of the arena's {self.arena.slots} slots")
+        # Not the arena's own slot count: in thread mode a worker's reporter thread drains a
+        # one-slot arena of its own, and the record carries the worker's slot in the
+        # application's name registry (-1: named by pid). Any arena has at most MAX_SLOTS.
+        if not -1 <= slot < MAX_SLOTS:
+            raise ValueError(f"slot {slot} is not a slot number (-1..{MAX_SLOTS - 1})")
         if not 0 < pid <= _PID_MAX:
             raise ValueError(f"pid {pid} is not a process id")
         return pid, slot

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from pathlib import Path
 from typing import Any
 
@@ -415,7 +416,7 @@ def test_worker_records_with_a_slot_or_pid_out_of_range_are_refused_and_counted(
     arena = Arena.create(str(tmp_path / "b.arena"), slots=4, ring_capacity=4096)
     j = journal()
     table = Instances(arena, j, MemorySender(), StopState(), own_process_slots=False, backoff=lambda n: 1.0)
-    bad = [(4_000_005, 2**64 - 1), (4_000_005, 4), (4_000_005, -1), (2**63, 1), (0, 1)]
+    bad = [(4_000_005, 2**64 - 1), (4_000_005, 4096), (4_000_005, -2), (2**63, 1), (0, 1)]
     for pid, slot in bad:
         table.on_record(R.WORKER_START, orjson.loads(worker_start(pid=pid, slot=slot)))
     huge = orjson.loads(worker_start(pid=4_000_005, slot=1))
@@ -428,6 +429,20 @@ def test_worker_records_with_a_slot_or_pid_out_of_range_are_refused_and_counted(
         assert drops(j) == {"invalid": len(bad) + 2}
         table.on_record(R.WORKER_START, orjson.loads(worker_start(pid=4_000_005, slot=3)))
         assert list(table.table) == [3]  # the last slot is one
+    finally:
+        arena.close()
+
+
+def test_a_thread_mode_reporter_takes_its_workers_name_slot(tmp_path: Path) -> None:
+    """In thread mode each worker's reporter thread drains a one-slot arena of its own; the
+    worker's records carry its slot in the application's name registry (or -1)."""
+    arena = Arena.create(str(tmp_path / "t.arena"), slots=1, ring_capacity=4096)
+    j = journal()
+    table = Instances(arena, j, MemorySender(), StopState(), own_process_slots=True, backoff=lambda n: 1.0)
+    try:
+        for slot in (5, -1):
+            table.on_record(R.WORKER_START, orjson.loads(worker_start(pid=os.getpid(), slot=slot)))
+        assert sorted(table.table) == [-1, 5] and drops(j) == {}
     finally:
         arena.close()
 
