@@ -93,9 +93,6 @@ class ArenaInfo:
         return process_alive(self.owner_pid, self.owner_start_ticks)
 
 
-_COUNTER_WORDS = frozenset((L.H_NO_SLOT_RECORDS, L.H_NO_SLOT_WORKERS, L.H_HELPER_RECORDS))
-
-
 @dataclass(frozen=True)
 class LostCounts:
     """Records written where no ring could take them, counted in the arena header."""
@@ -103,6 +100,7 @@ class LostCounts:
     no_slot_records: int  # by workers that found every slot taken: lost telemetry
     no_slot_workers: int  # workers that found every slot taken (once each)
     helper_records: int  # in helpers (forked by a worker): inert by design
+    master_records: int = 0  # in a prefork master without a ring for them (thread mode: all)
 
 
 class SlotViews:
@@ -362,7 +360,7 @@ class Arena:
                 return
             try:
                 for word, n in increments.items():
-                    if word in _COUNTER_WORDS and n > 0:
+                    if word in L.COUNTER_WORDS and n > 0:
                         self._header[word] = int(self._header[word]) + n
             finally:
                 _locks.unlock(_descriptor(self), L.LOCK_COUNTERS)
@@ -374,6 +372,7 @@ class Arena:
             no_slot_records=int(h[L.H_NO_SLOT_RECORDS]),
             no_slot_workers=int(h[L.H_NO_SLOT_WORKERS]),
             helper_records=int(h[L.H_HELPER_RECORDS]),
+            master_records=int(h[L.H_MASTER_RECORDS]),
         )
 
     # -- the reporter role -----------------------------------------------------------------

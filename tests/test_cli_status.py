@@ -101,6 +101,7 @@ def test_status_json(shm: Path, running: dict[str, Any]) -> None:
         "no_slot_dropped": 0,
         "no_slot_workers": 0,
         "helper_dropped": 0,
+        "master_dropped": 0,
         "spooled": 9,
     }
     by_slot = {s["slot"]: s for s in agent["slots"]}
