@@ -255,16 +255,26 @@ class ProcessSink:
                     self._writer, self._slot = claimed
                     self.role = lifecycle.WORKER
                 else:
-                    self._retry_at = time.monotonic() + CLAIM_RETRY_S
-                    if not was_unavailable:
-                        self._unpublished["workers"] += 1
+                    self._claim_failed(was_unavailable)
             except Exception:
+                # As a claim that found no slot: the records are dropped and counted, and the
+                # claim is tried again at most every CLAIM_RETRY_S, not on every record (each
+                # attempt costs system calls: ENOSPC on a full /dev/shm lasts).
                 self._warn_once("attach", "swmp: process %d cannot report", pid, exc_info=True)
+                self.role = lifecycle.UNAVAILABLE
+                self._claim_failed(was_unavailable)
             finally:
                 self._pid = pid
             return True
 
+    def _claim_failed(self, again: bool) -> None:
+        self._retry_at = time.monotonic() + CLAIM_RETRY_S
+        if not again:
+            self._unpublished["workers"] += 1  # each process once
+
     def _attach(self, pid: int) -> tuple[RingWriter, int] | None:
+        """This process's ring writer and slot; None when no slot is free. Gives back what it
+        took before it raises or returns None."""
         raise NotImplementedError
 
     def _name_and_announce(self, writer: RingWriter, pid: int, slot: int, instance: str = "") -> None:
@@ -371,7 +381,11 @@ class ArenaSink(ProcessSink):
                 pid,
             )
             return None
-        self._name_and_announce(writer, pid, writer.slot)
+        try:
+            self._name_and_announce(writer, pid, writer.slot)
+        except BaseException:
+            self.arena.release_slot(writer.slot)  # the next attempt claims it again
+            raise
         return writer, writer.slot
 
     def _release(self, timeout: float) -> None:

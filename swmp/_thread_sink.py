@@ -69,29 +69,38 @@ class ThreadSink(ProcessSink):
         self._private_pid = -1
 
     def _attach(self, pid: int) -> tuple[RingWriter, int] | None:
-        slot = -1
-        if self.registry is not None:
-            name_writer = self.registry.claim_slot()  # held for the name; never written
-            if name_writer is not None:
-                slot = name_writer.slot
-            else:
-                self._warn_once(
-                    "full",
-                    "swmp: no free name slot in %s; process %d is named by its pid",
-                    self.registry.path,
-                    pid,
-                )
+        slot = self._claim_name(pid)
+        try:
+            return self._start_reporting(pid, slot)
+        except BaseException:
+            # Give back what this attempt took: the caller retries later, and every attempt
+            # that kept a name slot (or left a private arena behind) would use one up.
+            self._give_back(slot)
+            raise
+
+    def _claim_name(self, pid: int) -> int:
+        """A slot of the registry, held for the instance name (never written); -1 if none."""
+        if self.registry is None:
+            return -1
+        name_writer = self.registry.claim_slot()
+        if name_writer is not None:
+            return name_writer.slot
+        self._warn_once(
+            "full", "swmp: no free name slot in %s; process %d is named by its pid", self.registry.path, pid
+        )
+        return -1
+
+    def _start_reporting(self, pid: int, slot: int) -> tuple[RingWriter, int] | None:
         # A fresh name per process: a pid can come back (uWSGI re-exec keeps the master's).
         name = f"swmp-{os.getuid()}-{pid}-t{uuid.uuid4().hex[:8]}.arena"
         base = os.path.join(private_directory(self._arena_dir), name)  # 0700, ours (ipc.private)
         arena = Arena.create(base, slots=1, ring_capacity=self._ring_capacity, meta=self._meta, owner_pid=pid)
-        writer = arena.claim_slot()
-        if writer is None:  # cannot happen on a fresh one-slot arena; be explicit anyway
-            arena.close()
-            arena.unlink()
-            return None
         self.private = arena
         self._private_pid = pid
+        writer = arena.claim_slot()
+        if writer is None:  # cannot happen on a fresh one-slot arena; be explicit anyway
+            self._give_back(slot)
+            return None
         # The reporter shares our Arena object: a second descriptor of the file, once
         # closed, would drop this process's lock on the slot.
         _check_uwsgi_threads()
@@ -100,6 +109,24 @@ class ThreadSink(ProcessSink):
             self.on_started()
         self._name_and_announce(writer, pid, slot)
         return writer, slot
+
+    def _give_back(self, slot: int) -> None:
+        """Undo a failed attach: the thread, the private arena, the name slot. Never raises."""
+        handle, arena = self.handle, self.private
+        self.handle = None
+        self.private = None
+        stopped = True
+        try:
+            if handle is not None:
+                stopped = bool(handle.stop(1.0))  # it has nothing to send yet
+            if arena is not None:
+                arena.unlink()
+                if stopped:  # a thread still running may still read the mapping
+                    arena.close()
+            if slot >= 0 and self.registry is not None:
+                self.registry.release_slot(slot)
+        except Exception:
+            log.debug("swmp: undoing a failed attach failed", exc_info=True)
 
     def _release(self, timeout: float) -> None:
         handle, arena = self.handle, self.private
