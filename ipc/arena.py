@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from ipc import _files, _locks, private, ring_room
 from ipc import _layout as L
 from ipc.board import Board
+from ipc.lost import LostCounts
 from ipc.procinfo import boot_time_ns, process_alive, process_start_ticks
 from ipc.ring import RingReader, RingStats, RingWriter, file_writer, read_stats
 from ipc.status import StatusBlock
@@ -91,16 +92,6 @@ class ArenaInfo:
         if boot and self.created_ns and self.created_ns < boot - 1_000_000_000:
             return False
         return process_alive(self.owner_pid, self.owner_start_ticks)
-
-
-@dataclass(frozen=True)
-class LostCounts:
-    """Records written where no ring could take them, counted in the arena header."""
-
-    no_slot_records: int  # by workers that found every slot taken: lost telemetry
-    no_slot_workers: int  # workers that found every slot taken (once each)
-    helper_records: int  # in helpers (forked by a worker): inert by design
-    master_records: int = 0  # in a prefork master without a ring for them (thread mode: all)
 
 
 class SlotViews:
@@ -367,13 +358,7 @@ class Arena:
 
     def lost_counts(self) -> LostCounts:
         """What no ring took: see :class:`LostCounts`."""
-        h = self._header
-        return LostCounts(
-            no_slot_records=int(h[L.H_NO_SLOT_RECORDS]),
-            no_slot_workers=int(h[L.H_NO_SLOT_WORKERS]),
-            helper_records=int(h[L.H_HELPER_RECORDS]),
-            master_records=int(h[L.H_MASTER_RECORDS]),
-        )
+        return LostCounts.read(self._header)
 
     # -- the reporter role -----------------------------------------------------------------
     def try_become_reporter(self) -> bool:

@@ -34,14 +34,16 @@ instance ``<base>-master``; only LOG records go there, and the master still open
 connection (the reporter drains that ring like any other). In thread mode the master's
 records are dropped and counted (``master``).
 
-Two kinds of process have no ring, and the sink drops their records and counts them:
+Three kinds of process have no ring, and the sink drops their records and counts them:
 
 * a **helper** (``swmp.lifecycle``: a child that a worker forked - a multiprocessing fork
   pool, ``subprocess`` with ``preexec_fn``, ``os.fork`` in request code) is inert by design:
   no slot, no instance, no reporter thread, no arena;
 * a **worker that found every slot taken** (more workers than ``SW_AGENT_ARENA_SLOTS``)
   tries the claim again at most every :data:`CLAIM_RETRY_S` seconds, from its writes (no
-  timer, no thread): a slot freed by a worker that left is taken within that time.
+  timer, no thread): a slot freed by a worker that left is taken within that time;
+* a process **after its goodbye** at exit (``leave(for_good=True)``): an atexit handler that
+  runs after the agent's, a shutdown signal's receivers. It never claims again.
 
 These counts, and the master's, reach the application's shared arena header
 (``Arena.add_counts``) at each drop, in both modes (thread mode: the arena that names the
@@ -84,7 +86,7 @@ def master_instance_name(base: str) -> str:
 
 
 def _no_counts() -> dict[str, int]:
-    return {"no_slot": 0, "helper": 0, "master": 0, "workers": 0}
+    return {"no_slot": 0, "helper": 0, "master": 0, "late": 0, "workers": 0}
 
 
 def header_counts(counts: dict[str, int]) -> dict[int, int]:
@@ -94,6 +96,7 @@ def header_counts(counts: dict[str, int]) -> dict[int, int]:
         L.H_NO_SLOT_WORKERS: counts["workers"],
         L.H_HELPER_RECORDS: counts["helper"],
         L.H_MASTER_RECORDS: counts["master"],
+        L.H_LATE_RECORDS: counts["late"],
     }
 
 
@@ -128,6 +131,9 @@ class ProcessSink:
         self._master_writer: RingWriter | None = None
         self._master_pid = -1  # the pid that tried to claim it (once per process)
         self._pid = -1  # nobody has claimed yet: the first write (in any process) claims
+        # The process that left for good (it exits): its later records are dropped, never a
+        # new claim. By pid, so that a child it forks is a new process that may claim.
+        self._left_pid = -1
         # One claim lock per pid, created with setdefault (atomic under the GIL): a lock
         # inherited from a parent may have been held by one of its threads at fork time.
         self._claim_locks: dict[int, threading.Lock] = {}
@@ -147,6 +153,9 @@ class ProcessSink:
                     payload = R.restamp_instance(rtype, payload, identity.instance)
             writer = self._writer
             if writer is None:
+                if self._left_pid == lifecycle.current_pid():
+                    self._count_drop()
+                    return False
                 if rtype == R.LOG and self.role == "master":
                     return self._write_master_log(payload)
                 if self.role == lifecycle.UNAVAILABLE and time.monotonic() >= self._retry_at:
@@ -196,7 +205,12 @@ class ProcessSink:
         # A master or a helper has no ring by design: counted apart from a worker that
         # wanted one and found none (the loss that fails ``swmp health``).
         role = self.role
-        kind = "helper" if role == lifecycle.HELPER else "master" if role == lifecycle.MASTER else "no_slot"
+        if self._left_pid == lifecycle.current_pid():
+            kind = "late"
+        elif role in (lifecycle.HELPER, lifecycle.MASTER):
+            kind = role
+        else:
+            kind = "no_slot"
         self._unpublished[kind] += 1
         self.publish_drops()
 
@@ -229,6 +243,8 @@ class ProcessSink:
     def _bind(self, retry: bool = False) -> bool:
         """Claim under the per-pid lock; True when this call did the claim."""
         pid = os.getpid()
+        if pid == self._left_pid:
+            return False  # it said goodbye: a claim now would start it all again in an exiting process
         lock = self._claim_locks.setdefault(pid, threading.Lock())
         with lock:
             if self._pid == pid:
@@ -305,8 +321,18 @@ class ProcessSink:
     def owns_ring(self) -> bool:
         return self._writer is not None and self._pid == os.getpid()
 
-    def leave(self, timeout: float = 5.0) -> None:
-        """Clean exit of this process: say goodbye and free the slot for the next one."""
+    def leave(self, timeout: float = 5.0, *, for_good: bool = False) -> None:
+        """Clean exit of this process: say goodbye and free the slot for the next one.
+
+        ``for_good``: the process is exiting (atexit, a server's worker shutdown). What it
+        still records after this (an atexit handler that runs after ours, a shutdown signal's
+        receivers) is dropped and counted (``late``): claiming again would announce the
+        instance anew after its goodbye and, in thread mode, start a reporter thread and an
+        arena in an exiting process that nobody flushes or removes. Without it (``stop()``)
+        a later write claims again.
+        """
+        if for_good:
+            self._left_pid = os.getpid()
         if self._pid == os.getpid():
             self.publish_drops()
         master = self._master_writer

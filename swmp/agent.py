@@ -415,7 +415,7 @@ def _at_exit() -> None:
         return
     try:
         lifecycle.announce_leaving()  # in-process producers (meters) write their last records
-        run.sink.leave(run.config.agent_reporter_shutdown_timeout)
+        run.sink.leave(run.config.agent_reporter_shutdown_timeout, for_good=True)
     except Exception:
         log.debug("swmp: exit hook failed", exc_info=True)
     if run.mode == "thread" and run.arena is not None and os.getpid() == run.owner_pid:

@@ -10,7 +10,9 @@ application's processes. First on the sinks with real arenas, then with a real a
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 import types
 from collections.abc import Iterator
@@ -136,3 +138,25 @@ def test_status_shows_what_helpers_dropped(tmp_path: Path, reporter_process: boo
         finally:
             app.stop()
         assert app.popen is not None and app.popen.returncode == 0, app.tail()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("reporter_process", [True, False], ids=["process", "thread"])
+def test_a_record_after_the_goodbye_is_counted_not_reported(tmp_path: Path, reporter_process: bool) -> None:
+    with collector_process(tmp_path) as col:
+        app, _ = _start_app(tmp_path, col.grpc_address, "late", reporter_process)
+        try:
+            assert app.wait_exit(60) == 0, app.tail()
+        finally:
+            app.stop()
+    found = re.search(r"^RESULT (.*)$", app.log(), re.M)
+    assert found, app.tail()
+    result = json.loads(found.group(1))
+    assert result["status"] == 0, app.tail()
+    # One claim: no second WORKER_START after the WORKER_STOP (process mode), no second
+    # name, reporter thread and private arena in the exiting worker (thread mode).
+    assert result["claims"] == 1, result
+    assert result["private"] == [], result
+    # The record is dropped and counted where `swmp status` reads it, apart from the
+    # records lost for want of a slot.
+    assert (result["late"], result["no_slot"]) == (1, 0), result

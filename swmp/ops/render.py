@@ -146,7 +146,8 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
             ),
         )
     )
-    if any(t.get(k) for k in ("no_slot_dropped", "no_slot_workers", "helper_dropped", "master_dropped")):
+    kinds = ("no_slot_dropped", "no_slot_workers", "helper_dropped", "master_dropped", "late_dropped")
+    if any(t.get(k) for k in kinds):
         # Thread mode has a ring per process that reports: "no slot" there is a process that
         # could not start reporting (its log says why), not a lack of arena slots.
         why = "see the agent's log" if a.get("mode") == "thread" else "raise SW_AGENT_ARENA_SLOTS"
@@ -158,6 +159,7 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
             else "",
             f"helpers: {fmt.count(t['helper_dropped'])} not reported" if t.get("helper_dropped") else "",
             f"master: {fmt.count(t['master_dropped'])} not reported" if t.get("master_dropped") else "",
+            f"after exit: {fmt.count(t['late_dropped'])} not reported" if t.get("late_dropped") else "",
         ]
         out.append(_row("no ring", _join(*parts)))
     rates = a["rates"]

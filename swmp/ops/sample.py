@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from ipc import RingStats, StatusSnapshot
-from ipc.arena import LostCounts
+from ipc.lost import LostCounts
 from swmp.ops.locate import Target
 from swmp.ops.mask import mask
 
@@ -143,6 +143,7 @@ def _lost(target: Target) -> LostCounts:
         no_slot_workers=own.no_slot_workers + app.no_slot_workers,
         helper_records=own.helper_records + app.helper_records,
         master_records=own.master_records + app.master_records,
+        late_records=own.late_records + app.late_records,
     )
 
 
