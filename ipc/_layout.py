@@ -44,6 +44,12 @@ H_UID: Final = 8
 H_NO_SLOT_RECORDS: Final = 9  # dropped by workers that found every ring slot taken
 H_NO_SLOT_WORKERS: Final = 10  # workers that found every slot taken (each counted once)
 H_HELPER_RECORDS: Final = 11  # written in helpers (children forked by a worker), which stay inert
+H_MASTER_RECORDS: Final = 12  # written in a prefork master that has no ring for them
+H_LATE_RECORDS: Final = 13  # written by a process after its goodbye, when it exits
+# The words above that ``Arena.add_counts`` adds to (a word of an older arena reads 0).
+COUNTER_WORDS: Final = frozenset(
+    (H_NO_SLOT_RECORDS, H_NO_SLOT_WORKERS, H_HELPER_RECORDS, H_MASTER_RECORDS, H_LATE_RECORDS)
+)
 
 # Status block words (index into the status block viewed as u64).
 S_SEQ: Final = 0  # seqlock sequence: odd while the document is being rewritten

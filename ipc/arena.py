@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from ipc import _files, _locks, private, ring_room
 from ipc import _layout as L
 from ipc.board import Board
+from ipc.lost import LostCounts
 from ipc.procinfo import boot_time_ns, process_alive, process_start_ticks
 from ipc.ring import RingReader, RingStats, RingWriter, file_writer, read_stats
 from ipc.status import StatusBlock
@@ -91,18 +92,6 @@ class ArenaInfo:
         if boot and self.created_ns and self.created_ns < boot - 1_000_000_000:
             return False
         return process_alive(self.owner_pid, self.owner_start_ticks)
-
-
-_COUNTER_WORDS = frozenset((L.H_NO_SLOT_RECORDS, L.H_NO_SLOT_WORKERS, L.H_HELPER_RECORDS))
-
-
-@dataclass(frozen=True)
-class LostCounts:
-    """Records written where no ring could take them, counted in the arena header."""
-
-    no_slot_records: int  # by workers that found every slot taken: lost telemetry
-    no_slot_workers: int  # workers that found every slot taken (once each)
-    helper_records: int  # in helpers (forked by a worker): inert by design
 
 
 class SlotViews:
@@ -362,19 +351,14 @@ class Arena:
                 return
             try:
                 for word, n in increments.items():
-                    if word in _COUNTER_WORDS and n > 0:
+                    if word in L.COUNTER_WORDS and n > 0:
                         self._header[word] = int(self._header[word]) + n
             finally:
                 _locks.unlock(_descriptor(self), L.LOCK_COUNTERS)
 
     def lost_counts(self) -> LostCounts:
         """What no ring took: see :class:`LostCounts`."""
-        h = self._header
-        return LostCounts(
-            no_slot_records=int(h[L.H_NO_SLOT_RECORDS]),
-            no_slot_workers=int(h[L.H_NO_SLOT_WORKERS]),
-            helper_records=int(h[L.H_HELPER_RECORDS]),
-        )
+        return LostCounts.read(self._header)
 
     # -- the reporter role -----------------------------------------------------------------
     def try_become_reporter(self) -> bool:

@@ -21,9 +21,9 @@ Two sinks, one per reporter mode:
 
 * :class:`ArenaSink` (``SW_AGENT_REPORTER_PROCESS=true``): the slot's ring *is* the
   transport; the reporter process drains every slot of the shared arena.
-* :class:`ThreadSink` (``false``): a slot of the shared arena is claimed for the name only;
-  records go into a private one-slot arena drained by a reporter thread this process starts
-  for itself (no thread, event loop or channel ever crosses a fork).
+* ``ThreadSink`` (``false``, in ``swmp._thread_sink``): a slot of the shared arena is claimed
+  for the name only; records go into a private one-slot arena drained by a reporter thread
+  this process starts for itself (no thread, event loop or channel ever crosses a fork).
 
 The master of a prefork server (Gunicorn's arbiter, uWSGI's master) serves no requests; it
 claims no slot as a worker, so worker names are ``-w0`` ... ``-w<N-1>`` and, in thread mode, no
@@ -32,19 +32,23 @@ records (start-up errors, worker timeouts) are worth having, though: in process 
 first LOG record it writes claims the *highest* free slot of the arena and announces the
 instance ``<base>-master``; only LOG records go there, and the master still opens no
 connection (the reporter drains that ring like any other). In thread mode the master's
-records are dropped and counted, as before.
+records are dropped and counted (``master``).
 
-Two kinds of process have no ring, and the sink drops their records and counts them:
+Three kinds of process have no ring, and the sink drops their records and counts them:
 
 * a **helper** (``swmp.lifecycle``: a child that a worker forked - a multiprocessing fork
   pool, ``subprocess`` with ``preexec_fn``, ``os.fork`` in request code) is inert by design:
   no slot, no instance, no reporter thread, no arena;
 * a **worker that found every slot taken** (more workers than ``SW_AGENT_ARENA_SLOTS``)
   tries the claim again at most every :data:`CLAIM_RETRY_S` seconds, from its writes (no
-  timer, no thread): a slot freed by a worker that left is taken within that time.
+  timer, no thread): a slot freed by a worker that left is taken within that time;
+* a process **after its goodbye** at exit (``leave(for_good=True)``): an atexit handler that
+  runs after the agent's, a shutdown signal's receivers. It never claims again.
 
-In process mode both counts reach the arena header (``Arena.add_counts``) at each drop, so
-``swmp status`` shows them and ``swmp health`` fails its ``drops`` check on lost records.
+These counts, and the master's, reach the application's shared arena header
+(``Arena.add_counts``) at each drop, in both modes (thread mode: the arena that names the
+processes), so ``swmp status`` shows them and ``swmp health`` fails its ``drops`` check on
+records lost for want of a slot.
 (Batching them per second left the last second's drops unpublished while the process sat
 idle: the fault suite saw 94 of 143 lost records counted. A process without a ring is
 already failing; a lock pair per dropped record is cheap next to what it loses.)
@@ -54,23 +58,17 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable
-from typing import Any
 
 from ipc import Arena, RingWriter
 from ipc import _layout as L
-from ipc.private import private_directory
 from reporter_proc import records as R
-from reporter_proc.settings import ReporterSettings
 from swmp import lifecycle
 from swmp.lifecycle import prefork_master
 from swmp.tracing.identity import identity
 
-__all__ = ["ArenaSink", "ProcessSink", "ThreadSink", "prefork_master", "worker_instance_name"]
+__all__ = ["ArenaSink", "ProcessSink", "header_counts", "prefork_master", "worker_instance_name"]
 
 log = logging.getLogger("swmp.agent")
 
@@ -85,6 +83,21 @@ def worker_instance_name(base: str, slot: int) -> str:
 def master_instance_name(base: str) -> str:
     """Instance name of the prefork master (its own log records only)."""
     return f"{base}-master"
+
+
+def _no_counts() -> dict[str, int]:
+    return {"no_slot": 0, "helper": 0, "master": 0, "late": 0, "workers": 0}
+
+
+def header_counts(counts: dict[str, int]) -> dict[int, int]:
+    """A process's drop counts as increments of the shared arena's header words."""
+    return {
+        L.H_NO_SLOT_RECORDS: counts["no_slot"],
+        L.H_NO_SLOT_WORKERS: counts["workers"],
+        L.H_HELPER_RECORDS: counts["helper"],
+        L.H_MASTER_RECORDS: counts["master"],
+        L.H_LATE_RECORDS: counts["late"],
+    }
 
 
 class ProcessSink:
@@ -110,7 +123,7 @@ class ProcessSink:
         self.owner_pid = owner_pid or os.getpid()
         self.dropped_no_slot = 0  # records dropped because this process has no ring
         self._retry_at = 0.0  # monotonic time of the next claim attempt (role "unavailable")
-        self._unpublished = {"no_slot": 0, "helper": 0, "workers": 0}  # not yet in the arena
+        self._unpublished = _no_counts()  # not yet in the shared arena
         self.role = ""  # "worker" | "master" | "unavailable" | "helper", for this process
         self._writer: RingWriter | None = None
         self._slot: int | None = None
@@ -118,6 +131,9 @@ class ProcessSink:
         self._master_writer: RingWriter | None = None
         self._master_pid = -1  # the pid that tried to claim it (once per process)
         self._pid = -1  # nobody has claimed yet: the first write (in any process) claims
+        # The process that left for good (it exits): its later records are dropped, never a
+        # new claim. By pid, so that a child it forks is a new process that may claim.
+        self._left_pid = -1
         # One claim lock per pid, created with setdefault (atomic under the GIL): a lock
         # inherited from a parent may have been held by one of its threads at fork time.
         self._claim_locks: dict[int, threading.Lock] = {}
@@ -137,6 +153,9 @@ class ProcessSink:
                     payload = R.restamp_instance(rtype, payload, identity.instance)
             writer = self._writer
             if writer is None:
+                if self._left_pid == lifecycle.current_pid():
+                    self._count_drop()
+                    return False
                 if rtype == R.LOG and self.role == "master":
                     return self._write_master_log(payload)
                 if self.role == lifecycle.UNAVAILABLE and time.monotonic() >= self._retry_at:
@@ -167,7 +186,7 @@ class ProcessSink:
                 payload = R.restamp_instance(R.LOG, payload, identity.instance)
         writer = self._master_writer
         if writer is None:
-            self.dropped_no_slot += 1
+            self._count_drop()
             return False
         return writer.write(R.LOG, payload)
 
@@ -183,7 +202,15 @@ class ProcessSink:
 
     def _count_drop(self) -> None:
         self.dropped_no_slot += 1
-        kind = "helper" if self.role == lifecycle.HELPER else "no_slot"
+        # A master or a helper has no ring by design: counted apart from a worker that
+        # wanted one and found none (the loss that fails ``swmp health``).
+        role = self.role
+        if self._left_pid == lifecycle.current_pid():
+            kind = "late"
+        elif role in (lifecycle.HELPER, lifecycle.MASTER):
+            kind = role
+        else:
+            kind = "no_slot"
         self._unpublished[kind] += 1
         self.publish_drops()
 
@@ -193,7 +220,7 @@ class ProcessSink:
             return
         # Swapped, not copied and zeroed, to keep the window small: a drop that another
         # thread of this process counts at the very same instant can still be missed.
-        pending, self._unpublished = self._unpublished, {"no_slot": 0, "helper": 0, "workers": 0}
+        pending, self._unpublished = self._unpublished, _no_counts()
         try:
             self._publish(pending)
         except Exception:
@@ -216,6 +243,8 @@ class ProcessSink:
     def _bind(self, retry: bool = False) -> bool:
         """Claim under the per-pid lock; True when this call did the claim."""
         pid = os.getpid()
+        if pid == self._left_pid:
+            return False  # it said goodbye: a claim now would start it all again in an exiting process
         lock = self._claim_locks.setdefault(pid, threading.Lock())
         with lock:
             if self._pid == pid:
@@ -224,7 +253,7 @@ class ProcessSink:
                 if not (again or promoted):
                     return False  # bound already
             if self._pid != pid:
-                self._unpublished = {"no_slot": 0, "helper": 0, "workers": 0}  # the parent's
+                self._unpublished = _no_counts()  # the parent's
                 self._retry_at = 0.0
             was_unavailable = self._pid == pid and self.role == lifecycle.UNAVAILABLE
             self._writer = None
@@ -242,16 +271,26 @@ class ProcessSink:
                     self._writer, self._slot = claimed
                     self.role = lifecycle.WORKER
                 else:
-                    self._retry_at = time.monotonic() + CLAIM_RETRY_S
-                    if not was_unavailable:
-                        self._unpublished["workers"] += 1
+                    self._claim_failed(was_unavailable)
             except Exception:
+                # As a claim that found no slot: the records are dropped and counted, and the
+                # claim is tried again at most every CLAIM_RETRY_S, not on every record (each
+                # attempt costs system calls: ENOSPC on a full /dev/shm lasts).
                 self._warn_once("attach", "swmp: process %d cannot report", pid, exc_info=True)
+                self.role = lifecycle.UNAVAILABLE
+                self._claim_failed(was_unavailable)
             finally:
                 self._pid = pid
             return True
 
+    def _claim_failed(self, again: bool) -> None:
+        self._retry_at = time.monotonic() + CLAIM_RETRY_S
+        if not again:
+            self._unpublished["workers"] += 1  # each process once
+
     def _attach(self, pid: int) -> tuple[RingWriter, int] | None:
+        """This process's ring writer and slot; None when no slot is free. Gives back what it
+        took before it raises or returns None."""
         raise NotImplementedError
 
     def _name_and_announce(self, writer: RingWriter, pid: int, slot: int, instance: str = "") -> None:
@@ -282,8 +321,18 @@ class ProcessSink:
     def owns_ring(self) -> bool:
         return self._writer is not None and self._pid == os.getpid()
 
-    def leave(self, timeout: float = 5.0) -> None:
-        """Clean exit of this process: say goodbye and free the slot for the next one."""
+    def leave(self, timeout: float = 5.0, *, for_good: bool = False) -> None:
+        """Clean exit of this process: say goodbye and free the slot for the next one.
+
+        ``for_good``: the process is exiting (atexit, a server's worker shutdown). What it
+        still records after this (an atexit handler that runs after ours, a shutdown signal's
+        receivers) is dropped and counted (``late``): claiming again would announce the
+        instance anew after its goodbye and, in thread mode, start a reporter thread and an
+        arena in an exiting process that nobody flushes or removes. Without it (``stop()``)
+        a later write claims again.
+        """
+        if for_good:
+            self._left_pid = os.getpid()
         if self._pid == os.getpid():
             self.publish_drops()
         master = self._master_writer
@@ -358,20 +407,18 @@ class ArenaSink(ProcessSink):
                 pid,
             )
             return None
-        self._name_and_announce(writer, pid, writer.slot)
+        try:
+            self._name_and_announce(writer, pid, writer.slot)
+        except BaseException:
+            self.arena.release_slot(writer.slot)  # the next attempt claims it again
+            raise
         return writer, writer.slot
 
     def _release(self, timeout: float) -> None:
         self.arena.release_slot()
 
     def _publish(self, counts: dict[str, int]) -> None:
-        self.arena.add_counts(
-            {
-                L.H_NO_SLOT_RECORDS: counts["no_slot"],
-                L.H_NO_SLOT_WORKERS: counts["workers"],
-                L.H_HELPER_RECORDS: counts["helper"],
-            }
-        )
+        self.arena.add_counts(header_counts(counts))
 
     def _attach_master(self, pid: int) -> RingWriter | None:
         writer = self.arena.claim_slot(highest=True)
@@ -389,106 +436,3 @@ class ArenaSink(ProcessSink):
     def report_arena(self) -> Arena | None:
         """The arena whose reporter serves this process (its board carries profile tasks)."""
         return self.arena
-
-
-ThreadStarter = Callable[[str, ReporterSettings, Arena], Any]
-
-
-class ThreadSink(ProcessSink):
-    """Thread mode: a private one-slot arena and a reporter thread per process.
-
-    ``registry`` is the application's shared arena, used only for its slot locks (the
-    instance name); its rings stay empty. ``start_thread(path, settings, arena)`` returns a
-    handle with ``stop(timeout)`` (``reporter_proc.process.start_reporter_thread``).
-    """
-
-    def __init__(
-        self,
-        registry: Arena | None,
-        settings: ReporterSettings,
-        start_thread: ThreadStarter,
-        *,
-        arena_dir: str,
-        ring_capacity: int,
-        meta: bytes,
-        service: str,
-        instance_base: str,
-        namespace: str = "",
-        properties: dict[str, str] | None = None,
-        owner_pid: int = 0,
-        on_started: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(
-            service, instance_base, namespace=namespace, properties=properties, owner_pid=owner_pid
-        )
-        self.on_started = on_started  # called in each process once its reporter thread runs
-        self.registry = registry
-        self.settings = settings
-        self._start_thread = start_thread
-        self._arena_dir = arena_dir
-        self._ring_capacity = ring_capacity
-        self._meta = meta
-        self.private: Arena | None = None
-        self.handle: Any = None
-        self._private_pid = -1
-
-    def _attach(self, pid: int) -> tuple[RingWriter, int] | None:
-        slot = -1
-        if self.registry is not None:
-            name_writer = self.registry.claim_slot()  # held for the name; never written
-            if name_writer is not None:
-                slot = name_writer.slot
-            else:
-                self._warn_once(
-                    "full",
-                    "swmp: no free name slot in %s; process %d is named by its pid",
-                    self.registry.path,
-                    pid,
-                )
-        # A fresh name per process: a pid can come back (uWSGI re-exec keeps the master's).
-        name = f"swmp-{os.getuid()}-{pid}-t{uuid.uuid4().hex[:8]}.arena"
-        base = os.path.join(private_directory(self._arena_dir), name)  # 0700, ours (ipc.private)
-        arena = Arena.create(base, slots=1, ring_capacity=self._ring_capacity, meta=self._meta, owner_pid=pid)
-        writer = arena.claim_slot()
-        if writer is None:  # cannot happen on a fresh one-slot arena; be explicit anyway
-            arena.close()
-            arena.unlink()
-            return None
-        self.private = arena
-        self._private_pid = pid
-        # The reporter shares our Arena object: a second descriptor of the file, once
-        # closed, would drop this process's lock on the slot.
-        _check_uwsgi_threads()
-        self.handle = self._start_thread(base, self.settings, arena)
-        if self.on_started is not None:
-            self.on_started()
-        self._name_and_announce(writer, pid, slot)
-        return writer, slot
-
-    def _release(self, timeout: float) -> None:
-        handle, arena = self.handle, self.private
-        self.handle = None
-        self.private = None
-        if handle is not None and self._private_pid == os.getpid():
-            try:
-                handle.stop(timeout)  # flushes what is in the ring, WORKER_STOP included
-            except Exception:
-                log.debug("reporter thread stop failed", exc_info=True)
-        if arena is not None:
-            arena.unlink()
-        if self.registry is not None:
-            self.registry.release_slot()
-
-    def report_arena(self) -> Arena | None:
-        """This process's private arena: its reporter thread posts profile tasks there."""
-        return self.private if self._private_pid == os.getpid() else None
-
-
-def _check_uwsgi_threads() -> None:
-    """The reporter thread needs Python threads, which uWSGI before 2.0.26 left off by default."""
-    uwsgi = sys.modules.get("uwsgi")
-    if uwsgi is not None and not getattr(uwsgi, "has_threads", True):
-        log.error(
-            "swmp: SW_AGENT_REPORTER_PROCESS=false runs a reporter thread, but this uWSGI has Python "
-            "threads disabled: add --enable-threads (or use the reporter process, the default)"
-        )

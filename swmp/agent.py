@@ -35,7 +35,8 @@ import orjson
 import ipc
 from reporter_proc.process import in_reporter_process, spawn_reporter, start_reporter_thread
 from swmp import _own_logging, _sink, _spawned, lifecycle, tracing
-from swmp._runtime import ArenaSink, ProcessSink, ThreadSink
+from swmp._runtime import ArenaSink, ProcessSink
+from swmp._thread_sink import ThreadSink
 from swmp.config import Config, parse_instance_properties
 from swmp.ops.locate import registry_path
 from swmp.tracing.identity import identity
@@ -149,7 +150,10 @@ def _instance_base(config: Config, owner_pid: int) -> str:
     return f"{host}-{owner_pid}"
 
 
-def _meta(config: Config, owner_pid: int, base: str, mode: str) -> bytes:
+def _meta(config: Config, owner_pid: int, base: str, mode: str, registry: str = "") -> bytes:
+    """The arena header's JSON for tools. ``registry``: thread mode's name registry (its file
+    name, in the same directory), whose header counts what no process's ring took."""
+    extra = {"registry": registry} if registry else {}
     return orjson.dumps(
         {
             "service": config.service_name,
@@ -160,6 +164,7 @@ def _meta(config: Config, owner_pid: int, base: str, mode: str) -> bytes:
             "authentication": "****" if config.agent_authentication else "",
             "mode": mode,
             "pid": owner_pid,
+            **extra,
         }
     )
 
@@ -255,7 +260,7 @@ def _start(config: Config) -> _Running:
             start_thread,
             arena_dir=directory,
             ring_capacity=config.agent_ring_size,
-            meta=_meta(config, owner_pid, base, mode),
+            meta=_meta(config, owner_pid, base, mode, os.path.basename(path) if registry else ""),
             service=config.service_name,
             instance_base=base,
             namespace=config.agent_namespace,
@@ -410,7 +415,7 @@ def _at_exit() -> None:
         return
     try:
         lifecycle.announce_leaving()  # in-process producers (meters) write their last records
-        run.sink.leave(run.config.agent_reporter_shutdown_timeout)
+        run.sink.leave(run.config.agent_reporter_shutdown_timeout, for_good=True)
     except Exception:
         log.debug("swmp: exit hook failed", exc_info=True)
     if run.mode == "thread" and run.arena is not None and os.getpid() == run.owner_pid:

@@ -24,7 +24,8 @@ from reporter_proc.process import start_reporter_thread
 from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
 from swmp import agent, lifecycle
-from swmp._runtime import ArenaSink, ThreadSink, prefork_master, worker_instance_name
+from swmp._runtime import ArenaSink, prefork_master, worker_instance_name
+from swmp._thread_sink import ThreadSink
 from swmp.tracing.identity import identity
 from tests.slot_holder import SlotHolder
 
@@ -112,6 +113,34 @@ def test_leave_says_goodbye_and_frees_the_slot(arena: Arena) -> None:
     assert not sink.owns_ring()
     assert sink.write(R.SEGMENT, segment("x"))  # a later write claims again
     assert sink.slot == 0
+
+
+def test_after_leaving_for_good_records_are_counted_and_a_child_still_claims(arena: Arena) -> None:
+    sink = sink_for(arena)
+    assert sink.write(R.SEGMENT, segment("x"))
+    sink.leave(for_good=True)  # the process exits (atexit, a worker's shutdown signal)
+    # Records of atexit handlers that run after ours: dropped and counted, never a new claim.
+    assert not sink.write(R.SEGMENT, segment("late"))
+    assert not sink.write(R.LOG, b"[]")
+    sink.rebind()  # as the instance name's binder would
+    assert not arena.own_slots() and sink.slot is None
+    assert [t for t, _ in read_all(arena, 0)] == [R.WORKER_START, R.SEGMENT, R.WORKER_STOP]
+    lost = arena.lost_counts()
+    assert (lost.late_records, lost.no_slot_records) == (2, 0)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a process forked now (by an atexit handler...) is a new process: it claims
+        try:
+            lifecycle.declare_server_worker()
+            ok = sink.write(R.SEGMENT, segment("x", "/child"))
+            os.write(w, b"1" if ok and sink.slot == 0 else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert [t for t, _ in read_all(arena, 0)][-2:] == [R.WORKER_START, R.SEGMENT]
 
 
 def test_all_slots_taken_drops_counts_and_logs_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -22,7 +22,6 @@ STATUS = jsonschema.Draft202012Validator(STATUS_SCHEMA)  # built once: validate(
 S = support  # the helpers, under the short name these tests use
 
 
-
 @pytest.fixture
 def running(procs: Any, new_arena: Any) -> dict[str, Any]:
     """An agent with a draining reporter (backend ok) and two workers that wrote 30 records."""
@@ -101,6 +100,8 @@ def test_status_json(shm: Path, running: dict[str, Any]) -> None:
         "no_slot_dropped": 0,
         "no_slot_workers": 0,
         "helper_dropped": 0,
+        "master_dropped": 0,
+        "late_dropped": 0,
         "spooled": 9,
     }
     by_slot = {s["slot"]: s for s in agent["slots"]}

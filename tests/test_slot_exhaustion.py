@@ -4,23 +4,31 @@ A worker that finds every slot taken drops its records, counts every one of them
 arena header, tries the claim again now and then (a freed slot is taken), and ``swmp
 health`` fails its ``drops`` check while ``swmp status`` shows the count. First on the sink
 with a real arena and a real second process, then with real Gunicorn, the real reporter
-and the in-test collector.
+and the in-test collector. A claim that fails (thread mode: a full /dev/shm, a thread that
+cannot start) is treated the same way, and gives back what it took.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from ipc import Arena
+from ipc.private import private_directory
 from reporter_proc import records as R
+from reporter_proc.process import start_reporter_thread
+from reporter_proc.senders.memory import MemorySender
+from reporter_proc.settings import ReporterSettings
 from swmp import _runtime, lifecycle
 from swmp._runtime import ArenaSink
+from swmp._thread_sink import ThreadSink
 from swmp.tracing.identity import identity
 from tests.collector import free_port
 from tests.servers import (
@@ -82,6 +90,76 @@ def test_a_worker_without_a_slot_counts_its_drops_and_claims_a_freed_slot(
     finally:
         holder.release()
         arena.close()
+
+
+def _full_shm(*_: Any, **__: Any) -> Any:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _private_arenas(arena_dir: Path) -> list[str]:
+    return sorted(p.name for p in Path(private_directory(str(arena_dir))).glob("*-t*.arena"))
+
+
+@pytest.mark.parametrize("failing", ["arena", "thread"])
+def test_a_failed_claim_in_thread_mode_gives_back_its_name_and_backs_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    registry = Arena.create(str(tmp_path / "names.arena"), slots=4, ring_capacity=4096)
+    sender = MemorySender()
+    fail = [True]
+    attempts = {"arena": 0, "thread": 0}
+    real_create = Arena.create
+
+    def create(*args: Any, **kw: Any) -> Arena:
+        attempts["arena"] += 1
+        if fail[0] and failing == "arena":
+            _full_shm()
+        return real_create(*args, **kw)
+
+    def start_thread(path: str, s: ReporterSettings, arena: Arena) -> Any:
+        attempts["thread"] += 1
+        if fail[0] and failing == "thread":
+            _full_shm()
+        return start_reporter_thread(path, s, arena=arena, sender=sender)
+
+    monkeypatch.setattr(Arena, "create", staticmethod(create))
+    sink = ThreadSink(
+        registry,
+        ReporterSettings(service="svc", flush_interval_s=0.01),
+        start_thread,
+        arena_dir=str(tmp_path),
+        ring_capacity=1 << 16,
+        meta=b"{}",
+        service="svc",
+        instance_base="base",
+        owner_pid=os.getppid(),
+    )
+    try:
+        for _ in range(100):
+            assert not sink.write(R.SEGMENT, _segment())
+        assert sink.role == "unavailable"
+        # One attempt in the retry interval (a second), not one per record...
+        assert attempts[failing] == 1, attempts
+        # ... and it kept nothing: no name slot (each used to keep one: after 64 records
+        # every other worker was named by its pid), no private arena file.
+        assert registry.own_slots() == set()
+        assert _private_arenas(tmp_path) == []
+        assert sink.private is None and sink.handle is None
+        # Counted as a worker without a slot, where `swmp status` reads it.
+        lost = registry.lost_counts()
+        assert (lost.no_slot_workers, lost.no_slot_records) == (1, 100)
+
+        # The cause goes away: the next claim after the retry interval succeeds.
+        fail[0] = False
+        monkeypatch.setattr(_runtime, "CLAIM_RETRY_S", 0.05)
+        sink._retry_at = 0.0
+        assert sink.write(R.SEGMENT, _segment("/after"))
+        assert sink.role == "worker" and sink.slot == 0 and registry.own_slots() == {0}
+        assert len(_private_arenas(tmp_path)) == 1
+    finally:
+        sink.leave(timeout=5)
+        registry.close()
+    assert _private_arenas(tmp_path) == []
 
 
 @pytest.mark.servers

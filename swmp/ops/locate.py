@@ -34,7 +34,9 @@ from swmp.ops.mask import mask
 ENV_DIRECTORY = "SW_AGENT_ARENA_DIR"
 # In thread mode the application's shared arena only names the processes (its slot locks);
 # each process reports from an arena of its own, on a thread. No reporter ever holds the
-# shared one, so it is not an agent to look at: discovery leaves it out by this name.
+# shared one, so it is not an agent to look at: discovery leaves it out by this name. Its
+# header counts what no process's ring took (helpers, the master...): each process's arena
+# names it in its meta (``registry``), and one of them shows those counts (``Target.registry``).
 REGISTRY_SUFFIX = "-names.arena"
 
 
@@ -93,6 +95,9 @@ class Target:
     arena: Arena
     info: ArenaInfo
     meta: dict[str, Any]
+    # Thread mode: the application's name registry, whose header counts are the application's
+    # (not this process's); set on one process's target per application (see select).
+    registry: Arena | None = None
 
     @property
     def service(self) -> str | None:
@@ -120,6 +125,12 @@ class Target:
             return False
         return not self.arena.live_slots()
 
+    def close(self) -> None:
+        self.arena.close()
+        if self.registry is not None:
+            self.registry.close()
+            self.registry = None
+
 
 @dataclass
 class Selection:
@@ -140,12 +151,48 @@ def open_target(path: str) -> Target:
             raise Refused(f"refusing to read {path}: {exc}") from exc
         raise
     info = arena.info()
-    return Target(path=path, arena=arena, info=info, meta=parse_meta(info.meta))
+    meta = parse_meta(info.meta)
+    return Target(path=path, arena=arena, info=info, meta=meta, registry=_open_registry(path, meta))
+
+
+def _open_registry(path: str, meta: dict[str, Any]) -> Arena | None:
+    """The thread-mode name registry that ``meta`` names, beside ``path``; None if none.
+
+    Only a bare file name of the registry's form is taken, in the same directory: the meta
+    cannot point the CLI anywhere else. Counts that cannot be read are no reason to skip the
+    process's own figures.
+    """
+    name = meta.get("registry")
+    if meta.get("mode") != "thread" or not isinstance(name, str):
+        return None
+    if os.path.basename(name) != name or not name.endswith(REGISTRY_SUFFIX) or not _NAME.match(name):
+        return None
+    registry = os.path.join(os.path.dirname(path), name)
+    try:
+        refuse_foreign(registry)
+        return Arena.open(registry, wait_s=0)
+    except (Refused, ArenaError, OSError):
+        return None
+
+
+def _one_registry_each(targets: list[Target]) -> None:
+    """Keep each registry on one target (the application's oldest arena) so that the
+    application's counts are shown, and added up, once."""
+    keeper: dict[str, Target] = {}
+    for t in sorted(targets, key=lambda t: (t.info.created_ns, t.path)):
+        if t.registry is None:
+            continue
+        key = t.registry.path
+        if key in keeper:
+            t.registry.close()
+            t.registry = None
+        else:
+            keeper[key] = t
 
 
 def close_all(targets: Iterable[Target]) -> None:
     for t in targets:
-        t.arena.close()
+        t.close()
 
 
 def _foreign_arenas(directory: str) -> dict[int, int]:
@@ -218,7 +265,7 @@ def select(
             continue
         if target.is_stale():
             stale += 1
-            target.arena.close()
+            target.close()
             continue
         sel.targets.append(target)
     if stale:
@@ -237,13 +284,14 @@ def select(
 
 def _filter(sel: Selection, service: str | None, pid: int | None, where: str) -> Selection:
     if not sel.targets or (service is None and pid is None):
+        _one_registry_each(sel.targets)
         return sel
     kept: list[Target] = []
     for t in sel.targets:
         if (service is None or t.service == service) and (pid is None or pid in t.pids()):
             kept.append(t)
         else:
-            t.arena.close()
+            t.close()
     if not kept:
         wanted = " and ".join(
             part
@@ -256,4 +304,5 @@ def _filter(sel: Selection, service: str | None, pid: int | None, where: str) ->
         found = sorted({t.service or "?" for t in sel.targets})
         sel.error = f"no agent with {wanted} {where} (found: {', '.join(found)})"
     sel.targets = kept
+    _one_registry_each(kept)
     return sel

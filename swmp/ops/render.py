@@ -146,17 +146,22 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
             ),
         )
     )
-    if t.get("no_slot_dropped") or t.get("no_slot_workers") or t.get("helper_dropped"):
-        out.append(
-            _row(
-                "no ring",
-                _join(
-                    f"no slot: {fmt.count(t.get('no_slot_dropped', 0))} dropped "
-                    f"by {fmt.count(t.get('no_slot_workers', 0))} worker(s) (raise SW_AGENT_ARENA_SLOTS)",
-                    f"helpers: {fmt.count(t.get('helper_dropped', 0))} not reported",
-                ),
-            )
-        )
+    kinds = ("no_slot_dropped", "no_slot_workers", "helper_dropped", "master_dropped", "late_dropped")
+    if any(t.get(k) for k in kinds):
+        # Thread mode has a ring per process that reports: "no slot" there is a process that
+        # could not start reporting (its log says why), not a lack of arena slots.
+        why = "see the agent's log" if a.get("mode") == "thread" else "raise SW_AGENT_ARENA_SLOTS"
+        # Only the figures that are not 0: all three do not fit in a line (the row is clipped).
+        parts = [
+            f"no slot: {fmt.count(t.get('no_slot_dropped', 0))} dropped "
+            f"by {fmt.count(t.get('no_slot_workers', 0))} worker(s) ({why})"
+            if t.get("no_slot_dropped") or t.get("no_slot_workers")
+            else "",
+            f"helpers: {fmt.count(t['helper_dropped'])} not reported" if t.get("helper_dropped") else "",
+            f"master: {fmt.count(t['master_dropped'])} not reported" if t.get("master_dropped") else "",
+            f"after exit: {fmt.count(t['late_dropped'])} not reported" if t.get("late_dropped") else "",
+        ]
+        out.append(_row("no ring", _join(*parts)))
     rates = a["rates"]
     sp = a["spool"]
     out.append(

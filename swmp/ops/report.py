@@ -184,11 +184,15 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
             "retried": number(doc.get("retried")),
             "failed": number(doc.get("failed")),
             "reporter_dropped": counter_sum(doc.get("dropped")),
-            # Records no ring took: workers that found every slot taken (lost), and
-            # helpers forked by workers (inert by design).
+            # Records no ring took: workers that found every slot taken (lost), helpers
+            # forked by workers (inert by design), the prefork master's (no ring for them),
+            # those of a process after its goodbye at exit (late). Thread mode: the
+            # application's, shown with one of its processes.
             "no_slot_dropped": s.lost.no_slot_records,
             "no_slot_workers": s.lost.no_slot_workers,
             "helper_dropped": s.lost.helper_records,
+            "master_dropped": s.lost.master_records,
+            "late_dropped": s.lost.late_records,
             # Records ever spooled, when the reporter says; else what the spool holds now.
             "spooled": number(spool.get("spooled", spool.get("records"))),
         },

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from ipc import RingStats, StatusSnapshot
-from ipc.arena import LostCounts
+from ipc.lost import LostCounts
 from swmp.ops.locate import Target
 from swmp.ops.mask import mask
 
@@ -127,7 +127,23 @@ def take(target: Target) -> Sample:
         document=document,
         document_error=error,
         slots=tuple(slots),
-        lost=arena.lost_counts(),
+        lost=_lost(target),
+    )
+
+
+def _lost(target: Target) -> LostCounts:
+    """What no ring took: the arena's header counts, plus (thread mode) the application's
+    from its name registry, on the one target that carries it."""
+    own = target.arena.lost_counts()
+    if target.registry is None:
+        return own
+    app = target.registry.lost_counts()
+    return LostCounts(
+        no_slot_records=own.no_slot_records + app.no_slot_records,
+        no_slot_workers=own.no_slot_workers + app.no_slot_workers,
+        helper_records=own.helper_records + app.helper_records,
+        master_records=own.master_records + app.master_records,
+        late_records=own.late_records + app.late_records,
     )
 
 

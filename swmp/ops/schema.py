@@ -205,6 +205,8 @@ STATUS_SCHEMA: dict[str, Any] = {
                                 "no_slot_dropped": _INT,
                                 "no_slot_workers": _INT,
                                 "helper_dropped": _INT,
+                                "master_dropped": _INT,
+                                "late_dropped": _INT,
                                 "spooled": _INT,
                             }
                         ),
