@@ -303,9 +303,12 @@ def _needs_reporter(arena: ipc.Arena) -> bool:
         return True
     if arena.reporter_pid() is not None:
         return False
-    created_ns = arena.info().created_ns
-    deadline = created_ns / 1e9 + _REPORTER_START_GRACE_S
-    while time.time() < deadline:
+    # The grace runs from the arena's creation (a wall-clock stamp), but is counted down on
+    # the monotonic clock and never longer than the grace from now: a wall clock stepped
+    # back after the creation must not hold this process's start for the size of the step.
+    left = arena.info().created_ns / 1e9 + _REPORTER_START_GRACE_S - time.time()
+    deadline = time.monotonic() + min(max(left, 0.0), _REPORTER_START_GRACE_S)
+    while time.monotonic() < deadline:
         time.sleep(0.02)
         if arena.reporter_pid() is not None:
             return False

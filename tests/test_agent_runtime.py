@@ -242,3 +242,38 @@ def test_server_position_of_a_sanic_worker(monkeypatch: pytest.MonkeyPatch) -> N
     assert agent.server_position() == (os.getppid(), True)
     monkeypatch.setenv("SANIC_WORKER_NAME", "Sanic-Reloader-0")  # serves no requests
     assert agent.server_position() == (os.getpid(), False)
+
+
+# -- waiting for a reporter another process starts ---------------------------------------------
+class _Clock:
+    """A fake clock: the wall clock stepped back an hour after the arena was created; sleeping
+    advances only the monotonic clock (and fails the test past a minute: the old wait spun on)."""
+
+    def __init__(self, created_s: float) -> None:
+        self.wall = created_s - 3600.0
+        self.mono = 1000.0
+        self.slept = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.slept += seconds
+        self.mono += seconds
+        if self.slept > 60:
+            raise AssertionError("the wait followed the stepped-back wall clock")
+
+
+def test_reporter_wait_is_bounded_by_the_monotonic_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    created_s = 1_700_000_000.0
+    info = types.SimpleNamespace(created_ns=int(created_s * 1e9))
+    stub = types.SimpleNamespace(created=False, reporter_pid=lambda: None, info=lambda: info)
+    clock = _Clock(created_s)
+    monkeypatch.setattr(agent.time, "time", lambda: clock.wall)
+    monkeypatch.setattr(agent.time, "monotonic", lambda: clock.mono)
+    monkeypatch.setattr(agent.time, "sleep", clock.sleep)
+    assert agent._needs_reporter(stub)  # type: ignore[arg-type]
+    assert clock.slept <= agent._REPORTER_START_GRACE_S + 0.05
+    # A reporter taking the lock meanwhile still ends the wait early.
+    pids = iter([None, None, 4242])
+    stub.reporter_pid = lambda: next(pids, 4242)
+    clock.slept = 0.0
+    assert not agent._needs_reporter(stub)  # type: ignore[arg-type]
+    assert clock.slept < 0.1
