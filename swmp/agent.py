@@ -131,12 +131,32 @@ def _sanic_main_of_this_worker() -> int:
     joins the main process's arena and reporter and takes a slot of it (``-w0``,
     ``-w1``, ...), as a Gunicorn worker does, instead of being slot 0 of an arena of its
     own. Sanic's other processes (reloader, inspector) are no ``Server``.
+
+    Every interpreter a worker starts (a multiprocessing child, a Python subprocess)
+    inherits the variable too, and its parent is the worker, not the main process. The
+    manager sets the variable only while it starts a worker, so the main process was never
+    started with it: the parent must be the owner that the agent upstream published (the
+    main process's, or the worker's, which names the main process), or, when no agent
+    published one, a process whose own environment lacks the variable.
     """
-    name = os.environ.get("SANIC_WORKER_NAME", "")
-    if "Server" not in name:
+    if "Server" not in os.environ.get("SANIC_WORKER_NAME", ""):
         return 0
     parent = os.getppid()
-    return parent if parent > 1 else 0
+    if parent <= 1:
+        return 0
+    published = _spawned.published_owner()
+    if published:
+        return parent if published == parent else 0
+    return 0 if _started_with(parent, b"SANIC_WORKER_NAME=") else parent
+
+
+def _started_with(pid: int, variable: bytes) -> bool:
+    """Was process ``pid`` started with ``variable`` in its environment (False: unknown)?"""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return any(entry.startswith(variable) for entry in f.read().split(b"\0"))
+    except OSError:
+        return False
 
 
 def _instance_base(config: Config, owner_pid: int) -> str:
@@ -196,8 +216,10 @@ def _start(config: Config) -> _Running:
     directory = config.agent_arena_dir
     os.makedirs(directory, exist_ok=True)
     # A multiprocessing child of an application that runs the agent joins its arena and
-    # reporter; it takes a slot when it first records (swmp._spawned).
-    joined = 0 if in_worker else _spawned.owner_to_join(lambda pid: _arena_file(pid, directory, use_process))
+    # reporter; it takes a slot when it first records (swmp._spawned). A server worker that
+    # is one (Sanic's, spawned by the main process) is named now, as a forked worker is.
+    joined = _spawned.owner_to_join(lambda pid: _arena_file(pid, directory, use_process))
+    bind_now = in_worker and joined in (0, owner_pid)
     if joined:
         owner_pid, in_worker = joined, True
     base = _instance_base(config, owner_pid)
@@ -269,7 +291,7 @@ def _start(config: Config) -> _Running:
     _spawned.publish(owner_pid, path)
     lifecycle.announce_owner(owner_pid)
     identity.set_binder(run.sink.rebind)
-    if in_worker and not joined:
+    if bind_now:
         run.sink.rebind()  # this process reports from now on (and is named now)
     _install_instrumentation(config)
     _install_profiling(config)

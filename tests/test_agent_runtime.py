@@ -23,7 +23,7 @@ from reporter_proc import records as R
 from reporter_proc.process import start_reporter_thread
 from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
-from swmp import agent, lifecycle
+from swmp import _spawned, agent, lifecycle
 from swmp._runtime import ArenaSink, ThreadSink, prefork_master, worker_instance_name
 from swmp.tracing.identity import identity
 from tests.slot_holder import SlotHolder
@@ -235,6 +235,7 @@ def test_server_position_of_a_sanic_worker(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delitem(sys.modules, "uwsgi", raising=False)
     monkeypatch.delitem(sys.modules, "gunicorn.arbiter", raising=False)
     monkeypatch.delenv("SANIC_WORKER_NAME", raising=False)
+    monkeypatch.delenv(_spawned.ENV, raising=False)
     assert agent.server_position() == (os.getpid(), False)
     # Sanic's worker manager spawns its server workers with their name in the environment:
     # the manager (the parent) owns the application, as a Gunicorn arbiter does.
@@ -242,6 +243,43 @@ def test_server_position_of_a_sanic_worker(monkeypatch: pytest.MonkeyPatch) -> N
     assert agent.server_position() == (os.getppid(), True)
     monkeypatch.setenv("SANIC_WORKER_NAME", "Sanic-Reloader-0")  # serves no requests
     assert agent.server_position() == (os.getpid(), False)
+
+
+def test_the_children_of_a_sanic_worker_are_no_sanic_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every interpreter a worker starts inherits ``SANIC_WORKER_NAME``; its parent is the
+    worker, not the main process that owns the application."""
+    monkeypatch.delitem(sys.modules, "uwsgi", raising=False)
+    monkeypatch.delitem(sys.modules, "gunicorn.arbiter", raising=False)
+    monkeypatch.setenv("SANIC_WORKER_NAME", "Sanic-Server-0-0")
+    parent, me = os.getppid(), (os.getpid(), False)
+    # The agent upstream published the application's owner: the parent must be that owner.
+    monkeypatch.setenv(_spawned.ENV, f"{parent}:/arena")
+    assert agent.server_position() == (parent, True)  # the worker, spawned by the main process
+    monkeypatch.setenv(_spawned.ENV, f"{parent + 100000}:/arena")
+    assert agent.server_position() == me  # a child of the worker (the owner is its parent's parent)
+    # No agent upstream: the main process was started without the variable, a worker with it.
+    monkeypatch.delenv(_spawned.ENV)
+    started_with: list[tuple[int, bytes]] = []
+
+    def worker_parent(pid: int, variable: bytes) -> bool:
+        started_with.append((pid, variable))
+        return True
+
+    monkeypatch.setattr(agent, "_started_with", worker_parent)
+    assert agent.server_position() == me
+    assert started_with == [(parent, b"SANIC_WORKER_NAME=")]
+    monkeypatch.setattr(agent, "_started_with", lambda pid, variable: False)
+    assert agent.server_position() == (parent, True)
+
+
+def test_started_with_reads_the_environment_a_process_was_started_with() -> None:
+    os.environ["SWMP_TEST_LATE"] = "1"  # set after the start: not in /proc/<pid>/environ
+    try:
+        assert agent._started_with(os.getpid(), b"PATH=")
+        assert not agent._started_with(os.getpid(), b"SWMP_TEST_LATE=")
+        assert not agent._started_with(2**22 + 1, b"PATH=")  # no such process: unknown
+    finally:
+        del os.environ["SWMP_TEST_LATE"]
 
 
 # -- waiting for a reporter another process starts ---------------------------------------------
