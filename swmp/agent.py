@@ -47,7 +47,6 @@ _state_lock = threading.Lock()
 # A reporter starting in another process (the arena's creator) takes this long at most to
 # take the reporter lock; an attacher waits that long before it starts one itself.
 _REPORTER_START_GRACE_S = 3.0
-_ARBITER_FILE = os.path.join("gunicorn", "arbiter.py")
 
 
 @dataclass
@@ -111,7 +110,7 @@ def _gunicorn_master_of_this_worker() -> int:
     frame: Any = sys._getframe()
     while frame is not None:
         code = frame.f_code
-        if code.co_name == "spawn_worker" and code.co_filename.endswith(_ARBITER_FILE):
+        if code.co_name == "spawn_worker" and code.co_filename.endswith(lifecycle.ARBITER_FILE):
             pid = getattr(frame.f_locals.get("self"), "pid", 0)
             if isinstance(pid, int) and pid > 0 and pid != os.getpid():
                 return pid
@@ -378,7 +377,8 @@ def _after_fork_in_child() -> None:
         identity.set_binder(run.sink.rebind)  # re-armed: the child names itself on first use
     if run is None or lifecycle.is_helper() or not lifecycle.prefork_server():
         # Helpers (forked by a worker: multiprocessing, subprocess with preexec_fn, which
-        # runs these hooks and then execs, os.fork in request code) stay inert: no slot, no
+        # runs these hooks and then execs, os.fork in request code; a Gunicorn master's forks
+        # other than its workers, USR2's re-exec among them) stay inert: no slot, no
         # reporter thread, no arena, nothing that touches the parent's gRPC channel. Other
         # forks outside a prefork server take their ring on their first record, if ever.
         return
