@@ -109,11 +109,7 @@ def owner_to_join(arena_path_of: Callable[[int], str]) -> int:
     """
     if not multiprocessing_child():
         return 0
-    pid_text, _, path = os.environ.get(ENV, "").partition(":")
-    try:
-        owner = int(pid_text)
-    except ValueError:
-        return 0
+    owner, path = _published()
     if owner <= 0 or owner == os.getpid() or not path:
         return 0
     try:
@@ -122,6 +118,19 @@ def owner_to_join(arena_path_of: Callable[[int], str]) -> int:
     except Exception:  # no arena directory we may use: start as before (and fail there)
         return 0
     return owner
+
+
+def _published() -> tuple[int, str]:
+    pid_text, _, path = os.environ.get(ENV, "").partition(":")
+    try:
+        return int(pid_text), path
+    except ValueError:
+        return 0, ""
+
+
+def published_owner() -> int:
+    """The application owner an agent in an ancestor of this process published (0: none)."""
+    return max(_published()[0], 0)
 
 
 def publish(owner_pid: int, arena_path: str) -> None:

@@ -48,7 +48,6 @@ _state_lock = threading.Lock()
 # A reporter starting in another process (the arena's creator) takes this long at most to
 # take the reporter lock; an attacher waits that long before it starts one itself.
 _REPORTER_START_GRACE_S = 3.0
-_ARBITER_FILE = os.path.join("gunicorn", "arbiter.py")
 
 
 @dataclass
@@ -112,7 +111,7 @@ def _gunicorn_master_of_this_worker() -> int:
     frame: Any = sys._getframe()
     while frame is not None:
         code = frame.f_code
-        if code.co_name == "spawn_worker" and code.co_filename.endswith(_ARBITER_FILE):
+        if code.co_name == "spawn_worker" and code.co_filename.endswith(lifecycle.ARBITER_FILE):
             pid = getattr(frame.f_locals.get("self"), "pid", 0)
             if isinstance(pid, int) and pid > 0 and pid != os.getpid():
                 return pid
@@ -132,12 +131,32 @@ def _sanic_main_of_this_worker() -> int:
     joins the main process's arena and reporter and takes a slot of it (``-w0``,
     ``-w1``, ...), as a Gunicorn worker does, instead of being slot 0 of an arena of its
     own. Sanic's other processes (reloader, inspector) are no ``Server``.
+
+    Every interpreter a worker starts (a multiprocessing child, a Python subprocess)
+    inherits the variable too, and its parent is the worker, not the main process. The
+    manager sets the variable only while it starts a worker, so the main process was never
+    started with it: the parent must be the owner that the agent upstream published (the
+    main process's, or the worker's, which names the main process), or, when no agent
+    published one, a process whose own environment lacks the variable.
     """
-    name = os.environ.get("SANIC_WORKER_NAME", "")
-    if "Server" not in name:
+    if "Server" not in os.environ.get("SANIC_WORKER_NAME", ""):
         return 0
     parent = os.getppid()
-    return parent if parent > 1 else 0
+    if parent <= 1:
+        return 0
+    published = _spawned.published_owner()
+    if published:
+        return parent if published == parent else 0
+    return 0 if _started_with(parent, b"SANIC_WORKER_NAME=") else parent
+
+
+def _started_with(pid: int, variable: bytes) -> bool:
+    """Was process ``pid`` started with ``variable`` in its environment (False: unknown)?"""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return any(entry.startswith(variable) for entry in f.read().split(b"\0"))
+    except OSError:
+        return False
 
 
 def _instance_base(config: Config, owner_pid: int) -> str:
@@ -201,8 +220,10 @@ def _start(config: Config) -> _Running:
     directory = config.agent_arena_dir
     os.makedirs(directory, exist_ok=True)
     # A multiprocessing child of an application that runs the agent joins its arena and
-    # reporter; it takes a slot when it first records (swmp._spawned).
-    joined = 0 if in_worker else _spawned.owner_to_join(lambda pid: _arena_file(pid, directory, use_process))
+    # reporter; it takes a slot when it first records (swmp._spawned). A server worker that
+    # is one (Sanic's, spawned by the main process) is named now, as a forked worker is.
+    joined = _spawned.owner_to_join(lambda pid: _arena_file(pid, directory, use_process))
+    bind_now = in_worker and joined in (0, owner_pid)
     if joined:
         owner_pid, in_worker = joined, True
     base = _instance_base(config, owner_pid)
@@ -274,7 +295,7 @@ def _start(config: Config) -> _Running:
     _spawned.publish(owner_pid, path)
     lifecycle.announce_owner(owner_pid)
     identity.set_binder(run.sink.rebind)
-    if in_worker and not joined:
+    if bind_now:
         run.sink.rebind()  # this process reports from now on (and is named now)
     _install_instrumentation(config)
     _install_profiling(config)
@@ -308,9 +329,12 @@ def _needs_reporter(arena: ipc.Arena) -> bool:
         return True
     if arena.reporter_pid() is not None:
         return False
-    created_ns = arena.info().created_ns
-    deadline = created_ns / 1e9 + _REPORTER_START_GRACE_S
-    while time.time() < deadline:
+    # The grace runs from the arena's creation (a wall-clock stamp), but is counted down on
+    # the monotonic clock and never longer than the grace from now: a wall clock stepped
+    # back after the creation must not hold this process's start for the size of the step.
+    left = arena.info().created_ns / 1e9 + _REPORTER_START_GRACE_S - time.time()
+    deadline = time.monotonic() + min(max(left, 0.0), _REPORTER_START_GRACE_S)
+    while time.monotonic() < deadline:
         time.sleep(0.02)
         if arena.reporter_pid() is not None:
             return False
@@ -358,7 +382,8 @@ def _after_fork_in_child() -> None:
         identity.set_binder(run.sink.rebind)  # re-armed: the child names itself on first use
     if run is None or lifecycle.is_helper() or not lifecycle.prefork_server():
         # Helpers (forked by a worker: multiprocessing, subprocess with preexec_fn, which
-        # runs these hooks and then execs, os.fork in request code) stay inert: no slot, no
+        # runs these hooks and then execs, os.fork in request code; a Gunicorn master's forks
+        # other than its workers, USR2's re-exec among them) stay inert: no slot, no
         # reporter thread, no arena, nothing that touches the parent's gRPC channel. Other
         # forks outside a prefork server take their ring on their first record, if ever.
         return

@@ -26,17 +26,21 @@ server worker: it claims no ring slot, is no instance, and in thread mode starts
 thread and never touches the parent's gRPC channel (a channel used across fork crashed or hung
 such children). Its records are dropped and counted. Under a prefork server we know (Gunicorn,
 uWSGI) a process whose parent is not the master is a helper too, even if its parent had not
-bound yet. A server hook that knows better (Celery's ``worker_process_init``) declares the
-process a worker with :func:`declare_server_worker`.
+bound yet, and so is a fork of Gunicorn's master other than ``Arbiter.spawn_worker``'s. A
+server hook that knows better (Celery's ``worker_process_init``) declares the process a worker
+with :func:`declare_server_worker`.
 """
 
 from __future__ import annotations
 
+import dis
+import functools
 import logging
 import os
 import sys
 import threading
 from collections.abc import Callable
+from types import CodeType, FrameType
 
 # Imported before our fork hook is registered, on purpose: at-fork hooks run in
 # registration order, and ipc's (it disables the ring writers a child inherits) must run
@@ -131,13 +135,54 @@ def _forked() -> None:
 
 
 def _forked_outside_the_master(owner_pid: int) -> bool:
-    """Under Gunicorn or uWSGI, only the master forks server workers."""
+    """Under Gunicorn or uWSGI, only the master forks server workers; Gunicorn's master forks
+    them only in ``Arbiter.spawn_worker``. Its other forks are helpers: ``reexec`` (USR2: fork
+    then exec a new master, which starts an agent of its own), ``subprocess`` with
+    ``preexec_fn`` or ``os.fork`` in a server hook, ``--daemon``, Gunicorn 27's dirty arbiter."""
     if not owner_pid or not prefork_server():
         return False
     try:
-        return os.getppid() != owner_pid
+        if os.getppid() != owner_pid:
+            return True
     except OSError:
         return False
+    return "gunicorn.arbiter" in sys.modules and "uwsgi" not in sys.modules and not _gunicorn_worker_fork()
+
+
+ARBITER_FILE = os.path.join("gunicorn", "arbiter.py")
+
+
+def _gunicorn_worker_fork() -> bool:
+    """Is this process the fork of ``Arbiter.spawn_worker`` (the stack is the parent's)?
+
+    A fork made by the ``pre_fork`` hook, which ``spawn_worker`` runs just before its own
+    fork, has that frame on its stack too, stopped at the hook's call: that one is a helper.
+    (Matching the frame at its ``os.fork()`` call instead would turn every worker into a
+    helper, with no telemetry at all, the day Gunicorn forks on another line.)
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "spawn_worker" and code.co_filename.endswith(ARBITER_FILE):
+            return frame.f_lineno not in _lines_calling(code, "pre_fork")
+        frame = frame.f_back
+    return False
+
+
+@functools.lru_cache(maxsize=8)
+def _lines_calling(code: CodeType, name: str) -> frozenset[int]:
+    """The source lines of ``code`` that load the attribute or name ``name``."""
+    lines: set[int] = set()
+    line = code.co_firstlineno
+    for ins in dis.get_instructions(code):
+        positions = getattr(ins, "positions", None)  # Python 3.11+; starts_line before
+        if positions is not None and positions.lineno is not None:
+            line = positions.lineno
+        elif positions is None and ins.starts_line:
+            line = ins.starts_line
+        if ins.argval == name:
+            lines.add(line)
+    return frozenset(lines)
 
 
 def declare_server_worker() -> None:

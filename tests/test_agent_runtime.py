@@ -23,7 +23,7 @@ from reporter_proc import records as R
 from reporter_proc.process import start_reporter_thread
 from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
-from swmp import agent, lifecycle
+from swmp import _spawned, agent, lifecycle
 from swmp._runtime import ArenaSink, prefork_master, worker_instance_name
 from swmp._thread_sink import ThreadSink
 from swmp.tracing.identity import identity
@@ -264,6 +264,7 @@ def test_server_position_of_a_sanic_worker(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delitem(sys.modules, "uwsgi", raising=False)
     monkeypatch.delitem(sys.modules, "gunicorn.arbiter", raising=False)
     monkeypatch.delenv("SANIC_WORKER_NAME", raising=False)
+    monkeypatch.delenv(_spawned.ENV, raising=False)
     assert agent.server_position() == (os.getpid(), False)
     # Sanic's worker manager spawns its server workers with their name in the environment:
     # the manager (the parent) owns the application, as a Gunicorn arbiter does.
@@ -271,3 +272,75 @@ def test_server_position_of_a_sanic_worker(monkeypatch: pytest.MonkeyPatch) -> N
     assert agent.server_position() == (os.getppid(), True)
     monkeypatch.setenv("SANIC_WORKER_NAME", "Sanic-Reloader-0")  # serves no requests
     assert agent.server_position() == (os.getpid(), False)
+
+
+def test_the_children_of_a_sanic_worker_are_no_sanic_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every interpreter a worker starts inherits ``SANIC_WORKER_NAME``; its parent is the
+    worker, not the main process that owns the application."""
+    monkeypatch.delitem(sys.modules, "uwsgi", raising=False)
+    monkeypatch.delitem(sys.modules, "gunicorn.arbiter", raising=False)
+    monkeypatch.setenv("SANIC_WORKER_NAME", "Sanic-Server-0-0")
+    parent, me = os.getppid(), (os.getpid(), False)
+    # The agent upstream published the application's owner: the parent must be that owner.
+    monkeypatch.setenv(_spawned.ENV, f"{parent}:/arena")
+    assert agent.server_position() == (parent, True)  # the worker, spawned by the main process
+    monkeypatch.setenv(_spawned.ENV, f"{parent + 100000}:/arena")
+    assert agent.server_position() == me  # a child of the worker (the owner is its parent's parent)
+    # No agent upstream: the main process was started without the variable, a worker with it.
+    monkeypatch.delenv(_spawned.ENV)
+    started_with: list[tuple[int, bytes]] = []
+
+    def worker_parent(pid: int, variable: bytes) -> bool:
+        started_with.append((pid, variable))
+        return True
+
+    monkeypatch.setattr(agent, "_started_with", worker_parent)
+    assert agent.server_position() == me
+    assert started_with == [(parent, b"SANIC_WORKER_NAME=")]
+    monkeypatch.setattr(agent, "_started_with", lambda pid, variable: False)
+    assert agent.server_position() == (parent, True)
+
+
+def test_started_with_reads_the_environment_a_process_was_started_with() -> None:
+    os.environ["SWMP_TEST_LATE"] = "1"  # set after the start: not in /proc/<pid>/environ
+    try:
+        assert agent._started_with(os.getpid(), b"PATH=")
+        assert not agent._started_with(os.getpid(), b"SWMP_TEST_LATE=")
+        assert not agent._started_with(2**22 + 1, b"PATH=")  # no such process: unknown
+    finally:
+        del os.environ["SWMP_TEST_LATE"]
+
+
+# -- waiting for a reporter another process starts ---------------------------------------------
+class _Clock:
+    """A fake clock: the wall clock stepped back an hour after the arena was created; sleeping
+    advances only the monotonic clock (and fails the test past a minute: the old wait spun on)."""
+
+    def __init__(self, created_s: float) -> None:
+        self.wall = created_s - 3600.0
+        self.mono = 1000.0
+        self.slept = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.slept += seconds
+        self.mono += seconds
+        if self.slept > 60:
+            raise AssertionError("the wait followed the stepped-back wall clock")
+
+
+def test_reporter_wait_is_bounded_by_the_monotonic_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    created_s = 1_700_000_000.0
+    info = types.SimpleNamespace(created_ns=int(created_s * 1e9))
+    stub = types.SimpleNamespace(created=False, reporter_pid=lambda: None, info=lambda: info)
+    clock = _Clock(created_s)
+    monkeypatch.setattr(agent.time, "time", lambda: clock.wall)
+    monkeypatch.setattr(agent.time, "monotonic", lambda: clock.mono)
+    monkeypatch.setattr(agent.time, "sleep", clock.sleep)
+    assert agent._needs_reporter(stub)  # type: ignore[arg-type]
+    assert clock.slept <= agent._REPORTER_START_GRACE_S + 0.05
+    # A reporter taking the lock meanwhile still ends the wait early.
+    pids = iter([None, None, 4242])
+    stub.reporter_pid = lambda: next(pids, 4242)
+    clock.slept = 0.0
+    assert not agent._needs_reporter(stub)  # type: ignore[arg-type]
+    assert clock.slept < 0.1

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import tempfile
+import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,3 +107,36 @@ def test_who_may_report() -> None:
     finally:
         lifecycle.announce_unbound()
     assert in_child(lambda: (role.mark_reporter_process(), lifecycle.may_report_here())[1]) is False
+
+
+# Gunicorn's Arbiter.spawn_worker, as far as the agent looks at it: the pre_fork hook, then the
+# fork whose child is the worker.
+_ARBITER = """
+class Arbiter:
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def spawn_worker(self, fork):
+        self.cfg.pre_fork(self, None)
+        return fork()
+"""
+
+
+def test_only_spawn_worker_forks_gunicorn_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "uwsgi", raising=False)
+    monkeypatch.setitem(sys.modules, "gunicorn.arbiter", types.ModuleType("gunicorn.arbiter"))
+    monkeypatch.setattr(lifecycle._here, "owner_pid", os.getpid())  # this process is the master
+    namespace: dict[str, Any] = {}
+    exec(compile(_ARBITER, os.path.join("site-packages", "gunicorn", "arbiter.py"), "exec"), namespace)
+    in_pre_fork: list[str] = []
+    cfg = types.SimpleNamespace(pre_fork=lambda arbiter, worker: in_pre_fork.append(in_child(lifecycle.role)))
+    # The worker: not a helper; the sink's bind names it.
+    assert namespace["Arbiter"](cfg).spawn_worker(lambda: in_child(lifecycle.role)) == ""
+    assert in_pre_fork == ["helper"]  # forked by the pre_fork hook, on spawn_worker's stack
+    # Any other fork of the master: USR2's re-exec, a hook's os.fork or subprocess with
+    # preexec_fn (which runs the at-fork hooks in the child, before the exec).
+    assert in_child(lifecycle.role) == "helper"
+    with tempfile.TemporaryDirectory() as tmp:
+        seen = Path(tmp, "role")
+        subprocess.run(["true"], check=True, preexec_fn=lambda: seen.write_text(lifecycle.role()))
+        assert seen.read_text() == "helper"

@@ -10,10 +10,14 @@ aiohttp ``ClientSession`` and then opens a ``websockets`` connection to
     gunicorn -k aiohttp.GunicornWebWorker tests.e2e_apps.async_web:aiohttp_factory
     python -m tests.e2e_apps.async_web tornado PORT
     sanic tests.e2e_apps.async_web:sanic_app --host 127.0.0.1 --port PORT --workers 2
+
+The Sanic app's ``/children?op=NAME`` starts, from the worker, a multiprocessing spawn child
+that records an entry span ``NAME`` and a Python subprocess (``tests/test_sanic_children.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from typing import Any
@@ -113,7 +117,37 @@ def _sanic_app() -> Any:
     async def call(request: Any) -> Any:
         return response.text(await downstream(request.args.get("port")))
 
+    @app.get("/children")
+    async def children(request: Any) -> Any:
+        # A multiprocessing spawn child that records a span, then a Python subprocess that
+        # tells whose application its agent joined: "<spawn pid> <subprocess pid> <its owner>".
+        return response.text(await asyncio.to_thread(start_children, request.args.get("op")))
+
     return app
+
+
+def start_children(op: str) -> str:
+    import multiprocessing
+    import subprocess
+
+    # Sanic's workers are daemonic processes, which multiprocessing forbids to have children;
+    # applications that need them lift the flag the same way.
+    multiprocessing.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
+    child = multiprocessing.get_context("spawn").Process(target=spawned_span, args=(op,))
+    child.start()
+    child.join(20)
+    probe = "import os, swmp.agent as a; r = a.current(); print(os.getpid(), r and r.owner_pid)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=20
+    )
+    return f"{child.pid} {out.stdout.strip()}"
+
+
+def spawned_span(op: str) -> None:
+    import swmp
+
+    with swmp.entry_span(op):
+        swmp.tag("pid", str(os.getpid()))
 
 
 sanic_app = _sanic_app() if os.environ.get("SWMP_TEST_SANIC") else None
