@@ -3,7 +3,6 @@ plays it (``Sampler.sample_due`` with a clock of its own), so no test sleeps or 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,13 +11,14 @@ import pytest
 
 from ipc import Arena
 from reporter_proc import records as R
-from reporter_proc import taskboard
 from reporter_proc.taskboard import BoardTask
 from swmp import _sink, tracing
 from swmp.config import load
 from swmp.profiling.gate import active_task, by_endpoint, gate
 from swmp.profiling.sampler import Profiled, Sampler
 from swmp.tracing.context import new_entry_span
+from tests.test_profiling import now_ms, post
+from tests.test_profiling import task as profiling_task
 
 
 class ManualSampler(Sampler):
@@ -53,26 +53,10 @@ def sink(arena: Arena) -> Iterator[_sink.MemorySink]:
     _sink.set_sink(None)
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def task(endpoint: str = "/slow", **kw: Any) -> BoardTask:
-    fields: dict[str, Any] = {
-        "task_id": "t1",
-        "endpoint": endpoint,
-        "start_ms": now_ms() - 1000,
-        "end_ms": now_ms() + 60_000,
-        "min_duration_ms": 200,
-        "dump_period_ms": 10,
-        "max_sampling_count": 5,
-    }
-    fields.update(kw)
-    return BoardTask(**fields)
-
-
-def post(arena: Arena, *tasks: BoardTask) -> None:
-    arena.board.publish(taskboard.encode(list(tasks)))
+    """test_profiling's task, with a threshold: fast requests end before it."""
+    kw.setdefault("min_duration_ms", 200)
+    return profiling_task(endpoint, **kw)
 
 
 def snapshots(sink: _sink.MemorySink) -> list[list[Any]]:
