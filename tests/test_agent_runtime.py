@@ -76,24 +76,32 @@ def test_first_write_claims_a_slot_and_announces_the_instance(arena: Arena) -> N
     assert seg[R.SEG_INSTANCE] == "base-w0"
 
 
-def test_a_forked_child_without_hooks_takes_its_own_slot_and_restamps(arena: Arena) -> None:
-    sink = sink_for(arena)
-    assert sink.write(R.SEGMENT, segment("base-w0"))
+def child_writes(sink: Any, expected_slot: int) -> int:
+    """Fork a server worker that writes one segment through ``sink``; assert it wrote into
+    ``expected_slot``; the child's pid."""
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # no agent hook registered here: the per-write pid check must notice
+    if pid == 0:
         try:
             # Forked by a reporting process: a helper unless a server hook says it is a
             # worker (as Celery's worker_process_init does); helpers: tests/test_fork_children.py
             lifecycle.declare_server_worker()
             ok = sink.write(R.SEGMENT, segment(identity.instance, "/child"))
-            os.write(w, b"1" if ok and sink.slot == 1 else b"0")
+            os.write(w, b"1" if ok and sink.slot == expected_slot else b"0")
         finally:
             os._exit(0)
     os.close(w)
     assert os.read(r, 1) == b"1"
     os.close(r)
     os.waitpid(pid, 0)
+    return pid
+
+
+def test_a_forked_child_without_hooks_takes_its_own_slot_and_restamps(arena: Arena) -> None:
+    sink = sink_for(arena)
+    assert sink.write(R.SEGMENT, segment("base-w0"))
+    # No agent hook registered here: the per-write pid check must notice.
+    pid = child_writes(sink, expected_slot=1)
     (t1, start), (t2, seg) = read_all(arena, 1)
     assert (t1, t2) == (R.WORKER_START, R.SEGMENT)
     assert start[0] == pid and start[3] == "base-w1"
@@ -127,19 +135,7 @@ def test_after_leaving_for_good_records_are_counted_and_a_child_still_claims(are
     assert [t for t, _ in read_all(arena, 0)] == [R.WORKER_START, R.SEGMENT, R.WORKER_STOP]
     lost = arena.lost_counts()
     assert (lost.late_records, lost.no_slot_records) == (2, 0)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # a process forked now (by an atexit handler...) is a new process: it claims
-        try:
-            lifecycle.declare_server_worker()
-            ok = sink.write(R.SEGMENT, segment("x", "/child"))
-            os.write(w, b"1" if ok and sink.slot == 0 else b"0")
-        finally:
-            os._exit(0)
-    os.close(w)
-    assert os.read(r, 1) == b"1"
-    os.close(r)
-    os.waitpid(pid, 0)
+    child_writes(sink, expected_slot=0)  # forked now (by an atexit handler...): a new process claims
     assert [t for t, _ in read_all(arena, 0)][-2:] == [R.WORKER_START, R.SEGMENT]
 
 
