@@ -176,6 +176,23 @@ def test_missing_codec_falls_back_to_uncompressed(monkeypatch: pytest.MonkeyPatc
     asyncio.run(body())
 
 
+@pytest.mark.parametrize("codec", ["none", "None", " NONE ", ""])
+def test_compression_none_is_no_codec_without_an_error(codec: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Kafka's own spelling of "no compression" makes a producer without a codec at the
+    first attempt: no refusal logged, no fallback taken."""
+    sender = KafkaSender(ReporterSettings(kafka_compression=codec))
+
+    async def body() -> None:
+        with caplog.at_level(logging.WARNING, logger="swmp.reporter.kafka"):
+            producer = sender._new_producer()
+        assert producer._compression_type is None
+        assert sender._compression is None
+        await producer.stop()
+
+    asyncio.run(body())
+    assert not [r.getMessage() for r in caplog.records], caplog.text
+
+
 @pytest.mark.parametrize(
     ("env", "kw"),
     [

@@ -203,7 +203,10 @@ class KafkaSender(Sender):
         self._security = kafka_security(settings)
         self.security_protocol: str = self._security["security_protocol"]
         self._refusal_logged: set[str] = set()
-        self._compression = settings.kafka_compression or None
+        # "none" is Kafka's own name for no codec (the Java producer's default); aiokafka
+        # wants None and refuses the string, which logged an error before falling back.
+        codec = settings.kafka_compression.strip().lower()
+        self._compression = codec if codec not in ("", "none") else None
         self._producer: AIOKafkaProducer | None = None
         self._starting: asyncio.Lock | None = None
 
