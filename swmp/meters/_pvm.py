@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
+from swmp.meters import _sources
 from swmp.meters._registry import registry
 
 log = logging.getLogger("swmp.meters")
@@ -32,23 +31,17 @@ class _Pvm:
     """Python VM meters of this process, named as the OAP's python-runtime rules expect."""
 
     def __init__(self) -> None:
-        self._pid = -1
-        self._process: Any = None
-        self._psutil: Any = None
+        self._source: _sources.Source | None = None  # None: no CPU and memory meters
         self.gc_ms = 0.0  # total time spent in collections since the callback was installed
-        self._machine: tuple[float, float] | None = None  # (busy, total) CPU seconds at the last read
+        self._machine: tuple[float, float] | None = None  # (busy, total) CPU time at the last read
+        self._own: tuple[float, float] | None = None  # (monotonic, CPU seconds) at the last read
         self._gc_started = 0.0
         self._installed = False
 
     def install(self) -> None:
         if self._installed:
             return
-        try:
-            import psutil  # noqa: PLC0415 (only when PVM meters are on)
-
-            self._psutil = psutil
-        except ImportError:
-            log.warning("swmp: psutil is missing; PVM CPU and memory meters are not reported")
+        self._source = _sources.proc_source() or _psutil_source()
         from swmp.meters._kinds import Gauge  # noqa: PLC0415 (kinds -> control -> pvm)
 
         gc.callbacks.append(self._on_gc)
@@ -65,7 +58,7 @@ class _Pvm:
             "instance_pvm_gc_time": lambda: self.gc_ms,
         }
         for name, supplier in suppliers.items():
-            if self._psutil is None and ("cpu" in name or "mem" in name):
+            if self._source is None and ("cpu" in name or "mem" in name):
                 continue
             Gauge(name, supplier=supplier)
         self._installed = True
@@ -84,24 +77,16 @@ class _Pvm:
                 registry.remove(meter)
 
     def after_fork(self) -> None:
-        self._pid = -1  # psutil.Process() caches the pid: take a new one on first use
+        self._own = None  # a child's CPU time starts again from zero
 
     def prime(self) -> None:
         """CPU percentages compare with the previous call: take the first sample now."""
-        if self._installed and self._psutil is not None:
+        if self._installed and self._source is not None:
             try:
-                self._machine = self._machine_times()
-                self._proc()
+                self._machine = self._source.machine_times()
+                self._own = (time.monotonic(), _sources.process_cpu_seconds())
             except Exception:
                 log.debug("PVM priming failed", exc_info=True)
-
-    def _proc(self) -> Any:
-        pid = os.getpid()
-        if self._pid != pid:
-            self._process = self._psutil.Process(pid)
-            self._process.cpu_percent(None)
-            self._pid = pid
-        return self._process
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         # Collections never nest, so one start time serves every thread.
@@ -111,40 +96,58 @@ class _Pvm:
             self.gc_ms += (time.perf_counter() - self._gc_started) * 1000.0
             self._gc_started = 0.0
 
+    def _require(self) -> _sources.Source:
+        if self._source is None:  # only the CPU and memory meters call this, made with a source
+            raise RuntimeError("no PVM source")
+        return self._source
+
     def total_cpu(self) -> float:
-        """Whole machine, % busy since the last report. Not ``psutil.cpu_percent(None)``: its
-        baseline is one module global, shared with the application's own calls, whose
-        readings ours would then shorten to "since the agent's last report"."""
-        now = self._machine_times()
+        """Whole machine, % busy since the last report, as psutil's ``cpu_percent`` counts
+        it. Not ``psutil.cpu_percent(None)`` itself: its baseline is one module global,
+        shared with the application's own calls, whose readings ours would then shorten to
+        "since the agent's last report"."""
+        now = self._require().machine_times()
         last, self._machine = self._machine, now
         if last is None or now[1] <= last[1]:
             return 0.0
         return max(0.0, min(100.0, 100.0 * (now[0] - last[0]) / (now[1] - last[1])))
 
-    def _machine_times(self) -> tuple[float, float]:
-        """(busy, total) CPU seconds of the machine, as psutil's ``cpu_percent`` counts them:
-        guest time is already in user time; idle and I/O wait are not busy."""
-        t = self._psutil.cpu_times()
-        total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-        return total - t.idle - getattr(t, "iowait", 0.0), total
-
     def process_cpu(self) -> float:
-        return float(self._proc().cpu_percent(None))  # this process; 100 = one core
+        """This process, % of one core since the last report (100 = one core busy), as
+        psutil's ``Process.cpu_percent`` counts it; 0 at the first reading after a fork."""
+        self._require()
+        now = (time.monotonic(), _sources.process_cpu_seconds())
+        last, self._own = self._own, now
+        if last is None or now[0] <= last[0]:
+            return 0.0
+        return round(max(0.0, 100.0 * (now[1] - last[1]) / (now[0] - last[0])), 1)
 
     def total_mem(self) -> float:
-        return float(self._psutil.virtual_memory().percent)
+        """Machine memory in use, %: what is not available (psutil's ``percent``)."""
+        total, available = self._require().memory()
+        return round(100.0 * (total - available) / total, 1) if total > 0 else 0.0
 
     def process_mem(self) -> float:
-        rss = float(self._proc().memory_info().rss)
-        return 100.0 * rss / float(self._psutil.virtual_memory().total)
+        source = self._require()
+        total = source.memory()[0]
+        return 100.0 * source.rss() / total if total > 0 else 0.0
 
     def threads(self) -> float:
-        if self._psutil is None:
+        if self._source is None:
             return float(threading.active_count())
-        return float(self._proc().num_threads())  # OS threads, C-level ones included
+        return float(self._source.threads())  # OS threads, C-level ones included
 
     def daemon_threads(self) -> float:
         return float(sum(1 for t in threading.enumerate() if t.daemon))
+
+
+def _psutil_source() -> _sources.PsutilSource | None:
+    try:
+        import psutil  # noqa: PLC0415 (only where /proc cannot be read)
+    except ImportError:
+        log.warning("swmp: psutil is missing; PVM CPU and memory meters are not reported")
+        return None
+    return _sources.PsutilSource(psutil)
 
 
 pvm = _Pvm()
