@@ -59,7 +59,8 @@ def measure(variant: str, requests: int, settle: float) -> list[dict[str, Any]]:
             rows = []
             for pid in server.worker_pids():
                 info = psutil.Process(pid).memory_full_info()
-                rows.append({"variant": variant, "pid": pid, "rss_mib": info.rss / 2**20, "uss_mib": info.uss / 2**20})
+                rss, uss = info.rss / 2**20, info.uss / 2**20
+                rows.append({"variant": variant, "pid": pid, "rss_mib": rss, "uss_mib": uss})
             return rows
 
 
