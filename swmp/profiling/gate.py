@@ -30,7 +30,7 @@ from ipc.board import GENERATION
 from reporter_proc import taskboard
 from reporter_proc.taskboard import BoardTask
 from swmp.profiling import stacks
-from swmp.profiling.sampler import Profiled, Sampler, StackSource
+from swmp.profiling.sampler import Profiled, Sampler, StackSource, stats
 
 log = logging.getLogger("swmp.profiling")
 
@@ -66,12 +66,20 @@ class Gate:
         self.by_endpoint = {}
 
     def reset_after_fork(self) -> None:
-        """A new process: no board yet, no counts, and no sampler thread (threads do not fork)."""
+        """A new process: no board yet, no counts, and no sampler thread (threads do not fork).
+
+        The parent's segments are dropped here: a request that forks while it is profiled
+        (``subprocess`` with ``preexec_fn``, a ``multiprocessing`` fork, ``os.fork``) may go
+        on in the child and end its span there, whose ``Profiled.stop`` takes the segment's
+        lock, which the parent's sampler thread may have held at the fork."""
         self.attach(None)
         self.started = {}
         self._count_lock = threading.Lock()  # another thread may have held it at the fork
+        for sampler in {id(s): s for s in (self.sampler, *self._made.values()) if s is not None}.values():
+            sampler.forget_after_fork()
         self.sampler = None  # the parent's thread did not come along
         self._made = {}
+        stats.reset()  # this process's counts
 
     @property
     def sampler_alive(self) -> bool:
