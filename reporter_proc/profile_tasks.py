@@ -145,7 +145,12 @@ class ProfileTaskPoller:
         self.posted: list[BoardTask] | None = None
         self.polls = 0
         self.finishes_sent = 0
-        self.refused = 0  # ProfileTaskQuery commands not run (out of range, incomplete)
+
+    @property
+    def refused(self) -> int:
+        """ProfileTaskQuery commands not run (out of range, incomplete): the status document's
+        ``profile.commands_refused``, which ``swmp status`` shows."""
+        return self.journal.counters.profile_commands_refused
 
     async def run(self) -> None:
         next_poll = 0.0
@@ -214,7 +219,7 @@ class ProfileTaskPoller:
         self.post()
 
     def _refuse(self, cmd: dict[str, str], refused: Refused) -> None:
-        self.refused += 1
+        self.journal.counters.profile_commands_refused += 1
         self.journal.log_once(
             "profile-command",
             logging.WARNING,
