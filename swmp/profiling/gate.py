@@ -40,12 +40,14 @@ class Gate:
     bind, the agent's stop, which then closes the arena and releases the board's views): a
     request reads ``board`` once, handles a board released under it (ValueError: the views
     are Python memoryviews over the mapping, which cannot be unmapped while one of them is
-    out, so nothing is ever read from freed memory) and installs what it read only while
-    that board is still the attached one (``_board_lock``)."""
+    out, so nothing is ever read from freed memory) and keeps what it read only if that
+    board is still the attached one. No lock: :meth:`attach` sets ``board`` first and
+    clears the table after, a refresh installs its table first and checks ``board`` after,
+    so whatever the interleaving a detached gate ends with no table (a lock there could be
+    taken again by a stop called from a signal handler, and block)."""
 
     def __init__(self) -> None:
         self.board: Board | None = None  # None: nothing to check (no agent, master, stopped)
-        self._board_lock = threading.Lock()  # attach() and a refresh's result: never both at once
         self.seen = -1  # the generation last read
         # endpoint -> its tasks, by start time: the OAP refuses tasks of one service whose times
         # overlap, not a task scheduled after the running one, so both can be on the board.
@@ -67,10 +69,9 @@ class Gate:
         self.max_profile_s = max(1.0, duration_min * 60)
 
     def attach(self, board: Board | None) -> None:
-        with self._board_lock:
-            self.board = board
-            self.seen = -1
-            self.by_endpoint = {}
+        self.board = board  # first: see the class doc
+        self.seen = -1
+        self.by_endpoint = {}
 
     def reset_after_fork(self) -> None:
         """A new process: no board yet, no counts, and no sampler thread (threads do not fork).
@@ -79,7 +80,6 @@ class Gate:
         (``subprocess`` with ``preexec_fn``, a ``multiprocessing`` fork, ``os.fork``) may go
         on in the child and end its span there, whose ``Profiled.stop`` takes the segment's
         lock, which the parent's sampler thread may have held at the fork."""
-        self._board_lock = threading.Lock()  # as _count_lock below
         self.attach(None)
         self.started = {}
         self._count_lock = threading.Lock()  # another thread may have held it at the fork
@@ -125,22 +125,21 @@ class Gate:
         except Exception:
             tasks = None
             log.error("swmp: the profile task board is unreadable; profiling is off until it changes")
-        table = by_endpoint(tasks or [])
-        with self._board_lock:
-            if self.board is not board:
-                return  # detached meanwhile (the agent stopped): what was read is not ours
-            self.by_endpoint = table
-            self.seen = gen
+        self.by_endpoint = by_endpoint(tasks or [])
+        self.seen = gen
+        if self.board is not board:  # after: see the class doc
+            # Detached (the agent stopped) or another board attached meanwhile: what was
+            # read is not this gate's; nothing read, as after attach().
+            self.by_endpoint = {}
+            self.seen = -1
+            return
         if tasks is not None:
             self._forget_counts({t.task_id for t in tasks})
 
     def _detach(self, board: Board) -> None:
         """Detach ``board`` if it is still the one attached (not a board attached since)."""
-        with self._board_lock:
-            if self.board is board:
-                self.board = None
-                self.seen = -1
-                self.by_endpoint = {}
+        if self.board is board:
+            self.attach(None)
 
     def _forget_counts(self, on_board: set[str]) -> None:
         """Drop the counts of tasks the reporter took off the board (they are over): without
