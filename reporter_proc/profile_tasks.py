@@ -45,11 +45,11 @@ FINISH_GRACE_S = 2.0
 # once reached the board's encoder, which raised, and killed the reporter; the restarted one
 # heard the same command again (it asks from 0), so the reporter crashed in a loop. The
 # bounds are those of SkyWalking itself: the OAP creates no task of less than 1 or more than
-# 15 minutes (ProfileConstants, as the Java agent checks it too), and keeps the threshold,
-# the dump period and the sampling count as Java ints. Times are milliseconds since the epoch,
-# at most the end of year 9999.
-MIN_DURATION_MIN = 1
-MAX_DURATION_MIN = 15
+# 15 minutes (ProfileConstants, as the Java agent checks it too: taskboard.MIN_DURATION_MIN,
+# MAX_DURATION_MIN), and keeps the threshold, the dump period and the sampling count as Java
+# ints. Times are milliseconds since the epoch, at most the end of year 9999.
+MIN_DURATION_MIN = taskboard.MIN_DURATION_MIN
+MAX_DURATION_MIN = taskboard.MAX_DURATION_MIN
 MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 MAX_JAVA_INT = 2**31 - 1
 
@@ -145,7 +145,12 @@ class ProfileTaskPoller:
         self.posted: list[BoardTask] | None = None
         self.polls = 0
         self.finishes_sent = 0
-        self.refused = 0  # ProfileTaskQuery commands not run (out of range, incomplete)
+
+    @property
+    def refused(self) -> int:
+        """ProfileTaskQuery commands not run (out of range, incomplete): the status document's
+        ``profile.commands_refused``, which ``swmp status`` shows."""
+        return self.journal.counters.profile_commands_refused
 
     async def run(self) -> None:
         next_poll = 0.0
@@ -214,7 +219,7 @@ class ProfileTaskPoller:
         self.post()
 
     def _refuse(self, cmd: dict[str, str], refused: Refused) -> None:
-        self.refused += 1
+        self.journal.counters.profile_commands_refused += 1
         self.journal.log_once(
             "profile-command",
             logging.WARNING,

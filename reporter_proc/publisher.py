@@ -169,6 +169,7 @@ class StatusPublisher:
             c.failed,
             c.spooled,
             c.replayed,
+            c.profile_commands_refused,
             (spool.spool.total_bytes, spool.spool.total_records) if spool is not None else None,
             p.ledger.pending_bytes if p.ledger is not None else 0,
             [(i.slot, i.pid, i.instance, i.last_keepalive_ns) for i in table],

@@ -39,6 +39,9 @@ class Counters:
     last_error: str = ""
     last_error_ns: int = 0
     consecutive_failures: int = 0
+    # ProfileTaskQuery commands not run (out of range, incomplete), heard by this reporter. Not
+    # in the counter table: a restarted reporter hears the OAP's cached commands again.
+    profile_commands_refused: int = 0
 
     def add(self, table: dict[str, int], key: str, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
@@ -170,6 +173,7 @@ def build_document(
         "instances": _instances(instances, max_instances),
         "instances_total": len(instances),
         "rates": {"read_per_s": rates.read_per_s, "sent_per_s": rates.sent_per_s},
+        "profile": {"commands_refused": c.profile_commands_refused},
     }
     if extra:
         doc.update(extra)

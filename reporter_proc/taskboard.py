@@ -34,6 +34,13 @@ T_LEN: Final = 7
 # claiming less is sampled at 10 ms, which keeps a garbled task from spinning the sampler.
 MIN_DUMP_PERIOD_MS: Final = 10
 
+# A task's duration, in minutes: the OAP creates no task of less than 1 or more than 15
+# (ProfileConstants; SkyWalking's Java agent checks the same bounds). The reporter refuses a
+# command outside them (``profile_tasks``); SW_AGENT_PROFILE_DURATION, the longest sampling
+# of one segment, is held to them too (a segment outlives no task).
+MIN_DURATION_MIN: Final = 1
+MAX_DURATION_MIN: Final = 15
+
 
 @dataclass(frozen=True)
 class BoardTask:

@@ -129,6 +129,10 @@ def test_keywords_override_environment() -> None:
         ("SW_AGENT_METER_REPORTER_PERIOD", "1e10", "between 1 and 86400 seconds"),
         ("SW_AGENT_REPORTER_PROCESS", "", "not a boolean"),  # Kubernetes `value: ""`
         ("SW_AGENT_PROFILE_ACTIVE", " ", "not a boolean"),
+        # A segment is sampled no longer than its task runs: SkyWalking's 1 to 15 minutes.
+        ("SW_AGENT_PROFILE_DURATION", "16", "between 1 and 15 minutes"),
+        ("SW_AGENT_PROFILE_DURATION", "1000000000", "between 1 and 15 minutes"),
+        ("SW_AGENT_PROFILE_DURATION", "0", "between 1 and 15 minutes"),
     ],
 )
 def test_invalid_value_is_reported_once_and_default_used(
@@ -144,6 +148,12 @@ def test_invalid_value_is_reported_once_and_default_used(
     msgs = [r.getMessage() for r in caplog.records if env in r.getMessage()]
     assert len(msgs) == 1, msgs
     assert value in msgs[0] and why in msgs[0] and "using" in msgs[0]
+
+
+def test_the_profile_duration_accepts_a_tasks_whole_range() -> None:
+    assert C.load({"SW_AGENT_PROFILE_DURATION": "1"}).agent_profile_duration == 1
+    assert C.load({"SW_AGENT_PROFILE_DURATION": "15"}).agent_profile_duration == 15
+    assert C.load({}).agent_profile_duration == 10
 
 
 def test_an_empty_boolean_is_refused_like_an_empty_number(caplog: pytest.LogCaptureFixture) -> None:

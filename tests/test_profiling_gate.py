@@ -182,3 +182,51 @@ def test_counts_of_tasks_taken_off_the_board_are_dropped(arena: Arena, sink: _si
     arena.board.publish(b"not a task table")  # unreadable: nothing is forgotten
     assert not fast_request("/elsewhere")
     assert gate.started == {"second": 1}
+
+
+# -- bug: the agent stopping while a segment reads the board ---------------------------------
+# The stop (another thread: swmp.stop(), the exit hooks) detaches the gate, then the sink
+# closes the arena, which releases the board's views. A request thread that passed the gate's
+# generation check reads the board after that; the reads below put the stopping thread's work
+# exactly where a thread switch can put it.
+def stop_agent(arena: Arena) -> None:
+    gate.attach(None)  # swmp.profiling's leave hook
+    arena.close()  # the sink leaving: the board's memoryviews are released
+
+
+def test_the_arena_closed_just_before_the_board_is_read_raises_nothing(
+    arena: Arena, sink: _sink.MemorySink
+) -> None:
+    post(arena, task())
+    board = arena.board
+    read = board.read
+
+    def read_after_the_stop(attempts: int = 1000) -> tuple[int, bytes] | None:
+        stop_agent(arena)
+        return read(attempts)  # a released view: ValueError, raised into the request
+
+    board.read = read_after_the_stop  # type: ignore[method-assign]
+    with new_entry_span("/slow") as span:  # the application's request: it must not see the stop
+        assert span.segment.profile is None
+    assert gate.board is None and gate.by_endpoint == {}
+
+
+def test_a_gate_stopped_while_it_read_the_board_keeps_no_tasks(arena: Arena, sink: _sink.MemorySink) -> None:
+    """The table read from a board the gate no longer has is not installed: a stopped agent
+    (or a forked child) profiles nothing until it attaches a board again."""
+    post(arena, task())
+    board = arena.board
+    read = board.read
+
+    def stopped_during_the_read(attempts: int = 1000) -> tuple[int, bytes] | None:
+        got = read(attempts)
+        gate.attach(None)
+        return got
+
+    board.read = stopped_during_the_read  # type: ignore[method-assign]
+    with new_entry_span("/slow") as span:
+        assert span.segment.profile is None
+    assert gate.board is None and gate.by_endpoint == {} and gate.seen == -1
+    del board.read  # type: ignore[method-assign]
+    gate.attach(board)  # attached again: the tasks are read afresh
+    assert slow_request("/slow") is not None

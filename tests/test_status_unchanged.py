@@ -234,6 +234,10 @@ CHANGES: dict[str, tuple[Callable[[Rig], None], Callable[[dict[str, Any]], bool]
     "failed": (_bump("failed"), lambda d: d["failed"] == 1),
     "spooled": (_bump("spooled"), lambda d: d["spool"]["spooled"] == 1),
     "replayed": (_bump("replayed"), lambda d: d["spool"]["replayed"] == 1),
+    "profile-refused": (
+        _bump("profile_commands_refused"),
+        lambda d: d["profile"] == {"commands_refused": 1},
+    ),
     "dropped": (_dropped, lambda d: d["dropped"]["backend"] == 2),
     "backend-failure": (
         _failure,

@@ -75,6 +75,13 @@ def at_least(n: float) -> Check:
     return check
 
 
+def between(lo: int, hi: int, unit: str = "") -> Check:
+    def check(v: Any) -> str | None:
+        return None if lo <= v <= hi else f"must be between {lo} and {hi}{' ' + unit if unit else ''}"
+
+    return check
+
+
 def one_of(choices: tuple[str, ...]) -> Check:
     def check(v: Any) -> str | None:
         return None if v in choices else f"must be one of {', '.join(choices)}"

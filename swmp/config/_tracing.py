@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reporter_proc.taskboard import MAX_DURATION_MIN, MIN_DURATION_MIN
 from swmp.config._declare import (
     DEFAULT_IGNORE_SUFFIX,
     LOGS,
@@ -11,6 +12,7 @@ from swmp.config._declare import (
     PROFILE,
     TRACE,
     at_least,
+    between,
     log_level,
     opt,
     seconds,
@@ -186,9 +188,10 @@ class ProfileSettings:
     agent_profile_duration: int = opt(
         10,
         "SW_AGENT_PROFILE_DURATION",
-        "Longest sampling of one segment, in minutes (then it stops, the request goes on).",
+        "Longest sampling of one segment, in minutes (then it stops, the request goes on); "
+        "1 to 15, the bounds of a task's duration.",
         PROFILE,
-        check=at_least(1),
+        check=between(MIN_DURATION_MIN, MAX_DURATION_MIN, "minutes"),
     )
     agent_profile_dump_max_stack_depth: int = opt(
         500,

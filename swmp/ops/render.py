@@ -179,6 +179,10 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
     else:
         spool = "no spool"
     out.append(_row("buffers", _join(f"pending {fmt.size(a['pending_bytes'])}", spool)))
+    refused = a.get("profile", {}).get("commands_refused")
+    if refused:  # only then: most agents never see one
+        why = "(not run; see the reporter's log)"
+        out.append(_row("profile", f"commands refused {fmt.count(refused)} {why}"))
     out.append(SLOT_HEADER)
     out.extend(_slot_row(sl) for sl in a["slots"])
     if not a["slots"]:

@@ -213,6 +213,8 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
         },
         "slots": slots,
         "idle_slots": sum(1 for sl in s.slots if not sl.in_use),
+        # Profile tasks the OAP sent that the reporter did not run (0 from older reporters).
+        "profile": {"commands_refused": number(s.doc_dict("profile").get("commands_refused"))},
     }
 
 

@@ -218,6 +218,7 @@ STATUS_SCHEMA: dict[str, Any] = {
                         "rates": _obj({"written_per_s": _NNUM, "read_per_s": _NNUM, "sent_per_s": _NNUM}),
                         "slots": {"type": "array", "items": _SLOT},
                         "idle_slots": _INT,
+                        "profile": _obj({"commands_refused": _INT}),
                     }
                 ),
             },

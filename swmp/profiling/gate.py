@@ -30,15 +30,24 @@ from ipc.board import GENERATION
 from reporter_proc import taskboard
 from reporter_proc.taskboard import BoardTask
 from swmp.profiling import stacks
-from swmp.profiling.sampler import Profiled, Sampler, StackSource
+from swmp.profiling.sampler import Profiled, Sampler, StackSource, stats
 
 log = logging.getLogger("swmp.profiling")
 
 
 class Gate:
+    """The board is attached and detached by other threads than the requests' (the sink's
+    bind, the agent's stop, which then closes the arena and releases the board's views): a
+    request reads ``board`` once, handles a board released under it (ValueError: the views
+    are Python memoryviews over the mapping, which cannot be unmapped while one of them is
+    out, so nothing is ever read from freed memory) and keeps what it read only if that
+    board is still the attached one. No lock: :meth:`attach` sets ``board`` first and
+    clears the table after, a refresh installs its table first and checks ``board`` after,
+    so whatever the interleaving a detached gate ends with no table (a lock there could be
+    taken again by a stop called from a signal handler, and block)."""
+
     def __init__(self) -> None:
         self.board: Board | None = None  # None: nothing to check (no agent, master, stopped)
-        self._words: memoryview | None = None  # the board's words: its generation, read inline
         self.seen = -1  # the generation last read
         # endpoint -> its tasks, by start time: the OAP refuses tasks of one service whose times
         # overlap, not a task scheduled after the running one, so both can be on the board.
@@ -60,18 +69,25 @@ class Gate:
         self.max_profile_s = max(1.0, duration_min * 60)
 
     def attach(self, board: Board | None) -> None:
-        self.board = board
-        self._words = board.words if board is not None else None
+        self.board = board  # first: see the class doc
         self.seen = -1
         self.by_endpoint = {}
 
     def reset_after_fork(self) -> None:
-        """A new process: no board yet, no counts, and no sampler thread (threads do not fork)."""
+        """A new process: no board yet, no counts, and no sampler thread (threads do not fork).
+
+        The parent's segments are dropped here: a request that forks while it is profiled
+        (``subprocess`` with ``preexec_fn``, a ``multiprocessing`` fork, ``os.fork``) may go
+        on in the child and end its span there, whose ``Profiled.stop`` takes the segment's
+        lock, which the parent's sampler thread may have held at the fork."""
         self.attach(None)
         self.started = {}
         self._count_lock = threading.Lock()  # another thread may have held it at the fork
+        for sampler in {id(s): s for s in (self.sampler, *self._made.values()) if s is not None}.values():
+            sampler.forget_after_fork()
         self.sampler = None  # the parent's thread did not come along
         self._made = {}
+        stats.reset()  # this process's counts
 
     @property
     def sampler_alive(self) -> bool:
@@ -86,20 +102,20 @@ class Gate:
 
     # -- the hot path ------------------------------------------------------------------------
     def first_span(self, span: Any) -> None:
-        words = self._words
-        if words is None:
+        board = self.board  # once: the agent may be stopping on another thread
+        if board is None:
             return
         try:
-            gen = words[GENERATION]
+            if board.words[GENERATION] != self.seen:
+                self._refresh(board)
         except ValueError:  # the arena was closed under us (the agent is stopping)
-            self.attach(None)
+            self._detach(board)
             return
-        if gen != self.seen and self.board is not None:
-            self._refresh(self.board)
         if self.by_endpoint:
             self.consider(span)
 
     def _refresh(self, board: Board) -> None:
+        """Read ``board``'s tasks (ValueError once its views are released)."""
         got = board.read()
         if got is None:
             return  # mid-update for too long: try again on the next segment
@@ -107,12 +123,23 @@ class Gate:
         try:
             tasks = taskboard.decode(doc)
         except Exception:
-            tasks = []
+            tasks = None
             log.error("swmp: the profile task board is unreadable; profiling is off until it changes")
-        else:
-            self._forget_counts({t.task_id for t in tasks})
-        self.by_endpoint = by_endpoint(tasks)
+        self.by_endpoint = by_endpoint(tasks or [])
         self.seen = gen
+        if self.board is not board:  # after: see the class doc
+            # Detached (the agent stopped) or another board attached meanwhile: what was
+            # read is not this gate's; nothing read, as after attach().
+            self.by_endpoint = {}
+            self.seen = -1
+            return
+        if tasks is not None:
+            self._forget_counts({t.task_id for t in tasks})
+
+    def _detach(self, board: Board) -> None:
+        """Detach ``board`` if it is still the one attached (not a board attached since)."""
+        if self.board is board:
+            self.attach(None)
 
     def _forget_counts(self, on_board: set[str]) -> None:
         """Drop the counts of tasks the reporter took off the board (they are over): without

@@ -91,6 +91,15 @@ class Profiled:
         if wake is not None:
             wake()  # the sampler forgets us now, and ends if we were its last segment
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: the parent's sampler thread may have held :attr:`lock` at the
+        fork (it never releases it here), and this segment is the parent's to sample. A new
+        lock, stopped, waking nobody: the request's :meth:`stop` returns at once, and no
+        snapshot of it is ever dumped from the child."""
+        self.lock = threading.Lock()
+        self.stopped = True
+        self.wake = None
+
     def sample(self, now_mono: float) -> bool:
         """Dump one snapshot if still running; False once this segment is done with."""
         with self.lock:
@@ -128,6 +137,9 @@ class _Stats:
     __slots__ = ("dropped", "segments", "snapshots", "threads")
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.segments = 0  # segments profiled in this process (their first snapshot taken)
         self.snapshots = 0  # snapshots written to the ring
         self.dropped = 0  # snapshots the ring refused
@@ -146,6 +158,18 @@ class Sampler:
         self._active: list[Profiled] = []
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()  # a segment was added or stopped
+
+    def forget_after_fork(self) -> None:
+        """In a forked child (one thread, the fork hooks running): the parent's thread did
+        not come along, and might have held :attr:`_lock`, the event's lock or a segment's
+        lock at the fork. Every segment it had is dropped (see :meth:`Profiled.forget_after_fork`)
+        and this sampler is left empty, with new locks; nothing of it is used again."""
+        items, self._active = self._active, []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        for p in items:
+            p.forget_after_fork()
 
     def running(self) -> int:
         """Segments being profiled now (SW_AGENT_PROFILE_MAX_PARALLEL bounds it)."""
