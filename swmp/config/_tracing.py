@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reporter_proc.settings import BOUNDS, at_least, seconds
 from swmp.config._declare import (
     DEFAULT_IGNORE_SUFFIX,
     LOGS,
     METER,
     PROFILE,
     TRACE,
-    at_least,
     log_level,
     opt,
-    seconds,
 )
 
 
@@ -174,7 +173,7 @@ class ProfileSettings:
         "SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL",
         "Seconds between two queries for new profile tasks (the reporter asks the OAP; 1 to 86400).",
         PROFILE,
-        check=seconds(1),
+        check=BOUNDS["profile_task_interval_s"],
     )
     agent_profile_max_parallel: int = opt(
         5,
