@@ -42,6 +42,17 @@ def _mtime(path: str) -> float:
         return 0.0
 
 
+def still_linked(arena: Arena) -> bool:
+    """Is ``arena``'s file still at its path? False once it was unlinked (by its owner at
+    exit, by the last reporter out) or replaced: what is written into it then is read by
+    nobody (``swmp status`` finds arenas by their path)."""
+    try:
+        st = os.lstat(arena.path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == arena._shared.key
+
+
 def read_info(path: str) -> ArenaInfo:
     with Arena.open(path, wait_s=0) as arena:
         return arena.info()

@@ -33,6 +33,7 @@ from reporter_proc.senders.base import (
     UnsupportedError,
 )
 from reporter_proc.spooling import SpoolWriter
+from reporter_proc.timeouts import limited
 
 RETRYABLE = isolation.RETRYABLE  # failures worth another attempt: one definition
 _MAX_EXPONENT = 1023  # the largest n for which 2.0 ** n is a float
@@ -115,7 +116,7 @@ class Delivery:
     # -- sending ---------------------------------------------------------------------------
     async def send(self, kind: str, records: list[Record]) -> None:
         call = getattr(self.sender, R.BY_NAME[kind].send)
-        await asyncio.wait_for(call(records), timeout=self.journal.settings.send_timeout_s + 1.0)
+        await limited(call(records), self.journal.settings.send_timeout_s + 1.0)
 
     async def deliver(self, batch: Batch) -> None:
         """Send one batch: retries, then spool or drop. Always leaves it resolvable."""

@@ -28,6 +28,7 @@ from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
 from reporter_proc.senders.base import Sender, SendError, UnsupportedError
 from reporter_proc.ticks import until_next_tick
+from reporter_proc.timeouts import limited
 
 log = logging.getLogger("swmp.reporter")
 
@@ -264,14 +265,14 @@ class Instances:
         timeout = s.send_timeout_s + 1.0
         try:
             if not inst.props_sent or inst.pings_since_props >= s.properties_every_n_keepalives:
-                await asyncio.wait_for(
+                await limited(
                     self.sender.report_properties(inst.service, inst.instance, inst.properties, inst.layer),
                     timeout,
                 )
                 inst.props_sent = True
                 inst.pings_since_props = 0
                 c.add(c.sent, "properties")
-            await asyncio.wait_for(self.sender.keep_alive(inst.service, inst.instance, inst.layer), timeout)
+            await limited(self.sender.keep_alive(inst.service, inst.instance, inst.layer), timeout)
         except UnsupportedError as exc:
             self.journal.log_once(
                 "unsupported-management", logging.WARNING, "%s; instances are not kept alive", exc
@@ -320,7 +321,7 @@ class Instances:
                     return
             attempt += 1
             try:
-                await asyncio.wait_for(
+                await limited(
                     asyncio.gather(*(self.keep_alive(i) for i in pending)), self.stop.remaining()
                 )
             except (asyncio.TimeoutError, Exception) as exc:

@@ -46,6 +46,7 @@ from reporter_proc.settings import ReporterSettings
 from reporter_proc.spool import Spool
 from reporter_proc.spooling import Replayer, SpoolWriter
 from reporter_proc.status import Counters, exit_summary
+from reporter_proc.timeouts import limited
 
 log = logging.getLogger("swmp.reporter")
 
@@ -389,7 +390,7 @@ class Reporter:
         sender = self.sender
         if sender is not None:
             try:
-                await asyncio.wait_for(sender.close(), timeout=max(1.0, self.stop.remaining()))
+                await limited(sender.close(), max(1.0, self.stop.remaining()))
             except Exception as exc:
                 log.warning("closing the %s sender: %r", self.settings.protocol, exc)
         for t in self._tasks:

@@ -31,7 +31,7 @@ import stat
 import subprocess
 import sys
 import threading
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import orjson
 
@@ -50,7 +50,7 @@ from reporter_proc.plumbing import (
     tune_gc,
 )
 from reporter_proc.role import forking_reporter, in_reporter_process, mark_reporter_process, set_forking
-from reporter_proc.settings import ReporterSettings
+from reporter_proc.settings import ReporterSettings, settings_from_mapping
 from reporter_proc.supervisor import Supervisor
 from reporter_proc.thread_mode import ReporterThread, start_reporter_thread
 
@@ -81,18 +81,11 @@ def settings_to_json(settings: ReporterSettings) -> str:
 
 
 def settings_from_json(text: str | bytes) -> ReporterSettings:
+    """The settings in ``text`` (a JSON object), checked: see :func:`settings_from_mapping`."""
     data = orjson.loads(text)
     if not isinstance(data, dict):
         raise ValueError("reporter settings must be a JSON object")
-    known = {f.name: f for f in dataclasses.fields(ReporterSettings)}
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        f = known.get(key)
-        if f is None:
-            log.warning("ignoring unknown reporter setting %r", key)
-            continue
-        kwargs[key] = tuple(value) if isinstance(value, list) else value
-    return ReporterSettings(**kwargs)
+    return settings_from_mapping(data)
 
 
 # -- the reporter process ----------------------------------------------------------------------

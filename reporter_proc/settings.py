@@ -8,7 +8,53 @@ build one in a line.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("swmp.reporter")
+
+KIB = 1024
+
+# A check returns why a value is refused, or None when it is acceptable.
+Check = Callable[[Any], "str | None"]
+
+# The most any setting in seconds may be. Each one ends up as a wait, a sleep or a timer,
+# and those fail far below float's range: threading's Event.wait and join raise
+# OverflowError above threading.TIMEOUT_MAX (which killed the meter thread), and Kafka's
+# millisecond timeouts are 32-bit (24.8 days). A day is longer than any useful period or
+# timeout, so a larger value is a mistake and refused like any out-of-range one.
+MAX_SECONDS = 24 * 3600
+
+# The reporter's own protocols: the agent's three, and "memory" (tests, benchmarks).
+REPORTER_PROTOCOLS = ("grpc", "http", "kafka", "memory")
+
+
+def seconds(lo: float, hi: float = MAX_SECONDS) -> Check:
+    """A duration in seconds: from ``lo`` to ``hi`` (:data:`MAX_SECONDS` unless given).
+    NaN and infinities fail the comparison and are refused too."""
+
+    def check(v: Any) -> str | None:
+        return None if lo <= v <= hi else f"must be between {lo:g} and {hi:g} seconds"
+
+    return check
+
+
+def at_least(n: float) -> Check:
+    def check(v: Any) -> str | None:
+        return None if v >= n else f"must be >= {n}"
+
+    return check
+
+
+def one_of(choices: tuple[str, ...]) -> Check:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}"
+
+    return check
 
 
 def kafka_key(raw: str) -> str:
@@ -92,3 +138,92 @@ class ReporterSettings:
     # protocol="memory" (tests, benchmarks): JSON lines of every accepted call go here
     memory_path: str = ""
     memory_fail_first: int = 0  # the memory sender fails its first N calls (retry tests)
+
+
+# The range of every numeric reporter setting, declared once: the reporter checks the
+# settings it reads from JSON (``python -m reporter_proc --settings/--settings-file``) with
+# them, and the agent's configuration (swmp.config) declares the SW_* variables that feed
+# these fields with the same checks. What a value outside them did in the reporter:
+# a zero flush or poll interval divided by zero on the first tick (the reporter died, and
+# its supervisor restarted it into the same death); a negative one made the intake spin a
+# whole core; a batch size of 0 or less sent every record alone; a negative send timeout
+# failed every send; more than a day overflowed the thread and Kafka timers.
+BOUNDS: dict[str, Check] = {
+    "batch_max_records": at_least(1),
+    "batch_max_bytes": at_least(KIB),
+    "flush_interval_s": seconds(0.001),
+    "send_early_records": at_least(1),
+    "poll_interval_s": seconds(0.001),
+    # The reporter's keep-alive tick is at least 50 ms; the agent asks its users for 1 s.
+    "keepalive_interval_s": seconds(0.05),
+    "properties_every_n_keepalives": at_least(1),
+    "send_timeout_s": seconds(0.1),
+    "retry_max_attempts": at_least(1),
+    "retry_backoff_base_s": seconds(0),
+    "retry_backoff_max_s": seconds(0),
+    "max_pending_bytes": at_least(KIB),
+    "shutdown_deadline_s": seconds(0),
+    "profile_task_interval_s": seconds(1),
+    "spool_max_bytes": at_least(0),
+    "spool_segment_bytes": at_least(4 * KIB),  # the spool never seals a file smaller
+    "restart_backoff_base_s": seconds(0),
+    "restart_backoff_max_s": seconds(0),
+    "restart_stable_s": seconds(0),
+    "status_interval_s": seconds(0.05, 1.0),  # the heartbeat others judge liveness by
+    "status_max_instances": at_least(0),
+    "memory_fail_first": at_least(0),
+}
+
+# Settings with no default worth falling back to: a mistyped protocol must not quietly
+# become gRPC to 127.0.0.1:11800. A bad value here refuses the start (ValueError).
+FATAL: dict[str, Check] = {"protocol": one_of(REPORTER_PROTOCOLS)}
+
+
+def _typed(default: Any, value: Any) -> tuple[Any, str | None]:
+    """``value`` as the type of ``default``, or the reason it is not one."""
+    if isinstance(default, bool):
+        return (value, None) if isinstance(value, bool) else (None, "not true or false")
+    if isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return (value, None) if ok else (None, "not an integer")
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None, "not a number"
+        return (float(value), None) if math.isfinite(value) else (None, "not a finite number")
+    if isinstance(default, str):
+        return (value, None) if isinstance(value, str) else (None, "not a string")
+    if isinstance(default, tuple):
+        ok = isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value)
+        return (tuple(value), None) if ok else (None, "not a list of strings")
+    if isinstance(default, dict):
+        ok = isinstance(value, dict) and all(isinstance(x, str) for x in value.values())
+        return (dict(value), None) if ok else (None, "not an object of strings")
+    return value, None
+
+
+def settings_from_mapping(data: Mapping[str, Any]) -> ReporterSettings:
+    """Reporter settings from a decoded JSON object, checked as the agent checks its own.
+
+    An unknown key is logged and ignored; a value of the wrong type or out of its range
+    (:data:`BOUNDS`) is logged once, with the default used instead; a bad :data:`FATAL`
+    value raises ValueError (the reporter refuses to start, exit status 78).
+    """
+    fields = {f.name: f for f in dataclasses.fields(ReporterSettings)}
+    kwargs: dict[str, Any] = {}
+    for key, raw in data.items():
+        f = fields.get(key)
+        if f is None:
+            log.warning("ignoring unknown reporter setting %r", key)
+            continue
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        value, why = _typed(default, raw)
+        if why is None:
+            check = BOUNDS.get(key) or FATAL.get(key)
+            why = check(value) if check is not None else None
+        if why is None:
+            kwargs[key] = value
+        elif key in FATAL:
+            raise ValueError(f"reporter setting {key}={raw!r} is invalid ({why})")
+        else:
+            log.warning("reporter setting %s=%r is invalid (%s); using %r instead", key, raw, why, default)
+    return ReporterSettings(**kwargs)

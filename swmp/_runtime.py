@@ -48,7 +48,8 @@ Three kinds of process have no ring, and the sink drops their records and counts
 These counts, and the master's, reach the application's shared arena header
 (``Arena.add_counts``) at each drop, in both modes (thread mode: the arena that names the
 processes), so ``swmp status`` shows them and ``swmp health`` fails its ``drops`` check on
-records lost for want of a slot.
+records lost for want of a slot. Once that file is gone (thread mode: the owner removes the
+registry at its goodbye), the process keeps them and logs them at its exit's very end.
 (Batching them per second left the last second's drops unpublished while the process sat
 idle: the fault suite saw 94 of 143 lost records counted. A process without a ring is
 already failing; a lock pair per dropped record is cheap next to what it loses.)
@@ -61,7 +62,7 @@ import os
 import threading
 import time
 
-from ipc import Arena, RingWriter
+from ipc import Arena, RingWriter, still_linked
 from ipc import _layout as L
 from reporter_proc import records as R
 from swmp import lifecycle
@@ -87,6 +88,10 @@ def master_instance_name(base: str) -> str:
 
 def _no_counts() -> dict[str, int]:
     return {"no_slot": 0, "helper": 0, "master": 0, "late": 0, "workers": 0}
+
+
+# How ``swmp status`` names each count (the report at exit uses the same words).
+_LABELS = {"no_slot": "no slot", "helper": "helpers", "master": "master", "late": "after exit"}
 
 
 def header_counts(counts: dict[str, int]) -> dict[int, int]:
@@ -124,6 +129,11 @@ class ProcessSink:
         self.dropped_no_slot = 0  # records dropped because this process has no ring
         self._retry_at = 0.0  # monotonic time of the next claim attempt (role "unavailable")
         self._unpublished = _no_counts()  # not yet in the shared arena
+        # Counts of this process (``_unseen_pid``) that had nowhere to go: the shared file was
+        # gone (thread mode: the owner removes the registry at exit). Reported at exit.
+        self._unseen = _no_counts()
+        self._unseen_pid = -1
+        self._unseen_reported = False
         self.role = ""  # "worker" | "master" | "unavailable" | "helper", for this process
         self._writer: RingWriter | None = None
         self._slot: int | None = None
@@ -222,12 +232,55 @@ class ProcessSink:
         # thread of this process counts at the very same instant can still be missed.
         pending, self._unpublished = self._unpublished, _no_counts()
         try:
-            self._publish(pending)
+            published = self._publish(pending)
         except Exception:
+            published = False
             log.debug("swmp: drop counts not published", exc_info=True)
+        if not published:
+            self._keep_unseen(pending)
 
-    def _publish(self, counts: dict[str, int]) -> None:
-        """Add ``counts`` to the shared arena (nothing where the mode has none)."""
+    def _publish(self, counts: dict[str, int]) -> bool:
+        """Add ``counts`` to the shared arena; False when there is none that anyone reads."""
+        return False
+
+    def _keep_unseen(self, counts: dict[str, int]) -> None:
+        """Counts no file took (it was removed): kept for :meth:`report_unseen`."""
+        pid = os.getpid()
+        if self._unseen_pid != pid:  # a parent's counts are its own to report
+            self._unseen_pid, self._unseen, self._unseen_reported = pid, _no_counts(), False
+        for kind, n in counts.items():
+            self._unseen[kind] += n
+        if self._unseen_reported:
+            # After the report at exit: an atexit handler registered before the agent started.
+            self._warn_once(
+                f"unseen-{pid}",
+                "swmp: process %d dropped a record made after the agent's exit report; nothing "
+                "running can count it (more are dropped silently)",
+                pid,
+            )
+
+    def unseen_drops(self) -> dict[str, int]:
+        """This process's drops that no file took (see :meth:`report_unseen`)."""
+        return dict(self._unseen) if self._unseen_pid == os.getpid() else _no_counts()
+
+    def report_unseen(self) -> None:
+        """At exit, after the application's exit handlers: log how many records this process
+        dropped where no ``swmp status`` can see them (in thread mode the owner removed the
+        registry at its goodbye; its own later records had nowhere to be counted)."""
+        pid = os.getpid()
+        if self._unseen_pid != pid:
+            self._unseen_pid, self._unseen = pid, _no_counts()
+        self._unseen_reported = True
+        counts = self._unseen
+        total = sum(counts[kind] for kind in _LABELS)
+        if total:
+            detail = ", ".join(f"{label}: {counts[kind]}" for kind, label in _LABELS.items() if counts[kind])
+            log.warning(
+                "swmp: process %d dropped %d records that nothing running can count any more (%s)",
+                pid,
+                total,
+                detail,
+            )
 
     def rebind(self, *, retry: bool = False) -> None:
         """Take this process's ring and name (after fork, or on first use). Idempotent.
@@ -417,8 +470,11 @@ class ArenaSink(ProcessSink):
     def _release(self, timeout: float) -> None:
         self.arena.release_slot()
 
-    def _publish(self, counts: dict[str, int]) -> None:
+    def _publish(self, counts: dict[str, int]) -> bool:
+        if not still_linked(self.arena):  # the last reporter out removed it
+            return False
         self.arena.add_counts(header_counts(counts))
+        return True
 
     def _attach_master(self, pid: int) -> RingWriter | None:
         writer = self.arena.claim_slot(highest=True)

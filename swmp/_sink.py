@@ -15,6 +15,7 @@ not None. Any other sink, state or subclass with a ``write`` of its own is calle
 
 from __future__ import annotations
 
+import atexit
 import threading
 from typing import Protocol
 
@@ -64,3 +65,20 @@ def get_sink() -> Sink:
 def set_sink(sink: Sink | None) -> None:
     global _sink
     _sink = _null if sink is None else sink
+
+
+def report_unseen() -> None:
+    """At exit, the last word of the current sink (``ProcessSink.report_unseen``): how many
+    records this process dropped after the agent's goodbye where nothing can count them."""
+    report = getattr(_sink, "report_unseen", None)
+    if report is not None:
+        try:
+            report()
+        except Exception:  # never into the application's exit
+            pass
+
+
+# Registered at ``import swmp`` (this module comes with it), so it runs after the agent's exit
+# hook and after every exit handler registered later (atexit runs the last registered first):
+# under ``swmp run`` every handler of the application. A no-op until a sink counts such drops.
+atexit.register(report_unseen)

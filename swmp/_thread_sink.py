@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ipc import Arena, RingWriter
+from ipc import Arena, RingWriter, still_linked
 from ipc.private import private_directory
 from reporter_proc.settings import ReporterSettings
 from swmp._runtime import ProcessSink, header_counts
@@ -142,11 +142,16 @@ class ThreadSink(ProcessSink):
         if self.registry is not None:
             self.registry.release_slot()
 
-    def _publish(self, counts: dict[str, int]) -> None:
+    def _publish(self, counts: dict[str, int]) -> bool:
         # The registry is the one file every process of the application shares: the private
         # arenas belong to processes that report, and these counts are of those that do not.
-        if self.registry is not None:
-            self.registry.add_counts(header_counts(counts))
+        # The owner removes it at its goodbye: its own later drops (and those of a process
+        # outliving it) then stay with the sink, which reports them at exit.
+        registry = self.registry
+        if registry is None or not still_linked(registry):
+            return False
+        registry.add_counts(header_counts(counts))
+        return True
 
     def report_arena(self) -> Arena | None:
         """This process's private arena: its reporter thread posts profile tasks there."""

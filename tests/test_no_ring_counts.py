@@ -11,6 +11,7 @@ application's processes. First on the sinks with real arenas, then with a real a
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -24,12 +25,15 @@ import pytest
 
 from ipc import Arena
 from reporter_proc import records as R
+from reporter_proc.process import start_reporter_thread
+from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
+from swmp import _sink as swmp_sink
 from swmp import lifecycle
 from swmp._runtime import ArenaSink
 from swmp._thread_sink import ThreadSink
 from swmp.tracing.identity import identity
-from tests.e2e_apps.exit_app import HELPER_LINES
+from tests.e2e_apps.exit_app import HELPER_LINES, OWNER_LATE_LINES
 from tests.servers import REPO_ROOT, Proc, agent_env, collector_process
 from tests.test_cli_support import cli, cli_json
 
@@ -160,3 +164,109 @@ def test_a_record_after_the_goodbye_is_counted_not_reported(tmp_path: Path, repo
     # The record is dropped and counted where `swmp status` reads it, apart from the
     # records lost for want of a slot.
     assert (result["late"], result["no_slot"]) == (1, 0), result
+
+
+def _unseen_messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "nothing running can count" in r.getMessage()]
+
+
+def test_the_thread_mode_owner_reports_at_exit_what_it_dropped_after_its_goodbye(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The owner removes the name registry at its goodbye (agent._at_exit): its own later drops
+    went into that removed file, where nobody could ever see them. Now they stay with the sink
+    and the last exit hook logs how many; one after that hook is said at once."""
+    registry = Arena.create(str(tmp_path / "names.arena"), slots=2, ring_capacity=4096)
+    sender = MemorySender()
+
+    def start_thread(path: str, s: ReporterSettings, arena: Arena) -> Any:
+        return start_reporter_thread(path, s, arena=arena, sender=sender)
+
+    sink = ThreadSink(
+        registry,
+        ReporterSettings(service="svc", flush_interval_s=0.01),
+        start_thread,
+        arena_dir=str(tmp_path),
+        ring_capacity=1 << 16,
+        meta=b"{}",
+        service="svc",
+        instance_base="base",
+        owner_pid=os.getpid(),
+    )
+    me = os.getpid()
+    try:
+        assert sink.write(R.LOG, _log("the owner reports"))
+        sink.leave(timeout=5, for_good=True)
+        registry.unlink()  # as the owner's exit hook does after the goodbye
+        with caplog.at_level(logging.WARNING, logger="swmp.agent"):
+            assert not sink.write(R.LOG, _log("an exit handler after the agent's"))
+            assert not sink.write(R.SEGMENT, b"[]")
+            assert registry.lost_counts().late_records == 0  # not into the removed file
+            assert sink.unseen_drops()["late"] == 2
+            assert _unseen_messages(caplog) == []  # said once, at the end
+            swmp_sink.set_sink(sink)
+            try:
+                swmp_sink.report_unseen()  # the last exit hook
+            finally:
+                swmp_sink.set_sink(None)
+            assert _unseen_messages(caplog) == [
+                f"swmp: process {me} dropped 2 records that nothing running can count any more "
+                "(after exit: 2)"
+            ]
+            # An exit handler registered before `import swmp` runs after that report.
+            assert not sink.write(R.LOG, _log("later still"))
+            assert not sink.write(R.LOG, _log("and again"))
+        assert _unseen_messages(caplog)[1:] == [
+            f"swmp: process {me} dropped a record made after the agent's exit report; nothing "
+            "running can count it (more are dropped silently)"
+        ]
+    finally:
+        registry.close()
+    assert sender.logs  # the record before the goodbye was reported
+
+
+def test_a_process_mode_straggler_keeps_its_counts_once_the_arena_is_removed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Process mode: the counts go to the shared arena while it is there (the reporter shows
+    them); once the last reporter out removed it, as in thread mode."""
+    arena = Arena.create(str(tmp_path / "app.arena"), slots=1, ring_capacity=1 << 16)
+    try:
+        sink = ArenaSink(arena, "svc", "base", owner_pid=os.getpid())
+        assert sink.write(R.LOG, _log("reported"))
+        sink.leave(timeout=5, for_good=True)
+        assert not sink.write(R.LOG, _log("late, the arena still there"))
+        assert arena.lost_counts().late_records == 1
+        arena.unlink()
+        assert not sink.write(R.LOG, _log("late, the arena gone"))
+        assert arena.lost_counts().late_records == 1
+        assert sink.unseen_drops()["late"] == 1
+        with caplog.at_level(logging.WARNING, logger="swmp.agent"):
+            sink.report_unseen()
+        assert _unseen_messages(caplog) == [
+            f"swmp: process {os.getpid()} dropped 1 records that nothing running can count any more "
+            "(after exit: 1)"
+        ]
+    finally:
+        arena.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_thread_mode_owner_says_at_exit_how_many_records_it_dropped_after_its_goodbye(
+    tmp_path: Path,
+) -> None:
+    """A real single-process application in thread mode whose exit handler (registered after
+    ``import swmp``, before ``swmp.start()``) logs after the agent's goodbye."""
+    with collector_process(tmp_path) as col:
+        app, _ = _start_app(tmp_path, col.grpc_address, "owner-late", reporter_process=False)
+        try:
+            assert app.wait_exit(60) == 0, app.tail()
+        finally:
+            app.stop()
+    found = re.search(r"^READY (\d+)$", app.log(), re.M)
+    assert found, app.tail()
+    expected = (
+        f"swmp: process {found.group(1)} dropped {OWNER_LATE_LINES} records that nothing running can "
+        f"count any more (after exit: {OWNER_LATE_LINES})"
+    )
+    assert app.log().count(expected) == 1, app.tail()

@@ -67,10 +67,7 @@ def replay_everything(writer: SpoolWriter, j: Journal, send: Backend) -> None:
         try:
             await asyncio.wait_for(emptied(), 60)
         finally:
-            # Closing too: Python 3.11's wait_for (in the send) may swallow a cancellation
-            # that arrives as the call completes, and run() then ends at its next round.
-            stop.closing = True
-            task.cancel()
+            task.cancel()  # lands even as a send completes (reporter_proc.timeouts)
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
@@ -199,3 +196,52 @@ def test_a_replay_that_sends_nothing_does_not_show_the_backend_as_ok(tmp_path: P
     replay_everything(writer, j, Backend(j, sender))
     assert nonzero(j.counters.dropped) == {"invalid": 3} and j.counters.replayed == 0
     assert j.counters.backend_state == "failing" and j.counters.consecutive_failures == 1
+
+
+class GatedSender(MemorySender):
+    """A backend whose segment call returns when the test opens its gate."""
+
+    def __init__(self, entered: asyncio.Future[None], gate: asyncio.Future[None]) -> None:
+        super().__init__()
+        self.entered = entered
+        self.gate = gate
+
+    async def send_segments(self, records: list[Record]) -> None:
+        self.entered.set_result(None)
+        await self.gate
+
+
+def test_a_stop_cancel_arriving_as_the_send_completes_ends_the_replayer(tmp_path: Path) -> None:
+    """The stop cancels the replayer in the loop iteration where its send completes. Python
+    3.11's wait_for (which wrapped the send) then returned the send's result and dropped the
+    cancel: the replayer went on to its next round. Now the task ends cancelled at once.
+    Deterministic: the gate opens and the cancel is sent in one callback, and a handful of
+    loop iterations (no clock) is all the cancel may take."""
+    j = journal()
+    writer = spooled(tmp_path, j, [(R.SEGMENT, segment("c-0"))])
+
+    async def main() -> asyncio.Task[None]:
+        loop = asyncio.get_running_loop()
+        entered: asyncio.Future[None] = loop.create_future()
+        gate: asyncio.Future[None] = loop.create_future()
+        send = Backend(j, GatedSender(entered, gate))
+        replayer = Replayer(writer, j, send, stop=StopState(), busy=lambda: False, backoff=lambda n: 0.0)
+        task = asyncio.create_task(replayer.run())
+        await entered
+        gate.set_result(None)  # the send completes...
+        task.cancel()  # ...and the stop's cancel arrives in the same iteration
+        for _ in range(20):
+            if task.done():
+                break
+            await asyncio.sleep(0)
+        if not task.done():  # the cancel was lost: end the task for the assertion below
+            replayer.stop.closing = True
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise AssertionError("the replayer did not end on the stop's cancel")
+        return task
+
+    task = asyncio.run(main())
+    writer.spool.close()
+    assert task.cancelled()

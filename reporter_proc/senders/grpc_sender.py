@@ -38,6 +38,7 @@ from reporter_proc.senders.base import (
 )
 from reporter_proc.senders.tls import check_no_plain_backend, client_context, read_file, tls_requested
 from reporter_proc.settings import ReporterSettings
+from reporter_proc.timeouts import limited
 
 log = logging.getLogger("swmp.reporter.grpc")
 
@@ -233,7 +234,7 @@ class GrpcSender(Sender):
                     self._stream_opened = time.monotonic()
                 stream = self._stream
                 for body in segments:
-                    await asyncio.wait_for(stream.write(body), self._timeout)
+                    await limited(stream.write(body), self._timeout)
             except asyncio.CancelledError:
                 raise
             except (aio.AioRpcError, aio.UsageError, asyncio.TimeoutError, asyncio.InvalidStateError,
@@ -253,8 +254,8 @@ class GrpcSender(Sender):
         stream, self._stream = self._stream, None
         if stream is None:
             return
-        await asyncio.wait_for(stream.done_writing(), self._timeout)
-        await asyncio.wait_for(stream, self._timeout)
+        await limited(stream.done_writing(), self._timeout)
+        await limited(stream, self._timeout)
 
     async def send_logs(self, records: list[Record]) -> None:
         await self._client_stream(_LOG_COLLECT, encode_all(encode.log, records), "log collect")

@@ -34,6 +34,7 @@ from reporter_proc.senders.tls import (
     client_context,
 )
 from reporter_proc.settings import ReporterSettings, kafka_key
+from reporter_proc.timeouts import limited
 
 log = logging.getLogger("swmp.reporter.kafka")
 
@@ -253,7 +254,7 @@ class KafkaSender(Sender):
             if self._producer is None:
                 producer = self._new_producer()
                 try:
-                    await asyncio.wait_for(producer.start(), self._timeout)
+                    await limited(producer.start(), self._timeout)
                 except asyncio.CancelledError:
                     await _stop_quietly(producer)
                     raise
@@ -281,7 +282,7 @@ class KafkaSender(Sender):
 
         host, _, port = self._servers[0].rpartition(":")
         try:
-            conn = await asyncio.wait_for(create_conn(host, int(port), **self._security), self._timeout)
+            conn = await limited(create_conn(host, int(port), **self._security), self._timeout)
         except asyncio.CancelledError:
             raise
         except _SECURITY_ERRORS as exc:
@@ -305,7 +306,7 @@ class KafkaSender(Sender):
         try:
             # send() only queues (batched by the producer); the futures resolve on the broker's ack.
             futures = [await producer.send(topic, value, key=key) for key, value in items]
-            await asyncio.wait_for(asyncio.gather(*futures), self._timeout)
+            await limited(asyncio.gather(*futures), self._timeout)
         except asyncio.CancelledError:
             raise
         except kafka_errors.MessageSizeTooLargeError as exc:

@@ -16,7 +16,8 @@ default is used.
 
 from __future__ import annotations
 
-from swmp.config._declare import KAFKA_CONFIG_PREFIX, KIB, LOG_LEVELS, MAX_SECONDS, MIB, PROTOCOLS
+from reporter_proc.settings import MAX_SECONDS
+from swmp.config._declare import KAFKA_CONFIG_PREFIX, KIB, LOG_LEVELS, MIB, PROTOCOLS
 from swmp.config._load import load, parse_instance_properties
 from swmp.config._model import Config, Setting, env_to_kwarg, settings
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reporter_proc.settings import BOUNDS, one_of, seconds
 from swmp.config._declare import (
     CORE,
     KAFKA,
     KAFKA_CONFIG_PREFIX,
     PROTOCOLS,
-    at_least,
     log_level,
-    one_of,
     opt,
-    seconds,
 )
 
 
@@ -67,6 +65,8 @@ class CoreSettings:
         "SW_AGENT_COLLECTOR_HEARTBEAT_PERIOD",
         "Seconds between instance keep-alives (1 to 86400).",
         CORE,
+        # Narrower than the reporter's keepalive_interval_s bound (50 ms, its tick): the
+        # reporter's tests ping fast, a user's setting need not.
         check=seconds(1),
     )
     agent_collector_properties_report_period_factor: int = opt(
@@ -74,7 +74,7 @@ class CoreSettings:
         "SW_AGENT_COLLECTOR_PROPERTIES_REPORT_PERIOD_FACTOR",
         "Instance properties are re-sent every `factor` keep-alives.",
         CORE,
-        check=at_least(1),
+        check=BOUNDS["properties_every_n_keepalives"],
     )
     agent_instance_properties_json: str = opt(
         "",

@@ -6,9 +6,14 @@ one-line description and its section (the heading it gets in ``docs/configuratio
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import field
 from typing import Any
+
+# The value checks (seconds, at_least, one_of) live with the reporter's settings, and so does
+# the range of every reporter setting (reporter_proc.settings.BOUNDS): a SW_* variable that
+# feeds one takes that bound as its check, so the agent and ``python -m reporter_proc
+# --settings-file`` refuse the same values. swmp may import reporter_proc, not the reverse.
+from reporter_proc.settings import Check
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -31,8 +36,6 @@ REPORTER = "Reporter process and shared memory (swmp)"
 
 DEFAULT_IGNORE_SUFFIX = ".jpg,.jpeg,.js,.css,.png,.bmp,.gif,.ico,.mp3,.mp4,.html,.svg"
 
-Check = Callable[[Any], "str | None"]
-
 
 def opt(
     default: Any,
@@ -51,40 +54,9 @@ def opt(
     return field(default=default, metadata=meta)
 
 
-# The most any setting in seconds may be. Each one ends up as a wait, a sleep or a timer,
-# and those fail far below float's range: threading's Event.wait and join raise
-# OverflowError above threading.TIMEOUT_MAX (which killed the meter thread), and Kafka's
-# millisecond timeouts are 32-bit (24.8 days). A day is longer than any useful period or
-# timeout, so a larger value is a mistake and refused like any out-of-range one.
-MAX_SECONDS = 24 * 3600
-
-
-def seconds(lo: float) -> Check:
-    """A duration in seconds: from ``lo`` to :data:`MAX_SECONDS`."""
-
-    def check(v: Any) -> str | None:
-        return None if lo <= v <= MAX_SECONDS else f"must be between {lo:g} and {MAX_SECONDS} seconds"
-
-    return check
-
-
-def at_least(n: float) -> Check:
-    def check(v: Any) -> str | None:
-        return None if v >= n else f"must be >= {n}"
-
-    return check
-
-
 def between(lo: int, hi: int, unit: str = "") -> Check:
     def check(v: Any) -> str | None:
         return None if lo <= v <= hi else f"must be between {lo} and {hi}{' ' + unit if unit else ''}"
-
-    return check
-
-
-def one_of(choices: tuple[str, ...]) -> Check:
-    def check(v: Any) -> str | None:
-        return None if v in choices else f"must be one of {', '.join(choices)}"
 
     return check
 

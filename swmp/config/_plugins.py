@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reporter_proc.settings import at_least
 from swmp.config._declare import (
     PLUGIN,
-    at_least,
     opt,
 )
 

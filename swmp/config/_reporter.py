@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reporter_proc.settings import BOUNDS
 from swmp.config._declare import (
     KIB,
     MIB,
     REPORTER,
-    at_least,
     opt,
     power_of_two,
-    seconds,
 )
 
 
@@ -53,7 +52,7 @@ class ReporterProcessSettings:
         "SW_AGENT_REPORTER_BATCH_SIZE",
         "Most records the reporter sends in one batch.",
         REPORTER,
-        check=at_least(1),
+        check=BOUNDS["batch_max_records"],
     )
     agent_reporter_batch_max_bytes: int = opt(
         4 * MIB,
@@ -61,7 +60,7 @@ class ReporterProcessSettings:
         "Most payload bytes in one batch (well under the OAP's 50 MiB gRPC message limit); "
         "a batch the backend still finds too large is split and retried.",
         REPORTER,
-        check=at_least(KIB),
+        check=BOUNDS["batch_max_bytes"],
     )
     agent_reporter_flush_interval: float = opt(
         5.0,
@@ -72,28 +71,28 @@ class ReporterProcessSettings:
         "whatever it carries, so a quiet application sends seldom and a busy one about once a second "
         "(0.001 to 86400).",
         REPORTER,
-        check=seconds(0.001),
+        check=BOUNDS["flush_interval_s"],
     )
     agent_reporter_send_timeout: float = opt(
         10.0,
         "SW_AGENT_REPORTER_SEND_TIMEOUT",
         "Seconds one send to the backend may take (0.1 to 86400).",
         REPORTER,
-        check=seconds(0.1),
+        check=BOUNDS["send_timeout_s"],
     )
     agent_reporter_max_pending_bytes: int = opt(
         64 * MIB,
         "SW_AGENT_REPORTER_MAX_PENDING_BYTES",
         "Bytes of unsent data the reporter keeps in memory before spooling or dropping.",
         REPORTER,
-        check=at_least(KIB),
+        check=BOUNDS["max_pending_bytes"],
     )
     agent_reporter_shutdown_timeout: float = opt(
         5.0,
         "SW_AGENT_REPORTER_SHUTDOWN_TIMEOUT",
         "Seconds the reporter may spend flushing at shutdown (0 to 86400).",
         REPORTER,
-        check=seconds(0),
+        check=BOUNDS["shutdown_deadline_s"],
     )
     agent_spool_dir: str = opt(
         "auto",
@@ -110,7 +109,7 @@ class ReporterProcessSettings:
         "Size cap of the spool directory (a 10-minute outage at 1,000 segments/s of ~500 bytes "
         "needs ~320 MiB); above it the oldest records are dropped and counted.",
         REPORTER,
-        check=at_least(0),
+        check=BOUNDS["spool_max_bytes"],
     )
     agent_tls_ca_file: str = opt(
         "",

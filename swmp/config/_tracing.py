@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reporter_proc.settings import BOUNDS, at_least, seconds
 from reporter_proc.taskboard import MAX_DURATION_MIN, MIN_DURATION_MIN
 from swmp.config._declare import (
     DEFAULT_IGNORE_SUFFIX,
@@ -11,11 +12,9 @@ from swmp.config._declare import (
     METER,
     PROFILE,
     TRACE,
-    at_least,
     between,
     log_level,
     opt,
-    seconds,
 )
 
 
@@ -176,7 +175,7 @@ class ProfileSettings:
         "SW_AGENT_COLLECTOR_GET_PROFILE_TASK_INTERVAL",
         "Seconds between two queries for new profile tasks (the reporter asks the OAP; 1 to 86400).",
         PROFILE,
-        check=seconds(1),
+        check=BOUNDS["profile_task_interval_s"],
     )
     agent_profile_max_parallel: int = opt(
         5,

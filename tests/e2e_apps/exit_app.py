@@ -1,7 +1,7 @@
 """A single-process application that starts the agent itself and forks, for the tests of
 records that no ring takes (tests/test_no_ring_counts.py).
 
-    python tests/e2e_apps/exit_app.py helpers|late
+    python tests/e2e_apps/exit_app.py helpers|late|owner-late
 
 ``helpers``: forks a *worker* before it reports anything itself (a process of its own, which
 reports: not a helper), waits until that worker reported, reports, then forks a *helper*
@@ -15,6 +15,11 @@ moves its own hook last anyway) logs a WARNING line in a worker. The parent (the
 application's owner, which reports nothing itself) forks the worker, waits for it to exit
 and prints ``RESULT <json>``: the slot claims of the shared arena, its counts of records no
 ring took, and the private arenas (thread mode) the worker left behind.
+
+``owner-late``: the same handler in the application's owner itself, which reports (a
+single-process application) and logs twice after its goodbye, then exits. In thread mode the
+owner removed the name registry at its goodbye: nothing can count those records any more,
+and the agent says how many it dropped at the very end of the exit.
 
 The agent's settings come from the environment (``tests.servers.agent_env``).
 """
@@ -106,5 +111,19 @@ def late() -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+OWNER_LATE_LINES = 2
+
+
+def owner_late() -> None:
+    def after_goodbye() -> None:
+        for i in range(OWNER_LATE_LINES):
+            log.warning("the owner logs after the agent's goodbye (%d)", i)
+
+    atexit.register(after_goodbye)
+    swmp.start()
+    log.warning("the owner reports")
+    print(f"READY {os.getpid()}", flush=True)
+
+
 if __name__ == "__main__":
-    {"helpers": helpers, "late": late}[sys.argv[1]]()
+    {"helpers": helpers, "late": late, "owner-late": owner_late}[sys.argv[1]]()
