@@ -326,3 +326,63 @@ def test_http_client_headers_none_is_refused_as_without_the_agent(
         finally:
             conn.close()
     assert seen == []
+
+
+def _exit_span(sink: _sink.MemorySink) -> list[Any]:
+    (seg,) = segments(sink)
+    (ex,) = [s for s in seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.EXIT]
+    return ex  # type: ignore[no-any-return]
+
+
+def _recorded_text(span: list[Any]) -> str:
+    return " ".join(str(v) for v in [span[R.SPAN_OPERATION], span[R.SPAN_PEER], *span[R.SPAN_TAGS]])
+
+
+@pytest.mark.parametrize("client", ["requests", "urllib3", "httpx"])
+def test_credentials_and_query_of_a_url_are_not_recorded(
+    sink: _sink.MemorySink, echo: tuple[Server, list[dict[str, Any]]], client: str
+) -> None:
+    """``user:password@`` and the query string of the URL the application calls are sent
+    as before, and recorded nowhere (requests keeps the credentials in its prepared URL)."""
+    srv, seen = echo
+    url = f"http://alice:s3cret@127.0.0.1:{srv.port}/path?token=t0ken"
+    with new_local_span("caller"):
+        if client == "requests":
+            import requests
+
+            assert requests.get(url, timeout=5).status_code == 200
+        elif client == "urllib3":
+            import urllib3
+
+            assert urllib3.request("GET", url).status == 200
+        else:
+            import httpx
+
+            assert httpx.get(url).status_code == 200
+    ex = _exit_span(sink)
+    text = _recorded_text(ex)
+    assert "s3cret" not in text and "alice" not in text and "t0ken" not in text, text
+    assert tags_of(ex)["http.url"] == f"http://127.0.0.1:{srv.port}/path"
+    if client != "urllib3":  # both send the credentials as basic authentication
+        assert seen[0]["HTTP_AUTHORIZATION"].startswith("Basic ")
+
+
+def test_urllib3_absolute_url_keeps_its_query_out_of_the_span(
+    sink: _sink.MemorySink, echo: tuple[Server, list[dict[str, Any]]]
+) -> None:
+    """An absolute URL given to a pool (what urllib3's ProxyManager sends to an HTTP proxy)
+    names the span after its path, without the query string."""
+    import urllib3
+
+    srv, seen = echo
+    with new_local_span("caller"), urllib3.ProxyManager(srv.url) as proxy:
+        assert proxy.request("GET", "http://example.invalid/items?token=t0ken").status == 200
+    ex = _exit_span(sink)
+    assert ex[R.SPAN_OPERATION] == "/items", ex
+    assert tags_of(ex)["http.url"] == f"http://127.0.0.1:{srv.port}/items"
+    assert "t0ken" not in _recorded_text(ex)
+    assert "HTTP_SW8" in seen[0]  # the request went through the "proxy" with its sw8
+
+
+def tags_of(span: list[Any]) -> dict[str, Any]:
+    return dict(zip(span[R.SPAN_TAGS][::2], span[R.SPAN_TAGS][1::2], strict=True))

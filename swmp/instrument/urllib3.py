@@ -29,7 +29,9 @@ def install(config: Config) -> None:
     def make(orig: Any) -> Any:
         def urlopen(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
             peer = peer_of(self.scheme, self.host, self.port)
-            path = url.split("?", 1)[0] if url.startswith("/") else url
+            # No query string (nor, for an absolute URL, what precedes its path): the
+            # operation name and http.url never carry what the query may hold (tokens).
+            path = url.split("?", 1)[0].split("#", 1)[0]
             if "://" in path:
                 path = "/" + path.split("://", 1)[1].partition("/")[2]
             span = _ctx.new_exit_span(path or "/", peer, Component.URLLIB3, Layer.HTTP)
