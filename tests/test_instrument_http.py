@@ -329,9 +329,8 @@ def test_http_client_headers_none_is_refused_as_without_the_agent(
 
 
 def _exit_span(sink: _sink.MemorySink) -> list[Any]:
-    (seg,) = segments(sink)
-    (ex,) = [s for s in seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.EXIT]
-    return ex  # type: ignore[no-any-return]
+    (ex,) = [s for _, s in all_spans(sink) if s[R.SPAN_TYPE] == Kind.EXIT]
+    return ex
 
 
 def _recorded_text(span: list[Any]) -> str:
@@ -386,3 +385,62 @@ def test_urllib3_absolute_url_keeps_its_query_out_of_the_span(
 
 def tags_of(span: list[Any]) -> dict[str, Any]:
     return dict(zip(span[R.SPAN_TAGS][::2], span[R.SPAN_TAGS][1::2], strict=True))
+
+
+@pytest.fixture()
+def raw_echo() -> Iterator[tuple[int, list[Any]]]:
+    """An ``http.server`` on 127.0.0.1 recording each request's header lines, repeated
+    names kept apart (``(name, value)`` pairs as received)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[Any] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append([(k.lower(), v) for k, v in self.headers.items()])
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield httpd.server_address[1], seen
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(5)
+
+
+@pytest.mark.parametrize("client", ["urllib3", "http.client"])
+def test_headers_are_sent_as_given_and_a_forwarded_sw8_is_replaced(
+    sink: _sink.MemorySink, raw_echo: tuple[int, list[Any]], client: str
+) -> None:
+    """The application's header lines go out as without the agent (a header given twice to
+    urllib3 is two lines, not one joined line), and an ``sw8`` it forwards in another
+    spelling (``Sw8``, as Werkzeug spells incoming headers) is replaced by the span's: one
+    ``sw8`` line, the span's own."""
+    port, seen = raw_echo
+    with new_local_span("caller"):
+        if client == "urllib3":
+            import urllib3
+
+            headers = urllib3.HTTPHeaderDict()
+            headers.add("X-A", "1")
+            headers.add("X-A", "2")
+            headers.add("Sw8", "forwarded")
+            with urllib3.PoolManager() as pm:
+                assert pm.request("GET", f"http://127.0.0.1:{port}/p", headers=headers).status == 200
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/p", headers={"X-A": "1", "Sw8": "forwarded"})
+            assert conn.getresponse().status == 200
+            conn.close()
+    ex = _exit_span(sink)
+    (lines,) = seen
+    sw8 = [v for k, v in lines if k == "sw8"]
+    assert len(sw8) == 1 and sw8[0].split("-")[3] == str(ex[R.SPAN_ID]), lines
+    expected_xa = ["1", "2"] if client == "urllib3" else ["1"]
+    assert [v for k, v in lines if k == "x-a"] == expected_xa

@@ -63,8 +63,11 @@ def install(config: Config) -> None:
                 span.tag(TAG_HTTP_METHOD, method)
                 span.tag(TAG_HTTP_URL, f"{scheme}://{peer}{path}")
                 if headers is not None:  # None: http.client's own error, as without us
+                    added = span.inject()
                     merged = dict(headers)
-                    merged.update(span.inject())
+                    for name in [n for n in merged if n.__class__ is str and n.lower() in added]:
+                        del merged[name]  # a forwarded sw8 in any spelling: replaced, not sent twice
+                    merged.update(added)
                     headers = merged
                 setattr(self, _ATTR, span)
             try:

@@ -23,6 +23,23 @@ SUPPORTED = ("1.26", "3")
 TRIGGER = "urllib3"  # its __init__ imports urllib3.connectionpool
 
 
+def _with_sw8(base: Any, added: dict[str, str]) -> Any:
+    """A copy of the request's headers with ``added``, made as urllib3 keeps headers (an
+    ``HTTPHeaderDict``): a header the application gives several values is still sent once
+    per value, not as one joined line, and an ``sw8`` already among them in another
+    spelling (``Sw8``, forwarded by a proxy) is replaced, not sent beside the span's. Headers
+    that cannot be copied are sent as given, without ``sw8``."""
+    try:
+        from urllib3._collections import HTTPHeaderDict  # noqa: PLC0415 (loaded: urlopen runs)
+
+        merged = HTTPHeaderDict(base)
+        for name, value in added.items():
+            merged[name] = value  # replaces every spelling of the name
+        return merged
+    except Exception:
+        return base
+
+
 def install(config: Config) -> None:
     from urllib3.connectionpool import HTTPConnectionPool  # noqa: PLC0415
 
@@ -45,11 +62,11 @@ def install(config: Config) -> None:
                     # None means "the pool's default headers": keep them.
                     if len(args) >= 2:
                         base = args[1] if args[1] is not None else self.headers
-                        args = (args[0], {**base, **span.inject()}, *args[2:])
+                        args = (args[0], _with_sw8(base, span.inject()), *args[2:])
                     else:
                         headers = kwargs.get("headers")
                         base = headers if headers is not None else self.headers
-                        kwargs["headers"] = {**base, **span.inject()}
+                        kwargs["headers"] = _with_sw8(base, span.inject())
                 resp = orig(self, method, url, *args, **kwargs)
                 if span.recording:
                     record_status(span, resp.status)
