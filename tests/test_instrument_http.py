@@ -414,7 +414,7 @@ def raw_echo() -> Iterator[tuple[int, list[Any]]]:
     thread.join(5)
 
 
-@pytest.mark.parametrize("client", ["urllib3", "http.client"])
+@pytest.mark.parametrize("client", ["urllib3", "urllib3-dict", "http.client"])
 def test_headers_are_sent_as_given_and_a_forwarded_sw8_is_replaced(
     sink: _sink.MemorySink, raw_echo: tuple[int, list[Any]], client: str
 ) -> None:
@@ -433,6 +433,12 @@ def test_headers_are_sent_as_given_and_a_forwarded_sw8_is_replaced(
             headers.add("Sw8", "forwarded")
             with urllib3.PoolManager() as pm:
                 assert pm.request("GET", f"http://127.0.0.1:{port}/p", headers=headers).status == 200
+        elif client == "urllib3-dict":
+            import urllib3
+
+            with urllib3.PoolManager() as pm:
+                plain = {"X-A": "1", "Sw8": "forwarded"}
+                assert pm.request("GET", f"http://127.0.0.1:{port}/p", headers=plain).status == 200
         else:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             conn.request("GET", "/p", headers={"X-A": "1", "Sw8": "forwarded"})

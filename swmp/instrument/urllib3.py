@@ -24,18 +24,23 @@ TRIGGER = "urllib3"  # its __init__ imports urllib3.connectionpool
 
 
 def _with_sw8(base: Any, added: dict[str, str]) -> Any:
-    """A copy of the request's headers with ``added``, made as urllib3 keeps headers (an
-    ``HTTPHeaderDict``): a header the application gives several values is still sent once
-    per value, not as one joined line, and an ``sw8`` already among them in another
-    spelling (``Sw8``, forwarded by a proxy) is replaced, not sent beside the span's. Headers
-    that cannot be copied are sent as given, without ``sw8``."""
+    """A copy of the request's headers with ``added``, of the caller's kind: an
+    ``HTTPHeaderDict`` stays one (a header given several values is still sent once per
+    value, not as one joined line), any other mapping becomes a dict (as urllib3 iterates
+    it). An ``sw8`` already among them in another spelling (``Sw8``, forwarded by a proxy)
+    is replaced, not sent beside the span's. Headers that cannot be copied are sent as
+    given, without ``sw8``."""
     try:
         from urllib3._collections import HTTPHeaderDict  # noqa: PLC0415 (loaded: urlopen runs)
 
-        merged = HTTPHeaderDict(base)
-        for name, value in added.items():
-            merged[name] = value  # replaces every spelling of the name
-        return merged
+        if isinstance(base, HTTPHeaderDict):
+            merged = base.copy()
+            for name, value in added.items():
+                merged[name] = value  # replaces every spelling of the name
+            return merged
+        copied = {k: v for k, v in base.items() if not (k.__class__ is str and k.lower() in added)}
+        copied.update(added)
+        return copied
     except Exception:
         return base
 
