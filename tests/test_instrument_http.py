@@ -450,3 +450,30 @@ def test_headers_are_sent_as_given_and_a_forwarded_sw8_is_replaced(
     assert len(sw8) == 1 and sw8[0].split("-")[3] == str(ex[R.SPAN_ID]), lines
     expected_xa = ["1", "2"] if client == "urllib3" else ["1"]
     assert [v for k, v in lines if k == "x-a"] == expected_xa
+
+
+def test_http_client_connection_dropped_before_its_response_still_reports_the_trace(
+    sink: _sink.MemorySink, echo: tuple[Server, list[dict[str, Any]]]
+) -> None:
+    """An application that raises between ``request`` and ``getresponse`` and drops the
+    connection: its exit span ends when the connection is collected, so the request's
+    segment (its entry span too) is reported rather than held back forever."""
+    import gc
+
+    srv, _seen = echo
+
+    def handler() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+        conn.request("GET", "/dropped")
+        raise LookupError("the application gave up before reading the response")
+
+    try:
+        with new_entry_span("/outer"):
+            handler()
+    except LookupError:
+        pass
+    gc.collect()
+    (seg,) = segments(sink)
+    assert sorted(s[R.SPAN_OPERATION] for s in seg[R.SEG_SPANS]) == ["/dropped", "/outer"]
+    (entry,) = [s for s in seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.ENTRY]
+    assert entry[R.SPAN_IS_ERROR] is True  # the application's exception, as before
