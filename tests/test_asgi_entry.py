@@ -137,6 +137,13 @@ CASES: list[dict[str, Any]] = [
     {"scheme": None},
     {"scheme": _DROP, "root_path": _DROP},
     {"root_path": b"/bytes"},
+    # The root path already in the path (the ASGI spec; Uvicorn): in the URL once.
+    {"root_path": "/api", "path": "/api/users/7"},
+    {"root_path": "/api", "path": "/api"},
+    {"root_path": "/api/", "path": "/api/users/7"},
+    {"root_path": "/api", "path": "/apix/users/7"},  # not under /api: both, as before
+    {"root_path": "/"},
+    {"root_path": "/api", "path": b"/api/bytes"},
     {"client": None},
     {"client": ()},
     {"client": ["c", 1]},
@@ -247,3 +254,22 @@ def test_random_scopes(configured: Any) -> None:
         assert native == python, fields
         recorded += native is not None
     assert recorded > 1000
+
+
+@pytest.mark.parametrize(
+    ("root", "path", "url"),
+    [
+        ("", "/users/7", "http://example.com:8000/users/7"),
+        ("/api", "/users/7", "http://example.com:8000/api/users/7"),  # servers that leave it out
+        ("/api", "/api/users/7", "http://example.com:8000/api/users/7"),  # the spec; Uvicorn
+        ("/api", "/api", "http://example.com:8000/api"),
+        ("/api/", "/api/users/7", "http://example.com:8000/api/users/7"),
+        ("/api", "/apix", "http://example.com:8000/api/apix"),
+    ],
+)
+def test_the_root_path_is_in_the_url_once(configured: Any, root: str, path: str, url: str) -> None:
+    for make in (native_core.asgi_entry, asgi._py_entry):
+        span = make(_scope(root_path=root, path=path), 7001, False, 1024)
+        with span:
+            tags = dict(zip(span.tags[::2], span.tags[1::2], strict=True))
+        assert tags["http.url"] == url, make

@@ -216,3 +216,43 @@ def test_grpc_aio_every_call_kind(
     assert [s[R.SPAN_IS_ERROR] for s in spans if s[R.SPAN_OPERATION].endswith("Fail")] == [True]
     assert len(seen) == 6 and all("sw8" in md for _name, md in seen)
     assert seen[0][1]["x-app"] == "3"
+
+
+def test_a_forwarded_sw8_is_replaced_not_sent_twice(sink: _sink.MemorySink) -> None:
+    """A service passing its incoming metadata on (``context.invocation_metadata()``, a
+    gRPC proxy) sends one ``sw8``, the exit span's, with the rest of its metadata as given:
+    sync (metadata by name and by position) and ``grpc.aio``."""
+    lines: list[list[tuple[str, str]]] = []
+
+    def echo(req: bytes, ctx: Any) -> bytes:
+        lines.append([(k, v) for k, v in ctx.invocation_metadata() if not k.startswith("grpc-")])
+        return req
+
+    methods = {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+    handler = grpc.method_handlers_generic_handler(SERVICE, methods)
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    srv.add_generic_rpc_handlers((handler,))
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    target = f"127.0.0.1:{port}"
+    forwarded = (("x-app", "1"), ("sw8", "1-forwarded"), ("sw8-correlation", "a:b"))
+    try:
+        with grpc.insecure_channel(target) as ch:
+            echo_call = ch.unary_unary(f"/{SERVICE}/Echo")
+            assert echo_call(b"a", metadata=forwarded) == b"a"
+            assert echo_call(b"b", 10, list(forwarded)) == b"b"
+
+        async def main() -> bytes:
+            async with grpc.aio.insecure_channel(target) as ach:
+                return await ach.unary_unary(f"/{SERVICE}/Echo")(b"c", metadata=grpc.aio.Metadata(*forwarded))
+
+        assert asyncio.run(main()) == b"c"
+    finally:
+        srv.stop(None)
+    spans = exit_spans(sink, 3)
+    assert len(spans) == 3 and len(lines) == 3
+    for got in lines:
+        sw8 = [v for k, v in got if k == "sw8"]
+        assert len(sw8) == 1 and sw8[0] != "1-forwarded", got
+        assert ("x-app", "1") in got
+        assert ("sw8-correlation", "a:b") in got  # not one the span sends: passed on as given

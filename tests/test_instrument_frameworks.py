@@ -387,3 +387,51 @@ def test_every_builtin_instrumentation_can_be_disabled_by_its_peer_agent_name() 
         assert instrument.is_disabled(mod.NAME, cfg.agent_disable_plugins, mod.PEER_NAMES)
     flask_mod = importlib.import_module("swmp.instrument.flask")
     assert not instrument.is_disabled(flask_mod.NAME, cfg.agent_disable_plugins, flask_mod.PEER_NAMES)
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_uvicorn_root_path_is_in_the_url_once(
+    sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch, pure: bool
+) -> None:
+    """Uvicorn behind a proxy that strips a prefix (``--root-path /api``) gives the
+    application a ``path`` that already starts with ``root_path``, as the ASGI spec says:
+    ``http.url`` is the URL the application sees (Starlette's ``request.url``), not one
+    with the root path twice. Both the native entry and the Python one (``pure``)."""
+    import socket
+    import threading
+    import urllib.request
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from swmp.instrument import asgi
+
+    if pure:
+        monkeypatch.setattr(asgi, "_entry", asgi._py_entry)
+
+    async def hello(request: Any) -> PlainTextResponse:
+        return PlainTextResponse(str(request.url))
+
+    app = Starlette(routes=[Route("/hello/{x}", hello)])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, root_path="/api", log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait = threading.Event()
+        while not server.started and thread.is_alive():
+            wait.wait(0.01)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/hello/1", timeout=10) as resp:
+            seen_by_app = resp.read().decode()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    assert seen_by_app == f"http://127.0.0.1:{port}/api/hello/1"
+    (span,) = [s for seg in segments(sink) for s in seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.ENTRY]
+    assert span[R.SPAN_COMPONENT] == Component.FASTAPI
+    assert tags_of(span)["http.url"] == seen_by_app

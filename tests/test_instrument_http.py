@@ -326,3 +326,154 @@ def test_http_client_headers_none_is_refused_as_without_the_agent(
         finally:
             conn.close()
     assert seen == []
+
+
+def _exit_span(sink: _sink.MemorySink) -> list[Any]:
+    (ex,) = [s for _, s in all_spans(sink) if s[R.SPAN_TYPE] == Kind.EXIT]
+    return ex
+
+
+def _recorded_text(span: list[Any]) -> str:
+    return " ".join(str(v) for v in [span[R.SPAN_OPERATION], span[R.SPAN_PEER], *span[R.SPAN_TAGS]])
+
+
+@pytest.mark.parametrize("client", ["requests", "urllib3", "httpx"])
+def test_credentials_and_query_of_a_url_are_not_recorded(
+    sink: _sink.MemorySink, echo: tuple[Server, list[dict[str, Any]]], client: str
+) -> None:
+    """``user:password@`` and the query string of the URL the application calls are sent
+    as before, and recorded nowhere (requests keeps the credentials in its prepared URL)."""
+    srv, seen = echo
+    url = f"http://alice:s3cret@127.0.0.1:{srv.port}/path?token=t0ken"
+    with new_local_span("caller"):
+        if client == "requests":
+            import requests
+
+            assert requests.get(url, timeout=5).status_code == 200
+        elif client == "urllib3":
+            import urllib3
+
+            assert urllib3.request("GET", url).status == 200
+        else:
+            import httpx
+
+            assert httpx.get(url).status_code == 200
+    ex = _exit_span(sink)
+    text = _recorded_text(ex)
+    assert "s3cret" not in text and "alice" not in text and "t0ken" not in text, text
+    assert tags_of(ex)["http.url"] == f"http://127.0.0.1:{srv.port}/path"
+    if client != "urllib3":  # both send the credentials as basic authentication
+        assert seen[0]["HTTP_AUTHORIZATION"].startswith("Basic ")
+
+
+def test_urllib3_absolute_url_keeps_its_query_out_of_the_span(
+    sink: _sink.MemorySink, echo: tuple[Server, list[dict[str, Any]]]
+) -> None:
+    """An absolute URL given to a pool (what urllib3's ProxyManager sends to an HTTP proxy)
+    names the span after its path, without the query string."""
+    import urllib3
+
+    srv, seen = echo
+    with new_local_span("caller"), urllib3.ProxyManager(srv.url) as proxy:
+        assert proxy.request("GET", "http://example.invalid/items?token=t0ken").status == 200
+    ex = _exit_span(sink)
+    assert ex[R.SPAN_OPERATION] == "/items", ex
+    assert tags_of(ex)["http.url"] == f"http://127.0.0.1:{srv.port}/items"
+    assert "t0ken" not in _recorded_text(ex)
+    assert "HTTP_SW8" in seen[0]  # the request went through the "proxy" with its sw8
+
+
+def tags_of(span: list[Any]) -> dict[str, Any]:
+    return dict(zip(span[R.SPAN_TAGS][::2], span[R.SPAN_TAGS][1::2], strict=True))
+
+
+@pytest.fixture()
+def raw_echo() -> Iterator[tuple[int, list[Any]]]:
+    """An ``http.server`` on 127.0.0.1 recording each request's header lines, repeated
+    names kept apart (``(name, value)`` pairs as received)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[Any] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append([(k.lower(), v) for k, v in self.headers.items()])
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield httpd.server_address[1], seen
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(5)
+
+
+@pytest.mark.parametrize("client", ["urllib3", "urllib3-dict", "http.client"])
+def test_headers_are_sent_as_given_and_a_forwarded_sw8_is_replaced(
+    sink: _sink.MemorySink, raw_echo: tuple[int, list[Any]], client: str
+) -> None:
+    """The application's header lines go out as without the agent (a header given twice to
+    urllib3 is two lines, not one joined line), and an ``sw8`` it forwards in another
+    spelling (``Sw8``, as Werkzeug spells incoming headers) is replaced by the span's: one
+    ``sw8`` line, the span's own."""
+    port, seen = raw_echo
+    with new_local_span("caller"):
+        if client == "urllib3":
+            import urllib3
+
+            headers = urllib3.HTTPHeaderDict()
+            headers.add("X-A", "1")
+            headers.add("X-A", "2")
+            headers.add("Sw8", "forwarded")
+            with urllib3.PoolManager() as pm:
+                assert pm.request("GET", f"http://127.0.0.1:{port}/p", headers=headers).status == 200
+        elif client == "urllib3-dict":
+            import urllib3
+
+            with urllib3.PoolManager() as pm:
+                plain = {"X-A": "1", "Sw8": "forwarded"}
+                assert pm.request("GET", f"http://127.0.0.1:{port}/p", headers=plain).status == 200
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/p", headers={"X-A": "1", "Sw8": "forwarded"})
+            assert conn.getresponse().status == 200
+            conn.close()
+    ex = _exit_span(sink)
+    (lines,) = seen
+    sw8 = [v for k, v in lines if k == "sw8"]
+    assert len(sw8) == 1 and sw8[0].split("-")[3] == str(ex[R.SPAN_ID]), lines
+    expected_xa = ["1", "2"] if client == "urllib3" else ["1"]
+    assert [v for k, v in lines if k == "x-a"] == expected_xa
+
+
+def test_http_client_connection_dropped_before_its_response_still_reports_the_trace(
+    sink: _sink.MemorySink, echo: tuple[Server, list[dict[str, Any]]]
+) -> None:
+    """An application that raises between ``request`` and ``getresponse`` and drops the
+    connection: its exit span ends when the connection is collected, so the request's
+    segment (its entry span too) is reported rather than held back forever."""
+    import gc
+
+    srv, _seen = echo
+
+    def handler() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+        conn.request("GET", "/dropped")
+        raise LookupError("the application gave up before reading the response")
+
+    try:
+        with new_entry_span("/outer"):
+            handler()
+    except LookupError:
+        pass
+    gc.collect()
+    (seg,) = segments(sink)
+    assert sorted(s[R.SPAN_OPERATION] for s in seg[R.SEG_SPANS]) == ["/dropped", "/outer"]
+    (entry,) = [s for s in seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.ENTRY]
+    assert entry[R.SPAN_IS_ERROR] is True  # the application's exception, as before

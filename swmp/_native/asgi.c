@@ -265,6 +265,21 @@ static PyObject *field(PyObject *scope, PyObject *key) {
     return PyDict_GetItemWithError(scope, key);
 }
 
+/* asgi.py's ``_under(path, root)``: 1 when ``path`` (a str) starts with the non-empty str
+ * ``root`` at a segment boundary, 0 when not, -1 on an error. */
+static int under_root(PyObject *path, PyObject *root) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(root);
+    if (n == 0 || !PyUnicode_CheckExact(path)) {
+        return 0;
+    }
+    Py_ssize_t match = PyUnicode_Tailmatch(path, root, 0, n, -1);
+    if (match <= 0) {
+        return match < 0 ? -1 : 0;
+    }
+    return PyUnicode_GET_LENGTH(path) == n || PyUnicode_READ_CHAR(path, n) == '/' ||
+           PyUnicode_READ_CHAR(root, n - 1) == '/';
+}
+
 /* A plain request's ``http.url``, or NULL with no error set when the Python code must build
  * it (host, scheme or root path of another shape). */
 static PyObject *request_url(PyObject *scope, PyObject *host, PyObject *path) {
@@ -296,6 +311,14 @@ static PyObject *request_url(PyObject *scope, PyObject *host, PyObject *path) {
     if (!PyErr_Occurred()) {
         scheme = scheme == NULL ? default_scheme : scheme;
         root = root == NULL ? empty_text : root;
+        int under = PyUnicode_CheckExact(scheme) && PyUnicode_CheckExact(root) ? under_root(path, root) : 0;
+        if (under < 0) {
+            Py_DECREF(host_text);
+            return NULL;
+        }
+        if (under) {
+            root = empty_text; /* the server put root_path in path already (asgi.py: _under) */
+        }
         if (PyUnicode_CheckExact(scheme) && PyUnicode_CheckExact(root)) {
             PyObject *parts[5] = {scheme, scheme_end, host_text, root, path};
             url = swmp_join(parts, 5);

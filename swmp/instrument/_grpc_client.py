@@ -55,10 +55,14 @@ def _begin(op: str, target: str, metadata: Any, aio: bool = False) -> tuple[Any,
         else:
             span.tag(TAG_GRPC_METHOD, op)
             span.tag(TAG_GRPC_URL, target)
-        extra = tuple(span.inject().items())
-        if aio:
-            return span, (_AioMetadata(*metadata, *extra) if metadata else _AioMetadata(*extra))
-        return span, ((*metadata, *extra) if metadata else extra)
+        added = span.inject()
+        extra = tuple(added.items())
+        if not metadata:
+            return span, (_AioMetadata(*extra) if aio else extra)
+        # An sw8 the caller passes on (a proxy forwarding its incoming metadata) is
+        # replaced by the span's, not sent beside it.
+        kept = [pair for pair in metadata if pair[0] not in added]
+        return span, (_AioMetadata(*kept, *extra) if aio else (*kept, *extra))
     except Exception:
         if span is not None:
             span.finish()

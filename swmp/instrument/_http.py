@@ -24,12 +24,14 @@ def peer_of(scheme: str, host: str | None, port: int | None) -> str:
 
 
 def split_url(url: str) -> tuple[str, str, str]:
-    """``(peer, path, url without query)`` of an absolute URL; never raises."""
+    """``(peer, path, url without query)`` of an absolute URL; never raises. The URL keeps
+    no ``user:password@`` of the one given (requests leaves it in the prepared URL)."""
     try:
         p = urlsplit(url)
         peer = peer_of(p.scheme, p.hostname, p.port)
         path = p.path or "/"
-        return peer, path, f"{p.scheme}://{p.netloc}{path}" if p.netloc else path
+        host = p.netloc.rpartition("@")[2]
+        return peer, path, f"{p.scheme}://{host}{path}" if host else path
     except (ValueError, TypeError):
         return "", "/", str(url)
 

@@ -95,6 +95,13 @@ def _py_entry(scope: Scope, component: int, collect_params: bool, params_limit: 
         return None
 
 
+def _under(path: str, root: str) -> bool:
+    """Whether ``path`` starts with the non-empty ``root`` path (whole segments): then it is
+    the full path, root path included, and the URL is not to get the root path twice."""
+    n = len(root)
+    return n > 0 and path.startswith(root) and (len(path) == n or path[n] == "/" or root[-1] == "/")
+
+
 def _tag_request(  # noqa: PLR0917 (positional: also called from C)
     span: Any, scope: Scope, method: str, path: str, host: Any, collect_params: bool, params_limit: int
 ) -> None:
@@ -108,7 +115,10 @@ def _tag_request(  # noqa: PLR0917 (positional: also called from C)
         if not host:
             server = scope.get("server") or ("", "")
             host = f"{server[0]}:{server[1]}"
-        url = f"{scope.get('scheme', 'http')}://{host}{scope.get('root_path', '')}{path}"
+        root = scope.get("root_path", "")
+        if root.__class__ is str and path.__class__ is str and _under(path, root):
+            root = ""  # the server put root_path in path already (the ASGI spec; Uvicorn)
+        url = f"{scope.get('scheme', 'http')}://{host}{root}{path}"
         request_tags(span, method, url)
         client = scope.get("client")
         if client:

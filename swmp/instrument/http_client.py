@@ -3,12 +3,14 @@
 
 The request and the response are separate calls, so the span is started without being made
 current and kept on the connection; it finishes when the response arrives, when the
-connection is closed or reused for another request, whichever comes first. Under urllib3
+connection is closed or reused for another request, whichever comes first, or, for a
+connection the application drops without any of these, when it is collected. Under urllib3
 or requests the outer library's exit span is current and nothing is recorded here.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._http import peer_of, record_status
@@ -25,16 +27,54 @@ PEER_NAMES = ("sw_urllib_request",)  # the SkyWalking Python agent's plugin modu
 PACKAGE = None  # standard library
 SUPPORTED = ("", "")
 TRIGGER = "http.client"  # usually imported already: then installed at once
-_ATTR = "_swmp_span"
+_ATTR = "_swmp_span"  # on a connection: its _Pending, made on its first traced request
+
+
+class _Pending:
+    """A connection's unfinished span. A connection dropped with its span unfinished (no
+    ``getresponse`` nor ``close``: the application raised in between) finishes it when it is
+    collected: an open span holds back its whole segment, the request's entry span with
+    it, which would never be reported."""
+
+    __slots__ = ("span",)
+
+    def __init__(self) -> None:
+        self.span: Any = None
+
+
+def _finish_left(holder: _Pending) -> None:
+    span = holder.span
+    if span is not None:
+        holder.span = None
+        try:
+            span.finish()
+        except Exception:  # a finalizer: nothing to raise into
+            pass
+
+
+def _keep(conn: Any, span: Any) -> None:
+    """Make ``span`` the connection's unfinished span."""
+    holder = getattr(conn, _ATTR, None)
+    if holder is None:
+        holder = _Pending()
+        try:
+            weakref.finalize(conn, _finish_left, holder).atexit = False
+        except TypeError:  # a connection class without weak references: no safety net
+            pass
+        setattr(conn, _ATTR, holder)
+    holder.span = span
 
 
 def _pending(conn: Any) -> Any:
-    """The connection's unfinished span (taken: the attribute is left None). Attribute reads
-    and writes, not ``conn.__dict__``, which on Python 3.11+ would turn the connection's
-    inline attribute values into a dict and slow every attribute access of ``http.client``."""
-    span = getattr(conn, _ATTR, None)
+    """The connection's unfinished span (taken: none is left). Attribute reads, not
+    ``conn.__dict__``, which on Python 3.11+ would turn the connection's inline attribute
+    values into a dict and slow every attribute access of ``http.client``."""
+    holder = getattr(conn, _ATTR, None)
+    if holder is None:
+        return None
+    span = holder.span
     if span is not None:
-        setattr(conn, _ATTR, None)
+        holder.span = None
     return span
 
 
@@ -63,10 +103,13 @@ def install(config: Config) -> None:
                 span.tag(TAG_HTTP_METHOD, method)
                 span.tag(TAG_HTTP_URL, f"{scheme}://{peer}{path}")
                 if headers is not None:  # None: http.client's own error, as without us
+                    added = span.inject()
                     merged = dict(headers)
-                    merged.update(span.inject())
+                    for name in [n for n in merged if n.__class__ is str and n.lower() in added]:
+                        del merged[name]  # a forwarded sw8 in any spelling: replaced, not sent twice
+                    merged.update(added)
                     headers = merged
-                setattr(self, _ATTR, span)
+                _keep(self, span)
             try:
                 return orig(self, method, url, body, headers, **kw)
             except BaseException as e:

@@ -23,13 +23,37 @@ SUPPORTED = ("1.26", "3")
 TRIGGER = "urllib3"  # its __init__ imports urllib3.connectionpool
 
 
+def _with_sw8(base: Any, added: dict[str, str]) -> Any:
+    """A copy of the request's headers with ``added``, of the caller's kind: an
+    ``HTTPHeaderDict`` stays one (a header given several values is still sent once per
+    value, not as one joined line), any other mapping becomes a dict (as urllib3 iterates
+    it). An ``sw8`` already among them in another spelling (``Sw8``, forwarded by a proxy)
+    is replaced, not sent beside the span's. Headers that cannot be copied are sent as
+    given, without ``sw8``."""
+    try:
+        from urllib3._collections import HTTPHeaderDict  # noqa: PLC0415 (loaded: urlopen runs)
+
+        if isinstance(base, HTTPHeaderDict):
+            merged = base.copy()
+            for name, value in added.items():
+                merged[name] = value  # replaces every spelling of the name
+            return merged
+        copied = {k: v for k, v in base.items() if not (k.__class__ is str and k.lower() in added)}
+        copied.update(added)
+        return copied
+    except Exception:
+        return base
+
+
 def install(config: Config) -> None:
     from urllib3.connectionpool import HTTPConnectionPool  # noqa: PLC0415
 
     def make(orig: Any) -> Any:
         def urlopen(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
             peer = peer_of(self.scheme, self.host, self.port)
-            path = url.split("?", 1)[0] if url.startswith("/") else url
+            # No query string (nor, for an absolute URL, what precedes its path): the
+            # operation name and http.url never carry what the query may hold (tokens).
+            path = url.split("?", 1)[0].split("#", 1)[0]
             if "://" in path:
                 path = "/" + path.split("://", 1)[1].partition("/")[2]
             span = _ctx.new_exit_span(path or "/", peer, Component.URLLIB3, Layer.HTTP)
@@ -43,11 +67,11 @@ def install(config: Config) -> None:
                     # None means "the pool's default headers": keep them.
                     if len(args) >= 2:
                         base = args[1] if args[1] is not None else self.headers
-                        args = (args[0], {**base, **span.inject()}, *args[2:])
+                        args = (args[0], _with_sw8(base, span.inject()), *args[2:])
                     else:
                         headers = kwargs.get("headers")
                         base = headers if headers is not None else self.headers
-                        kwargs["headers"] = {**base, **span.inject()}
+                        kwargs["headers"] = _with_sw8(base, span.inject())
                 resp = orig(self, method, url, *args, **kwargs)
                 if span.recording:
                     record_status(span, resp.status)
