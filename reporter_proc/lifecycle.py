@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from ipc import Arena, process_alive, process_start_ticks
+from reporter_proc.plumbing import release_std_pipes
 
 log = logging.getLogger("swmp.reporter")
 
@@ -95,6 +96,8 @@ class OwnerWatch:
         if not self.dead:
             self.dead = True
             log.info("owner process %d is gone", self.owner_pid)
+            # Enabled in process mode only: a reporter thread's process is the owner itself.
+            release_std_pipes(self.owner_pid, announce=True)
         self._on_died()
 
     def close(self) -> None:

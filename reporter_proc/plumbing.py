@@ -1,7 +1,9 @@
 """What a process forked from the application does to itself before it runs the reporter:
 parent-death signal, title, priority, signal dispositions, std streams, the event loop's
-run and the garbage collector's tuning. Used by ``reporter_proc.process`` (supervisor and
-reporter processes) and ``reporter_proc.thread_mode`` (the loop's run).
+run and the garbage collector's tuning; and, once the application has exited, letting go of
+the standard output and error it inherited where they are pipes. Used by
+``reporter_proc.process`` (supervisor and reporter processes), ``reporter_proc.supervisor``
+and ``reporter_proc.lifecycle`` (owner death), ``reporter_proc.thread_mode`` (the loop's run).
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ import gc
 import logging
 import os
 import signal
+import stat
 import sys
 from collections.abc import Coroutine
 from typing import Any
+
+from reporter_proc.role import in_reporter_process
 
 log = logging.getLogger("swmp.reporter")
 
@@ -98,6 +103,53 @@ def _flush_std() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+
+
+def release_std_pipes(owner_pid: int, *, announce: bool) -> tuple[str, ...]:
+    """The application (``owner_pid``) has exited: stop holding the standard output and error
+    inherited from it where they are pipes or FIFOs; returns what was let go of.
+
+    A caller that reads the application's output to its end (``subprocess.run(...,
+    capture_output=True)``, a shell's ``$(...)``, cron) would otherwise wait for the
+    supervisor and the reporter too, which drain for up to the shutdown deadline after the
+    application exited. While the application lives its pipes stay (the reporter's log lines
+    go where the application's go); terminals, files and sockets (journald) are always kept:
+    nobody waits for their end. Both now point at ``/dev/null``, so whatever is written to
+    them later is lost. ``announce``: say so first in one line, while the pipe is still held.
+    Only in the supervisor and reporter processes: never the streams of a process that hosts
+    a supervisor or a reporter loop for another reason (thread mode, a test).
+    """
+    if not in_reporter_process():
+        return ()
+    held: list[tuple[int, str]] = []
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                held.append((fd, name))
+        except OSError:
+            continue
+    if not held:
+        return ()
+    names = tuple(name for _, name in held)
+    if announce:
+        log.info(
+            "owner %d exited; draining, but no longer writing to %s (a pipe: whoever reads the "
+            "application's output to its end would wait for the reporter)",
+            owner_pid,
+            " and ".join(names),
+        )
+    _flush_std()
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return ()
+    try:
+        for fd, _ in held:
+            with contextlib.suppress(OSError):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    return names
 
 
 def _run_loop(coro: Coroutine[Any, Any, int]) -> int:

@@ -2,7 +2,9 @@
 
 It forks the reporter, restarts it with exponential backoff when it dies abnormally (never
 for a configuration error, exit status 78), forwards stop signals, and gives a reporter
-that is draining after the owner's death its full deadline before killing it.
+that is draining after the owner's death its full deadline before killing it. Once the owner
+is gone it lets go of the standard output and error it inherited where they are pipes (see
+``plumbing.release_std_pipes``), as the reporter does.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 
 from ipc import process_alive
 from reporter_proc.exits import EXIT_CONFIG, EXIT_ERROR, EXIT_OK
+from reporter_proc.plumbing import release_std_pipes
 from reporter_proc.settings import ReporterSettings
 
 log = logging.getLogger("swmp.reporter")
@@ -61,6 +64,11 @@ class Supervisor:
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.stop_signal = signum
 
+    def _owner_gone(self) -> None:
+        if not self.owner_dead:
+            self.owner_dead = True
+            release_std_pipes(self.owner_pid, announce=False)  # the reporter says it
+
     def run(self) -> int:
         for sig in _STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
@@ -69,7 +77,7 @@ class Supervisor:
         try:
             self._owner_fd = os.pidfd_open(self.owner_pid)
         except ProcessLookupError:
-            self.owner_dead = True
+            self._owner_gone()
         except OSError:
             self._owner_fd = -1  # no pidfd: poll the owner below
         s = self.settings
@@ -147,7 +155,7 @@ class Supervisor:
             ready, _, _ = select.select(fds, [], [], min(left, 1.0))
             self._drain_wake()
             if self._owner_fd in ready or (self._owner_fd < 0 and not self._owner_alive()):
-                self.owner_dead = True
+                self._owner_gone()
 
     def _adopted_exit(self, pid: int) -> int:
         """Exit status of an adopted reporter (not our child), as far as the arena tells."""
@@ -192,7 +200,7 @@ class Supervisor:
                     or (self._owner_fd < 0 and not self._owner_alive())
                 ):
                     # The reporter watches the owner too and is draining; give it its deadline.
-                    self.owner_dead = True
+                    self._owner_gone()
                     kill_at = kill_at or time.monotonic() + grace
                 if not child:
                     if (child_fd >= 0 and child_fd in ready) or (child_fd < 0 and not process_alive(pid, 0)):

@@ -26,7 +26,8 @@ server worker: it claims no ring slot, is no instance, and in thread mode starts
 thread and never touches the parent's gRPC channel (a channel used across fork crashed or hung
 such children). Its records are dropped and counted. Under a prefork server we know (Gunicorn,
 uWSGI) a process whose parent is not the master is a helper too, even if its parent had not
-bound yet, and so is a fork of Gunicorn's master other than ``Arbiter.spawn_worker``'s. A
+bound yet, and so is a fork of Gunicorn's master other than ``Arbiter.spawn_worker``'s, and a
+fork that Python code makes in uWSGI's master (uWSGI forks its workers in C). A
 server hook that knows better (Celery's ``worker_process_init``) declares the process a worker
 with :func:`declare_server_worker`.
 """
@@ -120,7 +121,15 @@ def _run(hooks: list[Callable[..., None]], *args: str) -> None:
 
 
 # -- announcing --------------------------------------------------------------------------------
-def _forked() -> None:
+def _forked_python_hook() -> None:
+    """Python's at-fork hook in the child. Under uWSGI it also runs in a worker that uWSGI
+    forked in C (``--py-call-osafterfork``, ``--py-call-uwsgi-fork-hooks``): with no Python
+    frame below it then, where a fork made by Python code (``os.fork``, ``subprocess`` with
+    ``preexec_fn``, ``multiprocessing``) has the frame that called it."""
+    _forked(by_python=sys._getframe(0).f_back is not None)
+
+
+def _forked(by_python: bool = False) -> None:
     pid = os.getpid()
     if _here.pid == pid:
         return
@@ -129,16 +138,18 @@ def _forked() -> None:
     _here.role = ""
     if forking_reporter() or in_reporter_process():
         return  # the reporter (or its supervisor) is not a process of the application
-    if parent_role in _HELPER_PARENTS or _forked_outside_the_master(_here.owner_pid):
+    if parent_role in _HELPER_PARENTS or _forked_outside_the_master(_here.owner_pid, by_python):
         _here.role = HELPER
     _run(_fork_hooks)
 
 
-def _forked_outside_the_master(owner_pid: int) -> bool:
+def _forked_outside_the_master(owner_pid: int, by_python: bool) -> bool:
     """Under Gunicorn or uWSGI, only the master forks server workers; Gunicorn's master forks
-    them only in ``Arbiter.spawn_worker``. Its other forks are helpers: ``reexec`` (USR2: fork
-    then exec a new master, which starts an agent of its own), ``subprocess`` with
-    ``preexec_fn`` or ``os.fork`` in a server hook, ``--daemon``, Gunicorn 27's dirty arbiter."""
+    them only in ``Arbiter.spawn_worker``, uWSGI's only in C. The master's other forks are
+    helpers: Gunicorn's ``reexec`` (USR2: fork then exec a new master, which starts an agent
+    of its own), ``--daemon``, Gunicorn 27's dirty arbiter; ``subprocess`` with
+    ``preexec_fn``, ``os.fork`` or ``multiprocessing`` in a server hook or, under uWSGI, in
+    the application imported by the master (``by_python``: a Python frame made the fork)."""
     if not owner_pid or not prefork_server():
         return False
     try:
@@ -146,7 +157,9 @@ def _forked_outside_the_master(owner_pid: int) -> bool:
             return True
     except OSError:
         return False
-    return "gunicorn.arbiter" in sys.modules and "uwsgi" not in sys.modules and not _gunicorn_worker_fork()
+    if "uwsgi" in sys.modules:
+        return by_python
+    return "gunicorn.arbiter" in sys.modules and not _gunicorn_worker_fork()
 
 
 ARBITER_FILE = os.path.join("gunicorn", "arbiter.py")
@@ -271,7 +284,7 @@ def prefork_server() -> bool:
 # -- the fork hooks, registered once per interpreter -------------------------------------------
 def _register_fork_hooks() -> bool:
     """Register the hooks; True when a fork is sure to be announced without a pid check."""
-    os.register_at_fork(after_in_child=_forked)
+    os.register_at_fork(after_in_child=_forked_python_hook)
     if "uwsgi" not in sys.modules:
         return True
     try:

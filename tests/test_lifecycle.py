@@ -140,3 +140,23 @@ def test_only_spawn_worker_forks_gunicorn_workers(monkeypatch: pytest.MonkeyPatc
         seen = Path(tmp, "role")
         subprocess.run(["true"], check=True, preexec_fn=lambda: seen.write_text(lifecycle.role()))
         assert seen.read_text() == "helper"
+
+
+def test_only_uwsgis_own_forks_are_uwsgi_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uWSGI forks its workers in C: Python's at-fork hook, when uWSGI runs it, has no Python
+    frame below it. A fork made by Python code in the master (the application's import) has."""
+    uwsgi = types.ModuleType("uwsgi")
+    monkeypatch.setitem(sys.modules, "uwsgi", uwsgi)
+    monkeypatch.setattr(lifecycle._here, "owner_pid", os.getpid())  # this process is the master
+    assert in_child(lifecycle.role) == "helper"  # os.fork
+    with tempfile.TemporaryDirectory() as tmp:
+        seen = Path(tmp, "role")
+        subprocess.run(["true"], check=True, preexec_fn=lambda: seen.write_text(lifecycle.role()))
+        assert seen.read_text() == "helper"
+
+    def c_fork() -> str:  # the hooks uWSGI runs in its worker: no Python caller to see
+        lifecycle._here.pid, lifecycle._here.role = os.getppid(), lifecycle.MASTER  # as if no hook had run
+        lifecycle._forked()
+        return lifecycle.role()
+
+    assert in_child(c_fork) == ""  # a worker: the sink's bind names it
