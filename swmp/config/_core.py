@@ -130,7 +130,8 @@ class KafkaSettings:
         "SW_KAFKA_REPORTER_CONFIG_*",
         "Producer options: `SW_KAFKA_REPORTER_CONFIG_<KEY>=value` sets `<key>` (e.g. `..._ACKS=all`, "
         "`..._COMPRESSION_TYPE=gzip`); keyword: a dict. Keys are read in any case, `.` and `-` as `_` "
-        "(`compression.type` is `compression_type`), the same for every key including the codec.",
+        "(`compression.type` is `compression_type`), the same for every key including the codec; "
+        "codec `none` is no compression, as in Kafka.",
         KAFKA,
         prefix=KAFKA_CONFIG_PREFIX,
     )
