@@ -174,3 +174,57 @@ def test_an_exception_with_an_odd_status_code_is_logged_by_tornado(
     assert any(m.startswith("Uncaught exception") for m in messages), messages
     assert not any("Error in exception logger" in m for m in messages), messages
     assert entry_ops(sink, 1) == ["/x"]
+
+
+def entry_spans(sink: _sink.MemorySink, n: int) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    for _ in range(500):
+        out = []
+        for kind, payload in sink.records:
+            if kind == R.SEGMENT:
+                out += [s for s in orjson.loads(payload)[R.SEG_SPANS] if s[R.SPAN_TYPE] == R.SPAN_TYPE_ENTRY]
+        if len(out) >= n:
+            break
+        threading.Event().wait(0.01)
+    return out
+
+
+@pytest.mark.parametrize("xheaders", [False, True])
+def test_peer_is_the_clients_ip_and_port(sink: _sink.MemorySink, xheaders: bool) -> None:
+    """The entry span's peer is the client's ``ip:port`` (the connection's address, read
+    from a plain socket client that knows its own port); with ``xheaders`` and an
+    ``X-Real-Ip`` header, the ip Tornado reports, alone (the port is the proxy's)."""
+    import socket
+
+    import tornado.web
+    from tornado.httpserver import HTTPServer
+    from tornado.netutil import bind_sockets
+
+    class Hello(tornado.web.RequestHandler):
+        def get(self) -> None:
+            self.write("hi")
+
+    def call(port: int) -> tuple[bytes, int]:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            extra = b"X-Real-Ip: 10.1.2.3\r\n" if xheaders else b""
+            s.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra + b"\r\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            return data, s.getsockname()[1]
+
+    async def main() -> tuple[bytes, int]:
+        app = tornado.web.Application([(r"/hello", Hello)], log_function=lambda h: None)
+        sockets = bind_sockets(0, "127.0.0.1")
+        server = HTTPServer(app, xheaders=xheaders)
+        server.add_sockets(sockets)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, call, sockets[0].getsockname()[1])
+        finally:
+            server.stop()
+            await server.close_all_connections()
+
+    data, client_port = asyncio.run(main())
+    assert data.startswith(b"HTTP/1.1 200"), data
+    (span,) = entry_spans(sink, 1)
+    assert span[R.SPAN_PEER] == ("10.1.2.3" if xheaders else f"127.0.0.1:{client_port}")

@@ -4,7 +4,8 @@
 the HTTP method and finish, and turns exceptions into error pages) is wrapped. The
 operation name is the pattern of the URL rule that matched (``/users/([0-9]+)``), so one
 rule is one endpoint (``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``: the path). An
-uncaught exception (Tornado's ``log_exception``) is logged on the span with its stack.
+uncaught exception (Tornado's ``log_exception``) is logged on the span with its stack. The
+peer is the client's ``ip:port`` (the ip alone when ``xheaders`` replaced the connection's).
 
 The rule is found without touching the routing: each application keeps an index, built on
 its first request and again when a router's rule list changes length (``add_handlers``,
@@ -150,8 +151,15 @@ def install(config: Config) -> None:
                 try:
                     url = f"{request.protocol}://{request.host}{request.path}"
                     request_tags(span, method, url)
-                    if request.remote_ip:
-                        span.peer = request.remote_ip
+                    ip = request.remote_ip
+                    if ip:
+                        # The connection's (ip, port) as accepted; its port only while
+                        # remote_ip is that ip (``xheaders`` may name the proxy's client).
+                        addr = getattr(getattr(request.connection, "context", None), "address", None)
+                        if addr.__class__ is tuple and len(addr) >= 2 and addr[0] == ip:
+                            span.peer = f"{ip}:{addr[1]}"
+                        else:
+                            span.peer = ip
                 except Exception:
                     if span.tags is NO_TAGS:
                         span.tag(TAG_HTTP_METHOD, method)
