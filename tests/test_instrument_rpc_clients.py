@@ -348,6 +348,40 @@ def test_aiohttp_client_headers_and_errors(sink: _sink.MemorySink) -> None:
     assert exits["/a"][R.SPAN_COMPONENT] == 7008
 
 
+def test_aiohttp_client_raise_for_status_tags_the_status(sink: _sink.MemorySink) -> None:
+    """``raise_for_status`` (the session's, or the request's): the ``ClientResponseError``
+    propagates unchanged and the failed exit span is tagged with the refused status."""
+    import aiohttp
+    from aiohttp import web
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(status=int(request.path.rpartition("/")[2]), text="x")
+
+    async def main() -> list[int]:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        raised = []
+        async with aiohttp_serving(app) as port:
+            base = f"http://127.0.0.1:{port}"
+            async with aiohttp.ClientSession(raise_for_status=True) as session:
+                with pytest.raises(aiohttp.ClientResponseError) as e1:
+                    await session.get(f"{base}/session/503")
+                raised.append(e1.value.status)
+            async with aiohttp.ClientSession() as session:
+                with pytest.raises(aiohttp.ClientResponseError) as e2:
+                    await session.get(f"{base}/request/404", raise_for_status=True)
+                raised.append(e2.value.status)
+        return raised
+
+    assert asyncio.run(main()) == [503, 404]
+    got = wait_spans(sink, 4)
+    exits = {s[R.SPAN_OPERATION]: s for s in got if s[R.SPAN_TYPE] == R.SPAN_TYPE_EXIT}
+    assert set(exits) == {"/session/503", "/request/404"}
+    for op, status in (("/session/503", "503"), ("/request/404", "404")):
+        assert tags_of(exits[op])["http.status_code"] == status, tags_of(exits[op])
+        assert exits[op][R.SPAN_IS_ERROR] and exits[op][R.SPAN_LOGS]
+
+
 def test_aiohttp_client_replaces_a_forwarded_sw8(sink: _sink.MemorySink) -> None:
     """A proxy that forwards its incoming headers (sw8 among them) sends one sw8, the exit
     span's own, not the forwarded one beside it."""

@@ -11,7 +11,8 @@ their path (``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``: always the path). An excep
 aiohttp turns into a 500 is logged on the span with its stack.
 
 Client: ``ClientSession._request``; the span ends when the response headers arrived (the
-body is read afterwards by the application). The caller's headers object is never
+body is read afterwards by the application); with ``raise_for_status`` the status of the
+``ClientResponseError`` raised is tagged too. The caller's headers object is never
 modified. Requests made by the agent's own reporter (HTTP protocol, thread mode) are not
 traced.
 """
@@ -156,7 +157,7 @@ def _server(config: Config) -> None:
 
 
 def _client() -> None:
-    from aiohttp import ClientSession  # noqa: PLC0415
+    from aiohttp import ClientResponseError, ClientSession  # noqa: PLC0415
     from multidict import CIMultiDict  # noqa: PLC0415
     from yarl import URL  # noqa: PLC0415
 
@@ -182,7 +183,13 @@ def _client() -> None:
                     headers = CIMultiDict(given) if given is not None else CIMultiDict()
                     headers.update(span.inject())  # replaces a forwarded sw8, never a second one
                     kwargs["headers"] = headers
-                resp = await orig(self, method, str_or_url, **kwargs)
+                try:
+                    resp = await orig(self, method, str_or_url, **kwargs)
+                except ClientResponseError as e:  # raise_for_status: the status it refused
+                    status = e.status
+                    if span.__class__ is Span and status.__class__ is int and status >= 100:
+                        record_status(span, status)
+                    raise
                 if span.__class__ is Span:
                     record_status(span, resp.status)
                 return resp
