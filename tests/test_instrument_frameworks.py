@@ -435,3 +435,58 @@ def test_uvicorn_root_path_is_in_the_url_once(
     (span,) = [s for seg in segments(sink) for s in seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.ENTRY]
     assert span[R.SPAN_COMPONENT] == Component.FASTAPI
     assert tags_of(span)["http.url"] == seen_by_app
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_uvicorn_500_for_an_application_that_raised_before_answering(
+    sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch, pure: bool
+) -> None:
+    """An ASGI application that raises before ``http.response.start``: Uvicorn answers 500
+    and the entry span says so (``http.status_code`` 500 beside the error log); one that
+    raises after starting its response keeps the status it sent (Uvicorn only closes the
+    connection). With the native status sender and the Python one (``pure``)."""
+    import http.client
+    import socket
+    import threading
+    import urllib.error
+    import urllib.request
+
+    import uvicorn
+
+    from swmp.instrument import asgi
+
+    if pure:
+        monkeypatch.setattr(asgi, "_status_sender", asgi._py_status_sender)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/after":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise RuntimeError("raised on purpose")
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(ASGIMiddleware(app), log_level="critical", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait = threading.Event()
+        while not server.started and thread.is_alive():
+            wait.wait(0.01)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/before", timeout=10)
+        assert e.value.code == 500  # what Uvicorn answered
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/after", timeout=10) as resp:
+            assert resp.status == 200
+            with pytest.raises(http.client.IncompleteRead):  # the server closed mid-answer
+                resp.read()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    spans = [s for seg in segments(sink) for s in seg[R.SEG_SPANS]]
+    entries = {s[R.SPAN_OPERATION]: s for s in spans if s[R.SPAN_TYPE] == Kind.ENTRY}
+    assert tags_of(entries["/before"])["http.status_code"] == "500"
+    assert tags_of(entries["/after"])["http.status_code"] == "200"
+    for span in entries.values():
+        assert span[R.SPAN_IS_ERROR] and len(span[R.SPAN_LOGS]) == 1

@@ -3,7 +3,8 @@
 Use directly (``app = ASGIMiddleware(app)``) or through the framework instrumentations
 (Starlette/FastAPI, Django under ASGI, Falcon's ASGI app). The span is current for the
 whole application call, in the request's own task, so spans created by the handler (and
-tasks it spawns, which copy the context) are its children.
+tasks it spawns, which copy the context) are its children. An application that raises
+before starting a response gets ``http.status_code`` 500, what the server answers then.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from typing import Any
 from swmp.instrument._http import record_status, request_tags
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
-from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_PARAMS, TAG_HTTP_URL, Component, Layer
+from swmp.tracing.constants import (
+    TAG_HTTP_METHOD,
+    TAG_HTTP_PARAMS,
+    TAG_HTTP_STATUS,
+    TAG_HTTP_URL,
+    Component,
+    Layer,
+)
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NO_TAGS, NOOP, Span, native_core
 
@@ -187,6 +195,17 @@ if native_core is not None:
     _status_sender = native_core.status_sender
 
 
+def _raised_unanswered(span: Any) -> None:
+    """The application raised an Exception: when it had not started a response (no status
+    tagged by the sender), the server answers 500 itself (Uvicorn does), so 500 is tagged.
+    Once a response started, the server only closes the connection: nothing is added."""
+    try:
+        if span.__class__ is Span and TAG_HTTP_STATUS not in span.tags[::2]:
+            record_status(span, 500)
+    except Exception:
+        pass
+
+
 async def trace_asgi(  # noqa: PLR0917 (once per request: positional calls are cheaper)
     app: ASGIApp,
     scope: Scope,
@@ -202,7 +221,11 @@ async def trace_asgi(  # noqa: PLR0917 (once per request: positional calls are c
         await app(scope, receive, send)
         return
     with span:
-        await app(scope, receive, _status_sender(span, send))
+        try:
+            await app(scope, receive, _status_sender(span, send))
+        except Exception:
+            _raised_unanswered(span)
+            raise
 
 
 class ASGIMiddleware:
@@ -227,7 +250,11 @@ class ASGIMiddleware:
             await self.app(scope, receive, send)
             return
         with span:
-            await self.app(scope, receive, _status_sender(span, send))
+            try:
+                await self.app(scope, receive, _status_sender(span, send))
+            except Exception:
+                _raised_unanswered(span)
+                raise
 
 
 def traced_asgi_method(component: int, collect_params: bool, params_limit: int) -> Callable[[Any], Any]:
@@ -241,7 +268,11 @@ def traced_asgi_method(component: int, collect_params: bool, params_limit: int) 
                 await orig(self, scope, receive, send)
                 return
             with span:
-                await orig(self, scope, receive, _status_sender(span, send))
+                try:
+                    await orig(self, scope, receive, _status_sender(span, send))
+                except Exception:
+                    _raised_unanswered(span)
+                    raise
 
         return method
 
