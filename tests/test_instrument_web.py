@@ -16,6 +16,7 @@ import sys
 import threading
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 
@@ -549,6 +550,49 @@ def test_http_server_request_handler(sink: _sink.MemorySink) -> None:
     assert span[R.SPAN_IS_ERROR] is True
     (log,) = error_logs(span)
     assert log["error.kind"] == "RuntimeError" and "handler kaput" in log["stack"]
+
+
+def test_http_server_over_tls_records_an_https_url(sink: _sink.MemorySink, tmp_path: Path) -> None:
+    """A TLS-wrapped ``http.server`` (its listening socket wrapped, so each request's socket
+    is an ``ssl.SSLSocket``): the entry span's ``http.url`` is ``https://``."""
+    import ssl
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.tls_support import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(pki.server, pki.server_key)
+    server.socket = server_ctx.wrap_socket(server.socket, server_side=True)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    port = server.server_address[1]
+    try:
+        conn = http.client.HTTPSConnection(
+            "127.0.0.1", port, timeout=10, context=ssl.create_default_context(cafile=str(pki.ca))
+        )
+        conn.request("GET", "/secure?q=1")
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read() == b"ok"
+        conn.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        t.join(5)
+    (span,) = [s for g in segments(sink) for s in g[R.SEG_SPANS] if s[R.SPAN_TYPE] == R.SPAN_TYPE_ENTRY]
+    assert tags_of(span)["http.url"] == f"https://127.0.0.1:{port}/secure"
 
 
 def test_wsgiref_server_leaves_the_entry_span_to_the_framework(sink: _sink.MemorySink) -> None:

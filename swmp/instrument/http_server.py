@@ -4,7 +4,8 @@
 ``handle_one_request`` reads and parses one request, calls ``do_<METHOD>`` and returns;
 the span starts once ``parse_request`` succeeded (method, path and headers are known) and
 finishes when ``handle_one_request`` returns or raises (the exception is logged with its
-stack and propagates unchanged). ``send_response_only`` gives the status code.
+stack and propagates unchanged). ``send_response_only`` gives the status code. The URL's
+scheme is ``https`` when the request's socket is an ``ssl.SSLSocket`` (a TLS-wrapped server).
 
 WSGI servers built on it are left to the WSGI tracing of the framework they serve:
 ``wsgiref.simple_server`` never calls ``handle_one_request``, and handlers with a
@@ -15,6 +16,7 @@ under its development server keeps its own component.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._http import record_status, request_tags
@@ -67,7 +69,11 @@ def _start(handler: Any) -> Any:
     span.__enter__()
     if span.__class__ is Span:
         host = headers.get("Host")
-        request_tags(span, method, f"http://{host}{path}" if host else path)  # no query, as WSGI/ASGI
+        # A TLS-wrapped server's request socket is an ssl.SSLSocket (ssl is then imported).
+        ssl = sys.modules.get("ssl")
+        tls = ssl is not None and isinstance(getattr(handler, "connection", None), ssl.SSLSocket)
+        scheme = "https" if tls else "http"
+        request_tags(span, method, f"{scheme}://{host}{path}" if host else path)  # no query, as WSGI/ASGI
         client = handler.client_address
         if isinstance(client, tuple) and len(client) >= 2:
             span.peer = f"{client[0]}:{client[1]}"
