@@ -369,8 +369,9 @@ def test_credentials_and_query_of_a_url_are_not_recorded(
 def test_urllib3_absolute_url_keeps_its_query_out_of_the_span(
     sink: _sink.MemorySink, echo: tuple[Server, list[dict[str, Any]]]
 ) -> None:
-    """An absolute URL given to a pool (what urllib3's ProxyManager sends to an HTTP proxy)
-    names the span after its path, without the query string."""
+    """An absolute URL given to a pool (what urllib3's ProxyManager sends to an HTTP proxy;
+    here the server itself answers it) names the span after its path, without the query
+    string; the peer and ``http.url`` are the target's, not the proxy's."""
     import urllib3
 
     srv, seen = echo
@@ -378,9 +379,73 @@ def test_urllib3_absolute_url_keeps_its_query_out_of_the_span(
         assert proxy.request("GET", "http://example.invalid/items?token=t0ken").status == 200
     ex = _exit_span(sink)
     assert ex[R.SPAN_OPERATION] == "/items", ex
-    assert tags_of(ex)["http.url"] == f"http://127.0.0.1:{srv.port}/items"
+    assert ex[R.SPAN_PEER] == "example.invalid:80"
+    assert tags_of(ex)["http.url"] == "http://example.invalid/items"
     assert "t0ken" not in _recorded_text(ex)
     assert "HTTP_SW8" in seen[0]  # the request went through the "proxy" with its sw8
+
+
+@pytest.fixture()
+def forwarding_proxy() -> Iterator[tuple[int, list[bytes]]]:
+    """A tiny HTTP forward proxy on 127.0.0.1 (plain sockets: nothing of it is traced): it
+    takes an absolute-form request, sends it in origin form to the host it names, and
+    relays the answer until that server closes. Yields its port and the request lines."""
+    import socket
+    import socketserver
+
+    lines: list[bytes] = []
+
+    class Forward(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = self.request.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            first, _, rest = head.partition(b"\r\n")
+            lines.append(first)
+            method, target, version = first.split(b" ")
+            hostport, _, path = target.split(b"://", 1)[1].partition(b"/")
+            host, _, port = hostport.rpartition(b"@")[2].partition(b":")
+            with socket.create_connection((host.decode(), int(port or b"80")), timeout=10) as up:
+                up.sendall(b"%s /%s %s\r\n%s" % (method, path, version, rest))
+                while data := up.recv(65536):
+                    self.request.sendall(data)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Forward)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield server.server_address[1], lines
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+def test_urllib3_through_a_forwarding_proxy_records_the_target(
+    sink: _sink.MemorySink,
+    echo: tuple[Server, list[dict[str, Any]]],
+    forwarding_proxy: tuple[int, list[bytes]],
+) -> None:
+    """``ProxyManager`` through a real forwarding proxy to a real server: the exit span's
+    peer and ``http.url`` are the target server's (as the SkyWalking agent and the requests
+    instrumentation record them), without credentials nor query; ``sw8`` reaches it."""
+    import urllib3
+
+    srv, seen = echo
+    proxy_port, lines = forwarding_proxy
+    target = f"http://bob:pw@127.0.0.1:{srv.port}/items/7?token=t0ken"
+    with new_local_span("caller"), urllib3.ProxyManager(f"http://127.0.0.1:{proxy_port}") as proxy:
+        resp = proxy.request("GET", target)
+        assert (resp.status, resp.data) == (200, b"ok")
+    assert lines == [f"GET {target} HTTP/1.1".encode()]  # absolute form, as given
+    ex = _exit_span(sink)
+    assert ex[R.SPAN_OPERATION] == "/items/7"
+    assert ex[R.SPAN_PEER] == f"127.0.0.1:{srv.port}"
+    assert tags_of(ex)["http.url"] == f"http://127.0.0.1:{srv.port}/items/7"
+    assert "t0ken" not in _recorded_text(ex) and "pw" not in _recorded_text(ex)
+    assert seen[0]["HTTP_SW8"].split("-")[3] == str(ex[R.SPAN_ID])
 
 
 def tags_of(span: list[Any]) -> dict[str, Any]:

@@ -1,13 +1,14 @@
 """urllib3: exit span per ``HTTPConnectionPool.urlopen`` with ``sw8`` injected
 (component Urllib3, 7006). Retries and redirects re-enter ``urlopen`` inside the span and
-are not recorded twice.
+are not recorded twice. An absolute URL (a ``ProxyManager`` sending through an HTTP
+proxy) is recorded with its target as peer and ``http.url``, not the proxy.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import peer_of, record_status
+from swmp.instrument._http import peer_of, record_status, split_url
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
@@ -50,19 +51,25 @@ def install(config: Config) -> None:
 
     def make(orig: Any) -> Any:
         def urlopen(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-            peer = peer_of(self.scheme, self.host, self.port)
-            # No query string (nor, for an absolute URL, what precedes its path): the
-            # operation name and http.url never carry what the query may hold (tokens).
+            # No query string: the operation name and http.url never carry what the query
+            # may hold (tokens).
             path = url.split("?", 1)[0].split("#", 1)[0]
-            if "://" in path:
-                path = "/" + path.split("://", 1)[1].partition("/")[2]
-            span = _ctx.new_exit_span(path or "/", peer, Component.URLLIB3, Layer.HTTP)
+            if "://" in path and not path.startswith("/"):
+                # An absolute URL: what ProxyManager sends to an HTTP proxy (or forwards
+                # HTTPS through it). The target is the peer and the URL, not the proxy, as
+                # in the peer agent and the requests instrumentation (no user:password@).
+                peer, path, full = split_url(path)
+            else:
+                peer = peer_of(self.scheme, self.host, self.port)
+                path = path or "/"
+                full = f"{self.scheme}://{peer}{path}"
+            span = _ctx.new_exit_span(path, peer, Component.URLLIB3, Layer.HTTP)
             if span is NOOP:
                 return orig(self, method, url, *args, **kwargs)
             with span:
                 if span.recording:
                     span.tag(TAG_HTTP_METHOD, method)
-                    span.tag(TAG_HTTP_URL, f"{self.scheme}://{peer}{path}")
+                    span.tag(TAG_HTTP_URL, full)
                     # headers is urlopen's 4th parameter: positional after body, or a keyword.
                     # None means "the pool's default headers": keep them.
                     if len(args) >= 2:
