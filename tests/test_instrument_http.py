@@ -423,23 +423,34 @@ def forwarding_proxy() -> Iterator[tuple[int, list[bytes]]]:
     thread.join(5)
 
 
-def test_urllib3_through_a_forwarding_proxy_records_the_target(
+@pytest.mark.parametrize("client", ["urllib3", "requests"])
+def test_through_a_forwarding_proxy_the_target_is_recorded(
     sink: _sink.MemorySink,
     echo: tuple[Server, list[dict[str, Any]]],
     forwarding_proxy: tuple[int, list[bytes]],
+    client: str,
 ) -> None:
-    """``ProxyManager`` through a real forwarding proxy to a real server: the exit span's
-    peer and ``http.url`` are the target server's (as the SkyWalking agent and the requests
-    instrumentation record them), without credentials nor query; ``sw8`` reaches it."""
+    """urllib3's ``ProxyManager`` (and requests with ``proxies``, on top of it) through a
+    real forwarding proxy to a real server: the exit span's peer and ``http.url`` are the
+    target server's (as the SkyWalking agent records them), without credentials nor
+    query; ``sw8`` reaches the target."""
+    import requests
     import urllib3
 
     srv, seen = echo
     proxy_port, lines = forwarding_proxy
+    proxy_url = f"http://127.0.0.1:{proxy_port}"
     target = f"http://bob:pw@127.0.0.1:{srv.port}/items/7?token=t0ken"
-    with new_local_span("caller"), urllib3.ProxyManager(f"http://127.0.0.1:{proxy_port}") as proxy:
-        resp = proxy.request("GET", target)
-        assert (resp.status, resp.data) == (200, b"ok")
-    assert lines == [f"GET {target} HTTP/1.1".encode()]  # absolute form, as given
+    with new_local_span("caller"):
+        if client == "urllib3":
+            with urllib3.ProxyManager(proxy_url) as proxy:
+                resp = proxy.request("GET", target)
+                assert (resp.status, resp.data) == (200, b"ok")
+        else:
+            got = requests.get(target, proxies={"http": proxy_url}, timeout=10)
+            assert (got.status_code, got.content) == (200, b"ok")
+    (line,) = lines
+    assert line.startswith(b"GET http://") and line.endswith(b"/items/7?token=t0ken HTTP/1.1")
     ex = _exit_span(sink)
     assert ex[R.SPAN_OPERATION] == "/items/7"
     assert ex[R.SPAN_PEER] == f"127.0.0.1:{srv.port}"
