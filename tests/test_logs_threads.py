@@ -216,6 +216,32 @@ def test_a_bad_layout_is_reported_once_and_replaced(
     assert log_reporter.stats.layout_fallbacks >= 1
 
 
+def test_text_that_is_not_utf8_is_reported_escaped(sink: _sink.MemorySink, reporting: Any) -> None:
+    """Lone surrogates (bytes decoded with "surrogateescape": file names, argv, environ) in
+    the message or a tag: the record is reported with them escaped, not dropped."""
+    from loguru import logger
+
+    reporting()
+    logger.remove()
+    logger.add(io.StringIO(), level="INFO")
+    errors = log_reporter.stats.errors
+    name = b"caf\xe9.txt".decode("utf-8", "surrogateescape")
+    try:
+        logging.getLogger("test.files").warning("cannot open %s", name)
+        threading.current_thread().name, saved = name, threading.current_thread().name
+        try:
+            logger.warning("loguru: {}", name)
+        finally:
+            threading.current_thread().name = saved
+    finally:
+        logger.remove()
+        logger.add(io.StringIO())
+    got = logs(sink)
+    assert [r[5] for r in got] == ["WARNING test.files cannot open caf\\udce9.txt", "loguru: caf\\udce9.txt"]
+    assert got[1][9][5] == "caf\\udce9.txt"  # the thread tag
+    assert log_reporter.stats.errors == errors
+
+
 # -- loguru and structlog ----------------------------------------------------------------------
 def test_loguru_through_its_api_after_remove_and_no_double_report(
     sink: _sink.MemorySink, reporting: Any
