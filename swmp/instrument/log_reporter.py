@@ -117,6 +117,9 @@ def write_log(ts_ms: int, body: str, tags: list[str], safe_mode: bool = False) -
         lim = limits.log_value_max
         if len(body) > lim:
             body = body[:lim]
+        for i, tag in enumerate(tags):  # (argument.N and exception values are unbounded)
+            if len(tag) > lim:
+                tags[i] = tag[:lim]
         pos = trace_position()
         trace_id, seg_id, span_id, endpoint = pos if pos is not None else ("", "", -1, "")
         record: list[Any] = [ts_ms, identity.service, identity.instance, endpoint, "text", body]
