@@ -273,7 +273,9 @@ def tag(key: str, value: Any) -> None:
     """Tag the current span (no-op outside a recorded span)."""
     span = _ctx.active_span()
     if span is not None:
-        span.tag(key, value)
+        # A key that is not a string (a number, None) would make the whole segment
+        # unencodable for the reporter; the value is converted by the span.
+        span.tag(key if isinstance(key, str) else str(key), value)
 
 
 def log(message: Any = None, **fields: Any) -> None:

@@ -271,3 +271,16 @@ def test_trace_on_classmethods_staticmethods_and_callables(sink: _sink.MemorySin
     ops = [seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(sink)]
     assert ops[0].endswith("Shop.make") and ops[1].endswith("Shop.make")
     assert ops[2:] == ["static", "functools.partial"]
+
+
+def test_tag_keys_and_values_that_are_not_strings(sink: _sink.MemorySink) -> None:
+    """The reporter encodes tag keys as strings: a non-string key must not lose the trace."""
+    from reporter_proc import encode
+
+    with swmp.entry_span("/t"):
+        swmp.tag(7, "x")  # type: ignore[arg-type]
+        swmp.tag("n", 5)
+        swmp.tag("none", None)
+    ((_, payload),) = sink.records
+    assert orjson.loads(payload)[R.SEG_SPANS][0][R.SPAN_TAGS] == ["7", "x", "n", "5", "none", "None"]
+    assert encode.segment_payload(payload)
