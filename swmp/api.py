@@ -33,10 +33,13 @@ from swmp.tracing import context as _ctx
 from swmp.tracing.constants import Component, Layer
 from swmp.tracing.limits import limits
 from swmp.tracing.span import NoopSpan, Span
+from swmp.tracing.span import current_span as _current_span
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 AnySpan = Span | NoopSpan
+_get_current = _current_span.get
+_set_current = _current_span.set
 
 
 def start(**settings: Any) -> Config:
@@ -121,11 +124,21 @@ def trace(
 ) -> Any:
     """Decorator: run the function (sync or ``async``) in a local span named after it.
 
-    ``@swmp.trace`` or ``@swmp.trace(op="pricing")``.
+    ``@swmp.trace`` or ``@swmp.trace(op="pricing")``. A generator (or async generator)
+    function stays one; its span covers the iteration, from the first ``next()`` to the
+    end, and is current only while the generator runs. On a ``classmethod`` or
+    ``staticmethod`` it wraps the function inside.
     """
 
     def decorate(f: F) -> F:
-        name = op or f"{f.__module__}.{f.__qualname__}"
+        if isinstance(f, (classmethod, staticmethod)):
+            return type(f)(decorate(f.__func__))
+        qualname = getattr(f, "__qualname__", None) or type(f).__qualname__  # (a partial, a callable object)
+        name = op or f"{getattr(f, '__module__', None)}.{qualname}"
+        if inspect.isasyncgenfunction(f):
+            return _traced_async_generator(f, name, component, layer)  # type: ignore[return-value]
+        if inspect.isgeneratorfunction(f):
+            return _traced_generator(f, name, component, layer)  # type: ignore[return-value]
         if inspect.iscoroutinefunction(f):
 
             @functools.wraps(f)
@@ -145,6 +158,109 @@ def trace(
     return decorate(fn) if fn is not None else decorate
 
 
+def _step(state: list[Any], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with ``state[0]`` current (the generator's span, or the span it left open
+    inside itself); the caller's current span is restored afterwards: a suspended generator
+    is no parent of what its caller does between two ``next()``."""
+    outer = _get_current()
+    _set_current(state[0])
+    try:
+        return fn(*args)
+    finally:
+        state[0] = _get_current()
+        _set_current(outer)
+
+
+async def _astep(state: list[Any], fn: Callable[..., Any], *args: Any) -> Any:
+    if state[0].__class__ is NoopSpan:  # not recorded: the generator runs as it is
+        return await fn(*args)
+    outer = _get_current()
+    _set_current(state[0])
+    try:
+        return await fn(*args)
+    finally:
+        state[0] = _get_current()
+        _set_current(outer)
+
+
+def _traced_generator(f: Callable[..., Any], name: str, component: int, layer: int) -> Callable[..., Any]:
+    @functools.wraps(f)
+    def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+        span = _ctx.new_local_span(name, component, layer)
+        if span.__class__ is NoopSpan:
+            return (yield from f(*args, **kwargs))
+        state: list[Any] = [span]
+        err: BaseException | None = None
+        try:
+            gen = f(*args, **kwargs)
+            value: Any = None
+            thrown: BaseException | None = None
+            while True:
+                try:
+                    if thrown is None:
+                        item = _step(state, gen.send, value)
+                    else:
+                        item = _step(state, gen.throw, thrown)
+                except StopIteration as stop:
+                    return stop.value
+                thrown = None
+                try:
+                    value = yield item
+                except GeneratorExit:
+                    _step(state, gen.close)
+                    raise
+                except BaseException as e:  # thrown in by the caller: the generator's to handle
+                    value, thrown = None, e
+        except GeneratorExit:
+            raise
+        except BaseException as e:
+            err = e
+            raise
+        finally:
+            span.__exit__(None if err is None else type(err), err, None)
+
+    return gen_wrapper
+
+
+def _traced_async_generator(
+    f: Callable[..., Any], name: str, component: int, layer: int
+) -> Callable[..., Any]:
+    @functools.wraps(f)
+    async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
+        span = _ctx.new_local_span(name, component, layer)
+        state: list[Any] = [span]
+        err: BaseException | None = None
+        try:
+            gen = f(*args, **kwargs)
+            value: Any = None
+            thrown: BaseException | None = None
+            while True:
+                try:
+                    if thrown is None:
+                        item = await _astep(state, gen.asend, value)
+                    else:
+                        item = await _astep(state, gen.athrow, thrown)
+                except StopAsyncIteration:
+                    return
+                thrown = None
+                try:
+                    value = yield item
+                except GeneratorExit:
+                    await _astep(state, gen.aclose)
+                    raise
+                except BaseException as e:  # thrown in by the caller: the generator's to handle
+                    value, thrown = None, e
+        except GeneratorExit:
+            raise
+        except BaseException as e:
+            err = e
+            raise
+        finally:
+            span.__exit__(None if err is None else type(err), err, None)
+
+    return agen_wrapper
+
+
 # -- the active span -----------------------------------------------------------------------
 
 
@@ -157,7 +273,9 @@ def tag(key: str, value: Any) -> None:
     """Tag the current span (no-op outside a recorded span)."""
     span = _ctx.active_span()
     if span is not None:
-        span.tag(key, value)
+        # A key that is not a string (a number, None) would make the whole segment
+        # unencodable for the reporter; the value is converted by the span.
+        span.tag(key if isinstance(key, str) else str(key), value)
 
 
 def log(message: Any = None, **fields: Any) -> None:

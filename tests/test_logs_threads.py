@@ -9,6 +9,7 @@ import gc
 import io
 import logging
 import logging.config
+import sys
 import threading
 import weakref
 from collections.abc import Iterator
@@ -214,6 +215,53 @@ def test_a_bad_layout_is_reported_once_and_replaced(
     log_reporter.LogReporter(logging.WARNING, "%(message)s").report(rec)
     assert bodies(sink) == ["%d items"]
     assert log_reporter.stats.layout_fallbacks >= 1
+
+
+def test_text_that_is_not_utf8_is_reported_escaped(sink: _sink.MemorySink, reporting: Any) -> None:
+    """Lone surrogates (bytes decoded with "surrogateescape": file names, argv, environ) in
+    the message or a tag: the record is reported with them escaped, not dropped."""
+    from loguru import logger
+
+    reporting()
+    logger.remove()
+    logger.add(io.StringIO(), level="INFO")
+    errors = log_reporter.stats.errors
+    name = b"caf\xe9.txt".decode("utf-8", "surrogateescape")
+    try:
+        logging.getLogger("test.files").warning("cannot open %s", name)
+        threading.current_thread().name, saved = name, threading.current_thread().name
+        try:
+            logger.warning("loguru: {}", name)
+        finally:
+            threading.current_thread().name = saved
+    finally:
+        logger.remove()
+        logger.add(io.StringIO())
+    got = logs(sink)
+    assert [r[5] for r in got] == ["WARNING test.files cannot open caf\\udce9.txt", "loguru: caf\\udce9.txt"]
+    assert got[1][9][5] == "caf\\udce9.txt"  # the thread tag
+    assert log_reporter.stats.errors == errors
+
+
+def test_tag_values_are_limited_like_the_body(sink: _sink.MemorySink) -> None:
+    """SW_AGENT_LOG_VALUE_MAX_LENGTH bounds every value: with FORMATTED=false an argument or
+    a stack is a tag, and a huge one filled the ring (or the backend's message) alone."""
+    tracing.configure(load({}, agent_log_value_max_length=100))
+    reporter = log_reporter.LogReporter(logging.WARNING, None, formatted=False)
+    try:
+        raise ValueError("v" * 1000)
+    except ValueError:
+        exc = sys.exc_info()
+    rec = logging.LogRecord("test.big", logging.ERROR, __file__, 1, "m" * 1000 + " %s", ("a" * 1000,), exc)
+    try:
+        reporter.report(rec)
+    finally:
+        tracing.configure(load({}))
+    (got,) = logs(sink)
+    assert len(got[5]) == 100
+    tags = dict(zip(got[9][::2], got[9][1::2], strict=True))
+    assert tags["argument.0"] == "a" * 100
+    assert len(tags["exception"]) == 100 and tags["exception"].startswith("Traceback")
 
 
 # -- loguru and structlog ----------------------------------------------------------------------

@@ -167,3 +167,120 @@ def test_capture_and_continue_in_thread(sink: _sink.MemorySink) -> None:
         t.join()
     refs = [s[R.SPAN_REFS] for seg in segments(sink) for s in seg[R.SEG_SPANS] if s[R.SPAN_OPERATION] == "bg"]
     assert refs[0][0][2] == root.segment.segment_id
+
+
+def _spans(sink: _sink.MemorySink) -> dict[str, list[Any]]:
+    return {s[R.SPAN_OPERATION]: s for seg in segments(sink) for s in seg[R.SEG_SPANS]}
+
+
+def test_trace_keeps_a_generator_a_generator_and_covers_its_iteration(sink: _sink.MemorySink) -> None:
+    """A yield dependency (FastAPI, contextlib) must stay a generator function; the span
+    covers the iteration and is current only while the generator runs."""
+    import inspect
+
+    seen: list[str] = []
+
+    @swmp.trace(op="gen")
+    def numbers(n: int) -> Iterator[int]:
+        for i in range(n):
+            with swmp.local_span(f"inner{i}"):
+                received = yield i
+                seen.append(f"{received}")
+        return
+
+    assert inspect.isgeneratorfunction(numbers)
+    with swmp.entry_span("/req") as root:
+        gen = numbers(2)
+        assert next(gen) == 0
+        assert swmp.current_span() is root  # the suspended generator is not the caller's parent
+        with swmp.local_span("between"):
+            pass
+        assert gen.send("a") == 1
+        with pytest.raises(StopIteration):
+            gen.send("b")
+        broken = numbers(3)
+        next(broken)
+        with pytest.raises(ValueError):
+            broken.throw(ValueError("bad"))
+        closed = numbers(3)
+        next(closed)
+        closed.close()
+    assert seen == ["a", "b"]
+    spans = _spans(sink)
+    ids = {op: s[R.SPAN_ID] for op, s in spans.items()}
+    assert spans["between"][R.SPAN_PARENT_ID] == ids["/req"]
+    assert spans["inner0"][R.SPAN_PARENT_ID] in {s[R.SPAN_ID] for o, s in spans.items() if o == "gen"}
+    gens = [s for seg in segments(sink) for s in seg[R.SEG_SPANS] if s[R.SPAN_OPERATION] == "gen"]
+    assert len(gens) == 3
+    assert [g[R.SPAN_IS_ERROR] for g in gens] == [False, True, False]
+    assert all(g[R.SPAN_PARENT_ID] == ids["/req"] for g in gens)
+
+
+def test_trace_keeps_an_async_generator_one(sink: _sink.MemorySink) -> None:
+    import contextlib
+    import inspect
+
+    @swmp.trace(op="agen")
+    async def resource() -> Any:
+        with swmp.local_span("setup"):
+            await asyncio.sleep(0)
+        yield "r"
+        with swmp.local_span("teardown"):
+            pass
+
+    assert inspect.isasyncgenfunction(resource)
+
+    async def main() -> list[str]:
+        got = []
+        with swmp.entry_span("/a"):
+            async with contextlib.asynccontextmanager(resource)() as r:
+                got.append(r)
+                with swmp.local_span("use"):
+                    await asyncio.sleep(0)
+        return got
+
+    assert asyncio.run(main()) == ["r"]
+    spans = _spans(sink)
+    assert spans["agen"][R.SPAN_PARENT_ID] == spans["/a"][R.SPAN_ID]
+    assert spans["use"][R.SPAN_PARENT_ID] == spans["/a"][R.SPAN_ID]
+    assert spans["setup"][R.SPAN_PARENT_ID] == spans["teardown"][R.SPAN_PARENT_ID] == spans["agen"][R.SPAN_ID]
+    assert spans["agen"][R.SPAN_END] >= spans["teardown"][R.SPAN_END]
+
+
+def test_trace_on_classmethods_staticmethods_and_callables(sink: _sink.MemorySink) -> None:
+    import functools
+
+    class Shop:
+        @swmp.trace
+        @classmethod
+        def make(cls) -> type:
+            return cls
+
+        @swmp.trace(op="static")
+        @staticmethod
+        def price() -> int:
+            return 2
+
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    plus_one = swmp.trace(functools.partial(add, 1))
+    assert Shop.make() is Shop and Shop().make() is Shop
+    assert Shop.price() == 2
+    assert plus_one(2) == 3
+    ops = [seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(sink)]
+    assert ops[0].endswith("Shop.make") and ops[1].endswith("Shop.make")
+    assert ops[2:] == ["static", "functools.partial"]
+
+
+def test_tag_keys_and_values_that_are_not_strings(sink: _sink.MemorySink) -> None:
+    """The reporter encodes tag keys as strings: a non-string key must not lose the trace."""
+    from reporter_proc import encode
+
+    with swmp.entry_span("/t"):
+        swmp.tag(7, "x")  # type: ignore[arg-type]
+        swmp.tag("n", 5)
+        swmp.tag("none", None)
+    ((_, payload),) = sink.records
+    assert orjson.loads(payload)[R.SEG_SPANS][0][R.SPAN_TAGS] == ["7", "x", "n", "5", "none", "None"]
+    assert encode.segment_payload(payload)

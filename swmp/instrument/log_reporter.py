@@ -105,6 +105,10 @@ def _set_busy(on: bool) -> bool:
 
 
 # -- one LOG record --------------------------------------------------------------------------
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def write_log(ts_ms: int, body: str, tags: list[str], safe_mode: bool = False) -> None:
     """Write one LOG record with this context's trace position. Never raises."""
     try:
@@ -113,23 +117,20 @@ def write_log(ts_ms: int, body: str, tags: list[str], safe_mode: bool = False) -
         lim = limits.log_value_max
         if len(body) > lim:
             body = body[:lim]
+        for i, tag in enumerate(tags):  # (argument.N and exception values are unbounded)
+            if len(tag) > lim:
+                tags[i] = tag[:lim]
         pos = trace_position()
         trace_id, seg_id, span_id, endpoint = pos if pos is not None else ("", "", -1, "")
-        payload = orjson.dumps(
-            [
-                ts_ms,
-                identity.service,
-                identity.instance,
-                endpoint,
-                "text",
-                body,
-                trace_id,
-                seg_id,
-                span_id,
-                tags,
-                "",
-            ]
-        )
+        record: list[Any] = [ts_ms, identity.service, identity.instance, endpoint, "text", body]
+        record += [trace_id, seg_id, span_id, tags, ""]
+        try:
+            payload = orjson.dumps(record)
+        except TypeError:
+            # Text that is not valid UTF-8: lone surrogates, from bytes decoded with
+            # "surrogateescape" (file names, sys.argv, os.environ): sent escaped, not lost.
+            record[3], record[5], record[9] = _utf8(endpoint), _utf8(body), [_utf8(t) for t in tags]
+            payload = orjson.dumps(record)
     except Exception as e:
         stats.errors += 1
         _warn_once("encode", "swmp: cannot encode a log record: %r (only counted from now on)", e)
