@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
+from reporter_proc import encode
 from reporter_proc import records as R
 from swmp import _sink, tracing
 from swmp.config import load
@@ -173,6 +174,17 @@ def test_unserializable_tag_is_converted_not_fatal(sink: _sink.MemorySink) -> No
         s.tag("num", 1.5)
     (seg,) = segments(sink)
     assert seg[R.SEG_SPANS][0][R.SPAN_TAGS] == ["obj", "<unprintable>", "num", "1.5"]
+
+
+def test_a_tag_key_that_is_not_text_does_not_lose_the_segment(sink: _sink.MemorySink) -> None:
+    """A tag key of another type (an enum member, a number) is recorded as its text: kept as
+    it was, the reporter could not encode the segment and dropped every span of it."""
+    with new_local_span("a") as s:
+        s.tag(7, "x")  # type: ignore[arg-type]
+        s.tag("ok", "y")
+    (payload,) = [p for _, p in sink.records]
+    assert orjson.loads(payload)[R.SEG_SPANS][0][R.SPAN_TAGS] == ["7", "x", "ok", "y"]
+    assert len(encode.segment_payload(payload)) > 0
 
 
 def test_full_sink_drops_and_counts(sink: _sink.MemorySink) -> None:

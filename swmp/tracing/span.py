@@ -245,6 +245,8 @@ class Span(_CoreType):
     def tag(self, key: str, value: Any) -> Span:
         if value.__class__ is not str or len(value) > limits.tag_value_max:
             value = _clip(value, limits.tag_value_max, self.segment)
+        if key.__class__ is not str:  # as text: the reporter cannot encode the segment otherwise
+            key = _clip(key, limits.tag_value_max, self.segment)
         tags = self.tags
         if tags is _EMPTY:
             self.tags = [key, value]
