@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,15 @@ from swmp import _sink, tracing
 from swmp.config import load
 from swmp.propagation import ContextCarrier
 from swmp.tracing import Component, Kind, Layer, ignore, sampling
-from swmp.tracing.context import new_entry_span, new_exit_span, new_local_span, policy
+from swmp.tracing.context import (
+    capture,
+    new_entry_span,
+    new_exit_span,
+    new_local_span,
+    policy,
+    trace_id,
+    trace_position,
+)
 from swmp.tracing.span import NOOP, IgnoredSpan, Span
 
 
@@ -148,6 +157,43 @@ def test_span_limit_flags_segment_and_counts(sink: _sink.MemorySink) -> None:
     assert len(seg[R.SEG_SPANS]) == 5
     assert seg[R.SEG_SIZE_LIMITED] is True
     assert tracing.stats.spans_over_limit == 6
+
+
+def test_work_over_the_span_limit_stays_in_the_trace(sink: _sink.MemorySink) -> None:
+    """A span dropped over the limit is not recorded, but the work under it is still in the
+    trace (as in the Java agent): its trace id (logs), and a snapshot that continues the trace
+    from the recorded span it is under. A trace not recorded at all has neither."""
+    tracing.configure(load({}, agent_span_limit=2))
+    with new_entry_span("/a") as root:
+        with new_local_span("kept"):
+            pass
+        with new_local_span("dropped") as dropped:
+            assert not dropped.recording
+            assert trace_id() == root.segment.trace_id
+            assert trace_position() == (root.segment.trace_id, root.segment.segment_id, 0, "/a")
+            snap = capture()
+        assert snap is not None and (snap.segment_id, snap.span_id) == (root.segment.segment_id, 0)
+
+        recording: list[bool] = []
+
+        def in_a_thread() -> None:
+            with new_local_span("in-a-thread", carrier=snap) as later:
+                recording.append(later.recording)
+
+        t = threading.Thread(target=in_a_thread)
+        t.start()
+        t.join()
+        assert recording == [True]
+    first, second = segments(sink)
+    assert len(first[R.SEG_SPANS]) == 1 and first[R.SEG_SPANS][0][R.SPAN_REFS][0][:4] == [
+        R.REF_CROSS_THREAD, root.segment.trace_id, root.segment.segment_id, 0
+    ]
+    assert second[R.SEG_SIZE_LIMITED] is True and len(second[R.SEG_SPANS]) == 2
+    tracing.configure(load({}, sample_n_per_3_secs=1))
+    with new_entry_span("/sampled"):
+        pass
+    with new_entry_span("/sampled-out") as out:
+        assert not out.recording and trace_id() == "" and capture() is None
 
 
 def test_tag_and_log_values_are_truncated(sink: _sink.MemorySink) -> None:
