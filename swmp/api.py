@@ -317,9 +317,12 @@ def capture() -> _ctx.Snapshot | None:
 
 
 def set_correlation(key: str, value: str) -> bool:
-    """Set a ``sw8-correlation`` entry carried to downstream services; False if over the limits."""
+    """Set a ``sw8-correlation`` entry carried to downstream services; False if over the limits
+    (or if the key or the value is not text)."""
     span = _ctx.active_span()
-    if span is None:
+    if span is None or not isinstance(key, str) or not isinstance(value, str):
+        # Stored, anything else would make every later inject() (each outgoing call of the
+        # trace) raise while it encodes the header.
         return False
     corr = span.segment.correlation_for_update()
     if len(value) > limits.correlation_max_value_length:

@@ -298,9 +298,10 @@ def decode_correlation(value: Any, max_elements: int = 3, max_value_length: int 
             or max_elements <= 0
         ):
             return out
-        # A base64 value of n characters decodes to at most 3n/4 bytes: skip entries whose
-        # encoded form is already too long before decoding them.
-        max_encoded = (max_value_length * 4 + 2) // 3 + 4
+        # The limit counts characters, and a character is up to 4 bytes of UTF-8: skip
+        # entries whose encoded form is longer than any allowed value's before decoding them
+        # (the exact check on the decoded text follows).
+        max_encoded = (max_value_length * 4 + 2) // 3 * 4
         for entry in value.split(",", max_elements * 4)[: max_elements * 4]:
             if len(out) >= max_elements:
                 break

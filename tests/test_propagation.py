@@ -127,6 +127,19 @@ def test_correlation_round_trip_and_limits() -> None:
     assert P.decode_correlation(None) == {}
 
 
+def test_correlation_value_limit_counts_characters_not_bytes() -> None:
+    """SW_CORRELATION_VALUE_MAX_LENGTH is a number of characters (as the peer agents count
+    it, and as set_correlation checks it): values of non-ASCII text within it arrive whole,
+    one character over it is skipped alone, and the other entries stay."""
+    within = {"e": "é" * 100, "zh": "中" * 128, "emoji": "🙂" * 128}
+    assert P.decode_correlation(P.encode_correlation(within)) == within
+    over = {"zh": "中" * 129, "ok": "fine", "e": "é" * 128}
+    assert P.decode_correlation(P.encode_correlation(over)) == {"ok": "fine", "e": "é" * 128}
+    ten, eleven = P.encode_correlation({"k": "中" * 10}), P.encode_correlation({"k": "中" * 11})
+    assert P.decode_correlation(ten, max_value_length=10) == {"k": "中" * 10}
+    assert P.decode_correlation(eleven, max_value_length=10) == {}
+
+
 def test_sw8x() -> None:
     assert P.decode_sw8x(P.encode_sw8x(True, 123)) is True
     assert P.decode_sw8x(P.encode_sw8x(False)) is False

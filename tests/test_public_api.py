@@ -119,6 +119,20 @@ def test_correlation_limits(sink: _sink.MemorySink) -> None:
     assert not swmp.set_correlation("k", "v")  # no span
 
 
+def test_correlation_of_other_types_is_refused_not_raised_later(sink: _sink.MemorySink) -> None:
+    """A key or value that is not text is refused (False) rather than stored: stored, it made
+    every outgoing call of the trace raise into the application from inject()."""
+    with swmp.entry_span("/in"):
+        assert swmp.set_correlation("ok", "v")
+        assert not swmp.set_correlation("k", ["x"])  # type: ignore[arg-type]
+        assert not swmp.set_correlation(7, "v")  # type: ignore[arg-type]
+        assert not swmp.set_correlation("k", None)  # type: ignore[arg-type]
+        with swmp.exit_span("/out", "svc-b:80") as ex:
+            headers = ex.inject()
+    carrier = swmp.extract(headers)
+    assert carrier is not None and carrier.correlation == {"ok": "v"}
+
+
 def test_trace_decorator_sync_async_and_error(sink: _sink.MemorySink) -> None:
     @swmp.trace
     def add(a: int, b: int) -> int:

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
 
+from reporter_proc import encode
 from reporter_proc import records as R
 from swmp import _sink, tracing
 from swmp.config import load
 from swmp.propagation import ContextCarrier
 from swmp.tracing import Component, Kind, Layer, ignore, sampling
-from swmp.tracing.context import new_entry_span, new_exit_span, new_local_span, policy
+from swmp.tracing.context import (
+    capture,
+    new_entry_span,
+    new_exit_span,
+    new_local_span,
+    policy,
+    trace_id,
+    trace_position,
+)
 from swmp.tracing.span import NOOP, IgnoredSpan, Span
 
 
@@ -149,6 +159,43 @@ def test_span_limit_flags_segment_and_counts(sink: _sink.MemorySink) -> None:
     assert tracing.stats.spans_over_limit == 6
 
 
+def test_work_over_the_span_limit_stays_in_the_trace(sink: _sink.MemorySink) -> None:
+    """A span dropped over the limit is not recorded, but the work under it is still in the
+    trace (as in the Java agent): its trace id (logs), and a snapshot that continues the trace
+    from the recorded span it is under. A trace not recorded at all has neither."""
+    tracing.configure(load({}, agent_span_limit=2))
+    with new_entry_span("/a") as root:
+        with new_local_span("kept"):
+            pass
+        with new_local_span("dropped") as dropped:
+            assert not dropped.recording
+            assert trace_id() == root.segment.trace_id
+            assert trace_position() == (root.segment.trace_id, root.segment.segment_id, 0, "/a")
+            snap = capture()
+        assert snap is not None and (snap.segment_id, snap.span_id) == (root.segment.segment_id, 0)
+
+        recording: list[bool] = []
+
+        def in_a_thread() -> None:
+            with new_local_span("in-a-thread", carrier=snap) as later:
+                recording.append(later.recording)
+
+        t = threading.Thread(target=in_a_thread)
+        t.start()
+        t.join()
+        assert recording == [True]
+    first, second = segments(sink)
+    assert len(first[R.SEG_SPANS]) == 1 and first[R.SEG_SPANS][0][R.SPAN_REFS][0][:4] == [
+        R.REF_CROSS_THREAD, root.segment.trace_id, root.segment.segment_id, 0
+    ]
+    assert second[R.SEG_SIZE_LIMITED] is True and len(second[R.SEG_SPANS]) == 2
+    tracing.configure(load({}, sample_n_per_3_secs=1))
+    with new_entry_span("/sampled"):
+        pass
+    with new_entry_span("/sampled-out") as out:
+        assert not out.recording and trace_id() == "" and capture() is None
+
+
 def test_tag_and_log_values_are_truncated(sink: _sink.MemorySink) -> None:
     tracing.configure(load({}, agent_tag_value_max_length=8, agent_log_value_max_length=5))
     with new_local_span("a") as s:
@@ -173,6 +220,17 @@ def test_unserializable_tag_is_converted_not_fatal(sink: _sink.MemorySink) -> No
         s.tag("num", 1.5)
     (seg,) = segments(sink)
     assert seg[R.SEG_SPANS][0][R.SPAN_TAGS] == ["obj", "<unprintable>", "num", "1.5"]
+
+
+def test_a_tag_key_that_is_not_text_does_not_lose_the_segment(sink: _sink.MemorySink) -> None:
+    """A tag key of another type (an enum member, a number) is recorded as its text: kept as
+    it was, the reporter could not encode the segment and dropped every span of it."""
+    with new_local_span("a") as s:
+        s.tag(7, "x")  # type: ignore[arg-type]
+        s.tag("ok", "y")
+    (payload,) = [p for _, p in sink.records]
+    assert orjson.loads(payload)[R.SEG_SPANS][0][R.SPAN_TAGS] == ["7", "x", "ok", "y"]
+    assert len(encode.segment_payload(payload)) > 0
 
 
 def test_full_sink_drops_and_counts(sink: _sink.MemorySink) -> None:
@@ -245,6 +303,29 @@ def test_sampler_off_means_everything() -> None:
         ("/v?/x", "/v1/x", True),
         ("/v?/x", "/v12/x", False),
         ("/a.b", "/aXb", False),
+        # The peer agent's own cases (skywalking-python tests/unit/test_ant_matcher.py), where
+        # the semantics agree: "*" and "?" stay within one segment, "**" spans segments.
+        ("/eureka/*", "/eureka/apps", True),
+        ("/eureka/*", "/eureka/", True),
+        ("/eureka/*", "/eureka/apps/", False),
+        ("/eureka/*/", "/eureka/apps/", True),
+        ("/eureka/*/", "/eureka/", False),
+        ("/eureka/*/", "/eureka/apps/list", False),
+        ("/eureka/**", "/eureka/", True),
+        ("/eureka/**", "/eureka/apps/test", True),
+        ("eureka/apps/?", "eureka/apps/list", False),
+        ("eureka/apps/?", "eureka/apps/", False),
+        ("eureka/apps/?", "eureka/apps/a", True),
+        ("eureka/**/lists", "eureka/apps/lists", True),
+        ("eureka/**/lists", "eureka/apps/test/lists", True),
+        ("eureka/**/lists", "eureka/apps/test/", False),
+        ("eureka/**/lists", "eureka/apps/test", False),
+        ("eureka/**/test/**", "eureka/apps/test/list", True),
+        ("eureka/**/test/**", "eureka/apps/foo/test/list/bar", True),
+        ("eureka/**/test/**", "eureka/test/list", True),
+        ("eureka/*/**/test/**", "eureka/test/list", False),
+        ("/eureka/**/b/**/*.txt", "/eureka/a/aa/aaa/b/bb/bbb/xxxxxx.txt", True),
+        ("/eureka/**/b/**/*.txt", "/eureka/a/aa/aaa/b/bb/bbb/xxxxxx", False),
     ],
 )
 def test_ant_patterns(pattern: str, path: str, matches: bool) -> None:

@@ -31,7 +31,7 @@ from swmp.tracing.ignore import rules as _rules_holder
 from swmp.tracing.limits import limits, stats
 from swmp.tracing.sampling import sampler as _sampler_holder
 from swmp.tracing.segment import Segment, cross_process_ref, cross_thread_ref
-from swmp.tracing.span import NOOP, IgnoredSpan, NoopSpan, Span, current_span, native_core
+from swmp.tracing.span import NOOP, IgnoredSpan, NoopSpan, Span, SpanPosition, current_span, native_core
 from swmp.tracing.span import exit_child as _exit_child
 
 _get_current = current_span.get
@@ -76,7 +76,7 @@ class Snapshot:
 
     __slots__ = ("correlation", "endpoint", "segment_id", "skip_analysis", "span_id", "trace_id")
 
-    def __init__(self, span: Span) -> None:
+    def __init__(self, span: Span | SpanPosition) -> None:
         seg = span.segment
         self.trace_id = seg.trace_id
         self.segment_id = seg.segment_id
@@ -140,6 +140,9 @@ def trace_position() -> tuple[str, str, int, str] | None:
     if s.__class__ is Inherited:
         snap = s.snapshot
         return snap.trace_id, snap.segment_id, snap.span_id, snap.endpoint
+    if s.__class__ is IgnoredSpan and s.at is not None:  # dropped over the span limit: in the trace
+        seg = s.at.segment
+        return seg.trace_id, seg.segment_id, s.at.span_id, seg.endpoint
     return None
 
 
@@ -152,7 +155,11 @@ def capture() -> Snapshot | None:
         return None
     if s.__class__ is Span:
         return Snapshot(s)
-    return s.snapshot if s.__class__ is Inherited else None
+    if s.__class__ is Inherited:
+        return s.snapshot
+    if s.__class__ is IgnoredSpan and s.at is not None:  # dropped over the span limit
+        return Snapshot(s.at)  # continues from the recorded span it is under
+    return None
 
 
 def _parent() -> Any:

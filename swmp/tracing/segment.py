@@ -37,7 +37,7 @@ from swmp.propagation import b64
 from swmp.tracing.identity import identity
 from swmp.tracing.ids import new_id
 from swmp.tracing.limits import limits, stats
-from swmp.tracing.span import IgnoredSpan, NoopSpan, Span, b64_cached, native_core, span_rows
+from swmp.tracing.span import IgnoredSpan, NoopSpan, Span, SpanPosition, b64_cached, native_core, span_rows
 
 log = logging.getLogger("swmp.tracing")
 
@@ -112,7 +112,7 @@ class Segment(_SegmentBase):
         if n >= limits.span_limit:
             self.size_limited = True
             stats.spans_over_limit += 1
-            return IgnoredSpan()
+            return IgnoredSpan(SpanPosition(self, parent_id))
         self._open.append(None)
         return Span(self, n, parent_id, op, kind, layer, component, peer)
 

@@ -245,6 +245,8 @@ class Span(_CoreType):
     def tag(self, key: str, value: Any) -> Span:
         if value.__class__ is not str or len(value) > limits.tag_value_max:
             value = _clip(value, limits.tag_value_max, self.segment)
+        if key.__class__ is not str:  # as text: the reporter cannot encode the segment otherwise
+            key = _clip(key, limits.tag_value_max, self.segment)
         tags = self.tags
         if tags is _EMPTY:
             self.tags = [key, value]
@@ -379,18 +381,32 @@ class NoopSpan:
         return {}
 
 
+class SpanPosition:
+    """Where a span that is not recorded sits in a recorded trace: its segment and the
+    recorded span it is under (what :class:`swmp.tracing.context.Snapshot` reads of a span)."""
+
+    __slots__ = ("segment", "span_id")
+
+    def __init__(self, segment: Segment, span_id: int) -> None:
+        self.segment = segment
+        self.span_id = span_id
+
+
 class IgnoredSpan(NoopSpan):
     """Root of work that is not traced: while it is current, nested spans are :data:`NOOP`.
 
     One tiny object per ignored request; it is the only work a non-sampled request does
-    besides the sampling/ignore decision itself.
+    besides the sampling/ignore decision itself. A span dropped over the span limit is one
+    too, with ``at`` set: the work under it is not recorded but is still in the trace (its
+    logs carry the trace id, threads it starts continue the trace), as in the Java agent.
     """
 
-    __slots__ = ("_prev", "end")
+    __slots__ = ("_prev", "at", "end")
 
-    def __init__(self) -> None:
+    def __init__(self, at: SpanPosition | None = None) -> None:
         self._prev: Any = None
         self.end = 0
+        self.at = at
 
     def __enter__(self) -> IgnoredSpan:
         self._prev = _get_current()
