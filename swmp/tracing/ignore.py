@@ -3,8 +3,11 @@
 Ant patterns (as ``SW_AGENT_TRACE_IGNORE_PATH`` in the SkyWalking agents): ``?`` is one
 character other than ``/``, ``*`` is any run of characters within one path segment, ``**``
 is any number of whole segments (``/static/**`` matches ``/static``, ``/static/a`` and
-``/static/a/b``). All patterns are compiled into one regular expression, so a check is one
-match call whatever the number of patterns, and none at all when there are no patterns.
+``/static/a/b``). Two cases differ from the Python peer agent's matcher, on purpose: a
+trailing ``/**`` also matches the directory itself (``/static``), and a path ending in ``/``
+(``/static/a/``) matches as its segments do. All patterns are compiled into one regular
+expression, so a check is one match call whatever the number of patterns, and none at all
+when there are no patterns.
 """
 
 from __future__ import annotations
