@@ -4,6 +4,8 @@ Session fixtures for real backends (a Kafka broker, SkyWalking OAP servers) live
 ``tests/realpeers.py``, data stores (PostgreSQL, MariaDB, Redis, memcached) in
 ``tests/daemons.py``; importing them here makes them available to every test module.
 They start nothing until a test asks for them.
+
+Below them, the in-process fixtures that more than one test module takes: one place each.
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ import atexit
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
+
+from ipc import Arena
+from swmp import _sink, meters
 from tests.brokers import rabbitmq
 from tests.cli_fixtures import new_arena, procs, shm
 from tests.daemons import mariadb_server, memcached_server, postgres_server, redis_server
@@ -42,3 +50,29 @@ __all__ = [
     "redis_server",
     "shm",
 ]
+
+
+@pytest.fixture
+def meter_sink() -> Iterator[_sink.MemorySink]:
+    """A memory sink for meter reports; no meter reporter and no meter before or after."""
+    meters.stop_meter_reporter()
+    meters.registry.clear()
+    memory = _sink.MemorySink()
+    _sink.set_sink(memory)
+    try:
+        yield memory
+    finally:
+        meters.stop_meter_reporter()
+        meters.registry.clear()
+        _sink.set_sink(None)
+
+
+@pytest.fixture
+def profiling_arena(tmp_path: Path) -> Iterator[Arena]:
+    """A small arena whose task board the profiling tests post to; removed afterwards."""
+    a = Arena.create(str(tmp_path / "p.arena"), slots=2, ring_capacity=65536)
+    try:
+        yield a
+    finally:
+        a.close()
+        a.unlink()
