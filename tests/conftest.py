@@ -5,7 +5,9 @@ Session fixtures for real backends (a Kafka broker, SkyWalking OAP servers) live
 ``tests/daemons.py``; importing them here makes them available to every test module.
 They start nothing until a test asks for them.
 
-Below them, the in-process fixtures that more than one test module takes: one place each.
+Defined here, one place each: the in-process fixtures that several test modules take
+(``trace_sink``, ``meter_sink``, ``profiling_arena``). A module that needs another set-up
+has a fixture of its own, under another name.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from ipc import Arena
-from swmp import _sink, meters
+from swmp import _sink, meters, tracing
 from tests.brokers import rabbitmq
 from tests.cli_fixtures import new_arena, procs, shm
 from tests.daemons import mariadb_server, memcached_server, postgres_server, redis_server
+from tests.native_forms import recording
 from tests.realpeers import _oap_of_today, kafka4_broker, kafka_broker, oap_server, oap_with_kafka
 
 # The agent spools by default into a per-user directory: tests must not leave data there for
@@ -50,6 +53,15 @@ __all__ = [
     "redis_server",
     "shm",
 ]
+
+
+@pytest.fixture
+def trace_sink() -> Iterator[_sink.MemorySink]:
+    """:func:`tests.native_forms.recording` (a memory sink, the default tracing settings, put
+    back afterwards) with the tracing counters at zero."""
+    with recording() as memory:
+        tracing.stats.reset()
+        yield memory
 
 
 @pytest.fixture

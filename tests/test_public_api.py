@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -12,8 +11,8 @@ import pytest
 
 import swmp
 from reporter_proc import records as R
-from swmp import _sink, tracing
-from swmp.config import Config, load
+from swmp import _sink
+from swmp.config import Config
 
 EXPECTED = {
     "Component",
@@ -40,15 +39,6 @@ EXPECTED = {
     "trace",
     "trace_id",
 }
-
-
-@pytest.fixture()
-def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    tracing.configure(load({}))
-    yield s
-    _sink.set_sink(None)
 
 
 def segments(sink: _sink.MemorySink) -> list[list[Any]]:
@@ -80,7 +70,7 @@ def test_start_maps_keywords_to_config_and_calls_agent_lazily(monkeypatch: pytes
     assert stopped == [True]
 
 
-def test_manual_spans_headers_and_helpers(sink: _sink.MemorySink) -> None:
+def test_manual_spans_headers_and_helpers(trace_sink: _sink.MemorySink) -> None:
     assert swmp.trace_id() == ""
     swmp.tag("ignored", "outside any span")  # no-op, no error
     with swmp.entry_span("/in", {"no": "sw8"}) as entry:
@@ -101,7 +91,7 @@ def test_manual_spans_headers_and_helpers(sink: _sink.MemorySink) -> None:
     assert swmp.extract(plain).span_id == entry.span_id  # type: ignore[union-attr]
     with swmp.entry_span("/downstream", headers) as down:
         assert swmp.get_correlation("tenant") == "t1"
-    up, dn = segments(sink)
+    up, dn = segments(trace_sink)
     assert dn[R.SEG_TRACE_ID] == up[R.SEG_TRACE_ID]
     assert dn[R.SEG_SPANS][0][R.SPAN_REFS][0][3] == ex.span_id
     assert down.segment.trace_id == tid
@@ -110,7 +100,7 @@ def test_manual_spans_headers_and_helpers(sink: _sink.MemorySink) -> None:
     assert swmp.extract([(b"sw8", headers["sw8"].encode())]) is not None
 
 
-def test_correlation_limits(sink: _sink.MemorySink) -> None:
+def test_correlation_limits(trace_sink: _sink.MemorySink) -> None:
     with swmp.local_span("a"):
         assert all(swmp.set_correlation(f"k{i}", "v") for i in range(3))
         assert not swmp.set_correlation("k3", "v")  # default: at most 3 entries
@@ -119,7 +109,7 @@ def test_correlation_limits(sink: _sink.MemorySink) -> None:
     assert not swmp.set_correlation("k", "v")  # no span
 
 
-def test_trace_decorator_sync_async_and_error(sink: _sink.MemorySink) -> None:
+def test_trace_decorator_sync_async_and_error(trace_sink: _sink.MemorySink) -> None:
     @swmp.trace
     def add(a: int, b: int) -> int:
         return a + b
@@ -137,33 +127,38 @@ def test_trace_decorator_sync_async_and_error(sink: _sink.MemorySink) -> None:
     assert asyncio.run(fetch())
     with pytest.raises(KeyError):
         broken()
-    ops = [seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(sink)]
+    ops = [seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(trace_sink)]
     assert ops == [
         f"{__name__}.test_trace_decorator_sync_async_and_error.<locals>.add",
         "fetch",
         f"{__name__}.test_trace_decorator_sync_async_and_error.<locals>.broken",
     ]
-    assert segments(sink)[2][R.SEG_SPANS][0][R.SPAN_IS_ERROR] is True
+    assert segments(trace_sink)[2][R.SEG_SPANS][0][R.SPAN_IS_ERROR] is True
     assert add.__name__ == "add"
 
 
-def test_error_helper_uses_the_handled_exception(sink: _sink.MemorySink) -> None:
+def test_error_helper_uses_the_handled_exception(trace_sink: _sink.MemorySink) -> None:
     with swmp.local_span("a"):
         try:
             raise OSError("disk")
         except OSError:
             swmp.error()
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     span = seg[R.SEG_SPANS][0]
     assert span[R.SPAN_IS_ERROR] is True
     assert "OSError" in span[R.SPAN_LOGS][0][1]
 
 
-def test_capture_and_continue_in_thread(sink: _sink.MemorySink) -> None:
+def test_capture_and_continue_in_thread(trace_sink: _sink.MemorySink) -> None:
     with swmp.entry_span("/a") as root:
         snap = swmp.capture()
         t = threading.Thread(target=lambda: swmp.local_span("bg", parent=snap).finish())
         t.start()
         t.join()
-    refs = [s[R.SPAN_REFS] for seg in segments(sink) for s in seg[R.SEG_SPANS] if s[R.SPAN_OPERATION] == "bg"]
+    refs = [
+        s[R.SPAN_REFS]
+        for seg in segments(trace_sink)
+        for s in seg[R.SEG_SPANS]
+        if s[R.SPAN_OPERATION] == "bg"
+    ]
     assert refs[0][0][2] == root.segment.segment_id

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -17,17 +16,6 @@ from swmp.tracing.context import new_entry_span, new_exit_span, new_local_span, 
 from swmp.tracing.span import NOOP, IgnoredSpan, Span
 
 
-@pytest.fixture()
-def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    tracing.configure(load({}))
-    tracing.stats.reset()
-    yield s
-    _sink.set_sink(None)
-    tracing.configure(load({}))
-
-
 def segments(sink: _sink.MemorySink) -> list[list[Any]]:
     assert all(t == R.SEGMENT for t, _ in sink.records)
     return [orjson.loads(p) for _, p in sink.records]
@@ -37,7 +25,7 @@ def spans_by_op(seg: list[Any]) -> dict[str, list[Any]]:
     return {s[R.SPAN_OPERATION]: s for s in seg[R.SEG_SPANS]}
 
 
-def test_segment_record_layout(sink: _sink.MemorySink) -> None:
+def test_segment_record_layout(trace_sink: _sink.MemorySink) -> None:
     tracing.identity.set("svc", "inst-1")
     with new_entry_span("/orders", None, Component.FLASK, Layer.HTTP) as entry:
         entry.tag("http.method", "GET")
@@ -46,7 +34,7 @@ def test_segment_record_layout(sink: _sink.MemorySink) -> None:
             new_exit_span("/stock", "stock:80", Component.REQUESTS, Layer.HTTP) as ex,
         ):
             ex.tag("http.status_code", 200)
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     assert seg[R.SEG_TRACE_ID] and seg[R.SEG_SEGMENT_ID]
     assert seg[R.SEG_SERVICE] == "svc" and seg[R.SEG_INSTANCE] == "inst-1"
     assert seg[R.SEG_SIZE_LIMITED] is False
@@ -64,14 +52,14 @@ def test_segment_record_layout(sink: _sink.MemorySink) -> None:
     assert tracing.stats.segments_written == 1
 
 
-def test_error_with_stack_and_logs(sink: _sink.MemorySink) -> None:
+def test_error_with_stack_and_logs(trace_sink: _sink.MemorySink) -> None:
     def fail() -> None:
         raise ValueError("boom")
 
     with pytest.raises(ValueError), new_local_span("work") as span:
         span.log("step one", attempt=2)
         fail()
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     (s,) = seg[R.SEG_SPANS]
     assert s[R.SPAN_IS_ERROR] is True
     first, err = s[R.SPAN_LOGS]
@@ -81,7 +69,7 @@ def test_error_with_stack_and_logs(sink: _sink.MemorySink) -> None:
     assert "in fail" in data["stack"] and "ValueError: boom" in data["stack"]
 
 
-def test_an_exception_that_cannot_be_printed_is_the_one_raised(sink: _sink.MemorySink) -> None:
+def test_an_exception_that_cannot_be_printed_is_the_one_raised(trace_sink: _sink.MemorySink) -> None:
     """An application's exception whose ``__str__`` fails: the span still ends (its segment
     is recorded, the context given back) and the ``with`` raises the application's
     exception, not the agent's failure to read it."""
@@ -92,7 +80,7 @@ def test_an_exception_that_cannot_be_printed_is_the_one_raised(sink: _sink.Memor
 
     with pytest.raises(Unprintable), new_entry_span("/x", None, Component.FLASK, Layer.HTTP):
         raise Unprintable
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     (s,) = seg[R.SEG_SPANS]
     assert s[R.SPAN_IS_ERROR] is True
     data = dict(zip(s[R.SPAN_LOGS][0][1][::2], s[R.SPAN_LOGS][0][1][1::2], strict=True))
@@ -100,12 +88,12 @@ def test_an_exception_that_cannot_be_printed_is_the_one_raised(sink: _sink.Memor
     assert tracing.context.active_span() is None
 
 
-def test_cross_process_ref_from_carrier(sink: _sink.MemorySink) -> None:
+def test_cross_process_ref_from_carrier(trace_sink: _sink.MemorySink) -> None:
     carrier = ContextCarrier("t-1", "seg-9", 3, "up-svc", "up-inst", "/up", "me:80")
     carrier.correlation = {"k": "v"}
     with new_entry_span("/in", carrier) as entry, new_exit_span("/next", "next:80") as ex:
         headers = ex.inject()
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     assert seg[R.SEG_TRACE_ID] == "t-1"
     e = spans_by_op(seg)["/in"]
     assert e[R.SPAN_REFS] == [[R.REF_CROSS_PROCESS, "t-1", "seg-9", 3, "up-svc", "up-inst", "/up", "me:80"]]
@@ -113,29 +101,29 @@ def test_cross_process_ref_from_carrier(sink: _sink.MemorySink) -> None:
     assert "sw8-correlation" in headers
 
 
-def test_not_sampled_carrier_records_nothing(sink: _sink.MemorySink) -> None:
+def test_not_sampled_carrier_records_nothing(trace_sink: _sink.MemorySink) -> None:
     carrier = ContextCarrier("t", "s", 1, "a", "b", "/", "x:1", sampled=False)
     with new_entry_span("/in", carrier) as span:
         assert isinstance(span, IgnoredSpan)
         assert new_local_span("inner") is NOOP
         assert new_exit_span("/x", "h:1") is NOOP
         assert span.inject() == {}
-    assert sink.records == []
+    assert trace_sink.records == []
     assert tracing.stats.sampled_out == 1
 
 
-def test_nested_exit_and_entry_are_one_span(sink: _sink.MemorySink) -> None:
+def test_nested_exit_and_entry_are_one_span(trace_sink: _sink.MemorySink) -> None:
     with new_entry_span("/a") as outer:
         assert new_entry_span("/a-again") is NOOP
         with new_exit_span("/x", "h:1") as ex:
             assert new_exit_span("/x-lower-level", "h:1") is NOOP
             assert isinstance(ex, Span)
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     assert len(seg[R.SEG_SPANS]) == 2
     assert outer.span_id == 0
 
 
-def test_span_limit_flags_segment_and_counts(sink: _sink.MemorySink) -> None:
+def test_span_limit_flags_segment_and_counts(trace_sink: _sink.MemorySink) -> None:
     tracing.configure(load({}, agent_span_limit=5))
     with new_entry_span("/a"):
         for i in range(10):
@@ -143,19 +131,19 @@ def test_span_limit_flags_segment_and_counts(sink: _sink.MemorySink) -> None:
                 if i >= 4:
                     assert not s.recording
                     assert new_local_span("nested-in-dropped") is NOOP
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     assert len(seg[R.SEG_SPANS]) == 5
     assert seg[R.SEG_SIZE_LIMITED] is True
     assert tracing.stats.spans_over_limit == 6
 
 
-def test_tag_and_log_values_are_truncated(sink: _sink.MemorySink) -> None:
+def test_tag_and_log_values_are_truncated(trace_sink: _sink.MemorySink) -> None:
     tracing.configure(load({}, agent_tag_value_max_length=8, agent_log_value_max_length=5))
     with new_local_span("a") as s:
         s.tag("k", "x" * 100)
         s.tag("short", "ok")
         s.log("abcdefghij")
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     (span,) = seg[R.SEG_SPANS]
     assert span[R.SPAN_TAGS] == ["k", "x" * 8, "short", "ok"]
     assert span[R.SPAN_LOGS][0][1] == ["message", "abcde"]
@@ -163,7 +151,7 @@ def test_tag_and_log_values_are_truncated(sink: _sink.MemorySink) -> None:
     assert tracing.stats.values_truncated == 2
 
 
-def test_unserializable_tag_is_converted_not_fatal(sink: _sink.MemorySink) -> None:
+def test_unserializable_tag_is_converted_not_fatal(trace_sink: _sink.MemorySink) -> None:
     class Weird:
         def __str__(self) -> str:
             raise RuntimeError("no")
@@ -171,11 +159,11 @@ def test_unserializable_tag_is_converted_not_fatal(sink: _sink.MemorySink) -> No
     with new_local_span("a") as s:
         s.tag("obj", Weird())
         s.tag("num", 1.5)
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     assert seg[R.SEG_SPANS][0][R.SPAN_TAGS] == ["obj", "<unprintable>", "num", "1.5"]
 
 
-def test_full_sink_drops_and_counts(sink: _sink.MemorySink) -> None:
+def test_full_sink_drops_and_counts(trace_sink: _sink.MemorySink) -> None:
     class Full:
         def write(self, rtype: int, payload: bytes) -> bool:
             return False
@@ -187,13 +175,13 @@ def test_full_sink_drops_and_counts(sink: _sink.MemorySink) -> None:
 
 
 def test_a_segment_that_cannot_be_serialized_or_written_is_counted_never_raised(
-    sink: _sink.MemorySink, caplog: pytest.LogCaptureFixture
+    trace_sink: _sink.MemorySink, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The emit's failures (the native core hands them to the Python emit, which counts and
     logs them once): nothing reaches the application, nothing half-written is left."""
     with new_local_span("a") as s:
         s.tags = ["k", object()]  # bypassing tag(), which would have made it text
-    assert tracing.stats.serialize_errors == 1 and not sink.records
+    assert tracing.stats.serialize_errors == 1 and not trace_sink.records
 
     class Broken:
         def write(self, rtype: int, payload: bytes) -> bool:
@@ -206,7 +194,7 @@ def test_a_segment_that_cannot_be_serialized_or_written_is_counted_never_raised(
     assert sum("could not serialize" in r.getMessage() for r in caplog.records) <= 1
 
 
-def test_sampling_n_per_3_seconds(sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sampling_n_per_3_seconds(trace_sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
     monkeypatch.setattr(sampling.time, "monotonic", lambda: now[0])
     tracing.configure(load({}, sample_n_per_3_secs=2))
@@ -221,7 +209,7 @@ def test_sampling_n_per_3_seconds(sink: _sink.MemorySink, monkeypatch: pytest.Mo
     # A caller's decision is followed, whatever the local budget.
     with new_entry_span("/a", ContextCarrier("t", "s", 0, "a", "b", "/", "x")) as s:
         assert s.recording
-    assert len(sink.records) == 4
+    assert len(trace_sink.records) == 4
     assert tracing.stats.sampled_out == 3
 
 
@@ -251,7 +239,7 @@ def test_ant_patterns(pattern: str, path: str, matches: bool) -> None:
     assert ignore.IgnoreRules(paths=[pattern]).ignore_operation(path) is matches
 
 
-def test_ignored_paths_suffixes_and_methods(sink: _sink.MemorySink) -> None:
+def test_ignored_paths_suffixes_and_methods(trace_sink: _sink.MemorySink) -> None:
     tracing.configure(
         load({}, agent_trace_ignore_path="/health,/static/**", plugin_http_ignore_method="options")
     )
@@ -261,13 +249,13 @@ def test_ignored_paths_suffixes_and_methods(sink: _sink.MemorySink) -> None:
             assert new_exit_span("/x", "h:1") is NOOP
     with new_entry_span("/orders") as s:
         assert s.recording
-    assert len(sink.records) == 1
+    assert len(trace_sink.records) == 1
     assert tracing.stats.ignored == 4
     assert policy.rules.ignore_method("OPTIONS") and not policy.rules.ignore_method("GET")
 
 
-def test_finish_without_context_manager_and_idempotent(sink: _sink.MemorySink) -> None:
+def test_finish_without_context_manager_and_idempotent(trace_sink: _sink.MemorySink) -> None:
     s = new_exit_span("/x", "h:1")
     s.finish()
     s.finish()
-    assert len(sink.records) == 1
+    assert len(trace_sink.records) == 1
