@@ -4,6 +4,10 @@ Session fixtures for real backends (a Kafka broker, SkyWalking OAP servers) live
 ``tests/realpeers.py``, data stores (PostgreSQL, MariaDB, Redis, memcached) in
 ``tests/daemons.py``; importing them here makes them available to every test module.
 They start nothing until a test asks for them.
+
+Defined here, one place each: the in-process fixtures that several test modules take
+(``trace_sink``, ``meter_sink``, ``profiling_arena``). A module that needs another set-up
+has a fixture of its own, under another name.
 """
 
 from __future__ import annotations
@@ -12,10 +16,17 @@ import atexit
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
+
+from ipc import Arena
+from swmp import _sink, meters, tracing
 from tests.brokers import rabbitmq
 from tests.cli_fixtures import new_arena, procs, shm
 from tests.daemons import mariadb_server, memcached_server, postgres_server, redis_server
+from tests.native_forms import recording
 from tests.realpeers import _oap_of_today, kafka4_broker, kafka_broker, oap_server, oap_with_kafka
 
 # The agent spools by default into a per-user directory: tests must not leave data there for
@@ -42,3 +53,38 @@ __all__ = [
     "redis_server",
     "shm",
 ]
+
+
+@pytest.fixture
+def trace_sink() -> Iterator[_sink.MemorySink]:
+    """:func:`tests.native_forms.recording` (a memory sink, the default tracing settings, put
+    back afterwards) with the tracing counters at zero."""
+    with recording() as memory:
+        tracing.stats.reset()
+        yield memory
+
+
+@pytest.fixture
+def meter_sink() -> Iterator[_sink.MemorySink]:
+    """A memory sink for meter reports; no meter reporter and no meter before or after."""
+    meters.stop_meter_reporter()
+    meters.registry.clear()
+    memory = _sink.MemorySink()
+    _sink.set_sink(memory)
+    try:
+        yield memory
+    finally:
+        meters.stop_meter_reporter()
+        meters.registry.clear()
+        _sink.set_sink(None)
+
+
+@pytest.fixture
+def profiling_arena(tmp_path: Path) -> Iterator[Arena]:
+    """A small arena whose task board the profiling tests post to; removed afterwards."""
+    a = Arena.create(str(tmp_path / "p.arena"), slots=2, ring_capacity=65536)
+    try:
+        yield a
+    finally:
+        a.close()
+        a.unlink()

@@ -14,6 +14,7 @@ import orjson
 
 from swmp import _sink, tracing
 from swmp.config import load
+from swmp.instrument import _datastore as ds
 from swmp.tracing.context import new_entry_span, new_exit_span
 from swmp.tracing.limits import limits
 from swmp.tracing.span import current_span
@@ -27,16 +28,16 @@ class Text(str):
 
 @contextlib.contextmanager
 def recording() -> Iterator[_sink.MemorySink]:
-    """A memory sink and the default tracing settings; the tag limit (which tests lower) and
-    both put back afterwards."""
+    """A memory sink and the default tracing settings; the tag limit and the datastore
+    settings (which tests lower) and both put back afterwards."""
     memory = _sink.MemorySink()
     _sink.set_sink(memory)
     tracing.configure(load({}))
-    saved = limits.tag_value_max
+    saved = limits.tag_value_max, ds.settings.params_max, ds.settings.collect_keys
     try:
         yield memory
     finally:
-        limits.tag_value_max = saved
+        limits.tag_value_max, ds.settings.params_max, ds.settings.collect_keys = saved
         tracing.configure(load({}))
         _sink.set_sink(None)
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tests.daemons import SETPRIV
+
 NAME = "swmpother"
 
 
@@ -36,12 +38,18 @@ class OtherUser:
     uid: int
     gid: int
 
-    def _as_user(self) -> dict[str, Any]:
-        """This user, no supplementary groups, a minimal environment, in ``/``."""
+    def _as_user(self, argv: list[str]) -> dict[str, Any]:
+        """``argv`` as this user, no supplementary groups, a minimal environment, in ``/``.
+
+        ``setpriv`` changes the user after ``exec``, not ``subprocess`` (``user=``, ``group=``)
+        in a forked copy of this process: such a fork runs the at-fork handlers of every
+        library loaded here, and gRPC's (the test collector is a gRPC server) restarts its
+        threads in the child, which under load died of SIGSEGV or SIGBUS before it became the
+        shell. Without them ``subprocess`` starts the child with ``vfork``, which runs none.
+        """
+        ids = ["--reuid", str(self.uid), "--regid", str(self.gid), "--clear-groups"]
         return {
-            "user": self.uid,
-            "group": self.gid,
-            "extra_groups": [],
+            "args": [SETPRIV, *ids, "--", *argv],
             "env": {"PATH": "/usr/bin:/bin", "HOME": "/"},
             "cwd": "/",
         }
@@ -49,15 +57,13 @@ class OtherUser:
     def sh(self, script: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         """Run ``script`` with ``/bin/sh`` as this user (no supplementary groups, minimal env).
 
-        The script goes through a file, not ``sh -c``: dash once died of SIGSEGV on a long
-        ``-c`` argument under the full suite's load, and a file is also what a shell reads best."""
+        The script goes through a file, which is what a shell reads best."""
         with tempfile.NamedTemporaryFile("w", prefix="swmp-other-", suffix=".sh") as f:
             f.write(script)
             f.flush()
             os.chmod(f.name, 0o644)  # readable by the other user; the directory is /tmp
             return subprocess.run(
-                ["/bin/sh", f.name],
-                **self._as_user(),
+                **self._as_user(["/bin/sh", f.name]),
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
@@ -68,8 +74,7 @@ class OtherUser:
     def popen(self, script: str) -> subprocess.Popen[bytes]:
         """Start ``script`` as this user in the background (its own session: stop by pid)."""
         return subprocess.Popen(
-            ["/bin/sh", "-c", script],
-            **self._as_user(),
+            **self._as_user(["/bin/sh", "-c", script]),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

@@ -247,6 +247,19 @@ def agent_env(
     return env
 
 
+def two_app_envs(
+    tmp_path: Path, col: CollectorProcess, b_port: int, *, reporter_process: bool = True
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The environments of the two applications of :func:`check_two_apps`: service ``a``,
+    whose ``/call`` calls ``/cpu`` of service ``b`` listening on ``b_port``."""
+    env_b = agent_env(tmp_path / "b", col.grpc_address, service="b", reporter_process=reporter_process)
+    downstream = {"DOWNSTREAM_URL": f"http://127.0.0.1:{b_port}/cpu"}
+    env_a = agent_env(
+        tmp_path / "a", col.grpc_address, service="a", extra=downstream, reporter_process=reporter_process
+    )
+    return env_a, env_b
+
+
 @dataclass
 class Server:
     kind: str  # "gunicorn" | "uwsgi"

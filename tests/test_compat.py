@@ -8,7 +8,6 @@ import importlib.util
 import logging
 import re
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +15,10 @@ import orjson
 import pytest
 
 from reporter_proc import records as R
-from swmp import _peer_config, _sink, config, tracing
+from swmp import _peer_config, _sink, config
 from swmp.config import load
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture()
-def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    tracing.configure(load({}))
-    yield s
-    _sink.set_sink(None)
 
 
 def spans(sink: _sink.MemorySink) -> list[list[Any]]:
@@ -44,7 +34,7 @@ def by_op(sink: _sink.MemorySink, op: str) -> list[Any]:
     return [s for _, _, s in spans(sink) if s[R.SPAN_OPERATION] == op]
 
 
-def test_the_peer_agents_api_doc_example_runs_unchanged(sink: _sink.MemorySink) -> None:
+def test_the_peer_agents_api_doc_example_runs_unchanged(trace_sink: _sink.MemorySink) -> None:
     """The code of the SkyWalking Python agent's API.md, with ``skywalking`` -> ``swmp.compat``."""
     from swmp.compat import Component
     from swmp.compat.trace.context import SpanContext, get_context
@@ -65,7 +55,7 @@ def test_the_peer_agents_api_doc_example_runs_unchanged(sink: _sink.MemorySink) 
     with context.new_local_span(op="https://github.com/apache") as span:
         span.tag(TagSinger("Nakajima"))
 
-    got = spans(sink)
+    got = spans(trace_sink)
     assert len(got) == 3
     entry, exit_, local = (s for _, _, s in got)
     assert entry[R.SPAN_COMPONENT] == 7001 and exit_[R.SPAN_COMPONENT] == 7001
@@ -73,7 +63,7 @@ def test_the_peer_agents_api_doc_example_runs_unchanged(sink: _sink.MemorySink) 
     assert exit_[R.SPAN_TAGS] == ["Singer", "Nakajima"] and local[R.SPAN_TAGS] == ["Singer", "Nakajima"]
 
 
-def test_decorators_as_the_peer_docs_show_them(sink: _sink.MemorySink) -> None:
+def test_decorators_as_the_peer_docs_show_them(trace_sink: _sink.MemorySink) -> None:
     from swmp.compat import Component
     from swmp.compat.decorators import runnable, trace
     from swmp.compat.trace.context import SpanContext, get_context
@@ -108,16 +98,16 @@ def test_decorators_as_the_peer_docs_show_them(sink: _sink.MemorySink) -> None:
         t.join()
         entry_segment = span._span.segment.segment_id
 
-    assert len(by_op(sink, "awesome")) == 1 and len(by_op(sink, "some_other_method")) == 2
-    assert len(by_op(sink, "async_functions_are_also_supported")) == 1
-    (thread_span,) = by_op(sink, "Thread/in_thread")
+    assert len(by_op(trace_sink, "awesome")) == 1 and len(by_op(trace_sink, "some_other_method")) == 2
+    assert len(by_op(trace_sink, "async_functions_are_also_supported")) == 1
+    (thread_span,) = by_op(trace_sink, "Thread/in_thread")
     (ref,) = thread_span[R.SPAN_REFS]
     assert ref[0] == 1 and ref[2] == entry_segment  # a cross-thread reference to the entry's segment
-    trace_ids = {tid for tid, _, _ in spans(sink)}
+    trace_ids = {tid for tid, _, _ in spans(trace_sink)}
     assert len(trace_ids) == 1  # one trace throughout
 
 
-def test_context_api_correlation_active_span_and_carrier(sink: _sink.MemorySink) -> None:
+def test_context_api_correlation_active_span_and_carrier(trace_sink: _sink.MemorySink) -> None:
     from swmp.compat import Component, Kind, Layer
     from swmp.compat.trace.carrier import Carrier
     from swmp.compat.trace.context import get_context
@@ -147,7 +137,7 @@ def test_context_api_correlation_active_span_and_carrier(sink: _sink.MemorySink)
         item.val = headers.get(item.key, "")
     with ctx.new_entry_span(op="/downstream", carrier=carrier) as down:
         assert ctx.get_correlation("user") == "u1"
-    (down_span,) = by_op(sink, "/downstream")
+    (down_span,) = by_op(trace_sink, "/downstream")
     assert down_span[R.SPAN_REFS][0][3] == out.sid  # parent span id: the exit span
     assert down._span.segment.trace_id == entry._span.segment.trace_id
 

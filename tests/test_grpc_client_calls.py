@@ -19,23 +19,17 @@ import orjson
 import pytest
 
 from reporter_proc import records as R
-from swmp import _sink, instrument, tracing
-from swmp.config import load
+from swmp import _sink
 from swmp.instrument._patch import original
+from tests.instrumented import instrumented
 
 SERVICE = "c.S"
 
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    cfg = load({}, agent_log_reporter_active=False, plugin_grpc_ignored_methods=("/c.S/Skip",))
-    tracing.configure(cfg)
-    instrument.install_all(cfg)
-    yield s
-    instrument.uninstall_all()
-    _sink.set_sink(None)
+    with instrumented(plugin_grpc_ignored_methods=("/c.S/Skip",)) as (memory, _):
+        yield memory
 
 
 def exit_spans(sink: _sink.MemorySink, n: int) -> list[list[Any]]:

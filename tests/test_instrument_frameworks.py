@@ -22,6 +22,7 @@ from swmp.instrument.log_reporter import SkyWalkingLogHandler
 from swmp.instrument.wsgi import WSGIMiddleware
 from swmp.tracing import Component, Kind
 from swmp.tracing.context import new_entry_span
+from tests.instrumented import instrumented
 
 SW8 = propagation.encode_sw8(
     "trace-up", "seg-up", 4, propagation.b64("up"), propagation.b64("up-1"), "/up", "me:1"
@@ -30,15 +31,8 @@ SW8 = propagation.encode_sw8(
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    cfg = load({}, agent_log_reporter_active=False, plugin_flask_collect_http_params=True)
-    tracing.configure(cfg)
-    tracing.stats.reset()
-    instrument.install_all(cfg)
-    yield s
-    instrument.uninstall_all()
-    _sink.set_sink(None)
+    with instrumented(plugin_flask_collect_http_params=True) as (memory, _):
+        yield memory
 
 
 def segments(sink: _sink.MemorySink) -> list[list[Any]]:

@@ -17,11 +17,12 @@ import orjson
 import pytest
 
 from reporter_proc import records as R
-from swmp import _sink, instrument, tracing
+from swmp import _sink, tracing
 from swmp.config import load
 from swmp.instrument.wsgi import WSGIMiddleware
 from swmp.tracing import Component, Kind
 from swmp.tracing.context import new_entry_span, new_local_span
+from tests.instrumented import instrumented
 
 
 class _Quiet(WSGIRequestHandler):
@@ -52,21 +53,16 @@ class Server:
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    cfg = load({}, agent_log_reporter_active=False)
-    tracing.configure(cfg)
-    tracing.stats.reset()
     # Imported first so install_all patches them at once (deferred installation on first
     # import is proven in test_instrument_lazy.py).
     import httpx  # noqa: F401
     import requests  # noqa: F401
 
-    status = instrument.install_all(cfg)
-    assert status["requests"] == status["urllib3"] == status["http.client"] == status["httpx"] == "installed"
-    yield s
-    instrument.uninstall_all()
-    _sink.set_sink(None)
+    with instrumented() as (memory, status):
+        assert (
+            status["requests"] == status["urllib3"] == status["http.client"] == status["httpx"] == "installed"
+        )
+        yield memory
 
 
 @pytest.fixture()

@@ -13,13 +13,14 @@ import orjson
 import pytest
 
 from reporter_proc import records as R
-from swmp import _sink, instrument, tracing
+from swmp import _sink
 from swmp.config import load
 from swmp.propagation import decode_sw8
 from swmp.tracing import Component, Kind
 from swmp.tracing.constants import Layer
 from swmp.tracing.context import active_span, new_entry_span, new_local_span
 from tests.brokers import RabbitMQBroker
+from tests.instrumented import instrumented
 from tests.realpeers import KafkaBroker, unique_name
 
 MQ_MODULES = ("kafka", "confluent_kafka", "aiokafka", "pika", "aiormq")
@@ -27,22 +28,15 @@ MQ_MODULES = ("kafka", "confluent_kafka", "aiokafka", "pika", "aiormq")
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    cfg = load({}, agent_log_reporter_active=False)
-    tracing.configure(cfg)
-    tracing.stats.reset()
     import aiokafka  # noqa: F401
     import aiormq  # noqa: F401
     import confluent_kafka  # noqa: F401
     import kafka  # noqa: F401
     import pika  # noqa: F401
 
-    status = instrument.install_all(cfg)
-    assert {m: status[m] for m in MQ_MODULES} == dict.fromkeys(MQ_MODULES, "installed")
-    yield s
-    instrument.uninstall_all()
-    _sink.set_sink(None)
+    with instrumented() as (memory, status):
+        assert {m: status[m] for m in MQ_MODULES} == dict.fromkeys(MQ_MODULES, "installed")
+        yield memory
 
 
 def segments(sink: _sink.MemorySink) -> list[list[Any]]:

@@ -18,26 +18,20 @@ import orjson
 import pytest
 
 from reporter_proc import records as R
-from swmp import _sink, instrument, tracing
-from swmp.config import load
+from swmp import _sink
 from swmp.instrument._incoming import REPORTER_THREAD_NAME
 from swmp.instrument.grpcio import IgnoredMethods
 from swmp.tracing.context import new_entry_span
+from tests.instrumented import instrumented
 
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    cfg = load({}, agent_log_reporter_active=False, plugin_grpc_ignored_methods=("/t.S/Skip",))
-    tracing.configure(cfg)
-    instrument.install_all(cfg)
-    import aiohttp  # noqa: F401  (imported now: their deferred instrumentation is installed)
-    import websockets.asyncio.client  # noqa: F401
+    with instrumented(plugin_grpc_ignored_methods=("/t.S/Skip",)) as (memory, _):
+        import aiohttp  # noqa: F401  (imported now: their deferred instrumentation is installed)
+        import websockets.asyncio.client  # noqa: F401
 
-    yield s
-    instrument.uninstall_all()
-    _sink.set_sink(None)
+        yield memory
 
 
 def spans(sink: _sink.MemorySink) -> list[list[Any]]:

@@ -16,10 +16,10 @@ import orjson
 import pytest
 
 from reporter_proc import records as R
-from swmp import _sink, instrument, propagation, tracing
-from swmp.config import load
+from swmp import _sink, instrument, propagation
 from swmp.instrument._patch import is_patched
 from swmp.tracing import Component, Kind
+from tests.instrumented import instrumented
 from tests.test_instrument_frameworks import segments, tags_of
 
 sanic = pytest.importorskip("sanic")
@@ -35,14 +35,8 @@ _apps = 0
 def sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[_sink.MemorySink]:
     # test_mode: Sanic touches up from the pristine methods each time (one app per test).
     monkeypatch.setattr(sanic.Sanic, "test_mode", True)
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    cfg = load({}, agent_log_reporter_active=False, plugin_sanic_collect_http_params=True)
-    tracing.configure(cfg)
-    instrument.install_all(cfg)
-    yield s
-    instrument.uninstall_all()
-    _sink.set_sink(None)
+    with instrumented(plugin_sanic_collect_http_params=True) as (memory, _):
+        yield memory
 
 
 def make_app() -> Any:

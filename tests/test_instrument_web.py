@@ -27,20 +27,15 @@ from swmp import _sink, instrument, propagation, tracing
 from swmp.config import load
 from swmp.tracing import Component
 from swmp.tracing.context import new_exit_span
+from tests.instrumented import instrumented
 from tests.test_instrument_frameworks import SW8, segments, tags_of
 
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
     # The tests' own http.client requests are not traced: only the servers' spans count.
-    cfg = load({}, agent_log_reporter_active=False, agent_disable_plugins="http.client")
-    tracing.configure(cfg)
-    instrument.install_all(cfg)
-    yield s
-    instrument.uninstall_all()
-    _sink.set_sink(None)
+    with instrumented(agent_disable_plugins="http.client") as (memory, _):
+        yield memory
 
 
 def entry(seg: list[Any]) -> list[Any]:

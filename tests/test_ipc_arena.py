@@ -17,33 +17,7 @@ from ipc import Arena, ArenaError, DoorbellListener, arena_path, cleanup_stale, 
 from ipc import _layout as L
 from ipc.private import private_directory
 from ipc.wakeup import fifo_path
-
-
-def fork(fn: Callable[[], object]) -> int:
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        code = 0
-        try:
-            fn()
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-        os._exit(code)
-    return pid
-
-
-def reap(pid: int, timeout: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    raise AssertionError(f"process {pid} did not finish")
+from tests.children import fork, reap
 
 
 class Pipe:

@@ -18,6 +18,7 @@ import pytest
 
 from ipc import Arena, RingReader, RingWriter, arena_path
 from ipc import _layout as L
+from tests.children import fork, reap
 
 HEAD = struct.Struct("<IIQ")  # writer id, sequence, crc32 of the body
 
@@ -44,33 +45,6 @@ def arena(tmp_path: Path) -> Iterator[Arena]:
     yield a
     a.close()
     a.unlink()
-
-
-def fork(fn: Callable[[], None]) -> int:
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        code = 0
-        try:
-            fn()
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-        os._exit(code)
-    return pid
-
-
-def reap(pid: int, timeout: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    raise AssertionError(f"process {pid} did not finish")
 
 
 def write_all(writer: RingWriter, wid: int, seqs: range, size: Callable[[int], int] = body_size) -> None:
@@ -191,8 +165,7 @@ def test_writer_killed_inside_a_record_exposes_nothing(arena: Arena) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     pid = fork(torn)
-    status = reap(pid)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert reap(pid) == -signal.SIGKILL
     r = arena.reader(0)
     assert [parse_record(p) for _, p in r.read()] == [(1, 0), (1, 1), (1, 2)]
     assert not r.pending()

@@ -39,10 +39,8 @@ pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    saved = ds.settings.collect_keys, ds.settings.params_max
     with recording() as memory:
         yield memory
-    ds.settings.collect_keys, ds.settings.params_max = saved
 
 
 def _seen() -> Any:

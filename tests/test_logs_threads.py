@@ -30,16 +30,7 @@ from swmp.tracing import context as ctx
 
 
 @pytest.fixture()
-def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    tracing.configure(load({}))
-    yield s
-    _sink.set_sink(None)
-
-
-@pytest.fixture()
-def reporting(sink: _sink.MemorySink) -> Iterator[Any]:
+def reporting(trace_sink: _sink.MemorySink) -> Iterator[Any]:
     """Install the integrations with the given settings; always uninstalled afterwards."""
     installed: list[Any] = []
     root = logging.getLogger()
@@ -73,7 +64,9 @@ def segments(sink: _sink.MemorySink) -> list[list[Any]]:
 
 
 # -- stdlib logging ----------------------------------------------------------------------------
-def test_reported_once_whatever_the_logging_configuration(sink: _sink.MemorySink, reporting: Any) -> None:
+def test_reported_once_whatever_the_logging_configuration(
+    trace_sink: _sink.MemorySink, reporting: Any
+) -> None:
     reporting()
     app = logging.getLogger("test.app")
     logging.config.dictConfig(
@@ -96,14 +89,14 @@ def test_reported_once_whatever_the_logging_configuration(sink: _sink.MemorySink
     ipc_logger.setLevel(logging.NOTSET)
     ipc_logger.disabled = False
     try:
-        ipc_private._warn_once(f"test {id(sink)}", "the shared-memory package's own")
+        ipc_private._warn_once(f"test {id(trace_sink)}", "the shared-memory package's own")
         ipc_logger.error("an application's logger named ipc")
         logging.getLogger("ipc.server").error("and one under it")
     finally:
         ipc_logger.setLevel(saved_level)
         ipc_logger.disabled = saved_disabled
     logging.getLogger("swmpish").error("a name that only starts like ours")
-    assert bodies(sink) == [
+    assert bodies(trace_sink) == [
         "WARNING test.app after dictConfig",
         "WARNING test.app after basicConfig",
         "WARNING test.app after a reset",
@@ -116,7 +109,7 @@ def test_reported_once_whatever_the_logging_configuration(sink: _sink.MemorySink
 
 
 def test_the_applications_handlers_format_the_record_their_own_way(
-    sink: _sink.MemorySink, reporting: Any
+    trace_sink: _sink.MemorySink, reporting: Any
 ) -> None:
     """The reporter formats a record before the application's handlers see it; what it
     formats stays its own: a handler's own ``formatException`` and a filter that drops
@@ -155,11 +148,11 @@ def test_the_applications_handlers_format_the_record_their_own_way(
         app.removeHandler(second)
     assert one_line.getvalue() == "ERROR boom\nEXC=ZeroDivisionError('division by zero')\n"
     assert quiet.getvalue() == "ERROR failed\n"
-    reported = bodies(sink)
+    reported = bodies(trace_sink)
     assert reported[0].startswith("ERROR test.exc boom\nTraceback") and "KeyError" in reported[1]
 
 
-def test_trace_context_and_the_tid_attribute(sink: _sink.MemorySink, reporting: Any) -> None:
+def test_trace_context_and_the_tid_attribute(trace_sink: _sink.MemorySink, reporting: Any) -> None:
     reporting(agent_log_reporter_layout="%(tid)s %(message)s")
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -173,14 +166,14 @@ def test_trace_context_and_the_tid_attribute(sink: _sink.MemorySink, reporting: 
         tid = span.segment.trace_id
     finally:
         app.removeHandler(handler)
-    first, second = logs(sink)
+    first, second = logs(trace_sink)
     assert first[5] == f"{tid} paid" and first[6] == tid and first[7] == span.segment.segment_id
     assert first[3] == "/checkout" and first[8] == 0
     assert second[5] == "set-by-the-app mine" and second[6] == tid  # the context is still ours
     assert stream.getvalue() == f"[{tid}] paid\n[set-by-the-app] mine\n"
 
 
-def test_filters_are_honoured_unless_ignore_filter(sink: _sink.MemorySink, reporting: Any) -> None:
+def test_filters_are_honoured_unless_ignore_filter(trace_sink: _sink.MemorySink, reporting: Any) -> None:
     reporting(agent_log_reporter_ignore_filter=True)
     app = logging.getLogger("test.filtered")
     app.addFilter(lambda r: "secret" not in r.getMessage())
@@ -191,7 +184,7 @@ def test_filters_are_honoured_unless_ignore_filter(sink: _sink.MemorySink, repor
     finally:
         app.disabled = False
         app.filters.clear()
-    assert bodies(sink) == ["WARNING test.filtered a secret"]
+    assert bodies(trace_sink) == ["WARNING test.filtered a secret"]
     log_reporter.uninstall()
     log_reporter.install(load({}))  # default: filters apply
     app.addFilter(lambda r: "secret" not in r.getMessage())
@@ -199,11 +192,11 @@ def test_filters_are_honoured_unless_ignore_filter(sink: _sink.MemorySink, repor
         app.warning("another secret")
     finally:
         app.filters.clear()
-    assert len(logs(sink)) == 1
+    assert len(logs(trace_sink)) == 1
 
 
 def test_a_bad_layout_is_reported_once_and_replaced(
-    sink: _sink.MemorySink, caplog: pytest.LogCaptureFixture
+    trace_sink: _sink.MemorySink, caplog: pytest.LogCaptureFixture
 ) -> None:
     for layout in ("%(message", "%(no_such_field)s %(message)s", "no fields at all"):
         caplog.clear()
@@ -213,11 +206,11 @@ def test_a_bad_layout_is_reported_once_and_replaced(
     # A record that cannot be formatted at all (bad arguments) is still reported.
     rec = logging.LogRecord("test.bad", logging.ERROR, __file__, 1, "%d items", ("many",), None)
     log_reporter.LogReporter(logging.WARNING, "%(message)s").report(rec)
-    assert bodies(sink) == ["%d items"]
+    assert bodies(trace_sink) == ["%d items"]
     assert log_reporter.stats.layout_fallbacks >= 1
 
 
-def test_text_that_is_not_utf8_is_reported_escaped(sink: _sink.MemorySink, reporting: Any) -> None:
+def test_text_that_is_not_utf8_is_reported_escaped(trace_sink: _sink.MemorySink, reporting: Any) -> None:
     """Lone surrogates (bytes decoded with "surrogateescape": file names, argv, environ) in
     the message or a tag: the record is reported with them escaped, not dropped."""
     from loguru import logger
@@ -237,13 +230,13 @@ def test_text_that_is_not_utf8_is_reported_escaped(sink: _sink.MemorySink, repor
     finally:
         logger.remove()
         logger.add(io.StringIO())
-    got = logs(sink)
+    got = logs(trace_sink)
     assert [r[5] for r in got] == ["WARNING test.files cannot open caf\\udce9.txt", "loguru: caf\\udce9.txt"]
     assert got[1][9][5] == "caf\\udce9.txt"  # the thread tag
     assert log_reporter.stats.errors == errors
 
 
-def test_tag_values_are_limited_like_the_body(sink: _sink.MemorySink) -> None:
+def test_tag_values_are_limited_like_the_body(trace_sink: _sink.MemorySink) -> None:
     """SW_AGENT_LOG_VALUE_MAX_LENGTH bounds every value: with FORMATTED=false an argument or
     a stack is a tag, and a huge one filled the ring (or the backend's message) alone."""
     tracing.configure(load({}, agent_log_value_max_length=100))
@@ -257,7 +250,7 @@ def test_tag_values_are_limited_like_the_body(sink: _sink.MemorySink) -> None:
         reporter.report(rec)
     finally:
         tracing.configure(load({}))
-    (got,) = logs(sink)
+    (got,) = logs(trace_sink)
     assert len(got[5]) == 100
     tags = dict(zip(got[9][::2], got[9][1::2], strict=True))
     assert tags["argument.0"] == "a" * 100
@@ -266,7 +259,7 @@ def test_tag_values_are_limited_like_the_body(sink: _sink.MemorySink) -> None:
 
 # -- loguru and structlog ----------------------------------------------------------------------
 def test_loguru_through_its_api_after_remove_and_no_double_report(
-    sink: _sink.MemorySink, reporting: Any
+    trace_sink: _sink.MemorySink, reporting: Any
 ) -> None:
     from loguru import logger
 
@@ -295,15 +288,17 @@ def test_loguru_through_its_api_after_remove_and_no_double_report(
         fwd.handlers.clear()
         logger.remove()
         logger.add(io.StringIO())
-    got = logs(sink)
+    got = logs(trace_sink)
     assert [r[5] for r in got] == ["from loguru 1", "WARNING test.forwarded from the stdlib", "failed"]
     assert got[0][6] == span.segment.trace_id and got[1][6] == span.segment.trace_id
     assert got[0][9][:6] == ["level", "WARNING", "logger", "loguru", "thread", "MainThread"]
     assert "KeyError" in got[2][9][got[2][9].index("exception") + 1]
-    assert "from loguru 1" in out.getvalue()  # the application's sink still works
+    assert "from loguru 1" in out.getvalue()  # the application's trace_sink still works
 
 
-def test_loguru_sink_does_not_widen_what_the_application_logs(sink: _sink.MemorySink, reporting: Any) -> None:
+def test_loguru_sink_does_not_widen_what_the_application_logs(
+    trace_sink: _sink.MemorySink, reporting: Any
+) -> None:
     """Below the application's sinks' level loguru must not format or call lazy arguments."""
     from loguru import logger
 
@@ -322,23 +317,23 @@ def test_loguru_sink_does_not_widen_what_the_application_logs(sink: _sink.Memory
         logger.opt(lazy=True).warning("lazy {}", expensive)
         logger.error("an error {}", 1)
         assert called == []
-        assert bodies(sink) == ["an error 1"]  # a WARNING the application drops is not reported
+        assert bodies(trace_sink) == ["an error 1"]  # a WARNING the application drops is not reported
         logger.remove(errors_only)
         logger.configure(handlers=[{"sink": out, "level": "DEBUG", "format": "{message}"}])
         logger.opt(lazy=True).warning("lazy {}", expensive)  # the application takes it now
         logger.info("info, below the reporter's level")
         assert called == ["called"]
-        assert bodies(sink) == ["an error 1", "lazy value"]
+        assert bodies(trace_sink) == ["an error 1", "lazy value"]
         logger.remove()
-        logger.warning("{0} {1}", "no sink of the application's")  # nothing formats it
-        assert bodies(sink) == ["an error 1", "lazy value"]
+        logger.warning("{0} {1}", "no trace_sink of the application's")  # nothing formats it
+        assert bodies(trace_sink) == ["an error 1", "lazy value"]
     finally:
         logger.remove()
         logger.add(io.StringIO())
     assert "info, below" in out.getvalue()
 
 
-def test_structlog_through_its_api(sink: _sink.MemorySink, reporting: Any) -> None:
+def test_structlog_through_its_api(trace_sink: _sink.MemorySink, reporting: Any) -> None:
     import structlog
 
     reporting()
@@ -361,7 +356,7 @@ def test_structlog_through_its_api(sink: _sink.MemorySink, reporting: Any) -> No
         structlog.get_logger("test.viastdlib").warning("via the stdlib")  # reported once, as stdlib
     finally:
         structlog.reset_defaults()
-    got = logs(sink)
+    got = logs(trace_sink)
     assert len(got) == 2
     assert orjson.loads(got[0][5]) == {"event": "paid", "amount": 3, "level": "warning"}
     assert got[0][6] == span.segment.trace_id and got[0][9][3] == "structlog"
@@ -375,7 +370,7 @@ def _child_span(name: str) -> None:
         logging.getLogger("test.threads").warning(name)
 
 
-def test_threads_and_pool_work_continue_the_trace(sink: _sink.MemorySink, reporting: Any) -> None:
+def test_threads_and_pool_work_continue_the_trace(trace_sink: _sink.MemorySink, reporting: Any) -> None:
     reporting()
     with ThreadPoolExecutor(max_workers=1) as pool:
         with ctx.new_entry_span("/a") as a:
@@ -387,7 +382,7 @@ def test_threads_and_pool_work_continue_the_trace(sink: _sink.MemorySink, report
         with ctx.new_entry_span("/b") as b:
             pool.submit(_child_span, "pool-b").result()  # the same worker thread: now trace b
         pool.submit(_child_span, "pool-none").result()  # outside any trace: a trace of its own
-    by_op = {seg[R.SEG_SPANS][0][R.SPAN_OPERATION]: seg for seg in segments(sink)}
+    by_op = {seg[R.SEG_SPANS][0][R.SPAN_OPERATION]: seg for seg in segments(trace_sink)}
     for op, parent in (("thread-a", a), ("pool-a", a), ("pool-b", b)):
         seg = by_op[op]
         assert seg[R.SEG_TRACE_ID] == parent.segment.trace_id, op
@@ -396,12 +391,12 @@ def test_threads_and_pool_work_continue_the_trace(sink: _sink.MemorySink, report
     assert by_op["pool-none"][R.SEG_SPANS][0][R.SPAN_REFS] == []
     assert by_op["pool-none"][R.SEG_TRACE_ID] not in (a.segment.trace_id, b.segment.trace_id)
     # A log in a pool work item with no span of its own carries the submitting span.
-    (plain,) = [r for r in logs(sink) if r[5].endswith("no span in the pool")]
+    (plain,) = [r for r in logs(trace_sink) if r[5].endswith("no span in the pool")]
     assert plain[6] == a.segment.trace_id and plain[7] == a.segment.segment_id
 
 
 def test_a_finished_thread_started_in_a_trace_is_freed_without_the_collector(
-    sink: _sink.MemorySink, reporting: Any
+    trace_sink: _sink.MemorySink, reporting: Any
 ) -> None:
     """The wrapper that carries the trace into a thread hangs on the thread only while it
     runs: a finished thread is freed by its reference count, as without the agent (not left
@@ -427,11 +422,14 @@ def test_a_finished_thread_started_in_a_trace_is_freed_without_the_collector(
         assert gone() is None
     finally:
         gc.enable()
-    assert {seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(sink)} >= {"thread-free", "thread-own"}
+    assert {seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(trace_sink)} >= {
+        "thread-free",
+        "thread-own",
+    }
 
 
 def test_work_run_in_a_copy_of_the_callers_context_stays_in_its_segment(
-    sink: _sink.MemorySink, reporting: Any
+    trace_sink: _sink.MemorySink, reporting: Any
 ) -> None:
     """``asyncio.to_thread`` and asgiref's ``sync_to_async`` (Django's ASGI views) run the
     function in a copy of the caller's context, where the caller's span is current: its spans
@@ -461,7 +459,7 @@ def test_work_run_in_a_copy_of_the_callers_context_stays_in_its_segment(
 
     entry = asyncio.run(main())
     assert wrapped == ["function", "function", "partial", "partial"]
-    segs = segments(sink)
+    segs = segments(trace_sink)
     (seg,) = [s for s in segs if s[R.SEG_SPANS][-1][R.SPAN_OPERATION] == "/async"]
     children = {sp[R.SPAN_OPERATION]: sp for sp in seg[R.SEG_SPANS][:-1]}
     assert set(children) == {"to-thread", "sync-to-async", "thread-sensitive"}
@@ -472,7 +470,7 @@ def test_work_run_in_a_copy_of_the_callers_context_stays_in_its_segment(
     assert other[R.SEG_SPANS][0][R.SPAN_REFS][0][2] == entry.segment.segment_id
 
 
-def test_grpc_threads_carry_their_own_context(sink: _sink.MemorySink, reporting: Any) -> None:
+def test_grpc_threads_carry_their_own_context(trace_sink: _sink.MemorySink, reporting: Any) -> None:
     """grpc starts its threads (a sync channel's spin thread, on the first call after it
     went idle) through ``ForkManagedThread``, whose target runs in a copy of the starting
     context: no snapshot is added (the thread's ``run`` is its class's), and a span its
@@ -496,7 +494,7 @@ def test_grpc_threads_carry_their_own_context(sink: _sink.MemorySink, reporting:
     # (Which thread got a snapshot shows in the segments below: the managed thread's span is
     # in the starting segment, the plain thread's in one of its own, referring to it.)
     assert wrapped[0] == copied.run and wrapped[1] is not _child_span
-    segs = segments(sink)
+    segs = segments(trace_sink)
     (seg,) = [s for s in segs if s[R.SEG_SPANS][-1][R.SPAN_OPERATION] == "/grpc-call"]
     (child,) = [sp for sp in seg[R.SEG_SPANS] if sp[R.SPAN_OPERATION] == "grpc-thread"]
     assert child[R.SPAN_PARENT_ID] == entry.span_id
@@ -504,17 +502,17 @@ def test_grpc_threads_carry_their_own_context(sink: _sink.MemorySink, reporting:
     assert other[R.SEG_SPANS][0][R.SPAN_REFS][0][2] == entry.segment.segment_id
 
 
-def test_thread_propagation_can_be_turned_off(sink: _sink.MemorySink, reporting: Any) -> None:
+def test_thread_propagation_can_be_turned_off(trace_sink: _sink.MemorySink, reporting: Any) -> None:
     reporting(agent_thread_propagation=False)
     with ctx.new_entry_span("/a") as a:
         t = threading.Thread(target=_child_span, args=("thread-off",))
         t.start()
         t.join()
-    (seg,) = [s for s in segments(sink) if s[R.SEG_SPANS][0][R.SPAN_OPERATION] == "thread-off"]
+    (seg,) = [s for s in segments(trace_sink) if s[R.SEG_SPANS][0][R.SPAN_OPERATION] == "thread-off"]
     assert seg[R.SEG_TRACE_ID] != a.segment.trace_id and seg[R.SEG_SPANS][0][R.SPAN_REFS] == []
 
 
-def test_reporting_off_keeps_the_tid_attribute(sink: _sink.MemorySink, reporting: Any) -> None:
+def test_reporting_off_keeps_the_tid_attribute(trace_sink: _sink.MemorySink, reporting: Any) -> None:
     reporting(agent_log_reporter_active=False)
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -527,4 +525,4 @@ def test_reporting_off_keeps_the_tid_attribute(sink: _sink.MemorySink, reporting
     finally:
         app.removeHandler(handler)
     assert stream.getvalue() == f"{span.segment.trace_id} kept\n"
-    assert logs(sink) == []
+    assert logs(trace_sink) == []

@@ -8,7 +8,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -29,20 +28,6 @@ def _config(period: float = 3600.0, pvm: bool = False) -> Config:
     return Config(agent_meter_reporter_period=period, agent_pvm_meter_reporter_active=pvm)
 
 
-@pytest.fixture
-def sink() -> Iterator[_sink.MemorySink]:
-    meters.stop_meter_reporter()
-    meters.registry.clear()
-    memory = _sink.MemorySink()
-    _sink.set_sink(memory)
-    try:
-        yield memory
-    finally:
-        meters.stop_meter_reporter()
-        meters.registry.clear()
-        _sink.set_sink(None)
-
-
 def _records(memory: _sink.MemorySink) -> list[list[Any]]:
     return [orjson.loads(p) for t, p in list(memory.records) if t == METER]
 
@@ -61,7 +46,7 @@ def _wait_for(predicate: Any) -> bool:
 
 
 # -- record layout and wire shape ----------------------------------------------------------------
-def test_record_layout_and_wire_shape(sink: _sink.MemorySink) -> None:
+def test_record_layout_and_wire_shape(meter_sink: _sink.MemorySink) -> None:
     meters.start_meter_reporter(_config())
     requests = Counter("requests", labels={"route": "/a", "method": "GET"})
     Gauge("queue_depth", supplier=lambda: 7)
@@ -75,7 +60,7 @@ def test_record_layout_and_wire_shape(sink: _sink.MemorySink) -> None:
     assert meters.report() is True
     after = int(time.time() * 1000)
 
-    (rec,) = _records(sink)
+    (rec,) = _records(meter_sink)
     timestamp, service, instance, entries = rec
     assert before <= timestamp <= after
     assert (service, instance) == (identity.service, identity.instance)
@@ -111,14 +96,14 @@ def test_record_layout_and_wire_shape(sink: _sink.MemorySink) -> None:
     ]
 
 
-def test_nothing_declared_writes_nothing(sink: _sink.MemorySink) -> None:
+def test_nothing_declared_writes_nothing(meter_sink: _sink.MemorySink) -> None:
     meters.start_meter_reporter(_config())
     assert meters.report() is False
-    assert sink.records == []
+    assert meter_sink.records == []
 
 
 # -- counters --------------------------------------------------------------------------------
-def test_rate_reports_deltas_increment_reports_totals(sink: _sink.MemorySink) -> None:
+def test_rate_reports_deltas_increment_reports_totals(meter_sink: _sink.MemorySink) -> None:
     meters.start_meter_reporter(_config())
     rate = Counter("rate", mode=RATE)
     total = Counter("total")  # INCREMENT is the default, as in the Java agent
@@ -128,7 +113,7 @@ def test_rate_reports_deltas_increment_reports_totals(sink: _sink.MemorySink) ->
             rate.increment()
             total.increment()
         meters.report()
-        got = _by_name(_records(sink)[-1])
+        got = _by_name(_records(meter_sink)[-1])
         seen.append((got["rate"][3], got["total"][3]))
     assert seen == [(3.0, 3.0), (2.0, 5.0), (0.0, 5.0)]
 
@@ -142,7 +127,7 @@ class _Refusing:
         return False
 
 
-def test_a_dropped_report_gives_its_rate_delta_to_the_next(sink: _sink.MemorySink) -> None:
+def test_a_dropped_report_gives_its_rate_delta_to_the_next(meter_sink: _sink.MemorySink) -> None:
     meters.start_meter_reporter(_config())
     rate = Counter("rate", mode=RATE)
     rate.increment(4)
@@ -153,9 +138,9 @@ def test_a_dropped_report_gives_its_rate_delta_to_the_next(sink: _sink.MemorySin
     assert refusing.calls == 1
     assert meters.stats()["reports_dropped"] == dropped_before + 1
     rate.increment(1)
-    _sink.set_sink(sink)
+    _sink.set_sink(meter_sink)
     assert meters.report() is True
-    assert _by_name(_records(sink)[-1])["rate"][3] == 5.0
+    assert _by_name(_records(meter_sink)[-1])["rate"][3] == 5.0
 
 
 class _Raising:
@@ -163,7 +148,7 @@ class _Raising:
         raise RuntimeError("broken sink")
 
 
-def test_a_raising_sink_is_counted_not_raised(sink: _sink.MemorySink) -> None:
+def test_a_raising_sink_is_counted_not_raised(meter_sink: _sink.MemorySink) -> None:
     meters.start_meter_reporter(_config())
     Counter("c").increment()
     _sink.set_sink(_Raising())
@@ -172,7 +157,7 @@ def test_a_raising_sink_is_counted_not_raised(sink: _sink.MemorySink) -> None:
     assert meters.stats()["errors"] == errors + 1
 
 
-def test_declaring_again_returns_the_same_meter(sink: _sink.MemorySink) -> None:
+def test_declaring_again_returns_the_same_meter(meter_sink: _sink.MemorySink) -> None:
     a = Counter("hits", labels={"x": "1", "y": "2"})
     b = Counter("hits", labels=[("y", "2"), ("x", "1")])
     assert a is b
@@ -188,7 +173,7 @@ def test_declaring_again_returns_the_same_meter(sink: _sink.MemorySink) -> None:
 
 
 # -- histograms ------------------------------------------------------------------------------
-def test_histogram_buckets_are_lower_bounds(sink: _sink.MemorySink) -> None:
+def test_histogram_buckets_are_lower_bounds(meter_sink: _sink.MemorySink) -> None:
     h = Histogram("h", steps=[5, 1, 5, 10])  # unsorted, duplicated: sorted set, 0 prepended
     for v in (0, 0.99, 1, 4.999, 5, 9.99, 10, 1e9):
         h.observe(v)
@@ -209,14 +194,14 @@ def test_histogram_buckets_are_lower_bounds(sink: _sink.MemorySink) -> None:
         Histogram("inf", steps=[1, math.inf])
 
 
-def test_negative_infinity_bucket_on_the_wire(sink: _sink.MemorySink) -> None:
+def test_negative_infinity_bucket_on_the_wire(meter_sink: _sink.MemorySink) -> None:
     meters.start_meter_reporter(_config())
     h = Histogram("temp", steps=[0, 10], min_value=-math.inf)
     for v in (-1e300, -5, 0, 3, 50):
         h.observe(v)
     assert h.dropped == 0
     meters.report()
-    (rec,) = _records(sink)
+    (rec,) = _records(meter_sink)
     values = _by_name(rec)["temp"][3]
     assert [(count, neg) for _, count, neg in values] == [(2, True), (2, False), (1, False)]
     collection = meter_pb2.MeterDataCollection()
@@ -231,7 +216,7 @@ def test_negative_infinity_bucket_on_the_wire(sink: _sink.MemorySink) -> None:
 
 
 # -- gauges ----------------------------------------------------------------------------------
-def test_failing_gauges_are_skipped_and_counted(sink: _sink.MemorySink) -> None:
+def test_failing_gauges_are_skipped_and_counted(meter_sink: _sink.MemorySink) -> None:
     meters.start_meter_reporter(_config())
 
     def broken() -> float:
@@ -243,11 +228,11 @@ def test_failing_gauges_are_skipped_and_counted(sink: _sink.MemorySink) -> None:
     before = meters.stats()["supplier_errors"]
     assert meters.report() is True
     assert meters.stats()["supplier_errors"] == before + 2
-    assert _by_name(_records(sink)[-1]) == {"fine": [METER_SINGLE, "fine", [], 1.25]}
+    assert _by_name(_records(meter_sink)[-1]) == {"fine": [METER_SINGLE, "fine", [], 1.25]}
 
 
 # -- threads ---------------------------------------------------------------------------------
-def test_threads_hammering_meters_lose_nothing(sink: _sink.MemorySink) -> None:
+def test_threads_hammering_meters_lose_nothing(meter_sink: _sink.MemorySink) -> None:
     meters.start_meter_reporter(_config())
     n_threads, per_thread = 8, 5000
     barrier = threading.Barrier(n_threads)
@@ -272,24 +257,24 @@ def test_threads_hammering_meters_lose_nothing(sink: _sink.MemorySink) -> None:
         t.join()
     meters.report()
     assert len({id(c) for c in declared}) == 1
-    total = sum(_by_name(r)["hammered"][3] for r in _records(sink) if "hammered" in _by_name(r))
+    total = sum(_by_name(r)["hammered"][3] for r in _records(meter_sink) if "hammered" in _by_name(r))
     assert total == n_threads * per_thread
-    last = _by_name(_records(sink)[-1])["hammered_h"][3]
+    last = _by_name(_records(meter_sink)[-1])["hammered_h"][3]
     per_value = [sum(1 for i in range(per_thread) if i % 3 == v) * n_threads for v in range(3)]
     assert [count for _, count, _ in last] == per_value  # cumulative, exact
 
 
-def test_the_reporter_thread_reports_and_flush_is_final(sink: _sink.MemorySink) -> None:
+def test_the_reporter_thread_reports_and_flush_is_final(meter_sink: _sink.MemorySink) -> None:
     meters.start_meter_reporter(_config(period=0.05))
     assert meters.stats()["thread_alive"] is False  # nothing used yet: no thread
     counter = Counter("ticks", mode=RATE)
     counter.increment(2)
     assert meters.stats()["thread_alive"] is True  # started by the first use
-    assert _wait_for(lambda: any("ticks" in _by_name(r) for r in _records(sink)))
+    assert _wait_for(lambda: any("ticks" in _by_name(r) for r in _records(meter_sink)))
     counter.increment(3)
     assert meters.flush() is True  # the final report, written by the caller
     assert meters.stats()["thread_alive"] is False
-    assert sum(_by_name(r)["ticks"][3] for r in _records(sink)) == 5.0
+    assert sum(_by_name(r)["ticks"][3] for r in _records(meter_sink)) == 5.0
     counter.increment()  # after the final flush (atexit), no new thread
     assert meters.stats()["thread_alive"] is False
     meters.start_meter_reporter(_config(period=3600))  # until reporting is started again
@@ -297,7 +282,7 @@ def test_the_reporter_thread_reports_and_flush_is_final(sink: _sink.MemorySink) 
     assert meters.stats()["thread_alive"] is True
 
 
-def test_a_huge_period_from_a_hand_built_config_keeps_the_thread_alive(sink: _sink.MemorySink) -> None:
+def test_a_huge_period_from_a_hand_built_config_keeps_the_thread_alive(meter_sink: _sink.MemorySink) -> None:
     """Event.wait overflows above threading.TIMEOUT_MAX; the default period is used instead."""
     from swmp.meters._state import config as current
 
@@ -337,7 +322,7 @@ def _in_child(body: Any) -> Any:
     return result
 
 
-def test_a_forked_child_reports_its_own_values(sink: _sink.MemorySink) -> None:
+def test_a_forked_child_reports_its_own_values(meter_sink: _sink.MemorySink) -> None:
     meters.start_meter_reporter(_config(period=0.05))
     counter = Counter("forked", mode=RATE)
     total = Counter("forked_total")
@@ -346,13 +331,13 @@ def test_a_forked_child_reports_its_own_values(sink: _sink.MemorySink) -> None:
     parent_pid = os.getpid()
 
     def child() -> Any:
-        sink.clear()  # the child's copy: what it holds now came from the parent
+        meter_sink.clear()  # the child's copy: what it holds now came from the parent
         counter.increment(3)
         total.increment(3)
         alive = meters.stats()["thread_alive"]
-        got = _wait_for(lambda: any("forked" in _by_name(r) for r in _records(sink)))
+        got = _wait_for(lambda: any("forked" in _by_name(r) for r in _records(meter_sink)))
         meters.flush()
-        return {"pid": os.getpid(), "alive": alive, "got": got, "records": _records(sink)}
+        return {"pid": os.getpid(), "alive": alive, "got": got, "records": _records(meter_sink)}
 
     result = _in_child(child)
     assert result["pid"] != parent_pid
@@ -361,21 +346,21 @@ def test_a_forked_child_reports_its_own_values(sink: _sink.MemorySink) -> None:
     child_total = _by_name(result["records"][-1])["forked_total"][3]
     assert (child_rate, child_total) == (3.0, 3.0)  # nothing inherited from the parent
     meters.flush()
-    parent = _records(sink)
+    parent = _records(meter_sink)
     assert sum(_by_name(r)["forked"][3] for r in parent) == 5.0
     assert _by_name(parent[-1])["forked_total"][3] == 5.0
 
 
-def test_the_fork_hook_starts_pvm_reporting_in_the_child(sink: _sink.MemorySink) -> None:
+def test_the_fork_hook_starts_pvm_reporting_in_the_child(meter_sink: _sink.MemorySink) -> None:
     meters.start_meter_reporter(_config(period=0.05, pvm=True))
     assert meters.stats()["thread_alive"] is False  # the parent (a "master") starts nothing
 
     def child() -> Any:
-        sink.clear()
+        meter_sink.clear()
         alive = meters.stats()["thread_alive"]  # started by the at-fork hook
-        got = _wait_for(lambda: bool(_records(sink)))
+        got = _wait_for(lambda: bool(_records(meter_sink)))
         meters.flush()
-        return {"alive": alive, "got": got, "names": sorted(_by_name(_records(sink)[0]))}
+        return {"alive": alive, "got": got, "names": sorted(_by_name(_records(meter_sink)[0]))}
 
     result = _in_child(child)
     assert result["alive"] is True and result["got"] is True
@@ -384,7 +369,7 @@ def test_the_fork_hook_starts_pvm_reporting_in_the_child(sink: _sink.MemorySink)
 
 
 # -- PVM -------------------------------------------------------------------------------------
-def test_pvm_meters_are_plausible(sink: _sink.MemorySink) -> None:
+def test_pvm_meters_are_plausible(meter_sink: _sink.MemorySink) -> None:
     import psutil
 
     meters.start_meter_reporter(_config(pvm=True))
@@ -400,7 +385,7 @@ def test_pvm_meters_are_plausible(sink: _sink.MemorySink) -> None:
     gc.collect()
     assert meters.report() is True
 
-    pvm = {name: m[3] for name, m in _by_name(_records(sink)[-1]).items()}
+    pvm = {name: m[3] for name, m in _by_name(_records(meter_sink)[-1]).items()}
     assert set(pvm) == set(meters.PVM_METERS)
     assert all(isinstance(v, float) for v in pvm.values())
     assert 0.0 <= pvm["instance_pvm_total_cpu_utilization"] <= 100.0
@@ -421,7 +406,7 @@ def test_pvm_meters_are_plausible(sink: _sink.MemorySink) -> None:
     gc_time = pvm["instance_pvm_gc_time"]
     gc.collect()
     meters.report()
-    assert _by_name(_records(sink)[-1])["instance_pvm_gc_time"][3] > gc_time  # cumulative
+    assert _by_name(_records(meter_sink)[-1])["instance_pvm_gc_time"][3] > gc_time  # cumulative
 
     meters.stop_meter_reporter()
     assert all(meters.registry.get(name) is None for name in meters.PVM_METERS)
@@ -504,7 +489,7 @@ def test_a_prefork_master_starts_no_thread_its_workers_do(monkeypatch: pytest.Mo
         _sink.set_sink(None)
 
 
-def test_the_pid_backstop_resets_inherited_values(sink: _sink.MemorySink) -> None:
+def test_the_pid_backstop_resets_inherited_values(meter_sink: _sink.MemorySink) -> None:
     # uWSGI without usable fork hooks: the hot path compares pids. Simulate the moment a
     # worker first counts by making the recorded pid stale.
     meters.start_meter_reporter(_config())

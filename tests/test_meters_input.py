@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import sys
 import textwrap
-from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -25,20 +24,12 @@ from tests.test_agent_launcher import base_env, run
 
 
 @pytest.fixture
-def sink() -> Iterator[_sink.MemorySink]:
-    meters.stop_meter_reporter()
-    meters.registry.clear()
-    memory = _sink.MemorySink()
-    _sink.set_sink(memory)
+def sink(meter_sink: _sink.MemorySink) -> _sink.MemorySink:
+    """The conftest's meter sink, the meter reporter started (reports on demand only)."""
     meters.start_meter_reporter(
         Config(agent_meter_reporter_period=3600.0, agent_pvm_meter_reporter_active=False)
     )
-    try:
-        yield memory
-    finally:
-        meters.stop_meter_reporter()
-        meters.registry.clear()
-        _sink.set_sink(None)
+    return meter_sink
 
 
 def last_report(memory: _sink.MemorySink) -> dict[str, list[Any]]:

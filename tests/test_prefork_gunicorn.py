@@ -30,6 +30,7 @@ from tests.servers import (
     request,
     run_server,
     segments_of,
+    two_app_envs,
     wait_segments,
     wait_until,
 )
@@ -37,17 +38,6 @@ from tests.servers import (
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
 ROUTES = ["/cpu", "/io", "/call"]
-
-
-def two_envs(
-    tmp_path: Path, col: CollectorProcess, b_port: int, *, reporter_process: bool = True
-) -> tuple[dict[str, str], ...]:
-    env_b = agent_env(tmp_path / "b", col.grpc_address, service="b", reporter_process=reporter_process)
-    downstream = {"DOWNSTREAM_URL": f"http://127.0.0.1:{b_port}/cpu"}
-    env_a = agent_env(
-        tmp_path / "a", col.grpc_address, service="a", extra=downstream, reporter_process=reporter_process
-    )
-    return env_a, env_b
 
 
 def delivered(col: CollectorProcess, service: str) -> Counter[str]:
@@ -68,7 +58,7 @@ def test_two_apps_every_request_has_its_segment(
 ) -> None:
     with collector_process(tmp_path) as col:
         b_port, a_port = free_port(), free_port()
-        env_a, env_b = two_envs(tmp_path, col, b_port, reporter_process=reporter_process)
+        env_a, env_b = two_app_envs(tmp_path, col, b_port, reporter_process=reporter_process)
         cmd_b = gunicorn_command(b_port, workers=2)
         cmd_a = gunicorn_command(a_port, workers=workers, worker_class=worker_class, threads=threads)
         with (
@@ -125,7 +115,7 @@ def test_start_paths(tmp_path: Path, how: str, preload: bool) -> None:
 def test_uvicorn_workers(tmp_path: Path) -> None:
     with collector_process(tmp_path) as col:
         b_port, a_port = free_port(), free_port()
-        env_a, env_b = two_envs(tmp_path, col, b_port)
+        env_a, env_b = two_app_envs(tmp_path, col, b_port)
         uvicorn = "uvicorn.workers.UvicornWorker"
         cmd_b = gunicorn_command(b_port, app="examples.asgi_app:app", workers=2, worker_class=uvicorn)
         cmd_a = gunicorn_command(a_port, app="examples.asgi_app:app", workers=2, worker_class=uvicorn)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.collector import CollectorProcess, free_port
+from tests.collector import free_port
 from tests.servers import (
     agent_env,
     check_announced,
@@ -19,6 +19,7 @@ from tests.servers import (
     quiet_for,
     run_server,
     segments_of,
+    two_app_envs,
     uwsgi_command,
     wait_segments,
     wait_until,
@@ -27,17 +28,6 @@ from tests.servers import (
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
 ROUTES = ["/cpu", "/io", "/call"]
-
-
-def envs(
-    tmp_path: Path, col: CollectorProcess, b_port: int, *, reporter_process: bool = True
-) -> tuple[dict[str, str], ...]:
-    env_b = agent_env(tmp_path / "b", col.grpc_address, service="b", reporter_process=reporter_process)
-    downstream = {"DOWNSTREAM_URL": f"http://127.0.0.1:{b_port}/cpu"}
-    env_a = agent_env(
-        tmp_path / "a", col.grpc_address, service="a", extra=downstream, reporter_process=reporter_process
-    )
-    return env_a, env_b
 
 
 @pytest.mark.parametrize(
@@ -54,7 +44,7 @@ def test_two_apps_every_request_has_its_segment(
 ) -> None:
     with collector_process(tmp_path) as col:
         b_port, a_port = free_port(), free_port()
-        env_a, env_b = envs(tmp_path, col, b_port, reporter_process=variant != "inprocess")
+        env_a, env_b = two_app_envs(tmp_path, col, b_port, reporter_process=variant != "inprocess")
         cmd_b = gunicorn_command(b_port, workers=2)
         cmd_a = uwsgi_command(a_port, workers=4, **extra)  # type: ignore[arg-type]
         with (

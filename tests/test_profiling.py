@@ -43,24 +43,14 @@ from tests import pbref
 
 
 @pytest.fixture()
-def arena(tmp_path: Any) -> Iterator[Arena]:
-    a = Arena.create(str(tmp_path / "p.arena"), slots=2, ring_capacity=65536)
-    try:
-        yield a
-    finally:
-        a.close()
-        a.unlink()
-
-
-@pytest.fixture()
-def sink(arena: Arena, monkeypatch: pytest.MonkeyPatch) -> Iterator[_sink.MemorySink]:
+def sink(profiling_arena: Arena, monkeypatch: pytest.MonkeyPatch) -> Iterator[_sink.MemorySink]:
     monkeypatch.setattr(sampler_module, "LINGER_S", 0.05)
     s = _sink.MemorySink()
     _sink.set_sink(s)
     tracing.configure(load({}))
     gate.reset_after_fork()
     gate.configure(max_parallel=5, depth=500, duration_min=10)
-    gate.attach(arena.board)
+    gate.attach(profiling_arena.board)
     yield s
     gate.attach(None)
     _sink.set_sink(None)
@@ -107,8 +97,8 @@ def request(op: str, seconds: float) -> None:
 
 
 # -- the board -------------------------------------------------------------------------------
-def test_board_generation_and_document(arena: Arena) -> None:
-    b = arena.board
+def test_board_generation_and_document(profiling_arena: Arena) -> None:
+    b = profiling_arena.board
     assert b.generation() == 0 and b.read() == (0, b"")
     g = b.publish(b"hello")
     assert g == 2 and b.generation() == 2 and b.read() == (2, b"hello")
@@ -118,28 +108,28 @@ def test_board_generation_and_document(arena: Arena) -> None:
     assert b.read() == (4, b"x")
 
 
-def test_board_is_shared_between_processes(arena: Arena) -> None:
+def test_board_is_shared_between_processes(profiling_arena: Arena) -> None:
     pid = os.fork()
     if pid == 0:  # child: attach by path and post
         code = 1
         try:
-            other = Arena.open(arena.path)
+            other = Arena.open(profiling_arena.path)
             other.board.publish(b"from-child")
             code = 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert status == 0
-    assert arena.board.read() == (2, b"from-child")
+    assert profiling_arena.board.read() == (2, b"from-child")
 
 
-def test_board_writer_killed_mid_update_is_repaired(arena: Arena) -> None:
-    words = arena._buf[L.BOARD_OFFSET : L.BOARD_OFFSET + 64].cast("Q")
+def test_board_writer_killed_mid_update_is_repaired(profiling_arena: Arena) -> None:
+    words = profiling_arena._buf[L.BOARD_OFFSET : L.BOARD_OFFSET + 64].cast("Q")
     words[L.B_GENERATION] = 7  # odd: a writer died in the middle
-    assert arena.board.read(attempts=3) is None
+    assert profiling_arena.board.read(attempts=3) is None
     words.release()
-    assert arena.board.publish(b"ok") == 10
-    assert arena.board.read() == (10, b"ok")
+    assert profiling_arena.board.publish(b"ok") == 10
+    assert profiling_arena.board.read() == (10, b"ok")
 
 
 def test_taskboard_round_trip_and_garbage() -> None:
@@ -209,7 +199,7 @@ def test_commands_with_numbers_out_of_range_are_refused() -> None:
 
 
 def test_the_poller_refuses_a_command_out_of_range_and_posts_the_others(
-    arena: Arena, caplog: pytest.LogCaptureFixture
+    profiling_arena: Arena, caplog: pytest.LogCaptureFixture
 ) -> None:
     sender = MemorySender()
     clock = [10_000_000]
@@ -219,7 +209,7 @@ def test_the_poller_refuses_a_command_out_of_range_and_posts_the_others(
         command(TaskId="t1", StartTime=str(clock[0]), Duration="1", CreateTime="5"),
     ]
     poller = ProfileTaskPoller(
-        arena.board,
+        profiling_arena.board,
         Journal(ReporterSettings()),
         sender,
         StopState(),
@@ -231,7 +221,7 @@ def test_the_poller_refuses_a_command_out_of_range_and_posts_the_others(
     async def scenario() -> None:
         with caplog.at_level(logging.WARNING, logger="swmp.reporter"):
             await poller.poll()
-        _gen, doc = arena.board.read() or (0, b"")
+        _gen, doc = profiling_arena.board.read() or (0, b"")
         assert [t.task_id for t in taskboard.decode(doc)] == ["t1"]
         assert poller.refused == 2 and list(poller.tasks) == ["t1"]
         # Heard: the OAP is not asked for them again (it answers only newer commands).
@@ -244,17 +234,22 @@ def test_the_poller_refuses_a_command_out_of_range_and_posts_the_others(
     assert len(refusals) == 1 and "'huge'" in refusals[0].getMessage()
 
 
-def test_a_task_the_board_cannot_encode_is_logged_not_raised(arena: Arena) -> None:
+def test_a_task_the_board_cannot_encode_is_logged_not_raised(profiling_arena: Arena) -> None:
     poller = ProfileTaskPoller(
-        arena.board, Journal(ReporterSettings()), MemorySender(), StopState(), lambda: [], interval_s=1
+        profiling_arena.board,
+        Journal(ReporterSettings()),
+        MemorySender(),
+        StopState(),
+        lambda: [],
+        interval_s=1,
     )
     poller.tasks["x"] = KnownTask(BoardTask("x", "/e", 0, 2**70, 0, 10, 1), 0)
     poller.post()  # orjson refuses ints past 64 bits (TypeError)
-    assert poller.posted is None and arena.board.read() in (None, (0, b""))
+    assert poller.posted is None and profiling_arena.board.read() in (None, (0, b""))
 
 
 # -- the poller ------------------------------------------------------------------------------
-def test_poller_posts_tasks_and_reports_them_finished(arena: Arena) -> None:
+def test_poller_posts_tasks_and_reports_them_finished(profiling_arena: Arena) -> None:
     sender = MemorySender()
     clock = [10_000_000]
     sender.profile_commands = [
@@ -264,7 +259,7 @@ def test_poller_posts_tasks_and_reports_them_finished(arena: Arena) -> None:
     ]
     j = Journal(ReporterSettings())
     poller = ProfileTaskPoller(
-        arena.board,
+        profiling_arena.board,
         j,
         sender,
         StopState(),
@@ -277,17 +272,17 @@ def test_poller_posts_tasks_and_reports_them_finished(arena: Arena) -> None:
         await poller.poll()
         assert sender.profile_queries == [("svc", "i-w0", 0), ("svc", "i-w1", 0)]
         assert poller.last_command_time == {("svc", "i-w0"): 5, ("svc", "i-w1"): 5}
-        gen, doc = arena.board.read() or (0, b"")
+        gen, doc = profiling_arena.board.read() or (0, b"")
         assert [t.task_id for t in taskboard.decode(doc)] == ["t1"]
         await poller.poll()  # nothing new: the board is not rewritten
-        assert arena.board.generation() == gen
+        assert profiling_arena.board.generation() == gen
         assert sender.profile_queries[-1] == ("svc", "i-w1", 5)
         await poller.finish_due()
         assert sender.finishes == []
         clock[0] += 60_000 + 2_000  # the task's minute and the grace are over
         await poller.finish_due()
         assert sorted(sender.finishes) == [["svc", "i-w0", "t1"], ["svc", "i-w1", "t1"]]
-        assert taskboard.decode((arena.board.read() or (0, b""))[1]) == []
+        assert taskboard.decode((profiling_arena.board.read() or (0, b""))[1]) == []
         await poller.finish_due()
         assert len(sender.finishes) == 2  # once per instance
 
@@ -306,7 +301,7 @@ class _CachedLate(MemorySender):
         return got
 
 
-def test_every_instance_hears_a_task_the_oap_cached_in_the_middle_of_a_round(arena: Arena) -> None:
+def test_every_instance_hears_a_task_the_oap_cached_in_the_middle_of_a_round(profiling_arena: Arena) -> None:
     """Each instance asks with the newest task time *it* heard: with one time for the whole
     reporter, the instances that asked before the OAP cached the task never heard of it
     (seen against the real OAP: its profiling test waited in vain for every instance to be
@@ -315,7 +310,7 @@ def test_every_instance_hears_a_task_the_oap_cached_in_the_middle_of_a_round(are
     sender = _CachedLate()
     live = [("svc", "i-w0"), ("svc", "i-w1")]
     poller = ProfileTaskPoller(
-        arena.board,
+        profiling_arena.board,
         Journal(ReporterSettings()),
         sender,
         StopState(),
@@ -339,12 +334,12 @@ def test_every_instance_hears_a_task_the_oap_cached_in_the_middle_of_a_round(are
     asyncio.run(scenario())
 
 
-def test_poller_retries_a_failed_finish(arena: Arena) -> None:
+def test_poller_retries_a_failed_finish(profiling_arena: Arena) -> None:
     sender = MemorySender()
     clock = [10_000_000]
     sender.profile_commands = [command(StartTime=str(clock[0]), Duration="1")]
     poller = ProfileTaskPoller(
-        arena.board,
+        profiling_arena.board,
         Journal(ReporterSettings()),
         sender,
         StopState(),
@@ -381,8 +376,10 @@ def test_config_passes_the_interval_and_the_switch() -> None:
 
 
 # -- the gate and the sampler ----------------------------------------------------------------
-def test_matching_request_is_sampled_until_its_segment_ends(arena: Arena, sink: _sink.MemorySink) -> None:
-    post(arena, task())
+def test_matching_request_is_sampled_until_its_segment_ends(
+    profiling_arena: Arena, sink: _sink.MemorySink
+) -> None:
+    post(profiling_arena, task())
     request("/slow", 0.2)
     request("/other", 0.05)
     seg = records(sink, R.SEGMENT)
@@ -403,17 +400,19 @@ def test_matching_request_is_sampled_until_its_segment_ends(arena: Arena, sink: 
     assert len(records(sink, R.PROFILE_SNAPSHOT)) == len(snaps)  # nothing after the end
 
 
-def test_no_sampler_thread_without_a_matching_request(arena: Arena, sink: _sink.MemorySink) -> None:
+def test_no_sampler_thread_without_a_matching_request(profiling_arena: Arena, sink: _sink.MemorySink) -> None:
     request("/slow", 0.01)
-    post(arena, task("/elsewhere"))
+    post(profiling_arena, task("/elsewhere"))
     request("/slow", 0.05)
     assert not gate.sampler_alive and records(sink, R.PROFILE_SNAPSHOT) == []
     assert gate.by_endpoint.keys() == {"/elsewhere"}
 
 
-def test_threshold_inactive_tasks_and_renamed_endpoints(arena: Arena, sink: _sink.MemorySink) -> None:
+def test_threshold_inactive_tasks_and_renamed_endpoints(
+    profiling_arena: Arena, sink: _sink.MemorySink
+) -> None:
     post(
-        arena,
+        profiling_arena,
         task(min_duration_ms=10_000),  # a request shorter than the threshold: nothing
         task("/later", task_id="t2", start_ms=now_ms() + 60_000),  # not started yet
         task("/route/{id}", task_id="t3"),  # the framework renames the entry span after routing
@@ -428,8 +427,8 @@ def test_threshold_inactive_tasks_and_renamed_endpoints(arena: Arena, sink: _sin
     assert snaps and {s[R.SNAP_TASK_ID] for s in snaps} == {"t3"}
 
 
-def test_max_sampling_count_per_process(arena: Arena, sink: _sink.MemorySink) -> None:
-    post(arena, task(max_sampling_count=2))
+def test_max_sampling_count_per_process(profiling_arena: Arena, sink: _sink.MemorySink) -> None:
+    post(profiling_arena, task(max_sampling_count=2))
     for _ in range(4):
         request("/slow", 0.04)
     segments_sampled = {s[R.SNAP_SEGMENT_ID] for s in records(sink, R.PROFILE_SNAPSHOT)}
@@ -437,9 +436,9 @@ def test_max_sampling_count_per_process(arena: Arena, sink: _sink.MemorySink) ->
     assert gate.started == {"t1": 2}
 
 
-def test_max_parallel(arena: Arena, sink: _sink.MemorySink) -> None:
+def test_max_parallel(profiling_arena: Arena, sink: _sink.MemorySink) -> None:
     gate.configure(max_parallel=2, depth=500, duration_min=10)
-    post(arena, task(max_sampling_count=10))
+    post(profiling_arena, task(max_sampling_count=10))
     threads = [threading.Thread(target=request, args=("/slow", 0.3)) for _ in range(4)]
     for t in threads:
         t.start()
@@ -448,17 +447,17 @@ def test_max_parallel(arena: Arena, sink: _sink.MemorySink) -> None:
     assert len({s[R.SNAP_SEGMENT_ID] for s in records(sink, R.PROFILE_SNAPSHOT)}) == 2
 
 
-def test_stack_depth_keeps_the_innermost_frames(arena: Arena, sink: _sink.MemorySink) -> None:
+def test_stack_depth_keeps_the_innermost_frames(profiling_arena: Arena, sink: _sink.MemorySink) -> None:
     gate.configure(max_parallel=5, depth=3, duration_min=10)
-    post(arena, task())
+    post(profiling_arena, task())
     request("/slow", 0.1)
     snaps = records(sink, R.PROFILE_SNAPSHOT)
     assert snaps and all(len(s[R.SNAP_STACK]) <= 3 for s in snaps)
     assert any(".slow_function:" in s[R.SNAP_STACK][-1] or "sleep" in s[R.SNAP_STACK][-1] for s in snaps)
 
 
-def test_asyncio_request_samples_its_coroutine_stack(arena: Arena, sink: _sink.MemorySink) -> None:
-    post(arena, task("/async"))
+def test_asyncio_request_samples_its_coroutine_stack(profiling_arena: Arena, sink: _sink.MemorySink) -> None:
+    post(profiling_arena, task("/async"))
 
     async def slow_coroutine() -> None:
         await asyncio.sleep(0.2)
@@ -505,9 +504,9 @@ def test_running_coroutine_includes_its_synchronous_frames() -> None:
 
 # -- the record format -----------------------------------------------------------------------
 def test_snapshot_record_encodes_byte_identical_to_the_generated_class(
-    arena: Arena, sink: _sink.MemorySink
+    profiling_arena: Arena, sink: _sink.MemorySink
 ) -> None:
-    post(arena, task())
+    post(profiling_arena, task())
     request("/slow", 0.05)
     snaps = records(sink, R.PROFILE_SNAPSHOT)
     assert snaps
@@ -524,16 +523,16 @@ def test_snapshot_record_encodes_byte_identical_to_the_generated_class(
         )
 
 
-def test_sampler_counts(arena: Arena, sink: _sink.MemorySink, caplog: Any) -> None:
+def test_sampler_counts(profiling_arena: Arena, sink: _sink.MemorySink, caplog: Any) -> None:
     before = stats.snapshots
-    post(arena, task())
+    post(profiling_arena, task())
     with caplog.at_level(logging.ERROR, "swmp.profiling"):
         request("/slow", 0.05)
     assert stats.snapshots > before and not caplog.records
 
 
-def test_sampler_thread_ends_once_idle(arena: Arena, sink: _sink.MemorySink) -> None:
-    post(arena, task())
+def test_sampler_thread_ends_once_idle(profiling_arena: Arena, sink: _sink.MemorySink) -> None:
+    post(profiling_arena, task())
     threads_before = stats.threads
     request("/slow", 0.05)
     request("/slow", 0.05)  # within the linger: the same thread

@@ -29,24 +29,14 @@ class ManualSampler(Sampler):
 
 
 @pytest.fixture()
-def arena(tmp_path: Any) -> Iterator[Arena]:
-    a = Arena.create(str(tmp_path / "g.arena"), slots=2, ring_capacity=65536)
-    try:
-        yield a
-    finally:
-        a.close()
-        a.unlink()
-
-
-@pytest.fixture()
-def sink(arena: Arena) -> Iterator[_sink.MemorySink]:
+def sink(profiling_arena: Arena) -> Iterator[_sink.MemorySink]:
     s = _sink.MemorySink()
     _sink.set_sink(s)
     tracing.configure(load({}))
     gate.reset_after_fork()
     gate.configure(max_parallel=5, depth=500, duration_min=10)
     gate.sampler = ManualSampler()
-    gate.attach(arena.board)
+    gate.attach(profiling_arena.board)
     yield s
     gate.attach(None)
     gate.reset_after_fork()
@@ -108,11 +98,11 @@ def slow_request(op: str) -> Profiled | None:
 
 # -- bug: fast requests used up the max sampling count ---------------------------------------
 def test_requests_ending_before_the_threshold_do_not_use_up_the_count(
-    arena: Arena, sink: _sink.MemorySink
+    profiling_arena: Arena, sink: _sink.MemorySink
 ) -> None:
     """Counted at admission, five 1 ms requests took the five places and the slow ones were
     never profiled: the task had no snapshot. SkyWalking counts a segment at its first dump."""
-    post(arena, task(max_sampling_count=5))
+    post(profiling_arena, task(max_sampling_count=5))
     for _ in range(5):
         assert fast_request("/slow")  # watched, but it ends before the threshold
     assert snapshots(sink) == [] and gate.started.get("t1", 0) == 0
@@ -122,10 +112,12 @@ def test_requests_ending_before_the_threshold_do_not_use_up_the_count(
     assert len({s[R.SNAP_SEGMENT_ID] for s in snapshots(sink)}) == 5
 
 
-def test_segments_in_flight_beyond_the_count_are_not_sampled(arena: Arena, sink: _sink.MemorySink) -> None:
+def test_segments_in_flight_beyond_the_count_are_not_sampled(
+    profiling_arena: Arena, sink: _sink.MemorySink
+) -> None:
     """Watched at once, more segments than places left: the first ones to reach their first
     snapshot take the places, the others stop without a snapshot; no new one is watched."""
-    post(arena, task(max_sampling_count=2))
+    post(profiling_arena, task(max_sampling_count=2))
     items = [watch("/slow", f"seg{n}") for n in range(3)]
     assert all(isinstance(i, Profiled) for i in items)
     due = max(past_threshold(i) for i in items)
@@ -138,7 +130,9 @@ def test_segments_in_flight_beyond_the_count_are_not_sampled(arena: Arena, sink:
 
 
 # -- bug: a later task on the same endpoint hid the running one ------------------------------
-def test_a_scheduled_task_does_not_hide_the_running_one(arena: Arena, sink: _sink.MemorySink) -> None:
+def test_a_scheduled_task_does_not_hide_the_running_one(
+    profiling_arena: Arena, sink: _sink.MemorySink
+) -> None:
     """The OAP accepts a second task for the endpoint once the first one's time is taken:
     both are on the board. Keyed by endpoint alone, the later one replaced the running one
     and, not active yet, left the endpoint unprofiled in every worker. The board's order
@@ -146,7 +140,7 @@ def test_a_scheduled_task_does_not_hide_the_running_one(arena: Arena, sink: _sin
     running = task(task_id="running")
     later = task(task_id="later", start_ms=running.end_ms, end_ms=running.end_ms + 60_000)
     for order in ((running, later), (later, running)):
-        post(arena, *order)
+        post(profiling_arena, *order)
         item = slow_request("/slow")
         assert item is not None and item.task == running, order
     assert {s[R.SNAP_TASK_ID] for s in snapshots(sink)} == {"running"}
@@ -169,17 +163,19 @@ def test_the_task_of_an_endpoint_is_the_one_whose_time_covers_now() -> None:
 
 
 # -- bug: the counts of tasks long over were kept for ever -----------------------------------
-def test_counts_of_tasks_taken_off_the_board_are_dropped(arena: Arena, sink: _sink.MemorySink) -> None:
+def test_counts_of_tasks_taken_off_the_board_are_dropped(
+    profiling_arena: Arena, sink: _sink.MemorySink
+) -> None:
     """One entry per task ever profiled, never removed but at fork: a worker that lives
     through many tasks grew without limit. The counts of the tasks still posted stay."""
     first, second = task(task_id="first"), task("/other", task_id="second")
-    post(arena, first, second)
+    post(profiling_arena, first, second)
     assert slow_request("/slow") is not None and slow_request("/other") is not None
     assert gate.started == {"first": 1, "second": 1}
-    post(arena, second)  # the reporter took "first" off the board: it is over
+    post(profiling_arena, second)  # the reporter took "first" off the board: it is over
     assert not fast_request("/elsewhere")  # the next segment reads the new board
     assert gate.started == {"second": 1}
-    arena.board.publish(b"not a task table")  # unreadable: nothing is forgotten
+    profiling_arena.board.publish(b"not a task table")  # unreadable: nothing is forgotten
     assert not fast_request("/elsewhere")
     assert gate.started == {"second": 1}
 
@@ -195,14 +191,14 @@ def stop_agent(arena: Arena) -> None:
 
 
 def test_the_arena_closed_just_before_the_board_is_read_raises_nothing(
-    arena: Arena, sink: _sink.MemorySink
+    profiling_arena: Arena, sink: _sink.MemorySink
 ) -> None:
-    post(arena, task())
-    board = arena.board
+    post(profiling_arena, task())
+    board = profiling_arena.board
     read = board.read
 
     def read_after_the_stop(attempts: int = 1000) -> tuple[int, bytes] | None:
-        stop_agent(arena)
+        stop_agent(profiling_arena)
         return read(attempts)  # a released view: ValueError, raised into the request
 
     board.read = read_after_the_stop  # type: ignore[method-assign]
@@ -211,11 +207,13 @@ def test_the_arena_closed_just_before_the_board_is_read_raises_nothing(
     assert gate.board is None and gate.by_endpoint == {}
 
 
-def test_a_gate_stopped_while_it_read_the_board_keeps_no_tasks(arena: Arena, sink: _sink.MemorySink) -> None:
+def test_a_gate_stopped_while_it_read_the_board_keeps_no_tasks(
+    profiling_arena: Arena, sink: _sink.MemorySink
+) -> None:
     """The table read from a board the gate no longer has is not installed: a stopped agent
     (or a forked child) profiles nothing until it attaches a board again."""
-    post(arena, task())
-    board = arena.board
+    post(profiling_arena, task())
+    board = profiling_arena.board
     read = board.read
 
     def stopped_during_the_read(attempts: int = 1000) -> tuple[int, bytes] | None:

@@ -12,8 +12,8 @@ import pytest
 
 import swmp
 from reporter_proc import records as R
-from swmp import _sink, tracing
-from swmp.config import Config, load
+from swmp import _sink
+from swmp.config import Config
 
 EXPECTED = {
     "Component",
@@ -40,15 +40,6 @@ EXPECTED = {
     "trace",
     "trace_id",
 }
-
-
-@pytest.fixture()
-def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    tracing.configure(load({}))
-    yield s
-    _sink.set_sink(None)
 
 
 def segments(sink: _sink.MemorySink) -> list[list[Any]]:
@@ -80,7 +71,7 @@ def test_start_maps_keywords_to_config_and_calls_agent_lazily(monkeypatch: pytes
     assert stopped == [True]
 
 
-def test_manual_spans_headers_and_helpers(sink: _sink.MemorySink) -> None:
+def test_manual_spans_headers_and_helpers(trace_sink: _sink.MemorySink) -> None:
     assert swmp.trace_id() == ""
     swmp.tag("ignored", "outside any span")  # no-op, no error
     with swmp.entry_span("/in", {"no": "sw8"}) as entry:
@@ -101,7 +92,7 @@ def test_manual_spans_headers_and_helpers(sink: _sink.MemorySink) -> None:
     assert swmp.extract(plain).span_id == entry.span_id  # type: ignore[union-attr]
     with swmp.entry_span("/downstream", headers) as down:
         assert swmp.get_correlation("tenant") == "t1"
-    up, dn = segments(sink)
+    up, dn = segments(trace_sink)
     assert dn[R.SEG_TRACE_ID] == up[R.SEG_TRACE_ID]
     assert dn[R.SEG_SPANS][0][R.SPAN_REFS][0][3] == ex.span_id
     assert down.segment.trace_id == tid
@@ -110,7 +101,7 @@ def test_manual_spans_headers_and_helpers(sink: _sink.MemorySink) -> None:
     assert swmp.extract([(b"sw8", headers["sw8"].encode())]) is not None
 
 
-def test_correlation_limits(sink: _sink.MemorySink) -> None:
+def test_correlation_limits(trace_sink: _sink.MemorySink) -> None:
     with swmp.local_span("a"):
         assert all(swmp.set_correlation(f"k{i}", "v") for i in range(3))
         assert not swmp.set_correlation("k3", "v")  # default: at most 3 entries
@@ -119,7 +110,7 @@ def test_correlation_limits(sink: _sink.MemorySink) -> None:
     assert not swmp.set_correlation("k", "v")  # no span
 
 
-def test_correlation_of_other_types_is_refused_not_raised_later(sink: _sink.MemorySink) -> None:
+def test_correlation_of_other_types_is_refused_not_raised_later(trace_sink: _sink.MemorySink) -> None:
     """A key or value that is not text is refused (False) rather than stored: stored, it made
     every outgoing call of the trace raise into the application from inject()."""
     with swmp.entry_span("/in"):
@@ -133,7 +124,7 @@ def test_correlation_of_other_types_is_refused_not_raised_later(sink: _sink.Memo
     assert carrier is not None and carrier.correlation == {"ok": "v"}
 
 
-def test_trace_decorator_sync_async_and_error(sink: _sink.MemorySink) -> None:
+def test_trace_decorator_sync_async_and_error(trace_sink: _sink.MemorySink) -> None:
     @swmp.trace
     def add(a: int, b: int) -> int:
         return a + b
@@ -151,35 +142,40 @@ def test_trace_decorator_sync_async_and_error(sink: _sink.MemorySink) -> None:
     assert asyncio.run(fetch())
     with pytest.raises(KeyError):
         broken()
-    ops = [seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(sink)]
+    ops = [seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(trace_sink)]
     assert ops == [
         f"{__name__}.test_trace_decorator_sync_async_and_error.<locals>.add",
         "fetch",
         f"{__name__}.test_trace_decorator_sync_async_and_error.<locals>.broken",
     ]
-    assert segments(sink)[2][R.SEG_SPANS][0][R.SPAN_IS_ERROR] is True
+    assert segments(trace_sink)[2][R.SEG_SPANS][0][R.SPAN_IS_ERROR] is True
     assert add.__name__ == "add"
 
 
-def test_error_helper_uses_the_handled_exception(sink: _sink.MemorySink) -> None:
+def test_error_helper_uses_the_handled_exception(trace_sink: _sink.MemorySink) -> None:
     with swmp.local_span("a"):
         try:
             raise OSError("disk")
         except OSError:
             swmp.error()
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     span = seg[R.SEG_SPANS][0]
     assert span[R.SPAN_IS_ERROR] is True
     assert "OSError" in span[R.SPAN_LOGS][0][1]
 
 
-def test_capture_and_continue_in_thread(sink: _sink.MemorySink) -> None:
+def test_capture_and_continue_in_thread(trace_sink: _sink.MemorySink) -> None:
     with swmp.entry_span("/a") as root:
         snap = swmp.capture()
         t = threading.Thread(target=lambda: swmp.local_span("bg", parent=snap).finish())
         t.start()
         t.join()
-    refs = [s[R.SPAN_REFS] for seg in segments(sink) for s in seg[R.SEG_SPANS] if s[R.SPAN_OPERATION] == "bg"]
+    refs = [
+        s[R.SPAN_REFS]
+        for seg in segments(trace_sink)
+        for s in seg[R.SEG_SPANS]
+        if s[R.SPAN_OPERATION] == "bg"
+    ]
     assert refs[0][0][2] == root.segment.segment_id
 
 
@@ -187,7 +183,7 @@ def _spans(sink: _sink.MemorySink) -> dict[str, list[Any]]:
     return {s[R.SPAN_OPERATION]: s for seg in segments(sink) for s in seg[R.SEG_SPANS]}
 
 
-def test_trace_keeps_a_generator_a_generator_and_covers_its_iteration(sink: _sink.MemorySink) -> None:
+def test_trace_keeps_a_generator_a_generator_and_covers_its_iteration(trace_sink: _sink.MemorySink) -> None:
     """A yield dependency (FastAPI, contextlib) must stay a generator function; the span
     covers the iteration and is current only while the generator runs."""
     import inspect
@@ -220,17 +216,17 @@ def test_trace_keeps_a_generator_a_generator_and_covers_its_iteration(sink: _sin
         next(closed)
         closed.close()
     assert seen == ["a", "b"]
-    spans = _spans(sink)
+    spans = _spans(trace_sink)
     ids = {op: s[R.SPAN_ID] for op, s in spans.items()}
     assert spans["between"][R.SPAN_PARENT_ID] == ids["/req"]
     assert spans["inner0"][R.SPAN_PARENT_ID] in {s[R.SPAN_ID] for o, s in spans.items() if o == "gen"}
-    gens = [s for seg in segments(sink) for s in seg[R.SEG_SPANS] if s[R.SPAN_OPERATION] == "gen"]
+    gens = [s for seg in segments(trace_sink) for s in seg[R.SEG_SPANS] if s[R.SPAN_OPERATION] == "gen"]
     assert len(gens) == 3
     assert [g[R.SPAN_IS_ERROR] for g in gens] == [False, True, False]
     assert all(g[R.SPAN_PARENT_ID] == ids["/req"] for g in gens)
 
 
-def test_trace_keeps_an_async_generator_one(sink: _sink.MemorySink) -> None:
+def test_trace_keeps_an_async_generator_one(trace_sink: _sink.MemorySink) -> None:
     import contextlib
     import inspect
 
@@ -254,14 +250,14 @@ def test_trace_keeps_an_async_generator_one(sink: _sink.MemorySink) -> None:
         return got
 
     assert asyncio.run(main()) == ["r"]
-    spans = _spans(sink)
+    spans = _spans(trace_sink)
     assert spans["agen"][R.SPAN_PARENT_ID] == spans["/a"][R.SPAN_ID]
     assert spans["use"][R.SPAN_PARENT_ID] == spans["/a"][R.SPAN_ID]
     assert spans["setup"][R.SPAN_PARENT_ID] == spans["teardown"][R.SPAN_PARENT_ID] == spans["agen"][R.SPAN_ID]
     assert spans["agen"][R.SPAN_END] >= spans["teardown"][R.SPAN_END]
 
 
-def test_trace_on_classmethods_staticmethods_and_callables(sink: _sink.MemorySink) -> None:
+def test_trace_on_classmethods_staticmethods_and_callables(trace_sink: _sink.MemorySink) -> None:
     import functools
 
     class Shop:
@@ -282,12 +278,12 @@ def test_trace_on_classmethods_staticmethods_and_callables(sink: _sink.MemorySin
     assert Shop.make() is Shop and Shop().make() is Shop
     assert Shop.price() == 2
     assert plus_one(2) == 3
-    ops = [seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(sink)]
+    ops = [seg[R.SEG_SPANS][0][R.SPAN_OPERATION] for seg in segments(trace_sink)]
     assert ops[0].endswith("Shop.make") and ops[1].endswith("Shop.make")
     assert ops[2:] == ["static", "functools.partial"]
 
 
-def test_tag_keys_and_values_that_are_not_strings(sink: _sink.MemorySink) -> None:
+def test_tag_keys_and_values_that_are_not_strings(trace_sink: _sink.MemorySink) -> None:
     """The reporter encodes tag keys as strings: a non-string key must not lose the trace."""
     from reporter_proc import encode
 
@@ -295,6 +291,6 @@ def test_tag_keys_and_values_that_are_not_strings(sink: _sink.MemorySink) -> Non
         swmp.tag(7, "x")  # type: ignore[arg-type]
         swmp.tag("n", 5)
         swmp.tag("none", None)
-    ((_, payload),) = sink.records
+    ((_, payload),) = trace_sink.records
     assert orjson.loads(payload)[R.SEG_SPANS][0][R.SPAN_TAGS] == ["7", "x", "n", "5", "none", "None"]
     assert encode.segment_payload(payload)

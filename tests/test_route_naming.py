@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from swmp import _sink, tracing
-from swmp.config import load
+from swmp import tracing
 from swmp.instrument import _route
 from swmp.tracing import Component, Layer
 from swmp.tracing.context import new_entry_span, new_exit_span
@@ -20,15 +19,6 @@ pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built
 FORMS: dict[str, Callable[[Any], None]] = {}
 if NATIVE:
     FORMS = {"native": native_core.name_request, "python": _route._py_name_request}
-
-
-@pytest.fixture()
-def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    tracing.configure(load({}))
-    yield s
-    _sink.set_sink(None)
 
 
 def _entry() -> Any:
@@ -63,7 +53,7 @@ CASES = ["current", "injected", "below an exit span", "empty", "not text", "twic
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_native_and_python_rename_alike(sink: Any, case: str) -> None:
+def test_native_and_python_rename_alike(trace_sink: Any, case: str) -> None:
     native = _scenario(FORMS["native"], case)
     python = _scenario(FORMS["python"], case)
     assert native == python
@@ -71,7 +61,7 @@ def test_native_and_python_rename_alike(sink: Any, case: str) -> None:
         assert native[0] == "/users/{id}"
 
 
-def test_outside_a_request_and_after_it_ended(sink: Any) -> None:
+def test_outside_a_request_and_after_it_ended(trace_sink: Any) -> None:
     for name in FORMS.values():
         name("/nowhere")  # nothing current: nothing to do, nothing raised
         entry = _entry()
@@ -86,7 +76,7 @@ def test_outside_a_request_and_after_it_ended(sink: Any) -> None:
 
 
 def test_a_profiling_task_waiting_for_the_endpoint_is_asked(
-    sink: Any, monkeypatch: pytest.MonkeyPatch
+    trace_sink: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from swmp.tracing import context
 

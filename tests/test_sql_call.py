@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 
-from swmp import _sink, tracing
-from swmp.config import load
+from swmp import _sink
 from swmp.instrument import _datastore as ds
 from swmp.instrument._gate import gated
 from swmp.tracing.context import new_entry_span
 from swmp.tracing.span import NATIVE, current_span, native_core
-from tests.native_forms import PLACES, call_in, segments
+from tests.native_forms import PLACES, call_in, recording, segments
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
@@ -33,14 +32,8 @@ COMPONENT = 7010
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    memory = _sink.MemorySink()
-    _sink.set_sink(memory)
-    tracing.configure(load({}))
-    saved = ds.settings.params_max
-    yield memory
-    ds.settings.params_max = saved
-    tracing.configure(load({}))
-    _sink.set_sink(None)
+    with recording() as memory:
+        yield memory
 
 
 class Connection:

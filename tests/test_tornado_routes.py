@@ -19,24 +19,18 @@ import orjson
 import pytest
 
 from reporter_proc import records as R
-from swmp import _sink, instrument, tracing
-from swmp.config import load
+from swmp import _sink
+from tests.instrumented import instrumented
 
 RULES = 50
 
 
 @pytest.fixture()
 def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    cfg = load({}, agent_log_reporter_active=False)
-    tracing.configure(cfg)
-    instrument.install_all(cfg)
-    import tornado.web  # noqa: F401  (imported now: its deferred instrumentation is installed)
+    with instrumented() as (memory, _):
+        import tornado.web  # noqa: F401  (imported now: its deferred instrumentation is installed)
 
-    yield s
-    instrument.uninstall_all()
-    _sink.set_sink(None)
+        yield memory
 
 
 def entry_ops(sink: _sink.MemorySink, n: int) -> list[str]:

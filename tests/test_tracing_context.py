@@ -5,28 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
-import pytest
 
 from reporter_proc import records as R
 from swmp import _sink, tracing
 from swmp.config import load
 from swmp.tracing.context import active_span, capture, new_entry_span, new_exit_span, new_local_span, trace_id
 from swmp.tracing.span import Span
-
-
-@pytest.fixture()
-def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    tracing.configure(load({}))
-    tracing.stats.reset()
-    yield s
-    _sink.set_sink(None)
 
 
 def segments(sink: _sink.MemorySink) -> list[list[Any]]:
@@ -42,7 +30,7 @@ def check_tree(seg: list[Any]) -> None:
         assert s[R.SPAN_PARENT_ID] == -1 or s[R.SPAN_PARENT_ID] in ids
 
 
-def test_nesting_restores_the_current_span(sink: _sink.MemorySink) -> None:
+def test_nesting_restores_the_current_span(trace_sink: _sink.MemorySink) -> None:
     assert active_span() is None and trace_id() == ""
     with new_entry_span("/a") as a:
         assert active_span() is a
@@ -53,7 +41,7 @@ def test_nesting_restores_the_current_span(sink: _sink.MemorySink) -> None:
     assert active_span() is None
 
 
-def test_threads_without_context_start_their_own_traces(sink: _sink.MemorySink) -> None:
+def test_threads_without_context_start_their_own_traces(trace_sink: _sink.MemorySink) -> None:
     barrier = threading.Barrier(4)
 
     def work(i: int) -> None:
@@ -67,7 +55,7 @@ def test_threads_without_context_start_their_own_traces(sink: _sink.MemorySink) 
         t.start()
     for t in threads:
         t.join()
-    segs = segments(sink)
+    segs = segments(trace_sink)
     assert len(segs) == 4
     assert len({s[R.SEG_TRACE_ID] for s in segs}) == 4
     for seg in segs:
@@ -75,7 +63,7 @@ def test_threads_without_context_start_their_own_traces(sink: _sink.MemorySink) 
         check_tree(seg)
 
 
-def test_threads_sharing_a_segment_through_copied_context(sink: _sink.MemorySink) -> None:
+def test_threads_sharing_a_segment_through_copied_context(trace_sink: _sink.MemorySink) -> None:
     tracing.configure(load({}, agent_span_limit=1000))
     with new_entry_span("/fanout") as root, ThreadPoolExecutor(8) as pool:
         futures = []
@@ -84,7 +72,7 @@ def test_threads_sharing_a_segment_through_copied_context(sink: _sink.MemorySink
             futures.append(pool.submit(ctx.run, _child_work, i))
         for f in futures:
             f.result()
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     check_tree(seg)
     spans = seg[R.SEG_SPANS]
     assert len(spans) == 1 + 200 * 2
@@ -98,7 +86,7 @@ def _child_work(i: int) -> None:
         assert e.segment is c.segment
 
 
-def test_asyncio_tasks_are_children_of_the_spawning_span(sink: _sink.MemorySink) -> None:
+def test_asyncio_tasks_are_children_of_the_spawning_span(trace_sink: _sink.MemorySink) -> None:
     async def child(i: int) -> int:
         with new_local_span(f"task{i}") as s:
             await asyncio.sleep(0)
@@ -115,30 +103,30 @@ def test_asyncio_tasks_are_children_of_the_spawning_span(sink: _sink.MemorySink)
             assert active_span() is root
 
     asyncio.run(main())
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     check_tree(seg)
     assert len(seg[R.SEG_SPANS]) == 41
 
 
-def test_out_of_order_finish_keeps_segment_whole(sink: _sink.MemorySink) -> None:
+def test_out_of_order_finish_keeps_segment_whole(trace_sink: _sink.MemorySink) -> None:
     parent = new_entry_span("/a")
     parent.__enter__()
     child = new_local_span("child")
     child.__enter__()
     parent.finish()  # parent first: the segment waits for the child
-    assert sink.records == []
+    assert trace_sink.records == []
     assert active_span() is child
     grandchild = new_local_span("grandchild")  # still in the same segment
     assert isinstance(grandchild, Span) and grandchild.segment is parent.segment
     grandchild.finish()
     child.__exit__(None, None, None)
     assert active_span() is None
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     check_tree(seg)
     assert len(seg[R.SEG_SPANS]) == 3
 
 
-def test_span_finished_in_another_task(sink: _sink.MemorySink) -> None:
+def test_span_finished_in_another_task(trace_sink: _sink.MemorySink) -> None:
     async def main() -> None:
         with new_entry_span("/a"):
             span = new_exit_span("/slow", "h:1")  # started here, not made current
@@ -150,11 +138,11 @@ def test_span_finished_in_another_task(sink: _sink.MemorySink) -> None:
             await asyncio.create_task(finisher())
 
     asyncio.run(main())
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     assert {s[R.SPAN_OPERATION] for s in seg[R.SEG_SPANS]} == {"/a", "/slow"}
 
 
-def test_late_span_after_emission_continues_the_trace(sink: _sink.MemorySink) -> None:
+def test_late_span_after_emission_continues_the_trace(trace_sink: _sink.MemorySink) -> None:
     """A task that outlives its request: its spans go to a new segment of the same trace."""
 
     async def main() -> None:
@@ -173,14 +161,14 @@ def test_late_span_after_emission_continues_the_trace(sink: _sink.MemorySink) ->
         await task
 
     asyncio.run(main())
-    first, second = segments(sink)
+    first, second = segments(trace_sink)
     assert second[R.SEG_TRACE_ID] == first[R.SEG_TRACE_ID]
     assert second[R.SEG_SEGMENT_ID] != first[R.SEG_SEGMENT_ID]
     (late,) = second[R.SEG_SPANS]
     assert late[R.SPAN_REFS][0][:4] == [R.REF_CROSS_THREAD, first[R.SEG_TRACE_ID], first[R.SEG_SEGMENT_ID], 0]
 
 
-def test_capture_continues_in_another_thread(sink: _sink.MemorySink) -> None:
+def test_capture_continues_in_another_thread(trace_sink: _sink.MemorySink) -> None:
     out: list[Any] = []
     with new_entry_span("/a") as root:
         snap = capture()
@@ -193,7 +181,7 @@ def test_capture_continues_in_another_thread(sink: _sink.MemorySink) -> None:
         t = threading.Thread(target=worker)
         t.start()
         t.join()
-    segs = segments(sink)
+    segs = segments(trace_sink)
     assert len(segs) == 2
     bg_seg = next(s for s in segs if s[R.SEG_SPANS][0][R.SPAN_OPERATION] == "bg")
     ref = bg_seg[R.SEG_SPANS][0][R.SPAN_REFS][0]

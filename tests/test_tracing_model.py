@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -27,17 +26,6 @@ from swmp.tracing.context import (
 from swmp.tracing.span import NOOP, IgnoredSpan, Span
 
 
-@pytest.fixture()
-def sink() -> Iterator[_sink.MemorySink]:
-    s = _sink.MemorySink()
-    _sink.set_sink(s)
-    tracing.configure(load({}))
-    tracing.stats.reset()
-    yield s
-    _sink.set_sink(None)
-    tracing.configure(load({}))
-
-
 def segments(sink: _sink.MemorySink) -> list[list[Any]]:
     assert all(t == R.SEGMENT for t, _ in sink.records)
     return [orjson.loads(p) for _, p in sink.records]
@@ -47,7 +35,7 @@ def spans_by_op(seg: list[Any]) -> dict[str, list[Any]]:
     return {s[R.SPAN_OPERATION]: s for s in seg[R.SEG_SPANS]}
 
 
-def test_segment_record_layout(sink: _sink.MemorySink) -> None:
+def test_segment_record_layout(trace_sink: _sink.MemorySink) -> None:
     tracing.identity.set("svc", "inst-1")
     with new_entry_span("/orders", None, Component.FLASK, Layer.HTTP) as entry:
         entry.tag("http.method", "GET")
@@ -56,7 +44,7 @@ def test_segment_record_layout(sink: _sink.MemorySink) -> None:
             new_exit_span("/stock", "stock:80", Component.REQUESTS, Layer.HTTP) as ex,
         ):
             ex.tag("http.status_code", 200)
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     assert seg[R.SEG_TRACE_ID] and seg[R.SEG_SEGMENT_ID]
     assert seg[R.SEG_SERVICE] == "svc" and seg[R.SEG_INSTANCE] == "inst-1"
     assert seg[R.SEG_SIZE_LIMITED] is False
@@ -74,14 +62,14 @@ def test_segment_record_layout(sink: _sink.MemorySink) -> None:
     assert tracing.stats.segments_written == 1
 
 
-def test_error_with_stack_and_logs(sink: _sink.MemorySink) -> None:
+def test_error_with_stack_and_logs(trace_sink: _sink.MemorySink) -> None:
     def fail() -> None:
         raise ValueError("boom")
 
     with pytest.raises(ValueError), new_local_span("work") as span:
         span.log("step one", attempt=2)
         fail()
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     (s,) = seg[R.SEG_SPANS]
     assert s[R.SPAN_IS_ERROR] is True
     first, err = s[R.SPAN_LOGS]
@@ -91,7 +79,7 @@ def test_error_with_stack_and_logs(sink: _sink.MemorySink) -> None:
     assert "in fail" in data["stack"] and "ValueError: boom" in data["stack"]
 
 
-def test_an_exception_that_cannot_be_printed_is_the_one_raised(sink: _sink.MemorySink) -> None:
+def test_an_exception_that_cannot_be_printed_is_the_one_raised(trace_sink: _sink.MemorySink) -> None:
     """An application's exception whose ``__str__`` fails: the span still ends (its segment
     is recorded, the context given back) and the ``with`` raises the application's
     exception, not the agent's failure to read it."""
@@ -102,7 +90,7 @@ def test_an_exception_that_cannot_be_printed_is_the_one_raised(sink: _sink.Memor
 
     with pytest.raises(Unprintable), new_entry_span("/x", None, Component.FLASK, Layer.HTTP):
         raise Unprintable
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     (s,) = seg[R.SEG_SPANS]
     assert s[R.SPAN_IS_ERROR] is True
     data = dict(zip(s[R.SPAN_LOGS][0][1][::2], s[R.SPAN_LOGS][0][1][1::2], strict=True))
@@ -110,12 +98,12 @@ def test_an_exception_that_cannot_be_printed_is_the_one_raised(sink: _sink.Memor
     assert tracing.context.active_span() is None
 
 
-def test_cross_process_ref_from_carrier(sink: _sink.MemorySink) -> None:
+def test_cross_process_ref_from_carrier(trace_sink: _sink.MemorySink) -> None:
     carrier = ContextCarrier("t-1", "seg-9", 3, "up-svc", "up-inst", "/up", "me:80")
     carrier.correlation = {"k": "v"}
     with new_entry_span("/in", carrier) as entry, new_exit_span("/next", "next:80") as ex:
         headers = ex.inject()
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     assert seg[R.SEG_TRACE_ID] == "t-1"
     e = spans_by_op(seg)["/in"]
     assert e[R.SPAN_REFS] == [[R.REF_CROSS_PROCESS, "t-1", "seg-9", 3, "up-svc", "up-inst", "/up", "me:80"]]
@@ -123,29 +111,29 @@ def test_cross_process_ref_from_carrier(sink: _sink.MemorySink) -> None:
     assert "sw8-correlation" in headers
 
 
-def test_not_sampled_carrier_records_nothing(sink: _sink.MemorySink) -> None:
+def test_not_sampled_carrier_records_nothing(trace_sink: _sink.MemorySink) -> None:
     carrier = ContextCarrier("t", "s", 1, "a", "b", "/", "x:1", sampled=False)
     with new_entry_span("/in", carrier) as span:
         assert isinstance(span, IgnoredSpan)
         assert new_local_span("inner") is NOOP
         assert new_exit_span("/x", "h:1") is NOOP
         assert span.inject() == {}
-    assert sink.records == []
+    assert trace_sink.records == []
     assert tracing.stats.sampled_out == 1
 
 
-def test_nested_exit_and_entry_are_one_span(sink: _sink.MemorySink) -> None:
+def test_nested_exit_and_entry_are_one_span(trace_sink: _sink.MemorySink) -> None:
     with new_entry_span("/a") as outer:
         assert new_entry_span("/a-again") is NOOP
         with new_exit_span("/x", "h:1") as ex:
             assert new_exit_span("/x-lower-level", "h:1") is NOOP
             assert isinstance(ex, Span)
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     assert len(seg[R.SEG_SPANS]) == 2
     assert outer.span_id == 0
 
 
-def test_span_limit_flags_segment_and_counts(sink: _sink.MemorySink) -> None:
+def test_span_limit_flags_segment_and_counts(trace_sink: _sink.MemorySink) -> None:
     tracing.configure(load({}, agent_span_limit=5))
     with new_entry_span("/a"):
         for i in range(10):
@@ -153,13 +141,13 @@ def test_span_limit_flags_segment_and_counts(sink: _sink.MemorySink) -> None:
                 if i >= 4:
                     assert not s.recording
                     assert new_local_span("nested-in-dropped") is NOOP
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     assert len(seg[R.SEG_SPANS]) == 5
     assert seg[R.SEG_SIZE_LIMITED] is True
     assert tracing.stats.spans_over_limit == 6
 
 
-def test_work_over_the_span_limit_stays_in_the_trace(sink: _sink.MemorySink) -> None:
+def test_work_over_the_span_limit_stays_in_the_trace(trace_sink: _sink.MemorySink) -> None:
     """A span dropped over the limit is not recorded, but the work under it is still in the
     trace (as in the Java agent): its trace id (logs), and a snapshot that continues the trace
     from the recorded span it is under. A trace not recorded at all has neither."""
@@ -184,7 +172,7 @@ def test_work_over_the_span_limit_stays_in_the_trace(sink: _sink.MemorySink) -> 
         t.start()
         t.join()
         assert recording == [True]
-    first, second = segments(sink)
+    first, second = segments(trace_sink)
     assert len(first[R.SEG_SPANS]) == 1 and first[R.SEG_SPANS][0][R.SPAN_REFS][0][:4] == [
         R.REF_CROSS_THREAD, root.segment.trace_id, root.segment.segment_id, 0
     ]
@@ -196,13 +184,13 @@ def test_work_over_the_span_limit_stays_in_the_trace(sink: _sink.MemorySink) -> 
         assert not out.recording and trace_id() == "" and capture() is None
 
 
-def test_tag_and_log_values_are_truncated(sink: _sink.MemorySink) -> None:
+def test_tag_and_log_values_are_truncated(trace_sink: _sink.MemorySink) -> None:
     tracing.configure(load({}, agent_tag_value_max_length=8, agent_log_value_max_length=5))
     with new_local_span("a") as s:
         s.tag("k", "x" * 100)
         s.tag("short", "ok")
         s.log("abcdefghij")
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     (span,) = seg[R.SEG_SPANS]
     assert span[R.SPAN_TAGS] == ["k", "x" * 8, "short", "ok"]
     assert span[R.SPAN_LOGS][0][1] == ["message", "abcde"]
@@ -210,7 +198,7 @@ def test_tag_and_log_values_are_truncated(sink: _sink.MemorySink) -> None:
     assert tracing.stats.values_truncated == 2
 
 
-def test_unserializable_tag_is_converted_not_fatal(sink: _sink.MemorySink) -> None:
+def test_unserializable_tag_is_converted_not_fatal(trace_sink: _sink.MemorySink) -> None:
     class Weird:
         def __str__(self) -> str:
             raise RuntimeError("no")
@@ -218,22 +206,22 @@ def test_unserializable_tag_is_converted_not_fatal(sink: _sink.MemorySink) -> No
     with new_local_span("a") as s:
         s.tag("obj", Weird())
         s.tag("num", 1.5)
-    (seg,) = segments(sink)
+    (seg,) = segments(trace_sink)
     assert seg[R.SEG_SPANS][0][R.SPAN_TAGS] == ["obj", "<unprintable>", "num", "1.5"]
 
 
-def test_a_tag_key_that_is_not_text_does_not_lose_the_segment(sink: _sink.MemorySink) -> None:
+def test_a_tag_key_that_is_not_text_does_not_lose_the_segment(trace_sink: _sink.MemorySink) -> None:
     """A tag key of another type (an enum member, a number) is recorded as its text: kept as
     it was, the reporter could not encode the segment and dropped every span of it."""
     with new_local_span("a") as s:
         s.tag(7, "x")  # type: ignore[arg-type]
         s.tag("ok", "y")
-    (payload,) = [p for _, p in sink.records]
+    (payload,) = [p for _, p in trace_sink.records]
     assert orjson.loads(payload)[R.SEG_SPANS][0][R.SPAN_TAGS] == ["7", "x", "ok", "y"]
     assert len(encode.segment_payload(payload)) > 0
 
 
-def test_full_sink_drops_and_counts(sink: _sink.MemorySink) -> None:
+def test_full_sink_drops_and_counts(trace_sink: _sink.MemorySink) -> None:
     class Full:
         def write(self, rtype: int, payload: bytes) -> bool:
             return False
@@ -245,13 +233,13 @@ def test_full_sink_drops_and_counts(sink: _sink.MemorySink) -> None:
 
 
 def test_a_segment_that_cannot_be_serialized_or_written_is_counted_never_raised(
-    sink: _sink.MemorySink, caplog: pytest.LogCaptureFixture
+    trace_sink: _sink.MemorySink, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The emit's failures (the native core hands them to the Python emit, which counts and
     logs them once): nothing reaches the application, nothing half-written is left."""
     with new_local_span("a") as s:
         s.tags = ["k", object()]  # bypassing tag(), which would have made it text
-    assert tracing.stats.serialize_errors == 1 and not sink.records
+    assert tracing.stats.serialize_errors == 1 and not trace_sink.records
 
     class Broken:
         def write(self, rtype: int, payload: bytes) -> bool:
@@ -264,7 +252,7 @@ def test_a_segment_that_cannot_be_serialized_or_written_is_counted_never_raised(
     assert sum("could not serialize" in r.getMessage() for r in caplog.records) <= 1
 
 
-def test_sampling_n_per_3_seconds(sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sampling_n_per_3_seconds(trace_sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
     monkeypatch.setattr(sampling.time, "monotonic", lambda: now[0])
     tracing.configure(load({}, sample_n_per_3_secs=2))
@@ -279,7 +267,7 @@ def test_sampling_n_per_3_seconds(sink: _sink.MemorySink, monkeypatch: pytest.Mo
     # A caller's decision is followed, whatever the local budget.
     with new_entry_span("/a", ContextCarrier("t", "s", 0, "a", "b", "/", "x")) as s:
         assert s.recording
-    assert len(sink.records) == 4
+    assert len(trace_sink.records) == 4
     assert tracing.stats.sampled_out == 3
 
 
@@ -332,7 +320,7 @@ def test_ant_patterns(pattern: str, path: str, matches: bool) -> None:
     assert ignore.IgnoreRules(paths=[pattern]).ignore_operation(path) is matches
 
 
-def test_ignored_paths_suffixes_and_methods(sink: _sink.MemorySink) -> None:
+def test_ignored_paths_suffixes_and_methods(trace_sink: _sink.MemorySink) -> None:
     tracing.configure(
         load({}, agent_trace_ignore_path="/health,/static/**", plugin_http_ignore_method="options")
     )
@@ -342,13 +330,13 @@ def test_ignored_paths_suffixes_and_methods(sink: _sink.MemorySink) -> None:
             assert new_exit_span("/x", "h:1") is NOOP
     with new_entry_span("/orders") as s:
         assert s.recording
-    assert len(sink.records) == 1
+    assert len(trace_sink.records) == 1
     assert tracing.stats.ignored == 4
     assert policy.rules.ignore_method("OPTIONS") and not policy.rules.ignore_method("GET")
 
 
-def test_finish_without_context_manager_and_idempotent(sink: _sink.MemorySink) -> None:
+def test_finish_without_context_manager_and_idempotent(trace_sink: _sink.MemorySink) -> None:
     s = new_exit_span("/x", "h:1")
     s.finish()
     s.finish()
-    assert len(sink.records) == 1
+    assert len(trace_sink.records) == 1
