@@ -414,3 +414,29 @@ def test_store_retention_drops_old_rows() -> None:
     assert [t["trace_id"] for t in store.traces()] == ["new"]
     assert store.counts()["expired"] == 1
     assert [i["instance"] for s in store.services() for i in s["instances"]] == ["exact-1"]
+
+
+@pytest.mark.parametrize("taken", ["grpc", "http"])
+def test_port_in_use_exits_1(taken: str, tmp_path: Path) -> None:
+    """docs/collector.md: exit status 1 when a port cannot be bound. gRPC's default
+    SO_REUSEPORT let a second collector share the first one's gRPC port (each got part of
+    the agents' data) instead of failing."""
+    from swmp.collector.server import Collector
+
+    with Collector(Store(":memory:"), grpc_port=0, http_port=0) as first:
+        port = first.grpc_port if taken == "grpc" else first.http_port
+        ports = ["--grpc-port", str(port), "--http-port", "0"]
+        if taken == "http":
+            ports = ["--grpc-port", "0", "--http-port", str(port)]
+        ready = tmp_path / "ready"
+        cmd = [sys.executable, "-m", "swmp.collector", "--memory", *ports, "--ready-file", str(ready)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: proc.poll() is not None or ready.exists(), 60, "the second collector")
+            listening = ready.exists()
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+            _, err = proc.communicate(timeout=30)
+        assert not listening, f"a second collector listens on the {taken} port {port} in use"
+        assert proc.returncode == 1 and "cannot listen" in err, (proc.returncode, err)

@@ -106,7 +106,9 @@ def build_server(intake: Intake, host: str, port: int, workers: int = 8) -> tupl
     """A started-able gRPC server with every receiver registered; (server, bound port)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="collector-grpc"),
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+        # gRPC sets SO_REUSEPORT by default: a second collector would then share a port that
+        # is in use (each taking part of the agents' data) instead of failing to listen.
+        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0)],
     )
     h = _Handlers(intake)
     out = common_pb2.Commands.SerializeToString
@@ -156,7 +158,10 @@ def build_server(intake: Intake, host: str, port: int, workers: int = 8) -> tupl
     server.add_generic_rpc_handlers(
         tuple(grpc.method_handlers_generic_handler(name, methods) for name, methods in services.items())
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio >= 1.5x raises where older versions returned 0
+        bound = 0
     if not bound:
         raise OSError(f"cannot listen for gRPC on {host}:{port}")
     return server, bound
