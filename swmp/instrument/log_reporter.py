@@ -40,6 +40,7 @@ from swmp.tracing.context import trace_position
 from swmp.tracing.identity import identity
 from swmp.tracing.limits import limits
 from swmp.tracing.span import Span, current_span
+from swmp.tracing.utf8 import escaped as _utf8
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -105,10 +106,6 @@ def _set_busy(on: bool) -> bool:
 
 
 # -- one LOG record --------------------------------------------------------------------------
-def _utf8(text: str) -> str:
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def write_log(ts_ms: int, body: str, tags: list[str], safe_mode: bool = False) -> None:
     """Write one LOG record with this context's trace position. Never raises."""
     try:
