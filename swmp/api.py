@@ -32,7 +32,7 @@ from swmp.propagation import ContextCarrier, from_headers, header_lookup
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import Component, Layer
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NoopSpan, Span
+from swmp.tracing.span import NoopSpan, Span, as_text
 from swmp.tracing.span import current_span as _current_span
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -93,12 +93,12 @@ def entry_span(
     """
     if carrier is None and headers is not None:
         carrier = extract(headers)
-    return _ctx.new_entry_span(op, carrier, component, layer)
+    return _ctx.new_entry_span(as_text(op), carrier, component, layer)
 
 
 def exit_span(op: str, peer: str, *, component: int = Component.PYTHON, layer: int = Layer.HTTP) -> AnySpan:
     """A span for a call to another service; ``span.inject()`` gives the headers to send."""
-    return _ctx.new_exit_span(op, peer, component, layer)
+    return _ctx.new_exit_span(as_text(op), "" if peer is None else as_text(peer), component, layer)
 
 
 def local_span(
@@ -110,7 +110,7 @@ def local_span(
 ) -> AnySpan:
     """A span for in-process work. ``parent`` (from :func:`capture`) continues a trace
     started in another thread or task."""
-    return _ctx.new_local_span(op, component, layer, parent)
+    return _ctx.new_local_span(as_text(op), component, layer, parent)
 
 
 @overload
@@ -134,7 +134,7 @@ def trace(
         if isinstance(f, (classmethod, staticmethod)):
             return type(f)(decorate(f.__func__))
         qualname = getattr(f, "__qualname__", None) or type(f).__qualname__  # (a partial, a callable object)
-        name = op or f"{getattr(f, '__module__', None)}.{qualname}"
+        name = as_text(op) if op else f"{getattr(f, '__module__', None)}.{qualname}"
         if inspect.isasyncgenfunction(f):
             return _traced_async_generator(f, name, component, layer)  # type: ignore[return-value]
         if inspect.isgeneratorfunction(f):

@@ -152,6 +152,24 @@ def test_context_api_correlation_active_span_and_carrier(sink: _sink.MemorySink)
     assert down._span.segment.trace_id == entry._span.segment.trace_id
 
 
+def test_context_api_names_and_peers_that_are_not_text(sink: _sink.MemorySink) -> None:
+    """Names and peers of another type are recorded as their text: never raised, never lost."""
+    from reporter_proc import encode
+    from swmp.compat.trace.context import get_context
+
+    context = get_context()
+    with context.new_entry_span(op=1) as entry:  # type: ignore[arg-type]
+        with context.new_exit_span(op=2, peer=3):  # type: ignore[arg-type]
+            pass
+        with context.new_local_span(op=4) as local:  # type: ignore[arg-type]
+            local.op = 5  # type: ignore[assignment]
+            local.peer = 6  # type: ignore[assignment]
+        entry.op = 7  # type: ignore[assignment]
+    ops = {s[R.SPAN_OPERATION]: s[R.SPAN_PEER] for _, _, s in spans(sink)}
+    assert ops == {"7": "", "2": "3", "5": "6"}
+    assert all(encode.segment_payload(p) for _, p in sink.records)
+
+
 def test_unsupported_peer_variables_are_named_once_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
     env = {
         "SW_AGENT_NAME": "svc",
