@@ -135,27 +135,38 @@ def trace(
             return type(f)(decorate(f.__func__))
         qualname = getattr(f, "__qualname__", None) or type(f).__qualname__  # (a partial, a callable object)
         name = as_text(op) if op else f"{getattr(f, '__module__', None)}.{qualname}"
-        if inspect.isasyncgenfunction(f):
-            return _traced_async_generator(f, name, component, layer)  # type: ignore[return-value]
-        if inspect.isgeneratorfunction(f):
-            return _traced_generator(f, name, component, layer)  # type: ignore[return-value]
-        if inspect.iscoroutinefunction(f):
 
-            @functools.wraps(f)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with _ctx.new_local_span(name, component, layer):
-                    return await f(*args, **kwargs)
+        def start() -> AnySpan:
+            return _ctx.new_local_span(name, component, layer)
 
-            return async_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(f)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _ctx.new_local_span(name, component, layer):
-                return f(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
+        return traced(f, start)  # type: ignore[no-any-return]
 
     return decorate(fn) if fn is not None else decorate
+
+
+def traced(f: Any, start: Callable[[], AnySpan]) -> Any:
+    """``f`` run in the span that ``start()`` opens at each call (what :func:`trace` and
+    ``swmp.compat.decorators`` build on): a function, a coroutine function, or a generator
+    (or async generator) function, which stays one, its span covering the iteration."""
+    if inspect.isasyncgenfunction(f):
+        return _traced_async_generator(f, start)
+    if inspect.isgeneratorfunction(f):
+        return _traced_generator(f, start)
+    if inspect.iscoroutinefunction(f):
+
+        @functools.wraps(f)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            with start():
+                return await f(*args, **kwargs)
+
+        return async_wrapper
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with start():
+            return f(*args, **kwargs)
+
+    return wrapper
 
 
 def _step(state: list[Any], fn: Callable[..., Any], *args: Any) -> Any:
@@ -183,10 +194,10 @@ async def _astep(state: list[Any], fn: Callable[..., Any], *args: Any) -> Any:
         _set_current(outer)
 
 
-def _traced_generator(f: Callable[..., Any], name: str, component: int, layer: int) -> Callable[..., Any]:
+def _traced_generator(f: Callable[..., Any], start: Callable[[], AnySpan]) -> Callable[..., Any]:
     @functools.wraps(f)
     def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
-        span = _ctx.new_local_span(name, component, layer)
+        span = start()
         if span.__class__ is NoopSpan:
             return (yield from f(*args, **kwargs))
         state: list[Any] = [span]
@@ -222,12 +233,10 @@ def _traced_generator(f: Callable[..., Any], name: str, component: int, layer: i
     return gen_wrapper
 
 
-def _traced_async_generator(
-    f: Callable[..., Any], name: str, component: int, layer: int
-) -> Callable[..., Any]:
+def _traced_async_generator(f: Callable[..., Any], start: Callable[[], AnySpan]) -> Callable[..., Any]:
     @functools.wraps(f)
     async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
-        span = _ctx.new_local_span(name, component, layer)
+        span = start()
         state: list[Any] = [span]
         err: BaseException | None = None
         try:

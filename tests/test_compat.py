@@ -117,6 +117,67 @@ def test_decorators_as_the_peer_docs_show_them(sink: _sink.MemorySink) -> None:
     assert len(trace_ids) == 1  # one trace throughout
 
 
+def test_the_trace_decorator_keeps_generators_and_takes_classmethods_and_callables(
+    sink: _sink.MemorySink,
+) -> None:
+    """As ``swmp.trace`` (the same wrappers): a generator function stays one, its span
+    covering the iteration; ``@trace()`` above ``@classmethod`` and on a callable without
+    ``__name__`` works instead of raising at the call or at the application's import."""
+    import contextlib
+    import functools
+    import inspect
+
+    from swmp.compat.decorators import runnable, trace
+    from swmp.compat.trace.context import get_context
+    from swmp.compat.trace.tags import TagHttpMethod
+
+    @trace(op="gen", tags=[TagHttpMethod("GET")])
+    def numbers(n: int) -> Iterator[int]:
+        for i in range(n):
+            with get_context().new_local_span(f"inner{i}"):
+                yield i
+
+    @trace()
+    async def resource() -> Any:
+        yield "r"
+
+    class Shop:
+        @trace()
+        @classmethod
+        def make(cls) -> type:
+            return cls
+
+        @trace(op="static")
+        @staticmethod
+        def price() -> int:
+            return 2
+
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    plus_one = trace()(functools.partial(add, 1))
+    plus_two = runnable()(functools.partial(add, 2))
+    assert inspect.isgeneratorfunction(numbers) and inspect.isasyncgenfunction(resource)
+
+    async def use() -> str:
+        async with contextlib.asynccontextmanager(resource)() as r:
+            return str(r)
+
+    with get_context().new_entry_span(op="/req") as entry:
+        assert list(numbers(2)) == [0, 1]
+        assert asyncio.run(use()) == "r"
+        assert Shop.make() is Shop and Shop.price() == 2
+        assert plus_one(2) == 3 and plus_two(2) == 4
+    root = entry.sid
+    (gen,) = by_op(sink, "gen")
+    assert gen[R.SPAN_PARENT_ID] == root and gen[R.SPAN_TAGS] == ["http.method", "GET"]
+    assert by_op(sink, "inner0")[0][R.SPAN_PARENT_ID] == gen[R.SPAN_ID]
+    assert by_op(sink, "inner1")[0][R.SPAN_PARENT_ID] == gen[R.SPAN_ID]
+    assert gen[R.SPAN_END] >= by_op(sink, "inner1")[0][R.SPAN_END]
+    for op in ("resource", "make", "static", "partial", "Thread/partial"):
+        assert len(by_op(sink, op)) == 1, op
+
+
 def test_context_api_correlation_active_span_and_carrier(sink: _sink.MemorySink) -> None:
     from swmp.compat import Component, Kind, Layer
     from swmp.compat.trace.carrier import Carrier
