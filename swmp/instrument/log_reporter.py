@@ -105,6 +105,12 @@ def _set_busy(on: bool) -> bool:
     return before
 
 
+def build_failed(e: BaseException) -> None:
+    """A record that an integration could not turn into a report: counted, said once."""
+    stats.errors += 1
+    _warn_once("build", "swmp: cannot build a log record: %r (only counted from now on)", e)
+
+
 # -- one LOG record --------------------------------------------------------------------------
 def write_log(ts_ms: int, body: str, tags: list[str], safe_mode: bool = False) -> None:
     """Write one LOG record with this context's trace position. Never raises."""
@@ -196,8 +202,7 @@ class LogReporter:
             body, tags = self.body_and_tags(record)
             ts = int(record.created * 1000) if record.created else time.time_ns() // 1_000_000
         except Exception as e:
-            stats.errors += 1
-            _warn_once("build", "swmp: cannot build a log record: %r (only counted from now on)", e)
+            build_failed(e)
             return
         write_log(ts, body, tags, self.safe_mode)
 
