@@ -180,6 +180,7 @@ def _native_writer() -> Any:
         L.C_HEAD,
         L.S_SLEEPING,
     ) and (_ringwrite.WAKE_FILL_SHIFT, _ringwrite.HEADER_SIZE) == (L.WAKE_FILL_SHIFT, L.RECORD_HEADER_SIZE)
+    ok = ok and hasattr(_ringwrite.Writer, "set_reentered")  # an older build: the pure path
     return _ringwrite.Writer if ok else None  # a build of another layout: the pure path
 
 
@@ -326,6 +327,15 @@ def _make_write(
             st.limit = min(st.limit, room.reserved + 1)
         return True
 
+    def reentered(payload: Any) -> bool:
+        """A write from inside a write of the same thread: dropped and counted, never waited
+        for (the native writer calls it too)."""
+        try:
+            drop(len(payload), False)
+        except Exception:
+            pass
+        return False
+
     def guarded_slow(rtype: int, payload: bytes) -> str | bool:
         # Anything the slow path cannot take (a str payload, a torn-down mapping) is
         # dropped, never raised.
@@ -340,17 +350,29 @@ def _make_write(
 
     if not isinstance(st, _State):
         st.set_slow(guarded_slow)
+        st.set_reentered(reentered)
         return st.write  # type: ignore[no-any-return]
 
-    lock = threading.Lock()
+    # Re-entrant, with ``busy`` set while a write is under way: a write that this thread
+    # starts from inside its own write (a signal handler or a finalizer that logs, run
+    # between two bytecodes of it) must not wait for a lock it holds itself: that waits
+    # forever. It is dropped and counted instead, and the ring is left to the outer write.
+    # (A handler that runs before ``busy`` is set or after it is cleared writes as usual:
+    # the outer write has not started, or has finished, changing the ring.)
+    lock = threading.RLock()
     acquire = lock.acquire
     release = lock.release
     problem_logged = False
+    busy = False
 
     def write(rtype: int, payload: bytes) -> bool:
         """Append one record; False (counted as dropped) when it does not fit right now."""
-        nonlocal problem_logged
+        nonlocal problem_logged, busy
         acquire()
+        if busy:
+            release()
+            return reentered(payload)
+        busy = True
         try:
             n = len(payload)
             t = st.tail
@@ -370,6 +392,7 @@ def _make_write(
             # A payload struct does not take (memoryview...) goes the generic way.
             outcome = guarded_slow(rtype, payload)
         finally:
+            busy = False
             # The lock release is an atomic read-modify-write (a full barrier on x86-64), so
             # the tail store above is visible before the sleeping flag is loaded below.
             release()

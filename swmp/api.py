@@ -32,7 +32,7 @@ from swmp.propagation import ContextCarrier, from_headers, header_lookup
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import Component, Layer
 from swmp.tracing.limits import limits
-from swmp.tracing.span import NoopSpan, Span
+from swmp.tracing.span import NoopSpan, Span, as_text
 from swmp.tracing.span import current_span as _current_span
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -93,12 +93,12 @@ def entry_span(
     """
     if carrier is None and headers is not None:
         carrier = extract(headers)
-    return _ctx.new_entry_span(op, carrier, component, layer)
+    return _ctx.new_entry_span(as_text(op), carrier, component, layer)
 
 
 def exit_span(op: str, peer: str, *, component: int = Component.PYTHON, layer: int = Layer.HTTP) -> AnySpan:
     """A span for a call to another service; ``span.inject()`` gives the headers to send."""
-    return _ctx.new_exit_span(op, peer, component, layer)
+    return _ctx.new_exit_span(as_text(op), "" if peer is None else as_text(peer), component, layer)
 
 
 def local_span(
@@ -110,7 +110,7 @@ def local_span(
 ) -> AnySpan:
     """A span for in-process work. ``parent`` (from :func:`capture`) continues a trace
     started in another thread or task."""
-    return _ctx.new_local_span(op, component, layer, parent)
+    return _ctx.new_local_span(as_text(op), component, layer, parent)
 
 
 @overload
@@ -134,28 +134,39 @@ def trace(
         if isinstance(f, (classmethod, staticmethod)):
             return type(f)(decorate(f.__func__))
         qualname = getattr(f, "__qualname__", None) or type(f).__qualname__  # (a partial, a callable object)
-        name = op or f"{getattr(f, '__module__', None)}.{qualname}"
-        if inspect.isasyncgenfunction(f):
-            return _traced_async_generator(f, name, component, layer)  # type: ignore[return-value]
-        if inspect.isgeneratorfunction(f):
-            return _traced_generator(f, name, component, layer)  # type: ignore[return-value]
-        if inspect.iscoroutinefunction(f):
+        name = as_text(op) if op else f"{getattr(f, '__module__', None)}.{qualname}"
 
-            @functools.wraps(f)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with _ctx.new_local_span(name, component, layer):
-                    return await f(*args, **kwargs)
+        def start() -> AnySpan:
+            return _ctx.new_local_span(name, component, layer)
 
-            return async_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(f)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _ctx.new_local_span(name, component, layer):
-                return f(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
+        return traced(f, start)  # type: ignore[no-any-return]
 
     return decorate(fn) if fn is not None else decorate
+
+
+def traced(f: Any, start: Callable[[], AnySpan]) -> Any:
+    """``f`` run in the span that ``start()`` opens at each call (what :func:`trace` and
+    ``swmp.compat.decorators`` build on): a function, a coroutine function, or a generator
+    (or async generator) function, which stays one, its span covering the iteration."""
+    if inspect.isasyncgenfunction(f):
+        return _traced_async_generator(f, start)
+    if inspect.isgeneratorfunction(f):
+        return _traced_generator(f, start)
+    if inspect.iscoroutinefunction(f):
+
+        @functools.wraps(f)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            with start():
+                return await f(*args, **kwargs)
+
+        return async_wrapper
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with start():
+            return f(*args, **kwargs)
+
+    return wrapper
 
 
 def _step(state: list[Any], fn: Callable[..., Any], *args: Any) -> Any:
@@ -183,10 +194,10 @@ async def _astep(state: list[Any], fn: Callable[..., Any], *args: Any) -> Any:
         _set_current(outer)
 
 
-def _traced_generator(f: Callable[..., Any], name: str, component: int, layer: int) -> Callable[..., Any]:
+def _traced_generator(f: Callable[..., Any], start: Callable[[], AnySpan]) -> Callable[..., Any]:
     @functools.wraps(f)
     def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
-        span = _ctx.new_local_span(name, component, layer)
+        span = start()
         if span.__class__ is NoopSpan:
             return (yield from f(*args, **kwargs))
         state: list[Any] = [span]
@@ -222,12 +233,10 @@ def _traced_generator(f: Callable[..., Any], name: str, component: int, layer: i
     return gen_wrapper
 
 
-def _traced_async_generator(
-    f: Callable[..., Any], name: str, component: int, layer: int
-) -> Callable[..., Any]:
+def _traced_async_generator(f: Callable[..., Any], start: Callable[[], AnySpan]) -> Callable[..., Any]:
     @functools.wraps(f)
     async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
-        span = _ctx.new_local_span(name, component, layer)
+        span = start()
         state: list[Any] = [span]
         err: BaseException | None = None
         try:

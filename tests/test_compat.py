@@ -8,6 +8,7 @@ import importlib.util
 import logging
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,67 @@ def test_decorators_as_the_peer_docs_show_them(trace_sink: _sink.MemorySink) -> 
     assert len(trace_ids) == 1  # one trace throughout
 
 
+def test_the_trace_decorator_keeps_generators_and_takes_classmethods_and_callables(
+    trace_sink: _sink.MemorySink,
+) -> None:
+    """As ``swmp.trace`` (the same wrappers): a generator function stays one, its span
+    covering the iteration; ``@trace()`` above ``@classmethod`` and on a callable without
+    ``__name__`` works instead of raising at the call or at the application's import."""
+    import contextlib
+    import functools
+    import inspect
+
+    from swmp.compat.decorators import runnable, trace
+    from swmp.compat.trace.context import get_context
+    from swmp.compat.trace.tags import TagHttpMethod
+
+    @trace(op="gen", tags=[TagHttpMethod("GET")])
+    def numbers(n: int) -> Iterator[int]:
+        for i in range(n):
+            with get_context().new_local_span(f"inner{i}"):
+                yield i
+
+    @trace()
+    async def resource() -> Any:
+        yield "r"
+
+    class Shop:
+        @trace()
+        @classmethod
+        def make(cls) -> type:
+            return cls
+
+        @trace(op="static")
+        @staticmethod
+        def price() -> int:
+            return 2
+
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    plus_one = trace()(functools.partial(add, 1))
+    plus_two = runnable()(functools.partial(add, 2))
+    assert inspect.isgeneratorfunction(numbers) and inspect.isasyncgenfunction(resource)
+
+    async def use() -> str:
+        async with contextlib.asynccontextmanager(resource)() as r:
+            return str(r)
+
+    with get_context().new_entry_span(op="/req") as entry:
+        assert list(numbers(2)) == [0, 1]
+        assert asyncio.run(use()) == "r"
+        assert Shop.make() is Shop and Shop.price() == 2
+        assert plus_one(2) == 3 and plus_two(2) == 4
+    root = entry.sid
+    (gen,) = by_op(trace_sink, "gen")
+    assert gen[R.SPAN_PARENT_ID] == root and gen[R.SPAN_TAGS] == ["http.method", "GET"]
+    assert by_op(trace_sink, "inner0")[0][R.SPAN_PARENT_ID] == gen[R.SPAN_ID]
+    assert by_op(trace_sink, "inner1")[0][R.SPAN_PARENT_ID] == gen[R.SPAN_ID]
+    assert gen[R.SPAN_END] >= by_op(trace_sink, "inner1")[0][R.SPAN_END]
+    for op in ("resource", "make", "static", "partial", "Thread/partial"):
+        assert len(by_op(trace_sink, op)) == 1, op
+
+
 def test_context_api_correlation_active_span_and_carrier(trace_sink: _sink.MemorySink) -> None:
     from swmp.compat import Component, Kind, Layer
     from swmp.compat.trace.carrier import Carrier
@@ -140,6 +202,24 @@ def test_context_api_correlation_active_span_and_carrier(trace_sink: _sink.Memor
     (down_span,) = by_op(trace_sink, "/downstream")
     assert down_span[R.SPAN_REFS][0][3] == out.sid  # parent span id: the exit span
     assert down._span.segment.trace_id == entry._span.segment.trace_id
+
+
+def test_context_api_names_and_peers_that_are_not_text(trace_sink: _sink.MemorySink) -> None:
+    """Names and peers of another type are recorded as their text: never raised, never lost."""
+    from reporter_proc import encode
+    from swmp.compat.trace.context import get_context
+
+    context = get_context()
+    with context.new_entry_span(op=1) as entry:  # type: ignore[arg-type]
+        with context.new_exit_span(op=2, peer=3):  # type: ignore[arg-type]
+            pass
+        with context.new_local_span(op=4) as local:  # type: ignore[arg-type]
+            local.op = 5  # type: ignore[assignment]
+            local.peer = 6  # type: ignore[assignment]
+        entry.op = 7  # type: ignore[assignment]
+    ops = {s[R.SPAN_OPERATION]: s[R.SPAN_PEER] for _, _, s in spans(trace_sink)}
+    assert ops == {"7": "", "2": "3", "5": "6"}
+    assert all(encode.segment_payload(p) for _, p in trace_sink.records)
 
 
 def test_unsupported_peer_variables_are_named_once_in_one_line(caplog: pytest.LogCaptureFixture) -> None:

@@ -154,6 +154,31 @@ def test_threads_writing_at_once_lose_nothing() -> None:
     assert sorted(got) == sorted(f"{k}:{i}".encode() for k in range(threads) for i in range(per_thread))
 
 
+@pytest.mark.parametrize("kind", ["pure", pytest.param("native", marks=native_only)])
+def test_a_write_from_inside_a_write_of_the_same_thread_is_dropped_not_waited_for(kind: str) -> None:
+    """A signal handler that logs (log reporter on) while its thread is inside a ring write:
+    the writer waited for the lock its own thread held, forever (the application hung).
+    The inner record is dropped and counted; the outer one and later ones are written.
+    Here the handler runs inside the slow path's page returner (tests/ring_reentry.py),
+    in a subprocess, so that a writer that still waits fails the test instead of hanging it."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop(ring_writer.PURE_ENV, None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "ring_reentry.py"), kind],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got == {
+        "outer": True, "inner": [False], "after": True, "read": ["outer", "after"],
+        "dropped": [1, len(b"from the handler")], "corrupt": 0, "pages_called": True,
+    }  # fmt: skip
+
+
 def test_ring_tests_pass_with_the_pure_writer() -> None:
     import subprocess
     import sys

@@ -364,6 +364,48 @@ def test_structlog_through_its_api(trace_sink: _sink.MemorySink, reporting: Any)
     assert '"paid"' in out.getvalue()
 
 
+def test_structlog_events_orjson_refuses(
+    trace_sink: _sink.MemorySink, reporting: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event dict with a tuple key or text that is not UTF-8 was skipped silently: it is
+    reported with those as (escaped) text. One that still cannot be encoded (a dict that
+    holds itself) is counted with the log reporter's errors and said once, as in the
+    stdlib path; the application's logger gets every event as before."""
+    import structlog
+
+    reporting()
+    seen: list[dict[str, Any]] = []
+
+    class AppLogger:
+        def warning(self, **event: Any) -> None:
+            seen.append(event)
+
+    structlog.configure(
+        processors=[structlog.processors.add_log_level],  # the event dict is the final result
+        logger_factory=lambda *args: AppLogger(),
+        cache_logger_on_first_use=False,
+    )
+    errors = log_reporter.stats.errors
+    log_reporter._warned.discard("build")  # said once per process: maybe already, by another test
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    try:
+        log = structlog.get_logger()
+        log.warning("by cell", cells={(1, 2): "v"})
+        log.warning("file", path=b"caf\xff".decode("utf-8", "surrogateescape"))
+        log.warning("loop", data=loop)
+        log.warning("loop again", data=loop)
+    finally:
+        structlog.reset_defaults()
+    assert [orjson.loads(b) for b in bodies(trace_sink)] == [
+        {"event": "by cell", "cells": {"(1, 2)": "v"}, "level": "warning"},
+        {"event": "file", "path": "caf\\udcff", "level": "warning"},
+    ]
+    assert [e["event"] for e in seen] == ["by cell", "file", "loop", "loop again"]
+    assert log_reporter.stats.errors == errors + 2
+    assert sum("cannot build a log record" in r.getMessage() for r in caplog.records) == 1
+
+
 # -- threads -----------------------------------------------------------------------------------
 def _child_span(name: str) -> None:
     with ctx.new_local_span(name):

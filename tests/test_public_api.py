@@ -294,3 +294,32 @@ def test_tag_keys_and_values_that_are_not_strings(trace_sink: _sink.MemorySink) 
     ((_, payload),) = trace_sink.records
     assert orjson.loads(payload)[R.SEG_SPANS][0][R.SPAN_TAGS] == ["7", "x", "n", "5", "none", "None"]
     assert encode.segment_payload(payload)
+
+
+def test_operation_names_and_peers_that_are_not_text(trace_sink: _sink.MemorySink) -> None:
+    """An operation name or peer of another type (an enum member, a number) is recorded as its
+    text: the ignore rules raised AttributeError into the application on a first span, and
+    a name set with set_operation() made the reporter refuse the segment."""
+    from reporter_proc import encode
+
+    with swmp.local_span(123):  # type: ignore[arg-type]
+        pass
+    with swmp.entry_span(124) as entry:  # type: ignore[arg-type]
+        entry.set_operation(5)  # type: ignore[arg-type]
+        with swmp.exit_span(6, 7) as ex:  # type: ignore[arg-type]
+            ex.set_peer(8)  # type: ignore[arg-type]
+    with swmp.exit_span("x", None):  # type: ignore[arg-type]
+        pass
+
+    @swmp.trace(op=9)  # type: ignore[arg-type]
+    def work() -> int:
+        return 1
+
+    assert work() == 1
+    segs = segments(trace_sink)
+    assert [[s[R.SPAN_OPERATION] for s in seg[R.SEG_SPANS]] for seg in segs] == [
+        ["123"], ["6", "5"], ["x"], ["9"]
+    ]
+    assert [s[R.SPAN_PEER] for s in segs[1][R.SEG_SPANS]] == ["8", ""]
+    assert segs[2][R.SEG_SPANS][0][R.SPAN_PEER] == ""
+    assert all(encode.segment_payload(p) for _, p in trace_sink.records)

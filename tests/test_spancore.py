@@ -69,6 +69,43 @@ def test_native_and_pure_cores_give_the_same_records() -> None:
     assert pure["stats"] == {"spans_lost": 1, "spans_over_limit": 3, "segments_written": 10}
 
 
+_SURROGATE_SEGMENT = """
+import re, sys
+from swmp import _sink, tracing
+from swmp.config import load
+from swmp.tracing import Component, Layer
+from swmp.tracing.context import new_entry_span, new_exit_span
+sink = _sink.MemorySink()
+_sink.set_sink(sink)
+tracing.configure(load({}))
+tracing.identity.set("svc", "inst")
+bad = b"caf\\xff".decode("utf-8", "surrogateescape")
+with new_entry_span("/" + bad, None, Component.FLASK, Layer.HTTP) as entry:
+    entry.tag(bad, bad)
+    with new_exit_span("q", "h-" + bad, Component.REQUESTS, Layer.HTTP) as ex:
+        ex.log(bad)
+(_, payload), = sink.records
+seg_id = entry.segment.segment_id.encode()
+sys.stdout.write(re.sub(rb"[0-9]{13}", b"T", payload.replace(seg_id, b"ID")).decode())
+"""
+
+
+def test_text_that_is_not_utf8_is_escaped_the_same_by_both_cores() -> None:
+    """A lone surrogate in a segment: both cores send the same bytes (the native one declines
+    such text and hands the segment to the Python emit, which escapes it)."""
+    out = []
+    for pure in ("0", "1"):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "SWMP_TRACE_PURE": pure}
+        proc = subprocess.run(
+            [sys.executable, "-c", _SURROGATE_SEGMENT],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0 and not proc.stderr, proc.stderr
+        out.append(proc.stdout)
+    assert out[0] == out[1]
+    assert out[0].count("caf\\\\udcff") == 5, out[0]
+
+
 def test_tracing_unit_tests_pass_with_the_pure_core() -> None:
     env = {**os.environ, "SWMP_TRACE_PURE": "1"}
     proc = subprocess.run(

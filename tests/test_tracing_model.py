@@ -221,6 +221,34 @@ def test_a_tag_key_that_is_not_text_does_not_lose_the_segment(trace_sink: _sink.
     assert len(encode.segment_payload(payload)) > 0
 
 
+def test_text_that_is_not_utf8_is_sent_escaped_not_lost(trace_sink: _sink.MemorySink) -> None:
+    """Lone surrogates (bytes decoded with surrogateescape: file names, sys.argv, os.environ)
+    in an operation name, peer, tag, log or exception: orjson refuses them, and the segment
+    with every span of it was lost. They are sent backslash-escaped, as the log reporter does."""
+    bad = b"caf\xff".decode("utf-8", "surrogateescape")
+    esc = "caf\\udcff"
+    with new_entry_span("/" + bad, None, Component.FLASK, Layer.HTTP) as entry:
+        entry.tag("file", bad)
+        entry.tag(bad, "v")
+        with new_exit_span("q", "host-" + bad, Component.REQUESTS, Layer.HTTP) as ex:
+            ex.log(bad, path=bad)
+        try:
+            with new_local_span("l"):
+                raise OSError(bad)
+        except OSError:
+            pass
+    (payload,) = [p for _, p in trace_sink.records]
+    assert tracing.stats.serialize_errors == 0 and tracing.stats.segments_written == 1
+    spans = spans_by_op(orjson.loads(payload))
+    assert set(spans) == {"/" + esc, "q", "l"}
+    assert spans["/" + esc][R.SPAN_TAGS] == ["file", esc, esc, "v"]
+    assert spans["q"][R.SPAN_PEER] == "host-" + esc
+    assert spans["q"][R.SPAN_LOGS][0][1] == ["message", esc, "path", esc]
+    fields = spans["l"][R.SPAN_LOGS][0][1]
+    assert fields[fields.index("message") + 1] == esc
+    assert len(encode.segment_payload(payload)) > 0
+
+
 def test_full_sink_drops_and_counts(trace_sink: _sink.MemorySink) -> None:
     class Full:
         def write(self, rtype: int, payload: bytes) -> bool:

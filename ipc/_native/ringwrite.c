@@ -13,8 +13,10 @@
  * and hands everything else (wrap, full ring, bad input, garbage words) to the Python
  * ``slow(rtype, payload)`` given at construction, which reads and writes the same state
  * through the attributes. Writers of one process are serialized by this object's lock
- * (the pure version's threading.Lock); ``slow`` runs with it held. tests/test_ipc_ring_native.py
- * compares the ring's bytes and words after the same writes with both.
+ * (the pure version's threading.RLock); ``slow`` runs with it held. A write that the same
+ * thread starts from inside the slow path (a signal handler that logs) is dropped and counted
+ * (``reentered``), as in the pure version. tests/test_ipc_ring_native.py compares the ring's
+ * bytes and words after the same writes with both.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -53,7 +55,12 @@ typedef struct {
     PyObject *wake;   /* wake(): ring the reader's doorbell */
     PyObject *slow;   /* slow(rtype, payload) -> True | False | str, never raises */
     PyObject *report; /* report(message): log a problem (once) */
+    PyObject *reentered; /* reentered(payload): count a write made from inside a write */
     PyThread_type_lock lock;
+    /* The thread inside write() while ``busy`` (set after taking the lock, cleared before
+     * giving it back; read and written with the GIL held). */
+    unsigned long owner;
+    int busy;
 } Writer;
 
 static int get_buffer(PyObject *obj, Py_buffer *view, int *have, Py_ssize_t min_len, const char *what) {
@@ -148,6 +155,7 @@ static int writer_traverse(Writer *self, visitproc visit, void *arg) {
     Py_VISIT(self->wake);
     Py_VISIT(self->slow);
     Py_VISIT(self->report);
+    Py_VISIT(self->reentered);
     return 0;
 }
 
@@ -158,6 +166,7 @@ static int writer_clear(Writer *self) {
     Py_CLEAR(self->wake);
     Py_CLEAR(self->slow);
     Py_CLEAR(self->report);
+    Py_CLEAR(self->reentered);
     return 0;
 }
 
@@ -261,8 +270,25 @@ static PyObject *writer_write(Writer *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_RuntimeError, "Writer not initialized");
         return NULL;
     }
+    unsigned long me = PyThread_get_thread_ident();
+    if (self->busy && self->owner == me) {
+        /* This thread is already inside write(), in the slow path's Python code: a signal
+         * handler or a finalizer that logs ran there. Waiting for the lock would never end:
+         * the record is dropped and counted (by ``reentered``), the ring left to the outer
+         * write. The fast path runs no Python code, so nothing re-enters from it. */
+        if (self->reentered != NULL) {
+            PyObject *r = PyObject_CallOneArg(self->reentered, args[1]);
+            if (r == NULL) {
+                PyErr_Clear();
+            }
+            Py_XDECREF(r);
+        }
+        Py_RETURN_FALSE;
+    }
     PyObject *outcome = NULL; /* NULL: written by the fast path */
     lock(self);
+    self->owner = me;
+    self->busy = 1;
     if (!fast(self, args[0], args[1])) {
         outcome = PyObject_Vectorcall(self->slow, args, 2, NULL);
         if (outcome == NULL) {
@@ -270,6 +296,7 @@ static PyObject *writer_write(Writer *self, PyObject *const *args, Py_ssize_t na
             outcome = Py_NewRef(Py_False);
         }
     }
+    self->busy = 0;
     PyThread_release_lock(self->lock);
     if (outcome == NULL || outcome == Py_True) {
         Py_XDECREF(outcome);
@@ -309,10 +336,21 @@ static PyObject *writer_set_slow(Writer *self, PyObject *slow) {
     Py_RETURN_NONE;
 }
 
+static PyObject *writer_set_reentered(Writer *self, PyObject *reentered) {
+    if (!PyCallable_Check(reentered)) {
+        PyErr_SetString(PyExc_TypeError, "reentered must be callable");
+        return NULL;
+    }
+    Py_XSETREF(self->reentered, Py_NewRef(reentered));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef writer_methods[] = {
     {"write", (PyCFunction)(void (*)(void))writer_write, METH_FASTCALL,
      "write(rtype, payload) -> bool: append one record (see ipc/ring_writer.py)."},
     {"set_slow", (PyCFunction)writer_set_slow, METH_O, "set_slow(slow): the slow path (called with the lock held)."},
+    {"set_reentered", (PyCFunction)writer_set_reentered, METH_O,
+     "set_reentered(reentered): counts a write made from inside a write of the same thread (dropped)."},
     {NULL, NULL, 0, NULL},
 };
 

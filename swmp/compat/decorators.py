@@ -1,7 +1,9 @@
 """``skywalking.decorators`` on swmp: ``@trace()`` and ``@runnable()``, same signatures.
 
 ``@trace(op=None, layer=Layer.Unknown, component=Component.Unknown, tags=None)`` runs the
-function (sync or ``async``) in a local span named ``op`` or the function's name.
+function (sync or ``async``) in a local span named ``op`` or the function's name; as with
+``swmp.trace``, a generator (or async generator) function stays one, its span covering the
+iteration, and on a ``classmethod`` or ``staticmethod`` it wraps the function inside.
 ``@runnable(...)`` makes a function that continues, in another thread, the trace of the
 thread that decorated it (or of the one that called ``continue_tracing()``); its span is
 named ``Thread/<function name>`` by default. swmp's own decorator is ``swmp.trace``.
@@ -10,13 +12,14 @@ named ``Thread/<function name>`` by default. swmp's own decorator is ``swmp.trac
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from swmp.api import traced
 from swmp.compat import Component, Layer, number
 from swmp.compat.trace.tags import Tag
 from swmp.tracing import context as _ctx
+from swmp.tracing.span import as_text
 
 
 def _open(op: str, layer: Layer, component: Component, tags: Sequence[Tag] | None, parent: Any = None) -> Any:
@@ -33,24 +36,21 @@ def trace(
     tags: Sequence[Tag] | None = None,
 ) -> Callable[[Any], Any]:
     def decorator(func: Any) -> Any:
-        name = op or func.__name__
-        if inspect.iscoroutinefunction(func):
+        if isinstance(func, (classmethod, staticmethod)):  # @trace() above @classmethod
+            return type(func)(decorator(func.__func__))
+        name = as_text(op) if op else _name(func)
 
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with _open(name, layer, component, tags):
-                    return await func(*args, **kwargs)
+        def start() -> Any:
+            return _open(name, layer, component, tags)
 
-            return async_wrapper
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _open(name, layer, component, tags):
-                return func(*args, **kwargs)
-
-        return wrapper
+        return traced(func, start)
 
     return decorator
+
+
+def _name(func: Any) -> str:
+    """The function's name (a ``functools.partial`` or callable object has none: its type's)."""
+    return getattr(func, "__name__", None) or type(func).__name__
 
 
 class _Runnable:
@@ -91,7 +91,7 @@ def runnable(
     tags: Sequence[Tag] | None = None,
 ) -> Callable[[Any], _Runnable]:
     def decorator(func: Any) -> _Runnable:
-        return _Runnable(func, op or f"Thread/{func.__name__}", layer, component, tags)
+        return _Runnable(func, as_text(op) if op else f"Thread/{_name(func)}", layer, component, tags)
 
     return decorator
 

@@ -40,6 +40,7 @@ from swmp.tracing.context import trace_position
 from swmp.tracing.identity import identity
 from swmp.tracing.limits import limits
 from swmp.tracing.span import Span, current_span
+from swmp.tracing.utf8 import escaped as _utf8
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -104,11 +105,13 @@ def _set_busy(on: bool) -> bool:
     return before
 
 
+def build_failed(e: BaseException) -> None:
+    """A record that an integration could not turn into a report: counted, said once."""
+    stats.errors += 1
+    _warn_once("build", "swmp: cannot build a log record: %r (only counted from now on)", e)
+
+
 # -- one LOG record --------------------------------------------------------------------------
-def _utf8(text: str) -> str:
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def write_log(ts_ms: int, body: str, tags: list[str], safe_mode: bool = False) -> None:
     """Write one LOG record with this context's trace position. Never raises."""
     try:
@@ -199,8 +202,7 @@ class LogReporter:
             body, tags = self.body_and_tags(record)
             ts = int(record.created * 1000) if record.created else time.time_ns() // 1_000_000
         except Exception as e:
-            stats.errors += 1
-            _warn_once("build", "swmp: cannot build a log record: %r (only counted from now on)", e)
+            build_failed(e)
             return
         write_log(ts, body, tags, self.safe_mode)
 

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from swmp.instrument._patch import patch, restore
-from swmp.instrument.log_reporter import level_number, reporting, write_log
+from swmp.instrument.log_reporter import build_failed, level_number, reporting, write_log
+from swmp.tracing.utf8 import escaped
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -53,7 +54,31 @@ def _body(args: Any, kw: Any) -> str:
         return _ANSI.sub("", first)
     if isinstance(first, (bytes, bytearray)):
         return _ANSI.sub("", bytes(first).decode("utf-8", "replace"))
-    return orjson.dumps(first, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    try:
+        return orjson.dumps(first, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        # A key orjson cannot take (a tuple), text that is not UTF-8 (lone surrogates), an
+        # integer past 64 bits: those as (escaped) text, the rest as before.
+        return orjson.dumps(_encodable(first), default=_text, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _text(value: Any) -> str:
+    try:
+        return escaped(str(value))
+    except Exception:
+        return "<unprintable>"
+
+
+def _encodable(value: Any) -> Any:
+    if isinstance(value, str):
+        return escaped(value)
+    if isinstance(value, dict):
+        return {_text(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encodable(v) for v in value]
+    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+        return str(value)
+    return value
 
 
 def install(config: Config) -> None:
@@ -73,8 +98,8 @@ def install(config: Config) -> None:
                     name = logging.getLevelName(levelno)
                     tags = ["level", name, "logger", "structlog", "thread", threading.current_thread().name]
                     write_log(time.time_ns() // 1_000_000, _body(*result), tags, safe_mode)
-            except Exception:
-                pass  # reporting never changes what the application's logger does
+            except Exception as e:  # reporting never changes what the application's logger does
+                build_failed(e)
             return result
 
         return _process_event

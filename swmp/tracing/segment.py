@@ -18,7 +18,8 @@ in another: it can miss the emitted segment; it is then dropped and counted
 
 Emission serializes the segment with orjson in the positional layout of
 ``reporter_proc.records`` (SEGMENT) and hands it to the sink; a full ring drops the record
-and counts it. Nothing here blocks or raises into the application.
+and counts it. Text orjson refuses (lone surrogates) is sent backslash-escaped
+(``swmp.tracing.utf8``). Nothing here blocks or raises into the application.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from swmp.tracing.identity import identity
 from swmp.tracing.ids import new_id
 from swmp.tracing.limits import limits, stats
 from swmp.tracing.span import IgnoredSpan, NoopSpan, Span, SpanPosition, b64_cached, native_core, span_rows
+from swmp.tracing.utf8 import escaped_record
 
 log = logging.getLogger("swmp.tracing")
 
@@ -170,7 +172,14 @@ class Segment(_SegmentBase):
 
     def emit(self) -> None:
         try:
-            payload = _dumps(self.to_record())
+            record = self.to_record()
+            try:
+                payload = _dumps(record)
+            except TypeError:
+                # Text that is not valid UTF-8 (lone surrogates: surrogateescape-decoded file
+                # names, argv, environ) in a name, tag or log: sent escaped, as the log
+                # reporter does, not lost with every span of the segment.
+                payload = _dumps(escaped_record(record))
         except Exception as e:
             stats.serialize_errors += 1
             _log_once("serialize", "swmp: could not serialize a segment: %r", e)

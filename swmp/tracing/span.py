@@ -58,6 +58,18 @@ def b64_cached(s: str) -> str:
     return v
 
 
+def as_text(value: Any) -> str:
+    """An operation name or peer given through an API as text: text (a ``str`` subclass too)
+    as it is, anything else as ``str(value)``. The ignore rules, ``sw8`` and the reporter
+    take only text: another type raised into the application or lost the segment."""
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception:
+        return "<unprintable>"
+
+
 def _clip(raw: Any, limit: int, seg: Segment) -> str:
     value: str
     if raw.__class__ is str:
@@ -296,7 +308,9 @@ class Span(_CoreType):
         """Rename the span, also after it started (an entry span learns its route template
         only once the framework routed the request). The ignore rules and the sampler saw
         the name the span started with; ``sw8`` headers injected from now on carry the new
-        name as the segment's endpoint."""
+        name as the segment's endpoint. A name that is not text is recorded as its text."""
+        if op.__class__ is not str:
+            op = as_text(op)
         self.op = op
         seg = self.segment
         if seg.encoded is not None and seg.first is self:
@@ -306,6 +320,8 @@ class Span(_CoreType):
         return self
 
     def set_peer(self, peer: str) -> Span:
+        if peer.__class__ is not str:
+            peer = "" if peer is None else as_text(peer)
         self.peer = peer
         return self
 

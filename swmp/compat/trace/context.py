@@ -20,7 +20,7 @@ from swmp.compat.trace.tags import Tag
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import Kind as _Kind
 from swmp.tracing.span import Span as _SwSpan
-from swmp.tracing.span import current_span
+from swmp.tracing.span import as_text, current_span
 
 Snapshot = _ctx.Snapshot
 
@@ -132,18 +132,18 @@ class SpanContext:
     """Creates spans in the caller's current trace (see the module docstring)."""
 
     def new_local_span(self, op: str) -> Span:
-        return Span(_ctx.new_local_span(op, 0), self)
+        return Span(_ctx.new_local_span(as_text(op), 0), self)
 
     def new_entry_span(
         self, op: str, carrier: Carrier | None = None, inherit: Component | None = None
     ) -> Span:
         decoded = api.extract(carrier.headers()) if carrier is not None else None
-        return Span(_ctx.new_entry_span(op, decoded, 0), self)
+        return Span(_ctx.new_entry_span(as_text(op), decoded, 0), self)
 
     def new_exit_span(
         self, op: str, peer: str, component: Component | None = None, inherit: Component | None = None
     ) -> Span:
-        return Span(_ctx.new_exit_span(op, peer, number(component)), self)
+        return Span(_ctx.new_exit_span(as_text(op), as_text(peer or ""), number(component)), self)
 
     @property
     def active_span(self) -> Span | None:
