@@ -22,6 +22,8 @@ import pytest
 from ipc import Arena
 from ipc.ring import anonymous_ring
 from reporter_proc import records as R
+from reporter_proc.loop import ring_losses
+from reporter_proc.status import exit_summary
 from swmp import _sink, meters, tracing
 from swmp._runtime import ArenaSink
 from swmp.config import Config, load
@@ -100,6 +102,18 @@ def test_the_sink_counts_in_its_ring_or_else_as_its_records(tmp_path: Path) -> N
             assert arena.lost_counts().no_slot_records == 1
     finally:
         arena.close()
+
+
+def test_the_reporters_exit_line_counts_them_as_lost(tmp_path: Path) -> None:
+    arena = Arena.create(str(tmp_path / "a.arena"), slots=2, ring_capacity=1 << 16)
+    try:
+        writer = arena.claim_slot()
+        assert writer is not None and writer.add_unbuilt(3)
+        assert ring_losses(arena) == (0, 0, 3)
+    finally:
+        arena.close()
+    level, message = exit_summary({"sent.segment": 5}, frozenset({"segment"}), 0, 0, 3)
+    assert level == logging.WARNING and message.endswith("lost 3 (unbuilt 3)")
 
 
 # -- where the agent gives up on a record ----------------------------------------------------
@@ -197,7 +211,8 @@ sys.stdin.read()  # until the test is done reading the arena
 """
 
 
-def test_swmp_status_shows_what_a_worker_could_not_encode(tmp_path: Path) -> None:
+@pytest.mark.parametrize("process_mode", ["true", "false"])
+def test_swmp_status_shows_what_a_worker_could_not_encode(tmp_path: Path, process_mode: str) -> None:
     shm = tmp_path / "shm"
     shm.mkdir()
     script, ready = tmp_path / "app.py", tmp_path / "ready"
@@ -210,6 +225,7 @@ def test_swmp_status_shows_what_a_worker_could_not_encode(tmp_path: Path) -> Non
             "SW_AGENT_ARENA_DIR": str(shm),
             "SW_AGENT_METER_REPORTER_ACTIVE": "false",
             "SW_AGENT_LOG_REPORTER_ACTIVE": "false",
+            "SW_AGENT_REPORTER_PROCESS": process_mode,  # thread mode: its ring is in a private arena
         }
     )
     app = subprocess.Popen(
