@@ -98,6 +98,12 @@ C_TAIL: Final = 8
 C_WRITTEN_RECORDS: Final = 9
 C_DROPPED_RECORDS: Final = 10
 C_DROPPED_BYTES: Final = 11
+# Records the writer's process meant to write but could not encode (a value its encoder
+# refuses even after escaping). The ring never saw them, but only the writer's process can
+# count them where everyone reads: it stores this word alone (threads of that process serialize
+# on the writer's counter lock), so no cross-process lock, like C_DROPPED_RECORDS. An arena
+# whose writers never stored it reads 0.
+C_UNBUILT_RECORDS: Final = 12
 C_OVERSIZE: Final = 13
 # reader cache line: only the reader stores here
 C_HEAD: Final = 16

@@ -25,6 +25,8 @@ class RingStats:
     corrupt_events: int
     skipped_bytes: int
     skipped_records: int = 0
+    # Records the writer's process could not encode (never in the ring; see _layout).
+    unbuilt_records: int = 0
 
     @property
     def written_bytes(self) -> int:
@@ -61,4 +63,5 @@ def read_stats(slot: int, control: memoryview, capacity: int) -> RingStats:
         corrupt_events=control[L.C_CORRUPT],
         skipped_bytes=control[L.C_SKIPPED_BYTES],
         skipped_records=control[L.C_SKIPPED_RECORDS],
+        unbuilt_records=control[L.C_UNBUILT_RECORDS],
     )

@@ -48,7 +48,17 @@ class RingWriter:
     everything, because the slot is no longer this process's to write.
     """
 
-    __slots__ = ("__weakref__", "_cap", "_control", "_lost", "_max_payload", "slot", "write")
+    __slots__ = (
+        "__weakref__",
+        "_cap",
+        "_control",
+        "_counter_lock",
+        "_live",
+        "_lost",
+        "_max_payload",
+        "slot",
+        "write",
+    )
 
     write: Callable[[int, bytes], bool]
 
@@ -72,6 +82,10 @@ class RingWriter:
         # A record may use at most half the ring: with worst-case end padding it still fits.
         self._max_payload = capacity // 2 - L.RECORD_HEADER_SIZE
         self._lost = 0  # writes refused after the writer was disabled (not in shared memory)
+        self._live = True  # False once disabled: the slot's words are no longer ours to store
+        # Serializes this process's threads on the unbuilt count's read-add-write. Re-entrant:
+        # a signal handler that logs, run inside an add of the same thread, must not wait for it.
+        self._counter_lock = threading.RLock()
         self.write = _make_write(
             slot, control=control, data=data, status=status, wake=wake, cap=capacity, pages=pages, room=room
         )
@@ -95,10 +109,25 @@ class RingWriter:
         """Records refused after this writer was disabled (fork, slot released)."""
         return self._lost
 
+    def add_unbuilt(self, n: int = 1) -> bool:
+        """Count ``n`` records this process meant to write into this ring but could not
+        encode (``C_UNBUILT_RECORDS``), where every reader of the arena sees them. Never
+        raises; False (not counted) once the writer is disabled: the slot is not ours."""
+        if n <= 0 or not self._live:
+            return False
+        try:
+            with self._counter_lock:
+                control = self._control
+                control[L.C_UNBUILT_RECORDS] = (int(control[L.C_UNBUILT_RECORDS]) + n) & _U64
+        except Exception:  # a torn-down mapping
+            return False
+        return True
+
     def stats(self) -> RingStats:
         return read_stats(self.slot, self._control, self._cap)
 
     def _disable(self, why: str) -> None:
+        self._live = False
         logged = False
 
         def refuse(rtype: int, payload: bytes) -> bool:
@@ -117,6 +146,7 @@ def _no_wake() -> None:
 
 
 _HEADER_PACK = L.RECORD_HEADER.pack_into
+_U64 = (1 << 64) - 1
 
 
 def _pack_generic(buf: memoryview, offset: int, *fields: Any) -> None:

@@ -202,13 +202,17 @@ _NOT_LOST = frozenset({"disabled"})
 
 
 def exit_summary(
-    totals: dict[str, int], data_kinds: frozenset[str], ring_dropped: int, ring_skipped: int
+    totals: dict[str, int],
+    data_kinds: frozenset[str],
+    ring_dropped: int,
+    ring_skipped: int,
+    ring_unbuilt: int = 0,
 ) -> tuple[int, str]:
     """The one line a reporter logs as it exits: ``(level, message)``.
 
     ``totals`` are the arena's counter table (since the arena was created); ring drops
-    (a full ring, a record too large) and records skipped by corruption recovery are
-    counted by the rings themselves. WARNING when anything was lost, else INFO.
+    (a full ring, a record too large), records skipped by corruption recovery and records
+    the writers could not encode are counted in the rings' words. WARNING when anything was lost, else INFO.
     """
     sent = [f"{k} {totals.get('sent.' + k, 0)}" for k in sorted(data_kinds) if totals.get("sent." + k)]
     lost = {
@@ -220,6 +224,8 @@ def exit_summary(
         lost["ring"] = ring_dropped
     if ring_skipped:
         lost["corrupt"] = ring_skipped
+    if ring_unbuilt:
+        lost["unbuilt"] = ring_unbuilt
     total_lost = sum(lost.values())
     detail = " (" + ", ".join(f"{k} {n}" for k, n in lost.items()) + ")" if lost else ""
     message = (

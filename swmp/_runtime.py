@@ -53,6 +53,9 @@ registry at its goodbye), the process keeps them and logs them at its exit's ver
 (Batching them per second left the last second's drops unpublished while the process sat
 idle: the fault suite saw 94 of 143 lost records counted. A process without a ring is
 already failing; a lock pair per dropped record is cheap next to what it loses.)
+
+A record that the process could not even encode (``count_unbuilt``) is counted in its ring's
+``unbuilt`` word; in a process without a ring, as that process's records are counted above.
 """
 
 from __future__ import annotations
@@ -63,9 +66,9 @@ import threading
 import time
 
 from ipc import Arena, RingWriter, still_linked
-from ipc import _layout as L
 from reporter_proc import records as R
 from swmp import lifecycle
+from swmp._drops import LABELS, header_counts, no_counts
 from swmp.lifecycle import prefork_master
 from swmp.tracing.identity import identity
 
@@ -84,25 +87,6 @@ def worker_instance_name(base: str, slot: int) -> str:
 def master_instance_name(base: str) -> str:
     """Instance name of the prefork master (its own log records only)."""
     return f"{base}-master"
-
-
-def _no_counts() -> dict[str, int]:
-    return {"no_slot": 0, "helper": 0, "master": 0, "late": 0, "workers": 0}
-
-
-# How ``swmp status`` names each count (the report at exit uses the same words).
-_LABELS = {"no_slot": "no slot", "helper": "helpers", "master": "master", "late": "after exit"}
-
-
-def header_counts(counts: dict[str, int]) -> dict[int, int]:
-    """A process's drop counts as increments of the shared arena's header words."""
-    return {
-        L.H_NO_SLOT_RECORDS: counts["no_slot"],
-        L.H_NO_SLOT_WORKERS: counts["workers"],
-        L.H_HELPER_RECORDS: counts["helper"],
-        L.H_MASTER_RECORDS: counts["master"],
-        L.H_LATE_RECORDS: counts["late"],
-    }
 
 
 class ProcessSink:
@@ -128,10 +112,10 @@ class ProcessSink:
         self.owner_pid = owner_pid or os.getpid()
         self.dropped_no_slot = 0  # records dropped because this process has no ring
         self._retry_at = 0.0  # monotonic time of the next claim attempt (role "unavailable")
-        self._unpublished = _no_counts()  # not yet in the shared arena
+        self._unpublished = no_counts()  # not yet in the shared arena
         # Counts of this process (``_unseen_pid``) that had nowhere to go: the shared file was
         # gone (thread mode: the owner removes the registry at exit). Reported at exit.
-        self._unseen = _no_counts()
+        self._unseen = no_counts()
         self._unseen_pid = -1
         self._unseen_reported = False
         self.role = ""  # "worker" | "master" | "unavailable" | "helper", for this process
@@ -176,9 +160,23 @@ class ProcessSink:
                 payload = R.restamp_instance(rtype, payload, identity.instance)
             return writer.write(rtype, payload)
         except Exception:  # the host application must never see our failure
-            self.dropped_no_slot += 1
+            self.count_unbuilt()  # (a re-stamp that failed, a claim that raised)
             self._warn_once("write", "swmp: dropping a record after an internal error", exc_info=True)
             return False
+
+    def count_unbuilt(self) -> None:
+        """A record this process meant to write but could not encode: counted in its ring
+        (``RingWriter.add_unbuilt``), or where a process without one counts its records
+        (they are lost for that reason anyway). Never raises."""
+        try:
+            pid = lifecycle.current_pid()
+            if self._pid != pid:
+                self.rebind()
+            writer = self._writer or (self._master_writer if self._master_pid == pid else None)
+            if writer is None or not writer.add_unbuilt():
+                self._count_drop()
+        except Exception:
+            pass
 
     def _write_master_log(self, payload: bytes) -> bool:
         pid = os.getpid()
@@ -230,7 +228,7 @@ class ProcessSink:
             return
         # Swapped, not copied and zeroed, to keep the window small: a drop that another
         # thread of this process counts at the very same instant can still be missed.
-        pending, self._unpublished = self._unpublished, _no_counts()
+        pending, self._unpublished = self._unpublished, no_counts()
         try:
             published = self._publish(pending)
         except Exception:
@@ -247,7 +245,7 @@ class ProcessSink:
         """Counts no file took (it was removed): kept for :meth:`report_unseen`."""
         pid = os.getpid()
         if self._unseen_pid != pid:  # a parent's counts are its own to report
-            self._unseen_pid, self._unseen, self._unseen_reported = pid, _no_counts(), False
+            self._unseen_pid, self._unseen, self._unseen_reported = pid, no_counts(), False
         for kind, n in counts.items():
             self._unseen[kind] += n
         if self._unseen_reported:
@@ -261,7 +259,7 @@ class ProcessSink:
 
     def unseen_drops(self) -> dict[str, int]:
         """This process's drops that no file took (see :meth:`report_unseen`)."""
-        return dict(self._unseen) if self._unseen_pid == os.getpid() else _no_counts()
+        return dict(self._unseen) if self._unseen_pid == os.getpid() else no_counts()
 
     def report_unseen(self) -> None:
         """At exit, after the application's exit handlers: log how many records this process
@@ -269,12 +267,12 @@ class ProcessSink:
         registry at its goodbye; its own later records had nowhere to be counted)."""
         pid = os.getpid()
         if self._unseen_pid != pid:
-            self._unseen_pid, self._unseen = pid, _no_counts()
+            self._unseen_pid, self._unseen = pid, no_counts()
         self._unseen_reported = True
         counts = self._unseen
-        total = sum(counts[kind] for kind in _LABELS)
+        total = sum(counts[kind] for kind in LABELS)
         if total:
-            detail = ", ".join(f"{label}: {counts[kind]}" for kind, label in _LABELS.items() if counts[kind])
+            detail = ", ".join(f"{label}: {counts[kind]}" for kind, label in LABELS.items() if counts[kind])
             log.warning(
                 "swmp: process %d dropped %d records that nothing running can count any more (%s)",
                 pid,
@@ -306,7 +304,7 @@ class ProcessSink:
                 if not (again or promoted):
                     return False  # bound already
             if self._pid != pid:
-                self._unpublished = _no_counts()  # the parent's
+                self._unpublished = no_counts()  # the parent's
                 self._retry_at = 0.0
             was_unavailable = self._pid == pid and self.role == lifecycle.UNAVAILABLE
             self._writer = None

@@ -67,6 +67,18 @@ def set_sink(sink: Sink | None) -> None:
     _sink = _null if sink is None else sink
 
 
+def count_unbuilt() -> None:
+    """A record this process meant to write but could not encode (a value its encoder refuses
+    even escaped): counted by the current sink where ``swmp status`` reads it
+    (``ProcessSink.count_unbuilt``: the ring's ``unbuilt`` word). Once per record; never raises."""
+    count = getattr(_sink, "count_unbuilt", None)
+    if count is not None:
+        try:
+            count()
+        except Exception:
+            pass
+
+
 def report_unseen() -> None:
     """At exit, the last word of the current sink (``ProcessSink.report_unseen``): how many
     records this process dropped after the agent's goodbye where nothing can count them."""

@@ -92,6 +92,7 @@ def test_status_json(shm: Path, running: dict[str, Any]) -> None:
         "written": 60,
         "ring_dropped": 0,
         "ring_skipped": 0,
+        "unbuilt": 0,
         "read": 60,
         "sent": 60,
         "retried": 4,

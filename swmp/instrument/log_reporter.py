@@ -106,8 +106,10 @@ def _set_busy(on: bool) -> bool:
 
 
 def build_failed(e: BaseException) -> None:
-    """A record that an integration could not turn into a report: counted, said once."""
+    """A record that an integration could not turn into a report: counted (here and where
+    ``swmp status`` shows it), said once."""
     stats.errors += 1
+    _sink.count_unbuilt()
     _warn_once("build", "swmp: cannot build a log record: %r (only counted from now on)", e)
 
 
@@ -136,6 +138,7 @@ def write_log(ts_ms: int, body: str, tags: list[str], safe_mode: bool = False) -
             payload = orjson.dumps(record)
     except Exception as e:
         stats.errors += 1
+        _sink.count_unbuilt()
         _warn_once("encode", "swmp: cannot encode a log record: %r (only counted from now on)", e)
         return
     if _sink.get_sink().write(LOG, payload):

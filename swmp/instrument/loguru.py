@@ -24,7 +24,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._patch import patch, restore
-from swmp.instrument.log_reporter import level_number, reporting, write_log
+from swmp.instrument.log_reporter import build_failed, level_number, reporting, write_log
 from swmp.tracing.limits import format_stack
 
 if TYPE_CHECKING:
@@ -71,8 +71,10 @@ def _make_sink(safe_mode: bool) -> Any:
                 tags += ["exception", stack]
             ts = int(record["time"].timestamp() * 1000)
             body = str(record["message"])
-        except Exception:
-            return  # a record we cannot read is not worth failing the application's log call
+        except Exception as e:
+            # Not worth failing the application's log call: counted and said once.
+            build_failed(e)
+            return
         write_log(ts, body, tags, safe_mode)
 
     return sink

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reporter_proc import records as R
-from swmp._sink import get_sink
+from swmp._sink import count_unbuilt, get_sink
 from swmp.meters._registry import registry
 from swmp.meters._state import locks, stats, warn_once
 from swmp.tracing.identity import identity
@@ -44,6 +44,7 @@ def report() -> bool:
             ok = get_sink().write(R.METER, payload)
         except Exception:
             stats.errors += 1
+            count_unbuilt()  # (sinks never raise: the report could not be built)
             warn_once("report", "swmp: a meter report failed")
             ok = False
         if ok:

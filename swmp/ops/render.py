@@ -134,6 +134,7 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
 
     t = a["totals"]
     dropped = t["ring_dropped"] + t["ring_skipped"] + t["reporter_dropped"] + t.get("no_slot_dropped", 0)
+    dropped += t.get("unbuilt", 0)
     out.append(
         _row(
             "totals",
@@ -162,6 +163,11 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
             f"after exit: {fmt.count(t['late_dropped'])} not reported" if t.get("late_dropped") else "",
         ]
         out.append(_row("no ring", _join(*parts)))
+    if t.get("unbuilt"):  # only then: a worker met a value it cannot encode (its log says which)
+        slots = [sl for sl in a["slots"] if sl.get("unbuilt")]
+        per_slot = ", ".join(f"slot {sl['slot']}: {fmt.count(sl['unbuilt'])}" for sl in slots)
+        text = f"{fmt.count(t['unbuilt'])} records workers could not encode ({per_slot}; see their log)"
+        out.append(_row("unbuilt", text))
     rates = a["rates"]
     sp = a["spool"]
     out.append(

@@ -136,6 +136,8 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
                 "last_keepalive_age_s": _age(now, inst.get("last_keepalive_ns")),
                 "written": st.written_records,
                 "dropped": st.dropped_records,
+                # Records the slot's worker could not encode (never in the ring).
+                "unbuilt": st.unbuilt_records,
                 "read": st.read_records,
                 "used_bytes": st.used,
                 "capacity": st.capacity,
@@ -149,6 +151,8 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
     ring_dropped = sum(sl.stats.dropped_records for sl in s.slots)
     # Records lost to corruption recovery (bytes the reader had to skip).
     ring_skipped = sum(sl.stats.skipped_records for sl in s.slots)
+    # Records the workers could not encode (a value the encoder refuses even escaped).
+    unbuilt = sum(sl.stats.unbuilt_records for sl in s.slots)
     written_before = sum(sl.stats.written_records for sl in before.slots) if before is not None else 0
     rates = s.doc_dict("rates")
     ident = identity(s)
@@ -179,6 +183,7 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
             "written": written,
             "ring_dropped": ring_dropped,
             "ring_skipped": ring_skipped,
+            "unbuilt": unbuilt,
             "read": counter_sum(doc.get("read")),
             "sent": counter_sum(doc.get("sent")),
             "retried": number(doc.get("retried")),

@@ -125,7 +125,12 @@ class Profiled:
             )
             self.sequence += 1
         try:
-            written = _sink.get_sink().write(R.PROFILE_SNAPSHOT, orjson.dumps(rec))
+            payload = orjson.dumps(rec)
+        except Exception:  # a stack orjson refuses: the ring never sees it, so count it here
+            _sink.count_unbuilt()
+            payload = None
+        try:
+            written = payload is not None and _sink.get_sink().write(R.PROFILE_SNAPSHOT, payload)
         except Exception:
             written = False
         stats.snapshots += 1 if written else 0

@@ -182,6 +182,7 @@ class Segment(_SegmentBase):
                 payload = _dumps(escaped_record(record))
         except Exception as e:
             stats.serialize_errors += 1
+            _sink.count_unbuilt()  # where ``swmp status`` shows it (this count is the process's)
             _log_once("serialize", "swmp: could not serialize a segment: %r", e)
             self._release()
             return
