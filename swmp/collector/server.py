@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -41,12 +42,14 @@ class Collector:
         grpc_port: int = DEFAULT_GRPC_PORT,
         http_port: int = DEFAULT_HTTP_PORT,
         max_body: int = DEFAULT_MAX_BODY,
+        allow_hosts: tuple[str, ...] = (),
     ) -> None:
         self.store = store
         self.intake = Intake(store)
         self.host = host
         self._want = (grpc_port, http_port)
         self.max_body = max_body
+        self.allow_hosts = allow_hosts
         self.grpc_port = 0
         self.http_port = 0
         self._grpc: Any = None
@@ -56,7 +59,9 @@ class Collector:
         try:
             self._grpc, self.grpc_port = grpc_receiver.build_server(self.intake, self.host, self._want[0])
             self._grpc.start()
-            self._http = http_server.build_server(self.intake, self.host, self._want[1], self.max_body)
+            self._http = http_server.build_server(
+                self.intake, self.host, self._want[1], self.max_body, self.allow_hosts
+            )
             self.http_port = self._http.server_address[1]
             http_server.serve_in_thread(self._http)
         except BaseException:
@@ -96,13 +101,18 @@ def run(args: argparse.Namespace) -> int:
     """The ``swmp collector`` command: serve until SIGTERM / Ctrl-C."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     path = MEMORY if args.memory else str(Path(args.db).expanduser() if args.db else default_path())
-    store = Store(path, max_bytes=int(args.max_mb * 2**20), retention_s=args.retention_hours * 3600)
+    try:
+        store = Store(path, max_bytes=int(args.max_mb * 2**20), retention_s=args.retention_hours * 3600)
+    except (OSError, sqlite3.Error) as exc:
+        print(f"swmp collector: cannot use the database: {exc}", file=sys.stderr)
+        return 1
     collector = Collector(
         store,
         host=args.host,
         grpc_port=args.grpc_port,
         http_port=args.http_port,
         max_body=int(args.max_body_mb * 2**20),
+        allow_hosts=tuple(args.allow_host),
     )
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}

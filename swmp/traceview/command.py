@@ -8,6 +8,7 @@ import os
 import sys
 from dataclasses import asdict
 
+from swmp.ops.fmt import terminal_safe
 from swmp.traceview import render
 from swmp.traceview.sources import DEFAULT_COLLECTOR, CollectorSource, Filters, OapSource, Source, SourceError
 
@@ -65,5 +66,5 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(render.trace_tree(trace_id, spans, color=color)))
         return 0 if spans else 1
     except SourceError as exc:
-        print(f"swmp traces: {exc}", file=sys.stderr)
+        print(f"swmp traces: {terminal_safe(exc)}", file=sys.stderr)
         return 1
