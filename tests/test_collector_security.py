@@ -157,6 +157,16 @@ def test_connections_are_capped(collector: LocalCollector) -> None:
     assert collector.stats()["refused"]["too_many_connections"] == extra
 
 
+def test_deeply_nested_json_is_refused_and_counted(collector: LocalCollector) -> None:
+    """``[[[[...`` past the interpreter's recursion limit raised RecursionError in the
+    handler thread: a traceback in the log, no answer, nothing counted."""
+    before = collector.stats()["refused"].get("bad_json", 0)
+    status, body = collector.post("/v3/segments", b"[" * 200_000)
+    assert status == 400 and body["error"] == "bad_json" and "nested too deeply" in body["detail"]
+    assert collector.stats()["refused"]["bad_json"] == before + 1
+    assert "Traceback" not in collector.log() and "RecursionError" not in collector.log()
+
+
 def _healthy(col: LocalCollector) -> bool:
     try:
         return bool(col.get("/healthz")["ok"])
