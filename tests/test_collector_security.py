@@ -5,6 +5,7 @@ through a planted symbolic link (docs/collector.md, "Security")."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -14,12 +15,16 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from swmp.collector.http_server import MAX_CONNECTIONS
+from swmp.traceview.oap import MAX_ANSWER
 from tests.localcollector import LocalCollector, local_collector, swmp_traces
 from tests.servers import wait_until
 
@@ -227,3 +232,61 @@ def test_loose_database_file_is_made_private(tmp_path: Path) -> None:
     out = _run_collector(tmp_path, db)
     assert out.returncode in (0, -15), out.stderr
     assert stat.S_IMODE(db.stat().st_mode) == 0o600
+
+
+class _Answer(BaseHTTPRequestHandler):
+    """A server that answers every GET and POST with ``body`` (a hostile or foreign one)."""
+
+    body = b""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
+
+
+@contextlib.contextmanager
+def _answering(body: bytes) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("A", (_Answer,), {"body": body}))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+BIG = b"[" + b" " * (MAX_ANSWER + 1) + b"]"
+
+
+@pytest.mark.parametrize(
+    ("body", "args", "expect"),
+    [
+        (b'[{"trace_id": "t"}]', ["--collector"], "unexpected answer"),
+        (b'["x"]', ["--collector"], "unexpected answer"),
+        (b'{"segments": [{"spans": "nope"}]}', ["t", "--collector"], "unexpected answer"),
+        (b"[" * 200_000, ["--collector"], "nested too deeply"),
+        (BIG, ["--collector"], "larger than"),
+        (b'{"data": {"queryBasicTraces": {"traces": [7]}}}', ["--oap"], "unexpected answer"),
+        (BIG, ["--oap"], "larger than"),
+    ],
+    ids=["missing-keys", "wrong-type", "bad-trace", "deep", "huge", "oap-wrong-type", "oap-huge"],
+)
+def test_swmp_traces_survives_a_hostile_answer(body: bytes, args: list[str], expect: str) -> None:
+    """Whatever the server on the other end answers, ``swmp traces`` exits 1 with a message:
+    no traceback, and no answer read past MAX_ANSWER bytes."""
+    with _answering(body) as url:
+        out = swmp_traces(*args, url, ok=False)
+    assert out.returncode == 1 and expect in out.stderr, (out.returncode, out.stderr[-2000:])
+    assert "Traceback" not in out.stderr

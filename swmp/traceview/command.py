@@ -68,3 +68,11 @@ def run(args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"swmp traces: {terminal_safe(exc)}", file=sys.stderr)
         return 1
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError, RecursionError) as exc:
+        # an answer of the wrong shape (another program on the port, a hostile server)
+        where = args.oap or args.collector
+        print(
+            f"swmp traces: unexpected answer from {terminal_safe(where)}: {terminal_safe(repr(exc))[:300]}",
+            file=sys.stderr,
+        )
+        return 1
