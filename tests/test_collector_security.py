@@ -210,6 +210,19 @@ def test_planted_symlink_is_refused_not_followed(tmp_path: Path) -> None:
     assert victim.read_text() == "precious\n" and not dangling.exists()
 
 
+def test_ready_file_is_not_written_through_a_planted_link(tmp_path: Path) -> None:
+    """``--ready-file PATH`` wrote ``PATH.tmp`` first, following a link planted there (CI jobs
+    put it in shared temporary directories): the link's target was overwritten."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "ready.tmp").symlink_to(victim)
+    out = _run_collector(tmp_path, tmp_path / "c.db")
+    assert out.returncode == 0, out.stderr
+    assert victim.read_text() == "precious\n"
+    ready = tmp_path / "ready"
+    assert not ready.is_symlink() and set(json.loads(ready.read_text())) == {"grpc_port", "http_port", "pid"}
+
+
 def test_a_database_that_is_not_the_collectors_is_left_alone(tmp_path: Path) -> None:
     """A wrong ``--db`` (another application's SQLite file) was emptied as "another schema
     version": its tables were dropped."""

@@ -8,6 +8,7 @@ A development tool: one process, one machine, no metrics aggregation, no alarms,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -97,6 +98,19 @@ class Collector:
         return f"http://{self.host}:{self.http_port}"
 
 
+def write_ready_file(path: str, doc: dict[str, Any]) -> None:
+    """``doc`` as JSON at ``path``, atomically (readers never see half of it). The temporary
+    file is created new (``O_EXCL | O_NOFOLLOW``): a link planted at ``PATH.tmp`` is removed,
+    never written through."""
+    tmp = f"{path}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a stale one, or a planted link (the link goes, not its target)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc))
+    os.replace(tmp, path)
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``swmp collector`` command: serve until SIGTERM / Ctrl-C."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -128,13 +142,12 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.ready_file:
-            tmp = f"{args.ready_file}.tmp"
-            Path(tmp).write_text(
-                json.dumps(
-                    {"grpc_port": collector.grpc_port, "http_port": collector.http_port, "pid": os.getpid()}
-                )
-            )
-            os.replace(tmp, args.ready_file)  # readers never see half a file
+            doc = {"grpc_port": collector.grpc_port, "http_port": collector.http_port, "pid": os.getpid()}
+            try:
+                write_ready_file(args.ready_file, doc)
+            except OSError as exc:
+                print(f"swmp collector: cannot write the ready file: {exc}", file=sys.stderr)
+                return 1
         while not stop.wait(1.0):
             pass
     finally:
