@@ -66,6 +66,8 @@ def parse_json_body(body: bytes, route: HttpRoute) -> list[Message]:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadInput("bad_json", str(exc)[:200]) from None
+    except RecursionError:  # ``[[[[...`` deeper than the interpreter's stack: no message is
+        raise BadInput("bad_json", "nested too deeply") from None
     docs = doc if route.is_array else [doc]
     if not isinstance(docs, list):
         raise BadInput("bad_json", "expected a JSON array")
@@ -73,6 +75,8 @@ def parse_json_body(body: bytes, route: HttpRoute) -> list[Message]:
         return [json_format.ParseDict(d, route.message()) for d in docs]
     except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
         raise BadInput("bad_message", str(exc)[:200]) from None
+    except RecursionError:
+        raise BadInput("bad_message", "nested too deeply") from None
 
 
 def parse_protobuf(cls: type[Message], data: bytes) -> Message:

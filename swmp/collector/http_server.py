@@ -4,10 +4,16 @@ Receivers refuse, count and log once: a body over the size limit (413, not read)
 type other than JSON (415), a body that is not what the OAP's receiver would take (400).
 The page and the API answer GET only, and the page is one self-contained file: no CDN, no
 fetch outside this server (its Content-Security-Policy says so to the browser as well).
+
+Browsers are kept out of what is not theirs: the page and the API answer only requests whose
+``Host`` is an IP address, ``localhost`` or a name allowed with ``--allow-host`` (a web site
+that rebinds its DNS name to 127.0.0.1 cannot read the traces), and the receivers refuse a
+POST that carries an ``Origin`` header (browsers send one, agents never do).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,8 +27,41 @@ from swmp.collector.options import DEFAULT_MAX_BODY
 
 _CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'"
+    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
+# on every answer: no MIME sniffing of JSON into HTML, no framing, no referrer to elsewhere
+_HEADERS = (
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
+)
+
+
+def host_name(host: str) -> str:
+    """The name part of a ``Host`` header: ``[::1]:80`` -> ``::1``, ``Example.:80`` -> ``example``."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name = host[1:].split("]", 1)[0]
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name.rstrip(".")
+
+
+def host_allowed(host: str | None, allowed: frozenset[str]) -> bool:
+    """Whether a browser may read the page and API under this ``Host``: an IP address,
+    ``localhost`` (and ``*.localhost``, which browsers resolve to loopback themselves) or an
+    allowed name. A DNS-rebinding page sends its own name, which is none of these. A request
+    without ``Host`` comes from no browser (browsers always send it)."""
+    if host is None:
+        return True
+    name = host_name(host)
+    if name in allowed or name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _page() -> bytes:
@@ -39,6 +78,7 @@ def _int_arg(query: dict[str, list[str]], name: str, default: int = 0) -> int:
 class Handler(BaseHTTPRequestHandler):
     intake: Intake
     max_body: int = DEFAULT_MAX_BODY
+    allowed_hosts: frozenset[str] = frozenset()
     protocol_version = "HTTP/1.1"  # keep-alive, as the agent's pooled connections expect
     server_version = "swmp-collector"
     timeout = 30  # seconds a client may take to send its request: a stalled one frees its thread
@@ -51,6 +91,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        for name, value in _HEADERS:
+            self.send_header(name, value)
         if content_type.startswith("text/html"):
             self.send_header("Content-Security-Policy", _CSP)
         self.end_headers()
@@ -71,10 +113,13 @@ class Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length") or -1)
         except ValueError:
             length = -1
-        if route is None or length < 0 or length > self.max_body:
+        origin = self.headers.get("Origin")
+        if route is None or length < 0 or length > self.max_body or origin is not None:
             # the body is not read: close the connection rather than resynchronise on it
             self.close_connection = True
-            if route is None:
+            if origin is not None:  # a browser (a cross-site form, a rebinding page); agents send none
+                self._refuse(403, "cross_origin", f"a POST from a web page (Origin {origin[:100]})")
+            elif route is None:
                 self._refuse(404, "unknown_path", f"no receiver at {path[:100]}")
             elif length < 0:
                 self._refuse(411, "no_length", "a Content-Length header is required")
@@ -99,6 +144,14 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- page and API ----------------------------------------------------------------------
     def do_GET(self) -> None:
+        host = self.headers.get("Host")
+        if not host_allowed(host, self.allowed_hosts):
+            self.intake.refuse(
+                f"http GET {self.path[:100]}", "bad_host", f"Host {(host or '')[:100]!r} is not allowed"
+            )
+            self.close_connection = True
+            self._json({"error": "bad_host", "detail": "Host not allowed: see --allow-host"}, 403)
+            return
         url = urlsplit(self.path)
         q = parse_qs(url.query)
         store = self.intake.store
@@ -135,12 +188,56 @@ class Handler(BaseHTTPRequestHandler):
             self._json({"error": "not found"}, 404)
 
 
+MAX_CONNECTIONS = 64  # open HTTP connections at once; more are closed on arrival
+
+
+class _Server(ThreadingHTTPServer):
+    """One thread per connection, at most ``max_connections`` of them: clients that open
+    connections and stall (each is closed after ``Handler.timeout`` of silence) cannot make
+    the collector start threads without end. A connection over the cap is closed at once and
+    counted (``too_many_connections``)."""
+
+    daemon_threads = True
+    intake: Intake
+    max_connections = MAX_CONNECTIONS
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.intake.refuse(
+                "http connection", "too_many_connections", f"{self.max_connections} already open"
+            )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def build_server(
-    intake: Intake, host: str, port: int, max_body: int = DEFAULT_MAX_BODY
+    intake: Intake,
+    host: str,
+    port: int,
+    max_body: int = DEFAULT_MAX_BODY,
+    allow_hosts: tuple[str, ...] = (),
 ) -> ThreadingHTTPServer:
-    handler = type("CollectorHandler", (Handler,), {"intake": intake, "max_body": max_body})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
+    allowed = frozenset(host_name(h) for h in (host, *allow_hosts))
+    handler = type(
+        "CollectorHandler", (Handler,), {"intake": intake, "max_body": max_body, "allowed_hosts": allowed}
+    )
+    server = _Server((host, port), handler)
+    server.intake = intake
     return server
 
 

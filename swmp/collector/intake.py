@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 
 from swmp.collector import decode
 from swmp.collector.store import Store
+from swmp.ops.fmt import terminal_safe
 
 log = logging.getLogger("swmp.collector")
 
@@ -39,6 +40,8 @@ class Intake:
             self.calls[f"{transport}:{method}"] += 1
 
     def refuse(self, where: str, reason: str, detail: str) -> None:
+        # the path and the detail quote what the sender sent: no ESC from it reaches the log
+        where, detail = terminal_safe(where), terminal_safe(detail)
         with self._lock:
             self.refused[reason] += 1
             first = reason not in self.first_refusal

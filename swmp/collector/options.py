@@ -61,4 +61,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_BODY / 2**20,
         help="largest HTTP body accepted, MiB (default %(default)g)",
     )
+    p.add_argument(
+        "--allow-host",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a host name the page and API answer to besides IP addresses and localhost (repeatable)",
+    )
     p.add_argument("--ready-file", metavar="PATH", help="write the bound ports as JSON here once listening")

@@ -8,10 +8,12 @@ A development tool: one process, one machine, no metrics aggregation, no alarms,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -41,12 +43,14 @@ class Collector:
         grpc_port: int = DEFAULT_GRPC_PORT,
         http_port: int = DEFAULT_HTTP_PORT,
         max_body: int = DEFAULT_MAX_BODY,
+        allow_hosts: tuple[str, ...] = (),
     ) -> None:
         self.store = store
         self.intake = Intake(store)
         self.host = host
         self._want = (grpc_port, http_port)
         self.max_body = max_body
+        self.allow_hosts = allow_hosts
         self.grpc_port = 0
         self.http_port = 0
         self._grpc: Any = None
@@ -56,7 +60,9 @@ class Collector:
         try:
             self._grpc, self.grpc_port = grpc_receiver.build_server(self.intake, self.host, self._want[0])
             self._grpc.start()
-            self._http = http_server.build_server(self.intake, self.host, self._want[1], self.max_body)
+            self._http = http_server.build_server(
+                self.intake, self.host, self._want[1], self.max_body, self.allow_hosts
+            )
             self.http_port = self._http.server_address[1]
             http_server.serve_in_thread(self._http)
         except BaseException:
@@ -92,17 +98,35 @@ class Collector:
         return f"http://{self.host}:{self.http_port}"
 
 
+def write_ready_file(path: str, doc: dict[str, Any]) -> None:
+    """``doc`` as JSON at ``path``, atomically (readers never see half of it). The temporary
+    file is created new (``O_EXCL | O_NOFOLLOW``): a link planted at ``PATH.tmp`` is removed,
+    never written through."""
+    tmp = f"{path}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a stale one, or a planted link (the link goes, not its target)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc))
+    os.replace(tmp, path)
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``swmp collector`` command: serve until SIGTERM / Ctrl-C."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     path = MEMORY if args.memory else str(Path(args.db).expanduser() if args.db else default_path())
-    store = Store(path, max_bytes=int(args.max_mb * 2**20), retention_s=args.retention_hours * 3600)
+    try:
+        store = Store(path, max_bytes=int(args.max_mb * 2**20), retention_s=args.retention_hours * 3600)
+    except (OSError, sqlite3.Error) as exc:
+        print(f"swmp collector: cannot use the database: {exc}", file=sys.stderr)
+        return 1
     collector = Collector(
         store,
         host=args.host,
         grpc_port=args.grpc_port,
         http_port=args.http_port,
         max_body=int(args.max_body_mb * 2**20),
+        allow_hosts=tuple(args.allow_host),
     )
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -118,13 +142,12 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.ready_file:
-            tmp = f"{args.ready_file}.tmp"
-            Path(tmp).write_text(
-                json.dumps(
-                    {"grpc_port": collector.grpc_port, "http_port": collector.http_port, "pid": os.getpid()}
-                )
-            )
-            os.replace(tmp, args.ready_file)  # readers never see half a file
+            doc = {"grpc_port": collector.grpc_port, "http_port": collector.http_port, "pid": os.getpid()}
+            try:
+                write_ready_file(args.ready_file, doc)
+            except OSError as exc:
+                print(f"swmp collector: cannot write the ready file: {exc}", file=sys.stderr)
+                return 1
         while not stop.wait(1.0):
             pass
     finally:

@@ -14,15 +14,20 @@ Two limits keep the file small:
 * ``retention_s``: rows (and instances not heard from) older than this are removed, checked
   at most every few seconds on writes.
 
-The file is created private: mode 0600, in a directory created 0700 when it is new.
+The file is created private: mode 0600, in a directory created 0700 when it is new. A
+symbolic link, something other than a regular file, or a file of another user where the
+database goes is refused (:class:`StoreError`), never followed; so is a database with tables
+that are not the collector's (a wrong ``--db`` must not empty someone's database).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterable
@@ -62,11 +67,32 @@ CREATE TABLE IF NOT EXISTS instances(
 """
 
 
+_OWN_TABLES = frozenset({"segments", "logs", "meters", "instances"})
+
+
+class StoreError(OSError):
+    """The database cannot be used where it was asked for (the message says why)."""
+
+
 def _create_private(path: Path) -> None:
     if not path.parent.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # mode applies only when it is created
-    os.close(fd)
+    try:  # O_NOFOLLOW: a link planted where the file goes is refused, not followed
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"{path} is a symbolic link: refused (give the real path)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreError(f"{path} is not a regular file: refused")
+        if st.st_uid != os.geteuid():
+            raise StoreError(f"{path} belongs to another user (uid {st.st_uid}): refused")
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(fd, 0o600)  # what it holds is private, whoever created it loosely
+    finally:
+        os.close(fd)
 
 
 def _now_ms() -> int:
@@ -91,7 +117,11 @@ class Store:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
         self._bytes = sum(
             int(self._db.execute(f"SELECT COALESCE(SUM(size), 0) FROM {t}").fetchone()[0])
             for t in _DATA_TABLES
@@ -112,6 +142,10 @@ class Store:
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
             )
         ]
+        if set(tables) - _OWN_TABLES:
+            raise StoreError(
+                f"{self.path} is not a collector database (tables {sorted(tables)}): refused, nothing changed"
+            )
         if tables:
             log.warning(
                 "collector: %s has schema version %d, not %d: starting empty",

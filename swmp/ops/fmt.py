@@ -11,6 +11,23 @@ import re
 
 WIDTH = 80  # the text output is checked to fit a classic terminal
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# what a terminal acts on rather than shows: C0, DEL, C1, and the Unicode line separators and
+# bidirectional overrides (text that reorders what follows it on the line)
+_TERMINAL_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe(text: object) -> str:
+    """``text`` with every character a terminal would act on shown as an escape (``\\x1b``).
+
+    For what others control (a service name, a tag, a server's answer) printed to a terminal:
+    an ESC, CR or BEL in it must not move the cursor, retitle the window or hide what
+    precedes it."""
+    return _TERMINAL_UNSAFE.sub(_escape, str(text))
 
 
 def duration(seconds: float | None) -> str:

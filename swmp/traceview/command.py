@@ -8,6 +8,7 @@ import os
 import sys
 from dataclasses import asdict
 
+from swmp.ops.fmt import terminal_safe
 from swmp.traceview import render
 from swmp.traceview.sources import DEFAULT_COLLECTOR, CollectorSource, Filters, OapSource, Source, SourceError
 
@@ -65,5 +66,13 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(render.trace_tree(trace_id, spans, color=color)))
         return 0 if spans else 1
     except SourceError as exc:
-        print(f"swmp traces: {exc}", file=sys.stderr)
+        print(f"swmp traces: {terminal_safe(exc)}", file=sys.stderr)
+        return 1
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError, RecursionError) as exc:
+        # an answer of the wrong shape (another program on the port, a hostile server)
+        where = args.oap or args.collector
+        print(
+            f"swmp traces: unexpected answer from {terminal_safe(where)}: {terminal_safe(repr(exc))[:300]}",
+            file=sys.stderr,
+        )
         return 1

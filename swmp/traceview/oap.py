@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+MAX_ANSWER = 64 * 2**20  # bytes of one answer read at most: a server cannot fill our memory
 
 
 class GraphQLError(RuntimeError):
@@ -185,7 +186,10 @@ class OapGraphQL:
         req = urllib.request.Request(self.url, body, {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                answer = json.load(resp)
+                body = resp.read(MAX_ANSWER + 1)
+            if len(body) > MAX_ANSWER:
+                raise GraphQLError(f"answer from {self.url} larger than {MAX_ANSWER} bytes")
+            answer = json.loads(body)
         except urllib.error.HTTPError as exc:
             raise GraphQLError(f"HTTP {exc.code} from {self.url}: {exc.read()[:500]!r}") from exc
         if answer.get("errors"):

@@ -10,9 +10,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from swmp.traceview.model import TraceSummary, TreeSpan, spans_from_segments
-from swmp.traceview.oap import OapGraphQL
+from swmp.traceview.oap import MAX_ANSWER, OapGraphQL
 
 DEFAULT_COLLECTOR = "http://127.0.0.1:12800"
+
+
+def read_json(resp: Any, limit: int = MAX_ANSWER) -> Any:
+    """The JSON document of an HTTP answer of at most ``limit`` bytes (ValueError otherwise,
+    also for JSON nested too deeply to parse)."""
+    body = resp.read(limit + 1)
+    if len(body) > limit:
+        raise ValueError(f"answer larger than {limit} bytes")
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("answer nested too deeply") from None
 
 
 class SourceError(RuntimeError):
@@ -45,7 +57,7 @@ class CollectorSource:
     def _get(self, path: str) -> Any:
         try:
             with urllib.request.urlopen(self.url + path, timeout=self.timeout) as resp:
-                return json.load(resp)
+                return read_json(resp)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None

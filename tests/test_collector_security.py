@@ -1,0 +1,305 @@
+"""``swmp collector`` and ``swmp traces`` against hostile input, on a real collector process:
+browsers kept out of the API (DNS rebinding, cross-site POSTs), no MIME sniffing, no terminal
+escapes from trace data, no runaway threads, and a database path that is never followed
+through a planted symbolic link (docs/collector.md, "Security")."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import select
+import socket
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swmp.collector.http_server import MAX_CONNECTIONS
+from swmp.traceview.oap import MAX_ANSWER
+from tests.localcollector import LocalCollector, local_collector, swmp_traces
+from tests.servers import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCollector]:
+    with local_collector(tmp_path_factory.mktemp("sec-collector"), "--allow-host", "devbox.lan") as col:
+        yield col
+
+
+def _request(
+    col: LocalCollector, method: str, path: str, headers: dict[str, str], body: bytes | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    host, port = col.http_address.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.putrequest(method, path, skip_host="Host" in headers, skip_accept_encoding=True)
+        for k, v in headers.items():
+            conn.putheader(k, v)
+        if body is not None:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def test_page_and_api_refuse_a_foreign_host(collector: LocalCollector) -> None:
+    """A web site that rebinds its DNS name to 127.0.0.1 sends its own name as Host: the
+    API must not hand it the traces."""
+    port = collector.http_address.split(":")[1]
+    for path in ("/", "/api/stats", "/api/traces", "/api/trace/x"):
+        status, _, body = _request(collector, "GET", path, {"Host": f"evil.example:{port}"})
+        assert status == 403 and json.loads(body)["error"] == "bad_host", (path, status, body)
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "[::1]", "devbox.lan", "DevBox.LAN.:80"):
+        status, _, _ = _request(collector, "GET", "/api/stats", {"Host": host})
+        assert status == 200, host
+    assert collector.stats()["refused"]["bad_host"] == 4
+
+
+def test_receivers_refuse_a_post_from_a_web_page(collector: LocalCollector) -> None:
+    """Browsers send Origin on every POST, agents never: a cross-site (or rebinding) page
+    cannot write traces into the collector."""
+    segment = {"traceId": "csrf-1", "traceSegmentId": "csrf-1.0", "service": "csrf"}
+    status, _, body = _request(
+        collector,
+        "POST",
+        "/v3/segment",
+        {"Content-Type": "application/json", "Origin": "http://evil.example"},
+        json.dumps(segment).encode(),
+    )
+    assert status == 403 and json.loads(body)["error"] == "cross_origin"
+    assert collector.get("/api/traces?service=csrf") == []
+    # the same POST from an agent (no Origin) is taken
+    assert collector.post("/v3/segment", json.dumps(segment).encode())[0] == 200
+
+
+def test_answers_forbid_sniffing_and_framing(collector: LocalCollector) -> None:
+    for path, ctype in (("/", "text/html; charset=utf-8"), ("/api/stats", "application/json")):
+        status, headers, _ = _request(collector, "GET", path, {})
+        assert status == 200 and headers["content-type"] == ctype
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in _request(collector, "GET", "/", {})[1]["content-security-policy"]
+    _, headers, _ = _request(collector, "POST", "/v3/nowhere", {"Content-Type": "application/json"}, b"[]")
+    assert headers["x-content-type-options"] == "nosniff"
+
+
+EVIL = "\x1b]0;pwned\x07\x1b[2J\r\x9b1m\u202e"
+
+
+def test_swmp_traces_prints_no_terminal_escapes(collector: LocalCollector) -> None:
+    """Span names, services, peers and tags come from whoever reported: an ESC, CR or BEL in
+    them reaching the terminal would rewrite it. They are printed as escapes."""
+    segment = {
+        "traceId": "esc" + EVIL,
+        "traceSegmentId": "esc.0",
+        "service": "esc-svc" + EVIL,
+        "serviceInstance": "i" + EVIL,
+        "spans": [
+            {
+                "spanId": 0,
+                "parentSpanId": -1,
+                "startTime": 1700000000000,
+                "endTime": 1700000000005,
+                "operationName": "op" + EVIL,
+                "peer": "peer" + EVIL,
+                "spanType": "Entry",
+                "tags": [{"key": "http.status_code", "value": "500" + EVIL}],
+            }
+        ],
+    }
+    assert collector.post("/v3/segment", json.dumps(segment).encode())[0] == 200
+    listed = swmp_traces("--collector", collector.url, "--service", "esc-svc" + EVIL).stdout
+    tree = swmp_traces("--collector", collector.url, "--service", "esc-svc" + EVIL, "--last").stdout
+    for out in (listed, tree):
+        assert not any(c in out for c in "\x1b\x07\r\x9b\u202e"), repr(out)
+        assert "\\x1b]0;pwned\\x07\\x1b[2J\\x0d\\x9b1m\\u202e" in out, out
+    assert "op\\x1b" in tree and "peer\\x1b" in tree and "status 500\\x1b" in tree
+
+
+def test_refusal_log_carries_no_terminal_escapes(collector: LocalCollector) -> None:
+    """The first refusal of a kind is logged with the path it came to: the path is the
+    sender's, so it must not bring an ESC into the collector's terminal."""
+    host, port = collector.http_address.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v3/segments?\x1b]0;pwned\x07 HTTP/1.1\r\nHost: x\r\n\r\n")  # no length
+        assert s.recv(100).startswith(b"HTTP/1.1 411")
+    wait_until(lambda: "no_length" in collector.log(), 10, "the refusal in the log")
+    log = collector.log()
+    assert "\x1b" not in log and "\x07" not in log
+    assert "/v3/segments?\\x1b]0;pwned\\x07" in log
+
+
+def test_connections_are_capped(collector: LocalCollector) -> None:
+    """Clients that connect and say nothing hold a thread each: past the cap, a connection is
+    closed on arrival and counted, and the collector serves again once they go."""
+    host, port = collector.http_address.split(":")
+    extra = 5
+    socks = [socket.create_connection((host, int(port)), timeout=10) for _ in range(MAX_CONNECTIONS + extra)]
+    try:
+
+        def closed() -> int:  # connections the collector closed (EOF readable)
+            readable, _, _ = select.select(socks, [], [], 0)
+            return sum(1 for s in readable if s.recv(1, socket.MSG_PEEK) == b"")
+
+        wait_until(lambda: closed() == extra, 30, f"{extra} connections closed by the collector")
+    finally:
+        for s in socks:
+            s.close()
+    wait_until(lambda: _healthy(collector), 30, "the collector to serve again")
+    assert collector.stats()["refused"]["too_many_connections"] == extra
+
+
+def test_deeply_nested_json_is_refused_and_counted(collector: LocalCollector) -> None:
+    """``[[[[...`` past the interpreter's recursion limit raised RecursionError in the
+    handler thread: a traceback in the log, no answer, nothing counted."""
+    before = collector.stats()["refused"].get("bad_json", 0)
+    status, body = collector.post("/v3/segments", b"[" * 200_000)
+    assert status == 400 and body["error"] == "bad_json" and "nested too deeply" in body["detail"]
+    assert collector.stats()["refused"]["bad_json"] == before + 1
+    assert "Traceback" not in collector.log() and "RecursionError" not in collector.log()
+
+
+def _healthy(col: LocalCollector) -> bool:
+    try:
+        return bool(col.get("/healthz")["ok"])
+    except OSError:
+        return False
+
+
+def _run_collector(tmp_path: Path, db: Path) -> subprocess.CompletedProcess[str]:
+    """``swmp collector --db DB``: started, and stopped as soon as it listens."""
+    ready = tmp_path / "ready"
+    cmd = [sys.executable, "-m", "swmp.collector", "--db", str(db), "--grpc-port", "0", "--http-port", "0"]
+    cmd += ["--ready-file", str(ready)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: proc.poll() is not None or ready.exists(), 60, "the collector")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        out, err = proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_planted_symlink_is_refused_not_followed(tmp_path: Path) -> None:
+    """Someone who can write where the database goes (``--db /tmp/...``) plants a link to a
+    file of theirs or to one of the user's: the collector must not write through it."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    dangling = tmp_path / "attacker-owned.db"
+    for target in (victim, dangling):
+        link = tmp_path / "collector.db"
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
+        out = _run_collector(tmp_path, link)
+        assert out.returncode == 1 and "symbolic link" in out.stderr, (out.returncode, out.stderr)
+        assert "Traceback" not in out.stderr
+    assert victim.read_text() == "precious\n" and not dangling.exists()
+
+
+def test_ready_file_is_not_written_through_a_planted_link(tmp_path: Path) -> None:
+    """``--ready-file PATH`` wrote ``PATH.tmp`` first, following a link planted there (CI jobs
+    put it in shared temporary directories): the link's target was overwritten."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "ready.tmp").symlink_to(victim)
+    out = _run_collector(tmp_path, tmp_path / "c.db")
+    assert out.returncode == 0, out.stderr
+    assert victim.read_text() == "precious\n"
+    ready = tmp_path / "ready"
+    assert not ready.is_symlink() and set(json.loads(ready.read_text())) == {"grpc_port", "http_port", "pid"}
+
+
+def test_a_database_that_is_not_the_collectors_is_left_alone(tmp_path: Path) -> None:
+    """A wrong ``--db`` (another application's SQLite file) was emptied as "another schema
+    version": its tables were dropped."""
+    other = tmp_path / "app.sqlite"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE users(name TEXT)")
+        db.execute("INSERT INTO users VALUES ('alice')")
+    db.close()
+    out = _run_collector(tmp_path, other)
+    assert out.returncode == 1 and "not a collector database" in out.stderr, out.stderr
+    with sqlite3.connect(other) as db:
+        assert db.execute("SELECT name FROM users").fetchall() == [("alice",)]
+    db.close()
+
+
+def test_loose_database_file_is_made_private(tmp_path: Path) -> None:
+    db = tmp_path / "loose.db"
+    db.touch()
+    os.chmod(db, 0o644)
+    out = _run_collector(tmp_path, db)
+    assert out.returncode in (0, -15), out.stderr
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+
+
+class _Answer(BaseHTTPRequestHandler):
+    """A server that answers every GET and POST with ``body`` (a hostile or foreign one)."""
+
+    body = b""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
+
+
+@contextlib.contextmanager
+def _answering(body: bytes) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("A", (_Answer,), {"body": body}))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+BIG = b"[" + b" " * (MAX_ANSWER + 1) + b"]"
+
+
+@pytest.mark.parametrize(
+    ("body", "args", "expect"),
+    [
+        (b'[{"trace_id": "t"}]', ["--collector"], "unexpected answer"),
+        (b'["x"]', ["--collector"], "unexpected answer"),
+        (b'{"segments": [{"spans": "nope"}]}', ["t", "--collector"], "unexpected answer"),
+        (b"[" * 200_000, ["--collector"], "nested too deeply"),
+        (BIG, ["--collector"], "larger than"),
+        (b'{"data": {"queryBasicTraces": {"traces": [7]}}}', ["--oap"], "unexpected answer"),
+        (BIG, ["--oap"], "larger than"),
+    ],
+    ids=["missing-keys", "wrong-type", "bad-trace", "deep", "huge", "oap-wrong-type", "oap-huge"],
+)
+def test_swmp_traces_survives_a_hostile_answer(body: bytes, args: list[str], expect: str) -> None:
+    """Whatever the server on the other end answers, ``swmp traces`` exits 1 with a message:
+    no traceback, and no answer read past MAX_ANSWER bytes."""
+    with _answering(body) as url:
+        out = swmp_traces(*args, url, ok=False)
+    assert out.returncode == 1 and expect in out.stderr, (out.returncode, out.stderr[-2000:])
+    assert "Traceback" not in out.stderr
