@@ -4,11 +4,13 @@ and the snapshot records (byte-identical to the generated ThreadSnapshot)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -482,6 +484,36 @@ def test_asyncio_request_samples_its_coroutine_stack(profiling_arena: Arena, sin
         assert ".handler:" in stack[0] and ".slow_coroutine:" in stack[1], stack
         assert stack[-1].split(":")[0].endswith("tasks.py.sleep"), stack  # awaited down to asyncio.sleep
         assert not any("bystander" in f or "run_forever" in f for f in stack)
+
+
+def test_code_under_a_path_that_is_not_utf8_is_sampled_escaped(
+    profiling_arena: Arena, sink: _sink.MemorySink, tmp_path: Path
+) -> None:
+    """A code file under a directory whose name is not UTF-8 has a lone surrogate in its
+    ``co_filename`` (``surrogateescape``): orjson refuses the snapshot. It is sent with the
+    surrogate backslash-escaped, as segments and logs are; before, it was dropped (counted)."""
+    folder = tmp_path / os.fsdecode(b"caf\xff")
+    folder.mkdir()
+    (folder / "app.py").write_text(
+        "import time\n"
+        "def busy(done):\n"
+        "    deadline = time.monotonic() + 30\n"
+        "    while not done() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.002)\n"
+    )
+    spec = importlib.util.spec_from_file_location("swmp_test_not_utf8_app", folder / "app.py")
+    assert spec is not None and spec.loader is not None
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    assert "\udcff" in app.busy.__code__.co_filename
+    post(profiling_arena, task())
+    dropped = stats.dropped
+    with new_entry_span("/slow"):
+        app.busy(lambda: len(records(sink, R.PROFILE_SNAPSHOT)) >= 2)  # runs until sampled twice
+    snaps = records(sink, R.PROFILE_SNAPSHOT)
+    assert len(snaps) >= 2 and stats.dropped == dropped
+    escaped = str(folder).replace("\udcff", "\\udcff") + "/app.py.busy:"
+    assert all(any(f.startswith(escaped) for f in s[R.SNAP_STACK]) for s in snaps), snaps[0][R.SNAP_STACK]
 
 
 def test_running_coroutine_includes_its_synchronous_frames() -> None:

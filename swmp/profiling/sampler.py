@@ -20,12 +20,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 
 from reporter_proc import records as R
 from reporter_proc.taskboard import BoardTask
 from swmp import _sink
+from swmp.tracing.utf8 import escaped_record
 
 log = logging.getLogger("swmp.profiling")
 
@@ -37,6 +39,17 @@ StackSource = Callable[[int], list[str]]  # depth -> stack, outermost first ([] 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _encode(rec: list[Any]) -> bytes:
+    """A snapshot's ring payload. Text that is not valid UTF-8 (lone surrogates: a code file
+    under a path decoded with ``surrogateescape``) is sent backslash-escaped, as segments
+    and logs are (``swmp.tracing.utf8``), not lost; the escaping is done only after orjson
+    refused the record."""
+    try:
+        return orjson.dumps(rec)
+    except TypeError:
+        return orjson.dumps(escaped_record(rec))
 
 
 class Profiled:
@@ -125,8 +138,8 @@ class Profiled:
             )
             self.sequence += 1
         try:
-            payload = orjson.dumps(rec)
-        except Exception:  # a stack orjson refuses: the ring never sees it, so count it here
+            payload = _encode(rec)
+        except Exception:  # a stack orjson refuses even escaped: the ring never sees it, so count it here
             _sink.count_unbuilt()
             payload = None
         try:

@@ -4,8 +4,9 @@ Python text can hold lone surrogates: bytes that are not UTF-8, decoded with
 ``surrogateescape`` (file names, ``sys.argv``, ``os.environ``). orjson refuses them, and the
 record (a segment with all its spans, a log) would be lost. The encoders retry, only after
 orjson refused, with such characters backslash-escaped: ``"\\udcff"`` becomes the six
-characters ``\\udcff``. The log reporter (``write_log``) and the segment (``Segment.emit``,
-also the native core's fallback) do it the same way.
+characters ``\\udcff``. The log reporter (``write_log``), the segment (``Segment.emit``,
+also the native core's fallback) and the profile sampler (a snapshot's frames) do it the
+same way.
 """
 
 from __future__ import annotations
