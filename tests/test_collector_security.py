@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from swmp.collector.http_server import MAX_CONNECTIONS
+from swmp.collector.store import MAX_LIMIT
 from swmp.traceview.oap import MAX_ANSWER
 from tests.localcollector import LocalCollector, local_collector, swmp_traces
 from tests.servers import wait_until
@@ -170,6 +171,35 @@ def test_deeply_nested_json_is_refused_and_counted(collector: LocalCollector) ->
     assert status == 400 and body["error"] == "bad_json" and "nested too deeply" in body["detail"]
     assert collector.stats()["refused"]["bad_json"] == before + 1
     assert "Traceback" not in collector.log() and "RecursionError" not in collector.log()
+
+
+def test_api_limit_is_capped_and_checked(tmp_path: Path) -> None:
+    """``/api/logs?limit=1000000000`` built an answer of every log in the store (up to the
+    whole 256 MiB) in memory; a limit that was not a number was taken as the default, a
+    negative one too. Now: at most ``MAX_LIMIT`` rows, and 400 ``bad_parameter`` for junk."""
+    n = MAX_LIMIT + 5
+    with local_collector(tmp_path, memory=True) as col:
+        segments = [
+            {"traceId": f"lim-{i}", "traceSegmentId": f"lim-{i}.0", "service": "lim"} for i in range(n)
+        ]
+        logs = [{"service": "lim", "body": {"text": {"text": f"line {i}"}}} for i in range(n)]
+        assert col.post("/v3/segments", json.dumps(segments).encode()) == (200, {})
+        assert col.post("/v3/logs", json.dumps(logs).encode()) == (200, {})
+        for path, default in (("/api/logs", 200), ("/api/traces", 50)):
+            assert len(col.get(path)) == default
+            assert len(col.get(f"{path}?limit=")) == default
+            assert len(col.get(f"{path}?limit=7")) == 7
+            assert len(col.get(f"{path}?limit=007")) == 7
+            for big in (MAX_LIMIT + 1, 1_000_000_000, "9" * 5000):
+                assert len(col.get(f"{path}?limit={big}")) == MAX_LIMIT, (path, str(big)[:20])
+            for bad in ("-1", "0", "ten", "2.5", "%2B5", "%205", "1e9", "%D9%A5"):  # +5, " 5", Arabic 5
+                status, _, body = _request(col, "GET", f"{path}?limit={bad}", {})
+                answer = json.loads(body)
+                assert status == 400 and answer["error"] == "bad_parameter", (path, bad, status, body)
+                assert "limit" in answer["detail"]
+        assert col.stats()["refused"]["bad_parameter"] == 16
+        assert len(col.get("/api/trace/lim-3")["segments"]) == 1  # the other API answers as before
+        assert "Traceback" not in col.log()
 
 
 def _healthy(col: LocalCollector) -> bool:

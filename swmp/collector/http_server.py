@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from swmp.collector.decode import HTTP_ROUTES, BadInput, parse_json_body
 from swmp.collector.intake import Intake
 from swmp.collector.options import DEFAULT_MAX_BODY
+from swmp.collector.store import MAX_LIMIT
 
 _CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -73,6 +74,19 @@ def _int_arg(query: dict[str, list[str]], name: str, default: int = 0) -> int:
         return max(0, int(query.get(name, [str(default)])[0]))
     except ValueError:
         return default
+
+
+def _limit_arg(query: dict[str, list[str]], default: int) -> int:
+    """The ``limit`` parameter: ``default`` when absent or empty, at most ``MAX_LIMIT`` (a
+    larger one is taken as ``MAX_LIMIT``: the answer is built in memory). ValueError for what
+    is not a whole number of at least 1 (a sign, a space, a fraction, other digits than 0-9)."""
+    text = query.get("limit", [""])[0]  # (parse_qs leaves out empty values: "limit=" is absent)
+    if not text:
+        return default
+    digits = text.lstrip("0")
+    if not (text.isascii() and text.isdigit()) or not digits:
+        raise ValueError(f"limit {text[:20]!r} is not a whole number of at least 1")
+    return MAX_LIMIT if len(digits) > len(str(MAX_LIMIT)) else min(int(digits), MAX_LIMIT)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -160,7 +174,16 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(200, _page(), "text/html; charset=utf-8")
         elif path == "/api/stats":
             self._json(self.intake.stats())
-        elif path == "/api/traces":
+        elif path in ("/api/traces", "/api/logs"):
+            try:
+                limit = _limit_arg(q, 50 if path == "/api/traces" else 200)
+            except ValueError as exc:
+                self.intake.refuse(f"http GET {self.path[:100]}", "bad_parameter", str(exc))
+                self._json({"error": "bad_parameter", "detail": str(exc)}, 400)
+                return
+            if path == "/api/logs":
+                self._json(store.logs(q.get("trace_id", [""])[0], limit=limit))
+                return
             self._json(
                 store.traces(
                     service=q.get("service", [""])[0],
@@ -168,7 +191,7 @@ class Handler(BaseHTTPRequestHandler):
                     errors_only=q.get("errors", ["0"])[0] in ("1", "true", "on"),
                     min_duration_ms=_int_arg(q, "min_ms"),
                     max_duration_ms=_int_arg(q, "max_ms"),
-                    limit=_int_arg(q, "limit", 50) or 50,
+                    limit=limit,
                 )
             )
         elif path.startswith("/api/trace/"):
@@ -180,8 +203,6 @@ class Handler(BaseHTTPRequestHandler):
                 self._json({"trace_id": trace_id, "segments": segments, "logs": store.logs(trace_id)})
         elif path == "/api/services":
             self._json(store.services())
-        elif path == "/api/logs":
-            self._json(store.logs(q.get("trace_id", [""])[0], limit=_int_arg(q, "limit", 200) or 200))
         elif path == "/healthz":
             self._json({"ok": True})
         else:

@@ -42,6 +42,9 @@ SCHEMA_VERSION = 1
 MEMORY = ":memory:"
 _SWEEP_EVERY_S = 5.0
 _DATA_TABLES = ("segments", "logs", "meters")
+# The most rows one answer of the trace list or of the logs holds (the API's ``limit``): an
+# answer is built in memory, and the store may hold 256 MiB.
+MAX_LIMIT = 1000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS segments(
@@ -350,7 +353,7 @@ class Store:
             + (" HAVING " + " AND ".join(having) if having else "")
             + " ORDER BY MIN(start_ms) DESC LIMIT ?"
         )
-        args.append(max(1, min(limit, 1000)))
+        args.append(max(1, min(limit, MAX_LIMIT)))
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
         return [
@@ -381,6 +384,8 @@ class Store:
         return out
 
     def logs(self, trace_id: str = "", limit: int = 200) -> list[Doc]:
+        """Log records: of one trace (oldest first), or the newest (newest first)."""
+        limit = max(1, min(limit, MAX_LIMIT))
         with self._lock:
             if trace_id:
                 rows = self._db.execute(
