@@ -202,6 +202,31 @@ def test_api_limit_is_capped_and_checked(tmp_path: Path) -> None:
         assert "Traceback" not in col.log()
 
 
+def test_server_header_names_no_versions(collector: LocalCollector) -> None:
+    """``BaseHTTPRequestHandler`` sends ``Server: swmp-collector Python/3.x.y`` by default:
+    which interpreter runs is no client's business."""
+    answers = [
+        _request(collector, "GET", "/", {}),
+        _request(collector, "GET", "/api/stats", {}),
+        _request(collector, "GET", "/nowhere", {}),
+        _request(collector, "POST", "/v3/segments", {"Content-Type": "application/json"}, b"{no"),
+    ]
+    assert [a[0] for a in answers] == [200, 200, 404, 400]
+    assert {a[1]["server"] for a in answers} == {"swmp-collector"}
+    # an answer of http.server itself (send_error: a method it has no handler for)
+    host, port = collector.http_address.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"BREW / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+    assert head.startswith(b"HTTP/1.1 501") and b"\r\nServer: swmp-collector\r\n" in head, head
+    assert b"Python" not in head
+
+
 def _healthy(col: LocalCollector) -> bool:
     try:
         return bool(col.get("/healthz")["ok"])

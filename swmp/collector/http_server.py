@@ -94,11 +94,14 @@ class Handler(BaseHTTPRequestHandler):
     max_body: int = DEFAULT_MAX_BODY
     allowed_hosts: frozenset[str] = frozenset()
     protocol_version = "HTTP/1.1"  # keep-alive, as the agent's pooled connections expect
-    server_version = "swmp-collector"
+    server_version = "swmp-collector"  # the whole Server header: no Python version (version_string)
     timeout = 30  # seconds a client may take to send its request: a stalled one frees its thread
 
     def log_message(self, format: str, *args: Any) -> None:  # no line per request
         pass
+
+    def version_string(self) -> str:
+        return self.server_version  # not "... Python/3.x": which versions run is no client's business
 
     def _reply(self, status: int, body: bytes, content_type: str = "application/json") -> None:
         self.send_response(status)
