@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -85,7 +86,7 @@ class _Family:
 
     def alive(self) -> list[psutil.Process]:
         out = []
-        for p in self.seen.values():
+        for p in list(self.seen.values()):  # the watcher thread may add to it meanwhile
             with contextlib.suppress(psutil.Error):
                 if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
                     out.append(p)
@@ -105,6 +106,56 @@ class _Family:
         for p in self.alive():
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+# Every process ``swmp demo`` runs (with ``--workers`` at its default, 4), by what it is.
+_EXPECTED = {
+    "demo": 1,
+    "collector": 1,
+    "master demo-frontend": 1,
+    "worker demo-frontend": 4,
+    "supervisor demo-frontend": 1,
+    "reporter demo-frontend": 1,
+    "master demo-inventory": 1,
+    "worker demo-inventory": 2,
+    "supervisor demo-inventory": 1,
+    "reporter demo-inventory": 1,
+}
+_APPS = {"examples.app:app": "demo-frontend", "examples.inventory:app": "demo-inventory"}
+
+
+def _role(family: _Family, p: psutil.Process) -> str:
+    """What a process of the demo is, from its title (Gunicorn's and the agent's)."""
+    if p.pid == family.proc.pid:
+        return "demo"
+    cmd = " ".join(p.cmdline())
+    if "swmp.collector" in cmd:
+        return "collector"
+    if m := re.match(r"gunicorn: (master|worker) \[(\S+)\]", cmd):
+        return f"{m[1]} {_APPS.get(m[2], m[2])}"
+    if m := re.match(r"swmp-(supervisor|reporter) \[(\S+)\]", cmd):
+        return f"{m[1]} {m[2]}"
+    return cmd
+
+
+def _wait_all_started(family: _Family, timeout: float = 120.0) -> dict[str, int]:
+    """Wait until every process in ``_EXPECTED`` runs under its title; the count by role.
+
+    The demo starts its load once one worker of each server answers; Gunicorn's master forks
+    the others one by one (with a random pause of up to 0.1 s between two), and a loaded
+    machine can answer the first request before the last worker exists (seen: 10 of 14)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        family.sample()
+        roles: dict[str, int] = {}
+        for p in family.alive():
+            with contextlib.suppress(psutil.Error):
+                role = _role(family, p)
+                roles[role] = roles.get(role, 0) + 1
+        done = all(roles.get(r, 0) >= n for r, n in _EXPECTED.items())
+        if done or family.proc.poll() is not None or time.monotonic() > deadline:
+            return roles
+        time.sleep(0.1)  # a poll interval, not a wait for the state: that is the loop's test
 
 
 def _files(root: Path) -> list[str]:
@@ -160,18 +211,17 @@ def test_demo_ctrl_c_stops_everything(tmp_path: Path) -> None:
     rest = ""
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:  # wait until the load runs: every process is up then
+        for line in proc.stdout:  # wait until the load runs
             lines.append(line)
             if "requests" in line and line.startswith("["):
                 break
-        family.sample()
-        started = len(family.seen)
+        roles = _wait_all_started(family)  # the load may run before every worker is forked
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
         rest, _ = proc.communicate(timeout=60)
         left = family.alive()
     finally:
         family.close()
-    assert started >= 12, "".join(lines)
+    assert all(roles.get(r, 0) >= n for r, n in _EXPECTED.items()), (roles, "".join(lines))
     assert proc.returncode == 130, "".join(lines) + rest
     assert "interrupted: stopping the demo's processes" in rest
     assert not left, left
