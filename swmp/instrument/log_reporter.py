@@ -30,8 +30,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 import ipc
 from reporter_proc.records import LOG
 from swmp import _sink
@@ -40,7 +38,7 @@ from swmp.tracing.context import trace_position
 from swmp.tracing.identity import identity
 from swmp.tracing.limits import limits
 from swmp.tracing.span import Span, current_span
-from swmp.tracing.utf8 import escaped as _utf8
+from swmp.tracing.utf8 import dumps_escaping
 
 if TYPE_CHECKING:
     from swmp.config import Config
@@ -127,15 +125,10 @@ def write_log(ts_ms: int, body: str, tags: list[str], safe_mode: bool = False) -
                 tags[i] = tag[:lim]
         pos = trace_position()
         trace_id, seg_id, span_id, endpoint = pos if pos is not None else ("", "", -1, "")
-        record: list[Any] = [ts_ms, identity.service, identity.instance, endpoint, "text", body]
-        record += [trace_id, seg_id, span_id, tags, ""]
-        try:
-            payload = orjson.dumps(record)
-        except TypeError:
-            # Text that is not valid UTF-8: lone surrogates, from bytes decoded with
-            # "surrogateescape" (file names, sys.argv, os.environ): sent escaped, not lost.
-            record[3], record[5], record[9] = _utf8(endpoint), _utf8(body), [_utf8(t) for t in tags]
-            payload = orjson.dumps(record)
+        # Text that is not valid UTF-8 (lone surrogates, from bytes decoded with
+        # "surrogateescape": file names, sys.argv, os.environ) is sent escaped, not lost.
+        record = [ts_ms, identity.service, identity.instance, endpoint, "text", body]
+        payload = dumps_escaping([*record, trace_id, seg_id, span_id, tags, ""])
     except Exception as e:
         stats.errors += 1
         _sink.count_unbuilt()

@@ -24,6 +24,9 @@ SUPPORTED = ("1.26", "3")
 TRIGGER = "urllib3"  # its __init__ imports urllib3.connectionpool
 
 
+_header_dict: type[Any] = type(None)  # urllib3's HTTPHeaderDict, taken once at install
+
+
 def _with_sw8(base: Any, added: dict[str, str]) -> Any:
     """A copy of the request's headers with ``added``, of the caller's kind: an
     ``HTTPHeaderDict`` stays one (a header given several values is still sent once per
@@ -32,9 +35,7 @@ def _with_sw8(base: Any, added: dict[str, str]) -> Any:
     is replaced, not sent beside the span's. Headers that cannot be copied are sent as
     given, without ``sw8``."""
     try:
-        from urllib3._collections import HTTPHeaderDict  # noqa: PLC0415 (loaded: urlopen runs)
-
-        if isinstance(base, HTTPHeaderDict):
+        if isinstance(base, _header_dict):
             merged = base.copy()
             for name, value in added.items():
                 merged[name] = value  # replaces every spelling of the name
@@ -47,7 +48,11 @@ def _with_sw8(base: Any, added: dict[str, str]) -> Any:
 
 
 def install(config: Config) -> None:
+    global _header_dict
+    from urllib3._collections import HTTPHeaderDict  # noqa: PLC0415
     from urllib3.connectionpool import HTTPConnectionPool  # noqa: PLC0415
+
+    _header_dict = HTTPHeaderDict  # not imported per request
 
     def make(orig: Any) -> Any:
         def urlopen(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:

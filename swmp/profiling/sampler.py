@@ -20,14 +20,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
-
-import orjson
 
 from reporter_proc import records as R
 from reporter_proc.taskboard import BoardTask
 from swmp import _sink
-from swmp.tracing.utf8 import escaped_record
+from swmp.tracing.utf8 import dumps_escaping
 
 log = logging.getLogger("swmp.profiling")
 
@@ -39,17 +36,6 @@ StackSource = Callable[[int], list[str]]  # depth -> stack, outermost first ([] 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _encode(rec: list[Any]) -> bytes:
-    """A snapshot's ring payload. Text that is not valid UTF-8 (lone surrogates: a code file
-    under a path decoded with ``surrogateescape``) is sent backslash-escaped, as segments
-    and logs are (``swmp.tracing.utf8``), not lost; the escaping is done only after orjson
-    refused the record."""
-    try:
-        return orjson.dumps(rec)
-    except TypeError:
-        return orjson.dumps(escaped_record(rec))
 
 
 class Profiled:
@@ -138,7 +124,8 @@ class Profiled:
             )
             self.sequence += 1
         try:
-            payload = _encode(rec)
+            # A code file under a path that is not UTF-8 (surrogateescape): sent escaped.
+            payload = dumps_escaping(rec)
         except Exception:  # a stack orjson refuses even escaped: the ring never sees it, so count it here
             _sink.count_unbuilt()
             payload = None

@@ -39,7 +39,7 @@ from swmp.tracing.identity import identity
 from swmp.tracing.ids import new_id
 from swmp.tracing.limits import limits, stats
 from swmp.tracing.span import IgnoredSpan, NoopSpan, Span, SpanPosition, b64_cached, native_core, span_rows
-from swmp.tracing.utf8 import escaped_record
+from swmp.tracing.utf8 import dumps_escaping
 
 log = logging.getLogger("swmp.tracing")
 
@@ -172,14 +172,10 @@ class Segment(_SegmentBase):
 
     def emit(self) -> None:
         try:
-            record = self.to_record()
-            try:
-                payload = _dumps(record)
-            except TypeError:
-                # Text that is not valid UTF-8 (lone surrogates: surrogateescape-decoded file
-                # names, argv, environ) in a name, tag or log: sent escaped, as the log
-                # reporter does, not lost with every span of the segment.
-                payload = _dumps(escaped_record(record))
+            # Text that is not valid UTF-8 (lone surrogates: surrogateescape-decoded file
+            # names, argv, environ) in a name, tag or log: sent escaped, not lost with every
+            # span of the segment.
+            payload = dumps_escaping(self.to_record())
         except Exception as e:
             stats.serialize_errors += 1
             _sink.count_unbuilt()  # where ``swmp status`` shows it (this count is the process's)

@@ -258,7 +258,7 @@ class Span(_CoreType):
         if value.__class__ is not str or len(value) > limits.tag_value_max:
             value = _clip(value, limits.tag_value_max, self.segment)
         if key.__class__ is not str:  # as text: the reporter cannot encode the segment otherwise
-            key = _clip(key, limits.tag_value_max, self.segment)
+            key = as_text(key)
         tags = self.tags
         if tags is _EMPTY:
             self.tags = [key, value]

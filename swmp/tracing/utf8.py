@@ -5,13 +5,15 @@ Python text can hold lone surrogates: bytes that are not UTF-8, decoded with
 record (a segment with all its spans, a log) would be lost. The encoders retry, only after
 orjson refused, with such characters backslash-escaped: ``"\\udcff"`` becomes the six
 characters ``\\udcff``. The log reporter (``write_log``), the segment (``Segment.emit``,
-also the native core's fallback) and the profile sampler (a snapshot's frames) do it the
-same way.
+also the native core's fallback) and the profile sampler (a snapshot's frames) all encode
+with :func:`dumps_escaping`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import orjson
 
 
 def escaped(text: str) -> str:
@@ -28,3 +30,12 @@ def escaped_record(value: Any) -> Any:
     if isinstance(value, dict):
         return {escaped_record(k): escaped_record(v) for k, v in value.items()}
     return value
+
+
+def dumps_escaping(value: Any) -> bytes:
+    """``orjson.dumps(value)``; where orjson refuses it (``TypeError``), ``value`` with its
+    text :func:`escaped`. The normal path costs nothing more than the plain call."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return orjson.dumps(escaped_record(value))
