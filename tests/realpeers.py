@@ -100,7 +100,8 @@ class OapServer:
     day: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.query = OapGraphQL(self.graphql)
+        # Started today, it has no table for yesterday: windows stay inside today.
+        self.query = OapGraphQL(self.graphql, within_day=True)
         self.day = _utc_day()
 
     def take_over(self, other: OapServer) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.daemons import ServerInfo
-from tests.oap_graphql import duration, wait_for
+from tests.oap_graphql import wait_for
 from tests.realpeers import OapServer, free_ports, unique_name
 from tests.servers import agent_env, gunicorn_command, load, run_server
 from tests.test_e2e_prefork_oap import stop_and_check_cleanup
@@ -84,7 +84,7 @@ def test_database_and_cache_spans_reach_the_oap(
 
     # The topology: the service calls the database and the cache, both as services.
     def topology() -> dict[str, Any] | None:
-        data = q.gql(TOPOLOGY, {"s": service_id, "d": duration(15)})["getServiceTopology"]
+        data = q.gql(TOPOLOGY, {"s": service_id, "d": q.duration(15)})["getServiceTopology"]
         layers = {n["name"]: n["layers"] for n in data["nodes"]}
         wanted = (f"127.0.0.1:{pg.port}", f"127.0.0.1:{rd.port}")
         # A node can show up (from the call metrics) before the OAP has stored the service

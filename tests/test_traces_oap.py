@@ -109,6 +109,9 @@ def test_swmp_traces_reads_an_oap(oap_server: OapServer) -> None:
     listing = wait_for(lambda: traces("--service", front, "--errors")[1:], timeout=60, what="the trace list")
     (row,) = listing
     assert row.split()[1:] == ["35", "ms", "ERROR", "/call", "-", trace_id]
+    # A window reaching into yesterday, which this OAP (started today, one H2 table a day)
+    # answers with nothing: the command asks again for today's part of it.
+    assert traces("--service", front, "--errors", "--minutes", str(25 * 60))[1:] == listing
     tree = traces(trace_id)
     assert (
         tree[0] == f"trace {trace_id}  2 segments, 3 spans, 35 ms, services: {back}, {front}, 3 error spans"

@@ -8,6 +8,10 @@ results.
 Time ranges: the OAP reads ``Duration`` strings ("yyyy-MM-dd HHmm") in its own time zone.
 Durations here are built in UTC (the test launchers run the OAP with TZ=UTC); a caller that
 does not know the OAP's zone widens the window with ``ahead_minutes`` (``swmp traces`` does).
+An OAP on JDBC storage (H2, MySQL, PostgreSQL) keeps one table per day and answers a window
+that reaches a day it has no table for with nothing at all, not with the days it has: a
+client of an OAP started today (the tests' OAP) sets ``within_day`` to keep every window
+inside the current UTC day.
 
 Data shows up asynchronously (traces after ~1-2 s, metrics after the persistence period),
 so tests combine a query with :func:`wait_for`, which polls until a predicate holds.
@@ -117,14 +121,28 @@ class MqeResult:
         return [v for _, points in self.series for _, v in points if v is not None]
 
 
-def duration(minutes: float = 15, step: str = "MINUTE", ahead_minutes: float = 1) -> dict[str, str]:
-    """A GraphQL ``Duration`` covering the last ``minutes`` (UTC, see module doc)."""
-    now = _dt.datetime.now(_dt.timezone.utc)
+def duration(
+    minutes: float = 15,
+    step: str = "MINUTE",
+    ahead_minutes: float = 1,
+    *,
+    within_day: bool = False,
+    now: _dt.datetime | None = None,
+) -> dict[str, str]:
+    """A GraphQL ``Duration`` covering the last ``minutes`` (UTC, see module doc).
+
+    ``within_day`` clips the window to the current UTC day (see module doc).
+    """
+    now = now or _dt.datetime.now(_dt.timezone.utc)
     fmt = {"SECOND": "%Y-%m-%d %H%M%S", "MINUTE": "%Y-%m-%d %H%M", "HOUR": "%Y-%m-%d %H", "DAY": "%Y-%m-%d"}[
         step
     ]
     start = now - _dt.timedelta(minutes=minutes)
     end = now + _dt.timedelta(minutes=ahead_minutes)
+    if within_day:
+        midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        start = max(start, midnight)
+        end = min(end, midnight + _dt.timedelta(days=1, microseconds=-1))
     return {"start": start.strftime(fmt), "end": end.strftime(fmt), "step": step}
 
 
@@ -176,9 +194,14 @@ def _kv(items: list[dict[str, Any]] | None) -> dict[str, str]:
 class OapGraphQL:
     """Typed queries against one OAP's ``/graphql`` endpoint."""
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, *, within_day: bool = False) -> None:
         self.url = url
         self.timeout = timeout
+        self.within_day = within_day  # keep every window inside today (see module doc)
+
+    def duration(self, minutes: float = 15, ahead_minutes: float = 1) -> dict[str, str]:
+        """The window of the last ``minutes`` as this OAP can answer it."""
+        return duration(minutes, ahead_minutes=ahead_minutes, within_day=self.within_day)
 
     def gql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run one query and return its ``data``; raise GraphQLError on GraphQL errors."""
@@ -210,7 +233,7 @@ class OapGraphQL:
         data = self.gql(
             "query($s:ID!,$d:Duration!){ listInstances(serviceId:$s, duration:$d)"
             "{ id name language attributes{ name value } } }",
-            {"s": service_id, "d": duration(minutes)},
+            {"s": service_id, "d": self.duration(minutes)},
         )
         return [
             Instance(i["id"], i["name"], i["language"], {a["name"]: a["value"] for a in i["attributes"]})
@@ -237,7 +260,7 @@ class OapGraphQL:
     ) -> list[BasicTrace]:
         """Segments (newest first) of one service, or of all services when None."""
         cond: dict[str, Any] = {
-            "queryDuration": duration(minutes, ahead_minutes=ahead_minutes),
+            "queryDuration": self.duration(minutes, ahead_minutes),
             "traceState": state,
             "queryOrder": "BY_START_TIME",
             "paging": {"pageNum": 1, "pageSize": page_size},
@@ -313,7 +336,7 @@ class OapGraphQL:
         page_size: int = 100,
     ) -> list[LogRecord]:
         cond: dict[str, Any] = {
-            "queryDuration": duration(minutes),
+            "queryDuration": self.duration(minutes),
             "paging": {"pageNum": 1, "pageSize": page_size},
         }
         if service_id is not None:
@@ -353,7 +376,7 @@ class OapGraphQL:
             "query($e:String!,$en:Entity!,$d:Duration!)"
             "{ execExpression(expression:$e, entity:$en, duration:$d)"
             "{ type error results{ metric{ labels{ key value } } values{ id value } } } }",
-            {"e": expression, "en": entity, "d": duration(minutes)},
+            {"e": expression, "en": entity, "d": self.duration(minutes)},
         )
         res = data["execExpression"]
         series = tuple(
