@@ -4,14 +4,11 @@ would read it (untimed: the reporter's part is not the worker's cost).
 
 The ring is the one the agent makes (``SW_AGENT_RING_SIZE``, 4 MiB by default) and it has
 gone round once (:meth:`Ring.warm`), as the ring of a worker that has served for a while has.
-A ring that has never gone round charges each timed write the first touch of its pages: the
-kernel allocates and zeroes a tmpfs page, ~4 us per 4 KiB on this project's VM, so ~0.6 us
-per 800-byte segment (docs/performance.md, "A benchmark ring that had never gone round").
-A busy worker's ring stays resident (``ipc/ring_pages.py`` frees pages of quiet rings only),
-so that cost is the first lap's alone. Call :meth:`warm` again right before a timed loop that
-follows a pause of a second or more: the ring's writer takes a pause for quietness and frees
-the pages it has read at its next stretch, which a quiet worker pays again and a busy one
-does not.
+Writes then pay what a worker's writes pay on every lap: the ring gives the pages the reader
+has read back at every stretch (``ipc/ring_pages.py``), and the kernel allocates and zeroes
+a tmpfs page for each one written again, ~4 us per 4 KiB on this project's VM (~0.3 us per
+300-byte segment; docs/performance.md). A benchmark that never drains while it times pays it
+on the first lap only.
 """
 
 from __future__ import annotations

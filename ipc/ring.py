@@ -88,7 +88,7 @@ def file_writer(
     fd: Callable[[], int],
 ) -> RingWriter:
     """The writer of ``slot``'s ring in an arena file mapped at ``mm``: pages its reader is
-    done with go back while it is quiet (``ring_pages``), and pages get the file system's
+    done with go back at every stretch (``ring_pages``), and pages get the file system's
     room before it writes them (``ring_room``). ``fd()`` is the file's descriptor in this
     process, -1 once closed."""
     data, data_offset = views.data(slot), views.base(slot) + L.CONTROL_SIZE

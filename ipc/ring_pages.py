@@ -1,20 +1,21 @@
 """Giving back to the system the pages of a ring that the reader is done with.
 
 A ring's data area is a shared file mapping (tmpfs). Once the writer has gone round the ring
-once, every page of it stays resident: one copy in RAM, but counted in the RSS of the worker
-and of the reporter, and kept however quiet the worker becomes. A worker serving tens of
-requests a second goes round a 4 MiB ring within minutes and then holds all of it.
+once, every page of it would stay resident: one copy in RAM, counted in the RSS of the worker
+and of the reporter, 4 MiB a worker by default whether it holds one unread record or a
+thousand.
 
-So at every *stretch* of the ring (capacity / 32: 128 KiB of a 4 MiB ring, ~160 segments)
-the writer's slow path (``ring_writer.py``) looks at how long that stretch took. If the
-writer is quiet (the stretch took at least ``QUIET_SECONDS``), it frees the whole pages the
-reader has read since the last time with ``madvise(MADV_REMOVE)``, which punches them out of
-the file and out of every process's mapping, and brings the next stretch in with one
-``MADV_POPULATE_WRITE`` (cheaper than a page fault per 4 KiB as the writer comes round). A
-busy writer keeps its ring resident: the kernel zeroes every page it hands back out, ~4 us
-a page on this project's VM (docs/performance.md), and a busy ring is memory in use anyway.
-So a quiet worker keeps about two stretches of its ring, a busy one all of it, and a busy
-one that turns quiet frees what it read at its next quiet stretch.
+So at every *stretch* of the ring (capacity / 32: 128 KiB of a 4 MiB ring) the writer's slow
+path (``ring_writer.py``) frees the whole pages the reader has read since the last stretch
+with ``madvise(MADV_REMOVE)``, which punches them out of the file and out of every process's
+mapping, and brings the next stretch in with one ``MADV_POPULATE_WRITE`` (cheaper than a page
+fault per 4 KiB as the writer comes round). A ring then holds what is unread, the stretch
+being written and the next one: memory follows the records in flight, not the ring's size.
+
+Why at every rate: the kernel zeroes each page it hands out again, ~4 us a page on this
+project's VM, ~1 us per KiB written, ~0.3 us a 300-byte segment (docs/performance.md). The
+first version freed only for quiet writers (a stretch in a second or more), so a busy worker
+kept its whole ring: +3 MiB of memory per busy worker to save that microsecond per KiB.
 
 Why freeing is safe without any help from the reader: only pages wholly inside the logical
 positions ``[tail - capacity, head)`` are freed. The reader has finished with them (it reads
@@ -31,8 +32,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import time
-from collections.abc import Callable
 
 log = logging.getLogger("ipc")
 
@@ -40,35 +39,25 @@ PAGE = mmap.PAGESIZE
 # Rings smaller than this are not worth a system call: their pages are few.
 MIN_CAPACITY = 256 * 1024
 STRETCH_SHIFT = 5  # capacity >> 5: 128 KiB of a 4 MiB ring
-# A writer that took at least this long over a stretch is quiet (128 KiB in a second: some
-# 160 requests a second of a worker whose segments are ~800 bytes, 400 of ~300 bytes):
-# freeing then costs at most ~0.15 ms of CPU a second, and nothing at all above that rate.
-# (At 0.25 s a saturated worker with small segments still counted as quiet.)
-QUIET_SECONDS = 1.0
 MADV_POPULATE_WRITE = 23  # Linux 5.14+; not in Python's mmap module yet
-_now = time.monotonic  # the clock new returners take (tests replace it)
 
 
 class PageReturner:
-    """Frees the read pages of one quiet ring: ``returner(tail, head)``, writer's lock held.
+    """Frees the read pages of one ring: ``returner(tail, head)``, writer's lock held.
 
     ``mm`` is the mapping holding the ring, ``data_offset`` where the ring's data area starts
     in it (any alignment: only whole pages inside a range are freed), ``capacity`` its size.
     """
 
-    __slots__ = ("_base", "_cap", "_clock", "_mark", "_mark_time", "_mm", "_populate", "done", "stretch")
+    __slots__ = ("_base", "_cap", "_mark", "_mm", "_populate", "done", "stretch")
 
-    def __init__(
-        self, mm: mmap.mmap, data_offset: int, capacity: int, clock: Callable[[], float] | None = None
-    ) -> None:
+    def __init__(self, mm: mmap.mmap, data_offset: int, capacity: int) -> None:
         self._mm: mmap.mmap | None = mm
         self._base = data_offset
         self._cap = capacity
-        self._clock = clock if clock is not None else _now
         self.stretch = capacity >> STRETCH_SHIFT
         self.done = 0  # logical position below which the pages were freed
-        self._mark = -1  # tail and time when the current stretch began (-1: not yet seen)
-        self._mark_time = 0.0
+        self._mark = -1  # tail when the current stretch began (-1: not yet seen)
         self._populate = True  # MADV_POPULATE_WRITE works here (until it fails once)
 
     @property
@@ -81,25 +70,22 @@ class PageReturner:
         if self._mm is None:
             return None
         if self._mark < 0 or tail < self._mark:  # the first look (or a tail that jumped back)
-            self._mark, self._mark_time = tail, self._clock()
+            self._mark = tail
             return None
         if tail - self._mark < self.stretch:  # a wrap or a full ring, inside a stretch
             return None
-        now = self._clock()
-        quiet = now - self._mark_time >= QUIET_SECONDS
-        self._mark, self._mark_time = tail, now
+        self._mark = tail
         freed = None
-        if quiet:
-            start = max(self.done, tail - self._cap)
-            if head > start:
-                self.done = head
-                # Counted as freed even if it fails part-way: some pages may be gone.
-                freed = (start, head)
-                if not self._each(start, head, mmap.MADV_REMOVE):
-                    # No hole punching on this file system (or the mapping is gone): the
-                    # ring stays resident, as it did before this existed.
-                    self._mm = None
-                    return freed
+        start = max(self.done, tail - self._cap)
+        if head > start:
+            self.done = head
+            # Counted as freed even if it fails part-way: some pages may be gone.
+            freed = (start, head)
+            if not self._each(start, head, mmap.MADV_REMOVE):
+                # No hole punching on this file system (or the mapping is gone): the
+                # ring stays resident, as it did before this existed.
+                self._mm = None
+                return freed
         # The pages ahead were freed a lap ago only if what was freed reaches past them.
         ahead_freed = self.done > tail - self._cap
         if ahead_freed and self._populate and not self._each(tail, tail + self.stretch, MADV_POPULATE_WRITE):

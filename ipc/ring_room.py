@@ -15,10 +15,11 @@ instead. So:
   would needs room first; without it, the record is dropped and counted like any record
   that does not fit. The reader only reads what the writer wrote.
 
-A busy ring is reserved once round and then costs nothing more: after one whole lap with
-nothing freed behind it, every page is known to be backed. The page returner
-(``ring_pages.py``) frees the pages a quiet ring's reader is done with; those come back into
-use a lap later, so freeing moves the reserved frontier back to where they start again.
+A ring whose pages are never freed (too small for the page returner, or on a file system
+that cannot punch holes) is reserved once round and then costs nothing more: after one
+whole lap with nothing freed behind it, every page is known to be backed. The page returner
+(``ring_pages.py``) frees the pages the reader is done with; those come back into use a lap
+later, so freeing moves the reserved frontier back to where they start again.
 """
 
 from __future__ import annotations

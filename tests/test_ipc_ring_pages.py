@@ -1,10 +1,9 @@
-"""A quiet ring gives the pages its reader is done with back to the system (ipc/ring_pages.py).
+"""A ring gives the pages its reader is done with back to the system (ipc/ring_pages.py).
 
-Proof on a real tmpfs arena, as the agent makes it: after a quiet worker has written several
-laps of its ring, only a fraction of the ring stays allocated in the file, while a busy one
-keeps it and frees what it read once it turns quiet (a clock the test moves decides what
-"quiet" is, so nothing depends on the machine's speed); every record still arrives intact,
-also with a writer in another process freeing at every stretch as fast as it can against
+Proof on a real tmpfs arena, as the agent makes it: after a writer has written several laps
+of its ring as fast as it can (a saturated worker), only a fraction of the ring stays
+allocated in the file; records not read yet keep their pages until they are; every record
+still arrives intact, also with a writer in another process freeing at every stretch against
 a concurrent reader (a page freed too early would come back zeroed and fail the record
 check); and a mapping that cannot free pages keeps working as before.
 """
@@ -26,7 +25,6 @@ import pytest
 
 import ipc
 from ipc import _layout as L
-from ipc import ring_pages
 from ipc.ring_pages import PageReturner, page_returner
 from ipc.ring_reader import RingReader
 from ipc.ring_writer import RingWriter
@@ -56,18 +54,6 @@ def _check(seq: int, payload: bytes) -> None:
     assert zlib.crc32(payload[12:]) == int.from_bytes(payload[8:12], "little"), f"record {seq} damaged"
 
 
-class Clock:
-    """The returners' clock: each look at it moves it on by ``step`` seconds."""
-
-    def __init__(self, step: float) -> None:
-        self.now = 0.0
-        self.step = step
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
-
-
 def _ring_allocated(path: Path) -> int:
     return os.stat(path).st_blocks * 512 - (L.SLOTS_OFFSET + L.CONTROL_SIZE)
 
@@ -90,15 +76,12 @@ def _write_laps(arena: ipc.Arena, writer: RingWriter, first: int, count: int) ->
     return sent
 
 
-def test_a_quiet_ring_written_round_several_times_keeps_little_of_it_allocated(
-    shm_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(ring_pages, "_now", Clock(step=10 * ring_pages.QUIET_SECONDS))  # every stretch: quiet
+def test_a_busy_ring_written_round_several_times_keeps_little_of_it_allocated(shm_dir: Path) -> None:
     arena = ipc.Arena.create(str(shm_dir / "a.arena"), slots=1, ring_capacity=RING)
     try:
         writer = arena.claim_slot()
         assert writer is not None
-        _write_laps(arena, writer, 0, 20_000)  # ~30 MiB: seven laps of the ring
+        _write_laps(arena, writer, 0, 20_000)  # ~30 MiB as fast as it goes: seven laps
         # Without returning pages the whole 4 MiB ring stays allocated; with it, what was
         # read since the last stretch, the next stretch and the stretch being written.
         assert _ring_allocated(shm_dir / "a.arena") < RING // 4
@@ -106,19 +89,26 @@ def test_a_quiet_ring_written_round_several_times_keeps_little_of_it_allocated(
         arena.close()
 
 
-def test_a_busy_ring_stays_resident_and_frees_what_it_read_once_quiet(
-    shm_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    clock = Clock(step=ring_pages.QUIET_SECONDS / 1000)  # busy
-    monkeypatch.setattr(ring_pages, "_now", clock)
+def test_unread_records_keep_their_pages_until_read(shm_dir: Path) -> None:
     arena = ipc.Arena.create(str(shm_dir / "a.arena"), slots=1, ring_capacity=RING)
     try:
         writer = arena.claim_slot()
         assert writer is not None
         sent = _write_laps(arena, writer, 0, 6_000)  # two laps and more
-        assert _ring_allocated(shm_dir / "a.arena") > RING - RING // 64  # all of it, edges aside
-        clock.step = 10 * ring_pages.QUIET_SECONDS  # the load falls
-        _write_laps(arena, writer, sent, 300)  # a few stretches
+        unread = waiting = 0
+        while unread < RING // 2:  # a reporter that has not come round: half a ring waits
+            record = _record(sent + waiting, random.Random(sent + waiting))
+            assert writer.write(5, record)
+            unread += len(record) + L.RECORD_HEADER_SIZE
+            waiting += 1
+        assert _ring_allocated(shm_dir / "a.arena") >= RING // 2 - RING // 32
+        reader = arena.reader(writer.slot)
+        records = reader.read(waiting + 1)
+        assert len(records) == waiting
+        for i, (_rtype, payload) in enumerate(records):
+            _check(sent + i, payload)
+        reader.commit()
+        _write_laps(arena, writer, sent + waiting, 300)  # a few stretches: the read half goes
         assert _ring_allocated(shm_dir / "a.arena") < RING // 4
     finally:
         arena.close()
@@ -127,8 +117,7 @@ def test_a_busy_ring_stays_resident_and_frees_what_it_read_once_quiet(
 WRITER = """
 import random, sys, zlib
 sys.path.insert(0, sys.argv[1])
-import ipc, ipc.ring_pages
-ipc.ring_pages.QUIET_SECONDS = 0.0  # every stretch counts as quiet: free as often as it can
+import ipc
 arena = ipc.Arena.open(sys.argv[2])
 w = arena.claim_slot()
 rng = random.Random(11)
@@ -171,10 +160,9 @@ def test_records_arrive_intact_while_a_writer_in_another_process_races_the_reade
         arena.close()
 
 
-def test_a_mapping_that_cannot_free_pages_keeps_working(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_mapping_that_cannot_free_pages_keeps_working() -> None:
     # A private anonymous mapping: MADV_REMOVE is refused (EINVAL), as on a file system
     # without hole punching.
-    monkeypatch.setattr(ring_pages, "_now", Clock(step=10 * ring_pages.QUIET_SECONDS))
     mm = mmap.mmap(-1, L.CONTROL_SIZE + RING, flags=mmap.MAP_PRIVATE)
     control = memoryview(mm)[: L.CONTROL_SIZE].cast("Q")
     data = memoryview(mm)[L.CONTROL_SIZE :]

@@ -41,9 +41,9 @@ class ReporterProcessSettings:
     agent_ring_size: int = opt(
         4 * MIB,
         "SW_AGENT_RING_SIZE",
-        "Bytes per worker ring (power of two, 4 KiB..1 GiB). A quiet worker gives the pages the "
-        "reporter has read back to the system (rings of 256 KiB and more), so only a busy one keeps "
-        "its whole ring resident.",
+        "Bytes per worker ring (power of two, 4 KiB..1 GiB): the most a worker's records can wait "
+        "unread. A ring of 256 KiB or more gives the pages the reporter has read back to the "
+        "system, so it keeps resident about what is unread plus 256 KiB.",
         REPORTER,
         check=power_of_two(4 * KIB, 1024 * MIB),
     )
