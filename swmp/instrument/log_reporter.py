@@ -246,8 +246,11 @@ class LogReporter:
         if isinstance(args, tuple):
             for i, a in enumerate(args):
                 tags += [f"argument.{i}", str(a)]
-        if record.exc_info:
-            tags += ["exception", self.formatter.formatException(record.exc_info)]
+        ei = record.exc_info
+        # exc_info=True outside an exception gives (None, None, None): no exception, no tag
+        # (formatException would make it the text "NoneType: None").
+        if ei and not (ei.__class__ is tuple and len(ei) == 3 and ei[0] is None and ei[1] is None):
+            tags += ["exception", self.formatter.formatException(ei)]
         return body, tags
 
     def _format(self, record: logging.LogRecord) -> str:
