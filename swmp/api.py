@@ -311,10 +311,13 @@ def inject(headers: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Propagation headers for an outgoing call made from the current span.
 
     Adds them to ``headers`` when given, and returns them. Prefer an :func:`exit_span`'s
-    own ``inject()``: the backend draws the call between the two spans.
+    own ``inject()``: the backend draws the call between the two spans. The current span
+    must have a peer (an exit span's): ``sw8`` without the address used at the client is
+    refused by whoever receives it (swmp, the Java and the Python agents), so a span without
+    one gives no headers.
     """
     span = _ctx.active_span()
-    out = span.inject() if span is not None else {}
+    out = span.inject() if span is not None and span.peer else {}
     if headers is not None:
         headers.update(out)
     return out

@@ -9,7 +9,8 @@ Formats (protocol.md):
 
 Headers arrive from the network, so decoding treats them as hostile: anything malformed
 (wrong field count, bad base64, non-UTF-8, absurd sizes, a span id that is not a small
-non-negative integer) yields ``None`` and the request simply starts a fresh trace. Nothing
+non-negative integer, an empty field, as the Java and Python agents refuse one) yields
+``None`` and the request simply starts a fresh trace. Nothing
 here raises into the application; work per header is bounded by the size caps below.
 """
 
@@ -109,7 +110,11 @@ _callers: dict[str, tuple[str, str, str, str] | None] = {}
 
 def _caller(tail: str) -> tuple[str, str, str, str] | None:
     """``(service, instance, endpoint, address)`` of sw8's last four fields (``a-b-c-d``);
-    None when any is invalid (service and instance must not be empty)."""
+    None when any is invalid or empty. Empty is refused as the Java agent
+    (``ContextCarrier.isValid``) and the Python agent (``Carrier.is_valid``) refuse it: the
+    backend cannot link a reference without the parent endpoint and the address used at the
+    client. This is the one check of the caller's fields: the native decoder
+    (``decode_carrier``) takes only callers cached here as valid."""
     try:
         return _callers[tail]
     except KeyError:
@@ -117,7 +122,7 @@ def _caller(tail: str) -> tuple[str, str, str, str] | None:
     svc, inst, ep, addr = tail.split("-")
     fields = (unb64_cached(svc), unb64_cached(inst), unb64_cached(ep), unb64_cached(addr))
     v: tuple[str, str, str, str] | None = None
-    if fields[0] and fields[1] and fields[2] is not None and fields[3] is not None:
+    if fields[0] and fields[1] and fields[2] and fields[3]:
         v = fields  # type: ignore[assignment]  # none is None
     if len(tail) <= 512:  # a hostile header must not fill the cache with huge keys
         if len(_callers) >= _DECODED_MAX:

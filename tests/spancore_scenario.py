@@ -31,6 +31,10 @@ class Boom(Exception):
     pass
 
 
+# What the exit spans over the span limit injected (decoded sw8 fields), in order.
+INJECTED: list[list[Any]] = []
+
+
 def scenario() -> None:
     # An entry with local and exit children, tags of every kind, an exception.
     with new_entry_span("/orders", None, Component.FLASK, Layer.HTTP) as entry:
@@ -90,12 +94,26 @@ def scenario() -> None:
         pass
     late = new_exit_span("/after-end", "a:1", Component.REQUESTS, Layer.HTTP)
     late.finish()
-    # The span limit: the spans past it are not recorded, and counted.
+    # The span limit: the spans past it are not recorded, and counted. An exit span past it
+    # stands in (not recorded) and still propagates, from the recorded span it is under; so
+    # does an exit span inside a local span dropped over the limit.
     limits.span_limit = 4
     with new_entry_span("/many", None, Component.FLASK, Layer.HTTP):
         for i in range(6):
-            with new_exit_span(f"/call-{i}", "p:1", Component.REQUESTS, Layer.HTTP):
-                pass
+            with new_exit_span(f"/call-{i}", "p:1", Component.REQUESTS, Layer.HTTP) as call:
+                call.tag("k", "v")
+                carrier = decode_sw8(call.inject()["sw8"])
+                assert carrier is not None
+                INJECTED.append([carrier.trace_id, carrier.segment_id, carrier.span_id, carrier.endpoint,
+                                 carrier.address, call.recording, capture() is not None])  # fmt: skip
+        with (
+            new_local_span("dropped"),
+            new_exit_span("/in-dropped", "p:2", Component.REQUESTS, Layer.HTTP) as call,
+        ):
+            carrier = decode_sw8(call.inject()["sw8"])
+            assert carrier is not None
+            INJECTED.append([carrier.trace_id, carrier.segment_id, carrier.span_id, carrier.endpoint,
+                             carrier.address, call.recording, capture() is not None])  # fmt: skip
     limits.span_limit = 300
     # A span that finishes after its segment was emitted without it (the cross-thread race,
     # made here by taking its open token away): counted as lost, not emitted again.
@@ -149,10 +167,12 @@ def main() -> None:
             for ref in span[13]:
                 ref[1], ref[2] = ids(ref[1]), ids(ref[2])
         out.append([rtype, seg])
+    injected = [[ids(t), ids(sg), *rest] for t, sg, *rest in INJECTED]
     counters = {k: getattr(tracing.stats, k) for k in ("spans_lost", "spans_over_limit", "segments_written")}
     core = Span.__mro__[1].__name__
     segment_core = Segment.__mro__[1].__name__
     doc = {"native": NATIVE, "core": core, "segment_core": segment_core, "records": out, "stats": counters}
+    doc["injected"] = injected
     print(json.dumps(doc))
 
 

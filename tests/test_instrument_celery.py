@@ -369,9 +369,10 @@ def test_retry_is_visible_and_the_retried_run_continues_the_trace(celery_env: An
 def test_retry_without_a_publish_span_continues_the_run_not_the_original_publish(
     celery_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Over the span limit, the retry's publish has no span of its own: the retry message must
-    not carry the retried message's sw8 (Celery copies the request's headers), or the retry's
-    run would hang off the original publish. It carries the run's own span instead."""
+    """Over the span limit, the retry's publish is not recorded: the retry message must not
+    carry the retried message's sw8 (Celery copies the request's headers), or the retry's run
+    would hang off the original publish. It carries the run's own span instead (the
+    unrecorded publish propagates from the recorded span it is under)."""
     app, sink, _ = celery_env
     monkeypatch.setattr(limits, "span_limit", 1)  # each segment: its first span only
     app.tasks["t.flaky"].delay(7)

@@ -549,3 +549,67 @@ def test_http_client_connection_dropped_before_its_response_still_reports_the_tr
     assert sorted(s[R.SPAN_OPERATION] for s in seg[R.SEG_SPANS]) == ["/dropped", "/outer"]
     (entry,) = [s for s in seg[R.SEG_SPANS] if s[R.SPAN_TYPE] == Kind.ENTRY]
     assert entry[R.SPAN_IS_ERROR] is True  # the application's exception, as before
+
+
+@pytest.mark.parametrize("client", ["requests", "urllib3", "http.client", "httpx"])
+@pytest.mark.parametrize("under", ["entry", "dropped-local"])
+def test_a_call_over_the_span_limit_still_continues_the_trace_downstream(
+    sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch, client: str, under: str
+) -> None:
+    """An exit span over SW_AGENT_SPAN_LIMIT is not recorded, but the call still sends sw8
+    (as the Java agent's NoopExitSpan): the service called joins the same trace, its parent
+    the recorded span the call is under (the entry span, also when the call is made inside a
+    local span that was itself dropped over the limit), endpoint and peer as usual."""
+    from swmp.tracing.limits import limits
+
+    monkeypatch.setattr(limits, "span_limit", 2)
+    downstream: list[str | None] = []
+
+    def service_b(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        downstream.append(environ.get("HTTP_SW8"))
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    srv = Server(WSGIMiddleware(service_b))
+    try:
+        with new_entry_span("/a") as root:
+            with new_local_span("kept"):  # span 1: the last one under the limit of 2
+                pass
+            with contextlib.ExitStack() as stack:
+                if under == "dropped-local":
+                    assert not stack.enter_context(new_local_span("dropped")).recording
+                url = f"{srv.url}/b"
+                if client == "requests":
+                    import requests
+
+                    assert requests.get(url, timeout=5).text == "ok"
+                elif client == "urllib3":
+                    import urllib3
+
+                    with urllib3.PoolManager() as pm:
+                        assert pm.request("GET", url).data == b"ok"
+                elif client == "http.client":
+                    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+                    conn.request("GET", "/b")
+                    assert conn.getresponse().read() == b"ok"
+                    conn.close()
+                else:
+                    import httpx
+
+                    with httpx.Client() as c:
+                        assert c.get(url).text == "ok"
+        wait_for(lambda: len(segments(sink)) == 2)
+    finally:
+        srv.close()
+    (sw8,) = downstream
+    assert sw8 is not None, "no sw8 sent for the call over the span limit"
+    up = next(seg for seg in segments(sink) if seg[R.SEG_SEGMENT_ID] == root.segment.segment_id)
+    (down,) = [seg for seg in segments(sink) if seg[R.SEG_SEGMENT_ID] != up[R.SEG_SEGMENT_ID]]
+    assert up[R.SEG_SIZE_LIMITED] is True
+    assert [s[R.SPAN_OPERATION] for s in up[R.SEG_SPANS]] == ["kept", "/a"]  # the call: not recorded
+    assert down[R.SEG_TRACE_ID] == up[R.SEG_TRACE_ID] == root.segment.trace_id
+    (entry,) = down[R.SEG_SPANS]
+    ref = entry[R.SPAN_REFS][0]
+    assert ref[:4] == [R.REF_CROSS_PROCESS, up[R.SEG_TRACE_ID], up[R.SEG_SEGMENT_ID], 0]
+    assert ref[6] == "/a"  # parent endpoint
+    assert ref[7] == f"127.0.0.1:{srv.port}"  # address used at the client

@@ -257,6 +257,26 @@ def test_tag_values_are_limited_like_the_body(trace_sink: _sink.MemorySink) -> N
     assert len(tags["exception"]) == 100 and tags["exception"].startswith("Traceback")
 
 
+def test_exc_info_without_an_exception_adds_no_exception_tag(
+    trace_sink: _sink.MemorySink, reporting: Any
+) -> None:
+    """With SW_AGENT_LOG_REPORTER_FORMATTED=false the stack is the tag ``exception``;
+    ``exc_info=True`` outside an exception (``sys.exc_info()`` is ``(None, None, None)``) has
+    none, and gave the tag the text ``NoneType: None``. Inside one the tag is still there."""
+    reporting(agent_log_reporter_formatted=False)
+    logger = logging.getLogger("test.excinfo")
+    logger.error("no exception here", exc_info=True)
+    try:
+        raise KeyError("k")
+    except KeyError:
+        logger.error("an exception here", exc_info=True)
+    got = logs(trace_sink)
+    assert [r[5] for r in got] == ["no exception here", "an exception here"]
+    assert got[0][9] == ["level", "ERROR", "logger", "test.excinfo", "thread", "MainThread"]
+    tags = dict(zip(got[1][9][::2], got[1][9][1::2], strict=True))
+    assert tags["exception"].startswith("Traceback") and "KeyError" in tags["exception"]
+
+
 # -- loguru and structlog ----------------------------------------------------------------------
 def test_loguru_through_its_api_after_remove_and_no_double_report(
     trace_sink: _sink.MemorySink, reporting: Any

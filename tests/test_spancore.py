@@ -66,7 +66,23 @@ def test_native_and_pure_cores_give_the_same_records() -> None:
         assert (native["core"], native["segment_core"]) == ("SpanCore", "SegmentCore")
     assert native["records"] == pure["records"]
     assert native["stats"] == pure["stats"]
-    assert pure["stats"] == {"spans_lost": 1, "spans_over_limit": 3, "segments_written": 10}
+    assert pure["stats"] == {"spans_lost": 1, "spans_over_limit": 5, "segments_written": 10}
+    # Exit spans over the span limit: not recorded, but they propagate from the recorded span
+    # they are under (span 0), inside a dropped local span too, with the same trace and
+    # segment as the recorded calls before them.
+    assert native["injected"] == pure["injected"]
+    (many,) = [seg for _, seg in pure["records"] if any(s[4] == "/many" for s in seg[5])]  # type: ignore[attr-defined]
+    assert [s[4] for s in many[5]] == ["/call-0", "/call-1", "/call-2", "/many"]
+    ids = [many[0], many[1]]  # trace and segment id (normalized)
+    assert pure["injected"] == [
+        [*ids, 1, "/many", "p:1", True, True],
+        [*ids, 2, "/many", "p:1", True, True],
+        [*ids, 3, "/many", "p:1", True, True],
+        [*ids, 0, "/many", "p:1", True, True],
+        [*ids, 0, "/many", "p:1", True, True],
+        [*ids, 0, "/many", "p:1", True, True],
+        [*ids, 0, "/many", "p:2", True, True],
+    ]
 
 
 _SURROGATE_SEGMENT = """

@@ -392,6 +392,17 @@ static int segment_closed(SpanCore *self) {
     return emit_segment(seg);
 }
 
+/* ``parent_id`` of an exit span standing in for one dropped over the span limit
+ * (swmp.tracing.span.UNRECORDED, the same value): not recorded, its end leaves the segment's
+ * bookkeeping alone. */
+#define UNRECORDED_PARENT (-2)
+
+static int is_unrecorded(SpanCore *self) {
+    int overflow = 0;
+    return self->parent_id != NULL && PyLong_CheckExact(self->parent_id) &&
+           PyLong_AsLongAndOverflow(self->parent_id, &overflow) == UNRECORDED_PARENT && overflow == 0;
+}
+
 /* The end of a span: profiling stopped first (no snapshot after the segment's end), the end
  * time, the context, the segment's bookkeeping. ``end_ms`` NULL or false: now. */
 static int finish_span(SpanCore *self, PyObject *end_ms) {
@@ -399,9 +410,10 @@ static int finish_span(SpanCore *self, PyObject *end_ms) {
     if (ended != 0) {
         return ended < 0 ? -1 : 0;
     }
+    int unrecorded = is_unrecorded(self);
     int overflow = 0;
     long id = PyLong_CheckExact(self->span_id) ? PyLong_AsLongAndOverflow(self->span_id, &overflow) : -1;
-    if (id == 0 && overflow == 0) { /* an exact int: no error possible */
+    if (id == 0 && overflow == 0 && !unrecorded) { /* an exact int: no error possible */
         PyObject *profile = SEG_FIELD(self->segment, profile, s_profile);
         if (profile == NULL) {
             return -1;
@@ -429,7 +441,7 @@ static int finish_span(SpanCore *self, PyObject *end_ms) {
     if (leave_context(self) < 0) {
         return -1;
     }
-    return segment_closed(self);
+    return unrecorded ? 0 : segment_closed(self); /* a stand-in is no part of its segment */
 }
 
 static PyObject *spancore_enter(SpanCore *self, PyObject *unused) {

@@ -14,11 +14,13 @@ Python agent documents); a ``tid`` the application set itself is left alone. Tha
 when reporting is off (``SW_AGENT_LOG_REPORTER_ACTIVE=false``), so such formatters keep working.
 
 Each reported record carries the trace context of the code that logged it (trace id,
-segment id, span id, endpoint), so the OAP links logs to traces. Nothing here raises or
-blocks: a record the ring cannot take is dropped and counted; a record the layout cannot
-format is sent with the default layout. The agent's own loggers (``swmp``, ``ipc``) are
-never reported, so a failing sink cannot feed itself. loguru and structlog reuse
-:func:`write_log` (``swmp.instrument.loguru``, ``swmp.instrument.structlog``).
+segment id, span id, endpoint), so the OAP links logs to traces. A record created in another
+process (``record.process``: the logging cookbook's listener handling records it received) is
+that process's to report: it is neither reported here nor given this process's trace id.
+Nothing here raises or blocks: a record the ring cannot take is dropped and counted; a
+record the layout cannot format is sent with the default layout. The agent's own loggers
+(``swmp``, ``ipc``) are never reported, so a failing sink cannot feed itself. loguru and
+structlog reuse :func:`write_log` (``swmp.instrument.loguru``, ``swmp.instrument.structlog``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,34 @@ _IPC_DIR = os.path.dirname(ipc.__file__) + os.sep
 _CREDENTIALS = re.compile(r"(://)[^/\s:@]+:[^/\s@]+@")
 
 log = logging.getLogger("swmp.logs")
+
+
+class _Pid:
+    """This process's pid, kept current across ``fork`` (a record's ``process`` is compared
+    with it on every reported record: no system call for it)."""
+
+    __slots__ = ("pid",)
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def refresh(self) -> None:
+        self.pid = os.getpid()
+
+
+_own = _Pid()
+os.register_at_fork(after_in_child=_own.refresh)
+
+
+def made_elsewhere(record: logging.LogRecord) -> bool:
+    """Whether ``record`` was created in another process: one this process received and
+    handles for it (the logging cookbook's listener: a ``QueueListener``, a socket receiver
+    calling ``logging.getLogger(record.name).handle(record)``). That process reported it if
+    it runs the agent, with its own trace context; this one must not report it again, nor
+    attach its own context to it. A record without a pid (``logging.logProcesses`` off)
+    counts as this process's."""
+    pid = record.process
+    return pid is not None and pid != _own.pid
 
 
 class LogStats:
@@ -188,7 +218,10 @@ class LogReporter:
         self._fallback = logging.Formatter(DEFAULT_LAYOUT)
 
     def report(self, record: logging.LogRecord) -> None:
-        """Report ``record`` unless it comes from the agent itself. Never raises."""
+        """Report ``record`` unless it comes from the agent itself or from another process
+        (:func:`made_elsewhere`). Never raises."""
+        if made_elsewhere(record):
+            return
         name = record.name
         if name.startswith("swmp") and (len(name) == 4 or name[4] == "."):
             return
@@ -205,7 +238,7 @@ class LogReporter:
     def body_and_tags(self, record: logging.LogRecord) -> tuple[str, list[str]]:
         tags = ["level", record.levelname, "logger", record.name, "thread", record.threadName or ""]
         if "tid" not in record.__dict__:
-            record.tid = current_tid()
+            record.tid = NO_TRACE if made_elsewhere(record) else current_tid()
         if self.formatted:
             return self._format(record), tags
         body = str(record.msg)
@@ -213,8 +246,11 @@ class LogReporter:
         if isinstance(args, tuple):
             for i, a in enumerate(args):
                 tags += [f"argument.{i}", str(a)]
-        if record.exc_info:
-            tags += ["exception", self.formatter.formatException(record.exc_info)]
+        ei = record.exc_info
+        # exc_info=True outside an exception gives (None, None, None): no exception, no tag
+        # (formatException would make it the text "NoneType: None").
+        if ei and not (ei.__class__ is tuple and len(ei) == 3 and ei[0] is None and ei[1] is None):
+            tags += ["exception", self.formatter.formatException(ei)]
         return body, tags
 
     def _format(self, record: logging.LogRecord) -> str:
@@ -277,6 +313,8 @@ def _make_hook(reporter: LogReporter | None, check_disabled: bool) -> Any:
                 cur = _get_current()  # the common cases inline: no span, an open recorded span
                 if cur is None:
                     d["tid"] = NO_TRACE
+                elif record.process != _own.pid and record.process is not None:  # made_elsewhere()
+                    d["tid"] = NO_TRACE  # another process's record: not this one's trace
                 elif cur.__class__ is Span and not cur.end:
                     d["tid"] = cur.segment.trace_id
                 else:

@@ -295,7 +295,13 @@ def decide_exit_span(
     if parent is None:
         return _start_trace(_EXIT, op, layer, component, peer, carrier)
     if parent.__class__ is not Span:
-        return NOOP if parent.__class__ is IgnoredSpan else _late(parent, _EXIT, op, layer, component, peer)
+        if parent.__class__ is IgnoredSpan:
+            at = parent.at
+            if at is None:  # a trace not recorded
+                return NOOP
+            # Under a span dropped over the limit: a stand-in that propagates (start_span).
+            return at.segment.start_span(at.span_id, op, _EXIT, layer, component, peer)
+        return _late(parent, _EXIT, op, layer, component, peer)
     if parent.kind == _EXIT:
         return NOOP
     # Segment.start_span(), inlined: exit spans are on every traced request's path.

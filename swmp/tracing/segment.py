@@ -35,10 +35,20 @@ import orjson
 from reporter_proc.records import REF_CROSS_PROCESS, REF_CROSS_THREAD, SEGMENT
 from swmp import _sink
 from swmp.propagation import b64
+from swmp.tracing.constants import Kind
 from swmp.tracing.identity import identity
 from swmp.tracing.ids import new_id
 from swmp.tracing.limits import limits, stats
-from swmp.tracing.span import IgnoredSpan, NoopSpan, Span, SpanPosition, b64_cached, native_core, span_rows
+from swmp.tracing.span import (
+    UNRECORDED,
+    IgnoredSpan,
+    NoopSpan,
+    Span,
+    SpanPosition,
+    b64_cached,
+    native_core,
+    span_rows,
+)
 from swmp.tracing.utf8 import dumps_escaping
 
 log = logging.getLogger("swmp.tracing")
@@ -46,6 +56,7 @@ log = logging.getLogger("swmp.tracing")
 _dumps = orjson.dumps
 _count = itertools.count
 _logged_errors: set[str] = set()
+_EXIT = Kind.EXIT
 
 # Shared read-only default: most traces carry no correlation context.
 NO_CORRELATION: Mapping[str, str] = MappingProxyType({})
@@ -107,13 +118,19 @@ class Segment(_SegmentBase):
     def start_span(  # noqa: PLR0917 (hot path: positional calls are cheaper)
         self, parent_id: int, op: str, kind: int, layer: int, component: int, peer: str
     ) -> Span | NoopSpan:
-        """A child span in this segment, or an :class:`IgnoredSpan` once the span limit is hit."""
+        """A child span in this segment; once the span limit is hit, an :class:`IgnoredSpan`,
+        or for an exit span a stand-in (not recorded) that still propagates the trace."""
         if not self._token:
             return continuation(self, parent_id, op, kind, layer, component, peer)
         n = next(self._ids)
         if n >= limits.span_limit:
             self.size_limited = True
             stats.spans_over_limit += 1
+            if kind == _EXIT:
+                # As the Java agent's NoopExitSpan: the call still carries sw8, so the service
+                # called joins this trace; its parent is the recorded span the call is under
+                # (span_id), as a snapshot taken there would be. Not recorded: UNRECORDED.
+                return Span(self, parent_id, UNRECORDED, op, kind, layer, component, peer)
             return IgnoredSpan(SpanPosition(self, parent_id))
         self._open.append(None)
         return Span(self, n, parent_id, op, kind, layer, component, peer)

@@ -86,6 +86,13 @@ def _clip(raw: Any, limit: int, seg: Segment) -> str:
     return value
 
 
+# ``parent_id`` of an exit span that stands in for one dropped over the span limit
+# (:func:`stand_in_exit`): it is not recorded, and its ``span_id`` is the recorded span it is
+# under. Both cores check it where a span's end touches its segment (swmp/_native/spancore.c:
+# UNRECORDED_PARENT, the same value).
+UNRECORDED = -2
+
+
 class PySpanCore:
     """The fields and life cycle of a span in pure Python: the reference implementation of
     ``swmp._spancore.SpanCore`` (used when the native module is not built, or with
@@ -136,7 +143,8 @@ class PySpanCore:
                 pass
         if self.end:
             return
-        if self.span_id == 0 and self.segment.profile is not None:
+        unrecorded = self.parent_id == UNRECORDED
+        if self.span_id == 0 and not unrecorded and self.segment.profile is not None:
             self.segment.profile.stop()  # before the end time: no snapshot after the segment's end
         self.end = _time_ns() // 1_000_000
         if _get_current() is self:
@@ -144,13 +152,15 @@ class PySpanCore:
             while prev is not None and prev.end:
                 prev = prev._prev
             _set_current(prev)
-        self.segment.closed(self)  # type: ignore[arg-type]
+        if not unrecorded:
+            self.segment.closed(self)  # type: ignore[arg-type]
 
     def finish(self, end_ms: int | None = None) -> None:
         """Finish the span (idempotent). Never raises."""
         if self.end:
             return
-        if self.span_id == 0 and self.segment.profile is not None:
+        unrecorded = self.parent_id == UNRECORDED
+        if self.span_id == 0 and not unrecorded and self.segment.profile is not None:
             self.segment.profile.stop()
         self.end = end_ms or _time_ns() // 1_000_000
         if _get_current() is self:
@@ -158,7 +168,8 @@ class PySpanCore:
             while prev is not None and prev.end:
                 prev = prev._prev
             _set_current(prev)
-        self.segment.closed(self)  # type: ignore[arg-type]
+        if not unrecorded:  # a stand-in (UNRECORDED) is no part of its segment
+            self.segment.closed(self)  # type: ignore[arg-type]
 
     def inject(self) -> dict[str, str]:
         """Headers that make a downstream service continue this trace with this span as parent."""
@@ -315,7 +326,8 @@ class Span(_CoreType):
         seg = self.segment
         if seg.encoded is not None and seg.first is self:
             seg.encoded = None  # the cached endpoint of injected headers is this span's name
-        if self.span_id == 0 and _gate.by_endpoint:  # a profile task may name the final endpoint
+        # A profile task may name the final endpoint (a stand-in's span id is another span's).
+        if self.span_id == 0 and _gate.by_endpoint and self.parent_id != UNRECORDED:
             _gate.consider(self)
         return self
 
@@ -412,9 +424,12 @@ class IgnoredSpan(NoopSpan):
     """Root of work that is not traced: while it is current, nested spans are :data:`NOOP`.
 
     One tiny object per ignored request; it is the only work a non-sampled request does
-    besides the sampling/ignore decision itself. A span dropped over the span limit is one
-    too, with ``at`` set: the work under it is not recorded but is still in the trace (its
-    logs carry the trace id, threads it starts continue the trace), as in the Java agent.
+    besides the sampling/ignore decision itself. An entry or local span dropped over the
+    span limit is one too, with ``at`` set: the work under it is not recorded but is still in
+    the trace (its logs carry the trace id, threads it starts continue the trace, its calls
+    propagate it), as in the Java agent. An exit span dropped there is a stand-in
+    :class:`Span` instead (``parent_id`` :data:`UNRECORDED`), which every instrumentation
+    injects as it injects a recorded one (Segment.start_span).
     """
 
     __slots__ = ("_prev", "at", "end")
