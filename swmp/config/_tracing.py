@@ -46,7 +46,9 @@ class TraceSettings:
         300,
         "SW_AGENT_SPAN_LIMIT",
         "Maximum spans per segment; further spans are dropped and the segment is "
-        "flagged size-limited (name as in the SkyWalking Java agent).",
+        "flagged size-limited (name as in the SkyWalking Java agent). A dropped exit span still "
+        "sends `sw8` on its call (HTTP, gRPC, messages, Celery), as the Java agent does: the service "
+        "called joins the trace, its parent the recorded span the call is made under.",
         TRACE,
         check=at_least(1),
     )
