@@ -99,6 +99,15 @@ def reset_signals() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
+def release_stdin() -> None:
+    """Point fd 0 at ``/dev/null``: a process forked to report never reads its stdin."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        if devnull != 0:
+            os.dup2(devnull, 0)
+            os.close(devnull)
+
+
 def _flush_std() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

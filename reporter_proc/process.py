@@ -44,6 +44,7 @@ from reporter_proc.plumbing import (
     _flush_std,
     _run_loop,
     lower_priority,
+    release_stdin,
     reset_signals,
     set_pdeathsig,
     set_process_title,
@@ -317,16 +318,15 @@ def _child_main(
                 os.write(wfd, str(grandchild).encode())
                 os._exit(EXIT_OK)
             os.close(wfd)
-            with contextlib.suppress(OSError):
-                devnull = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(devnull, 0)
-                os.close(devnull)
         elif main_thread:
             set_pdeathsig(signal.SIGTERM)
             # The owner may have died before prctl took effect: the pidfd watch (opened
             # next, in the supervisor and the reporter) notices at once either way.
             if os.getppid() != parent:
                 log.info("owner %d died while the reporter was starting", owner_pid)
+        # Never read here; held, the application's stdin pipe would keep its writer from
+        # seeing the application's exit (EPIPE, EOF on a socket) until the final drain.
+        release_stdin()
         if settings.supervise:
             code = run_supervisor(arena_path, settings, owner_pid)
         else:

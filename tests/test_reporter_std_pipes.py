@@ -174,6 +174,11 @@ def test_capture_ends_when_the_program_exits(tmp_path: Path, black_hole: str, ho
         wait_until(lambda: any(line.startswith("started") for line in run.out), 60, "the program")
         program_pid = int(run.out[0].split()[1])
         wait_until(lambda: any(is_swmp(p, "swmp-reporter") for p in run.ours()), 30, "the reporter")
+        # The program's stdin is its own: the processes forked to report never read it, and
+        # held it would keep the writer from seeing the program's exit.
+        agents = [p for p in run.ours() if is_swmp(p)]  # the supervisor and the reporter
+        stdin = {p.pid: os.readlink(f"/proc/{p.pid}/fd/0") for p in agents}
+        assert stdin == {p.pid: os.devnull for p in agents}
         if how == "start-in-script":
             # Started after the program set up logging: the reporter's lines reach its stderr
             # while the program lives.
