@@ -157,7 +157,8 @@ def test_connections_are_capped(collector: LocalCollector) -> None:
             readable, _, _ = select.select(socks, [], [], 0)
             return sum(1 for s in readable if s.recv(1, socket.MSG_PEEK) == b"")
 
-        wait_until(lambda: closed() == extra, 30, f"{extra} connections closed by the collector")
+        # (the others are closed too, past their deadline, but not counted: they sent nothing)
+        wait_until(lambda: closed() >= extra, 30, f"{extra} connections closed by the collector")
     finally:
         for s in socks:
             s.close()

@@ -1,0 +1,141 @@
+"""``swmp collector`` against clients that hold its resources, on a real collector process
+with real sockets and real gRPC clients (docs/collector.md, "Security", "Resources"):
+
+* HTTP: a client that trickles its request a byte at a time held a connection slot for
+  ever (the timeout was per read); 64 of them held every slot. Each request now has a
+  whole-request deadline, and idle kept-alive connections are closed.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swmp.collector.http_server import KEEPALIVE_IDLE_S, MAX_CONNECTIONS, REQUEST_DEADLINE_S
+from tests.localcollector import LocalCollector, local_collector
+from tests.servers import wait_until
+
+# Generous bounds for what must happen after a deadline: the machine is shared, timings are
+# never asserted, only that it happens at all (before the fixes it never did).
+SLACK_S = 30.0
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[LocalCollector]:
+    with local_collector(tmp_path, memory=True) as col:
+        yield col
+
+
+def _connect(col: LocalCollector) -> socket.socket:
+    host, port = col.http_address.split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+class _Tricklers:
+    """Connections that each send the start of a request, then one more header byte every
+    half second, from one thread, until the collector closes them (noted with whatever the
+    collector sent first: a closed-unanswered connection got nothing)."""
+
+    HEAD = b"POST /v3/segments HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-Slow: "
+
+    def __init__(self, socks: list[socket.socket]) -> None:
+        self.open = list(socks)
+        self.closed: list[bytes] = []  # what each closed connection received before its end
+        self._stop = threading.Event()
+        for s in self.open:
+            s.sendall(self.HEAD)
+            s.setblocking(False)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self.open and not self._stop.wait(0.5):
+            for s in list(self.open):
+                try:
+                    s.send(b"x")
+                    got = s.recv(4096) if select.select([s], [], [], 0)[0] else None
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:  # reset, broken pipe: the collector closed it
+                    got = b""
+                if got is not None:
+                    self.open.remove(s)
+                    self.closed.append(got)
+                    s.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for s in self.open:
+            s.close()
+
+
+def test_a_trickling_request_is_cut_off_and_idle_keepalive_closed(collector: LocalCollector) -> None:
+    """One header byte every half second: each read is quick, so the old per-read timeout
+    (30 s) never fired. The request's deadline does, and the connection is closed
+    unanswered and counted; an idle kept-alive connection is closed too."""
+    idle = _connect(collector)
+    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b'{"ok":true}'):
+        chunk = idle.recv(4096)
+        assert chunk, answer
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and b"Connection: close" not in answer
+    slow = _Tricklers([_connect(collector)])
+    try:
+        wait_until(lambda: not slow.open, REQUEST_DEADLINE_S + SLACK_S, "the trickling client cut off")
+    finally:
+        slow.stop()
+    assert slow.closed == [b""]  # closed, nothing answered
+    idle.settimeout(KEEPALIVE_IDLE_S + SLACK_S)
+    assert idle.recv(1) == b""  # closed by the collector, not by this timeout (that raises)
+    idle.close()
+    refused = collector.stats()["refused"]
+    assert refused.get("too_slow") == 1, refused  # the idle connection is no refusal
+
+
+def test_requests_get_through_while_slow_clients_are_dropped(collector: LocalCollector) -> None:
+    """MAX_CONNECTIONS trickling clients take every connection slot: a connection past the
+    cap is closed on arrival. They are dropped at their deadline, and a normal client that
+    retries is served (before, the slots were held for as long as the bytes trickled)."""
+    slow = _Tricklers([_connect(collector) for _ in range(MAX_CONNECTIONS)])
+    try:
+        served: dict[str, object] = {}
+
+        def post_and_read() -> bool:
+            segment = {"traceId": "through-1", "traceSegmentId": "through-1.0", "service": "through"}
+            try:
+                served["post"] = collector.post("/v3/segment", json.dumps(segment).encode())
+                served["traces"] = collector.get("/api/traces?service=through")
+            except OSError:  # closed on arrival: every slot is taken
+                return False
+            return True
+
+        wait_until(post_and_read, REQUEST_DEADLINE_S + SLACK_S, "a normal request served", interval=0.1)
+        assert served["post"] == (200, {})
+        assert [t["trace_id"] for t in served["traces"]] == ["through-1"]  # type: ignore[attr-defined]
+        wait_until(lambda: not slow.open, REQUEST_DEADLINE_S + SLACK_S, "every trickling client cut off")
+    finally:
+        slow.stop()
+    assert slow.closed == [b""] * MAX_CONNECTIONS
+    assert collector.stats()["refused"]["too_slow"] == MAX_CONNECTIONS
+
+
+def _doc() -> str:
+    return " ".join((Path(__file__).resolve().parent.parent / "docs" / "collector.md").read_text().split())
+
+
+def test_docs_state_the_http_limits() -> None:
+    doc = _doc()
+    assert f"At most {MAX_CONNECTIONS} HTTP connections" in doc
+    assert f"within {REQUEST_DEADLINE_S:g} s of the connection's opening" in doc
+    assert f"idle for {KEEPALIVE_IDLE_S:g} s between requests" in doc
+    assert f"not all in within {REQUEST_DEADLINE_S:g} s" in doc
+
