@@ -4,6 +4,8 @@ with real sockets and real gRPC clients (docs/collector.md, "Security", "Resourc
 * HTTP: a client that trickles its request a byte at a time held a connection slot for
   ever (the timeout was per read); 64 of them held every slot. Each request now has a
   whole-request deadline, and idle kept-alive connections are closed.
+* gRPC: a ``collect`` stream held one of the receiver's threads for as long as the client
+  kept it open; 8 idle streams starved every agent.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ import json
 import select
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from reporter_proc.protocol.generated import common_pb2, management_pb2, tracing_pb2
+from swmp.collector.grpc_receiver import MAX_STREAMS, STREAM_IDLE_S, WORKERS
 from swmp.collector.http_server import KEEPALIVE_IDLE_S, MAX_CONNECTIONS, REQUEST_DEADLINE_S
 from tests.localcollector import LocalCollector, local_collector
 from tests.servers import wait_until
@@ -139,3 +145,84 @@ def test_docs_state_the_http_limits() -> None:
     assert f"idle for {KEEPALIVE_IDLE_S:g} s between requests" in doc
     assert f"not all in within {REQUEST_DEADLINE_S:g} s" in doc
 
+
+def _segment(trace_id: str) -> tracing_pb2.SegmentObject:
+    return tracing_pb2.SegmentObject(
+        traceId=trace_id, traceSegmentId=f"{trace_id}.0", service="agent", serviceInstance="agent-0"
+    )
+
+
+def test_idle_grpc_streams_cannot_starve_agents(collector: LocalCollector) -> None:
+    """Clients open more ``collect`` streams than the receiver has threads and never send
+    or finish: before, each held a thread for good and every agent's call waited behind
+    them. Now streams past MAX_STREAMS are refused at once, unary calls find a thread, and
+    an idle stream is ended (DEADLINE_EXCEEDED) after STREAM_IDLE_S, while a stream that
+    keeps sending, however long, is not."""
+    never = threading.Event()
+
+    def silent() -> Iterator[tracing_pb2.SegmentObject]:
+        never.wait()  # sends nothing until the test ends
+        yield from ()
+
+    def steady() -> Iterator[tracing_pb2.SegmentObject]:
+        n, until = 0, time.monotonic() + STREAM_IDLE_S + 2
+        while time.monotonic() < until:  # longer than the idle limit, a message every 1/4 s
+            n += 1
+            yield _segment(f"steady-{n}")
+            time.sleep(0.25)
+
+    path = "/skywalking.v3.TraceSegmentReportService/collect"
+    out = common_pb2.Commands.FromString
+    put = tracing_pb2.SegmentObject.SerializeToString
+    with (
+        grpc.insecure_channel(collector.grpc_address) as attacker,
+        grpc.insecure_channel(collector.grpc_address) as agent,
+    ):
+        try:
+            steady_call = agent.stream_unary(path, put, out).future(steady())
+            wait_until(lambda: collector.stats()["calls"].get("grpc:collect") == 1, 30, "the steady stream")
+            idle_calls = [attacker.stream_unary(path, put, out).future(silent()) for _ in range(WORKERS + 4)]
+            # unary calls of an agent (segments, keep-alive) go through meanwhile
+            sync = agent.unary_unary(
+                "/skywalking.v3.TraceSegmentReportService/collectInSync",
+                tracing_pb2.SegmentCollection.SerializeToString,
+                out,
+            )
+            sync(tracing_pb2.SegmentCollection(segments=[_segment("sync-1")]), timeout=STREAM_IDLE_S / 2)
+            ping = agent.unary_unary(
+                "/skywalking.v3.ManagementService/keepAlive",
+                management_pb2.InstancePingPkg.SerializeToString,
+                out,
+            )
+            ping(management_pb2.InstancePingPkg(service="agent", serviceInstance="agent-0"), timeout=10)
+            codes = []
+            for call in idle_calls:
+                with pytest.raises(grpc.RpcError) as err:
+                    call.result(timeout=STREAM_IDLE_S + SLACK_S)
+                codes.append((err.value.code(), err.value.details()))
+            steady_call.result(timeout=SLACK_S)  # ended by its client: OK
+        finally:
+            never.set()
+        # the idle streams are gone: a stream from an agent goes through again
+        agent.stream_unary(path, put, out)(iter([_segment("after-1")]), timeout=10)
+    held = MAX_STREAMS - 1  # the steady stream had one slot
+    exhausted = [d for c, d in codes if c == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    idle = [d for c, d in codes if c == grpc.StatusCode.DEADLINE_EXCEEDED]
+    assert len(exhausted) == WORKERS + 4 - held and len(idle) == held, codes
+    assert all("streams open" in d for d in exhausted)
+    assert all(f"no message for {STREAM_IDLE_S:g} s" in d for d in idle)
+    stats = collector.stats()
+    assert stats["refused"]["too_many_streams"] == len(exhausted)
+    assert stats["refused"]["stream_idle"] == held
+    kept = {t["trace_id"] for t in collector.get("/api/traces?service=agent&limit=1000")}
+    assert {"sync-1", "after-1"} <= kept and sum(t.startswith("steady-") for t in kept) >= STREAM_IDLE_S * 4
+    assert "Traceback" not in collector.log()
+
+
+def test_docs_state_the_grpc_limits() -> None:
+    doc = _doc()
+    assert f"answers on {WORKERS} threads" in doc and f"At most {MAX_STREAMS} streams are open" in doc
+    assert f"sends no message for {STREAM_IDLE_S:g} s" in doc
+    assert (
+        f"over the {MAX_STREAMS} open at once" in doc and f"no message for {STREAM_IDLE_S:g} s (what" in doc
+    )
