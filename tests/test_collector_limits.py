@@ -4,7 +4,7 @@ with real sockets and real gRPC clients (docs/collector.md, "Security", "Resourc
 * HTTP: a client that trickles its request a byte at a time held a connection slot for
   ever (the timeout was per read); 64 of them held every slot. Each request now has a
   whole-request deadline, and idle kept-alive connections are closed.
-* gRPC: a ``collect`` stream held one of the receiver's threads for as long as the client
+* gRPC: a ``collect`` stream held one of the receiver's 8 threads for as long as the client
   kept it open; 8 idle streams starved every agent.
 """
 
@@ -22,8 +22,10 @@ import grpc
 import pytest
 
 from reporter_proc.protocol.generated import common_pb2, management_pb2, tracing_pb2
-from swmp.collector.grpc_receiver import MAX_STREAMS, STREAM_IDLE_S, WORKERS
+from swmp.collector.grpc_receiver import MAX_STREAMS, STREAM_EVICT_IDLE_S, STREAM_IDLE_S, WORKERS, _Streams
 from swmp.collector.http_server import KEEPALIVE_IDLE_S, MAX_CONNECTIONS, REQUEST_DEADLINE_S
+from swmp.collector.intake import Intake
+from swmp.collector.store import Store
 from tests.localcollector import LocalCollector, local_collector
 from tests.servers import wait_until
 
@@ -155,9 +157,10 @@ def _segment(trace_id: str) -> tracing_pb2.SegmentObject:
 def test_idle_grpc_streams_cannot_starve_agents(collector: LocalCollector) -> None:
     """Clients open more ``collect`` streams than the receiver has threads and never send
     or finish: before, each held a thread for good and every agent's call waited behind
-    them. Now streams past MAX_STREAMS are refused at once, unary calls find a thread, and
-    an idle stream is ended (DEADLINE_EXCEEDED) after STREAM_IDLE_S, while a stream that
-    keeps sending, however long, is not."""
+    them. Now at most MAX_STREAMS are open (more are refused at once), unary calls find a
+    thread, an agent's stream takes the place of a silent one, and a silent stream is ended
+    (DEADLINE_EXCEEDED) after STREAM_IDLE_S, while a stream that keeps sending, however
+    long, is not."""
     never = threading.Event()
 
     def silent() -> Iterator[tracing_pb2.SegmentObject]:
@@ -174,6 +177,8 @@ def test_idle_grpc_streams_cannot_starve_agents(collector: LocalCollector) -> No
     path = "/skywalking.v3.TraceSegmentReportService/collect"
     out = common_pb2.Commands.FromString
     put = tracing_pb2.SegmentObject.SerializeToString
+    attacks = MAX_STREAMS + 4
+    agent_refused = 0
     with (
         grpc.insecure_channel(collector.grpc_address) as attacker,
         grpc.insecure_channel(collector.grpc_address) as agent,
@@ -181,7 +186,7 @@ def test_idle_grpc_streams_cannot_starve_agents(collector: LocalCollector) -> No
         try:
             steady_call = agent.stream_unary(path, put, out).future(steady())
             wait_until(lambda: collector.stats()["calls"].get("grpc:collect") == 1, 30, "the steady stream")
-            idle_calls = [attacker.stream_unary(path, put, out).future(silent()) for _ in range(WORKERS + 4)]
+            silent_calls = [attacker.stream_unary(path, put, out).future(silent()) for _ in range(attacks)]
             # unary calls of an agent (segments, keep-alive) go through meanwhile
             sync = agent.unary_unary(
                 "/skywalking.v3.TraceSegmentReportService/collectInSync",
@@ -195,34 +200,75 @@ def test_idle_grpc_streams_cannot_starve_agents(collector: LocalCollector) -> No
                 out,
             )
             ping(management_pb2.InstancePingPkg(service="agent", serviceInstance="agent-0"), timeout=10)
+
+            def agent_stream() -> bool:  # as an agent does: on RESOURCE_EXHAUSTED, again later
+                nonlocal agent_refused
+                try:
+                    agent.stream_unary(path, put, out)(iter([_segment("stream-1")]), timeout=10)
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                    agent_refused += 1
+                    return False
+                return True
+
+            wait_until(agent_stream, STREAM_IDLE_S + SLACK_S, "an agent's stream taken", interval=0.2)
             codes = []
-            for call in idle_calls:
+            for call in silent_calls:
                 with pytest.raises(grpc.RpcError) as err:
                     call.result(timeout=STREAM_IDLE_S + SLACK_S)
                 codes.append((err.value.code(), err.value.details()))
             steady_call.result(timeout=SLACK_S)  # ended by its client: OK
         finally:
             never.set()
-        # the idle streams are gone: a stream from an agent goes through again
-        agent.stream_unary(path, put, out)(iter([_segment("after-1")]), timeout=10)
-    held = MAX_STREAMS - 1  # the steady stream had one slot
     exhausted = [d for c, d in codes if c == grpc.StatusCode.RESOURCE_EXHAUSTED]
     idle = [d for c, d in codes if c == grpc.StatusCode.DEADLINE_EXCEEDED]
-    assert len(exhausted) == WORKERS + 4 - held and len(idle) == held, codes
-    assert all("streams open" in d for d in exhausted)
-    assert all(f"no message for {STREAM_IDLE_S:g} s" in d for d in idle)
+    # the steady stream had one place; the silent ones the others (or took each other's)
+    assert len(exhausted) + len(idle) == attacks and len(idle) >= MAX_STREAMS - 1, codes
+    assert all("streams open, the most it takes at once" in d for d in exhausted)
+    assert all(d.startswith("swmp collector: no message for ") for d in idle)
     stats = collector.stats()
-    assert stats["refused"]["too_many_streams"] == len(exhausted)
-    assert stats["refused"]["stream_idle"] == held
+    assert stats["refused"]["too_many_streams"] == len(exhausted) + agent_refused
+    assert stats["refused"]["stream_idle"] == len(idle)
     kept = {t["trace_id"] for t in collector.get("/api/traces?service=agent&limit=1000")}
-    assert {"sync-1", "after-1"} <= kept and sum(t.startswith("steady-") for t in kept) >= STREAM_IDLE_S * 4
+    assert {"sync-1", "stream-1"} <= kept
+    assert sum(t.startswith("steady-") for t in kept) >= STREAM_IDLE_S * 4
     assert "Traceback" not in collector.log()
+
+
+class _Context:
+    """Stands in for a call's ServicerContext (cancel is what ending a call falls back to)."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def test_a_new_stream_takes_the_place_of_a_silent_one() -> None:
+    """With every place taken, a new stream ends the one silent longest, if it is silent for
+    more than STREAM_EVICT_IDLE_S; streams that send keep theirs (the new one is refused)."""
+    intake = Intake(Store())
+    streams = _Streams(intake, limit=2, idle_s=3600, evict_idle_s=STREAM_EVICT_IDLE_S)
+    ctx = [_Context() for _ in range(4)]
+    a, b = streams.open("collect", ctx[0]), streams.open("collect", ctx[1])
+    assert a is not None and b is not None
+    assert streams.open("collect", ctx[2]) is None  # both just opened
+    a.last -= STREAM_EVICT_IDLE_S + 5
+    b.last -= STREAM_EVICT_IDLE_S + 1
+    c = streams.open("collect", ctx[2])
+    assert c is not None and a.ended and ctx[0].cancelled and not b.ended and not ctx[1].cancelled
+    b.last = time.monotonic()  # b sends a message
+    assert streams.open("collect", ctx[3]) is None
+    assert dict(intake.refused) == {"stream_idle": 1}
+    assert "2 streams open: ended" in intake.first_refusal["stream_idle"]
+    for s in (a, b, c):
+        streams.close(s)
 
 
 def test_docs_state_the_grpc_limits() -> None:
     doc = _doc()
     assert f"answers on {WORKERS} threads" in doc and f"At most {MAX_STREAMS} streams are open" in doc
-    assert f"sends no message for {STREAM_IDLE_S:g} s" in doc
-    assert (
-        f"over the {MAX_STREAMS} open at once" in doc and f"no message for {STREAM_IDLE_S:g} s (what" in doc
-    )
+    assert f"sends no message for {STREAM_IDLE_S:g} s" in doc and f"When all {MAX_STREAMS} are open" in doc
+    assert f"over the {MAX_STREAMS} open at once" in doc and f"no message for {STREAM_IDLE_S:g} s, or" in doc
+    assert STREAM_EVICT_IDLE_S == 1.0 and "sent nothing for the last second" in doc

@@ -7,11 +7,13 @@ log a traceback. Profiling is answered with no task.
 
 The server has ``WORKERS`` threads, and a client stream (``collect``, ``collectBatch``,
 ``collectSnapshot``) holds one for as long as the client keeps it open. So at most
-``MAX_STREAMS`` streams are open at once (one more is refused at once with
-RESOURCE_EXHAUSTED, counted ``too_many_streams``): unary calls (``collectInSync``,
-``keepAlive``, ...) always find a thread. And a stream that sends no message for
-``STREAM_IDLE_S`` is ended with DEADLINE_EXCEEDED (counted ``stream_idle``); what it sent
-before is kept.
+``MAX_STREAMS`` streams are open at once: unary calls (``collectInSync``, ``keepAlive``, ...)
+always find a thread. A stream that sends no message for ``STREAM_IDLE_S`` is ended with
+DEADLINE_EXCEEDED (counted ``stream_idle``; what it sent before is kept). When all are open,
+a new stream ends the one idle longest, if that one sent nothing for ``STREAM_EVICT_IDLE_S``
+(the same status and count): streams held open by clients that send nothing cannot keep an
+agent's stream out. Otherwise the new one is refused at once with RESOURCE_EXHAUSTED
+(``too_many_streams``).
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ from swmp.collector.decode import BadInput, parse_protobuf
 from swmp.collector.intake import Intake
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-WORKERS = 8  # threads answering calls
-MAX_STREAMS = WORKERS - 2  # client streams open at once: two threads stay for unary calls
+WORKERS = 16  # threads answering calls
+MAX_STREAMS = WORKERS - 4  # client streams open at once: the other threads stay for unary calls
 STREAM_IDLE_S = 10.0  # a client stream that sends nothing for this long is ended
+STREAM_EVICT_IDLE_S = 1.0  # when all are open, one silent this long makes room for a new one
 _WATCH_EVERY_S = 0.25
 
 
@@ -86,32 +89,52 @@ class _Stream:
 
 
 class _Streams:
-    """The open client streams: at most ``limit``; one idle past ``idle_s`` is ended by a
-    watchdog thread, which runs while streams are open."""
+    """The open client streams: at most ``limit``. One idle past ``idle_s`` is ended by a
+    watchdog thread, which runs while streams are open; when all are open, a new one takes
+    the place of the one idle longest if that one is idle past ``evict_idle_s``."""
 
-    def __init__(self, intake: Intake, limit: int = MAX_STREAMS, idle_s: float = STREAM_IDLE_S) -> None:
+    def __init__(
+        self,
+        intake: Intake,
+        limit: int = MAX_STREAMS,
+        idle_s: float = STREAM_IDLE_S,
+        evict_idle_s: float = STREAM_EVICT_IDLE_S,
+    ) -> None:
         self.intake = intake
         self.limit = limit
         self.idle_s = idle_s
+        self.evict_idle_s = evict_idle_s
         self._lock = threading.Lock()
         self._open: set[_Stream] = set()
         self._watching = False
 
     def open(self, method: str, context: grpc.ServicerContext) -> _Stream | None:
-        """The new stream, or None when ``limit`` are open."""
+        """The new stream, or None when ``limit`` are open and none is idle enough to go."""
+        evicted = None
         with self._lock:
+            now = time.monotonic()
             if len(self._open) >= self.limit:
-                return None
+                evicted = min(self._open, key=lambda s: s.last)
+                if now - evicted.last <= self.evict_idle_s:
+                    return None
+                evicted.ended = True
+                self._open.discard(evicted)  # its place is the new one's now
             stream = _Stream(method, context)
             self._open.add(stream)
             if not self._watching:
                 self._watching = True
                 threading.Thread(target=self._watch, name="collector-grpc-streams", daemon=True).start()
-            return stream
+        if evicted is not None:
+            self._end(evicted, f"no message for {now - evicted.last:.1f} s, {self.limit} streams open: ended")
+        return stream
 
     def close(self, stream: _Stream) -> None:
         with self._lock:
             self._open.discard(stream)
+
+    def _end(self, stream: _Stream, detail: str) -> None:
+        self.intake.refuse(f"grpc {stream.method}", "stream_idle", detail)
+        _end_call(stream.context, grpc.StatusCode.DEADLINE_EXCEEDED, f"swmp collector: {detail}")
 
     def _watch(self) -> None:
         while True:
@@ -124,10 +147,9 @@ class _Streams:
                 idle = [s for s in self._open if not s.ended and now - s.last > self.idle_s]
                 for s in idle:
                     s.ended = True
+                    self._open.discard(s)
             for s in idle:
-                detail = f"no message for {self.idle_s:g} s: stream ended"
-                self.intake.refuse(f"grpc {s.method}", "stream_idle", detail)
-                _end_call(s.context, grpc.StatusCode.DEADLINE_EXCEEDED, f"swmp collector: {detail}")
+                self._end(s, f"no message for {self.idle_s:g} s: stream ended")
 
 
 class _Handlers:
