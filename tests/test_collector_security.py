@@ -351,6 +351,17 @@ def test_planted_side_files_are_never_followed(tmp_path: Path) -> None:
     assert not (tmp_path / "dangling-target").exists()
 
 
+def test_a_second_collector_on_the_same_database_is_refused(tmp_path: Path) -> None:
+    """The collector holds the database's lock for its life (so SQLite never looks for a
+    journal again): a second one on the same ``--db`` exits at start, saying why."""
+    with local_collector(tmp_path / "first") as first:
+        assert first.db is not None
+        out = _run_collector(tmp_path, first.db)
+        assert out.returncode == 1 and "database is locked" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+        assert first.post("/v3/segment", json.dumps({"traceId": "t", "service": "s"}).encode())[0] == 200
+
+
 def test_ready_file_is_not_written_through_a_planted_link(tmp_path: Path) -> None:
     """``--ready-file PATH`` wrote ``PATH.tmp`` first, following a link planted there (CI jobs
     put it in shared temporary directories): the link's target was overwritten."""
