@@ -136,6 +136,18 @@ def test_requests_get_through_while_slow_clients_are_dropped(collector: LocalCol
     assert collector.stats()["refused"]["too_slow"] == MAX_CONNECTIONS
 
 
+
+def test_a_client_gone_before_its_answer_is_no_traceback(collector: LocalCollector) -> None:
+    """A client that reads the start of its answer and closes (a browser cancelling a
+    request, a script that read enough) resets the connection while the collector still
+    writes: socketserver printed a traceback into the collector's output for each."""
+    for _ in range(50):
+        with _connect(collector) as s:
+            s.sendall(b"POST /v3/segments HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # no length: 411
+            assert s.recv(12) == b"HTTP/1.1 411"
+    assert collector.stats()["refused"]["no_length"] == 50
+    assert "Traceback" not in collector.log()
+
 def _doc() -> str:
     return " ".join((Path(__file__).resolve().parent.parent / "docs" / "collector.md").read_text().split())
 

@@ -25,6 +25,7 @@ import ipaddress
 import json
 import select
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -317,6 +318,11 @@ class _Server(ThreadingHTTPServer):
         except BaseException:
             self._slots.release()
             raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # the client went away before its answer was written: nothing failed here
+        super().handle_error(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
