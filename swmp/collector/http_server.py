@@ -9,13 +9,25 @@ Browsers are kept out of what is not theirs: the page and the API answer only re
 ``Host`` is an IP address, ``localhost`` or a name allowed with ``--allow-host`` (a web site
 that rebinds its DNS name to 127.0.0.1 cannot read the traces), and the receivers refuse a
 POST that carries an ``Origin`` header (browsers send one, agents never do).
+
+Slow clients cannot hold the connection slots (``MAX_CONNECTIONS``): a request's line,
+headers and body must all be in within ``REQUEST_DEADLINE_S`` of the connection's opening
+(the first request) or of the request's first byte (later ones on a kept-alive connection),
+however steadily the bytes trickle; a connection idle between requests is closed after
+``KEEPALIVE_IDLE_S``. A connection past its deadline is closed unanswered and counted
+(``too_slow``) when a request had begun.
 """
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import json
+import select
+import socket
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -89,13 +101,77 @@ def _limit_arg(query: dict[str, list[str]], default: int) -> int:
     return MAX_LIMIT if len(digits) > len(str(MAX_LIMIT)) else min(int(digits), MAX_LIMIT)
 
 
+MAX_CONNECTIONS = 64  # open HTTP connections at once; more are closed on arrival
+REQUEST_DEADLINE_S = 5.0  # a whole request (line, headers, body) must be in within this
+KEEPALIVE_IDLE_S = 20.0  # a kept-alive connection waits this long for its next request
+# (aiohttp, the agent's HTTP client, drops its idle connections after 15 s: it closes first)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, none past the handler's current deadline: a timeout per
+    read (the socket's own) lets a client that sends a byte every few seconds hold the
+    connection for ever. Waits with poll, so the socket's own timeout still bounds writes."""
+
+    def __init__(self, sock: socket.socket, handler: Handler) -> None:
+        super().__init__()
+        self._sock = sock
+        self._handler = handler
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        h = self._handler
+        while True:
+            left = h.read_deadline - time.monotonic()
+            if left <= 0:
+                h.past_deadline()
+                raise TimeoutError("past the request's deadline")
+            if self._poll.poll(left * 1000 + 1):
+                break
+        n = self._sock.recv_into(buffer)
+        h.got_bytes()
+        return n
+
+
 class Handler(BaseHTTPRequestHandler):
     intake: Intake
     max_body: int = DEFAULT_MAX_BODY
     allowed_hosts: frozenset[str] = frozenset()
     protocol_version = "HTTP/1.1"  # keep-alive, as the agent's pooled connections expect
     server_version = "swmp-collector"  # the whole Server header: no Python version (version_string)
-    timeout = 30  # seconds a client may take to send its request: a stalled one frees its thread
+    timeout = 30  # seconds the socket's writes may take (an answer the client does not read)
+    read_deadline = 0.0  # (monotonic) reads end here: see _DeadlineReader
+    _answered = False  # a request was answered on this connection (so the next one is kept-alive)
+    _started = False  # bytes of the current request arrived
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self))
+
+    def handle_one_request(self) -> None:
+        now = time.monotonic()
+        self._started = False
+        self.read_deadline = now + (KEEPALIVE_IDLE_S if self._answered else REQUEST_DEADLINE_S)
+        super().handle_one_request()
+        self._answered = True
+
+    def got_bytes(self) -> None:
+        if not self._started:
+            self._started = True
+            if self._answered:  # the next request on a kept-alive connection began
+                self.read_deadline = time.monotonic() + REQUEST_DEADLINE_S
+
+    def past_deadline(self) -> None:
+        """Called once the deadline passed: the connection is closed (http.server does that
+        on TimeoutError). A connection that was only idle is no refusal."""
+        if self._started:
+            self.intake.refuse(
+                "http connection", "too_slow", f"request not complete within {REQUEST_DEADLINE_S:g} s"
+            )
+        self._started = False
 
     def log_message(self, format: str, *args: Any) -> None:  # no line per request
         pass
@@ -212,18 +288,19 @@ class Handler(BaseHTTPRequestHandler):
             self._json({"error": "not found"}, 404)
 
 
-MAX_CONNECTIONS = 64  # open HTTP connections at once; more are closed on arrival
-
-
 class _Server(ThreadingHTTPServer):
     """One thread per connection, at most ``max_connections`` of them: clients that open
-    connections and stall (each is closed after ``Handler.timeout`` of silence) cannot make
-    the collector start threads without end. A connection over the cap is closed at once and
-    counted (``too_many_connections``)."""
+    connections and stall or trickle (each is closed past its deadline: ``Handler``) cannot
+    make the collector start threads without end, nor hold the slots for long. A connection
+    over the cap is closed at once and counted (``too_many_connections``)."""
 
     daemon_threads = True
     intake: Intake
     max_connections = MAX_CONNECTIONS
+    # The listen backlog (socketserver's default is 5): a burst of connections waits there
+    # for the accept loop instead of its handshakes being dropped and retried by TCP, which
+    # can take seconds (each connection's deadline starts once accepted).
+    request_queue_size = 2 * MAX_CONNECTIONS
 
     def server_activate(self) -> None:
         self._slots = threading.BoundedSemaphore(self.max_connections)
@@ -241,6 +318,11 @@ class _Server(ThreadingHTTPServer):
         except BaseException:
             self._slots.release()
             raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # the client went away before its answer was written: nothing failed here
+        super().handle_error(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:

@@ -18,6 +18,20 @@ The file is created private: mode 0600, in a directory created 0700 when it is n
 symbolic link, something other than a regular file, or a file of another user where the
 database goes is refused (:class:`StoreError`), never followed; so is a database with tables
 that are not the collector's (a wrong ``--db`` must not empty someone's database).
+
+SQLite's side files are kept out of the directory, which may be shared (``--db /tmp/...``):
+by default SQLite creates ``<db>-journal`` by name for every write transaction, and looks
+for one at every transaction start to roll it back into the database. A link or file planted
+there by someone else would be followed (older SQLite versions; newer ones open with
+``O_NOFOLLOW`` and then fail every write) or played back into the database. So the rollback
+journal is kept in memory (``journal_mode=MEMORY``: no journal file is ever created) and the
+connection holds its lock for its life (``locking_mode=EXCLUSIVE``): SQLite looks for
+``-journal`` / ``-wal`` once, at the first access, right after :func:`_refuse_side_files`
+checked that none is there but a file of the user's own. The cost: a crash in the middle of
+a write (a kill -9 while committing, a power cut) can leave the database damaged
+("malformed"); it holds development data (delete the file). And no other process can open
+the database while the collector runs (a second collector on the same ``--db`` is refused
+at start).
 """
 
 from __future__ import annotations
@@ -98,6 +112,26 @@ def _create_private(path: Path) -> None:
         os.close(fd)
 
 
+_SIDE_FILES = ("-journal", "-wal", "-shm")  # SQLite's rollback journal, write-ahead log, WAL index
+
+
+def _refuse_side_files(path: Path) -> None:
+    """StoreError when one of SQLite's side files of ``path`` is there and is not a regular
+    file of ours: a link or a file someone planted (which SQLite would open and play back
+    into the database). The collector never creates one (``journal_mode=MEMORY``); one of
+    ours is a crashed older version's journal, which SQLite rolls back as it should."""
+    for suffix in _SIDE_FILES:
+        side = f"{path}{suffix}"
+        try:
+            st = os.lstat(side)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            raise StoreError(f"{side} is a symbolic link: refused (remove it; the collector makes none)")
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise StoreError(f"{side} is not a file of yours: refused (remove it; the collector makes none)")
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -115,12 +149,22 @@ class Store:
         self.path = str(path)
         if self.path != MEMORY:
             _create_private(Path(self.path))
+            _refuse_side_files(Path(self.path))
         self.max_bytes = max_bytes
         self.retention_s = retention_s
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA synchronous=NORMAL")
         try:
+            # No side file by name in a directory others may write to (the module's docstring):
+            # both before the first access, the only one that looks for a journal.
+            self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
+            mode = self._db.execute("PRAGMA journal_mode=MEMORY").fetchone()[0]
+            if mode != "memory":
+                raise StoreError(f"{self.path}: SQLite kept journal mode {mode!r}: refused")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            # the lock now, held to the end: a second collector on this file fails here
+            self._db.execute("BEGIN EXCLUSIVE")
+            self._db.execute("COMMIT")
             self._migrate()
         except BaseException:
             self._db.close()
