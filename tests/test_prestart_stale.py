@@ -29,8 +29,12 @@ import ipc.ring_writer as ring_writer_module
 from ipc import Arena
 from ipc.ring import anonymous_ring
 from reporter_proc import records as R
+from reporter_proc.process import start_reporter_thread
+from reporter_proc.senders.memory import MemorySender
+from reporter_proc.settings import ReporterSettings
 from swmp import _sink
 from swmp._runtime import ArenaSink
+from swmp._thread_sink import ThreadSink
 from swmp.tracing.identity import identity
 from tests.collector import free_port
 from tests.servers import agent_env, gunicorn_command, run_server, wait_until
@@ -169,6 +173,38 @@ def test_records_a_given_up_writer_refuses_are_counted(arena: Arena) -> None:
     sink.leave(for_good=True)
 
 
+def test_a_thread_mode_writer_given_up_refuses_and_counts(tmp_path: Path) -> None:
+    registry = Arena.create(str(tmp_path / "names.arena"), slots=2, ring_capacity=4096)
+    sender = MemorySender()
+    settings = ReporterSettings(service="svc", flush_interval_s=0.01, keepalive_interval_s=0.1)
+
+    def start_thread(path: str, s: ReporterSettings, arena: Arena) -> Any:
+        return start_reporter_thread(path, s, arena=arena, sender=sender)
+
+    sink = ThreadSink(
+        registry,
+        settings,
+        start_thread,
+        arena_dir=str(tmp_path),
+        ring_capacity=1 << 16,
+        meta=b"{}",
+        service="svc",
+        instance_base="base",
+        owner_pid=os.getppid(),
+    )
+    try:
+        assert sink.write(R.SEGMENT, segment("base"))
+        old = sink._writer
+        assert old is not None
+    finally:
+        sink.leave(timeout=5)
+    # Its reporter thread is gone: the ring is no longer read. Before, the write landed there
+    # ("written") and was lost uncounted.
+    assert not old.write(R.SEGMENT, segment("base"))
+    assert registry.lost_counts().late_records == 1
+    registry.close()
+
+
 def test_a_forked_childs_refusals_are_its_own(arena: Arena) -> None:
     sink = sink_for(arena)
     assert sink.write(R.SEGMENT, segment("base"))
@@ -223,26 +259,39 @@ for _ in range(2):
 swmp.start()
 with new_local_span("reported"):
     pass
-sink = agent._running.sink
-old = sink._writer
-swmp.stop()
-assert not old.write(1, b"x")  # a write racing the stop: the slot was given back
-swmp.start()
-with new_local_span("reported again"):
-    pass
-assert not old.write(1, b"x")  # the same, while the process holds a ring again
+if sys.argv[2] == "restart":
+    sink = agent._running.sink
+    old = sink._writer
+    swmp.stop()
+    assert not old.write(1, b"x")  # a write racing the stop: the slot was given back
+    swmp.start()
+    with new_local_span("reported again"):
+        pass
+    assert not old.write(1, b"x")  # the same, while the process holds a ring again
 open(sys.argv[1], "w").close()
 sys.stdin.read()  # until the test is done reading the arena
 """
 
 
-def test_swmp_status_shows_records_before_the_agent_and_after_a_ring(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("mode", "restart", "expected"),
+    [
+        ("process", True, (2, 1, 1)),
+        ("thread", False, (2, 0, 0)),
+        # Thread mode: the first private arena (its prestart word with it) is removed at stop().
+        ("thread", True, (0, 1, 1)),
+    ],
+    ids=["process", "thread", "thread-restart"],
+)
+def test_swmp_status_shows_records_before_the_agent_and_after_a_ring(
+    tmp_path: Path, mode: str, restart: bool, expected: tuple[int, int, int]
+) -> None:
     shm = tmp_path / "shm"
     script, ready = tmp_path / "app.py", tmp_path / "ready"
     script.write_text(SCRIPT)
-    env = agent_env(tmp_path, "127.0.0.1:1")  # nothing answers; not needed
+    env = agent_env(tmp_path, "127.0.0.1:1", reporter_process=mode == "process")  # nothing answers
     app = subprocess.Popen(
-        [sys.executable, str(script), str(ready)],
+        [sys.executable, str(script), str(ready), "restart" if restart else "once"],
         env=env,
         cwd=tmp_path,
         stdin=subprocess.PIPE,
@@ -254,14 +303,15 @@ def test_swmp_status_shows_records_before_the_agent_and_after_a_ring(tmp_path: P
         _rc, report = cli_json("status", "--interval", "0", "--dir", str(shm))
         (agent,) = report["agents"]
         totals = agent["totals"]
-        assert (totals["prestart"], totals["stale"], totals["late_dropped"]) == (2, 1, 1), totals
-        assert sorted(sl["prestart"] for sl in agent["slots"] if sl["prestart"]) == [2]
-        assert sorted(sl["stale"] for sl in agent["slots"] if sl["stale"]) == [1]
+        prestart, stale, _late = expected
+        assert (totals["prestart"], totals["stale"], totals["late_dropped"]) == expected, totals
+        assert [sl["prestart"] for sl in agent["slots"] if sl["prestart"]] == ([prestart] if prestart else [])
+        assert [sl["stale"] for sl in agent["slots"] if sl["stale"]] == ([stale] if stale else [])
         _rc, health = cli_json("health", "--interval", "0", "--dir", str(shm))
         (drops,) = [c for a in health["agents"] for c in a["checks"] if c["name"] == "drops"]
         figures = drops["figures"]
-        assert (figures["prestart"], figures["stale"]) == (2, 1)
-        assert figures["dropped"] == 1  # the stale record; those before the agent are no loss
+        assert (figures["prestart"], figures["stale"]) == (prestart, stale)
+        assert figures["dropped"] == stale  # those before the agent are no loss
         text = subprocess.run(
             [sys.executable, "-m", "swmp.cli", "status", "--interval", "0", "--dir", str(shm)],
             env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -270,8 +320,10 @@ def test_swmp_status_shows_records_before_the_agent_and_after_a_ring(tmp_path: P
             timeout=60,
             check=False,
         ).stdout
-        assert "2 records made before the agent started in their process" in text, text
-        assert "1 records written after their process gave its ring up" in text, text
+        if prestart:
+            assert f"{prestart} records made before the agent started in their process" in text, text
+        if stale:
+            assert f"{stale} records written after their process gave its ring up" in text, text
     finally:
         if app.poll() is None:
             assert app.stdin is not None
