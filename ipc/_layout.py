@@ -105,6 +105,14 @@ C_DROPPED_BYTES: Final = 11
 # whose writers never stored it reads 0.
 C_UNBUILT_RECORDS: Final = 12
 C_OVERSIZE: Final = 13
+# Two more words only the writer's process adds to, the same way (its writer's counter lock),
+# for records that process made where no ring of its own could take them, counted in the ring
+# it binds afterwards (a slot's words are never stored by a process that does not hold it):
+# records made before the process had a ring at all (``RingWriter.add_prestart``), and records
+# that an earlier writer of the process refused once it was disabled, its slot given back or
+# inherited across fork (``add_stale``). An arena whose writers never stored them reads 0.
+C_PRESTART_RECORDS: Final = 14
+C_STALE_RECORDS: Final = 15
 # reader cache line: only the reader stores here
 C_HEAD: Final = 16
 C_READ_RECORDS: Final = 17

@@ -27,6 +27,10 @@ class RingStats:
     skipped_records: int = 0
     # Records the writer's process could not encode (never in the ring; see _layout).
     unbuilt_records: int = 0
+    # Records the writer's process made before it had a ring, and records an earlier, disabled
+    # writer of that process refused (see _layout); never in the ring.
+    prestart_records: int = 0
+    stale_records: int = 0
 
     @property
     def written_bytes(self) -> int:
@@ -64,4 +68,6 @@ def read_stats(slot: int, control: memoryview, capacity: int) -> RingStats:
         skipped_bytes=control[L.C_SKIPPED_BYTES],
         skipped_records=control[L.C_SKIPPED_RECORDS],
         unbuilt_records=control[L.C_UNBUILT_RECORDS],
+        prestart_records=control[L.C_PRESTART_RECORDS],
+        stale_records=control[L.C_STALE_RECORDS],
     )

@@ -53,6 +53,7 @@ class RingWriter:
         "_cap",
         "_control",
         "_counter_lock",
+        "_forward",
         "_live",
         "_lost",
         "_max_payload",
@@ -81,7 +82,10 @@ class RingWriter:
         self._cap = capacity
         # A record may use at most half the ring: with worst-case end padding it still fits.
         self._max_payload = capacity // 2 - L.RECORD_HEADER_SIZE
-        self._lost = 0  # writes refused after the writer was disabled (not in shared memory)
+        self._lost = 0  # writes refused after the writer was disabled, not forwarded (below)
+        # Where refused writes go once disabled (``forward_refused``): a disabled writer may
+        # no longer store its slot's words, so only its owner can count them somewhere shared.
+        self._forward: Callable[[int], object] | None = None
         self._live = True  # False once disabled: the slot's words are no longer ours to store
         # Serializes this process's threads on the unbuilt count's read-add-write. Re-entrant:
         # a signal handler that logs, run inside an add of the same thread, must not wait for it.
@@ -106,19 +110,58 @@ class RingWriter:
 
     @property
     def disabled_drops(self) -> int:
-        """Records refused after this writer was disabled (fork, slot released)."""
+        """Records refused after this writer was disabled (fork, slot released) that no
+        ``forward_refused`` function took: counted in this process's memory only."""
         return self._lost
+
+    def forward_refused(self, forward: Callable[[int], object] | None) -> None:
+        """Once this writer is disabled, hand the count of every record it refuses to
+        ``forward(n)`` (which must not raise: if it does, the record stays in
+        :attr:`disabled_drops`), along with those it refused before this call. The slot's own
+        words are not this process's to store any more (another process may hold the slot;
+        a forked child never held it): its owner counts them where it can (another ring,
+        the arena header). Inherited by a forked child with the writer."""
+        self._forward = forward
+        with self._counter_lock:
+            lost, self._lost = self._lost, 0
+        self._refused(lost)
+
+    def _refused(self, n: int) -> None:
+        forward = self._forward
+        if n <= 0:
+            return
+        if forward is not None:
+            try:
+                forward(n)
+                return
+            except Exception:
+                pass
+        with self._counter_lock:
+            self._lost += n
 
     def add_unbuilt(self, n: int = 1) -> bool:
         """Count ``n`` records this process meant to write into this ring but could not
         encode (``C_UNBUILT_RECORDS``), where every reader of the arena sees them. Never
         raises; False (not counted) once the writer is disabled: the slot is not ours."""
+        return self._add(L.C_UNBUILT_RECORDS, n)
+
+    def add_prestart(self, n: int) -> bool:
+        """Count ``n`` records this process made before it had a ring (``C_PRESTART_RECORDS``);
+        as :meth:`add_unbuilt`."""
+        return self._add(L.C_PRESTART_RECORDS, n)
+
+    def add_stale(self, n: int) -> bool:
+        """Count ``n`` records that an earlier, disabled writer of this process refused
+        (``C_STALE_RECORDS``; see :meth:`forward_refused`); as :meth:`add_unbuilt`."""
+        return self._add(L.C_STALE_RECORDS, n)
+
+    def _add(self, word: int, n: int) -> bool:
         if n <= 0 or not self._live:
             return False
         try:
             with self._counter_lock:
                 control = self._control
-                control[L.C_UNBUILT_RECORDS] = (int(control[L.C_UNBUILT_RECORDS]) + n) & _U64
+                control[word] = (int(control[word]) + n) & _U64
         except Exception:  # a torn-down mapping
             return False
         return True
@@ -132,7 +175,7 @@ class RingWriter:
 
         def refuse(rtype: int, payload: bytes) -> bool:
             nonlocal logged
-            self._lost += 1
+            self._refused(1)
             if not logged:
                 logged = True
                 log.warning("ring slot %d: writer %s; records are dropped", self.slot, why)

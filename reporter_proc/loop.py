@@ -353,8 +353,10 @@ class Reporter:
     def _log_summary(self) -> None:
         """One line at exit: what the arena's records became since it was created."""
         try:
-            dropped, skipped, unbuilt = ring_losses(self.arena)
-            level, message = exit_summary(self.publisher.totals(), DATA_NAMES, dropped, skipped, unbuilt)
+            dropped, skipped, unbuilt, stale = ring_losses(self.arena)
+            level, message = exit_summary(
+                self.publisher.totals(), DATA_NAMES, dropped, skipped, unbuilt, ring_stale=stale
+            )
             log.log(
                 level,
                 "reporter %d exiting (%s); since the arena was created: %s",
@@ -438,17 +440,19 @@ class Reporter:
                 self._instances.remove_file()
 
 
-def ring_losses(arena: Arena) -> tuple[int, int, int]:
-    """``(dropped, skipped, unbuilt)`` records over every ring of ``arena``: writers' drops
-    (ring full, record too large), records skipped by the readers' corruption recovery, and
-    records the writers' processes could not encode (counted in their rings' words)."""
-    dropped = skipped = unbuilt = 0
+def ring_losses(arena: Arena) -> tuple[int, int, int, int]:
+    """``(dropped, skipped, unbuilt, stale)`` records over every ring of ``arena``: writers'
+    drops (ring full, record too large), records skipped by the readers' corruption recovery,
+    records the writers' processes could not encode, and records refused by a writer those
+    processes had given up (the last two counted in their rings' words)."""
+    dropped = skipped = unbuilt = stale = 0
     for slot in range(arena.slots):
         st = arena.ring_stats(slot)
         dropped += st.dropped_records
         skipped += st.skipped_records
         unbuilt += st.unbuilt_records
-    return dropped, skipped, unbuilt
+        stale += st.stale_records
+    return dropped, skipped, unbuilt, stale
 
 
 def check_capabilities(journal: Journal, sender: Sender) -> None:

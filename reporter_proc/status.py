@@ -207,12 +207,16 @@ def exit_summary(
     ring_dropped: int,
     ring_skipped: int,
     ring_unbuilt: int = 0,
+    *,
+    ring_stale: int = 0,
 ) -> tuple[int, str]:
     """The one line a reporter logs as it exits: ``(level, message)``.
 
     ``totals`` are the arena's counter table (since the arena was created); ring drops
-    (a full ring, a record too large), records skipped by corruption recovery and records
-    the writers could not encode are counted in the rings' words. WARNING when anything was lost, else INFO.
+    (a full ring, a record too large), records skipped by corruption recovery, records the
+    writers could not encode and records a writer's process sent to a writer it had given up
+    (``stale``) are counted in the rings' words. Records made before the agent started in a
+    process (``prestart``) are not lost to the agent: not listed. WARNING when anything was lost, else INFO.
     """
     sent = [f"{k} {totals.get('sent.' + k, 0)}" for k in sorted(data_kinds) if totals.get("sent." + k)]
     lost = {
@@ -226,6 +230,8 @@ def exit_summary(
         lost["corrupt"] = ring_skipped
     if ring_unbuilt:
         lost["unbuilt"] = ring_unbuilt
+    if ring_stale:  # refused by a writer its process had given up (a race at its leave)
+        lost["stale"] = ring_stale
     total_lost = sum(lost.values())
     detail = " (" + ", ".join(f"{k} {n}" for k, n in lost.items()) + ")" if lost else ""
     message = (

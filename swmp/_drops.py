@@ -1,11 +1,17 @@
-"""A process's counts of the records it dropped for want of a ring (``swmp._runtime``), and
-the shared arena header words they are added to (``ipc.Arena.add_counts``)."""
+"""A process's counts of the records it dropped for want of a ring (``swmp._runtime``), the
+shared arena header words they are added to (``ipc.Arena.add_counts``), and those that no
+file took, reported at the process's exit (:class:`UnseenDrops`)."""
 
 from __future__ import annotations
 
+import logging
+import os
+
 from ipc import _layout as L
 
-__all__ = ["LABELS", "header_counts", "no_counts"]
+__all__ = ["LABELS", "UnseenDrops", "header_counts", "no_counts"]
+
+log = logging.getLogger("swmp.agent")
 
 
 def no_counts() -> dict[str, int]:
@@ -25,3 +31,57 @@ def header_counts(counts: dict[str, int]) -> dict[int, int]:
         L.H_MASTER_RECORDS: counts["master"],
         L.H_LATE_RECORDS: counts["late"],
     }
+
+
+class UnseenDrops:
+    """The sink's counts that no shared file took (``swmp._runtime.ProcessSink``), logged at
+    the process's exit."""
+
+    def __init__(self) -> None:
+        # Counts of this process (``_unseen_pid``) that had nowhere to go: the shared file was
+        # gone (thread mode: the owner removes the registry at exit). Reported at exit.
+        self._unseen = no_counts()
+        self._unseen_pid = -1
+        self._unseen_reported = False
+
+    def _warn_once(self, key: str, message: str, *args: object, exc_info: bool = False) -> None:
+        raise NotImplementedError
+
+    def _keep_unseen(self, counts: dict[str, int]) -> None:
+        """Counts no file took (it was removed): kept for :meth:`report_unseen`."""
+        pid = os.getpid()
+        if self._unseen_pid != pid:  # a parent's counts are its own to report
+            self._unseen_pid, self._unseen, self._unseen_reported = pid, no_counts(), False
+        for kind, n in counts.items():
+            self._unseen[kind] += n
+        if self._unseen_reported:
+            # After the report at exit: an atexit handler registered before the agent started.
+            self._warn_once(
+                f"unseen-{pid}",
+                "swmp: process %d dropped a record made after the agent's exit report; nothing "
+                "running can count it (more are dropped silently)",
+                pid,
+            )
+
+    def unseen_drops(self) -> dict[str, int]:
+        """This process's drops that no file took (see :meth:`report_unseen`)."""
+        return dict(self._unseen) if self._unseen_pid == os.getpid() else no_counts()
+
+    def report_unseen(self) -> None:
+        """At exit, after the application's exit handlers: log how many records this process
+        dropped where no ``swmp status`` can see them (in thread mode the owner removed the
+        registry at its goodbye; its own later records had nowhere to be counted)."""
+        pid = os.getpid()
+        if self._unseen_pid != pid:
+            self._unseen_pid, self._unseen = pid, no_counts()
+        self._unseen_reported = True
+        counts = self._unseen
+        total = sum(counts[kind] for kind in LABELS)
+        if total:
+            detail = ", ".join(f"{label}: {counts[kind]}" for kind, label in LABELS.items() if counts[kind])
+            log.warning(
+                "swmp: process %d dropped %d records that nothing running can count any more (%s)",
+                pid,
+                total,
+                detail,
+            )

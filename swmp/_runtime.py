@@ -55,7 +55,9 @@ idle: the fault suite saw 94 of 143 lost records counted. A process without a ri
 already failing; a lock pair per dropped record is cheap next to what it loses.)
 
 A record that the process could not even encode (``count_unbuilt``) is counted in its ring's
-``unbuilt`` word; in a process without a ring, as that process's records are counted above.
+``unbuilt`` word; in a process without a ring, as that process's records are counted above. So
+are its records from before the agent (``prestart``) and those a writer it gave up refused
+(``stale``; see ``_count_elsewhere``).
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ import time
 
 from ipc import Arena, RingWriter, still_linked
 from reporter_proc import records as R
-from swmp import lifecycle
-from swmp._drops import LABELS, header_counts, no_counts
+from swmp import _sink, lifecycle
+from swmp._drops import UnseenDrops, header_counts, no_counts
 from swmp.lifecycle import prefork_master
 from swmp.tracing.identity import identity
 
@@ -89,7 +91,7 @@ def master_instance_name(base: str) -> str:
     return f"{base}-master"
 
 
-class ProcessSink:
+class ProcessSink(UnseenDrops):
     """What both sinks share: one claim per process, the announce, the re-stamp, the leave.
 
     ``write`` never raises and never blocks on anything but the in-process ring lock: an
@@ -112,12 +114,8 @@ class ProcessSink:
         self.owner_pid = owner_pid or os.getpid()
         self.dropped_no_slot = 0  # records dropped because this process has no ring
         self._retry_at = 0.0  # monotonic time of the next claim attempt (role "unavailable")
+        super().__init__()
         self._unpublished = no_counts()  # not yet in the shared arena
-        # Counts of this process (``_unseen_pid``) that had nowhere to go: the shared file was
-        # gone (thread mode: the owner removes the registry at exit). Reported at exit.
-        self._unseen = no_counts()
-        self._unseen_pid = -1
-        self._unseen_reported = False
         self.role = ""  # "worker" | "master" | "unavailable" | "helper", for this process
         self._writer: RingWriter | None = None
         self._slot: int | None = None
@@ -185,7 +183,8 @@ class ProcessSink:
             self._master_writer = None
             stale_instance = identity.instance
             try:
-                self._master_writer = self._attach_master(pid)
+                master = self._attach_master(pid)
+                self._master_writer = None if master is None else self._adopt(master)
             except Exception:
                 self._warn_once(
                     "master", "swmp: the master process %d cannot report its logs", pid, exc_info=True
@@ -208,19 +207,61 @@ class ProcessSink:
         self.rebind(retry=True)
         return self._writer
 
-    def _count_drop(self) -> None:
-        self.dropped_no_slot += 1
+    def _count_drop(self, n: int = 1, *, after_ring: bool = False) -> None:
+        """``n`` records this process had no ring for. ``after_ring``: a writer it gave up
+        refused them (not a worker without a slot: counted as after its goodbye)."""
+        self.dropped_no_slot += n
         # A master or a helper has no ring by design: counted apart from a worker that
         # wanted one and found none (the loss that fails ``swmp health``).
         role = self.role
-        if self._left_pid == lifecycle.current_pid():
+        if self._left_pid == lifecycle.current_pid() and not after_ring:
             kind = "late"
         elif role in (lifecycle.HELPER, lifecycle.MASTER):
             kind = role
         else:
-            kind = "no_slot"
-        self._unpublished[kind] += 1
+            kind = "late" if after_ring else "no_slot"
+        self._unpublished[kind] += n
         self.publish_drops()
+
+    def _count_elsewhere(self, n: int, *, stale: bool = False) -> None:
+        """``n`` records of this process that no ring of its own took when they were made:
+        before it had one (the agent not started, ``swmp._sink.take_prestart``) or, ``stale``,
+        refused by a writer it had given up (``RingWriter.forward_refused``). Counted in the
+        ring it holds now (its ``prestart`` / ``stale`` word), else with its records that no
+        ring takes. Never raises."""
+        if n <= 0:
+            return
+        try:
+            pid = lifecycle.current_pid()
+            if self._pid not in (-1, pid):  # bound in the parent: a forked child's are its own
+                self.rebind()
+            writer = self._writer if self._pid == pid else None
+            if writer is None and self._master_pid == pid:
+                writer = self._master_writer
+            if writer is not None and (writer.add_stale(n) if stale else writer.add_prestart(n)):
+                return
+            self._count_drop(n, after_ring=stale)
+        except Exception:
+            pass
+
+    def count_master_prestart(self) -> None:
+        """At start in a prefork master, which binds no ring for its records: those it made
+        before (``swmp._sink.take_prestart``) are counted now with its records (``master``)."""
+        n = _sink.take_prestart()
+        if n > 0:
+            self.dropped_no_slot += n
+            self._unpublished[lifecycle.MASTER] += n
+            self.publish_drops()
+
+    def _count_stale(self, n: int) -> None:
+        # The process's agent now (a stop() and start() make a new sink), else this one.
+        current = _sink.get_sink()
+        (current if isinstance(current, ProcessSink) else self)._count_elsewhere(n, stale=True)
+
+    def _adopt(self, writer: RingWriter) -> RingWriter:
+        """A writer this process just claimed: what it refuses once given up is counted."""
+        writer.forward_refused(self._count_stale)
+        return writer
 
     def publish_drops(self) -> None:
         """Move this process's unpublished drop counts to where ``swmp status`` reads them."""
@@ -241,45 +282,6 @@ class ProcessSink:
         """Add ``counts`` to the shared arena; False when there is none that anyone reads."""
         return False
 
-    def _keep_unseen(self, counts: dict[str, int]) -> None:
-        """Counts no file took (it was removed): kept for :meth:`report_unseen`."""
-        pid = os.getpid()
-        if self._unseen_pid != pid:  # a parent's counts are its own to report
-            self._unseen_pid, self._unseen, self._unseen_reported = pid, no_counts(), False
-        for kind, n in counts.items():
-            self._unseen[kind] += n
-        if self._unseen_reported:
-            # After the report at exit: an atexit handler registered before the agent started.
-            self._warn_once(
-                f"unseen-{pid}",
-                "swmp: process %d dropped a record made after the agent's exit report; nothing "
-                "running can count it (more are dropped silently)",
-                pid,
-            )
-
-    def unseen_drops(self) -> dict[str, int]:
-        """This process's drops that no file took (see :meth:`report_unseen`)."""
-        return dict(self._unseen) if self._unseen_pid == os.getpid() else no_counts()
-
-    def report_unseen(self) -> None:
-        """At exit, after the application's exit handlers: log how many records this process
-        dropped where no ``swmp status`` can see them (in thread mode the owner removed the
-        registry at its goodbye; its own later records had nowhere to be counted)."""
-        pid = os.getpid()
-        if self._unseen_pid != pid:
-            self._unseen_pid, self._unseen = pid, no_counts()
-        self._unseen_reported = True
-        counts = self._unseen
-        total = sum(counts[kind] for kind in LABELS)
-        if total:
-            detail = ", ".join(f"{label}: {counts[kind]}" for kind, label in LABELS.items() if counts[kind])
-            log.warning(
-                "swmp: process %d dropped %d records that nothing running can count any more (%s)",
-                pid,
-                total,
-                detail,
-            )
-
     def rebind(self, *, retry: bool = False) -> None:
         """Take this process's ring and name (after fork, or on first use). Idempotent.
 
@@ -289,6 +291,8 @@ class ProcessSink:
         """
         lifecycle.check_fork()
         if self._bind(retry):
+            # What this process made before (``swmp._sink.NullSink``) where status shows it.
+            self._count_elsewhere(_sink.take_prestart())
             lifecycle.announce_bound(self.role)
 
     def _bind(self, retry: bool = False) -> bool:
@@ -319,7 +323,7 @@ class ProcessSink:
                 self.role = lifecycle.UNAVAILABLE
                 claimed = self._attach(pid)
                 if claimed is not None:
-                    self._writer, self._slot = claimed
+                    self._writer, self._slot = self._adopt(claimed[0]), claimed[1]
                     self.role = lifecycle.WORKER
                 else:
                     self._claim_failed(was_unavailable)

@@ -16,6 +16,7 @@ not None. Any other sink, state or subclass with a ``write`` of its own is calle
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from typing import Protocol
 
@@ -25,14 +26,31 @@ class Sink(Protocol):
 
 
 class NullSink:
-    """Before the agent starts (or after it stopped): count and discard."""
+    """Before the agent starts (or after it stopped): count and discard.
+
+    ``dropped`` is this process's count: a forked child starts again from 0 (the records are
+    its parent's). The agent takes it (:func:`take_prestart`) when the process binds, and
+    counts it where ``swmp status`` shows it (``prestart``: the ring's word, or with the
+    records of a process without one)."""
 
     def __init__(self) -> None:
         self.dropped = 0
+        self._pid = os.getpid()
 
     def write(self, rtype: int, payload: bytes) -> bool:
+        pid = os.getpid()
+        if pid != self._pid:  # a parent's records, not this process's
+            self._pid, self.dropped = pid, 0
         self.dropped += 1
         return False
+
+    def take(self) -> int:
+        """This process's count, handed over and reset."""
+        pid = os.getpid()
+        if pid != self._pid:
+            self._pid, self.dropped = pid, 0
+        n, self.dropped = self.dropped, 0
+        return n
 
 
 class MemorySink:
@@ -65,6 +83,15 @@ def get_sink() -> Sink:
 def set_sink(sink: Sink | None) -> None:
     global _sink
     _sink = _null if sink is None else sink
+
+
+def take_prestart() -> int:
+    """Records this process wrote while no agent sink was installed (before ``swmp.start()``
+    or after ``swmp.stop()``), handed over once (the count starts again from 0)."""
+    try:
+        return _null.take()
+    except Exception:
+        return 0
 
 
 def count_unbuilt() -> None:

@@ -132,6 +132,11 @@ class ThreadSink(ProcessSink):
         handle, arena = self.handle, self.private
         self.handle = None
         self.private = None
+        if arena is not None and self._private_pid == os.getpid():
+            # Its writer refuses (and counts, ``stale``) from now on: nothing reads the ring
+            # after the flush below, so a record written there later (a thread that took the
+            # writer just before) would be lost uncounted.
+            arena.release_slot()
         if handle is not None and self._private_pid == os.getpid():
             try:
                 handle.stop(timeout)  # flushes what is in the ring, WORKER_STOP included

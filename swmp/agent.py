@@ -297,6 +297,8 @@ def _start(config: Config) -> _Running:
     identity.set_binder(run.sink.rebind)
     if bind_now:
         run.sink.rebind()  # this process reports from now on (and is named now)
+    elif lifecycle.prefork_master(owner_pid):
+        run.sink.count_master_prestart()  # (a process that binds counts them then)
     _install_instrumentation(config)
     _install_profiling(config)
     _register_fork_hooks()

@@ -93,6 +93,8 @@ def test_status_json(shm: Path, running: dict[str, Any]) -> None:
         "ring_dropped": 0,
         "ring_skipped": 0,
         "unbuilt": 0,
+        "stale": 0,
+        "prestart": 0,
         "read": 60,
         "sent": 60,
         "retried": 4,

@@ -109,7 +109,7 @@ def test_the_reporters_exit_line_counts_them_as_lost(tmp_path: Path) -> None:
     try:
         writer = arena.claim_slot()
         assert writer is not None and writer.add_unbuilt(3)
-        assert ring_losses(arena) == (0, 0, 3)
+        assert ring_losses(arena) == (0, 0, 3, 0)
     finally:
         arena.close()
     level, message = exit_summary({"sent.segment": 5}, frozenset({"segment"}), 0, 0, 3)

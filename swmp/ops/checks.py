@@ -231,34 +231,40 @@ def _ns(value: Any) -> int:
 
 # -- drops --------------------------------------------------------------------------------
 def check_drops(before: Sample | None, after: Sample, limits: Thresholds) -> Check:
-    def totals(s: Sample) -> tuple[int, int, int, int]:
+    def totals(s: Sample) -> tuple[int, int, int, int, int, int]:
         written = sum(sl.stats.written_records for sl in s.slots)
         # Writers' drops (ring full...) and records lost to corruption recovery.
         ring_dropped = sum(sl.stats.dropped_records + sl.stats.skipped_records for sl in s.slots)
         reporter_dropped = counter_sum((s.document or {}).get("dropped"))
         # Records the workers could not encode (never in a ring): lost like a ring's drops.
         unbuilt = sum(sl.stats.unbuilt_records for sl in s.slots)
-        return written, ring_dropped, reporter_dropped, unbuilt
+        # Records refused by a writer its process had given up: lost too. Records made before
+        # the agent started in a process are shown, never a loss: nothing was running to lose them.
+        stale = sum(sl.stats.stale_records for sl in s.slots)
+        prestart = sum(sl.stats.prestart_records for sl in s.slots)
+        return written, ring_dropped, reporter_dropped, unbuilt, stale, prestart
 
-    w1, rd1, pd1, ub1 = totals(after)
+    w1, rd1, pd1, ub1, st1, ps1 = totals(after)
     # Records of workers that found no free ring slot: any of them fails the check, whatever
     # the ratio (a worker without a slot loses everything it does, which a ratio hides).
     # Helpers' records (forked by a worker, inert by design) are shown, never a failure.
     ns1, hp1 = after.lost.no_slot_records, after.lost.helper_records
     if before is None:
         written, ring_dropped, reporter_dropped, unbuilt, over = w1, rd1, pd1, ub1, "totals"
+        stale, prestart = st1, ps1
         no_slot, helpers = ns1, hp1
         seconds = None
     else:
-        w0, rd0, pd0, ub0 = totals(before)
+        w0, rd0, pd0, ub0, st0, ps0 = totals(before)
         written, ring_dropped, unbuilt = delta(w1, w0), delta(rd1, rd0), delta(ub1, ub0)
+        stale, prestart = delta(st1, st0), delta(ps1, ps0)
         reporter_dropped = delta(pd1, pd0)
         no_slot = delta(ns1, before.lost.no_slot_records)
         helpers = delta(hp1, before.lost.helper_records)
         over = "interval"
         seconds = after.mono_s - before.mono_s
-    offered = written + ring_dropped + unbuilt + no_slot  # every record a worker tried to write
-    dropped = ring_dropped + unbuilt + reporter_dropped + no_slot
+    offered = written + ring_dropped + unbuilt + stale + no_slot  # every record a worker tried to write
+    dropped = ring_dropped + unbuilt + stale + reporter_dropped + no_slot
     # Reporter drops can concern records offered before the interval: keep the ratio in 0..1.
     ratio = dropped / max(offered, dropped) if dropped else 0.0
     figures = {
@@ -268,6 +274,8 @@ def check_drops(before: Sample | None, after: Sample, limits: Thresholds) -> Che
         "dropped": dropped,
         "ring_dropped": ring_dropped,
         "unbuilt": unbuilt,
+        "stale": stale,
+        "prestart": prestart,
         "reporter_dropped": reporter_dropped,
         "no_slot_dropped": no_slot,
         "helper_dropped": helpers,
@@ -278,7 +286,8 @@ def check_drops(before: Sample | None, after: Sample, limits: Thresholds) -> Che
     if ratio > limits.max_drop_ratio or no_slot:
         why = (
             f"{fmt.percent(ratio)} of records dropped {span} "
-            f"({ring_dropped} in rings, {unbuilt} unencodable, {reporter_dropped} by reporter, "
+            f"({ring_dropped} in rings, {unbuilt} unencodable, {stale} after a ring was given up, "
+            f"{reporter_dropped} by reporter, "
             f"{no_slot} for want of "
             f"a ring slot, of {offered}; max {fmt.percent(limits.max_drop_ratio)}, and none "
             f"for want of a slot)"

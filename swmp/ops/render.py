@@ -90,6 +90,13 @@ def _slot_row(sl: dict[str, Any]) -> str:
     )
 
 
+# Rows of records counted in the rings' words that never reached a ring, beside "unbuilt".
+_RING_ROWS = (
+    ("stale", "written after their process gave its ring up (lost)"),
+    ("prestart", "made before the agent started in their process (not reported)"),
+)
+
+
 def status_agent_text(a: dict[str, Any]) -> list[str]:
     out = []
     ns = f"(namespace {a['namespace']})" if a.get("namespace") else ""
@@ -134,7 +141,7 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
 
     t = a["totals"]
     dropped = t["ring_dropped"] + t["ring_skipped"] + t["reporter_dropped"] + t.get("no_slot_dropped", 0)
-    dropped += t.get("unbuilt", 0)
+    dropped += t.get("unbuilt", 0) + t.get("stale", 0)
     out.append(
         _row(
             "totals",
@@ -168,6 +175,11 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
         per_slot = ", ".join(f"slot {sl['slot']}: {fmt.count(sl['unbuilt'])}" for sl in slots)
         text = f"{fmt.count(t['unbuilt'])} records workers could not encode ({per_slot}; see their log)"
         out.append(_row("unbuilt", text))
+    for key, what in _RING_ROWS:  # only when not 0
+        if t.get(key):
+            slots = [sl for sl in a["slots"] if sl.get(key)]
+            per_slot = ", ".join(f"slot {sl['slot']}: {fmt.count(sl[key])}" for sl in slots)
+            out.append(_row(key, f"{fmt.count(t[key])} records {what} ({per_slot})"))
     rates = a["rates"]
     sp = a["spool"]
     out.append(

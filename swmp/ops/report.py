@@ -138,6 +138,10 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
                 "dropped": st.dropped_records,
                 # Records the slot's worker could not encode (never in the ring).
                 "unbuilt": st.unbuilt_records,
+                # Records its workers sent to a writer they had given up (lost), and records
+                # they made before they had a ring (the agent not started: not reported).
+                "stale": st.stale_records,
+                "prestart": st.prestart_records,
                 "read": st.read_records,
                 "used_bytes": st.used,
                 "capacity": st.capacity,
@@ -153,6 +157,8 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
     ring_skipped = sum(sl.stats.skipped_records for sl in s.slots)
     # Records the workers could not encode (a value the encoder refuses even escaped).
     unbuilt = sum(sl.stats.unbuilt_records for sl in s.slots)
+    stale = sum(sl.stats.stale_records for sl in s.slots)
+    prestart = sum(sl.stats.prestart_records for sl in s.slots)
     written_before = sum(sl.stats.written_records for sl in before.slots) if before is not None else 0
     rates = s.doc_dict("rates")
     ident = identity(s)
@@ -184,6 +190,8 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
             "ring_dropped": ring_dropped,
             "ring_skipped": ring_skipped,
             "unbuilt": unbuilt,
+            "stale": stale,
+            "prestart": prestart,
             "read": counter_sum(doc.get("read")),
             "sent": counter_sum(doc.get("sent")),
             "retried": number(doc.get("retried")),
