@@ -15,8 +15,16 @@ from setuptools import Extension, setup
 
 NATIVE = "reporter_proc/_native/"
 SPAN = "swmp/_native/"
-FLAGS = ["-O2", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
-         "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
+FLAGS = [
+    "-O2",
+    "-std=c11",
+    "-fvisibility=hidden",
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-parameter",
+    "-Wno-missing-field-initializers",
+    "-Wno-cast-function-type",
+]
 
 
 def native(name: str, sources: list[str], depends: list[str] | None = None) -> Extension:
@@ -26,17 +34,64 @@ def native(name: str, sources: list[str], depends: list[str] | None = None) -> E
 
 setup(
     ext_modules=[
-        native("reporter_proc._encode_native", [NATIVE + "module.c", NATIVE + "records.c", NATIVE + "json.c"],
-               [NATIVE + "wire.h", NATIVE + "text.h"]),
-        native("swmp._spancore",
-               [SPAN + f for f in ("spancore.c", "gate.c", "sw8.c", "status.c", "body.c", "json.c",
-                                   "threads.c", "asgi.c", "within.c", "wsgi.c", "sql.c", "cache.c",
-                                   "celery.c", "slots.c", "mq.c", "consume.c", "deliver.c", "attach.c",
-                                   "attrcache.c", "publish.c")],
-               [SPAN + f for f in ("gate.h", "sw8.h", "status.h", "body.h", "json.h", "threads.h",
-                                   "asgi.h", "within.h", "wsgi.h", "sql.h", "cache.h", "celery.h",
-                                   "slots.h", "mq.h", "consume.h", "deliver.h", "attach.h", "attrcache.h",
-                                   "spancore.h", "publish.h")]),
+        native(
+            "reporter_proc._encode_native",
+            [NATIVE + "module.c", NATIVE + "records.c", NATIVE + "json.c"],
+            [NATIVE + "wire.h", NATIVE + "text.h"],
+        ),
+        native(
+            "swmp._spancore",
+            [
+                SPAN + f
+                for f in (
+                    "spancore.c",
+                    "gate.c",
+                    "sw8.c",
+                    "status.c",
+                    "body.c",
+                    "json.c",
+                    "threads.c",
+                    "asgi.c",
+                    "within.c",
+                    "wsgi.c",
+                    "sql.c",
+                    "cache.c",
+                    "celery.c",
+                    "slots.c",
+                    "mq.c",
+                    "consume.c",
+                    "deliver.c",
+                    "attach.c",
+                    "attrcache.c",
+                    "publish.c",
+                )
+            ],
+            [
+                SPAN + f
+                for f in (
+                    "gate.h",
+                    "sw8.h",
+                    "status.h",
+                    "body.h",
+                    "json.h",
+                    "threads.h",
+                    "asgi.h",
+                    "within.h",
+                    "wsgi.h",
+                    "sql.h",
+                    "cache.h",
+                    "celery.h",
+                    "slots.h",
+                    "mq.h",
+                    "consume.h",
+                    "deliver.h",
+                    "attach.h",
+                    "attrcache.h",
+                    "spancore.h",
+                    "publish.h",
+                )
+            ],
+        ),
         native("ipc._ringwrite", ["ipc/_native/ringwrite.c"]),
     ]
 )

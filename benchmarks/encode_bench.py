@@ -41,27 +41,80 @@ from reporter_proc.protocol.generated import tracing_pb2
 
 def make_segment(i: int, n_spans: int) -> list[Any]:
     t0 = 1_700_000_000_000 + i
-    spans = [[0, -1, t0, t0 + 25, "GET /api/users/{id}", "", 0, 3, 7000, False, False,
-              ["http.method", "GET", "url", f"http://svc.local:8000/api/users/{i}",
-               "http.status_code", "200"],
-              [], [[0, f"trace-{i:08x}-parent", f"seg-{i:08x}-parent", 2, "frontend", "frontend-0@host",
-                    "/checkout", "svc.local:8000"]]]]
+    spans = [
+        [
+            0,
+            -1,
+            t0,
+            t0 + 25,
+            "GET /api/users/{id}",
+            "",
+            0,
+            3,
+            7000,
+            False,
+            False,
+            ["http.method", "GET", "url", f"http://svc.local:8000/api/users/{i}", "http.status_code", "200"],
+            [],
+            [
+                [
+                    0,
+                    f"trace-{i:08x}-parent",
+                    f"seg-{i:08x}-parent",
+                    2,
+                    "frontend",
+                    "frontend-0@host",
+                    "/checkout",
+                    "svc.local:8000",
+                ]
+            ],
+        ]
+    ]
     for s in range(1, n_spans):
-        spans.append([s, 0, t0 + s, t0 + s + 3, "/db/query", "db.local:5432", 1, 1, 7001, False, False,
-                      ["db.type", "sql", "db.instance", "users",
-                       "db.statement", f"SELECT * FROM u WHERE id={i}"],
-                      [], []])
+        spans.append(
+            [
+                s,
+                0,
+                t0 + s,
+                t0 + s + 3,
+                "/db/query",
+                "db.local:5432",
+                1,
+                1,
+                7001,
+                False,
+                False,
+                ["db.type", "sql", "db.instance", "users", "db.statement", f"SELECT * FROM u WHERE id={i}"],
+                [],
+                [],
+            ]
+        )
     return [f"{i:032x}", f"{i:032x}.1.{i}", "python-service", "python-service-0@host", False, spans]
 
 
 def pb_segment(rec: list[Any]) -> tracing_pb2.SegmentObject:
     trace_id, segment_id, service, instance, limited, spans = rec
-    seg = tracing_pb2.SegmentObject(traceId=trace_id, traceSegmentId=segment_id, service=service,
-                                    serviceInstance=instance, isSizeLimited=limited)
+    seg = tracing_pb2.SegmentObject(
+        traceId=trace_id,
+        traceSegmentId=segment_id,
+        service=service,
+        serviceInstance=instance,
+        isSizeLimited=limited,
+    )
     for s in spans:
-        span = seg.spans.add(spanId=s[0], parentSpanId=s[1], startTime=s[2], endTime=s[3],
-                             operationName=s[4], peer=s[5], spanType=s[6], spanLayer=s[7],
-                             componentId=s[8], isError=s[9], skipAnalysis=s[10])
+        span = seg.spans.add(
+            spanId=s[0],
+            parentSpanId=s[1],
+            startTime=s[2],
+            endTime=s[3],
+            operationName=s[4],
+            peer=s[5],
+            spanType=s[6],
+            spanLayer=s[7],
+            componentId=s[8],
+            isError=s[9],
+            skipAnalysis=s[10],
+        )
         tags = s[11]
         for j in range(0, len(tags), 2):
             span.tags.add(key=tags[j], value=tags[j + 1])
@@ -70,9 +123,16 @@ def pb_segment(rec: list[Any]) -> tracing_pb2.SegmentObject:
             for j in range(0, len(data), 2):
                 entry.data.add(key=data[j], value=data[j + 1])
         for r in s[13]:
-            span.refs.add(refType=r[0], traceId=r[1], parentTraceSegmentId=r[2], parentSpanId=r[3],
-                          parentService=r[4], parentServiceInstance=r[5], parentEndpoint=r[6],
-                          networkAddressUsedAtPeer=r[7])
+            span.refs.add(
+                refType=r[0],
+                traceId=r[1],
+                parentTraceSegmentId=r[2],
+                parentSpanId=r[3],
+                parentService=r[4],
+                parentServiceInstance=r[5],
+                parentEndpoint=r[6],
+                networkAddressUsedAtPeer=r[7],
+            )
     return seg
 
 
@@ -104,8 +164,9 @@ def via_native_each(recs: list[list[Any]]) -> list[bytes]:
     return [segment(r) for r in recs]
 
 
-def best_us_per_span(fns: dict[str, Callable[[list[list[Any]]], object]], recs: list[list[Any]],
-                     spans: int, repeats: int) -> dict[str, float]:
+def best_us_per_span(
+    fns: dict[str, Callable[[list[list[Any]]], object]], recs: list[list[Any]], spans: int, repeats: int
+) -> dict[str, float]:
     """Best time of each alternative; rounds interleave them so load bursts hit all alike."""
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
@@ -136,15 +197,21 @@ def main() -> None:
         spans = n_segments * n_spans
         row: dict[str, Any] = {"spans_per_segment": n_spans, "segments": n_segments}
         fns: dict[str, Callable[[list[list[Any]]], object]] = {
-            "pb_objects_us": via_pb_each, "pure_us": via_pure_each,
-            "pb_collection_us": via_pb, "pure_collection_us": via_pure,
-            "decode_us": lambda _recs, raw=raw: [orjson.loads(b) for b in raw]}
+            "pb_objects_us": via_pb_each,
+            "pure_us": via_pure_each,
+            "pb_collection_us": via_pb,
+            "pure_collection_us": via_pure,
+            "decode_us": lambda _recs, raw=raw: [orjson.loads(b) for b in raw],
+        }
         if native:
             assert encode.NATIVE is not None
             from_json = encode.NATIVE.segment_json
             assert [from_json(b) for b in raw] == via_native_each(recs), "JSON fast path disagrees"
-            fns.update(native_us=via_native_each, native_collection_us=via_native,
-                       from_json_us=lambda _recs, raw=raw, f=from_json: [f(b) for b in raw])
+            fns.update(
+                native_us=via_native_each,
+                native_collection_us=via_native,
+                from_json_us=lambda _recs, raw=raw, f=from_json: [f(b) for b in raw],
+            )
         row.update(best_us_per_span(fns, recs, spans, repeats))
         row["bytes_per_span"] = len(via_pure(recs)) / spans
         row["pure_vs_pb"] = row["pb_collection_us"] / row["pure_collection_us"]
@@ -153,27 +220,44 @@ def main() -> None:
             row["from_json_vs_decode_pure"] = (row["decode_us"] + row["pure_us"]) / row["from_json_us"]
         rows.append(row)
 
-    print(f"Python {platform.python_version()}, protobuf {google.protobuf.__version__} "
-          f"({_pb_impl()}); us per span, best of {repeats}; {n_segments} segments per batch"
-          + ("" if native else "; native encoder not built"))
-    print(f"{'spans/seg':>9} | {'decode':>7} | {'pb-objects':>10} {'pure':>7} {'native':>7} "
-          f"{'from-json':>9} | "
-          f"{'pb+coll':>8} {'pure+coll':>10} {'native+coll':>12} | {'pure/pb':>7} {'native/pure':>11} | "
-          f"{'B/span':>6}")
+    print(
+        f"Python {platform.python_version()}, protobuf {google.protobuf.__version__} "
+        f"({_pb_impl()}); us per span, best of {repeats}; {n_segments} segments per batch"
+        + ("" if native else "; native encoder not built")
+    )
+    print(
+        f"{'spans/seg':>9} | {'decode':>7} | {'pb-objects':>10} {'pure':>7} {'native':>7} "
+        f"{'from-json':>9} | "
+        f"{'pb+coll':>8} {'pure+coll':>10} {'native+coll':>12} | {'pure/pb':>7} {'native/pure':>11} | "
+        f"{'B/span':>6}"
+    )
+
     def nat(r: dict[str, Any], key: str, width: int) -> str:
         return f"{r[key]:>{width}.2f}" if native else f"{'-':>{width}}"
 
     for r in rows:
-        print(f"{r['spans_per_segment']:>9} | {r['decode_us']:>7.2f} | {r['pb_objects_us']:>10.2f} "
-              f"{r['pure_us']:>7.2f} {nat(r, 'native_us', 7)} {nat(r, 'from_json_us', 9)} | "
-              f"{r['pb_collection_us']:>8.2f} "
-              f"{r['pure_collection_us']:>10.2f} {nat(r, 'native_collection_us', 12)} | "
-              f"{r['pure_vs_pb']:>6.2f}x {nat(r, 'native_vs_pure', 10)}x | {r['bytes_per_span']:>6.0f}")
+        print(
+            f"{r['spans_per_segment']:>9} | {r['decode_us']:>7.2f} | {r['pb_objects_us']:>10.2f} "
+            f"{r['pure_us']:>7.2f} {nat(r, 'native_us', 7)} {nat(r, 'from_json_us', 9)} | "
+            f"{r['pb_collection_us']:>8.2f} "
+            f"{r['pure_collection_us']:>10.2f} {nat(r, 'native_collection_us', 12)} | "
+            f"{r['pure_vs_pb']:>6.2f}x {nat(r, 'native_vs_pure', 10)}x | {r['bytes_per_span']:>6.0f}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "benchmark": "encode_bench", "python": platform.python_version(),
-            "protobuf": google.protobuf.__version__, "protobuf_impl": _pb_impl(),
-            "quick": args.quick, "repeats": repeats, "rows": rows}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "benchmark": "encode_bench",
+                    "python": platform.python_version(),
+                    "protobuf": google.protobuf.__version__,
+                    "protobuf_impl": _pb_impl(),
+                    "quick": args.quick,
+                    "repeats": repeats,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
 
 
 def _pb_impl() -> str:

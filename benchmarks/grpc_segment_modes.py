@@ -43,11 +43,15 @@ async def _send_all(sender: GrpcSender, batches: list[list[list[Any]]]) -> None:
 def measure(stream: bool, batches: list[list[list[Any]]], total: int, workdir: Path) -> dict[str, float]:
     summary_file = workdir / f"summary-{stream}.json"
     # No dump file: writing JSON lines would dwarf what is measured; counts come at exit.
-    with CollectorProcess(str(workdir), ["--summary-file", str(summary_file), "--count-only"],
-                          dump=False) as proc:
+    with CollectorProcess(
+        str(workdir), ["--summary-file", str(summary_file), "--count-only"], dump=False
+    ) as proc:
         server = psutil.Process(proc.proc.pid if proc.proc else 0)
-        sender = GrpcSender(ReporterSettings(backends=(proc.grpc_address,), send_timeout_s=30.0),
-                            segment_stream=stream, stream_max_age_s=3600.0)
+        sender = GrpcSender(
+            ReporterSettings(backends=(proc.grpc_address,), send_timeout_s=30.0),
+            segment_stream=stream,
+            stream_max_age_s=3600.0,
+        )
         s0 = server.cpu_times()
         c0 = time.process_time()
         w0 = time.perf_counter()
@@ -60,8 +64,11 @@ def measure(stream: bool, batches: list[list[list[Any]]], total: int, workdir: P
     received = json.loads(summary_file.read_text())["segment"]
     assert received == total, f"collector got {received} of {total} segments"
     server_cpu = (s1.user + s1.system) - (s0.user + s0.system)
-    return {"client_us": client / total * 1e6, "server_us": server_cpu / total * 1e6,
-            "wall_us": wall / total * 1e6}
+    return {
+        "client_us": client / total * 1e6,
+        "server_us": server_cpu / total * 1e6,
+        "wall_us": wall / total * 1e6,
+    }
 
 
 def main() -> None:
@@ -75,7 +82,7 @@ def main() -> None:
     if args.quick:
         args.segments, args.rounds = 400, 1
     recs = [make_segment(i, 3) for i in range(args.segments)]
-    batches = [recs[i:i + args.batch] for i in range(0, len(recs), args.batch)]
+    batches = [recs[i : i + args.batch] for i in range(0, len(recs), args.batch)]
 
     results: dict[str, list[dict[str, float]]] = {"collectInSync": [], "collect-stream": []}
     with tempfile.TemporaryDirectory(prefix="swmp-grpc-bench-") as tmp:
@@ -83,20 +90,34 @@ def main() -> None:
             results["collectInSync"].append(measure(False, batches, args.segments, Path(tmp)))
             results["collect-stream"].append(measure(True, batches, args.segments, Path(tmp)))
 
-    print(f"Python {platform.python_version()}; {args.segments} segments x 3 spans, batches of {args.batch}; "
-          f"best of {args.rounds} rounds; microseconds per segment")
+    print(
+        f"Python {platform.python_version()}; {args.segments} segments x 3 spans, batches of {args.batch}; "
+        f"best of {args.rounds} rounds; microseconds per segment"
+    )
     print(f"{'mode':<15} | {'client CPU':>10} | {'server CPU':>10} | {'wall':>8}")
     summary = {}
     for mode, rows in results.items():
         best = {k: min(r[k] for r in rows) for k in rows[0]}
         summary[mode] = best
-        print(f"{mode:<15} | {best['client_us']:>10.1f} | {best['server_us']:>10.1f} | "
-              f"{best['wall_us']:>8.1f}")
+        print(
+            f"{mode:<15} | {best['client_us']:>10.1f} | {best['server_us']:>10.1f} | {best['wall_us']:>8.1f}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "benchmark": "grpc_segment_modes", "python": platform.python_version(),
-            "segments": args.segments, "batch": args.batch, "rounds": args.rounds, "quick": args.quick,
-            "best": summary, "all": results}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "benchmark": "grpc_segment_modes",
+                    "python": platform.python_version(),
+                    "segments": args.segments,
+                    "batch": args.batch,
+                    "rounds": args.rounds,
+                    "quick": args.quick,
+                    "best": summary,
+                    "all": results,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -145,8 +145,14 @@ def snapshot_cost_us(depth: int = 30, n: int = 3000) -> float:
     parked.wait()
     assert t.ident is not None
     task = BoardTask("bench", "/work", 0, 1 << 62, 0, 10, 1 << 40)
-    item = Profiled(task, "seg", partial(stacks.thread_stack, t.ident), started_mono=time.monotonic(),
-                    depth=500, max_profile_s=3600)
+    item = Profiled(
+        task,
+        "seg",
+        partial(stacks.thread_stack, t.ident),
+        started_mono=time.monotonic(),
+        depth=500,
+        max_profile_s=3600,
+    )
     t0 = time.perf_counter()
     for _ in range(n):
         item.sample(time.monotonic())
@@ -200,8 +206,9 @@ def main() -> None:
     _sink.set_sink(None)
 
     rows: list[dict[str, Any]] = []
-    print(f"{'mode':<16}{'cpu req/s':>10}{'loss':>9}{'wall req/s':>12}{'loss':>9}"
-          f"{'p99 ms':>9}{'snaps/req':>11}")
+    print(
+        f"{'mode':<16}{'cpu req/s':>10}{'loss':>9}{'wall req/s':>12}{'loss':>9}{'p99 ms':>9}{'snaps/req':>11}"
+    )
     for m in MODES:
         med = statistics.median(tput[m])
         cpu_med = statistics.median(cpu_tput[m])
@@ -222,8 +229,10 @@ def main() -> None:
             "snapshots_per_request": snaps[m] / max(1, len(lat[m])),
         }
         rows.append(row)
-        print(f"{m:<16}{cpu_med:>10.1f}{row['cpu_loss_pct']:>8.2f}%{med:>12.1f}{row['loss_pct']:>8.2f}%"
-              f"{row['p99_ms']:>9.2f}{row['snapshots_per_request']:>11.2f}")
+        print(
+            f"{m:<16}{cpu_med:>10.1f}{row['cpu_loss_pct']:>8.2f}%{med:>12.1f}{row['loss_pct']:>8.2f}%"
+            f"{row['p99_ms']:>9.2f}{row['snapshots_per_request']:>11.2f}"
+        )
     print()
     print(f"{'per-segment cost of an empty span (ns)':<44}")
     for m, ns in gate_ns.items():
@@ -231,11 +240,20 @@ def main() -> None:
     print(f"one snapshot (a thread 30 frames deep, walk + record + sink): {snap_us:.1f} us")
     print(f"\nload average: {os.getloadavg()}, cpus: {os.cpu_count()}, python {platform.python_version()}")
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "args": vars(args), "rows": rows, "empty_span_ns": gate_ns, "snapshot_us": snap_us,
-            "loadavg": os.getloadavg(), "python": platform.python_version(),
-            "snapshot_records": sink.counts.get(R.PROFILE_SNAPSHOT, 0),
-        }, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "rows": rows,
+                    "empty_span_ns": gate_ns,
+                    "snapshot_us": snap_us,
+                    "loadavg": os.getloadavg(),
+                    "python": platform.python_version(),
+                    "snapshot_records": sink.counts.get(R.PROFILE_SNAPSHOT, 0),
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -249,8 +249,9 @@ def prepare(protocol: str, spans: int, count: int, workdir: str) -> Arena:
     return arena
 
 
-def one_run(arena: Arena, protocol: str, spans: int, count: int, port: int, *,
-            encoder: str) -> dict[str, Any]:
+def one_run(
+    arena: Arena, protocol: str, spans: int, count: int, port: int, *, encoder: str
+) -> dict[str, Any]:
     try:
         use_encoder("pure" if encoder == "-" else encoder)
         settings = ReporterSettings(
@@ -373,8 +374,9 @@ def main() -> None:
     parser.add_argument("--protocols", default="memory,encode,grpc")
     parser.add_argument("--spans", default="1,5,20")
     available = ",".join(e for e in ("native", "native-decoded", "pure") if e in ENCODERS)
-    parser.add_argument("--encoders", default=available,
-                        help="encoders to compare for encode/grpc (default: all available)")
+    parser.add_argument(
+        "--encoders", default=available, help="encoders to compare for encode/grpc (default: all available)"
+    )
     parser.add_argument("--memory-cap", type=int, metavar="MIB", help="measure the memory cap instead")
     args = parser.parse_args()
     if args.memory_cap:
@@ -399,8 +401,10 @@ def main() -> None:
     encoders = [e for e in args.encoders.split(",") if e]
     missing = [e for e in encoders if e not in ENCODERS]
     if missing:
-        raise SystemExit(f"encoder(s) not available: {missing} (native: run "
-                         "`python setup.py build_ext --inplace` or `pip install -e .`)")
+        raise SystemExit(
+            f"encoder(s) not available: {missing} (native: run "
+            "`python setup.py build_ext --inplace` or `pip install -e .`)"
+        )
     counts = {1: 40_000, 5: 20_000, 20: 6_000}
     if args.quick:
         counts = {1: 2_000, 5: 1_000, 20: 300}
@@ -410,9 +414,12 @@ def main() -> None:
     port = 0
     try:
         # Encoders alternate within each (size, protocol): side by side under the same load.
-        plan = [(protocol, spans, counts.get(spans, 5_000), encoder)
-                for spans in sizes for protocol in protocols
-                for encoder in (["-"] if protocol == "memory" else encoders)]
+        plan = [
+            (protocol, spans, counts.get(spans, 5_000), encoder)
+            for spans in sizes
+            for protocol in protocols
+            for encoder in (["-"] if protocol == "memory" else encoders)
+        ]
         arenas = [prepare(f"{protocol}-{encoder}", spans, n, workdir) for protocol, spans, n, encoder in plan]
         if "grpc" in protocols:
             sink, port = start_sink(workdir)
@@ -432,8 +439,13 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     print_table(results, encoders)
     if args.json:
-        meta = {"python": sys.version.split()[0], "quick": args.quick, "writers": WRITERS,
-                "encoders": encoders, "load_average": os.getloadavg()}
+        meta = {
+            "python": sys.version.split()[0],
+            "quick": args.quick,
+            "writers": WRITERS,
+            "encoders": encoders,
+            "load_average": os.getloadavg(),
+        }
         with open(args.json, "wb") as f:
             f.write(orjson.dumps({"results": results, "meta": meta}, option=orjson.OPT_INDENT_2))
 
@@ -445,7 +457,8 @@ def print_table(results: list[dict[str, Any]], encoders: list[str]) -> None:
         rows.setdefault((r["protocol"], r["spans_per_segment"]), {})[r["encoder"]] = r
     cols = ["-", *encoders]
     header = f"{'protocol':<9}{'spans':>6}{'segments':>10}{'rec bytes':>10}" + "".join(
-        f"{(e if e != '-' else 'no encode') + ' seg/s':>22}{'seg/cpu-s':>11}" for e in cols)
+        f"{(e if e != '-' else 'no encode') + ' seg/s':>22}{'seg/cpu-s':>11}" for e in cols
+    )
     if "native" in encoders and "pure" in encoders:
         header += f"{'native/pure':>13}"
     print(header)
@@ -455,13 +468,17 @@ def print_table(results: list[dict[str, Any]], encoders: list[str]) -> None:
         line = f"{protocol:<9}{spans:>6}{first['segments']:>10}{first['record_bytes']:>10}"
         for e in cols:
             r = by_encoder.get(e)
-            line += (f"{r['segments_per_s']:>22,.0f}{r['segments_per_cpu_s']:>11,.0f}" if r
-                     else f"{'':>22}{'':>11}")
+            line += (
+                f"{r['segments_per_s']:>22,.0f}{r['segments_per_cpu_s']:>11,.0f}"
+                if r
+                else f"{'':>22}{'':>11}"
+            )
         if "native" in by_encoder and "pure" in by_encoder:
             native, pure = by_encoder["native"], by_encoder["pure"]
             ratio = native["segments_per_cpu_s"] / max(1.0, pure["segments_per_cpu_s"])
             line += f"{ratio:>12.2f}x"
         print(line)
+
 
 if __name__ == "__main__":
     main()

@@ -119,8 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         order = trees if rnd % 2 == 0 else trees[::-1]
         for name, path in order:
             env = dict(os.environ, PYTHONPATH=path)  # the driver's own imports
-            cmd = [sys.executable, str(ROOT / "benchmarks" / "reporter_idle_bench.py"), "--child",
-                   "--rates", a.rates, "--secs", str(a.secs)]
+            cmd = [
+                sys.executable,
+                str(ROOT / "benchmarks" / "reporter_idle_bench.py"),
+                "--child",
+                "--rates",
+                a.rates,
+                "--secs",
+                str(a.secs),
+            ]
             out = subprocess.run(cmd, env=env, cwd=path, capture_output=True, text=True, check=True)
             results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"round {rnd + 1}: {name} done", file=sys.stderr)
@@ -128,20 +135,39 @@ def main(argv: list[str] | None = None) -> int:
     for name, runs in results.items():
         for i, rate in enumerate(rates):
             rows = [run[i] for run in runs]
-            med = {k: statistics.median(r[k] for r in rows) for k in
-                   ("served_per_s", "reporter_ms_per_s", "main_ms_per_s", "grpc_ms_per_s", "wakeups_per_s")}
+            med = {
+                k: statistics.median(r[k] for r in rows)
+                for k in (
+                    "served_per_s",
+                    "reporter_ms_per_s",
+                    "main_ms_per_s",
+                    "grpc_ms_per_s",
+                    "wakeups_per_s",
+                )
+            }
             per_req = [r["us_per_request"] for r in rows if r["us_per_request"] is not None]
-            table.append({"tree": name, "rate": rate, **med,
-                          "us_per_request": statistics.median(per_req) if per_req else None})
-    print(f"{'tree':<10} {'rate/s':>7} {'served/s':>9} {'reporter ms/s':>14} {'main':>6} {'gRPC thr':>9} "
-          f"{'wake-ups/s':>11} {'us/request':>11}")
+            table.append(
+                {
+                    "tree": name,
+                    "rate": rate,
+                    **med,
+                    "us_per_request": statistics.median(per_req) if per_req else None,
+                }
+            )
+    print(
+        f"{'tree':<10} {'rate/s':>7} {'served/s':>9} {'reporter ms/s':>14} {'main':>6} {'gRPC thr':>9} "
+        f"{'wake-ups/s':>11} {'us/request':>11}"
+    )
     for r in table:
         per = f"{r['us_per_request']:.1f}" if r["us_per_request"] is not None else "-"
-        print(f"{r['tree']:<10} {r['rate']:>7.0f} {r['served_per_s']:>9.1f} {r['reporter_ms_per_s']:>14.2f} "
-              f"{r['main_ms_per_s']:>6.2f} {r['grpc_ms_per_s']:>9.2f} {r['wakeups_per_s']:>11.1f} {per:>11}")
+        print(
+            f"{r['tree']:<10} {r['rate']:>7.0f} {r['served_per_s']:>9.1f} {r['reporter_ms_per_s']:>14.2f} "
+            f"{r['main_ms_per_s']:>6.2f} {r['grpc_ms_per_s']:>9.2f} {r['wakeups_per_s']:>11.1f} {per:>11}"
+        )
     if a.json:
-        Path(a.json).write_text(json.dumps({"secs": a.secs, "rounds": a.rounds, "rows": table,
-                                            "trees": dict(trees)}, indent=2))
+        Path(a.json).write_text(
+            json.dumps({"secs": a.secs, "rounds": a.rounds, "rows": table, "trees": dict(trees)}, indent=2)
+        )
     return 0
 
 

@@ -47,9 +47,12 @@ def main(argv: list[str] | None = None) -> int:
             settings = settings_from_json(args.settings)
             if has_secret(settings):
                 # Anyone on the host can read a command line (ps, /proc/PID/cmdline).
-                print("bad reporter settings: --settings holds a secret (authentication token or Kafka "
-                      "password), which every local user could read in the command line; "
-                      "use --settings-file with a 0600 file", file=sys.stderr)
+                print(
+                    "bad reporter settings: --settings holds a secret (authentication token or Kafka "
+                    "password), which every local user could read in the command line; "
+                    "use --settings-file with a 0600 file",
+                    file=sys.stderr,
+                )
                 return 78
         else:
             settings = ReporterSettings()

@@ -187,18 +187,22 @@ def _pair_cache(tag: bytes) -> _Cache:
 
 def _span_ids(ids: tuple[int, int]) -> bytes:
     span_id, parent_id = ids
-    return ((b"\x08" + _int32(span_id) if span_id else b"")
-            + (b"\x10" + _int32(parent_id) if parent_id else b""))
+    return (b"\x08" + _int32(span_id) if span_id else b"") + (
+        b"\x10" + _int32(parent_id) if parent_id else b""
+    )
 
 
 def _span_static(key: tuple[str, str, int, int, int]) -> bytes:
     # operationName(6), peer(7), spanType(8), spanLayer(9), componentId(10): consecutive fields
     # that an instrumentation point always sets the same way.
     operation, peer, span_type, layer, component = key
-    return ((_str(b"\x32", operation) if operation else b"") + (_str(b"\x3a", peer) if peer else b"")
-            + (b"\x40" + _int32(span_type) if span_type else b"")
-            + (b"\x48" + _int32(layer) if layer else b"")
-            + (b"\x50" + _int32(component) if component else b""))
+    return (
+        (_str(b"\x32", operation) if operation else b"")
+        + (_str(b"\x3a", peer) if peer else b"")
+        + (b"\x40" + _int32(span_type) if span_type else b"")
+        + (b"\x48" + _int32(layer) if layer else b"")
+        + (b"\x50" + _int32(component) if component else b"")
+    )
 
 
 _SPAN_IDS = _cache(_span_ids)

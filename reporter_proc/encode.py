@@ -89,12 +89,17 @@ __all__ = [
     "thread_snapshot",
 ]
 
+
 # --------------------------------------------------------------------------- segments
 def _ref_static(key: tuple[str, str, str, str]) -> bytes:
     # parentService(5) .. networkAddressUsedAtPeer(8): the same for every call from one caller
     service, instance, endpoint, address = key
-    return ((_str(b"\x2a", service) if service else b"") + (_str(b"\x32", instance) if instance else b"")
-            + (_str(b"\x3a", endpoint) if endpoint else b"") + (_str(b"\x42", address) if address else b""))
+    return (
+        (_str(b"\x2a", service) if service else b"")
+        + (_str(b"\x32", instance) if instance else b"")
+        + (_str(b"\x3a", endpoint) if endpoint else b"")
+        + (_str(b"\x42", address) if address else b"")
+    )
 
 
 _REF_STATIC = _cache(_ref_static)
@@ -102,11 +107,13 @@ _REF_STATIC = _cache(_ref_static)
 
 def _ref(ref: Record) -> bytes:
     ref_type, trace_id, parent_segment, parent_span, service, instance, endpoint, address = ref
-    body = ((b"\x08" + _int32(ref_type) if ref_type else b"")
-            + (_str(b"\x12", trace_id) if trace_id else b"")
-            + (_str(b"\x1a", parent_segment) if parent_segment else b"")
-            + (b"\x20" + _int32(parent_span) if parent_span else b"")
-            + _REF_STATIC[(service, instance, endpoint, address)])
+    body = (
+        (b"\x08" + _int32(ref_type) if ref_type else b"")
+        + (_str(b"\x12", trace_id) if trace_id else b"")
+        + (_str(b"\x1a", parent_segment) if parent_segment else b"")
+        + (b"\x20" + _int32(parent_span) if parent_span else b"")
+        + _REF_STATIC[(service, instance, endpoint, address)]
+    )
     return b"\x2a" + _uvarint(len(body)) + body  # SpanObject.refs = 5
 
 
@@ -120,16 +127,42 @@ def _span_log(entry: Record) -> bytes:
 
 def _times(start: int, end: int) -> bytes:
     """startTime(3) and endTime(4) in one go: every span has both, both near "now"."""
-    if start.__class__ is int and end.__class__ is int and 0x10000000 <= start < 0x40000000000 \
-            and 0x10000000 <= end < 0x40000000000:
-        return (b"\x18" + _LO14[start & 0x3FFF] + _LO14[start >> 14 & 0x3FFF] + _V14[start >> 28]
-                + b"\x20" + _LO14[end & 0x3FFF] + _LO14[end >> 14 & 0x3FFF] + _V14[end >> 28])
+    if (
+        start.__class__ is int
+        and end.__class__ is int
+        and 0x10000000 <= start < 0x40000000000
+        and 0x10000000 <= end < 0x40000000000
+    ):
+        return (
+            b"\x18"
+            + _LO14[start & 0x3FFF]
+            + _LO14[start >> 14 & 0x3FFF]
+            + _V14[start >> 28]
+            + b"\x20"
+            + _LO14[end & 0x3FFF]
+            + _LO14[end >> 14 & 0x3FFF]
+            + _V14[end >> 28]
+        )
     return (b"\x18" + _int64(start) if start else b"") + (b"\x20" + _int64(end) if end else b"")
 
 
 def _span(span: Record) -> bytes:
-    (span_id, parent_id, start, end, operation, peer, span_type, layer, component,
-     is_error, skip_analysis, tags, logs, refs) = span
+    (
+        span_id,
+        parent_id,
+        start,
+        end,
+        operation,
+        peer,
+        span_type,
+        layer,
+        component,
+        is_error,
+        skip_analysis,
+        tags,
+        logs,
+        refs,
+    ) = span
     # Written in field-number order, which is also the order upb serializes in.
     parts = [_SPAN_IDS[(span_id, parent_id)], _times(start, end)]
     if refs:
@@ -183,13 +216,17 @@ def segment_collection_py(encoded_segments: Sequence[bytes]) -> bytes:
 
 
 # --------------------------------------------------------------------------- logs
-_BODY_TAGS: Final = {"text": (b"\x12", b"\x0a\x04text"), "json": (b"\x1a", b"\x0a\x04json"),
-                     "yaml": (b"\x22", b"\x0a\x04yaml")}
+_BODY_TAGS: Final = {
+    "text": (b"\x12", b"\x0a\x04text"),
+    "json": (b"\x1a", b"\x0a\x04json"),
+    "yaml": (b"\x22", b"\x0a\x04yaml"),
+}
 
 
 def _log(rec: Record) -> bytes:
-    (timestamp, service, instance, endpoint, body_kind, body, trace_id, segment_id, span_id,
-     tags, layer) = rec
+    (timestamp, service, instance, endpoint, body_kind, body, trace_id, segment_id, span_id, tags, layer) = (
+        rec
+    )
     b = bytearray()
     if timestamp:
         b += b"\x08"
@@ -271,13 +308,17 @@ def _thread_snapshot(rec: Record) -> bytes:
 
 def _profile_finish(rec: Record) -> bytes:
     service, instance, task_id = rec
-    return (_F1[service] if service else b"") + (_F2[instance] if instance else b"") + (
-        _F3[task_id] if task_id else b"")
+    return (
+        (_F1[service] if service else b"")
+        + (_F2[instance] if instance else b"")
+        + (_F3[task_id] if task_id else b"")
+    )
 
 
 # --------------------------------------------------------------------------- management
-def _instance_properties(service: str, instance: str, properties: Sequence[tuple[str, str]],
-                         layer: str = "") -> bytes:
+def _instance_properties(
+    service: str, instance: str, properties: Sequence[tuple[str, str]], layer: str = ""
+) -> bytes:
     b = (_F1[service] if service else b"") + (_F2[instance] if instance else b"")
     for key, value in properties:
         body = (_str(b"\x0a", key) if key else b"") + (_str(b"\x12", value) if value else b"")
@@ -286,8 +327,11 @@ def _instance_properties(service: str, instance: str, properties: Sequence[tuple
 
 
 def _instance_ping(service: str, instance: str, layer: str = "") -> bytes:
-    return (_F1[service] if service else b"") + (_F2[instance] if instance else b"") + (
-        _F3[layer] if layer else b"")
+    return (
+        (_F1[service] if service else b"")
+        + (_F2[instance] if instance else b"")
+        + (_F3[layer] if layer else b"")
+    )
 
 
 def _profile_task_query(service: str, instance: str, last_command_time: int) -> bytes:
@@ -319,16 +363,21 @@ def _guarded(fn: Callable[..., _R], what: str) -> Callable[..., _R]:
 segment_py: Callable[[Record], bytes] = _guarded(_segment, "SEGMENT record -> SegmentObject")
 log_py: Callable[[Record], bytes] = _guarded(_log, "LOG record -> LogData")
 meter_datas: Callable[[Record], list[bytes]] = _guarded(
-    _meter_datas, "METER record -> one MeterData per meter")
+    _meter_datas, "METER record -> one MeterData per meter"
+)
 thread_snapshot: Callable[[Record], bytes] = _guarded(
-    _thread_snapshot, "PROFILE_SNAPSHOT record -> ThreadSnapshot")
+    _thread_snapshot, "PROFILE_SNAPSHOT record -> ThreadSnapshot"
+)
 profile_finish: Callable[[Record], bytes] = _guarded(
-    _profile_finish, "PROFILE_FINISH record -> ProfileTaskFinishReport")
+    _profile_finish, "PROFILE_FINISH record -> ProfileTaskFinishReport"
+)
 instance_properties: Callable[..., bytes] = _guarded(
-    _instance_properties, "InstanceProperties(service, instance, properties, layer)")
+    _instance_properties, "InstanceProperties(service, instance, properties, layer)"
+)
 instance_ping: Callable[..., bytes] = _guarded(_instance_ping, "InstancePingPkg(service, instance, layer)")
 profile_task_query: Callable[[str, str, int], bytes] = _guarded(
-    _profile_task_query, "ProfileTaskCommandQuery(service, instance, last_command_time)")
+    _profile_task_query, "ProfileTaskCommandQuery(service, instance, last_command_time)"
+)
 
 
 def meter_collection(rec: Record) -> bytes:
@@ -356,7 +405,8 @@ NATIVE: Final = _load_native()
 segment: Callable[[Record], bytes] = NATIVE.segment if NATIVE else segment_py
 log: Callable[[Record], bytes] = NATIVE.log if NATIVE else log_py
 segment_collection: Callable[[Sequence[bytes]], bytes] = (
-    NATIVE.segment_collection if NATIVE else segment_collection_py)
+    NATIVE.segment_collection if NATIVE else segment_collection_py
+)
 
 
 def segment_from_json_py(payload: bytes) -> bytes:
@@ -388,4 +438,3 @@ def segment_payload(rec: bytes | Record) -> bytes:
                 return out
         return segment_from_json_py(rec)
     return segment(rec)
-

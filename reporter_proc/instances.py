@@ -321,9 +321,7 @@ class Instances:
                     return
             attempt += 1
             try:
-                await limited(
-                    asyncio.gather(*(self.keep_alive(i) for i in pending)), self.stop.remaining()
-                )
+                await limited(asyncio.gather(*(self.keep_alive(i) for i in pending)), self.stop.remaining())
             except (asyncio.TimeoutError, Exception) as exc:
                 log.debug("announcing instances at shutdown: %r", exc)
                 return

@@ -98,8 +98,22 @@ def _ref(ref: Record) -> Json:
 
 
 def _span(span: Record) -> Json:
-    (span_id, parent_id, start, end, operation, peer, span_type, layer, component, is_error,
-     skip_analysis, tags, logs, refs) = span
+    (
+        span_id,
+        parent_id,
+        start,
+        end,
+        operation,
+        peer,
+        span_type,
+        layer,
+        component,
+        is_error,
+        skip_analysis,
+        tags,
+        logs,
+        refs,
+    ) = span
     d: Json = {}
     _put_int(d, "spanId", span_id, _INT32)
     _put_int(d, "parentSpanId", parent_id, _INT32)
@@ -147,8 +161,9 @@ def _segment(rec: Record) -> Json:
 
 
 def _log(rec: Record) -> Json:
-    (timestamp, service, instance, endpoint, body_kind, body, trace_id, segment_id, span_id, tags,
-     layer) = rec
+    (timestamp, service, instance, endpoint, body_kind, body, trace_id, segment_id, span_id, tags, layer) = (
+        rec
+    )
     if body_kind not in ("text", "json", "yaml"):
         raise EncodeError(f"unknown log body kind {body_kind!r}")
     d: Json = {}
@@ -206,8 +221,9 @@ def _properties(service: str, instance: str, properties: Sequence[tuple[str, str
     return d
 
 
-def instance_properties(service: str, instance: str, properties: Sequence[tuple[str, str]],
-                        layer: str = "") -> Json:
+def instance_properties(
+    service: str, instance: str, properties: Sequence[tuple[str, str]], layer: str = ""
+) -> Json:
     """InstanceProperties JSON object."""
     return _guard("InstanceProperties", _properties, service, instance, properties, layer)
 

@@ -75,7 +75,6 @@ __all__ = [
 ]
 
 
-
 # -- settings across exec ----------------------------------------------------------------------
 def settings_to_json(settings: ReporterSettings) -> str:
     return orjson.dumps(dataclasses.asdict(settings)).decode()

@@ -68,8 +68,11 @@ def profiled_segments(q: OapGraphQL, task_id: str) -> list[ProfiledSegment]:
             if span["spanId"] == 0:
                 out.append(
                     ProfiledSegment(
-                        span["segmentId"], trace["traceId"], trace["instanceName"],
-                        int(span["startTime"]), int(span["endTime"]),
+                        span["segmentId"],
+                        trace["traceId"],
+                        trace["instanceName"],
+                        int(span["startTime"]),
+                        int(span["endTime"]),
                     )
                 )
     return out

@@ -29,8 +29,13 @@ def _pairs(target: Any, flat: Sequence[str]) -> None:
 
 def segment(rec: Sequence[Any]) -> tracing_pb2.SegmentObject:
     trace_id, segment_id, service, instance, size_limited, spans = rec
-    seg = tracing_pb2.SegmentObject(traceId=trace_id, traceSegmentId=segment_id, service=service,
-                                    serviceInstance=instance, isSizeLimited=size_limited)
+    seg = tracing_pb2.SegmentObject(
+        traceId=trace_id,
+        traceSegmentId=segment_id,
+        service=service,
+        serviceInstance=instance,
+        isSizeLimited=size_limited,
+    )
     for s in spans:
         span = seg.spans.add()
         span.spanId = s[0]
@@ -49,17 +54,24 @@ def segment(rec: Sequence[Any]) -> tracing_pb2.SegmentObject:
             entry = span.logs.add(time=time_ms)
             _pairs(entry.data, data)
         for r in s[13]:
-            span.refs.add(refType=r[0], traceId=r[1], parentTraceSegmentId=r[2], parentSpanId=r[3],
-                          parentService=r[4], parentServiceInstance=r[5], parentEndpoint=r[6],
-                          networkAddressUsedAtPeer=r[7])
+            span.refs.add(
+                refType=r[0],
+                traceId=r[1],
+                parentTraceSegmentId=r[2],
+                parentSpanId=r[3],
+                parentService=r[4],
+                parentServiceInstance=r[5],
+                parentEndpoint=r[6],
+                networkAddressUsedAtPeer=r[7],
+            )
     return seg
 
 
 def log(rec: Sequence[Any]) -> logging_pb2.LogData:
-    (timestamp, service, instance, endpoint, kind, body, trace_id, segment_id, span_id, tags,
-     layer) = rec
-    msg = logging_pb2.LogData(timestamp=timestamp, service=service, serviceInstance=instance,
-                              endpoint=endpoint, layer=layer)
+    (timestamp, service, instance, endpoint, kind, body, trace_id, segment_id, span_id, tags, layer) = rec
+    msg = logging_pb2.LogData(
+        timestamp=timestamp, service=service, serviceInstance=instance, endpoint=endpoint, layer=layer
+    )
     msg.body.type = kind
     if kind == "text":
         msg.body.text.text = body
@@ -102,8 +114,9 @@ def meter_collection(rec: Sequence[Any]) -> meter_pb2.MeterDataCollection:
 
 def thread_snapshot(rec: Sequence[Any]) -> profile_pb2.ThreadSnapshot:
     task_id, segment_id, time_ms, sequence, signatures = rec
-    msg = profile_pb2.ThreadSnapshot(taskId=task_id, traceSegmentId=segment_id, time=time_ms,
-                                     sequence=sequence)
+    msg = profile_pb2.ThreadSnapshot(
+        taskId=task_id, traceSegmentId=segment_id, time=time_ms, sequence=sequence
+    )
     msg.stack.SetInParent()
     msg.stack.codeSignatures.extend(signatures)
     return msg
@@ -114,11 +127,15 @@ def profile_finish(rec: Sequence[Any]) -> profile_pb2.ProfileTaskFinishReport:
     return profile_pb2.ProfileTaskFinishReport(service=service, serviceInstance=instance, taskId=task_id)
 
 
-def instance_properties(service: str, instance: str, properties: Sequence[tuple[str, str]],
-                        layer: str = "") -> management_pb2.InstanceProperties:
+def instance_properties(
+    service: str, instance: str, properties: Sequence[tuple[str, str]], layer: str = ""
+) -> management_pb2.InstanceProperties:
     return management_pb2.InstanceProperties(
-        service=service, serviceInstance=instance, layer=layer,
-        properties=[common_pb2.KeyStringValuePair(key=k, value=v) for k, v in properties])
+        service=service,
+        serviceInstance=instance,
+        layer=layer,
+        properties=[common_pb2.KeyStringValuePair(key=k, value=v) for k, v in properties],
+    )
 
 
 def instance_ping(service: str, instance: str, layer: str = "") -> management_pb2.InstancePingPkg:
@@ -140,8 +157,9 @@ def strategies() -> Any:
 
     text = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
     # Mostly small, sometimes the same few strings (exercises the caches), sometimes long.
-    name = st.one_of(text, st.sampled_from(["", "GET /users", "svc", "http.method", "200"]),
-                     st.text(max_size=300))
+    name = st.one_of(
+        text, st.sampled_from(["", "GET /users", "svc", "http.method", "200"]), st.text(max_size=300)
+    )
     i32 = st.integers(-(2**31), 2**31 - 1)
     i64 = st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**42))
     small = st.integers(-2, 200)
@@ -149,24 +167,59 @@ def strategies() -> Any:
 
     def flat(max_pairs: int = 4) -> Any:
         return st.lists(st.tuples(name, name), max_size=max_pairs).map(
-            lambda pairs: [x for p in pairs for x in p])
+            lambda pairs: [x for p in pairs for x in p]
+        )
 
-    ref = st.tuples(st.one_of(small, i32), text, text, st.one_of(small, i32), name, name, name,
-                    name).map(list)
+    ref = st.tuples(st.one_of(small, i32), text, text, st.one_of(small, i32), name, name, name, name).map(
+        list
+    )
     span_log = st.tuples(i64, flat()).map(list)
-    span = st.tuples(st.one_of(small, i32), st.one_of(st.just(-1), small, i32), i64, i64, name, name,
-                     st.one_of(small, i32), st.one_of(small, i32), st.one_of(small, i32),
-                     st.booleans(), st.booleans(), flat(), st.lists(span_log, max_size=2),
-                     st.lists(ref, max_size=2)).map(list)
+    span = st.tuples(
+        st.one_of(small, i32),
+        st.one_of(st.just(-1), small, i32),
+        i64,
+        i64,
+        name,
+        name,
+        st.one_of(small, i32),
+        st.one_of(small, i32),
+        st.one_of(small, i32),
+        st.booleans(),
+        st.booleans(),
+        flat(),
+        st.lists(span_log, max_size=2),
+        st.lists(ref, max_size=2),
+    ).map(list)
     segment = st.tuples(text, text, name, name, st.booleans(), st.lists(span, max_size=4)).map(list)
-    log = st.tuples(i64, name, name, name, st.sampled_from(["text", "json", "yaml"]), st.text(),
-                    text, text, st.one_of(st.just(-1), small, i32), flat(), name).map(list)
+    log = st.tuples(
+        i64,
+        name,
+        name,
+        name,
+        st.sampled_from(["text", "json", "yaml"]),
+        st.text(),
+        text,
+        text,
+        st.one_of(st.just(-1), small, i32),
+        flat(),
+        name,
+    ).map(list)
     bucket = st.tuples(num, i64, st.booleans()).map(list)
     single = st.tuples(st.just(1), name, flat(3), num).map(list)
     histogram = st.tuples(st.just(2), name, flat(3), st.lists(bucket, max_size=4)).map(list)
     meter = st.tuples(i64, name, name, st.lists(st.one_of(single, histogram), max_size=4)).map(list)
     snapshot = st.tuples(name, text, i64, st.one_of(small, i32), st.lists(name, max_size=5)).map(list)
     finish = st.tuples(name, name, name).map(list)
-    return SimpleNamespace(text=text, name=name, i32=i32, i64=i64, flat=flat, segment=segment, log=log,
-                           meter=meter, snapshot=snapshot, finish=finish,
-                           properties=st.lists(st.tuples(name, name), max_size=6))
+    return SimpleNamespace(
+        text=text,
+        name=name,
+        i32=i32,
+        i64=i64,
+        flat=flat,
+        segment=segment,
+        log=log,
+        meter=meter,
+        snapshot=snapshot,
+        finish=finish,
+        properties=st.lists(st.tuples(name, name), max_size=6),
+    )

@@ -21,7 +21,6 @@ HEALTH = jsonschema.Draft202012Validator(HEALTH_SCHEMA)  # built once: validate(
 S = support  # the helpers, under the short name these tests use
 
 
-
 def checks_of(doc: dict[str, Any], agent: int = 0) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in doc["agents"][agent]["checks"]}
 

@@ -136,7 +136,6 @@ def test_requests_get_through_while_slow_clients_are_dropped(collector: LocalCol
     assert collector.stats()["refused"]["too_slow"] == MAX_CONNECTIONS
 
 
-
 def test_a_client_gone_before_its_answer_is_no_traceback(collector: LocalCollector) -> None:
     """A client that reads the start of its answer and closes (a browser cancelling a
     request, a script that read enough) resets the connection while the collector still
@@ -147,6 +146,7 @@ def test_a_client_gone_before_its_answer_is_no_traceback(collector: LocalCollect
             assert s.recv(12) == b"HTTP/1.1 411"
     assert collector.stats()["refused"]["no_length"] == 50
     assert "Traceback" not in collector.log()
+
 
 def _doc() -> str:
     return " ".join((Path(__file__).resolve().parent.parent / "docs" / "collector.md").read_text().split())

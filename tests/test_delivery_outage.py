@@ -96,7 +96,10 @@ def test_http_too_large_or_bad_request_costs_no_good_record(tmp_path: Path, stat
     with written(tmp_path / "h.arena", 1 << 20, records) as arena, Collector() as c:
         c.fail_next(1, http_status=status, methods=["/v3/segments"])
         s = ReporterSettings(
-            protocol="http", backends=(c.http_address,), service="svc", flush_interval_s=0.3,
+            protocol="http",
+            backends=(c.http_address,),
+            service="svc",
+            flush_interval_s=0.3,
             retry_backoff_base_s=0.05,
         )
         reporter = deliver(arena, s, lambda: len(c.segments) >= 64)

@@ -63,8 +63,17 @@ def test_meters_match_generated_classes(rec: list[Any]) -> None:
 
 
 def test_meter_nan_and_negative_zero_bytes() -> None:
-    rec = [1, "s", "i", [[1, "nan", [], math.nan], [1, "negzero", [], -0.0], [1, "zero", [], 0.0],
-                         [2, "h", ["a", "b"], [[-math.inf, 0, True], [0.0, 3, False], [math.inf, 1, False]]]]]
+    rec = [
+        1,
+        "s",
+        "i",
+        [
+            [1, "nan", [], math.nan],
+            [1, "negzero", [], -0.0],
+            [1, "zero", [], 0.0],
+            [2, "h", ["a", "b"], [[-math.inf, 0, True], [0.0, 3, False], [math.inf, 1, False]]],
+        ],
+    ]
     assert encode.meter_collection(rec) == pbref.meter_collection(rec).SerializeToString()
 
 
@@ -77,16 +86,29 @@ def test_profile_messages(snapshot: list[Any], finish: list[Any]) -> None:
 
 @FAST
 @given(S.name, S.name, S.properties, S.name, S.i64)
-def test_management_and_query(service: str, instance: str, props: list[tuple[str, str]], layer: str,
-                              last: int) -> None:
-    _same(encode.instance_properties(service, instance, props, layer),
-          pbref.instance_properties(service, instance, props, layer), management_pb2.InstanceProperties)
-    _same(encode.instance_properties(service, instance, props),
-          pbref.instance_properties(service, instance, props), management_pb2.InstanceProperties)
-    _same(encode.instance_ping(service, instance, layer), pbref.instance_ping(service, instance, layer),
-          management_pb2.InstancePingPkg)
-    _same(encode.profile_task_query(service, instance, last),
-          pbref.profile_task_query(service, instance, last), profile_pb2.ProfileTaskCommandQuery)
+def test_management_and_query(
+    service: str, instance: str, props: list[tuple[str, str]], layer: str, last: int
+) -> None:
+    _same(
+        encode.instance_properties(service, instance, props, layer),
+        pbref.instance_properties(service, instance, props, layer),
+        management_pb2.InstanceProperties,
+    )
+    _same(
+        encode.instance_properties(service, instance, props),
+        pbref.instance_properties(service, instance, props),
+        management_pb2.InstanceProperties,
+    )
+    _same(
+        encode.instance_ping(service, instance, layer),
+        pbref.instance_ping(service, instance, layer),
+        management_pb2.InstancePingPkg,
+    )
+    _same(
+        encode.profile_task_query(service, instance, last),
+        pbref.profile_task_query(service, instance, last),
+        profile_pb2.ProfileTaskCommandQuery,
+    )
 
 
 def test_cache_stays_bounded_and_correct() -> None:
@@ -101,8 +123,22 @@ def test_cache_stays_bounded_and_correct() -> None:
 
 
 def _span(**over: Any) -> list[Any]:
-    fields = ["id", "parent", "start", "end", "op", "peer", "type", "layer", "component", "error", "skip",
-              "tags", "logs", "refs"]
+    fields = [
+        "id",
+        "parent",
+        "start",
+        "end",
+        "op",
+        "peer",
+        "type",
+        "layer",
+        "component",
+        "error",
+        "skip",
+        "tags",
+        "logs",
+        "refs",
+    ]
     values = [0, -1, 1, 2, "op", "", 0, 3, 7000, False, False, ["k", "v"], [], []]
     base = dict(zip(fields, values, strict=True))
     base.update(over)
@@ -110,7 +146,11 @@ def _span(**over: Any) -> list[Any]:
 
 
 GARBAGE_SEGMENTS = [
-    None, 7, "abc", [], ["t", "s", "svc", "i", False],  # too short
+    None,
+    7,
+    "abc",
+    [],
+    ["t", "s", "svc", "i", False],  # too short
     ["t", "s", "svc", "i", False, [], "extra"],  # too long
     ["t", "s", "svc", "i", "yes", []],  # bool field holding a string
     [1, "s", "svc", "i", False, []],  # int where a string belongs
@@ -139,18 +179,21 @@ def test_garbage_segments_raise_encode_error(rec: Any) -> None:
         encode.segment(rec)
 
 
-@pytest.mark.parametrize(("fn", "rec"), [
-    (encode.log, [1, "s", "i", "e", "html", "x", "", "", -1, [], ""]),  # unknown body kind
-    (encode.log, [1, "s", "i", "e", "text", "x", "t", "", "3", [], ""]),
-    (encode.log, [1, "s", "i", "e", "text", "x", "", "", None, [], ""]),
-    (encode.log, [1, "s", "i", "e", "text", "x", "", "", -1, []]),
-    (encode.meter_collection, [1, "s", "i", [[3, "m", [], 1.0]]]),  # unknown meter kind
-    (encode.meter_collection, [1, "s", "i", [[1, "m", [], "1.0"]]]),
-    (encode.meter_collection, [1, "s", "i", [[2, "m", [], [[1.0, 2]]]]]),
-    (encode.meter_datas, [1, "s", "i", None]),
-    (encode.thread_snapshot, ["t", "s", 1, 2, [3]]),
-    (encode.profile_finish, ["s", "i"]),
-])
+@pytest.mark.parametrize(
+    ("fn", "rec"),
+    [
+        (encode.log, [1, "s", "i", "e", "html", "x", "", "", -1, [], ""]),  # unknown body kind
+        (encode.log, [1, "s", "i", "e", "text", "x", "t", "", "3", [], ""]),
+        (encode.log, [1, "s", "i", "e", "text", "x", "", "", None, [], ""]),
+        (encode.log, [1, "s", "i", "e", "text", "x", "", "", -1, []]),
+        (encode.meter_collection, [1, "s", "i", [[3, "m", [], 1.0]]]),  # unknown meter kind
+        (encode.meter_collection, [1, "s", "i", [[1, "m", [], "1.0"]]]),
+        (encode.meter_collection, [1, "s", "i", [[2, "m", [], [[1.0, 2]]]]]),
+        (encode.meter_datas, [1, "s", "i", None]),
+        (encode.thread_snapshot, ["t", "s", 1, 2, [3]]),
+        (encode.profile_finish, ["s", "i"]),
+    ],
+)
 def test_garbage_other_records_raise_encode_error(fn: Any, rec: Any) -> None:
     with pytest.raises(EncodeError):
         fn(rec)
@@ -167,14 +210,21 @@ def test_garbage_management_arguments() -> None:
 
 json_values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5)),
-    lambda children: st.lists(children, max_size=6), max_leaves=40)
+    lambda children: st.lists(children, max_size=6),
+    max_leaves=40,
+)
 
 
 @FAST
 @given(json_values)
 def test_arbitrary_values_only_ever_raise_encode_error(value: Any) -> None:
-    for fn in (encode.segment, encode.log, encode.meter_collection, encode.thread_snapshot,
-               encode.profile_finish):
+    for fn in (
+        encode.segment,
+        encode.log,
+        encode.meter_collection,
+        encode.thread_snapshot,
+        encode.profile_finish,
+    ):
         try:
             fn(value)
         except EncodeError:

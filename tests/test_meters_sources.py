@@ -125,7 +125,12 @@ def test_an_agent_with_pvm_meters_does_not_load_psutil(tmp_path: Path) -> None:
     }
     out = subprocess.run(
         [sys.executable, "-m", "swmp.cli", "run", "--", sys.executable, str(script)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "['cpu', 'mem', 'proc_cpu', 'proc_mem', 'threads'] False", out.stdout

@@ -321,7 +321,10 @@ def test_operation_names_and_peers_that_are_not_text(trace_sink: _sink.MemorySin
     assert work() == 1
     segs = segments(trace_sink)
     assert [[s[R.SPAN_OPERATION] for s in seg[R.SEG_SPANS]] for seg in segs] == [
-        ["123"], ["6", "5"], ["x"], ["9"]
+        ["123"],
+        ["6", "5"],
+        ["x"],
+        ["9"],
     ]
     assert [s[R.SPAN_PEER] for s in segs[1][R.SEG_SPANS]] == ["8", ""]
     assert segs[2][R.SEG_SPANS][0][R.SPAN_PEER] == ""

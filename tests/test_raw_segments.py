@@ -73,8 +73,10 @@ def test_grpc_sender_ships_raw_segments_and_isolates_bad_ones() -> None:
         asyncio.run(go())
         assert c.wait_for(lambda: len(c.segments) >= len(good), 10)
         got = sorted(s.SerializeToString() for s in c.segments)
-    expected = sorted(tracing_pb2.SegmentObject.FromString(encode.segment_py(orjson.loads(p)))
-                      .SerializeToString() for p in good)
+    expected = sorted(
+        tracing_pb2.SegmentObject.FromString(encode.segment_py(orjson.loads(p))).SerializeToString()
+        for p in good
+    )
     assert got == expected
     assert journal.counters.dropped.get("invalid", 0) == len(bad)
     assert journal.counters.sent["segment"] == len(good)

@@ -114,6 +114,4 @@ def test_gunicorn_keeps_reporting_after_supervisor_and_reporter_are_killed(tmp_p
             )
             ids = [f"after-{uuid.uuid4().hex}" for _ in range(10)]
             assert all(request(port, "/io", trace_id=t).status == 200 for t in ids)
-            wait_servers(
-                lambda: set(ids) <= {s["traceId"] for s in segments_of(col, "sup")}, 30, "delivery"
-            )
+            wait_servers(lambda: set(ids) <= {s["traceId"] for s in segments_of(col, "sup")}, 30, "delivery")

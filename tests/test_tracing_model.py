@@ -174,7 +174,10 @@ def test_work_over_the_span_limit_stays_in_the_trace(trace_sink: _sink.MemorySin
         assert recording == [True]
     first, second = segments(trace_sink)
     assert len(first[R.SEG_SPANS]) == 1 and first[R.SEG_SPANS][0][R.SPAN_REFS][0][:4] == [
-        R.REF_CROSS_THREAD, root.segment.trace_id, root.segment.segment_id, 0
+        R.REF_CROSS_THREAD,
+        root.segment.trace_id,
+        root.segment.segment_id,
+        0,
     ]
     assert second[R.SEG_SIZE_LIMITED] is True and len(second[R.SEG_SPANS]) == 2
     tracing.configure(load({}, sample_n_per_3_secs=1))

@@ -37,6 +37,7 @@ def create_sender(settings: ReporterSettings) -> Sender:
     if protocol == "memory":
         from reporter_proc.senders.memory import MemorySender  # noqa: PLC0415
 
-        return MemorySender(path=getattr(settings, "memory_path", ""),
-                            fail_next=getattr(settings, "memory_fail_first", 0))
+        return MemorySender(
+            path=getattr(settings, "memory_path", ""), fail_next=getattr(settings, "memory_fail_first", 0)
+        )
     raise ValueError(f"unknown reporter protocol {settings.protocol!r} (grpc, http, kafka or memory)")

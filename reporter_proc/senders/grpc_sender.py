@@ -56,8 +56,9 @@ _UNARY = (_SEGMENT_SYNC, _PROPERTIES, _KEEP_ALIVE, _PROFILE_QUERY, _PROFILE_FINI
 _CLIENT_STREAMS = (_SEGMENT_COLLECT, _LOG_COLLECT, _METER_BATCH, _PROFILE_SNAPSHOT)
 
 # Retrying cannot fix these: wrong token, a payload the backend rejects, an RPC it lacks.
-FATAL_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT,
-                         grpc.StatusCode.UNIMPLEMENTED})
+FATAL_CODES = frozenset(
+    {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED}
+)
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -100,8 +101,9 @@ def channel_credentials(settings: ReporterSettings) -> grpc.ChannelCredentials |
     check_no_plain_backend(settings.backends, "gRPC")
     # gRPC parses the PEM lazily, at the first handshake: load it once now (same checks and
     # messages as HTTP) so a bad file is refused at start with a reason.
-    client_context(ca_file=settings.tls_ca_file, cert_file=settings.tls_cert_file,
-                   key_file=settings.tls_key_file)
+    client_context(
+        ca_file=settings.tls_ca_file, cert_file=settings.tls_cert_file, key_file=settings.tls_key_file
+    )
     ca = read_file(settings.tls_ca_file, "CA file") if settings.tls_ca_file else None
     cert = read_file(settings.tls_cert_file, "client certificate") if settings.tls_cert_file else None
     key = read_file(settings.tls_key_file, "client key") if settings.tls_key_file else None
@@ -113,8 +115,13 @@ class GrpcSender(Sender):
     supports = KINDS
     raw_kinds = frozenset({"segment"})  # encoded from the JSON bytes (encode.segment_payload)
 
-    def __init__(self, settings: ReporterSettings, *, segment_stream: bool | None = None,
-                 stream_max_age_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        settings: ReporterSettings,
+        *,
+        segment_stream: bool | None = None,
+        stream_max_age_s: float = 30.0,
+    ) -> None:
         self._backends = Backends(settings.backends, "gRPC")
         self.address = self._backends.current
         self._credentials = channel_credentials(settings)
@@ -123,7 +130,8 @@ class GrpcSender(Sender):
             self._channel_options.append(("grpc.ssl_target_name_override", settings.tls_server_name))
         self._timeout = settings.send_timeout_s
         self._metadata: tuple[tuple[str, str], ...] | None = (
-            (("authentication", settings.authentication),) if settings.authentication else None)
+            (("authentication", settings.authentication),) if settings.authentication else None
+        )
         if segment_stream is None:
             segment_stream = bool(getattr(settings, "grpc_segment_stream", False))
         self.segment_stream = segment_stream
@@ -237,8 +245,13 @@ class GrpcSender(Sender):
                     await limited(stream.write(body), self._timeout)
             except asyncio.CancelledError:
                 raise
-            except (aio.AioRpcError, aio.UsageError, asyncio.TimeoutError, asyncio.InvalidStateError,
-                    OSError) as exc:
+            except (
+                aio.AioRpcError,
+                aio.UsageError,
+                asyncio.TimeoutError,
+                asyncio.InvalidStateError,
+                OSError,
+            ) as exc:
                 # A write to a call the backend ended raises that call's status. Whatever
                 # was written into the broken stream may be lost: the whole batch is retried.
                 self._abandon_stream()
@@ -263,27 +276,31 @@ class GrpcSender(Sender):
     async def send_meters(self, records: list[Record]) -> None:
         # One MeterDataCollection per METER record (one report period of one instance):
         # collectBatch makes the backend process each one as it arrives.
-        await self._client_stream(_METER_BATCH, encode_all(encode.meter_collection, records),
-                                  "meter collectBatch")
+        await self._client_stream(
+            _METER_BATCH, encode_all(encode.meter_collection, records), "meter collectBatch"
+        )
 
     async def send_snapshots(self, records: list[Record]) -> None:
-        await self._client_stream(_PROFILE_SNAPSHOT, encode_all(encode.thread_snapshot, records),
-                                  "collectSnapshot")
+        await self._client_stream(
+            _PROFILE_SNAPSHOT, encode_all(encode.thread_snapshot, records), "collectSnapshot"
+        )
 
     async def report_finish(self, record: Record) -> None:
         await self._unary(_PROFILE_FINISH, encode.profile_finish(record), "reportTaskFinish")
 
     # -- management and commands -----------------------------------------------------------
-    async def report_properties(self, service: str, instance: str, properties: list[tuple[str, str]],
-                                layer: str = "") -> None:
+    async def report_properties(
+        self, service: str, instance: str, properties: list[tuple[str, str]], layer: str = ""
+    ) -> None:
         body = encode.instance_properties(service, instance, properties, layer)
         await self._unary(_PROPERTIES, body, "reportInstanceProperties")
 
     async def keep_alive(self, service: str, instance: str, layer: str = "") -> None:
         await self._unary(_KEEP_ALIVE, encode.instance_ping(service, instance, layer), "keepAlive")
 
-    async def fetch_profile_commands(self, service: str, instance: str,
-                                     last_command_time: int) -> list[dict[str, str]]:
+    async def fetch_profile_commands(
+        self, service: str, instance: str, last_command_time: int
+    ) -> list[dict[str, str]]:
         body = encode.profile_task_query(service, instance, last_command_time)
         answer = await self._unary(_PROFILE_QUERY, body, "getProfileTaskCommands")
         try:

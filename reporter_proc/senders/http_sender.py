@@ -58,7 +58,8 @@ class HttpSender(Sender):
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self._timeout), headers=self._headers)
+            timeout=aiohttp.ClientTimeout(total=self._timeout), headers=self._headers
+        )
 
     def _url(self, path: str) -> str:
         base = self._backends.current.rstrip("/")
@@ -73,8 +74,9 @@ class HttpSender(Sender):
         generation = self._backends.generation
         url = self._url(path)
         try:
-            async with session.post(url, data=body, ssl=self._ssl or True,
-                                    server_hostname=self._server_name) as resp:
+            async with session.post(
+                url, data=body, ssl=self._ssl or True, server_hostname=self._server_name
+            ) as resp:
                 if 200 <= resp.status < 300:
                     await resp.read()  # let the connection go back to the pool
                     return
@@ -108,8 +110,9 @@ class HttpSender(Sender):
         if objs:
             await self._post("/v3/logs", jsonwire.dumps(objs))
 
-    async def report_properties(self, service: str, instance: str, properties: list[tuple[str, str]],
-                                layer: str = "") -> None:
+    async def report_properties(
+        self, service: str, instance: str, properties: list[tuple[str, str]], layer: str = ""
+    ) -> None:
         body = jsonwire.dumps(jsonwire.instance_properties(service, instance, properties, layer))
         await self._post("/v3/management/reportProperties", body)
 

@@ -40,27 +40,61 @@ log = logging.getLogger("swmp.reporter.kafka")
 
 
 # Kafka errors that a retry cannot fix.
-_FATAL = (kafka_errors.MessageSizeTooLargeError, kafka_errors.TopicAuthorizationFailedError,
-          kafka_errors.ClusterAuthorizationFailedError, kafka_errors.InvalidTopicError,
-          kafka_errors.UnsupportedVersionError)
+_FATAL = (
+    kafka_errors.MessageSizeTooLargeError,
+    kafka_errors.TopicAuthorizationFailedError,
+    kafka_errors.ClusterAuthorizationFailedError,
+    kafka_errors.InvalidTopicError,
+    kafka_errors.UnsupportedVersionError,
+)
 
 # Connection failures that are about security, not reachability.
-_SECURITY_ERRORS = (ssl.SSLError, kafka_errors.AuthenticationFailedError,
-                    kafka_errors.SaslAuthenticationFailed, kafka_errors.UnsupportedSaslMechanismError,
-                    kafka_errors.IllegalSaslStateError)
+_SECURITY_ERRORS = (
+    ssl.SSLError,
+    kafka_errors.AuthenticationFailedError,
+    kafka_errors.SaslAuthenticationFailed,
+    kafka_errors.UnsupportedSaslMechanismError,
+    kafka_errors.IllegalSaslStateError,
+)
 
 # Producer arguments the sender owns; SW_KAFKA_REPORTER_CONFIG_* cannot override them.
 # The security ones are built by kafka_security() from the peer agent's kafka-python names.
-_RESERVED = frozenset({"self", "loop", "bootstrap_servers", "key_serializer", "value_serializer",
-                       "compression_type", "ssl_context", "sasl_oauth_token_provider"})
+_RESERVED = frozenset(
+    {
+        "self",
+        "loop",
+        "bootstrap_servers",
+        "key_serializer",
+        "value_serializer",
+        "compression_type",
+        "ssl_context",
+        "sasl_oauth_token_provider",
+    }
+)
 
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
 # kafka-python's TLS options (what the peer agent passes through); aiokafka wants one SSLContext.
-_SSL_KEYS = frozenset({"ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_crlfile",
-                       "ssl_ciphers", "ssl_check_hostname"})
-_SASL_KEYS = frozenset({"sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
-                        "sasl_kerberos_service_name", "sasl_kerberos_domain_name"})
+_SSL_KEYS = frozenset(
+    {
+        "ssl_cafile",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_password",
+        "ssl_crlfile",
+        "ssl_ciphers",
+        "ssl_check_hostname",
+    }
+)
+_SASL_KEYS = frozenset(
+    {
+        "sasl_mechanism",
+        "sasl_plain_username",
+        "sasl_plain_password",
+        "sasl_kerberos_service_name",
+        "sasl_kerberos_domain_name",
+    }
+)
 SECRET_KEYS = KAFKA_SECRET_KEYS
 
 
@@ -84,8 +118,10 @@ def _normalized(extra: dict[str, Any]) -> dict[str, Any]:
 
 def masked(kwargs: dict[str, Any]) -> dict[str, Any]:
     """A copy fit for a log line: secrets replaced, the SSL context named only."""
-    return {k: (MASK if k in SECRET_KEYS and v else "<ssl context>" if k == "ssl_context" else v)
-            for k, v in kwargs.items()}
+    return {
+        k: (MASK if k in SECRET_KEYS and v else "<ssl context>" if k == "ssl_context" else v)
+        for k, v in kwargs.items()
+    }
 
 
 def producer_kwargs(settings: ReporterSettings) -> dict[str, Any]:
@@ -132,21 +168,25 @@ def kafka_security(settings: ReporterSettings) -> dict[str, Any]:
     if unknown:
         raise SecurityConfigError(
             f"unsupported Kafka security setting(s) {', '.join(unknown)} "
-            f"(supported: security_protocol, {', '.join(sorted(_SSL_KEYS | _SASL_KEYS))})")
+            f"(supported: security_protocol, {', '.join(sorted(_SSL_KEYS | _SASL_KEYS))})"
+        )
     protocol = str(extra.get("security_protocol", "PLAINTEXT")).strip().upper()
     if protocol not in _PROTOCOLS:
         raise SecurityConfigError(
-            f"Kafka security_protocol {protocol!r} is not one of {', '.join(_PROTOCOLS)}")
+            f"Kafka security_protocol {protocol!r} is not one of {', '.join(_PROTOCOLS)}"
+        )
     ssl_given = sorted(k for k in extra if k in _SSL_KEYS)
     sasl_given = sorted(k for k in extra if k in _SASL_KEYS)
     if ssl_given and "SSL" not in protocol:
         raise SecurityConfigError(
             f"Kafka {', '.join(ssl_given)} set but security_protocol is {protocol}: "
-            "set SW_KAFKA_REPORTER_CONFIG_SECURITY_PROTOCOL=SSL or SASL_SSL")
+            "set SW_KAFKA_REPORTER_CONFIG_SECURITY_PROTOCOL=SSL or SASL_SSL"
+        )
     if sasl_given and not protocol.startswith("SASL_"):
         raise SecurityConfigError(
             f"Kafka {', '.join(sasl_given)} set but security_protocol is {protocol}: "
-            "set SW_KAFKA_REPORTER_CONFIG_SECURITY_PROTOCOL=SASL_SSL (or SASL_PLAINTEXT)")
+            "set SW_KAFKA_REPORTER_CONFIG_SECURITY_PROTOCOL=SASL_SSL (or SASL_PLAINTEXT)"
+        )
     out: dict[str, Any] = {"security_protocol": protocol}
     if "SSL" in protocol:
         out["ssl_context"] = client_context(
@@ -157,18 +197,21 @@ def kafka_security(settings: ReporterSettings) -> dict[str, Any]:
             crl_file=str(extra.get("ssl_crlfile", "")),
             ciphers=str(extra.get("ssl_ciphers", "")),
             check_hostname=_flag("ssl_check_hostname", extra.get("ssl_check_hostname", True)),
-            names=("ssl_cafile", "ssl_certfile", "ssl_keyfile"))
+            names=("ssl_cafile", "ssl_certfile", "ssl_keyfile"),
+        )
     if protocol.startswith("SASL_"):
         mechanism = str(extra.get("sasl_mechanism", "PLAIN")).strip().upper()
         if mechanism not in _MECHANISMS:
             raise SecurityConfigError(
-                f"Kafka sasl_mechanism {mechanism!r} is not one of {', '.join(_MECHANISMS)}")
+                f"Kafka sasl_mechanism {mechanism!r} is not one of {', '.join(_MECHANISMS)}"
+            )
         out["sasl_mechanism"] = mechanism
         if mechanism != "GSSAPI":
             user, password = extra.get("sasl_plain_username"), extra.get("sasl_plain_password")
             if not user or not password:
                 raise SecurityConfigError(
-                    f"Kafka SASL {mechanism} needs sasl_plain_username and sasl_plain_password")
+                    f"Kafka SASL {mechanism} needs sasl_plain_username and sasl_plain_password"
+                )
             # Strings as given: a numeric password must not become an int.
             out["sasl_plain_username"], out["sasl_plain_password"] = str(user), str(password)
         for key in ("sasl_kerberos_service_name", "sasl_kerberos_domain_name"):
@@ -182,9 +225,12 @@ def topic_names(settings: ReporterSettings) -> dict[str, str]:
     # SW_KAFKA_NAMESPACE only: the agent namespace (SW_AGENT_NAMESPACE) names services, not topics.
     namespace = settings.kafka_namespace
     prefix = f"{namespace}-" if namespace else ""
-    return {"segment": prefix + settings.kafka_topic_segment, "log": prefix + settings.kafka_topic_log,
-            "meter": prefix + settings.kafka_topic_meter,
-            "management": prefix + settings.kafka_topic_management}
+    return {
+        "segment": prefix + settings.kafka_topic_segment,
+        "log": prefix + settings.kafka_topic_log,
+        "meter": prefix + settings.kafka_topic_meter,
+        "management": prefix + settings.kafka_topic_management,
+    }
 
 
 class KafkaSender(Sender):
@@ -224,11 +270,16 @@ class KafkaSender(Sender):
         for compression, extra in attempts:
             kwargs = {"request_timeout_ms": max(1000, int(self._timeout * 1000)), **extra, **self._security}
             try:
-                producer = AIOKafkaProducer(bootstrap_servers=self._servers, compression_type=compression,
-                                            **kwargs)
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=self._servers, compression_type=compression, **kwargs
+                )
             except Exception as exc:
-                log.error("Kafka producer rejected compression=%r settings=%r: %s", compression,
-                          masked(extra), _scrub(exc, self._security))
+                log.error(
+                    "Kafka producer rejected compression=%r settings=%r: %s",
+                    compression,
+                    masked(extra),
+                    _scrub(exc, self._security),
+                )
                 last = exc
                 continue
             self._compression, self._kwargs = compression, extra
@@ -287,12 +338,18 @@ class KafkaSender(Sender):
             raise
         except _SECURITY_ERRORS as exc:
             what = "TLS handshake failed" if isinstance(exc, ssl.SSLError) else "SASL authentication failed"
-            reason = _scrub(f"{what} ({self.security_protocol}): {type(exc).__name__} {first_line(exc)}",
-                            self._security)
+            reason = _scrub(
+                f"{what} ({self.security_protocol}): {type(exc).__name__} {first_line(exc)}", self._security
+            )
             if reason not in self._refusal_logged:
                 self._refusal_logged.add(reason)
-                log.error("Kafka %s refused the connection: %s; records are kept and retried, never sent "
-                          "without %s", self.address, reason, self.security_protocol)
+                log.error(
+                    "Kafka %s refused the connection: %s; records are kept and retried, never sent "
+                    "without %s",
+                    self.address,
+                    reason,
+                    self.security_protocol,
+                )
             return reason
         except Exception:
             return ""
@@ -331,8 +388,9 @@ class KafkaSender(Sender):
         keys = [_key(rec[METER_INSTANCE]) for rec in records]
         await self._produce(self.topics["meter"], list(zip(keys, values, strict=True)))
 
-    async def report_properties(self, service: str, instance: str, properties: list[tuple[str, str]],
-                                layer: str = "") -> None:
+    async def report_properties(
+        self, service: str, instance: str, properties: list[tuple[str, str]], layer: str = ""
+    ) -> None:
         value = encode.instance_properties(service, instance, properties, layer)
         await self._produce(self.topics["management"], [(f"register-{instance}".encode(), value)])
 

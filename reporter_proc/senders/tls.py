@@ -31,8 +31,13 @@ def tls_requested(settings: ReporterSettings) -> bool:
     A CA file without FORCE_TLS would otherwise be silently unused: that is the downgrade
     this module exists to prevent.
     """
-    return bool(settings.force_tls or settings.tls_ca_file or settings.tls_cert_file
-                or settings.tls_key_file or settings.tls_server_name)
+    return bool(
+        settings.force_tls
+        or settings.tls_ca_file
+        or settings.tls_cert_file
+        or settings.tls_key_file
+        or settings.tls_server_name
+    )
 
 
 def check_no_plain_backend(backends: Sequence[str], what: str) -> None:
@@ -41,7 +46,8 @@ def check_no_plain_backend(backends: Sequence[str], what: str) -> None:
         if backend.strip().lower().startswith("http://"):
             raise SecurityConfigError(
                 f"{what} backend {backend.strip()!r} says http:// but TLS is required "
-                "(SW_AGENT_FORCE_TLS or a SW_AGENT_TLS_* setting): use https:// or host:port")
+                "(SW_AGENT_FORCE_TLS or a SW_AGENT_TLS_* setting): use https:// or host:port"
+            )
 
 
 def read_file(path: str, what: str) -> bytes:
@@ -91,17 +97,20 @@ def client_context(
             context.load_verify_locations(cafile=os.path.expanduser(ca_file))
         except (ssl.SSLError, OSError) as exc:
             raise SecurityConfigError(
-                f"{ca_name} {ca_file!r} holds no usable CA certificate: {exc}") from None
+                f"{ca_name} {ca_file!r} holds no usable CA certificate: {exc}"
+            ) from None
     if cert_file:
         read_file(cert_file, f"client certificate ({cert_name})")
         read_file(key_file, f"client key ({key_name})")
         try:
-            context.load_cert_chain(os.path.expanduser(cert_file), os.path.expanduser(key_file),
-                                    password=key_password or None)
+            context.load_cert_chain(
+                os.path.expanduser(cert_file), os.path.expanduser(key_file), password=key_password or None
+            )
         except (ssl.SSLError, OSError) as exc:
             raise SecurityConfigError(
                 f"{cert_name} {cert_file!r} / {key_name} {key_file!r} do not load as a certificate and "
-                f"its key: {exc}") from None
+                f"its key: {exc}"
+            ) from None
     if crl_file:
         read_file(crl_file, "CRL file")
         try:
@@ -121,11 +130,13 @@ def client_context(
 
 def agent_context(settings: ReporterSettings) -> ssl.SSLContext:
     """The client context for HTTP from the SW_AGENT_TLS_* settings."""
-    return client_context(ca_file=settings.tls_ca_file, cert_file=settings.tls_cert_file,
-                          key_file=settings.tls_key_file)
+    return client_context(
+        ca_file=settings.tls_ca_file, cert_file=settings.tls_cert_file, key_file=settings.tls_key_file
+    )
 
 
 def has_secret(settings: ReporterSettings) -> bool:
     """True when the settings carry a credential (the token, a Kafka SASL or key password)."""
     return bool(settings.authentication) or any(
-        value for key, value in settings.kafka_extra.items() if kafka_key(key) in KAFKA_SECRET_KEYS)
+        value for key, value in settings.kafka_extra.items() if kafka_key(key) in KAFKA_SECRET_KEYS
+    )

@@ -92,4 +92,3 @@ class PluginSettings:
         "(e.g. `/package.Service/Check`); matched case-insensitively, regular expressions allowed.",
         PLUGIN,
     )
-

@@ -62,8 +62,7 @@ class TraceSettings:
     agent_log_value_max_length: int = opt(
         8192,
         "SW_AGENT_LOG_VALUE_MAX_LENGTH",
-        "Longer span-log values (messages, stacks), reported log bodies and log tag values are "
-        "truncated.",
+        "Longer span-log values (messages, stacks), reported log bodies and log tag values are truncated.",
         TRACE,
         check=at_least(1),
     )

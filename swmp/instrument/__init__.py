@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swmp.instrument")
 
+
 class Plugin(NamedTuple):
     """What :func:`install_all` needs to know of an instrumentation *without importing it*:
     its module, ``NAME``, ``PEER_NAMES`` and ``TRIGGER`` (a test checks they match the module).

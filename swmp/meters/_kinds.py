@@ -230,5 +230,3 @@ def _bucket_bounds(name: str, steps: Iterable[float], min_value: float) -> list[
     if bounds[0] > low:
         bounds.insert(0, low)
     return bounds
-
-

@@ -151,5 +151,3 @@ def _psutil_source() -> _sources.PsutilSource | None:
 
 
 pvm = _Pvm()
-
-

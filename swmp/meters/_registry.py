@@ -109,5 +109,3 @@ class Registry:
 
 
 registry = Registry()
-
-

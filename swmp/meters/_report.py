@@ -54,5 +54,3 @@ def report() -> bool:
             for give_back in undo:  # RATE deltas travel with the next report
                 give_back()
         return ok
-
-

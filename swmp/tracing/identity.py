@@ -39,7 +39,6 @@ class Identity:
             self.instance_b64 = b64(instance)
             self.instance = instance
 
-
     def set_binder(self, binder: Callable[[], None] | None) -> None:
         """Install what names this process (the agent's sink); armed until first used."""
         self._binder = binder
