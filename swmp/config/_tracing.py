@@ -33,7 +33,8 @@ class TraceSettings:
         (),
         "SW_AGENT_TRACE_IGNORE_PATH",
         "Comma-separated Ant-style path patterns (`/health`, `/static/**`, `/v?/ping`) whose requests "
-        "are not traced.",
+        "are not traced. Matched in time linear in the path, also patterns with several `*` in a "
+        "segment or several `/**/` (a client chooses the path).",
         TRACE,
     )
     agent_ignore_suffix: tuple[str, ...] = opt(

@@ -1,50 +1,27 @@
 """Which requests are not traced: Ant-style path patterns, suffixes, HTTP methods.
 
-Ant patterns (as ``SW_AGENT_TRACE_IGNORE_PATH`` in the SkyWalking agents): ``?`` is one
-character other than ``/``, ``*`` is any run of characters within one path segment, ``**``
-is any number of whole segments (``/static/**`` matches ``/static``, ``/static/a`` and
-``/static/a/b``). Two cases differ from the Python peer agent's matcher, on purpose: a
+Ant patterns (as ``SW_AGENT_TRACE_IGNORE_PATH`` in the SkyWalking agents; ``swmp.tracing.ant``
+says what they mean). Two cases differ from the Python peer agent's matcher, on purpose: a
 trailing ``/**`` also matches the directory itself (``/static``), and a path ending in ``/``
-(``/static/a/``) matches as its segments do. All patterns are compiled into one regular
+(``/static/a/``) matches as its segments do. The patterns are compiled into one regular
 expression, so a check is one match call whatever the number of patterns, and none at all
-when there are no patterns.
+when there are no patterns; a pattern that regular expression would match in time
+polynomial in the path (several stars in one segment, several ``/**/``) is matched by a
+linear matcher of its own instead (``ant.AntMatcher``): a client chooses the path.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
+from swmp.tracing.ant import AntMatcher, ant_to_regex, backtracks
 
-def ant_to_regex(pattern: str) -> str:
-    """Translate one Ant-style path pattern to a regular expression (anchored by the caller)."""
-    out = []
-    i = 0
-    n = len(pattern)
-    while i < n:
-        c = pattern[i]
-        if pattern.startswith("/**", i) and (i + 3 == n or pattern[i + 3] == "/"):
-            # "/**" at the end: the directory itself or anything below it; "/**/" in the
-            # middle: zero or more whole segments.
-            out.append("(?:/.*)?" if i + 3 == n else "(?:/[^/]+)*")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif c == "*":
-            out.append("[^/]*")
-            i += 1
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        else:
-            out.append(re.escape(c))
-            i += 1
-    return "".join(out)
+__all__ = ["IgnoreRules", "ant_to_regex", "rules"]
 
 
 class IgnoreRules:
-    __slots__ = ("_cache", "_methods", "_path_match", "_suffixes")
+    __slots__ = ("_cache", "_methods", "_path_match", "_slow_shapes", "_suffixes")
 
     def __init__(
         self,
@@ -53,10 +30,14 @@ class IgnoreRules:
         methods: Iterable[str] = (),
     ) -> None:
         pats = [p.strip() for p in paths if p.strip()]
+        plain = [p for p in pats if not backtracks(p)]  # linear as one regular expression
         self._path_match = (
-            re.compile("(?:" + "|".join(f"(?:{ant_to_regex(p)})" for p in pats) + r")\Z").match
-            if pats
+            re.compile("(?:" + "|".join(f"(?:{ant_to_regex(p)})" for p in plain) + r")\Z", re.DOTALL).match
+            if plain
             else None
+        )
+        self._slow_shapes: tuple[Callable[[str], bool], ...] = tuple(
+            AntMatcher(p) for p in pats if backtracks(p)
         )
         self._suffixes = tuple(s.strip() for s in suffixes if s.strip())
         self._methods = frozenset(m.strip().upper() for m in methods if m.strip())
@@ -79,7 +60,9 @@ class IgnoreRules:
         if self._suffixes and op.endswith(self._suffixes):
             return True
         m = self._path_match
-        return m is not None and m(op) is not None
+        if m is not None and m(op) is not None:
+            return True
+        return any(match(op) for match in self._slow_shapes)
 
     def ignore_method(self, method: str) -> bool:
         return bool(self._methods) and method.upper() in self._methods
