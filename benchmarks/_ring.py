@@ -55,8 +55,8 @@ class Ring:
         _sink.set_sink(writer)
 
     def warm(self) -> None:
-        """Go round the ring once (filler records, drained as a reporter would), so that its
-        pages are resident and the next lap's writes find them in place."""
+        """Go round the ring once (filler records, drained as a reporter would), so that the
+        next writes pay what a worker's pay on every lap (see the module's docstring)."""
         self.drain()
         write = self.writer.write
         for written in range(1, self.capacity // 4096 + 2):

@@ -43,21 +43,20 @@ class UnseenDrops:
         self._unseen = no_counts()
         self._unseen_pid = -1
         self._unseen_reported = False
-
-    def _warn_once(self, key: str, message: str, *args: object, exc_info: bool = False) -> None:
-        raise NotImplementedError
+        self._late_said = False  # the drop after the report said (once a process)
 
     def _keep_unseen(self, counts: dict[str, int]) -> None:
         """Counts no file took (it was removed): kept for :meth:`report_unseen`."""
         pid = os.getpid()
         if self._unseen_pid != pid:  # a parent's counts are its own to report
-            self._unseen_pid, self._unseen, self._unseen_reported = pid, no_counts(), False
+            self._unseen_pid, self._unseen = pid, no_counts()
+            self._unseen_reported = self._late_said = False
         for kind, n in counts.items():
             self._unseen[kind] += n
-        if self._unseen_reported:
+        if self._unseen_reported and not self._late_said:
             # After the report at exit: an atexit handler registered before the agent started.
-            self._warn_once(
-                f"unseen-{pid}",
+            self._late_said = True
+            log.error(
                 "swmp: process %d dropped a record made after the agent's exit report; nothing "
                 "running can count it (more are dropped silently)",
                 pid,
@@ -73,7 +72,7 @@ class UnseenDrops:
         registry at its goodbye; its own later records had nowhere to be counted)."""
         pid = os.getpid()
         if self._unseen_pid != pid:
-            self._unseen_pid, self._unseen = pid, no_counts()
+            self._unseen_pid, self._unseen, self._late_said = pid, no_counts(), False
         self._unseen_reported = True
         counts = self._unseen
         total = sum(counts[kind] for kind in LABELS)

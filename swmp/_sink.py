@@ -38,19 +38,20 @@ class NullSink:
         self._pid = os.getpid()
 
     def write(self, rtype: int, payload: bytes) -> bool:
-        pid = os.getpid()
-        if pid != self._pid:  # a parent's records, not this process's
-            self._pid, self.dropped = pid, 0
+        self._own()
         self.dropped += 1
         return False
 
     def take(self) -> int:
         """This process's count, handed over and reset."""
-        pid = os.getpid()
-        if pid != self._pid:
-            self._pid, self.dropped = pid, 0
+        self._own()
         n, self.dropped = self.dropped, 0
         return n
+
+    def _own(self) -> None:
+        pid = os.getpid()
+        if pid != self._pid:  # a forked child: the count so far is its parent's
+            self._pid, self.dropped = pid, 0
 
 
 class MemorySink:

@@ -238,7 +238,7 @@ class LogReporter:
     def body_and_tags(self, record: logging.LogRecord) -> tuple[str, list[str]]:
         tags = ["level", record.levelname, "logger", record.name, "thread", record.threadName or ""]
         if "tid" not in record.__dict__:
-            record.tid = NO_TRACE if made_elsewhere(record) else current_tid()
+            record.tid = current_tid()  # made here: report() leaves the others alone
         if self.formatted:
             return self._format(record), tags
         body = str(record.msg)

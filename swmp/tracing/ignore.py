@@ -30,15 +30,14 @@ class IgnoreRules:
         methods: Iterable[str] = (),
     ) -> None:
         pats = [p.strip() for p in paths if p.strip()]
-        plain = [p for p in pats if not backtracks(p)]  # linear as one regular expression
+        slow = [p for p in pats if backtracks(p)]
+        plain = [p for p in pats if p not in slow]  # linear as one regular expression
         self._path_match = (
             re.compile("(?:" + "|".join(f"(?:{ant_to_regex(p)})" for p in plain) + r")\Z", re.DOTALL).match
             if plain
             else None
         )
-        self._slow_shapes: tuple[Callable[[str], bool], ...] = tuple(
-            AntMatcher(p) for p in pats if backtracks(p)
-        )
+        self._slow_shapes: tuple[Callable[[str], bool], ...] = tuple(AntMatcher(p) for p in slow)
         self._suffixes = tuple(s.strip() for s in suffixes if s.strip())
         self._methods = frozenset(m.strip().upper() for m in methods if m.strip())
         # Decisions per operation name: a service has a bounded set of endpoints, so one dict

@@ -87,7 +87,7 @@ def _clip(raw: Any, limit: int, seg: Segment) -> str:
 
 
 # ``parent_id`` of an exit span that stands in for one dropped over the span limit
-# (:func:`stand_in_exit`): it is not recorded, and its ``span_id`` is the recorded span it is
+# (``Segment.start_span``): it is not recorded, and its ``span_id`` is the recorded span it is
 # under. Both cores check it where a span's end touches its segment (swmp/_native/spancore.c:
 # UNRECORDED_PARENT, the same value).
 UNRECORDED = -2
