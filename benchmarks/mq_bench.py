@@ -20,14 +20,15 @@ between rounds, untimed), as in the agent. Rounds alternate plain / instrumented
 drift hits both alike; the table shows the median per-message time of each and the median
 of the per-round differences ("added"). The brokers are the ones of the tests: a Kafka
 broker (``tests/realpeers.py``) and RabbitMQ (``tests/brokers.py``), started here unless
-given.
+given, and loaded for 30 s (``--broker-warmup``) before anything is measured: a just-started
+JVM broker makes every client's figures larger (``benchmarks/_broker_warmup.py``).
 
 Per call (``--pairs N``, instead of the rounds; ``--steps``): ``benchmarks/mq_percall.py``, which
 says what is compared and with which clocks.
 
     python benchmarks/mq_bench.py [--rounds N] [--messages N] [--kafka HOST:PORT]
-                                  [--amqp URL] [--only CLIENT|in-process] [--json PATH]
-                                  [--pairs N [--warmup N] [--steps]]
+                                  [--amqp URL] [--broker-warmup S] [--only CLIENT|in-process]
+                                  [--json PATH] [--pairs N [--warmup N] [--steps]]
 """
 
 from __future__ import annotations
@@ -53,12 +54,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import _broker_warmup
 from benchmarks._ring import Ring, ring_size_for
 from swmp import instrument, tracing
 from swmp.config import load
 from swmp.tracing.context import new_entry_span
 
 PAYLOAD = b"x" * 100
+WARM_S = 30.0  # seconds of plain load on a broker started here before measuring (_broker_warmup)
 MODULES = {
     "kafka-python": "swmp.instrument.kafka",
     "confluent-kafka": "swmp.instrument.confluent_kafka",
@@ -748,23 +751,39 @@ def in_process(ring: Ring, calls: int, rounds: int) -> dict[str, Any]:
 # -- the run -------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def brokers(
-    kafka: str | None, amqp: str | None, need_kafka: bool, need_amqp: bool
+    kafka: str | None, amqp: str | None, need_kafka: bool, need_amqp: bool, warm_s: float | None = None
 ) -> Iterator[tuple[str, str]]:
+    """The brokers to measure against: the given ones, else started here. Each is loaded
+    for ``warm_s`` seconds first (default: brokers started here only; see _broker_warmup)."""
     stops: list[Callable[[], None]] = []
     try:
-        if need_kafka and not kafka:
-            from tests.realpeers import start_kafka
+        if need_kafka:
+            if not kafka:
+                from tests.realpeers import start_kafka
 
-            run_dir = Path(tempfile.mkdtemp(prefix="swmp-mqbench-kafka-"))
-            broker = start_kafka(run_dir, secured=False)
-            stops.append(broker.stop)
-            kafka = broker.bootstrap
-        if need_amqp and not amqp:
-            from tests.brokers import start_rabbitmq
+                run_dir = Path(tempfile.mkdtemp(prefix="swmp-mqbench-kafka-"))
+                broker = start_kafka(run_dir, secured=False)
+                stops.append(broker.stop)
+                kafka = broker.bootstrap
+                seconds = WARM_S if warm_s is None else warm_s
+            else:
+                seconds = warm_s or 0.0
+            if seconds > 0:
+                moved = _broker_warmup.warm_kafka(kafka, seconds)
+                print(f"kafka broker warmed up: {moved} messages in {seconds:g} s", file=sys.stderr)
+        if need_amqp:
+            if not amqp:
+                from tests.brokers import start_rabbitmq
 
-            d = start_rabbitmq()
-            stops.append(d.stop)
-            amqp = f"amqp://guest:guest@127.0.0.1:{d.port}/"
+                d = start_rabbitmq()
+                stops.append(d.stop)
+                amqp = f"amqp://guest:guest@127.0.0.1:{d.port}/"
+                seconds = WARM_S if warm_s is None else warm_s
+            else:
+                seconds = warm_s or 0.0
+            if seconds > 0:
+                moved = _broker_warmup.warm_amqp(amqp, seconds)
+                print(f"rabbitmq warmed up: {moved} messages in {seconds:g} s", file=sys.stderr)
         yield kafka or "", amqp or ""
     finally:
         for stop in reversed(stops):
@@ -829,6 +848,13 @@ def main() -> None:
     ap.add_argument("--kafka", help="bootstrap server of a running broker (default: start one)")
     ap.add_argument("--amqp", help="amqp:// URL of a running RabbitMQ (default: start one)")
     ap.add_argument(
+        "--broker-warmup",
+        type=float,
+        metavar="S",
+        help=f"seconds of plain load on each broker before measuring (default: {WARM_S:g} for "
+        "brokers started here, 0 for given ones; a just-started JVM broker makes every figure larger)",
+    )
+    ap.add_argument(
         "--only",
         choices=[*sorted(MODULES), "in-process"],
         action="append",
@@ -871,7 +897,7 @@ def main() -> None:
         load1 = os.getloadavg()[0]
         kw: dict[str, Any] = {"pairs": args.pairs, "warmup": args.warmup, "config": config, "ring": ring}
         try:
-            with brokers(args.kafka, args.amqp, need_kafka, need_amqp) as (kafka, amqp):
+            with brokers(args.kafka, args.amqp, need_kafka, need_amqp, args.broker_warmup) as (kafka, amqp):
                 if args.steps:
                     per = pc.publish_steps(clients, kafka, amqp, **kw)
                 else:
@@ -887,7 +913,7 @@ def main() -> None:
         return
     results: dict[str, Any] = {}
     results["in-process"] = in_process(ring, 20_000, max(3, args.rounds))
-    with brokers(args.kafka, args.amqp, need_kafka, need_amqp) as (kafka, amqp):
+    with brokers(args.kafka, args.amqp, need_kafka, need_amqp, args.broker_warmup) as (kafka, amqp):
         for client in clients:
             harness = make_harness(client, kafka, amqp, args.messages)
             try:
