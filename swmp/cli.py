@@ -122,35 +122,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between the two readings that rates, drops and stuck rings are measured over; "
         "0 = one reading, drops over totals, no stuck-ring check (default 1)",
     )
+    # The thresholds' defaults are declared once, in checks.Thresholds (which the checks
+    # use when called without a CLI): the options and their help texts read them there.
+    limits = checks.Thresholds()
     health.add_argument(
         "--max-heartbeat-age",
         type=_non_negative,
-        default=10.0,
+        default=limits.max_heartbeat_age_s,
         metavar="S",
-        help="the reporter's last heartbeat must be younger than this (default 10)",
+        help="the reporter's last heartbeat must be younger than this "
+        f"(default {limits.max_heartbeat_age_s:g})",
     )
     health.add_argument(
         "--backend-window",
         type=_non_negative,
-        default=60.0,
+        default=limits.backend_window_s,
         metavar="S",
         help="the backend must have been reached within this many seconds; also the grace period "
-        "of a new reporter (default 60)",
+        f"of a new reporter (default {limits.backend_window_s:g})",
     )
     health.add_argument(
         "--backend-failures",
         type=_count,
-        default=3,
+        default=limits.backend_failures,
         metavar="N",
         help="fail at once when the reporter reports the backend failing N times in a row "
-        "(default 3; 0 = only the window counts)",
+        f"(default {limits.backend_failures}; 0 = only the window counts)",
     )
     health.add_argument(
         "--max-drop-ratio",
         type=_ratio,
-        default=0.01,
+        default=limits.max_drop_ratio,
         metavar="R",
-        help="largest share of records dropped over the interval (default 0.01)",
+        help=f"largest share of records dropped over the interval (default {limits.max_drop_ratio:g})",
     )
     health.add_argument("-v", "--verbose", action="store_true", help="show every check, and skipped arenas")
 

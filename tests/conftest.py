@@ -28,6 +28,7 @@ from tests.cli_fixtures import new_arena, procs, shm
 from tests.daemons import mariadb_server, memcached_server, postgres_server, redis_server
 from tests.native_forms import recording
 from tests.realpeers import _oap_of_today, kafka4_broker, kafka_broker, oap_server, oap_with_kafka
+from tests.zombies import reap_adopted, unreaped_after
 
 # The agent spools by default into a per-user directory: tests must not leave data there for
 # each other (or for the developer's own runs). Off for the suite; a child that drops the SW_*
@@ -53,6 +54,24 @@ __all__ = [
     "redis_server",
     "shm",
 ]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """After each test (and the fixtures it was the last user of): reap the orphans pytest
+    adopted as a child subreaper (see tests/zombies.py)."""
+    try:
+        return (yield)
+    finally:
+        reap_adopted()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the session if zombies re-parented to pytest cannot be reaped."""
+    left = unreaped_after()
+    if left:
+        print(f"\nzombie children of pytest (pid {os.getpid()}) left unreaped: {left}", flush=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

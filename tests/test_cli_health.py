@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -228,6 +230,58 @@ def test_usage_errors_exit_2(shm: Path) -> None:
         assert proc.stderr.startswith("usage: swmp")
     assert S.cli().returncode == 2
     assert S.cli("health", "--help").returncode == 0
+
+
+# The health options and the field of checks.Thresholds each one sets.
+THRESHOLD_OPTIONS = {
+    "--max-heartbeat-age": "max_heartbeat_age_s",
+    "--backend-window": "backend_window_s",
+    "--backend-failures": "backend_failures",
+    "--max-drop-ratio": "max_drop_ratio",
+}
+
+
+def health_options() -> dict[str, argparse.Action]:
+    from swmp import cli
+
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.option_strings[0]: a for a in sub.choices["health"]._actions if a.option_strings}
+
+
+def test_threshold_defaults_are_declared_once(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    """The defaults live in ``checks.Thresholds`` only: every option defaults to its field's
+    default and says so in --help, the docs name the same values, ``--json`` reports them;
+    and a changed default in the dataclass is what the CLI then uses and shows."""
+    from swmp import cli
+    from swmp.ops import checks
+
+    fields = {f.name: f.default for f in dataclasses.fields(checks.Thresholds)}
+    assert set(THRESHOLD_OPTIONS.values()) == set(fields)  # a new threshold needs its option
+    options = health_options()
+    docs = " ".join((S.REPO / "docs" / "operations.md").read_text().split())
+    for option, name in THRESHOLD_OPTIONS.items():
+        assert options[option].default == fields[name], option
+        assert f"(default {fields[name]:g}" in options[option].help, option
+        assert f"`{option}` ({fields[name]:g}" in docs, option
+    rc, doc = S.cli_json("health", "--dir", str(tmp_path), "--interval", "0")
+    assert rc == 2 and doc["thresholds"] == fields
+
+    @dataclasses.dataclass(frozen=True)
+    class Changed(checks.Thresholds):
+        max_heartbeat_age_s: float = 12.5
+        backend_window_s: float = 90.0
+        backend_failures: int = 5
+        max_drop_ratio: float = 0.05
+
+    monkeypatch.setattr(checks, "Thresholds", Changed)
+    changed = {f.name: f.default for f in dataclasses.fields(Changed)}
+    options = health_options()
+    for option, name in THRESHOLD_OPTIONS.items():
+        assert options[option].default == changed[name], option
+        assert f"(default {changed[name]:g}" in options[option].help, option
+    capsys.readouterr()
+    assert cli.main(["health", "--dir", str(tmp_path), "--interval", "0", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["thresholds"] == changed
 
 
 def test_run_delegates_to_the_launcher() -> None:

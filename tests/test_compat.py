@@ -169,6 +169,69 @@ def test_the_trace_decorator_keeps_generators_and_takes_classmethods_and_callabl
         assert len(by_op(trace_sink, op)) == 1, op
 
 
+def test_the_decorators_on_methods_bind_as_the_functions_they_wrap(trace_sink: _sink.MemorySink) -> None:
+    """``@runnable()`` on a method binds ``self`` (in the call and in
+    ``obj.method.continue_tracing()``), and above ``@classmethod`` / ``@staticmethod`` it is
+    named and called as the peer agent's would be (``Thread/<name>``, ``cls`` bound);
+    ``@trace()`` on a method binds ``self`` too. Plain functions are unchanged."""
+    from swmp.compat.decorators import runnable, trace
+    from swmp.compat.trace.context import get_context
+
+    class Worker:
+        def __init__(self, base: int) -> None:
+            self.base = base
+
+        @runnable()
+        def add(self, x: int) -> int:
+            return self.base + x
+
+        @runnable(op="Thread/make")
+        @classmethod
+        def make(cls, base: int) -> Worker:
+            return cls(base)
+
+        @runnable()
+        @staticmethod
+        def double(x: int) -> int:
+            return 2 * x
+
+        @trace()
+        def traced_add(self, x: int) -> int:
+            return self.base + x
+
+        @runnable()
+        @classmethod
+        def kind(cls) -> type:
+            return cls
+
+    @runnable()
+    def plain(x: int) -> int:
+        return x
+
+    w = Worker(10)
+    results: list[int] = []
+    with get_context().new_entry_span(op="/methods") as entry:
+        assert w.add(1) == 11 and Worker.add(w, 2) == 12
+        assert Worker.make(5).base == 5 and w.make(6).base == 6
+        assert Worker.double(4) == 8 and w.double(5) == 10
+        assert w.traced_add(3) == 13
+        assert Worker.kind() is Worker and w.kind() is Worker
+        assert plain(7) == 7 and plain.continue_tracing()(8) == 8
+        t = threading.Thread(target=lambda f: results.append(f(100)), args=(w.add.continue_tracing(),))
+        t.start()
+        t.join()
+        entry_segment = entry._span.segment.segment_id
+    assert results == [110]
+    assert w.add.__name__ == "add" and Worker.kind.__name__ == "kind"
+    assert len(by_op(trace_sink, "Thread/add")) == 3 and len(by_op(trace_sink, "Thread/make")) == 2
+    assert len(by_op(trace_sink, "Thread/double")) == 2 and len(by_op(trace_sink, "Thread/kind")) == 2
+    assert len(by_op(trace_sink, "traced_add")) == 1 and len(by_op(trace_sink, "Thread/plain")) == 2
+    (in_thread,) = [s for _, seg, s in spans(trace_sink) if seg != entry_segment]
+    assert in_thread[R.SPAN_OPERATION] == "Thread/add"
+    (ref,) = in_thread[R.SPAN_REFS]
+    assert ref[0] == 1 and ref[2] == entry_segment  # the bound form continues the trace across threads
+
+
 def test_context_api_correlation_active_span_and_carrier(trace_sink: _sink.MemorySink) -> None:
     from swmp.compat import Component, Kind, Layer
     from swmp.compat.trace.carrier import Carrier

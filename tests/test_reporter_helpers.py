@@ -245,7 +245,8 @@ while True:
 
 def become_subreaper() -> None:
     """Adopt orphans (a killed owner's supervisor and reporter) so cleanup can reap them;
-    otherwise they end as zombies of a PID 1 that may never reap."""
+    otherwise they end as zombies of a PID 1 that may never reap. For the rest of the
+    session every orphan comes to pytest: tests/conftest.py reaps them (tests/zombies.py)."""
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):

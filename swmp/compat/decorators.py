@@ -6,7 +6,8 @@ function (sync or ``async``) in a local span named ``op`` or the function's name
 iteration, and on a ``classmethod`` or ``staticmethod`` it wraps the function inside.
 ``@runnable(...)`` makes a function that continues, in another thread, the trace of the
 thread that decorated it (or of the one that called ``continue_tracing()``); its span is
-named ``Thread/<function name>`` by default. swmp's own decorator is ``swmp.trace``.
+named ``Thread/<function name>`` by default. Both work on methods, and above ``@classmethod``
+or ``@staticmethod``. swmp's own decorator is ``swmp.trace``.
 """
 
 from __future__ import annotations
@@ -55,18 +56,32 @@ def _name(func: Any) -> str:
 
 class _Runnable:
     """What ``@runnable()`` returns: call it (in any thread), or give ``continue_tracing()``
-    to a ``Thread`` as its target."""
+    to a ``Thread`` as its target. A descriptor, as the function it wraps: on a method,
+    ``obj.method`` (and so ``obj.method.continue_tracing()``) is bound to ``obj``; above
+    ``@classmethod`` or ``@staticmethod`` it binds as they do."""
 
     def __init__(
         self, func: Any, op: str, layer: Layer, component: Component, tags: Sequence[Tag] | None
     ) -> None:
+        functools.update_wrapper(self, func)
         self._func = func
         self._op = op
         self._layer = layer
         self._component = component
         self._tags = tags
         self._snapshot = _ctx.capture()  # at decoration time: the inline usage
-        functools.update_wrapper(self, func)
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        get = getattr(type(self._func), "__get__", None)
+        if get is None:  # a callable object that does not bind (a functools.partial)
+            return self
+        func = get(self._func, obj, objtype)
+        if func is self._func:  # a function read from its class: nothing bound
+            return self
+        bound = object.__new__(_Runnable)
+        bound.__dict__.update(self.__dict__)  # same op, tags and decoration-time snapshot
+        bound._func = func
+        return bound
 
     def _run(self, snapshot: Any, args: Any, kwargs: Any) -> Any:
         with _open(self._op, self._layer, self._component, self._tags, snapshot):

@@ -15,7 +15,7 @@ ones count towards the exit status:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ipc import process_alive
@@ -33,18 +33,16 @@ OK, FAIL, SKIP = "ok", "fail", "skip"
 
 @dataclass(frozen=True)
 class Thresholds:
+    """The limits of the checks. These defaults are the only declaration of them: ``swmp
+    health``'s options (``--max-heartbeat-age``...) default to them and show them in --help."""
+
     max_heartbeat_age_s: float = 10.0
     backend_window_s: float = 60.0
     backend_failures: int = 3  # consecutive failed attempts that fail the check at once; 0 = off
     max_drop_ratio: float = 0.01
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "max_heartbeat_age_s": self.max_heartbeat_age_s,
-            "backend_window_s": self.backend_window_s,
-            "backend_failures": self.backend_failures,
-            "max_drop_ratio": self.max_drop_ratio,
-        }
+        return asdict(self)
 
 
 @dataclass
