@@ -18,14 +18,14 @@
  *
  * The call returns within.c's lazy awaitable (a ``collections.abc.Coroutine``, which
  * ``create_task`` takes): at its first send, in the awaiting task, the steps above run in
- * their order, and the call to ``orig`` keeps the caller's form (by position or by keyword,
- * which aiokafka binds alike) with the headers replaced by the traced ones (added as a
- * keyword when the caller gave none). A call whose arguments the signature above would not
+ * their order; with a span ``orig`` is called as above, the seven arguments by position
+ * and the traced headers among them, and without one (the agent's own producer, no span
+ * made) with the caller's arguments as they came. A call whose arguments the signature above would not
  * bind as they are (too many or too few, an unknown or repeated keyword) is the fallback's,
  * which binds or refuses it when it is made, as the Python form does; so is one whose steps
  * raise an ``Exception`` before the span exists (the Python form meets it again). If the
  * arguments cannot be rebuilt once the span exists (no memory), the record goes out with
- * the caller's headers inside its span. */
+ * the caller's arguments inside its span. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
@@ -143,9 +143,12 @@ static int all_exact_strs(PyObject *servers) {
  * (the old list's items are whatever it holds now) that could send again. */
 static PyObject *join_and_remember(KafkaSend *k, PyObject *servers) {
     PyObject *joined = PyUnicode_Join(s_semicolon, servers);
-    PyObject *items = joined == NULL ? NULL : PyList_CheckExact(servers) ? PyList_AsTuple(servers) : Py_NewRef(servers);
+    if (joined == NULL) {
+        return NULL;
+    }
+    PyObject *items = PyList_CheckExact(servers) ? PyList_AsTuple(servers) : Py_NewRef(servers);
     if (items == NULL) {
-        PyErr_Clear(); /* not remembered: the join is still the answer (or the error is) */
+        PyErr_Clear(); /* no memory for the memo: the join is still the answer */
         return joined;
     }
     PyObject *old_servers = k->last_servers, *old_items = k->last_items, *old_brokers = k->last_brokers;
@@ -198,32 +201,24 @@ static PyObject *brokers_of(KafkaSend *k, PyObject *client) {
     return out;
 }
 
-/* ``*argv`` / ``*kwnames`` with the headers ``traced``: at index ``at`` of the values when
- * the caller gave headers, else added as the keyword ``headers``. 0, or -1 with an error
- * (nothing replaced). */
-static int with_headers(PyObject **argv, PyObject **kwnames, Py_ssize_t at, PyObject *traced) {
-    Py_ssize_t n = PyTuple_GET_SIZE(*argv), nkw = *kwnames == NULL ? 0 : PyTuple_GET_SIZE(*kwnames);
-    PyObject *names_out = NULL, *values = PyTuple_New(at >= 0 ? n : n + 1);
+/* ``*argv`` / ``*kwnames`` made the seven arguments by position, the headers ``traced``, as
+ * the Python form calls ``orig(self, topic, value, key, partition, timestamp_ms, traced)``:
+ * one tuple and no keywords for the function to match. 0, or -1 with an error (nothing
+ * replaced). */
+static int as_positional(PyObject **argv, PyObject **kwnames, Py_ssize_t nargs, PyObject *traced) {
+    PyObject *values = PyTuple_New(1 + NPARAMS);
     if (values == NULL) {
         return -1;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyTuple_SET_ITEM(values, i, Py_NewRef(i == at ? traced : PyTuple_GET_ITEM(*argv, i)));
-    }
-    if (at < 0) {
-        PyTuple_SET_ITEM(values, n, Py_NewRef(traced));
-        names_out = PyTuple_New(nkw + 1);
-        if (names_out == NULL) {
-            Py_DECREF(values);
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < nkw; i++) {
-            PyTuple_SET_ITEM(names_out, i, Py_NewRef(PyTuple_GET_ITEM(*kwnames, i)));
-        }
-        PyTuple_SET_ITEM(names_out, nkw, Py_NewRef(names[HEADERS]));
-        Py_XSETREF(*kwnames, names_out);
+    PyTuple_SET_ITEM(values, 0, Py_NewRef(PyTuple_GET_ITEM(*argv, 0)));
+    for (Py_ssize_t param = 1; param <= NPARAMS; param++) {
+        Py_ssize_t at = param == 1 + HEADERS ? -1 : index_of(param, nargs, *kwnames);
+        PyTuple_SET_ITEM(values, param, Py_NewRef(param == 1 + HEADERS ? traced
+                                                  : at >= 0              ? PyTuple_GET_ITEM(*argv, at)
+                                                                         : Py_None));
     }
     Py_SETREF(*argv, values);
+    Py_CLEAR(*kwnames);
     return 0;
 }
 
@@ -278,8 +273,8 @@ static PyObject *send_open(PyObject *owner, PyObject **argv, PyObject **kwnames,
         return pair;
     }
     PyObject *span = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
-    if (span != Py_None && with_headers(argv, kwnames, at, PyTuple_GET_ITEM(pair, 1)) < 0) {
-        PyErr_Clear(); /* the span exists: the record goes out in it, with the caller's headers */
+    if (span != Py_None && as_positional(argv, kwnames, nargs, PyTuple_GET_ITEM(pair, 1)) < 0) {
+        PyErr_Clear(); /* the span exists: the record goes out in it, untraced headers */
     }
     Py_DECREF(pair);
     return span;
