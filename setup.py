@@ -64,6 +64,7 @@ setup(
                     "attach.c",
                     "attrcache.c",
                     "publish.c",
+                    "kafka_send.c",
                 )
             ],
             [
@@ -89,6 +90,7 @@ setup(
                     "attrcache.h",
                     "spancore.h",
                     "publish.h",
+                    "kafka_send.h",
                 )
             ],
         ),

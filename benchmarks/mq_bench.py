@@ -499,7 +499,9 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
       aiormq instrumentation registers, against the callback alone;
     * ``producer-aiormq``: inside an entry span, an aiormq ``basic_publish`` through the
       instrumentation's wrapper (the span, the properties' copy with the headers, the call),
-      the channel's own method doing nothing, against the entry span and that method alone.
+      the channel's own method doing nothing, against the entry span and that method alone;
+    * ``producer-aiokafka``: the same for an aiokafka ``AIOKafkaProducer.send`` through the
+      instrumentation's wrapper (the span, the brokers string, the headers, the call).
     """
     from swmp.instrument import _mq
     from swmp.tracing.constants import Component
@@ -592,7 +594,67 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
     publish_pair = _aiormq_publish_case(with_headers, props)
     if publish_pair is not None:
         cases["producer-aiormq"] = publish_pair
+    cases["producer-aiokafka"] = _aiokafka_send_case()
     return cases
+
+
+def _aiokafka_send_case() -> tuple[Callable[[], None], Callable[[], None]]:
+    """One send through the aiokafka instrumentation's wrapper, awaited inside an entry span
+    on a running loop, against the producer's method alone in the same span."""
+    from swmp.instrument import _mq
+    from swmp.instrument import aiokafka as instr
+
+    class Producer:
+        client = types.SimpleNamespace(_bootstrap_servers="127.0.0.1:9092")
+
+        async def send(  # noqa: PLR0917 (aiokafka's signature)
+            self,
+            topic: Any,
+            value: Any = None,
+            key: Any = None,
+            partition: Any = None,
+            timestamp_ms: Any = None,
+            headers: Any = None,
+        ) -> None:
+            pass
+
+    def inline(orig: Any) -> Any:
+        # Before 2026-11-30 the wrapper was made inside install(), as this (a Python coroutine).
+        async def send(  # noqa: PLR0917
+            self: Any,
+            topic: Any,
+            value: Any = None,
+            key: Any = None,
+            partition: Any = None,
+            timestamp_ms: Any = None,
+            headers: Any = None,
+        ) -> Any:
+            if getattr(self, instr.INTERNAL_MARK, False):
+                return await orig(self, topic, value, key, partition, timestamp_ms, headers)
+            span, traced = _mq.kafka_send_span(topic, instr._brokers(self.client), headers)
+            if span is None:
+                return await orig(self, topic, value, key, partition, timestamp_ms, headers)
+            with span:
+                return await orig(self, topic, value, key, partition, timestamp_ms, traced)
+
+        return send
+
+    make: Any = getattr(instr, "traced_send", inline)
+    producer, orig = Producer(), Producer.send
+    wrapped = make(orig)
+    loop = asyncio.new_event_loop()
+
+    async def send(fn: Any) -> None:
+        with new_entry_span("/publish"):
+            await fn(producer, "orders", b"x")
+
+    def plain() -> None:
+        loop.run_until_complete(send(orig))
+
+    def traced() -> None:
+        loop.run_until_complete(send(wrapped))
+
+    return plain, traced
 
 
 def _aiormq_publish_case(

@@ -21,7 +21,8 @@ wrapper) and ``traced``:
   ``consumer-aiormq``: a delivery as aiormq runs it (the registered callback's call made a
   task on a running loop) through the aiormq instrumentation's wrapper;
 * ``producer-aiormq``: an aiormq publish awaited through the instrumentation's wrapper in an
-  entry span (the channel's own method doing nothing), against the method alone.
+  entry span (the channel's own method doing nothing), against the method alone;
+  ``producer-aiokafka``: the same for an aiokafka ``AIOKafkaProducer.send``.
 
 Each function runs under ``valgrind --tool=cachegrind --cache-sim=no`` twice, N and 3N
 times after the same warm-up; ``(I(3N) - I(N)) / 2N`` is the count per call with start-up
@@ -58,6 +59,7 @@ CASES = (
     "consumer-pika",
     "consumer-aiormq",
     "producer-aiormq",
+    "producer-aiokafka",
 )
 WARM_UP = 500
 

@@ -23,6 +23,7 @@ COMMANDS = [
     ["celery_cachegrind.py", "--child", "publish alone", "swmp", "20"],
     ["mq_cachegrind.py", "--child", "consumer", "traced", "20"],
     ["mq_cachegrind.py", "--child", "producer-aiormq", "traced", "20"],
+    ["mq_cachegrind.py", "--child", "producer-aiokafka", "traced", "20"],
     ["grpc_server_cost.py", "sync", "traced", "50"],
     ["gc_bench.py", "--quick"],
     ["hotpath_bench.py", "--quick"],

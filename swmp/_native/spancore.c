@@ -41,7 +41,8 @@
  * ``pika_consuming`` / ``aiormq_consuming`` / ``pika_callback`` (deliver.c): its facts read
  * from the client's objects, and a pika callback run inside it.
  * ``amqp_attach`` (attach.c): a RabbitMQ publish's copy of the properties with the headers;
- * ``AmqpPublish`` (publish.c): aiormq's publish run in its span without a Python coroutine.
+ * ``AmqpPublish`` (publish.c): aiormq's publish run in its span without a Python coroutine;
+ * ``KafkaSend`` (kafka_send.c): the same for aiokafka's send.
  * ``status_recorder`` / ``status_sender`` (status.c): a traced WSGI request's
  * ``start_response``, an ASGI request's ``send``; ``wsgi_body`` (body.c): its response.
  */
@@ -71,6 +72,7 @@
 #include "attach.h"
 #include "attrcache.h"
 #include "publish.h"
+#include "kafka_send.h"
 
 typedef struct {
     PyObject_HEAD
@@ -2292,7 +2294,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         PyType_Ready(&swmp_GateType) < 0 ||
         PyType_Ready(&swmp_StatusRecorderType) < 0 || PyType_Ready(&swmp_BodyType) < 0 ||
         PyType_Ready(&swmp_WithinType) < 0 || PyType_Ready(&swmp_AwaitingCallType) < 0 ||
-        PyType_Ready(&swmp_AmqpPublishType) < 0 ||
+        PyType_Ready(&swmp_AmqpPublishType) < 0 || PyType_Ready(&swmp_KafkaSendType) < 0 ||
         PyType_Ready(&swmp_WSGIMethodType) < 0 ||
         PyType_Ready(&swmp_SqlCallType) < 0 || PyType_Ready(&swmp_CacheCallType) < 0 ||
         PyType_Ready(&swmp_CelerySendType) < 0 || PyType_Ready(&swmp_ConsumingType) < 0 ||
@@ -2310,6 +2312,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
         PyModule_AddObjectRef(m, "CacheCall", (PyObject *)&swmp_CacheCallType) < 0 ||
         PyModule_AddObjectRef(m, "AwaitingCall", (PyObject *)&swmp_AwaitingCallType) < 0 ||
         PyModule_AddObjectRef(m, "AmqpPublish", (PyObject *)&swmp_AmqpPublishType) < 0 ||
+        PyModule_AddObjectRef(m, "KafkaSend", (PyObject *)&swmp_KafkaSendType) < 0 ||
         PyModule_AddObjectRef(m, "CelerySend", (PyObject *)&swmp_CelerySendType) < 0 ||
         PyModule_AddObjectRef(m, "WSGIMethod", (PyObject *)&swmp_WSGIMethodType) < 0) {
         Py_DECREF(m);

@@ -180,9 +180,12 @@ static PyObject *await_iter(PyObject *aw) {
  * already entered is exited with it, as the ``with`` around the call would); 1 when that
  * exit suppressed the error (the coroutine would return None). */
 static int start_lazy(Within *self) {
-    size_t nargsf = (size_t)self->nargs;
     PyObject *span = self->open(self->owner, &self->argv, &self->kwnames, self->nargs, &self->after);
     PyObject *const *args = &PyTuple_GET_ITEM(self->argv, 0); /* the call's, maybe new */
+    /* The positional ones are the values before the keywords' (an opener may pass them
+     * differently: kafka_send.c makes every argument positional). */
+    Py_ssize_t nkw = self->kwnames == NULL ? 0 : PyTuple_GET_SIZE(self->kwnames);
+    size_t nargsf = (size_t)(PyTuple_GET_SIZE(self->argv) - nkw);
     PyObject *aw;
     if (span == NULL || span == Py_None) { /* no span: nothing of the opener's to do at the end */
         self->after.fn = NULL;

@@ -16,7 +16,8 @@ typedef struct {
 } swmp_within_after;
 /* The lazy form's opener, run at the first send with the call's arguments: ``*argv`` (the
  * positional values, then the keywords') and ``*kwnames`` (NULL: none), which it may
- * replace (releasing the old references) to give the call new ones, and ``*after`` (empty),
+ * replace (releasing the old references) to give the call new ones (the values not named
+ * by the new keywords are the positional ones), and ``*after`` (empty),
  * which it may fill. It returns the span (not entered, a new reference); None: no span, the
  * call made as it is; NULL without an error: the call is the Python fallback's; NULL with an
  * error that is not an Exception: raised. */

@@ -6,6 +6,10 @@ Span shapes are those of the kafka-python instrumentation (``swmp.instrument.kaf
 producer span covers the ``send`` coroutine (metadata wait, serialization, the hand-over to
 the accumulator); the broker's acknowledgement arrives later on the returned future. A
 cancelled ``send`` marks its span as an error and the cancellation propagates unchanged.
+The span is opened when the send is awaited, in the awaiting task; with the native core the
+send returns an awaitable of the agent's that does so without a coroutine of ours
+(swmp/_native/kafka_send.c; the Python ``send`` in :func:`traced_send` is the reference and
+the fallback).
 
 swmp's own Kafka reporter uses aiokafka too, in the application's process when the reporter
 runs as a thread: its producers carry ``INTERNAL_MARK`` and are never traced or modified
@@ -42,28 +46,40 @@ def _brokers(client: Any) -> str:
         return str(servers)
 
 
+# The send without a coroutine of ours (swmp/_native/kafka_send.c); None without the native
+# core (or with SWMP_TRACE_PURE=1).
+_KafkaSend: Any = getattr(_mq.native_consuming, "KafkaSend", None)
+
+
+def traced_send(orig: Any) -> Any:
+    """The wrapper of ``AIOKafkaProducer.send``: an exit span per send inside a trace, the
+    record given the trace's headers; outside a trace the original itself (its own
+    coroutine)."""
+
+    async def send(  # noqa: PLR0917 (the library's own signature)
+        self: Any,
+        topic: Any,
+        value: Any = None,
+        key: Any = None,
+        partition: Any = None,
+        timestamp_ms: Any = None,
+        headers: Any = None,
+    ) -> Any:
+        if getattr(self, INTERNAL_MARK, False):  # not __dict__: it would de-optimise the instance
+            return await orig(self, topic, value, key, partition, timestamp_ms, headers)
+        span, traced = _mq.kafka_send_span(topic, _brokers(self.client), headers)
+        if span is None:
+            return await orig(self, topic, value, key, partition, timestamp_ms, headers)
+        with span:
+            return await orig(self, topic, value, key, partition, timestamp_ms, traced)
+
+    # With the native core the same steps in C, the span opened when the send is awaited.
+    native = send if _KafkaSend is None else _KafkaSend(orig, send, INTERNAL_MARK)
+    return gated(orig, native)
+
+
 def install(config: Config) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: PLC0415
-
-    def make_send(orig: Any) -> Any:
-        async def send(  # noqa: PLR0917 (the library's own signature)
-            self: Any,
-            topic: Any,
-            value: Any = None,
-            key: Any = None,
-            partition: Any = None,
-            timestamp_ms: Any = None,
-            headers: Any = None,
-        ) -> Any:
-            if getattr(self, INTERNAL_MARK, False):  # not __dict__: it would de-optimise the instance
-                return await orig(self, topic, value, key, partition, timestamp_ms, headers)
-            span, traced = _mq.kafka_send_span(topic, _brokers(self.client), headers)
-            if span is None:
-                return await orig(self, topic, value, key, partition, timestamp_ms, headers)
-            with span:
-                return await orig(self, topic, value, key, partition, timestamp_ms, traced)
-
-        return gated(orig, send)  # outside a trace: the original itself (its own coroutine)
 
     def _record(consumer: Any, r: Any) -> None:
         _mq.kafka_consumed(r.topic, consumer._group_id or "", r.headers, _brokers(consumer._client))
@@ -93,7 +109,7 @@ def install(config: Config) -> None:
 
         return getmany
 
-    patch(AIOKafkaProducer, "send", make_send)
+    patch(AIOKafkaProducer, "send", traced_send)
     patch(AIOKafkaConsumer, "getone", make_getone)
     patch(AIOKafkaConsumer, "getmany", make_getmany)
 
