@@ -63,12 +63,31 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     try:
         return (yield)
     finally:
-        reap_adopted()
+        try:
+            reap_adopted()
+        except Exception as exc:  # the reaper's own fault must not fail every later teardown
+            _reaper_failed(exc)
+
+
+_REAPER_FAULTS: list[str] = []
+
+
+def _reaper_failed(exc: Exception) -> None:
+    if not _REAPER_FAULTS:
+        print(f"\nreaping adopted zombies failed: {exc!r}", flush=True)
+    _REAPER_FAULTS.append(repr(exc))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Fail the session if zombies re-parented to pytest cannot be reaped."""
-    left = unreaped_after()
+    try:
+        left = unreaped_after()
+    except Exception as exc:
+        _reaper_failed(exc)
+        left = []
+    if _REAPER_FAULTS:
+        print(f"\nthe zombie reaper failed {len(_REAPER_FAULTS)} times: {_REAPER_FAULTS[0]}", flush=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if left:
         print(f"\nzombie children of pytest (pid {os.getpid()}) left unreaped: {left}", flush=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

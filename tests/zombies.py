@@ -56,7 +56,9 @@ def owned_pids() -> set[int]:
     classes = tuple(kinds)
     owned: set[int] = set()
     for o in gc.get_objects():
-        if isinstance(o, classes) and getattr(o, "returncode", 0) is None:
+        # type(), not isinstance(): isinstance reads ``__class__``, which a lazy proxy
+        # (Django's settings, werkzeug's LocalProxy) forwards to an object it may fail to make.
+        if issubclass(type(o), classes) and getattr(o, "returncode", 0) is None:
             pid = getattr(o, "pid", None)
             if isinstance(pid, int):
                 owned.add(pid)
