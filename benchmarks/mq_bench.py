@@ -818,8 +818,16 @@ def brokers(
     """The brokers to measure against: the given ones, else started here. Each is loaded
     for ``warm_s`` seconds first (default: brokers started here only; see _broker_warmup)."""
     stops: list[Callable[[], None]] = []
+
+    def warm(name: str, load: Callable[[str, float], int], address: str, started: bool) -> None:
+        seconds = (WARM_S if started else 0.0) if warm_s is None else warm_s
+        if seconds > 0:
+            moved = load(address, seconds)
+            print(f"{name} warmed up: {moved} messages in {seconds:g} s", file=sys.stderr)
+
     try:
         if need_kafka:
+            started = not kafka
             if not kafka:
                 from tests.realpeers import start_kafka
 
@@ -827,25 +835,16 @@ def brokers(
                 broker = start_kafka(run_dir, secured=False)
                 stops.append(broker.stop)
                 kafka = broker.bootstrap
-                seconds = WARM_S if warm_s is None else warm_s
-            else:
-                seconds = warm_s or 0.0
-            if seconds > 0:
-                moved = _broker_warmup.warm_kafka(kafka, seconds)
-                print(f"kafka broker warmed up: {moved} messages in {seconds:g} s", file=sys.stderr)
+            warm("kafka broker", _broker_warmup.warm_kafka, kafka, started)
         if need_amqp:
+            started = not amqp
             if not amqp:
                 from tests.brokers import start_rabbitmq
 
                 d = start_rabbitmq()
                 stops.append(d.stop)
                 amqp = f"amqp://guest:guest@127.0.0.1:{d.port}/"
-                seconds = WARM_S if warm_s is None else warm_s
-            else:
-                seconds = warm_s or 0.0
-            if seconds > 0:
-                moved = _broker_warmup.warm_amqp(amqp, seconds)
-                print(f"rabbitmq warmed up: {moved} messages in {seconds:g} s", file=sys.stderr)
+            warm("rabbitmq", _broker_warmup.warm_amqp, amqp, started)
         yield kafka or "", amqp or ""
     finally:
         for stop in reversed(stops):

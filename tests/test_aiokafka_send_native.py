@@ -164,9 +164,9 @@ def test_a_client_without_bootstrap_servers_or_without_client(sink: _sink.Memory
     compare_forms(native, python, NoClient, [(("t",), {})], sink, acall_in)
 
 
-def test_the_brokers_memo_follows_a_list_that_changes(sink: _sink.MemorySink) -> None:
-    """A client's list of servers is remembered with its join; a list changed in place (or
-    replaced) is joined again."""
+def test_the_brokers_follow_a_list_that_changes(sink: _sink.MemorySink) -> None:
+    """A client's list of servers changed in place (or replaced) gives the next send's span
+    the new join."""
     native, _ = _forms()
     producer = Producer()
     servers = ["k1:9092", "k2:9092"]

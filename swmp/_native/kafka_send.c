@@ -52,11 +52,6 @@ static PyObject *s_client = NULL, *s_bootstrap_servers = NULL, *s_semicolon = NU
 typedef struct {
     PyObject_HEAD
     PyObject *orig, *fallback, *mark;
-    /* The brokers string of the last list or tuple of exact strs a client had as its
-     * ``_bootstrap_servers`` (an application sends through one producer or a few): the
-     * object, its items when joined (a tuple: the object itself for a tuple), the join.
-     * A list is mutable: the memo holds while it has the same items, checked by identity. */
-    PyObject *last_servers, *last_items, *last_brokers;
     vectorcallfunc vectorcall;
 } KafkaSend;
 
@@ -104,63 +99,6 @@ static Py_ssize_t index_of(Py_ssize_t param, Py_ssize_t nargs, PyObject *kwnames
     return -1;
 }
 
-/* The memo's join when ``servers`` is its object with the same items, else NULL (borrowed;
- * no Python code runs: identities only). */
-static PyObject *memo_hit(KafkaSend *k, PyObject *servers) {
-    if (servers != k->last_servers) {
-        return NULL;
-    }
-    if (servers == k->last_items) {
-        return k->last_brokers; /* a tuple: its items cannot change */
-    }
-    Py_ssize_t n = PyList_GET_SIZE(servers);
-    if (n != PyTuple_GET_SIZE(k->last_items)) {
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (PyList_GET_ITEM(servers, i) != PyTuple_GET_ITEM(k->last_items, i)) {
-            return NULL;
-        }
-    }
-    return k->last_brokers;
-}
-
-/* Whether a join of ``servers`` (an exact list or tuple) depends on its items alone: every
- * item an exact str, whose join runs no code of the caller's. */
-static int all_exact_strs(PyObject *servers) {
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(servers);
-    PyObject **items = PySequence_Fast_ITEMS(servers);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyUnicode_CheckExact(items[i])) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
-/* ``;``-join of a list or tuple of exact strs, remembered (a new reference, or NULL with an
- * error). The old memo is released after the new one is in place: releasing may run code
- * (the old list's items are whatever it holds now) that could send again. */
-static PyObject *join_and_remember(KafkaSend *k, PyObject *servers) {
-    PyObject *joined = PyUnicode_Join(s_semicolon, servers);
-    if (joined == NULL) {
-        return NULL;
-    }
-    PyObject *items = PyList_CheckExact(servers) ? PyList_AsTuple(servers) : Py_NewRef(servers);
-    if (items == NULL) {
-        PyErr_Clear(); /* no memory for the memo: the join is still the answer */
-        return joined;
-    }
-    PyObject *old_servers = k->last_servers, *old_items = k->last_items, *old_brokers = k->last_brokers;
-    k->last_servers = Py_NewRef(servers);
-    k->last_items = items;
-    k->last_brokers = Py_NewRef(joined);
-    Py_XDECREF(old_servers);
-    Py_XDECREF(old_items);
-    Py_XDECREF(old_brokers);
-    return joined;
-}
-
 /* ``_brokers(client)`` of swmp/instrument/aiokafka.py (a new reference, or NULL with an
  * error):
  *
@@ -170,7 +108,7 @@ static PyObject *join_and_remember(KafkaSend *k, PyObject *servers) {
  *     except TypeError:
  *         return str(servers)
  */
-static PyObject *brokers_of(KafkaSend *k, PyObject *client) {
+static PyObject *brokers_of(PyObject *client) {
     PyObject *servers;
     int found = lookup_attr(client, s_bootstrap_servers, &servers);
     if (found <= 0) {
@@ -179,16 +117,12 @@ static PyObject *brokers_of(KafkaSend *k, PyObject *client) {
     PyObject *out = NULL;
     if (PyUnicode_CheckExact(servers)) { /* aiokafka's default, and what most configure */
         out = Py_NewRef(servers);        /* "" or "": the same text */
-    } else if ((PyList_CheckExact(servers) || PyTuple_CheckExact(servers)) && (out = memo_hit(k, servers)) != NULL) {
-        Py_INCREF(out);
     } else {
         int truth = PyObject_IsTrue(servers);
         if (truth <= 0) {
             out = truth < 0 ? NULL : Py_NewRef(empty);
         } else if (PyUnicode_Check(servers)) {
             out = Py_NewRef(servers);
-        } else if ((PyList_CheckExact(servers) || PyTuple_CheckExact(servers)) && all_exact_strs(servers)) {
-            out = join_and_remember(k, servers);
         } else {
             out = PyUnicode_Join(s_semicolon, servers); /* what str.join is */
             if (out == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
@@ -237,7 +171,7 @@ static PyObject *send_pair(KafkaSend *k, PyObject *producer, PyObject *topic, Py
         return internal < 0 ? NULL : Py_NewRef(Py_None);
     }
     PyObject *client = PyObject_GetAttr(producer, s_client);
-    PyObject *brokers = client == NULL ? NULL : brokers_of(k, client);
+    PyObject *brokers = client == NULL ? NULL : brokers_of(client);
     Py_XDECREF(client);
     if (brokers == NULL) {
         return NULL;
@@ -334,9 +268,6 @@ static int send_traverse(KafkaSend *k, visitproc visit, void *arg) {
     Py_VISIT(k->orig);
     Py_VISIT(k->fallback);
     Py_VISIT(k->mark);
-    Py_VISIT(k->last_servers);
-    Py_VISIT(k->last_items);
-    Py_VISIT(k->last_brokers);
     return 0;
 }
 
@@ -344,9 +275,6 @@ static int send_clear(KafkaSend *k) {
     Py_CLEAR(k->orig);
     Py_CLEAR(k->fallback);
     Py_CLEAR(k->mark);
-    Py_CLEAR(k->last_servers);
-    Py_CLEAR(k->last_items);
-    Py_CLEAR(k->last_brokers);
     return 0;
 }
 

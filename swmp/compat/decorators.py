@@ -12,6 +12,7 @@ or ``@staticmethod``. swmp's own decorator is ``swmp.trace``.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -78,8 +79,7 @@ class _Runnable:
         func = get(self._func, obj, objtype)
         if func is self._func:  # a function read from its class: nothing bound
             return self
-        bound = object.__new__(_Runnable)
-        bound.__dict__.update(self.__dict__)  # same op, tags and decoration-time snapshot
+        bound = copy.copy(self)  # same op, tags and decoration-time snapshot
         bound._func = func
         return bound
 
