@@ -73,6 +73,25 @@ def private_directory(base: str, prefix: str = "swmp") -> str:
         return tempfile.mkdtemp(prefix=f"{prefix}-{os.geteuid()}.", dir=base)
 
 
+def make_directories(path: str) -> None:
+    """Create ``path`` and its missing parents, each 0700 whatever the umask.
+
+    ``os.makedirs(mode=...)`` gives the mode to the last directory only: the parents get
+    0777 minus the umask, which under ``umask 000`` lets every user rename and replace them
+    (``~/.local`` for one). ``mkdir``'s umask only takes bits away from 0700.
+    """
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, DIR_MODE)
+        except FileExistsError:
+            pass  # made in between by another process: used as it is, like an existing one
+
+
 def private_directories(base: str, prefix: str = "swmp") -> list[str]:
     """Every usable private directory of this user in ``base`` (for discovery and cleanup)."""
     canonical = os.path.join(base, f"{prefix}-{os.geteuid()}")

@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 import ipc
+from ipc.private import make_directories
 from reporter_proc.process import in_reporter_process, spawn_reporter, start_reporter_thread
 from swmp import _own_logging, _sink, _spawned, lifecycle, tracing
 from swmp._runtime import ArenaSink, ProcessSink
@@ -218,7 +219,7 @@ def _start(config: Config) -> _Running:
     mode = "process" if use_process else "thread"
     owner_pid, in_worker = server_position()
     directory = config.agent_arena_dir
-    os.makedirs(directory, exist_ok=True)
+    make_directories(directory)  # 0700: never world-writable, whatever the umask
     # A multiprocessing child of an application that runs the agent joins its arena and
     # reporter; it takes a slot when it first records (swmp._spawned). A server worker that
     # is one (Sanic's, spawned by the main process) is named now, as a forked worker is.

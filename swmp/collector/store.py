@@ -48,6 +48,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ipc.private import make_directories
 from swmp.collector.options import DEFAULT_MAX_BYTES, DEFAULT_RETENTION_S
 
 Doc = dict[str, Any]
@@ -93,7 +94,7 @@ class StoreError(OSError):
 
 def _create_private(path: Path) -> None:
     if not path.parent.exists():
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_directories(str(path.parent))  # each missing one 0700, whatever the umask
     try:  # O_NOFOLLOW: a link planted where the file goes is refused, not followed
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
     except OSError as exc:

@@ -1,0 +1,97 @@
+"""More of what the agent and its tools create on disk: private whatever the umask, bad input
+refused and said, never a crash (issue 16's review, continued in tests/test_file_security.py
+and tests/test_spool_security.py)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swmp.collector.store import Store
+from tests.collector import Collector
+
+REPO = Path(__file__).resolve().parent.parent
+SPANS = 3
+
+UMASK_0_APP = textwrap.dedent(
+    f"""
+    import os
+    os.umask(0)
+    import swmp
+    swmp.start()
+    for i in range({SPANS}):
+        with swmp.entry_span(f"/job/{{i}}"):
+            pass
+    """
+)
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    with Collector(enable_http=False) as c:
+        yield c
+
+
+def modes_below(top: Path, leaf: Path) -> dict[str, int]:
+    """The permission bits of every directory from ``top`` (excluded) down to ``leaf``."""
+    out = {}
+    p = leaf
+    while p != top:
+        out[str(p)] = stat.S_IMODE(os.lstat(p).st_mode)
+        p = p.parent
+    return out
+
+
+def test_arena_directories_the_agent_creates_are_private_under_umask_000(
+    tmp_path: Path, collector: Collector
+) -> None:
+    """``SW_AGENT_ARENA_DIR`` that does not exist yet, in an application run with umask 000:
+    the agent made it (and its parents) 0777, then refused it as writable by every user and
+    ran disabled ("the agent could not start"). Each directory it makes is 0700 now."""
+    arena_dir = tmp_path / "run" / "swmp-arenas"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SW_", "SWMP_", "UWSGI_"))}
+    env.update(
+        {
+            "SW_AGENT_NAME": "umask0",
+            "SW_AGENT_COLLECTOR_BACKEND_SERVICES": collector.grpc_address,
+            "SW_AGENT_ARENA_DIR": str(arena_dir),
+            "SW_AGENT_SPOOL_DIR": "off",
+            "SW_AGENT_REPORTER_FLUSH_INTERVAL": "0.05",
+            "SW_AGENT_LOG_REPORTER_ACTIVE": "false",
+            "SW_AGENT_METER_REPORTER_ACTIVE": "false",
+            "SW_AGENT_PROFILE_ACTIVE": "false",
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", UMASK_0_APP], check=False, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "could not start" not in out.stderr, out.stderr
+    assert collector.wait_for(lambda: len(collector.segments) >= SPANS, 30), out.stderr
+    assert modes_below(tmp_path, arena_dir) == {str(arena_dir): 0o700, str(arena_dir.parent): 0o700}
+
+
+def test_collector_data_directories_are_private_under_umask_000(tmp_path: Path) -> None:
+    """``swmp collector`` with its default ``~/.local/share/swmp/collector.db`` in a fresh home
+    under umask 000 made ``~/.local`` and ``~/.local/share`` 0777: any local user could then
+    rename and replace them (and ``~/.local/bin``, in many a PATH, with them)."""
+    db = tmp_path / ".local" / "share" / "swmp" / "collector.db"
+    old = os.umask(0)
+    try:
+        Store(db).close()
+    finally:
+        os.umask(old)
+    assert modes_below(tmp_path, db.parent) == {
+        str(tmp_path / ".local"): 0o700,
+        str(tmp_path / ".local" / "share"): 0o700,
+        str(db.parent): 0o700,
+    }
+    assert stat.S_IMODE(os.lstat(db).st_mode) == 0o600
