@@ -8,7 +8,8 @@ spool holds exactly what the rings held and replay decodes it with the same code
 Crash safety is "enough" on purpose: no fsync (the page cache survives a crashed
 process, which is the failure that matters here), and a reader stops at the first record
 whose header is short, whose length runs past the end, or whose crc does not match, so a
-torn tail costs only that tail. A new reporter never appends to an old file; it indexes
+torn tail costs only that tail (said when the file is indexed; a tail of zero bytes, which
+a crash can leave, is torn too). A new reporter never appends to an old file; it indexes
 what is there and starts a new one.
 
 The cap (``max_bytes``) is enforced by deleting the oldest files, whose unreplayed records
@@ -46,6 +47,7 @@ log = logging.getLogger("swmp.reporter")
 MAGIC = b"SWMPSPL1"
 _REC = struct.Struct("<IHHI")
 _REC_SIZE = _REC.size
+_ZERO_HEAD = bytes(_REC_SIZE)
 _MAX_RECORD = 1 << 30
 
 
@@ -122,6 +124,13 @@ class Spool:
             size, records, torn = _scan(path)
             if torn:
                 self.torn_tails += 1
+                log.warning(
+                    "spool %s: %d bytes after its last whole record are unreadable (a write cut "
+                    "short by a crash, or a damaged file): ignored%s",
+                    path,
+                    st.st_size - size,
+                    "" if records else "; the file held nothing else and is removed",
+                )
             if records == 0:
                 _unlink(path)
                 continue
@@ -357,7 +366,10 @@ def _scan(path: str) -> tuple[int, int, bool]:
                 if len(head) < _REC_SIZE:
                     return pos, records, True
                 n, _rtype, _zero, crc = _REC.unpack(head)
-                if n > _MAX_RECORD:
+                # No record type is 0: a header of zeros is the zero-filled tail a crash can
+                # leave (the file's new size was written, not its data). Its empty payload's
+                # crc matches, so each 12 zero bytes would replay as one invalid record.
+                if head == _ZERO_HEAD or n > _MAX_RECORD:
                     return pos, records, True
                 payload = fh.read(n)
                 if len(payload) < n or zlib.crc32(payload) != crc:

@@ -4,6 +4,7 @@ and tests/test_spool_security.py)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import subprocess
@@ -11,9 +12,11 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from reporter_proc.spool import MAGIC, Spool
 from swmp.collector.store import Store
 from tests.collector import Collector
 
@@ -95,3 +98,51 @@ def test_collector_data_directories_are_private_under_umask_000(tmp_path: Path) 
         str(db.parent): 0o700,
     }
     assert stat.S_IMODE(os.lstat(db).st_mode) == 0o600
+
+
+def test_a_zero_filled_spool_tail_is_no_records_and_is_said(tmp_path: Path, caplog: Any) -> None:
+    """A crash can leave a file's new size on disk without its data: a tail of zeros. Every
+    12 zero bytes passed as a record (length 0, and the crc of nothing is 0), so 64 KiB of
+    them replayed as 5,461 "invalid" records dropped, records that never existed."""
+    s = Spool(str(tmp_path), max_bytes=1 << 24)
+    s.append([(1, b"[1,2,3]")] * 5)
+    path = s.files[-1].path
+    s.close()
+    os.truncate(path, os.path.getsize(path) + 65536)
+    caplog.set_level(logging.WARNING, logger="swmp.reporter")
+    s = Spool(str(tmp_path), max_bytes=1 << 24)
+    try:
+        assert s.total_records == 5 and s.torn_tails == 1
+        assert [m for m in caplog.messages if "65536 bytes after its last whole record" in m], caplog.messages
+    finally:
+        s.close()
+
+
+def test_a_damaged_spool_file_is_said_and_one_with_nothing_readable_removed(
+    tmp_path: Path, caplog: Any
+) -> None:
+    """A record damaged mid-file ends the file's valid part there: what follows was ignored
+    without a word. A file whose first bytes are damaged held nothing readable: it was
+    removed without a word."""
+    s = Spool(str(tmp_path), max_bytes=1 << 24, segment_bytes=4096)
+    s.append([(1, b"[1,2,3]")] * 5)
+    first = s.files[-1].path
+    s.seal()
+    s.append([(1, b"[4,5,6]")] * 5)
+    second = s.files[-1].path
+    s.close()
+    with open(first, "r+b") as f:
+        f.seek(len(MAGIC) + 2 * (12 + 7) + 12)  # the third record's payload
+        f.write(b"X")
+    with open(second, "r+b") as f:
+        f.write(b"garbage!")  # the magic word
+    caplog.set_level(logging.WARNING, logger="swmp.reporter")
+    s = Spool(str(tmp_path), max_bytes=1 << 24)
+    try:
+        assert s.total_records == 2 and s.torn_tails == 2
+        assert not os.path.exists(second)
+        said = "\n".join(caplog.messages)
+        assert f"{first}: {3 * (12 + 7)} bytes after its last whole record" in said, said
+        assert f"{second}: " in said and "is removed" in said, said
+    finally:
+        s.close()
