@@ -68,6 +68,22 @@ def _name_pid(path: str, prefix: str) -> int:
         return 0
 
 
+def _name_owner_gone(path: str, prefix: str) -> bool:
+    """Is the owner the file's name gives gone? Its pid is, or is another process's now: the
+    name's start ticks (``<prefix>-<uid>-<pid>-<ticks>...``, when it has them) are not those
+    of the process with that pid (pids are reused, a container's within minutes)."""
+    pid = _name_pid(path, prefix)
+    now = process_start_ticks(pid) if pid > 0 else 0
+    if now == 0:
+        return True
+    parts = os.path.basename(path)[len(prefix) + 1 :].split("-")
+    try:
+        ticks = int(parts[2].split(".")[0])
+    except (IndexError, ValueError):
+        return False  # no ticks in the name (a thread-mode arena): the pid alone says
+    return ticks != now
+
+
 def cleanup_stale(
     directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX, min_age_s: float = 10.0
 ) -> list[str]:
@@ -76,7 +92,8 @@ def cleanup_stale(
     "Nobody" means no reporter and no worker slot: an orphaned reporter still draining, or
     a worker that outlived its master, keeps the file alive. Files that cannot be read as
     arenas are removed only if older than ``min_age_s`` (a creator may be mid-way) and the
-    pid in their name is gone. Doorbell FIFOs whose arena is gone are removed too.
+    owner their name gives is gone (its pid, or the start time of the process with that pid
+    differs). Doorbell FIFOs whose arena is gone are removed too.
     Returns the removed arena paths.
     """
     removed = []
@@ -86,8 +103,7 @@ def cleanup_stale(
         except (ArenaError, OSError):
             try:
                 old = time.time() - _mtime(path) > min_age_s
-                pid = _name_pid(path, prefix)
-                if old and (pid <= 0 or process_start_ticks(pid) == 0):
+                if old and _name_owner_gone(path, prefix):
                     arena_unlink(path)
                     removed.append(path)
             except OSError:

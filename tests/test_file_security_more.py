@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from ipc import arena_path, cleanup_stale, process_start_ticks
 from reporter_proc.spool import MAGIC, Spool
 from swmp.collector.store import Store
 from tests.collector import Collector
@@ -146,3 +147,22 @@ def test_a_damaged_spool_file_is_said_and_one_with_nothing_readable_removed(
         assert f"{second}: " in said and "is removed" in said, said
     finally:
         s.close()
+
+
+def test_a_broken_stale_arena_whose_pid_was_reused_is_removed(tmp_path: Path) -> None:
+    """An application killed while it created its arena (before the header was complete)
+    leaves a file no one can open as an arena. Clean-up removed it only when no process has
+    its pid; once the pid was reused (soon, in a container) it stayed until a reboot. Its name
+    carries the owner's start time, which tells the new process from the dead one."""
+    live = os.getpid()
+    ticks = process_start_ticks(live)
+    private = Path(arena_path(live, str(tmp_path))).parent
+    dead = private / f"swmp-{os.getuid()}-{live}-{ticks + 1}.arena"  # same pid, another process
+    ours = private / f"swmp-{os.getuid()}-{live}-{ticks}.arena"  # same pid and start: alive
+    for p in (dead, ours):
+        fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.ftruncate(fd, 1 << 16)
+        os.close(fd)
+        os.utime(p, (1.0, 1.0))  # older than any creator could still be working on it
+    assert cleanup_stale(str(tmp_path)) == [str(dead)]
+    assert not dead.exists() and ours.exists()
