@@ -183,7 +183,9 @@ class Instances:
         live = self.live_slots()
         for rec in saved if isinstance(saved, list) else []:
             try:
-                if live.get(int(rec[R.WS_SLOT])) == int(rec[R.WS_PID]):
+                # A list, as save() writes: a dict's rec[n] is a KeyError, which killed every
+                # reporter started on this table (the file outlives them).
+                if type(rec) is list and live.get(int(rec[R.WS_SLOT])) == int(rec[R.WS_PID]):
                     self._started(rec, save=False)
             except (TypeError, ValueError, IndexError):
                 continue

@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 
-from ipc import arena_path, cleanup_stale, process_start_ticks
+from ipc import Arena, arena_path, cleanup_stale, process_start_ticks
+from reporter_proc.instances import Instances
+from reporter_proc.journal import Journal
+from reporter_proc.lifecycle import StopState
+from reporter_proc.senders.memory import MemorySender
+from reporter_proc.settings import ReporterSettings
 from reporter_proc.spool import MAGIC, Spool
 from swmp.collector.store import Store
 from tests.collector import Collector
@@ -166,3 +171,28 @@ def test_a_broken_stale_arena_whose_pid_was_reused_is_removed(tmp_path: Path) ->
         os.utime(p, (1.0, 1.0))  # older than any creator could still be working on it
     assert cleanup_stale(str(tmp_path)) == [str(dead)]
     assert not dead.exists() and ours.exists()
+
+
+@pytest.mark.parametrize("content", [b"[{}]", b'[{"1": 1}, [1, 2]]'])
+def test_a_damaged_instance_table_is_ignored_not_a_reporter_crash(tmp_path: Path, content: bytes) -> None:
+    """The instance table beside the arena (a file of ours, 0600) holding an object where a
+    list belongs: ``restore`` raised KeyError, which stopped the reporter at its start, and
+    every reporter started after it, since the file stays."""
+    arena = Arena.create(str(tmp_path / "k.arena"), slots=4, ring_capacity=4096)
+    try:
+        fd = os.open(arena.path + ".instances", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.write(fd, content)
+        os.close(fd)
+        table = Instances(
+            arena,
+            Journal(ReporterSettings()),
+            MemorySender(),
+            StopState(),
+            own_process_slots=False,
+            backoff=lambda n: 1.0,
+        )
+        table.restore()
+        assert table.table == {}
+    finally:
+        arena.close()
+        arena.unlink()
