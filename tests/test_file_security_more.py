@@ -23,11 +23,17 @@ from reporter_proc.lifecycle import StopState
 from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
 from reporter_proc.spool import MAGIC, Spool
+from reporter_proc.spooldir import SpoolUnsafe
+from reporter_proc.spooling import SpoolWriter
 from swmp.collector.store import Store
+from tests import other_user as users
 from tests.collector import Collector
+from tests.other_user import OtherUser
 
 REPO = Path(__file__).resolve().parent.parent
 SPANS = 3
+other_user = users.other_user  # fixtures
+shared_dir = users.shared_dir
 
 UMASK_0_APP = textwrap.dedent(
     f"""
@@ -196,3 +202,36 @@ def test_a_damaged_instance_table_is_ignored_not_a_reporter_crash(tmp_path: Path
     finally:
         arena.close()
         arena.unlink()
+
+
+def test_a_link_another_user_plants_on_the_way_to_the_spool_is_refused(
+    other_user: OtherUser, shared_dir: Path, tmp_path: Path, caplog: Any
+) -> None:
+    """The default spool of a user without a usable home is ``/var/tmp/swmp-<uid>/spool``:
+    another user who creates ``swmp-<uid>`` first as a link to a directory of ours (one a web
+    server of ours serves, say) chose where our telemetry went. Only where links lead was
+    checked (owned by root or us, not writable by others: all true of that directory)."""
+    ours = tmp_path / "www"
+    ours.mkdir(mode=0o755)
+    other_user.sh(f"ln -s {ours} {shared_dir}/swmp-{os.getuid()}")
+    base = shared_dir / f"swmp-{os.getuid()}" / "spool"
+    with pytest.raises(SpoolUnsafe, match=f"swmp-{os.getuid()} is a symbolic link of uid {other_user.uid}"):
+        Spool(str(base / "svc"), 1 << 20)
+    with caplog.at_level(logging.ERROR, "swmp.reporter"):
+        assert SpoolWriter.open(Journal(ReporterSettings(service="svc", spool_dir=str(base)))) is None
+    assert "spool disabled, its directory is not private" in caplog.text
+    assert list(ours.iterdir()) == []
+
+
+def test_links_of_our_own_or_roots_on_the_way_are_followed(tmp_path: Path) -> None:
+    """A spool directory reached through links of our own (or root's: ``/var/run`` and the
+    like) is used as before, relative, absolute or through ``..``."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "abs").symlink_to(real)
+    (tmp_path / "rel").symlink_to("real/../real")
+    for link in ("abs", "rel"):
+        s = Spool(str(tmp_path / link / "spool" / link), 1 << 20)
+        s.append([(1, b"[1]")])
+        s.close()
+    assert sorted(p.name for p in (real / "spool").iterdir()) == ["abs", "rel"]
