@@ -73,6 +73,39 @@ def private_directory(base: str, prefix: str = "swmp") -> str:
         return tempfile.mkdtemp(prefix=f"{prefix}-{os.geteuid()}.", dir=base)
 
 
+def foreign_link(path: str, uid: int | None = None, max_links: int = 40) -> str | None:
+    """What is wrong with resolving ``path``: a symbolic link on the way that is neither
+    root's nor ours (or too many links), or None. Where links lead is not enough to check:
+    one planted where the path passes through a shared directory picks any directory of
+    ours, perhaps one a web server of ours serves, for our files."""
+    me = os.geteuid() if uid is None else uid
+    todo = [c for c in reversed(os.path.abspath(path).split(os.sep)) if c]
+    current = os.sep
+    while todo:
+        name = todo.pop()
+        if name in (".", ".."):
+            current = os.path.dirname(current) if name == ".." else current
+            continue
+        step = os.path.join(current, name)
+        try:
+            st = os.lstat(step)
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # the rest is created by us (or fails to be)
+        if not stat.S_ISLNK(st.st_mode):
+            current = step
+            continue
+        if st.st_uid not in (0, me):
+            return f"{step} is a symbolic link of uid {st.st_uid}, not of root or uid {me}"
+        max_links -= 1
+        if max_links < 0:
+            return f"{path}: too many symbolic links"
+        target = os.readlink(step)
+        todo.extend(c for c in reversed(target.split(os.sep)) if c)
+        if os.path.isabs(target):
+            current = os.sep
+    return None
+
+
 def make_directories(path: str) -> None:
     """Create ``path`` and its missing parents, each 0700 whatever the umask.
 
@@ -80,6 +113,9 @@ def make_directories(path: str) -> None:
     0777 minus the umask, which under ``umask 000`` lets every user rename and replace them
     (``~/.local`` for one). ``mkdir``'s umask only takes bits away from 0700.
     """
+    problem = foreign_link(path)
+    if problem is not None:
+        raise UnsafePathError(f"refusing {path}: {problem}")
     missing = []
     p = os.path.abspath(path)
     while not os.path.lexists(p):
@@ -143,7 +179,10 @@ def _owner_problem(st: os.stat_result) -> str | None:
 
 
 def _check_base(base: str) -> None:
-    st = os.stat(base)  # following a link is fine here: /dev/shm may be one
+    problem = foreign_link(base)  # /dev/shm may be a link, but root's
+    if problem is not None:
+        raise UnsafePathError(f"refusing {base}: {problem}; choose another SW_AGENT_ARENA_DIR")
+    st = os.stat(base)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafePathError(f"refusing {base}: it is not a directory")
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:

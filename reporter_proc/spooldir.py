@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import stat
 
+from ipc import private
+
 
 class SpoolUnsafe(Exception):
     """The spool directory (or an ancestor) could be tampered with by another user."""
@@ -53,7 +55,9 @@ def _usable_home(home: str, uid: int) -> bool:
 
 def check_ancestors(path: str, uid: int) -> None:
     """Raise :class:`SpoolUnsafe` when an existing ancestor of ``path`` is not trustworthy."""
-    check_links(path, uid)
+    problem = private.foreign_link(path, uid)
+    if problem is not None:
+        raise SpoolUnsafe(problem)
     parent = os.path.dirname(os.path.realpath(path))
     chain = []
     while True:
@@ -72,37 +76,6 @@ def check_ancestors(path: str, uid: int) -> None:
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
             mode = stat.S_IMODE(st.st_mode)
             raise SpoolUnsafe(f"{p} is writable by other users (mode {mode:o}, no sticky bit)")
-
-
-def check_links(path: str, uid: int, max_links: int = 40) -> None:
-    """Raise :class:`SpoolUnsafe` when resolving ``path`` would follow a symbolic link that
-    is not root's or ours. Checking where the links lead is not enough: one planted where
-    the path passes through a shared directory (``/var/tmp/swmp-<uid>``) chooses any
-    directory of ours, perhaps one a web server of ours serves, to put the spool in."""
-    todo = [c for c in reversed(os.path.abspath(path).split(os.sep)) if c]
-    current = os.sep
-    while todo:
-        name = todo.pop()
-        if name in (".", ".."):
-            current = os.path.dirname(current) if name == ".." else current
-            continue
-        step = os.path.join(current, name)
-        try:
-            st = os.lstat(step)
-        except (FileNotFoundError, NotADirectoryError):
-            return  # the rest is created by us, or fails to be
-        if not stat.S_ISLNK(st.st_mode):
-            current = step
-            continue
-        if st.st_uid not in (0, uid):
-            raise SpoolUnsafe(f"{step} is a symbolic link of uid {st.st_uid}, not of root or uid {uid}")
-        max_links -= 1
-        if max_links < 0:
-            raise SpoolUnsafe(f"{path}: too many symbolic links")
-        target = os.readlink(step)
-        todo.extend(c for c in reversed(target.split(os.sep)) if c)
-        if os.path.isabs(target):
-            current = os.sep
 
 
 def make_private_dir(path: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from ipc import Arena, arena_path, cleanup_stale, process_start_ticks
+from ipc.private import UnsafePathError, make_directories
 from reporter_proc.instances import Instances
 from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
@@ -235,3 +236,22 @@ def test_links_of_our_own_or_roots_on_the_way_are_followed(tmp_path: Path) -> No
         s.append([(1, b"[1]")])
         s.close()
     assert sorted(p.name for p in (real / "spool").iterdir()) == ["abs", "rel"]
+
+
+def test_a_link_another_user_plants_at_the_arena_directory_is_refused(
+    other_user: OtherUser, shared_dir: Path, tmp_path: Path
+) -> None:
+    """``SW_AGENT_ARENA_DIR`` in a shared directory, planted first as a link by another user:
+    the arenas (every worker's unsent telemetry) went into whatever directory of ours the
+    link named. Deeper down, the agent created the missing directories through it."""
+    ours = tmp_path / "www"
+    ours.mkdir(mode=0o755)
+    other_user.sh(f"ln -s {ours} {shared_dir}/arenas")
+    problem = f"{shared_dir}/arenas is a symbolic link of uid {other_user.uid}"
+    with pytest.raises(UnsafePathError, match=problem):
+        arena_path(os.getpid(), str(shared_dir / "arenas"))
+    with pytest.raises(UnsafePathError, match=problem):
+        make_directories(str(shared_dir / "arenas" / "app" / "shm"))
+    assert list(ours.iterdir()) == []
+    (tmp_path / "mine").symlink_to(ours)  # a link of our own is ours to choose
+    assert arena_path(os.getpid(), str(tmp_path / "mine")).startswith(f"{tmp_path}/mine/swmp-{os.getuid()}/")
