@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import stat
 import sys
 
 from ipc import Arena, ArenaError
@@ -16,6 +18,38 @@ from reporter_proc.plumbing import reset_signals
 from reporter_proc.process import run_reporter_process, run_supervisor, settings_from_json
 from reporter_proc.senders.tls import has_secret
 from reporter_proc.settings import ReporterSettings
+
+_MAX_SETTINGS_BYTES = 1 << 20  # a settings object is a few KiB
+
+
+def settings_from_file(path: str) -> ReporterSettings:
+    """The settings in the file ``path``; ValueError when it is not one to trust.
+
+    A regular file (a FIFO would hold the start forever, a device never end), neither
+    another user's (root's is fine: mounted secrets) nor writable by every user: whoever
+    can write it chooses where the data and the token go. One that holds a secret and is
+    readable by others is used, with a warning (a Kubernetes secret is 0644 by default).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        if st.st_uid not in (0, os.geteuid()):
+            raise ValueError(f"{path} belongs to uid {st.st_uid}, not to root or to this user")
+        if st.st_mode & stat.S_IWOTH:
+            raise ValueError(f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o})")
+        data = f.read(_MAX_SETTINGS_BYTES + 1)
+    if len(data) > _MAX_SETTINGS_BYTES:
+        raise ValueError(f"{path} is larger than {_MAX_SETTINGS_BYTES} bytes")
+    settings = settings_from_json(data)
+    if has_secret(settings) and st.st_mode & 0o044:
+        logging.getLogger("swmp.reporter").warning(
+            "%s holds a secret and other users may read it (mode %04o): make it 0600",
+            path,
+            stat.S_IMODE(st.st_mode),
+        )
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.settings_stdin:
             settings = settings_from_json(sys.stdin.buffer.read())
         elif args.settings_file:
-            with open(args.settings_file, "rb") as f:
-                settings = settings_from_json(f.read())
+            settings = settings_from_file(args.settings_file)
         elif args.settings:
             settings = settings_from_json(args.settings)
             if has_secret(settings):

@@ -255,3 +255,50 @@ def test_a_link_another_user_plants_at_the_arena_directory_is_refused(
     assert list(ours.iterdir()) == []
     (tmp_path / "mine").symlink_to(ours)  # a link of our own is ours to choose
     assert arena_path(os.getpid(), str(tmp_path / "mine")).startswith(f"{tmp_path}/mine/swmp-{os.getuid()}/")
+
+
+def run_reporter_with(settings_file: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m reporter_proc --settings-file`` for an arena that is not there: exit 70
+    says the settings were taken, 78 that they were refused."""
+    return subprocess.run(
+        [sys.executable, "-m", "reporter_proc", "--arena", str(settings_file.parent / "none.arena"),
+         "--settings-file", str(settings_file), "--no-supervise"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_a_settings_file_anyone_could_have_written_is_refused(tmp_path: Path) -> None:
+    """``--settings-file`` was read whatever it was: a FIFO held the reporter's start forever;
+    a file every user may write, or another user's, was trusted, though whoever writes it
+    chooses the backend the data (and the token) go to."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo, 0o600)
+    loose = tmp_path / "loose.json"
+    loose.write_text('{"protocol": "grpc"}')
+    os.chmod(loose, 0o666)
+    theirs = tmp_path / "theirs.json"
+    theirs.write_text('{"protocol": "grpc"}')
+    os.chown(theirs, 65534, 65534)
+    for path, why in (
+        (fifo, "is not a regular file"),
+        (loose, "is writable by every user (mode 0666)"),
+        (theirs, "belongs to uid 65534, not to root or to this user"),
+    ):
+        out = run_reporter_with(path)
+        assert out.returncode == 78 and f"bad reporter settings: {path} {why}" in out.stderr, out.stderr
+
+
+def test_a_settings_file_with_a_secret_others_may_read_is_used_with_a_warning(tmp_path: Path) -> None:
+    """docs/security.md asks for a 0600 file for a secret; a 0644 one (a Kubernetes secret's
+    default mode) is still used, but said."""
+    settings = tmp_path / "settings.json"
+    settings.write_text('{"protocol": "grpc", "authentication": "s3cret"}')
+    os.chmod(settings, 0o644)
+    out = run_reporter_with(settings)
+    assert out.returncode == 70, out.stderr  # taken: it went on to open the arena
+    assert f"{settings} holds a secret and other users may read it (mode 0644): make it 0600" in out.stderr
+    assert "s3cret" not in out.stderr
+    os.chmod(settings, 0o600)
+    out = run_reporter_with(settings)
+    assert out.returncode == 70 and "holds a secret" not in out.stderr, out.stderr
