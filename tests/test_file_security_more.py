@@ -4,16 +4,20 @@ and tests/test_spool_security.py)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
 import subprocess
 import sys
 import textwrap
+import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from ipc import Arena, arena_path, cleanup_stale, process_start_ticks
@@ -21,6 +25,7 @@ from ipc.private import UnsafePathError, make_directories
 from reporter_proc.instances import Instances
 from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
+from reporter_proc.protocol.generated import tracing_pb2, tracing_pb2_grpc
 from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
 from reporter_proc.spool import MAGIC, Spool
@@ -29,6 +34,7 @@ from reporter_proc.spooling import SpoolWriter
 from swmp.collector.store import Store
 from tests import other_user as users
 from tests.collector import Collector
+from tests.localcollector import local_collector
 from tests.other_user import OtherUser
 
 REPO = Path(__file__).resolve().parent.parent
@@ -302,3 +308,52 @@ def test_a_settings_file_with_a_secret_others_may_read_is_used_with_a_warning(tm
     os.chmod(settings, 0o600)
     out = run_reporter_with(settings)
     assert out.returncode == 70 and "holds a secret" not in out.stderr, out.stderr
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "tiny"
+    mnt.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def segments_json(n: int) -> bytes:
+    return json.dumps(
+        [
+            {"traceId": uuid.uuid4().hex, "traceSegmentId": uuid.uuid4().hex, "service": "s",
+             "serviceInstance": "i", "spans": [{"spanId": 0, "parentSpanId": -1, "startTime": 1,
+             "endTime": 2, "operationName": "op" * 500, "spanType": "Entry", "spanLayer": "Http"}]}
+            for _ in range(n)
+        ]
+    ).encode()  # fmt: skip
+
+
+def test_the_collector_on_a_full_disk_refuses_and_counts_and_keeps_running(tiny_disk: Path) -> None:
+    """``swmp collector`` with its database on a full disk: each HTTP call that stored data
+    lost its connection (the handler raised) and printed two tracebacks, a gRPC call failed
+    with UNKNOWN; the error shown was "cannot rollback - no transaction is active" (SQLite
+    had ended the transaction itself). Now: 507 / UNAVAILABLE (an agent sends it again
+    later), counted as ``store_failed``, logged once."""
+    with local_collector(tiny_disk) as col:
+        codes = Counter(col.post("/v3/segments", segments_json(20))[0] for _ in range(100))
+        assert codes[507] > 0 and set(codes) <= {200, 507}, codes
+        span = tracing_pb2.SpanObject(spanId=0, parentSpanId=-1, operationName="op" * 5000)
+        bodies = [
+            tracing_pb2.SegmentObject(traceId=f"t{i}", traceSegmentId=f"s{i}", service="s", spans=[span])
+            for i in range(200)
+        ]
+        with grpc.insecure_channel(col.grpc_address) as channel:
+            stub = tracing_pb2_grpc.TraceSegmentReportServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.collect(iter(bodies), timeout=30)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+            assert "database or disk is full" in (info.value.details() or "")
+        stats = col.stats()
+        assert stats["refused"]["store_failed"] == codes[507] + 1, stats
+        log = col.log()
+    assert log.count("store_failed: the database refused the write: database or disk is full") == 1, log
+    assert "Traceback" not in log, log

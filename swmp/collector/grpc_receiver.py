@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -37,6 +37,7 @@ from reporter_proc.protocol.generated import (
 )
 from swmp.collector.decode import BadInput, parse_protobuf
 from swmp.collector.intake import Intake
+from swmp.collector.store import StoreWriteError
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 WORKERS = 16  # threads answering calls
@@ -162,14 +163,22 @@ class _Handlers:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(msg.error))
         return msg  # type: ignore[no-any-return]
 
+    def _accept(self, method: str, kind: str, msgs: Iterable[Message], context: grpc.ServicerContext) -> None:
+        try:
+            self.intake.accept(kind, msgs, "grpc")
+        except StoreWriteError as exc:
+            self.intake.refuse(f"grpc {method}", "store_failed", str(exc))
+            # UNAVAILABLE: an agent keeps the data and sends it again later
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"swmp collector: {exc}")
+
     def unary(self, method: str, kind: str) -> Callable[[Any, grpc.ServicerContext], common_pb2.Commands]:
         def handle(request: Any, context: grpc.ServicerContext) -> common_pb2.Commands:
             self.intake.call("grpc", method)
             msg = self._check(request, context)
             if kind == "segments":  # SegmentCollection
-                self.intake.accept("segment", msg.segments, "grpc")  # type: ignore[attr-defined]
+                self._accept(method, "segment", msg.segments, context)  # type: ignore[attr-defined]
             else:
-                self.intake.accept(kind, [msg], "grpc")
+                self._accept(method, kind, [msg], context)
             return _empty()
 
         return handle
@@ -198,14 +207,14 @@ class _Handlers:
                     else:
                         batch.append(msg)
                     if len(batch) >= 64:  # a long-lived stream: store as it comes
-                        self.intake.accept(_kind(kind), batch, "grpc")
+                        self._accept(method, _kind(kind), batch, context)
                         batch = []
             except grpc.RpcError:  # the call was cancelled (by the client, or ended idle)
                 if not stream.ended:
                     raise
             finally:
                 self.streams.close(stream)
-            self.intake.accept(_kind(kind), batch, "grpc")  # what came before an idle end too
+            self._accept(method, _kind(kind), batch, context)  # what came before an idle end too
             return _empty()
 
         return handle

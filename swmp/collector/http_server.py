@@ -36,7 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from swmp.collector.decode import HTTP_ROUTES, BadInput, parse_json_body
 from swmp.collector.intake import Intake
 from swmp.collector.options import DEFAULT_MAX_BODY
-from swmp.collector.store import MAX_LIMIT
+from swmp.collector.store import MAX_LIMIT, StoreWriteError
 
 _CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -232,7 +232,11 @@ class Handler(BaseHTTPRequestHandler):
         except BadInput as exc:
             self._refuse(400, exc.reason, exc.detail)
             return
-        self.intake.accept(route.kind, messages, "http")
+        try:
+            self.intake.accept(route.kind, messages, "http")
+        except StoreWriteError as exc:
+            self._refuse(507, "store_failed", str(exc))  # 507 Insufficient Storage: sent again later
+            return
         self._json({})
 
     # -- page and API ----------------------------------------------------------------------

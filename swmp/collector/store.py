@@ -36,6 +36,7 @@ at start).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -44,7 +45,7 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,10 @@ _OWN_TABLES = frozenset({"segments", "logs", "meters", "instances"})
 
 class StoreError(OSError):
     """The database cannot be used where it was asked for (the message says why)."""
+
+
+class StoreWriteError(sqlite3.Error):
+    """SQLite refused a write (the disk is full, the file read-only...): nothing of it kept."""
 
 
 def _create_private(path: Path) -> None:
@@ -277,7 +282,7 @@ class Store:
         self, service: str, instance: str, *, ping: bool = False, properties: list[list[str]] | None = None
     ) -> None:
         now = _now_ms()
-        with self._lock:
+        with self._lock, self._writing():
             self._db.execute(
                 "INSERT INTO instances(service, instance, first_seen_ms, last_seen_ms) VALUES (?,?,?,?)"
                 " ON CONFLICT(service, instance) DO UPDATE SET last_seen_ms = excluded.last_seen_ms",
@@ -294,10 +299,21 @@ class Store:
                     (json.dumps(properties), service, instance),
                 )
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """SQLite's refusal of a write as :class:`StoreWriteError`, for the receivers to
+        refuse the data with (it raised out of their handlers: a dropped connection and a
+        traceback per call, on a full disk)."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreWriteError(f"the database refused the write: {exc}") from None
+
     def _insert(self, sql: str, rows: list[tuple[Any, ...]], size_index: int) -> None:
         if not rows:
             return
-        with self._lock:
+        with self._lock, self._writing():
+            before = self._bytes
             self._db.execute("BEGIN")
             try:
                 self._db.executemany(sql, rows)
@@ -306,7 +322,9 @@ class Store:
                     self._evict_locked()
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._bytes = before
+                if self._db.in_transaction:  # SQLite ends it itself on some errors (disk full)
+                    self._db.execute("ROLLBACK")
                 raise
         if time.monotonic() - self._last_sweep >= _SWEEP_EVERY_S:
             self.sweep()
