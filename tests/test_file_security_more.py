@@ -31,6 +31,7 @@ from reporter_proc.settings import ReporterSettings
 from reporter_proc.spool import MAGIC, Spool
 from reporter_proc.spooldir import SpoolUnsafe
 from reporter_proc.spooling import SpoolWriter
+from swmp.collector.options import default_path
 from swmp.collector.store import Store
 from tests import other_user as users
 from tests.collector import Collector
@@ -357,3 +358,13 @@ def test_the_collector_on_a_full_disk_refuses_and_counts_and_keeps_running(tiny_
         log = col.log()
     assert log.count("store_failed: the database refused the write: database or disk is full") == 1, log
     assert "Traceback" not in log, log
+
+
+def test_a_relative_xdg_data_home_is_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The XDG spec calls a relative ``$XDG_DATA_HOME`` invalid: the collector put its
+    database under whatever directory it was started in (the spool already ignored one)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_DATA_HOME", "data")
+    assert default_path() == tmp_path / ".local" / "share" / "swmp" / "collector.db"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert default_path() == tmp_path / "xdg" / "swmp" / "collector.db"

@@ -16,7 +16,9 @@ DEFAULT_RETENTION_S = 3 * 24 * 3600.0
 
 def default_path() -> Path:
     """``$XDG_DATA_HOME/swmp/collector.db`` (``~/.local/share/swmp/collector.db`` by default)."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    base = os.environ.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec: a relative path is invalid, to be ignored
+        base = os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "swmp" / "collector.db"
 
 
