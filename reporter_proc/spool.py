@@ -295,10 +295,18 @@ class Spool:
                         break
                     out.append((rtype, payload))
                     pos += _REC_SIZE + n
-        except (FileNotFoundError, SpoolUnsafe):
-            pos = f.size
+        except (FileNotFoundError, SpoolUnsafe) as exc:
+            pos, why = f.size, str(exc)
+        else:
+            why = "cut short or changed since it was indexed"
         if not out:
             pos = f.size  # nothing readable left: let ack() retire the file
+            # Removed (a tmp cleaner, an operator freeing room) or changed under us: its
+            # records are lost, and counted like those the cap drops, never silently.
+            lost = f.records - f.replayed
+            if lost > 0:
+                self.dropped_records += lost
+                log.warning("spool %s: %d records could not be read back (%s): dropped", f.path, lost, why)
         f.reading = (pos, len(out))
         return out, pos
 

@@ -368,3 +368,32 @@ def test_a_relative_xdg_data_home_is_ignored(tmp_path: Path, monkeypatch: pytest
     assert default_path() == tmp_path / ".local" / "share" / "swmp" / "collector.db"
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert default_path() == tmp_path / "xdg" / "swmp" / "collector.db"
+
+
+def test_spool_records_removed_or_cut_under_the_reporter_are_counted_as_dropped(
+    tmp_path: Path, caplog: Any
+) -> None:
+    """A spool file removed (a tmp cleaner, an operator freeing room) or cut short while the
+    reporter runs: its records were retired as if replayed, neither sent nor counted as
+    dropped, without a word (the module promises "never silently")."""
+    caplog.set_level(logging.WARNING, logger="swmp.reporter")
+    s = Spool(str(tmp_path / "spool"), max_bytes=1 << 24, segment_bytes=4096)
+    try:
+        s.append([(1, b"[1,2,3]")] * 5)
+        s.seal()
+        s.append([(1, b"[4,5,6]")] * 5)
+        s.seal()
+        first, second = s.files
+        os.unlink(first.path)
+        os.truncate(second.path, len(MAGIC) + 2 * (12 + 7) + 5)  # two whole records kept
+        got = []
+        while (f := s.oldest()) is not None:
+            out, end = s.read(f, 100)
+            got += out
+            s.ack(f, end, len(out))
+        assert len(got) == 2 and s.dropped_records == 5 + 3 and not s.files
+        said = "\n".join(caplog.messages)
+        assert f"{first.path}: 5 records could not be read back ([Errno 2]" in said, said
+        assert f"{second.path}: 3 records could not be read back (cut short" in said, said
+    finally:
+        s.close()
