@@ -77,10 +77,29 @@ Saved = list[tuple[str, Any]]
 _ABSENT = object()
 
 
+def _spelling(headers: Any, name: str) -> str:
+    """The caller's own spelling of header ``name`` (``SW8``): setting it back under it keeps
+    the key as the caller wrote it (requests' CaseInsensitiveDict and httpx's Headers keep
+    the spelling last set). httpx iterates lower-cased names: its ``raw`` pairs keep them."""
+    raw = getattr(headers, "raw", None)
+    keys = [k.decode("latin-1") for k, _ in raw] if raw.__class__ is list else headers
+    for key in keys:
+        if key.__class__ is str and key.lower() == name:
+            return key
+    return name
+
+
 def add_headers(headers: Any, added: dict[str, str]) -> Saved:
-    """``headers.update(added)``; what to give back to :func:`restore_headers` afterwards."""
-    saved = [(name, headers.get(name, _ABSENT)) for name in added]
-    headers.update(added)
+    """``added`` set in ``headers``; what to give back to :func:`restore_headers` afterwards."""
+    saved: Saved = []
+    for name in added:
+        old = headers.get(name, _ABSENT)
+        # Rare (the caller sends an sw8 of its own): its spelling looked up only then.
+        saved.append((name if old is _ABSENT else _spelling(headers, name), old))
+    for name, value in added.items():
+        # Not update(): httpx's moves a header the caller has to the end, where the value
+        # set back afterwards would stay; setting one keeps its place.
+        headers[name] = value
     return saved
 
 
@@ -93,4 +112,37 @@ def restore_headers(headers: Any, saved: Saved) -> None:
             else:
                 headers[name] = old
     except Exception:  # a headers object of another shape: left as sent
+        pass
+
+
+def restore_redirects(resp: Any, original: Any, saved: Saved) -> None:
+    """The requests a redirect made of the traced one (requests and httpx copy its headers,
+    the span's sw8 with them) given back the headers the original had, as the response and
+    its ``history`` hold them: resending ``resp.request`` later sends no stale sw8, and its
+    headers read as without the agent (never raises)."""
+    if not saved:
+        return
+    try:
+        history = getattr(resp, "history", None) or ()
+        for r in (*history, resp):
+            req = r.request
+            if req is not original:
+                restore_headers(req.headers, saved)
+    except Exception:  # a response of another shape: left as sent
+        pass
+
+
+def restore_raised(e: BaseException, original: Any, saved: Saved) -> None:
+    """:func:`restore_redirects` for a send that raised during its redirects: requests'
+    errors hold the last ``response`` and ``request``, httpx's the ``request`` (never raises)."""
+    if not saved:
+        return
+    try:
+        resp = getattr(e, "response", None)
+        if resp is not None:
+            restore_redirects(resp, original, saved)
+        req = getattr(e, "request", None)
+        if req is not None and req is not original:
+            restore_headers(req.headers, saved)
+    except Exception:  # httpx: an error without its request raises on .request
         pass

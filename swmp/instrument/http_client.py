@@ -90,6 +90,10 @@ def install(config: Config) -> None:
         ) -> Any:
             if headers is _NOT_GIVEN:
                 headers = {}  # http.client's own default; anything given goes on as given
+            if url.__class__ is not str or not hasattr(headers, "items"):
+                # A URL of bytes, headers without items() (a list of pairs): http.client's own
+                # error, as without us (the copy made below would let the list through).
+                return orig(self, method, url, body, headers, **kw)
             old = _pending(self)
             if old is not None:
                 old.finish()

@@ -56,6 +56,8 @@ def install(config: Config) -> None:
 
     def make(orig: Any) -> Any:
         def urlopen(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            if url.__class__ is not str:  # bytes...: urllib3's own error, untraced
+                return orig(self, method, url, *args, **kwargs)
             # No query string: the operation name and http.url never carry what the query
             # may hold (tokens).
             path = url.split("?", 1)[0].split("#", 1)[0]
