@@ -67,6 +67,10 @@ def traced_send(orig: Any) -> Any:
     ) -> Any:
         if getattr(self, INTERNAL_MARK, False):  # not __dict__: it would de-optimise the instance
             return await orig(self, topic, value, key, partition, timestamp_ms, headers)
+        if headers is not None and headers.__class__ is not list:
+            # aiokafka's record builder takes an exact list: a tuple (or a list subclass) is
+            # its TypeError, which a merged plain list would have turned into a sent record.
+            return await orig(self, topic, value, key, partition, timestamp_ms, headers)
         span, traced = _mq.kafka_send_span(topic, _brokers(self.client), headers)
         if span is None:
             return await orig(self, topic, value, key, partition, timestamp_ms, headers)
