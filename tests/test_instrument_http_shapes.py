@@ -19,8 +19,10 @@ from tests.instrumented import instrumented
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    seen: list[list[tuple[str, str]]] = []  # the header lines of each request (no sw8)
 
     def do_GET(self) -> None:
+        _Handler.seen.append([(k, v) for k, v in self.headers.items() if k.lower() != "sw8"])
         if self.path.startswith(("/redirect", "/loop")):
             self.send_response(302)
             self.send_header("Location", "/loop" if self.path == "/loop" else "/ok")
@@ -35,6 +37,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def url() -> Iterator[str]:
+    _Handler.seen.clear()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -182,3 +185,49 @@ def test_http_client_invalid_shapes_fail_as_without_the_agent(url: str, shape: s
 
     off, on = _both(call)
     assert off[0] == "raised" and on == off
+
+
+def _lines_given_twice() -> Any:
+    import http.client
+
+    from multidict import CIMultiDict
+
+    message = http.client.HTTPMessage()  # headers forwarded as a server received them
+    message["X-A"] = "1"
+    message["X-A"] = "2"  # a Message appends: two lines
+    message["Sw8"] = "forwarded"
+    multi: CIMultiDict[str] = CIMultiDict([("X-A", "1"), ("X-A", "2"), ("Sw8", "forwarded")])
+    return message, multi
+
+
+@pytest.mark.parametrize("client", ["http.client", "urllib3"])
+def test_a_header_given_twice_is_sent_twice(url: str, client: str) -> None:
+    """http.client and urllib3 send each line ``items()`` gives: the agent's copy (made to add
+    sw8) was a dict, which kept one line of a header given twice (an HTTPMessage forwarded by
+    a proxy, a CIMultiDict). urllib3 refuses an HTTPMessage (it has no ``copy()``): the
+    agent's dict had let it through."""
+    import urllib3
+
+    port = int(url.rsplit(":", 1)[1])
+
+    def call() -> Any:
+        out = []
+        for headers in _lines_given_twice():
+            _Handler.seen.clear()
+            if client == "http.client":
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/ok", headers=headers)
+                status: Any = conn.getresponse().status
+                conn.close()
+            else:
+                pool = urllib3.HTTPConnectionPool("127.0.0.1", port)
+                status = _outcome(lambda: pool.urlopen("GET", "/ok", headers=headers).status)  # noqa: B023
+                pool.close()
+            out.append(
+                (status, [line for line in _Handler.seen[0] if line[0] == "X-A"] if _Handler.seen else [])
+            )
+        return out
+
+    off, on = _both(call)
+    assert on == off
+    assert off[1][-1][1] == [("X-A", "1"), ("X-A", "2")]  # the CIMultiDict, taken by both

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -68,6 +69,26 @@ def record_status(span: Any, status: int) -> None:
     span.tag(TAG_HTTP_STATUS, status if text is None else text)
     if status >= 400:
         span.error()
+
+
+def merged_headers(
+    base: Any, added: dict[str, str], add_line: Callable[[Any, Any, Any], None], multi: Any
+) -> Any:
+    """A new headers mapping for a library that reads them through iteration and ``items()``
+    (http.client, urllib3): ``base``'s lines without any spelling of ``added``'s names (a
+    forwarded ``Sw8`` is replaced, not sent twice), then ``added``. A dict, unless ``items()``
+    gives a name more than once (an ``HTTPMessage`` of headers forwarded as received): a dict
+    would keep one of its lines, so then ``multi()``, given each line by ``add_line(headers,
+    name, value)``, which keeps them all, in order. May raise (``base`` of another shape)."""
+    lines = [(k, v) for k, v in base.items() if not (k.__class__ is str and k.lower() in added)]
+    merged = dict(lines)
+    if len(merged) < len(lines):
+        merged = multi()
+        for name, value in lines:
+            add_line(merged, name, value)
+    for name, value in added.items():
+        merged[name] = value  # none of its lines is left: a Message's append is a set here
+    return merged
 
 
 # A request object the application built may be sent again, outside any trace: the headers
