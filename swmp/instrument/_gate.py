@@ -33,6 +33,7 @@ def gated(
     """``orig(...)`` when no span is current or ``passes(...)`` is true, else ``traced(...)``
     with the same arguments; named and documented like ``orig`` (``__wrapped__`` is ``orig``)."""
     gate: Callable[..., Any]
+    named_like(traced, orig)
     if _Gate is not None:
         gate = _Gate(current_span, orig, traced, passes)
     else:
@@ -48,6 +49,20 @@ def gated(
         pass
     _async_like(gate, orig)
     return gate
+
+
+def named_like(traced: Any, orig: Any) -> None:
+    """``traced`` (a Python function) given ``orig``'s name: a call whose arguments it cannot
+    bind (an unknown keyword, no query) is refused with a TypeError naming the function, which
+    must be the library's (``Cursor.execute() got an unexpected keyword argument``), as
+    without the agent. Anything else is left as it is."""
+    if not inspect.isfunction(traced):
+        return
+    try:
+        traced.__name__ = orig.__name__
+        traced.__qualname__ = orig.__qualname__
+    except (AttributeError, TypeError):  # an original without the usual names
+        pass
 
 
 _ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
