@@ -63,3 +63,24 @@ def test_a_call_the_driver_refuses_names_the_drivers_method(
         stop_traced()
     assert within == without
     assert "execute()" in without and "<locals>" not in without
+
+
+def test_a_generator_method_is_still_one_to_inspect() -> None:
+    """psycopg's ``Cursor.stream`` is a generator function; its gate answered False to
+    ``inspect.isgeneratorfunction`` (the coroutine and async generator kinds were carried
+    over, not this one)."""
+    import inspect
+
+    import psycopg
+
+    from swmp.instrument._gate import is_native
+
+    if not is_native():
+        pytest.skip("the Python gate is a function of its own: no generator")
+    assert inspect.isgeneratorfunction(psycopg.Cursor.stream)
+    start_traced()
+    try:
+        assert inspect.isgeneratorfunction(psycopg.Cursor.stream)
+        assert inspect.isasyncgenfunction(psycopg.AsyncCursor.stream)
+    finally:
+        stop_traced()

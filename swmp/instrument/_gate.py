@@ -65,19 +65,22 @@ def named_like(traced: Any, orig: Any) -> None:
         pass
 
 
-_ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+# A generator function too (psycopg's Cursor.stream): isgeneratorfunction answers as for it.
+_KIND_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_GENERATOR
 
 
 def _async_like(gate: Any, orig: Any) -> None:
-    """A gate for a coroutine or async generator function answers as the original does to
-    ``inspect.iscoroutinefunction`` / ``isasyncgenfunction`` / ``signature`` (and so to
-    ``asyncio.iscoroutinefunction`` and ``mock.create_autospec``, which pick sync or async
-    behaviour by them): libraries and tests decide by these what a method is.
+    """A gate for a coroutine, async generator or generator function answers as the original
+    does to ``inspect.iscoroutinefunction`` / ``isasyncgenfunction`` / ``isgeneratorfunction``
+    / ``signature`` (and so to ``asyncio.iscoroutinefunction`` and ``mock.create_autospec``,
+    which pick sync or async behaviour by them): libraries and tests decide by these what a
+    method is.
 
     The native gate is given the original's code attributes, which is how ``inspect``
     recognises an object that behaves like a function (the duck typing it applies to
-    compiled functions); the Python gate, a function of its own, gets asyncio's marker."""
-    if not inspect.isfunction(orig) or not orig.__code__.co_flags & _ASYNC_FLAGS:
+    compiled functions); the Python gate, a function of its own, gets asyncio's marker (and
+    is no generator function: nothing marks one)."""
+    if not inspect.isfunction(orig) or not orig.__code__.co_flags & _KIND_FLAGS:
         return
     code = orig.__code__
     try:
