@@ -231,3 +231,22 @@ def test_a_header_given_twice_is_sent_twice(url: str, client: str) -> None:
     off, on = _both(call)
     assert on == off
     assert off[1][-1][1] == [("X-A", "1"), ("X-A", "2")]  # the CIMultiDict, taken by both
+
+
+def test_a_redirect_not_followed_leaves_no_sw8_on_the_next_request(url: str) -> None:
+    """With redirects not followed, requests (``resp.next``) and httpx (``resp.next_request``)
+    build the redirect's request for the caller from the one sent, sw8 included: sent later,
+    outside the trace, it carried the ended span's sw8."""
+    import httpx
+    import requests
+
+    def call() -> Any:
+        resp = requests.get(f"{url}/redirect", allow_redirects=False, headers={"SW8": "mine"})
+        assert resp.next is not None
+        with httpx.Client() as c:
+            hresp = c.get(f"{url}/redirect")
+        assert hresp.next_request is not None
+        return list(resp.next.headers.items()), hresp.next_request.headers.raw
+
+    off, on = _both(call)
+    assert on == off

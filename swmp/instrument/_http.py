@@ -139,16 +139,20 @@ def restore_headers(headers: Any, saved: Saved) -> None:
 def restore_redirects(resp: Any, original: Any, saved: Saved) -> None:
     """The requests a redirect made of the traced one (requests and httpx copy its headers,
     the span's sw8 with them) given back the headers the original had, as the response and
-    its ``history`` hold them: resending ``resp.request`` later sends no stale sw8, and its
-    headers read as without the agent (never raises)."""
+    its ``history`` hold them, and the one a redirect not followed leaves to send next:
+    resending one later sends no stale sw8, and its headers read as without the agent
+    (never raises)."""
     if not saved:
         return
     try:
         history = getattr(resp, "history", None) or ()
         for r in (*history, resp):
-            req = r.request
-            if req is not original:
-                restore_headers(req.headers, saved)
+            # Not followed (allow_redirects / follow_redirects false): the redirect's request,
+            # made for the caller to send (requests' resp.next, httpx's resp.next_request).
+            following = getattr(r, "_next", None) or getattr(r, "next_request", None)
+            for req in (r.request, following):
+                if req is not None and req is not original:
+                    restore_headers(req.headers, saved)
     except Exception:  # a response of another shape: left as sent
         pass
 
