@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
-from swmp.instrument._gate import gated
+from swmp.instrument._gate import gated, named_like
 from swmp.instrument._patch import patch, restore
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ def traced_send(orig: Any) -> Any:
             return await orig(self, topic, value, key, partition, timestamp_ms, traced)
 
     # With the native core the same steps in C, the span opened when the send is awaited.
+    named_like(send, orig)  # the fallback's binding errors name aiokafka's send (see there)
     native = send if _KafkaSend is None else _KafkaSend(orig, send, INTERNAL_MARK)
     return gated(orig, native)
 
