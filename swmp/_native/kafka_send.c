@@ -6,6 +6,8 @@
  *                    headers=None):
  *         if getattr(self, mark, False):
  *             return await orig(self, topic, value, key, partition, timestamp_ms, headers)
+ *         if headers is not None and headers.__class__ is not list:
+ *             return await orig(self, topic, value, key, partition, timestamp_ms, headers)
  *         span, traced = kafka_send_span(topic, _brokers(self.client), headers)
  *         if span is None:
  *             return await orig(self, topic, value, key, partition, timestamp_ms, headers)
@@ -169,6 +171,11 @@ static PyObject *send_pair(KafkaSend *k, PyObject *producer, PyObject *topic, Py
     Py_XDECREF(mark);
     if (internal != 0) {
         return internal < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    if (headers != Py_None && !PyList_CheckExact(headers)) {
+        /* aiokafka's record builder takes an exact list: anything else is its TypeError, which
+         * a merged plain list would turn into a sent record. The send as it came, no span. */
+        return Py_NewRef(Py_None);
     }
     PyObject *client = PyObject_GetAttr(producer, s_client);
     PyObject *brokers = client == NULL ? NULL : brokers_of(client);

@@ -14,6 +14,7 @@ from typing import Any
 
 from swmp.instrument._cache_commands import cache_head, cache_op
 from swmp.instrument._datastore import settings, text
+from swmp.instrument._gate import named_like
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import (
     TAG_CACHE_CMD,
@@ -113,6 +114,7 @@ def traced_command(  # noqa: PLR0917
     The key: positional argument ``key_index`` (``self`` is 0), which ``key_required`` says
     must be there. ``awaiting``: an async client's method (``traced`` an ``async def``),
     whose span opens when the call is awaited."""
+    named_like(traced, orig)  # its binding errors name the client's method (see there)
     if _CacheCall is None:
         return traced
     return _CacheCall(  # type: ignore[no-any-return]

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._gate import gated
+from swmp.instrument._gate import gated, named_like
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import (
     TAG_DB_INSTANCE,
@@ -327,6 +327,7 @@ def traced_execute(  # noqa: PLR0917
     ``traced`` keeps on it as :data:`WHERE`: the pair itself, or with ``key_attr`` ``(the
     connection's key_attr then, pair)``. ``truthy``: empty parameters are no parameters
     (``params or None``)."""
+    named_like(traced, orig)  # its binding errors name the driver's method (see there)
     if _SqlCall is None:
         return traced
     return _SqlCall(  # type: ignore[no-any-return]

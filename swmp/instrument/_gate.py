@@ -33,6 +33,7 @@ def gated(
     """``orig(...)`` when no span is current or ``passes(...)`` is true, else ``traced(...)``
     with the same arguments; named and documented like ``orig`` (``__wrapped__`` is ``orig``)."""
     gate: Callable[..., Any]
+    named_like(traced, orig)
     if _Gate is not None:
         gate = _Gate(current_span, orig, traced, passes)
     else:
@@ -50,19 +51,36 @@ def gated(
     return gate
 
 
-_ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+def named_like(traced: Any, orig: Any) -> None:
+    """``traced`` (a Python function) given ``orig``'s name: a call whose arguments it cannot
+    bind (an unknown keyword, no query) is refused with a TypeError naming the function, which
+    must be the library's (``Cursor.execute() got an unexpected keyword argument``), as
+    without the agent. Anything else is left as it is."""
+    if not inspect.isfunction(traced):
+        return
+    try:
+        traced.__name__ = orig.__name__
+        traced.__qualname__ = orig.__qualname__
+    except (AttributeError, TypeError):  # an original without the usual names
+        pass
+
+
+# A generator function too (psycopg's Cursor.stream): isgeneratorfunction answers as for it.
+_KIND_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_GENERATOR
 
 
 def _async_like(gate: Any, orig: Any) -> None:
-    """A gate for a coroutine or async generator function answers as the original does to
-    ``inspect.iscoroutinefunction`` / ``isasyncgenfunction`` / ``signature`` (and so to
-    ``asyncio.iscoroutinefunction`` and ``mock.create_autospec``, which pick sync or async
-    behaviour by them): libraries and tests decide by these what a method is.
+    """A gate for a coroutine, async generator or generator function answers as the original
+    does to ``inspect.iscoroutinefunction`` / ``isasyncgenfunction`` / ``isgeneratorfunction``
+    / ``signature`` (and so to ``asyncio.iscoroutinefunction`` and ``mock.create_autospec``,
+    which pick sync or async behaviour by them): libraries and tests decide by these what a
+    method is.
 
     The native gate is given the original's code attributes, which is how ``inspect``
     recognises an object that behaves like a function (the duck typing it applies to
-    compiled functions); the Python gate, a function of its own, gets asyncio's marker."""
-    if not inspect.isfunction(orig) or not orig.__code__.co_flags & _ASYNC_FLAGS:
+    compiled functions); the Python gate, a function of its own, gets asyncio's marker (and
+    is no generator function: nothing marks one)."""
+    if not inspect.isfunction(orig) or not orig.__code__.co_flags & _KIND_FLAGS:
         return
     code = orig.__code__
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -70,6 +71,26 @@ def record_status(span: Any, status: int) -> None:
         span.error()
 
 
+def merged_headers(
+    base: Any, added: dict[str, str], add_line: Callable[[Any, Any, Any], None], multi: Any
+) -> Any:
+    """A new headers mapping for a library that reads them through iteration and ``items()``
+    (http.client, urllib3): ``base``'s lines without any spelling of ``added``'s names (a
+    forwarded ``Sw8`` is replaced, not sent twice), then ``added``. A dict, unless ``items()``
+    gives a name more than once (an ``HTTPMessage`` of headers forwarded as received): a dict
+    would keep one of its lines, so then ``multi()``, given each line by ``add_line(headers,
+    name, value)``, which keeps them all, in order. May raise (``base`` of another shape)."""
+    lines = [(k, v) for k, v in base.items() if not (k.__class__ is str and k.lower() in added)]
+    merged = dict(lines)
+    if len(merged) < len(lines):
+        merged = multi()
+        for name, value in lines:
+            add_line(merged, name, value)
+    for name, value in added.items():
+        merged[name] = value  # none of its lines is left: a Message's append is a set here
+    return merged
+
+
 # A request object the application built may be sent again, outside any trace: the headers
 # a traced send added to it are taken out again once it was sent, so a later send does not
 # carry this span's sw8 (continuing a trace that has ended).
@@ -77,10 +98,29 @@ Saved = list[tuple[str, Any]]
 _ABSENT = object()
 
 
+def _spelling(headers: Any, name: str) -> str:
+    """The caller's own spelling of header ``name`` (``SW8``): setting it back under it keeps
+    the key as the caller wrote it (requests' CaseInsensitiveDict and httpx's Headers keep
+    the spelling last set). httpx iterates lower-cased names: its ``raw`` pairs keep them."""
+    raw = getattr(headers, "raw", None)
+    keys = [k.decode("latin-1") for k, _ in raw] if raw.__class__ is list else headers
+    for key in keys:
+        if key.__class__ is str and key.lower() == name:
+            return key
+    return name
+
+
 def add_headers(headers: Any, added: dict[str, str]) -> Saved:
-    """``headers.update(added)``; what to give back to :func:`restore_headers` afterwards."""
-    saved = [(name, headers.get(name, _ABSENT)) for name in added]
-    headers.update(added)
+    """``added`` set in ``headers``; what to give back to :func:`restore_headers` afterwards."""
+    saved: Saved = []
+    for name in added:
+        old = headers.get(name, _ABSENT)
+        # Rare (the caller sends an sw8 of its own): its spelling looked up only then.
+        saved.append((name if old is _ABSENT else _spelling(headers, name), old))
+    for name, value in added.items():
+        # Not update(): httpx's moves a header the caller has to the end, where the value
+        # set back afterwards would stay; setting one keeps its place.
+        headers[name] = value
     return saved
 
 
@@ -93,4 +133,41 @@ def restore_headers(headers: Any, saved: Saved) -> None:
             else:
                 headers[name] = old
     except Exception:  # a headers object of another shape: left as sent
+        pass
+
+
+def restore_redirects(resp: Any, original: Any, saved: Saved) -> None:
+    """The requests a redirect made of the traced one (requests and httpx copy its headers,
+    the span's sw8 with them) given back the headers the original had, as the response and
+    its ``history`` hold them, and the one a redirect not followed leaves to send next:
+    resending one later sends no stale sw8, and its headers read as without the agent
+    (never raises)."""
+    if not saved:
+        return
+    try:
+        history = getattr(resp, "history", None) or ()
+        for r in (*history, resp):
+            # Not followed (allow_redirects / follow_redirects false): the redirect's request,
+            # made for the caller to send (requests' resp.next, httpx's resp.next_request).
+            following = getattr(r, "_next", None) or getattr(r, "next_request", None)
+            for req in (r.request, following):
+                if req is not None and req is not original:
+                    restore_headers(req.headers, saved)
+    except Exception:  # a response of another shape: left as sent
+        pass
+
+
+def restore_raised(e: BaseException, original: Any, saved: Saved) -> None:
+    """:func:`restore_redirects` for a send that raised during its redirects: requests'
+    errors hold the last ``response`` and ``request``, httpx's the ``request`` (never raises)."""
+    if not saved:
+        return
+    try:
+        resp = getattr(e, "response", None)
+        if resp is not None:
+            restore_redirects(resp, original, saved)
+        req = getattr(e, "request", None)
+        if req is not None and req is not original:
+            restore_headers(req.headers, saved)
+    except Exception:  # httpx: an error without its request raises on .request
         pass

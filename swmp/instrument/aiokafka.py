@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
-from swmp.instrument._gate import gated
+from swmp.instrument._gate import gated, named_like
 from swmp.instrument._patch import patch, restore
 
 if TYPE_CHECKING:
@@ -67,6 +67,10 @@ def traced_send(orig: Any) -> Any:
     ) -> Any:
         if getattr(self, INTERNAL_MARK, False):  # not __dict__: it would de-optimise the instance
             return await orig(self, topic, value, key, partition, timestamp_ms, headers)
+        if headers is not None and headers.__class__ is not list:
+            # aiokafka's record builder takes an exact list: a tuple (or a list subclass) is
+            # its TypeError, which a merged plain list would have turned into a sent record.
+            return await orig(self, topic, value, key, partition, timestamp_ms, headers)
         span, traced = _mq.kafka_send_span(topic, _brokers(self.client), headers)
         if span is None:
             return await orig(self, topic, value, key, partition, timestamp_ms, headers)
@@ -74,6 +78,7 @@ def traced_send(orig: Any) -> Any:
             return await orig(self, topic, value, key, partition, timestamp_ms, traced)
 
     # With the native core the same steps in C, the span opened when the send is awaited.
+    named_like(send, orig)  # the fallback's binding errors name aiokafka's send (see there)
     native = send if _KafkaSend is None else _KafkaSend(orig, send, INTERNAL_MARK)
     return gated(orig, native)
 

@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _mq
-from swmp.instrument._gate import gated
+from swmp.instrument._gate import gated, named_like
 from swmp.instrument._patch import patch, restore
 from swmp.instrument._props_copy import attach_step, copy_back
 
@@ -153,6 +153,7 @@ def publish(orig: Any, with_headers: Callable[[Any, Any], Any]) -> Any:
                 copy_back(kwargs.get("properties"), traced)
 
     # With the native core the same steps in C, the span opened when the publish is awaited.
+    named_like(basic_publish, orig)  # the fallback's binding errors name aiormq's (see there)
     native = basic_publish if _AmqpPublish is None else _AmqpPublish(orig, basic_publish, with_headers, _peer)
     return gated(orig, native)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import peer_of, record_status
+from swmp.instrument._http import merged_headers, peer_of, record_status
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
@@ -82,7 +82,7 @@ _NOT_GIVEN: Any = object()
 
 
 def install(config: Config) -> None:
-    from http.client import HTTPConnection  # noqa: PLC0415
+    from http.client import HTTPConnection, HTTPMessage  # noqa: PLC0415
 
     def make_request(orig: Any) -> Any:
         def request(
@@ -90,6 +90,10 @@ def install(config: Config) -> None:
         ) -> Any:
             if headers is _NOT_GIVEN:
                 headers = {}  # http.client's own default; anything given goes on as given
+            if url.__class__ is not str or not hasattr(headers, "items"):
+                # A URL of bytes, headers without items() (a list of pairs): http.client's own
+                # error, as without us (the copy made below would let the list through).
+                return orig(self, method, url, body, headers, **kw)
             old = _pending(self)
             if old is not None:
                 old.finish()
@@ -103,12 +107,12 @@ def install(config: Config) -> None:
                 span.tag(TAG_HTTP_METHOD, method)
                 span.tag(TAG_HTTP_URL, f"{scheme}://{peer}{path}")
                 if headers is not None:  # None: http.client's own error, as without us
-                    added = span.inject()
-                    merged = dict(headers)
-                    for name in [n for n in merged if n.__class__ is str and n.lower() in added]:
-                        del merged[name]  # a forwarded sw8 in any spelling: replaced, not sent twice
-                    merged.update(added)
-                    headers = merged
+                    # A forwarded sw8 in any spelling replaced, not sent twice; a header
+                    # given twice (an HTTPMessage forwarded as received) sent twice.
+                    try:
+                        headers = merged_headers(headers, span.inject(), HTTPMessage.__setitem__, HTTPMessage)
+                    except Exception:  # headers of another shape: sent as given, without sw8
+                        pass
                 _keep(self, span)
             try:
                 return orig(self, method, url, body, headers, **kw)

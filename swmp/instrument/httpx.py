@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import Saved, add_headers, peer_of, record_status, restore_headers
+from swmp.instrument._http import (
+    Saved,
+    add_headers,
+    peer_of,
+    record_status,
+    restore_headers,
+    restore_raised,
+    restore_redirects,
+)
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
@@ -49,8 +57,12 @@ def install(config: Config) -> None:
             with span:
                 try:
                     resp = orig(self, request, **kwargs)
-                finally:
+                except BaseException as e:
                     restore_headers(request.headers, saved)
+                    restore_raised(e, request, saved)
+                    raise
+                restore_headers(request.headers, saved)
+                restore_redirects(resp, request, saved)
                 record_status(span, resp.status_code)
                 return resp
 
@@ -64,8 +76,12 @@ def install(config: Config) -> None:
             with span:
                 try:
                     resp = await orig(self, request, **kwargs)
-                finally:
+                except BaseException as e:
                     restore_headers(request.headers, saved)
+                    restore_raised(e, request, saved)
+                    raise
+                restore_headers(request.headers, saved)
+                restore_redirects(resp, request, saved)
                 record_status(span, resp.status_code)
                 return resp
 

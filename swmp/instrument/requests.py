@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import Saved, add_headers, record_status, restore_headers, split_url
+from swmp.instrument._http import (
+    Saved,
+    add_headers,
+    record_status,
+    restore_headers,
+    restore_raised,
+    restore_redirects,
+    split_url,
+)
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
@@ -40,9 +48,14 @@ def install(config: Config) -> None:
                     saved = add_headers(request.headers, span.inject())
                 try:
                     resp = orig(self, request, **kwargs)
-                finally:
+                except BaseException as e:
                     if saved:
                         restore_headers(request.headers, saved)
+                        restore_raised(e, request, saved)
+                    raise
+                if saved:
+                    restore_headers(request.headers, saved)
+                    restore_redirects(resp, request, saved)
                 if span.recording:
                     record_status(span, resp.status_code)
                 return resp

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import peer_of, record_status, split_url
+from swmp.instrument._http import merged_headers, peer_of, record_status, split_url
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Layer
@@ -32,7 +32,8 @@ def _with_sw8(base: Any, added: dict[str, str]) -> Any:
     ``HTTPHeaderDict`` stays one (a header given several values is still sent once per
     value, not as one joined line), any other mapping becomes a dict (as urllib3 iterates
     it). An ``sw8`` already among them in another spelling (``Sw8``, forwarded by a proxy)
-    is replaced, not sent beside the span's. Headers that cannot be copied are sent as
+    is replaced, not sent beside the span's; a mapping giving a name twice (an
+    ``HTTPMessage``) has each of its lines kept. Headers that cannot be copied are sent as
     given, without ``sw8``."""
     try:
         if isinstance(base, _header_dict):
@@ -40,9 +41,9 @@ def _with_sw8(base: Any, added: dict[str, str]) -> Any:
             for name, value in added.items():
                 merged[name] = value  # replaces every spelling of the name
             return merged
-        copied = {k: v for k, v in base.items() if not (k.__class__ is str and k.lower() in added)}
-        copied.update(added)
-        return copied
+        if not hasattr(base, "copy"):
+            return base  # urllib3 copies the headers it is given: its AttributeError, as given
+        return merged_headers(base, added, _header_dict.add, _header_dict)
     except Exception:
         return base
 
@@ -56,6 +57,8 @@ def install(config: Config) -> None:
 
     def make(orig: Any) -> Any:
         def urlopen(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            if url.__class__ is not str:  # bytes...: urllib3's own error, untraced
+                return orig(self, method, url, *args, **kwargs)
             # No query string: the operation name and http.url never carry what the query
             # may hold (tokens).
             path = url.split("?", 1)[0].split("#", 1)[0]
