@@ -30,11 +30,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 import ipc
 from reporter_proc.process import in_reporter_process, spawn_reporter, start_reporter_thread
 from swmp import _own_logging, _sink, _spawned, lifecycle, tracing
+from swmp._arena_meta import arena_meta
 from swmp._runtime import ArenaSink, ProcessSink
 from swmp._thread_sink import ThreadSink
 from swmp.config import Config, parse_instance_properties
@@ -169,25 +168,6 @@ def _instance_base(config: Config, owner_pid: int) -> str:
     return f"{host}-{owner_pid}"
 
 
-def _meta(config: Config, owner_pid: int, base: str, mode: str, registry: str = "") -> bytes:
-    """The arena header's JSON for tools. ``registry``: thread mode's name registry (its file
-    name, in the same directory), whose header counts what no process's ring took."""
-    extra = {"registry": registry} if registry else {}
-    return orjson.dumps(
-        {
-            "service": config.service_name,
-            "namespace": config.agent_namespace,
-            "instance": base,
-            "protocol": config.agent_protocol,
-            "backends": list(config.backends),
-            "authentication": "****" if config.agent_authentication else "",
-            "mode": mode,
-            "pid": owner_pid,
-            **extra,
-        }
-    )
-
-
 # -- start ---------------------------------------------------------------------------------
 def start(config: Config) -> None:
     """Start the agent in this process. Idempotent; never raises into the application."""
@@ -242,7 +222,7 @@ def _start(config: Config) -> _Running:
             path,
             slots=config.agent_arena_slots,
             ring_capacity=config.agent_ring_size,
-            meta=_meta(config, owner_pid, base, mode),
+            meta=arena_meta(config, owner_pid, base, mode),
             owner_pid=owner_pid,
         )
         sink: ProcessSink = ArenaSink(
@@ -281,7 +261,7 @@ def _start(config: Config) -> _Running:
             start_thread,
             arena_dir=directory,
             ring_capacity=config.agent_ring_size,
-            meta=_meta(config, owner_pid, base, mode, os.path.basename(path) if registry else ""),
+            meta=arena_meta(config, owner_pid, base, mode, os.path.basename(path) if registry else ""),
             service=config.service_name,
             instance_base=base,
             namespace=config.agent_namespace,

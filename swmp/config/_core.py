@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reporter_proc.settings import BOUNDS, one_of, seconds
+from reporter_proc.settings import BOUNDS, TEXT, one_of, seconds
 from swmp.config._declare import (
     CORE,
     KAFKA,
@@ -43,7 +43,11 @@ class CoreSettings:
         check=one_of(PROTOCOLS),
     )
     agent_authentication: str = opt(
-        "", "SW_AGENT_AUTHENTICATION", "Authentication token sent to the OAP (gRPC metadata).", CORE
+        "",
+        "SW_AGENT_AUTHENTICATION",
+        "Authentication token sent to the OAP (gRPC metadata): printable ASCII.",
+        CORE,
+        check=TEXT["authentication"],
     )
     agent_force_tls: bool = opt(
         False,

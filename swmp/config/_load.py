@@ -85,11 +85,16 @@ def _parse(type_name: str, raw: Any) -> Any:
     return raw
 
 
+# Settings whose value a warning must not show (a token in the application's log).
+_SECRET = frozenset({"agent_authentication"})
+
+
 def _validated(s: Setting, source: str, raw: Any) -> tuple[bool, Any]:
+    shown = "****" if s.name in _SECRET else raw
     try:
         value = _parse(s.type_name, raw)
     except ValueError as e:
-        _report(source, raw, str(e), s.default)
+        _report(source, shown, str(e), s.default)
         return False, None
     if s.name in ("agent_logging_level", "agent_log_reporter_level"):
         value = value.upper()
@@ -98,7 +103,7 @@ def _validated(s: Setting, source: str, raw: Any) -> tuple[bool, Any]:
     if s.check is not None:
         why = s.check(value)
         if why is not None:
-            _report(source, raw, why, s.default)
+            _report(source, shown, why, s.default)
             return False, None
     return True, value
 
