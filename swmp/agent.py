@@ -186,10 +186,18 @@ def start(config: Config) -> None:
         _own_logging.apply(config)
         try:
             _running = _start(config)
+        except _Unusable as exc:  # a setting's fault: said plainly, no traceback to report
+            log.error("swmp: the agent could not start: %s; the application runs without it", exc)
+            _running = None
+            _own_logging.restore()
         except Exception:
             log.exception("swmp: the agent could not start; the application runs without it")
             _running = None
             _own_logging.restore()
+
+
+class _Unusable(Exception):
+    """A setting the agent cannot start with (the message names it)."""
 
 
 def _start(config: Config) -> _Running:
@@ -198,7 +206,11 @@ def _start(config: Config) -> _Running:
     mode = "process" if use_process else "thread"
     owner_pid, in_worker = server_position()
     directory = config.agent_arena_dir
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:  # (empty, a file, under /proc, not ours to write)
+        why = "a file, not a directory" if isinstance(exc, FileExistsError) else exc.strerror
+        raise _Unusable(f"SW_AGENT_ARENA_DIR={directory!r} cannot be used ({why})") from None
     # A multiprocessing child of an application that runs the agent joins its arena and
     # reporter; it takes a slot when it first records (swmp._spawned). A server worker that
     # is one (Sanic's, spawned by the main process) is named now, as a forked worker is.

@@ -193,3 +193,16 @@ def test_out_of_range_numbers_on_the_command_line_are_refused(args: list[str], m
     )
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+# -- an arena directory the agent cannot use ------------------------------------------------------------
+@pytest.mark.parametrize(("directory", "why"), [("", "No such file or directory"), ("/etc/passwd", "a file")])
+def test_an_unusable_arena_directory_is_named_without_a_traceback(
+    tmp_path: Path, collector: Collector, directory: str, why: str
+) -> None:
+    # The start failed with a bare FileNotFoundError / FileExistsError traceback.
+    done = run_program(tmp_path, collector, SW_AGENT_ARENA_DIR=directory)
+    assert done.returncode == 0, done.stderr
+    assert "agent running: False" in done.stdout, done.stderr
+    assert f"the agent could not start: SW_AGENT_ARENA_DIR={directory!r} cannot be used ({why}" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
