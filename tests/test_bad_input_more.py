@@ -206,3 +206,17 @@ def test_an_unusable_arena_directory_is_named_without_a_traceback(
     assert "agent running: False" in done.stdout, done.stderr
     assert f"the agent could not start: SW_AGENT_ARENA_DIR={directory!r} cannot be used ({why}" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+# -- names with blanks around them ------------------------------------------------------------------------
+def test_protocol_and_levels_are_read_without_surrounding_blanks() -> None:
+    # Numbers and booleans were read so; "http " was refused and gRPC used instead.
+    cfg = load(
+        {
+            "SW_AGENT_PROTOCOL": " HTTP\t",
+            "SW_AGENT_LOGGING_LEVEL": "debug ",
+            "SW_AGENT_LOG_REPORTER_LEVEL": " error",
+        }
+    )
+    assert cfg.agent_protocol == "http"
+    assert (cfg.agent_logging_level, cfg.agent_log_reporter_level) == ("DEBUG", "ERROR")

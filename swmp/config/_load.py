@@ -96,10 +96,12 @@ def _validated(s: Setting, source: str, raw: Any) -> tuple[bool, Any]:
     except ValueError as e:
         _report(source, shown, str(e), s.default)
         return False, None
+    # Names read in any case and without the blanks a YAML value or a shell quote leaves
+    # around them, as numbers and booleans are ("http " fell back to gRPC).
     if s.name in ("agent_logging_level", "agent_log_reporter_level"):
-        value = value.upper()
+        value = value.strip().upper()
     if s.name == "agent_protocol":
-        value = value.lower()
+        value = value.strip().lower()
     if s.check is not None:
         why = s.check(value)
         if why is not None:
