@@ -220,3 +220,51 @@ def test_protocol_and_levels_are_read_without_surrounding_blanks() -> None:
     )
     assert cfg.agent_protocol == "http"
     assert (cfg.agent_logging_level, cfg.agent_log_reporter_level) == ("DEBUG", "ERROR")
+
+
+# -- backend addresses no client can use ----------------------------------------------------------------
+BAD_ADDRESSES = ["host:", ":11800", "host:99999", "127.0.0.1:abc", "h:1,,b:", "[::1]:0", "[::1]x"]
+ADDRESS_SETTINGS = [
+    ("SW_AGENT_COLLECTOR_BACKEND_SERVICES", "127.0.0.1:11800"),
+    ("SW_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
+]
+
+
+@pytest.mark.parametrize("value", BAD_ADDRESSES)
+@pytest.mark.parametrize(("variable", "default"), ADDRESS_SETTINGS)
+def test_a_backend_address_without_a_usable_port_is_refused(
+    variable: str, default: str, value: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It was taken as it was: every send failed as if the backend were down (gRPC took
+    # 99999 modulo 65536), with no word about the setting.
+    _load._reported.clear()
+    with caplog.at_level(logging.WARNING, logger="swmp.config"):
+        cfg = load({variable: value})
+    assert (cfg.agent_collector_backend_services, cfg.kafka_bootstrap_servers) == (
+        "127.0.0.1:11800",
+        "localhost:9092",
+    )
+    assert f"{variable}={value!r} is invalid (" in caplog.text and f"using {default!r} instead" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "oap:11800",
+        "oap-1.example.com:11800, oap-2:11800,",
+        "[::1]:11800",
+        "[::1]",
+        "::1",
+        "127.0.0.1",
+        "http://oap:12800/base",
+        "https://oap",
+        "dns:///oap:11800",
+        "unix:///run/oap.sock",
+    ],
+)
+def test_usable_backend_addresses_are_kept(value: str, caplog: pytest.LogCaptureFixture) -> None:
+    _load._reported.clear()
+    with caplog.at_level(logging.WARNING, logger="swmp.config"):
+        cfg = load({"SW_AGENT_COLLECTOR_BACKEND_SERVICES": value, "SW_KAFKA_BOOTSTRAP_SERVERS": value})
+    assert (cfg.agent_collector_backend_services, cfg.kafka_bootstrap_servers) == (value, value)
+    assert caplog.text == ""

@@ -10,6 +10,7 @@ from swmp.config._declare import (
     KAFKA,
     KAFKA_CONFIG_PREFIX,
     PROTOCOLS,
+    addresses,
     log_level,
     opt,
 )
@@ -34,6 +35,7 @@ class CoreSettings:
         "SW_AGENT_COLLECTOR_BACKEND_SERVICES",
         "OAP address(es), `host:port[,host:port]` (11800 gRPC, 12800 HTTP); Kafka ignores it.",
         CORE,
+        check=addresses,
     )
     agent_protocol: str = opt(
         "grpc",
@@ -93,7 +95,11 @@ class KafkaSettings:
     """The Kafka transport (``SW_AGENT_PROTOCOL=kafka``)."""
 
     kafka_bootstrap_servers: str = opt(
-        "localhost:9092", "SW_KAFKA_BOOTSTRAP_SERVERS", "Kafka brokers, `host:port[,host:port]`.", KAFKA
+        "localhost:9092",
+        "SW_KAFKA_BOOTSTRAP_SERVERS",
+        "Kafka brokers, `host:port[,host:port]`.",
+        KAFKA,
+        check=addresses,
     )
     kafka_namespace: str = opt(
         "",
