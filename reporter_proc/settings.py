@@ -57,6 +57,14 @@ def one_of(choices: tuple[str, ...]) -> Check:
     return check
 
 
+def header_text(v: Any) -> str | None:
+    """Text a gRPC metadata value or an HTTP header can carry: printable ASCII. gRPC refuses
+    anything else on every call (a tab, a newline, a non-ASCII letter), and the reporter then
+    failed each send and keep-alive, dropped the records as invalid and stopped."""
+    ok = all(" " <= c <= "~" for c in v)
+    return None if ok else "must be printable ASCII (a header value: no tabs, newlines or non-ASCII letters)"
+
+
 def kafka_key(raw: str) -> str:
     """A SW_KAFKA_REPORTER_CONFIG_* key as a producer argument name ("Linger.MS" -> "linger_ms").
 
@@ -174,6 +182,12 @@ BOUNDS: dict[str, Check] = {
     "memory_fail_first": at_least(0),
 }
 
+# The text settings with a form, checked the same way (the agent's SW_* variable too).
+TEXT: dict[str, Check] = {"authentication": header_text}
+
+# Settings whose value a log line must not show.
+SECRETS = frozenset({"authentication"})
+
 # Settings with no default worth falling back to: a mistyped protocol must not quietly
 # become gRPC to 127.0.0.1:11800. A bad value here refuses the start (ValueError).
 FATAL: dict[str, Check] = {"protocol": one_of(REPORTER_PROTOCOLS)}
@@ -218,12 +232,13 @@ def settings_from_mapping(data: Mapping[str, Any]) -> ReporterSettings:
         default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
         value, why = _typed(default, raw)
         if why is None:
-            check = BOUNDS.get(key) or FATAL.get(key)
+            check = BOUNDS.get(key) or TEXT.get(key) or FATAL.get(key)
             why = check(value) if check is not None else None
         if why is None:
             kwargs[key] = value
         elif key in FATAL:
             raise ValueError(f"reporter setting {key}={raw!r} is invalid ({why})")
         else:
-            log.warning("reporter setting %s=%r is invalid (%s); using %r instead", key, raw, why, default)
+            shown = "****" if key in SECRETS else raw
+            log.warning("reporter setting %s=%r is invalid (%s); using %r instead", key, shown, why, default)
     return ReporterSettings(**kwargs)

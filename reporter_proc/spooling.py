@@ -37,6 +37,21 @@ log = logging.getLogger("swmp.reporter")
 _MAX_SIBLINGS = 16  # spool directories one service may use on a host at once
 
 
+# A service's directory name is at most this long: a file name has 255 bytes, and the
+# sibling suffix (".15") must still fit.
+_NAME_MAX = 200
+
+
+def spool_name(service: str) -> str:
+    """The service's directory under the spool base: a plain name of at most _NAME_MAX
+    characters. A longer service name disabled the spool ("File name too long"), and "." or
+    ".." named the base itself or its parent, so the spool files landed outside it."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", service)[:_NAME_MAX]
+    if name.strip(".") == "":  # "", ".", "..": not a directory of its own
+        name = "default" if not name else name.replace(".", "_")
+    return name
+
+
 class SpoolWriter:
     def __init__(self, spool: Spool, journal: Journal) -> None:
         self.spool = spool
@@ -52,7 +67,7 @@ class SpoolWriter:
             return None
         if base.lower() == AUTO:
             base = default_base()
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", s.service) or "default"
+        name = spool_name(s.service)
         spool: Spool | None = None
         # Several applications of one service on a host (same user) each need a directory of
         # their own: the first free one of <service>, <service>.1, ... (the lock says which

@@ -21,6 +21,7 @@ reports starts a reporter thread for itself, after fork, never in a prefork mast
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import os
 import socket
@@ -30,12 +31,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 import ipc
 from ipc.private import make_directories
 from reporter_proc.process import in_reporter_process, spawn_reporter, start_reporter_thread
 from swmp import _own_logging, _sink, _spawned, lifecycle, tracing
+from swmp._arena_meta import arena_meta
 from swmp._runtime import ArenaSink, ProcessSink
 from swmp._thread_sink import ThreadSink
 from swmp.config import Config, parse_instance_properties
@@ -170,25 +170,6 @@ def _instance_base(config: Config, owner_pid: int) -> str:
     return f"{host}-{owner_pid}"
 
 
-def _meta(config: Config, owner_pid: int, base: str, mode: str, registry: str = "") -> bytes:
-    """The arena header's JSON for tools. ``registry``: thread mode's name registry (its file
-    name, in the same directory), whose header counts what no process's ring took."""
-    extra = {"registry": registry} if registry else {}
-    return orjson.dumps(
-        {
-            "service": config.service_name,
-            "namespace": config.agent_namespace,
-            "instance": base,
-            "protocol": config.agent_protocol,
-            "backends": list(config.backends),
-            "authentication": "****" if config.agent_authentication else "",
-            "mode": mode,
-            "pid": owner_pid,
-            **extra,
-        }
-    )
-
-
 # -- start ---------------------------------------------------------------------------------
 def start(config: Config) -> None:
     """Start the agent in this process. Idempotent; never raises into the application."""
@@ -207,10 +188,18 @@ def start(config: Config) -> None:
         _own_logging.apply(config)
         try:
             _running = _start(config)
+        except _Unusable as exc:  # a setting's fault: said plainly, no traceback to report
+            log.error("swmp: the agent could not start: %s; the application runs without it", exc)
+            _running = None
+            _own_logging.restore()
         except Exception:
             log.exception("swmp: the agent could not start; the application runs without it")
             _running = None
             _own_logging.restore()
+
+
+class _Unusable(Exception):
+    """A setting the agent cannot start with (the message names it)."""
 
 
 def _start(config: Config) -> _Running:
@@ -219,7 +208,15 @@ def _start(config: Config) -> _Running:
     mode = "process" if use_process else "thread"
     owner_pid, in_worker = server_position()
     directory = config.agent_arena_dir
-    make_directories(directory)  # 0700: never world-writable, whatever the umask
+    try:
+        if not directory:  # (abspath would make it the current directory)
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), directory)
+        make_directories(directory)  # 0700: never world-writable, whatever the umask
+        if not os.path.isdir(directory):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), directory)
+    except OSError as exc:  # (empty, a file, under /proc, not ours to write, a foreign link)
+        why = "a file, not a directory" if isinstance(exc, FileExistsError) else exc.strerror or str(exc)
+        raise _Unusable(f"SW_AGENT_ARENA_DIR={directory!r} cannot be used ({why})") from None
     # A multiprocessing child of an application that runs the agent joins its arena and
     # reporter; it takes a slot when it first records (swmp._spawned). A server worker that
     # is one (Sanic's, spawned by the main process) is named now, as a forked worker is.
@@ -243,7 +240,7 @@ def _start(config: Config) -> _Running:
             path,
             slots=config.agent_arena_slots,
             ring_capacity=config.agent_ring_size,
-            meta=_meta(config, owner_pid, base, mode),
+            meta=arena_meta(config, owner_pid, base, mode),
             owner_pid=owner_pid,
         )
         sink: ProcessSink = ArenaSink(
@@ -282,7 +279,7 @@ def _start(config: Config) -> _Running:
             start_thread,
             arena_dir=directory,
             ring_capacity=config.agent_ring_size,
-            meta=_meta(config, owner_pid, base, mode, os.path.basename(path) if registry else ""),
+            meta=arena_meta(config, owner_pid, base, mode, os.path.basename(path) if registry else ""),
             service=config.service_name,
             instance_base=base,
             namespace=config.agent_namespace,

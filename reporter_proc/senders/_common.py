@@ -33,7 +33,7 @@ class Backends:
     def __init__(self, addresses: Sequence[str], what: str) -> None:
         cleaned = [a.strip() for a in addresses if a and a.strip()]
         if not cleaned:
-            raise ValueError(f"no {what} backend configured")
+            raise ValueError(f"no {what} backend configured (SW_AGENT_COLLECTOR_BACKEND_SERVICES is empty)")
         self.addresses = cleaned
         self.index = 0
         self.generation = 0

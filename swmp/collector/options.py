@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -24,8 +25,21 @@ def default_path() -> Path:
 
 def _positive(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    # (inf passed "> 0" and then failed int() with an OverflowError traceback)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def tcp_port(text: str) -> int:
+    """A TCP port. gRPC took one out of range modulo 65536 (99999 listened on 34463, -1 on
+    65535) and the HTTP server failed with an OverflowError traceback."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 65535, got {text!r}")
     return value
 
 
@@ -34,11 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--host", default=DEFAULT_HOST, help="address to bind (default 127.0.0.1: this machine only)"
     )
     p.add_argument(
-        "--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC port (default 11800; 0 = free)"
+        "--grpc-port", type=tcp_port, default=DEFAULT_GRPC_PORT, help="gRPC port (default 11800; 0 = free)"
     )
     p.add_argument(
         "--http-port",
-        type=int,
+        type=tcp_port,
         default=DEFAULT_HTTP_PORT,
         help="HTTP receiver + web page port (default 12800)",
     )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reporter_proc.settings import BOUNDS, one_of, seconds
+from reporter_proc.settings import BOUNDS, TEXT, one_of, seconds
 from swmp.config._declare import (
     CORE,
     KAFKA,
     KAFKA_CONFIG_PREFIX,
     PROTOCOLS,
+    addresses,
     log_level,
     opt,
 )
@@ -34,6 +35,7 @@ class CoreSettings:
         "SW_AGENT_COLLECTOR_BACKEND_SERVICES",
         "OAP address(es), `host:port[,host:port]` (11800 gRPC, 12800 HTTP); Kafka ignores it.",
         CORE,
+        check=addresses,
     )
     agent_protocol: str = opt(
         "grpc",
@@ -43,7 +45,11 @@ class CoreSettings:
         check=one_of(PROTOCOLS),
     )
     agent_authentication: str = opt(
-        "", "SW_AGENT_AUTHENTICATION", "Authentication token sent to the OAP (gRPC metadata).", CORE
+        "",
+        "SW_AGENT_AUTHENTICATION",
+        "Authentication token sent to the OAP (gRPC metadata): printable ASCII.",
+        CORE,
+        check=TEXT["authentication"],
     )
     agent_force_tls: bool = opt(
         False,
@@ -89,7 +95,11 @@ class KafkaSettings:
     """The Kafka transport (``SW_AGENT_PROTOCOL=kafka``)."""
 
     kafka_bootstrap_servers: str = opt(
-        "localhost:9092", "SW_KAFKA_BOOTSTRAP_SERVERS", "Kafka brokers, `host:port[,host:port]`.", KAFKA
+        "localhost:9092",
+        "SW_KAFKA_BOOTSTRAP_SERVERS",
+        "Kafka brokers, `host:port[,host:port]`.",
+        KAFKA,
+        check=addresses,
     )
     kafka_namespace: str = opt(
         "",

@@ -70,5 +70,36 @@ def power_of_two(lo: int, hi: int) -> Check:
     return check
 
 
+# gRPC target schemes (and URLs, "://"): their syntax is the library's to judge.
+_TARGET_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
+
+
+def _bad_address(entry: str) -> bool:
+    """True for a ``host:port`` that no client can use: an empty host or port, or a port that
+    is not 1..65535 (gRPC took 99999 modulo 65536, ``host:`` and ``:11800`` failed every
+    send as if the backend were down). A bare host, a bracketed or bare IPv6 address, a URL
+    and a gRPC target with a scheme are left to the client."""
+    if "://" in entry or entry.startswith(_TARGET_SCHEMES):
+        return False
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        if rest == "":
+            return not host
+        if not rest.startswith(":"):
+            return True
+        port = rest[1:]
+    elif entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+    else:
+        return False  # a bare host, or a bare IPv6 address
+    return not host or not (port.isdigit() and port.isascii() and 1 <= int(port) <= 65535)
+
+
+def addresses(v: Any) -> str | None:
+    """A comma-separated list of backend addresses (empty entries are skipped, as loading does)."""
+    bad = [e for e in (p.strip() for p in str(v).split(",")) if e and _bad_address(e)]
+    return f"{bad[0]!r} is not host:port with a port from 1 to 65535" if bad else None
+
+
 def log_level(v: Any) -> str | None:
     return None if str(v).upper() in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"

@@ -85,20 +85,27 @@ def _parse(type_name: str, raw: Any) -> Any:
     return raw
 
 
+# Settings whose value a warning must not show (a token in the application's log).
+_SECRET = frozenset({"agent_authentication"})
+
+
 def _validated(s: Setting, source: str, raw: Any) -> tuple[bool, Any]:
+    shown = "****" if s.name in _SECRET else raw
     try:
         value = _parse(s.type_name, raw)
     except ValueError as e:
-        _report(source, raw, str(e), s.default)
+        _report(source, shown, str(e), s.default)
         return False, None
+    # Names read in any case and without the blanks a YAML value or a shell quote leaves
+    # around them, as numbers and booleans are ("http " fell back to gRPC).
     if s.name in ("agent_logging_level", "agent_log_reporter_level"):
-        value = value.upper()
+        value = value.strip().upper()
     if s.name == "agent_protocol":
-        value = value.lower()
+        value = value.strip().lower()
     if s.check is not None:
         why = s.check(value)
         if why is not None:
-            _report(source, raw, why, s.default)
+            _report(source, shown, why, s.default)
             return False, None
     return True, value
 

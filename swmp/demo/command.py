@@ -4,6 +4,19 @@ from __future__ import annotations
 
 import argparse
 
+from swmp.collector.options import tcp_port
+
+
+def _count(text: str) -> int:
+    """A number of requests, workers...: 0 workers waited 30 s for an app that never came up."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -14,9 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--oap-query", metavar="URL", help="with --oap: its GraphQL address (default http://HOST:12800)"
     )
-    p.add_argument("--requests", type=int, default=300, help="requests to send (default 300)")
-    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
-    p.add_argument("--workers", type=int, default=4, help="Gunicorn workers of the example app (default 4)")
+    p.add_argument("--requests", type=_count, default=300, help="requests to send (default 300)")
+    p.add_argument("--concurrency", type=_count, default=8, help="requests in flight (default 8)")
+    p.add_argument(
+        "--workers", type=_count, default=4, help="Gunicorn workers of the example app (default 4)"
+    )
     p.add_argument(
         "--protocol", choices=("grpc", "http"), default="grpc", help="agent transport (default grpc)"
     )
@@ -24,10 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--db", metavar="PATH", help="the collector's database (default: `swmp collector`'s default)"
     )
     p.add_argument(
-        "--grpc-port", type=int, default=11800, help="collector gRPC port (default 11800; 0 = free)"
+        "--grpc-port", type=tcp_port, default=11800, help="collector gRPC port (default 11800; 0 = free)"
     )
     p.add_argument(
-        "--http-port", type=int, default=12800, help="collector HTTP/page port (default 12800; 0 = free)"
+        "--http-port", type=tcp_port, default=12800, help="collector HTTP/page port (default 12800; 0 = free)"
     )
     p.add_argument(
         "--keep",
