@@ -1,0 +1,158 @@
+"""Edge cases of an application's processes under ``swmp run``: what they leave behind.
+
+Real programs run under ``swmp run`` in child processes and report to the in-process test
+collector over gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ipc import Arena, cleanup_dead_private
+from ipc.private import private_directory
+from tests.children import fork, reap
+from tests.collector import Collector
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(180)
+
+# Three rounds of ``with Pool(2) as pool``: the block's end is ``terminate()``, which SIGTERMs
+# the pool processes (no atexit, so no clean leave). Then one more process that starts
+# reporting and leaves cleanly. The program lists the arena files while it still runs.
+POOL_ROUNDS = textwrap.dedent(
+    """
+    import json, multiprocessing, os, sys
+
+    import swmp
+
+
+    def traced(i):
+        with swmp.entry_span(f"task-{i}"):
+            pass
+        return os.getpid()
+
+
+    def arenas(directory):
+        return sorted(
+            name
+            for sub in os.listdir(directory)
+            for name in os.listdir(os.path.join(directory, sub))
+            if name.endswith((".arena", ".wake"))
+        )
+
+
+    if __name__ == "__main__":
+        method, out = sys.argv[1:3]
+        ctx = multiprocessing.get_context(method)
+        traced(-1)
+        pids = []
+        for _ in range(3):
+            with ctx.Pool(2) as pool:
+                pids += pool.map(traced, range(4), chunksize=1)
+        last = ctx.Process(target=traced, args=(99,))
+        last.start()
+        last.join()
+        left = arenas(os.environ["SW_AGENT_ARENA_DIR"])
+        with open(out, "w") as f:
+            json.dump({"main": os.getpid(), "pids": pids, "left": left}, f)
+    """
+)
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    with Collector(enable_http=False) as c:
+        yield c
+
+
+def _env(tmp_path: Path, collector: Collector, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SW_", "SWMP_", "UWSGI_"))}
+    (tmp_path / "shm").mkdir(exist_ok=True)
+    env.update(
+        {
+            "SW_AGENT_NAME": "edges",
+            "SW_AGENT_INSTANCE_NAME": "edges",
+            "SW_AGENT_COLLECTOR_BACKEND_SERVICES": collector.grpc_address,
+            "SW_AGENT_ARENA_DIR": str(tmp_path / "shm"),
+            "SW_AGENT_REPORTER_FLUSH_INTERVAL": "0.05",
+            "SW_AGENT_LOG_REPORTER_ACTIVE": "false",
+            "SW_AGENT_METER_REPORTER_ACTIVE": "false",
+            "SW_AGENT_PROFILE_ACTIVE": "false",
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def _swmp_run(*command: str) -> list[str]:
+    return [sys.executable, "-m", "swmp.cli", "run", "--", *command]
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_thread_mode_pool_processes_ended_by_terminate_leave_no_arena_behind(
+    tmp_path: Path, collector: Collector, method: str
+) -> None:
+    """Thread mode: every pool process that reported has a private arena (4 MiB of ring in
+    ``/dev/shm``); one SIGTERMed by ``Pool.terminate()`` cannot remove it. Before, each such
+    file stayed until the next application started: a program opening a pool per batch
+    filled ``/dev/shm`` (one file per pool process per batch). Now the next process that
+    starts reporting removes those of dead processes; the live ones stay."""
+    script = tmp_path / "pool_rounds.py"
+    script.write_text(POOL_ROUNDS)
+    out = tmp_path / "out.json"
+    env = _env(tmp_path, collector, SW_AGENT_REPORTER_PROCESS="false")
+    done = subprocess.run(
+        _swmp_run(sys.executable, str(script), method, str(out)),
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = json.loads(out.read_text())
+    main = info["main"]
+    assert len(set(info["pids"])) >= 2  # the pools did run in processes of their own
+    # Left while the program runs: its name registry and its own private arena (and doorbell),
+    # nothing of a pool process.
+    left = info["left"]
+    assert [n for n in left if f"-{main}-" not in n] == [], left
+    assert len([n for n in left if n.endswith(".arena")]) == 2, left
+
+
+def test_cleanup_dead_private_removes_only_dead_processes_arenas(tmp_path: Path) -> None:
+    directory = private_directory(str(tmp_path))
+
+    def private_arena(pid: int) -> Arena:
+        path = os.path.join(directory, f"swmp-{os.getuid()}-{pid}-t{os.urandom(4).hex()}.arena")
+        return Arena.create(path, slots=1, ring_capacity=4096, owner_pid=pid)
+
+    def dies_with_its_arena() -> None:
+        arena = private_arena(os.getpid())
+        with open(os.path.join(directory, "dead.txt"), "w") as f:
+            f.write(arena.path)
+
+    reap(fork(dies_with_its_arena))  # (os._exit in the child: its atexit never runs)
+    dead = Path(directory, "dead.txt").read_text()
+    assert os.path.exists(dead) and os.path.exists(dead + ".wake")
+    mine = private_arena(os.getpid())
+    shared_path = os.path.join(directory, f"swmp-{os.getuid()}-1-99.arena")
+    shared = Arena.create(shared_path, slots=1, ring_capacity=4096)
+    try:
+        assert cleanup_dead_private(str(tmp_path)) == [dead]
+        assert not os.path.exists(dead) and not os.path.exists(dead + ".wake")
+        assert os.path.exists(mine.path) and os.path.exists(shared.path)  # ours; not a private one
+    finally:
+        mine.close()
+        shared.close()
