@@ -18,6 +18,7 @@ import pytest
 
 from ipc import Arena, cleanup_dead_private
 from ipc.private import private_directory
+from ipc.wakeup import Doorbell, DoorbellListener, create_fifo
 from tests.children import fork, reap
 from tests.collector import Collector
 
@@ -156,3 +157,84 @@ def test_cleanup_dead_private_removes_only_dead_processes_arenas(tmp_path: Path)
     finally:
         mine.close()
         shared.close()
+
+
+# A program that, once the agent's doorbell is open (a burst of records while the reporter
+# sleeps), closes every descriptor it did not open itself, as daemon libraries do
+# (python-daemon's DaemonContext, also without detaching, as under systemd), opens its own
+# files (they take the freed numbers), and records bursts again while writing its files.
+CLOSES_ITS_FDS = textwrap.dedent(
+    """
+    import os, sys, time
+
+    import swmp
+
+
+    def burst(op):
+        for _ in range(60):  # a quarter of the 64 KiB ring: a sleeping reporter is woken
+            with swmp.entry_span(op):
+                swmp.tag("payload", "x" * 400)
+
+
+    out = sys.argv[1]
+    time.sleep(1.0)  # the reporter goes to sleep on its doorbell
+    burst("before")
+    time.sleep(1.0)
+    os.closerange(3, 65536)
+    files = [open(os.path.join(out, f"app{k}.log"), "wb", buffering=0) for k in range(4)]
+    for i in range(5):
+        time.sleep(0.5)
+        burst(f"after-{i}")
+        files[0].write(b"line %d\\n" % i)
+    for f in files:
+        f.close()
+    """
+)
+
+
+def test_a_program_that_closes_every_descriptor_gets_no_wake_up_bytes_in_its_files(
+    tmp_path: Path, collector: Collector
+) -> None:
+    """Before, the ring writer's doorbell kept writing its wake-up byte into the descriptor
+    number it had opened, which by then named one of the program's own files: ``\\x01``
+    bytes in the program's log (or socket). Now it checks the descriptor is still its FIFO."""
+    script = tmp_path / "closes_fds.py"
+    script.write_text(CLOSES_ITS_FDS)
+    env = _env(tmp_path, collector, SW_AGENT_RING_SIZE="65536")
+    done = subprocess.run(
+        _swmp_run(sys.executable, str(script), str(tmp_path)),
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    contents = [(tmp_path / f"app{k}.log").read_bytes() for k in range(4)]
+    assert contents == [b"".join(b"line %d\n" % i for i in range(5)), b"", b"", b""]
+    # The records made after the descriptors were closed are delivered all the same.
+    assert collector.wait_for(lambda: len(collector.segments) >= 6 * 60, 30)
+
+
+def test_a_doorbell_whose_descriptor_was_closed_never_writes_into_its_successor(tmp_path: Path) -> None:
+    arena_path = str(tmp_path / "x.arena")
+    create_fifo(arena_path)
+    listener = DoorbellListener(arena_path)
+    bell = Doorbell(arena_path)
+    try:
+        bell()
+        assert listener.wait(0)
+        fd = bell._fd
+        os.close(fd)  # the application closes it...
+        other = os.open(tmp_path / "app.log", os.O_WRONLY | os.O_CREAT, 0o600)
+        assert other == fd  # ...and the number names one of its files now
+        bell()
+        assert os.path.getsize(tmp_path / "app.log") == 0
+        assert listener.wait(0)  # rung through a new descriptor
+        bell.close()
+        os.fstat(other)  # still the application's, still open
+        os.close(other)
+    finally:
+        bell.close()
+        listener.close()
