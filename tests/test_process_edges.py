@@ -159,10 +159,11 @@ def test_cleanup_dead_private_removes_only_dead_processes_arenas(tmp_path: Path)
         shared.close()
 
 
-# A program that, once the agent's doorbell is open (a burst of records while the reporter
-# sleeps), closes every descriptor it did not open itself, as daemon libraries do
-# (python-daemon's DaemonContext, also without detaching, as under systemd), opens its own
-# files (they take the freed numbers), and records bursts again while writing its files.
+# A program that, once the agent holds its descriptors (the arena's; the doorbell, opened by
+# a burst of records while the reporter sleeps), closes every descriptor it did not open
+# itself, as daemon libraries do (python-daemon's DaemonContext, also without detaching, as
+# under systemd), opens its own files (they take the freed numbers), and records bursts
+# again while writing to its first file.
 CLOSES_ITS_FDS = textwrap.dedent(
     """
     import os, sys, time
@@ -170,21 +171,21 @@ CLOSES_ITS_FDS = textwrap.dedent(
     import swmp
 
 
-    def burst(op):
-        for _ in range(60):  # a quarter of the 64 KiB ring: a sleeping reporter is woken
+    def burst(op, n):
+        for _ in range(n):
             with swmp.entry_span(op):
                 swmp.tag("payload", "x" * 400)
 
 
-    out = sys.argv[1]
+    out, n = sys.argv[1], int(sys.argv[2])
     time.sleep(1.0)  # the reporter goes to sleep on its doorbell
-    burst("before")
+    burst("before", n)
     time.sleep(1.0)
     os.closerange(3, 65536)
     files = [open(os.path.join(out, f"app{k}.log"), "wb", buffering=0) for k in range(4)]
     for i in range(5):
         time.sleep(0.5)
-        burst(f"after-{i}")
+        burst(f"after-{i}", n)
         files[0].write(b"line %d\\n" % i)
     for f in files:
         f.close()
@@ -192,17 +193,29 @@ CLOSES_ITS_FDS = textwrap.dedent(
 )
 
 
-def test_a_program_that_closes_every_descriptor_gets_no_wake_up_bytes_in_its_files(
-    tmp_path: Path, collector: Collector
+@pytest.mark.parametrize(
+    ("ring", "burst"),
+    [
+        # A quarter of the ring in a burst wakes the sleeping reporter: the doorbell's byte.
+        (65536, 60),
+        # A ring reserves its pages' room a stretch at a time, ahead of the writer: past the
+        # first lap (4 MiB), each burst needs more.
+        (4 << 20, 400),
+    ],
+    ids=["doorbell", "room"],
+)
+def test_a_program_that_closes_every_descriptor_keeps_its_files_intact(
+    tmp_path: Path, collector: Collector, ring: int, burst: int
 ) -> None:
-    """Before, the ring writer's doorbell kept writing its wake-up byte into the descriptor
-    number it had opened, which by then named one of the program's own files: ``\\x01``
-    bytes in the program's log (or socket). Now it checks the descriptor is still its FIFO."""
+    """Before, the agent kept using the descriptor numbers it had opened, which by then
+    named the program's own files: the doorbell wrote its wake-up bytes (``\\x01``) into
+    one, the ring's room reservation (``posix_fallocate``) grew another by megabytes of
+    zeros. Now each use checks that the number still names the agent's file."""
     script = tmp_path / "closes_fds.py"
     script.write_text(CLOSES_ITS_FDS)
-    env = _env(tmp_path, collector, SW_AGENT_RING_SIZE="65536")
+    env = _env(tmp_path, collector, SW_AGENT_RING_SIZE=str(ring))
     done = subprocess.run(
-        _swmp_run(sys.executable, str(script), str(tmp_path)),
+        _swmp_run(sys.executable, str(script), str(tmp_path), str(burst)),
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -214,7 +227,7 @@ def test_a_program_that_closes_every_descriptor_gets_no_wake_up_bytes_in_its_fil
     contents = [(tmp_path / f"app{k}.log").read_bytes() for k in range(4)]
     assert contents == [b"".join(b"line %d\n" % i for i in range(5)), b"", b"", b""]
     # The records made after the descriptors were closed are delivered all the same.
-    assert collector.wait_for(lambda: len(collector.segments) >= 6 * 60, 30)
+    assert collector.wait_for(lambda: len(collector.segments) >= 6 * burst, 30)
 
 
 def test_a_doorbell_whose_descriptor_was_closed_never_writes_into_its_successor(tmp_path: Path) -> None:
