@@ -17,12 +17,14 @@ The registry also remembers which locks this process holds, since ``F_GETLK`` ne
 reports a process's own locks: without it a process could "claim" a slot it already
 holds. Locks are not inherited across ``fork()``, so a child starts with an empty set.
 
-A forked child may close the descriptors it inherited (billiard's ``close_open_fds`` in
-Celery's embedded beat process, daemonizing code), and the number may then name another
-file of the application. Locking a byte of that file would "claim" a slot another process
-holds (two writers on one ring), and closing it would close someone else's file. So a
-process that did not open the descriptor checks it (:meth:`SharedFile.descriptor`) before
-each use and opens the arena again when the number no longer names it.
+A process may close the descriptors it did not open (billiard's ``close_open_fds`` in
+Celery's embedded beat process, daemonizing code, in a forked child or in the very process
+that opened them), and the number may then name another file of the application. Locking a
+byte of that file would "claim" a slot another process holds (two writers on one ring),
+reserving ring room there would grow it, and closing it would close someone else's file. So
+every use checks the descriptor (:meth:`SharedFile.descriptor`) and opens the arena again
+when the number no longer names it. (The locks the process held went with the closed
+descriptor: the kernel dropped them.)
 """
 
 from __future__ import annotations
@@ -51,19 +53,17 @@ class SharedFile:
     slots: set[int] = field(default_factory=set)  # slot locks this process holds
     reporter: bool = False  # this process holds the reporter lock
     lock: threading.Lock = field(default_factory=threading.Lock)
-    fd_pid: int = field(default_factory=os.getpid)  # the process that opened ``fd``
     mm_pid: int = field(default_factory=os.getpid)  # the process that made the entry and map
 
     def descriptor(self) -> int:
-        """``fd``, made sure to still name the file in a process that inherited it (see the
-        module doc): opened again if it does not; -1 if that fails (every use then fails
-        like a lock held by someone else, never on another file)."""
+        """``fd``, made sure to still name the file (see the module doc): opened again if it
+        does not; -1 if that fails (every use then fails like a lock held by someone else,
+        never on another file)."""
         fd = self.fd
         if fd < 0 or self._names_the_file(fd):
             return fd
-        pid = os.getpid()
         with _lock:
-            if self.fd_pid == pid:  # another thread opened it again meanwhile
+            if self.fd != fd:  # another thread opened it again meanwhile
                 return self.fd
             self.fd = -1  # the old number is not ours any more: never close it
             try:
@@ -77,14 +77,15 @@ class SharedFile:
             if not same:  # the path names another file now (the arena was replaced)
                 os.close(new)
                 return -1
-            self.fd, self.fd_pid = new, pid
+            self.fd = new
             return new
 
     def _names_the_file(self, fd: int) -> bool:
-        """Is ``fd`` (ours if we opened it; checked on every use if inherited: the process
-        may close it later) a descriptor of this file?"""
-        if self.fd_pid == os.getpid():
-            return True
+        """Is ``fd`` still a descriptor of this file? Checked on every use (one ``fstat``;
+        none is on a record's path), in the process that opened it too: a program that
+        closes every descriptor it did not open (a daemon) may have the number name one of
+        its own files, which the ring's room reservation (``posix_fallocate``) then grew by
+        megabytes of zeros."""
         try:
             return _key(os.fstat(fd)) == self.key
         except OSError:

@@ -313,8 +313,9 @@ class Arena:
     def live_slots(self) -> dict[int, int]:
         """``{slot: pid}`` for every slot held by a live process other than this one."""
         out = {}
+        fd = _descriptor(self)  # checked (an fstat) once for the whole scan
         for slot in range(self.slots):
-            pid = self.slot_owner(slot)
+            pid = _locks.holder(fd, L.slot_lock_offset(slot))
             if pid is not None:
                 out[slot] = pid
         return out

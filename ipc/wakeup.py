@@ -69,6 +69,11 @@ class Doorbell:
         if self._pid != pid:  # inherited across fork: open our own
             self.close()
             self._pid = pid
+        if self._fd >= 0 and not self._still_ours():
+            # The application closed it (a daemon closes every descriptor it did not open)
+            # and the number may name one of its files or sockets now: a wake-up byte written
+            # there corrupted it. Forgotten, never closed (it is theirs); opened again below.
+            self._fd = -1
         if self._fd < 0:
             now = time.monotonic()
             if now < self._next_open:
@@ -101,19 +106,22 @@ class Doorbell:
                 self.close()
                 self._next_open = time.monotonic() + self.RETRY_OPEN_S
 
+    def _still_ours(self) -> bool:
+        """Does our descriptor still name the FIFO we opened (one ``fstat``: wake-ups are rare)?"""
+        try:
+            st = os.fstat(self._fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._key
+
     def close(self) -> None:
+        # The process may have closed it already (billiard's close_open_fds in a child, a
+        # daemon in this very process) and the number name another file now: never close that.
+        if self._fd >= 0 and not self._still_ours():
+            self._fd = -1
         fd, self._fd = self._fd, -1
         if fd < 0:
             return
-        if self._pid != os.getpid():
-            # Inherited across fork: the child may have closed it already (billiard's
-            # close_open_fds) and the number name another file now: never close that one.
-            try:
-                st = os.fstat(fd)
-            except OSError:
-                return
-            if (st.st_dev, st.st_ino) != self._key:
-                return
         try:
             os.close(fd)
         except OSError:
