@@ -211,6 +211,16 @@ def _untraced(app: Any, options: dict[str, Any]) -> None:
         warn_once("celery-publish-untraced", "swmp: checking an untraced Celery message's headers failed")
 
 
+def _tag_parameters(span: Span, args: Any, kwargs: Any) -> None:
+    """The ``celery.parameters`` tag, on its own: arguments whose text cannot be made (a
+    ``__str__`` that raises where Celery's ``saferepr`` calls it: an int subclass, a dict
+    subclass's ``items``) cost the tag, never the trace the message must carry."""
+    try:
+        span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
+    except Exception:
+        warn_once("celery-parameters", "swmp: printing a Celery task's arguments failed; no parameters tag")
+
+
 def _publish_failed() -> None:
     """Adding the trace to a message failed (called while that exception is handled)."""
     warn_once("celery-publish", "swmp: adding the trace to a Celery message failed")
@@ -265,7 +275,7 @@ def _py_send_task(orig: Any) -> tuple[Any, list[tuple[Any, str, str, bool]]]:
             else:
                 span.tag(TAG_MQ_BROKER, broker)
             if settings.params_length > 0:
-                span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
+                _tag_parameters(span, args, kwargs)
             sw = span.inject()
             headers = options.get("headers")
             if headers:
@@ -366,7 +376,7 @@ def _traced(trace: Any, name: str, task: Any, eager: bool) -> Any:
                 broker.append(broker_of(task.app)[1])
             _tag_broker(span, broker[0])
             if settings.params_length > 0:
-                span.tag(TAG_CELERY_PARAMETERS, parameters(args, kwargs, settings.params_length))
+                _tag_parameters(span, args, kwargs)
         except Exception:
             warn_once("celery-run-tags", "swmp: tagging a Celery task run failed")
         try:
