@@ -67,7 +67,7 @@ def make_app(**conf: Any) -> Celery:
         **conf,
     )
 
-    @app.task(name="t.add")
+    @app.task(name="t.add", shared=False)
     def add(x: int, y: int) -> int:
         return x + y
 
@@ -131,3 +131,80 @@ def test_arguments_without_text_cost_the_parameters_tag_not_the_trace(
     assert linked(pub_seg, ex, en)
     assert "celery.parameters" not in tags(ex) and tags(ex)["mq.broker"]
     assert tags(en)["celery.parameters"] == "*[2, 3], **{}"  # the worker got plain ints
+
+
+# -- what the task sees ------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", [1, 2])
+def test_the_request_a_task_sees_is_celerys_plus_the_trace_headers(
+    sink: _sink.MemorySink, protocol: int
+) -> None:
+    """``self.request`` (its ``headers``, ``properties`` and custom header attributes) of a run
+    published by the agent is that of a run published without it, but for ``sw8``; the caller's
+    own headers arrive as given. Protocol 1 carries the trace too."""
+    from swmp.instrument._patch import original
+
+    sink.clear()
+    app = make_app(task_protocol=protocol)
+    seen: dict[str, dict[str, Any]] = {}
+
+    name = f"t.look{protocol}"
+
+    @app.task(name=name, bind=True, shared=False)
+    def look(self: Any, key: str) -> None:
+        r = self.request
+        props = {k: v for k, v in (r.properties or {}).items() if k not in ("correlation_id", "delivery_tag")}
+        seen[key] = {"headers": r.headers, "properties": props, "tenant": getattr(r, "tenant", None)}
+
+    plain_send = original(Celery, "send_task")
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+        for headers in ({"tenant": "t1"}, None):
+            tag = "own" if headers else "none"
+            plain_send(app, name, (f"plain-{tag}",), headers=headers)
+            with new_entry_span("/look"):
+                look.apply_async((f"traced-{tag}",), headers=headers)
+        wait_for(lambda: len(seen) == 4)
+    for tag in ("own", "none"):
+        plain, traced = seen[f"plain-{tag}"], seen[f"traced-{tag}"]
+        assert {"sw8"} <= set(traced["headers"])
+        traced["headers"] = {k: v for k, v in traced["headers"].items() if k != "sw8"}
+        if plain["headers"] is None:  # protocol 2 without custom headers: None, not {}
+            assert traced["headers"] == {}
+            traced["headers"] = None
+        assert traced == plain
+    assert seen["traced-own"]["tenant"] == "t1"
+    op = f"celery/{name}"
+    traced_exits = [(seg, s) for seg, s in spans(sink, Kind.EXIT, op) if s[R.SPAN_PARENT_ID] == 0]
+    assert len(traced_exits) == 2
+    runs = spans(sink, Kind.ENTRY, f"celery/{name}")
+    assert all(any(linked(seg, ex, en) for _, en in runs) for seg, ex in traced_exits)
+
+
+# -- outcomes Celery has beyond success and failure --------------------------------------------
+def test_reject_is_an_error_ignore_is_not_and_both_keep_celerys_states(sink: _sink.MemorySink) -> None:
+    from celery.exceptions import Ignore, Reject
+
+    sink.clear()
+    app = Celery(
+        f"s{uuid.uuid4().hex[:6]}", broker="memory://", backend="cache+memory://", set_as_current=False
+    )
+    app.conf.task_default_queue = f"q-{uuid.uuid4().hex[:8]}"
+
+    @app.task(name="t.reject", acks_late=True)
+    def reject() -> None:
+        raise Reject("not for me", requeue=False)
+
+    @app.task(name="t.ignore")
+    def ignore() -> None:
+        raise Ignore()
+
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+        with new_entry_span("/r"):
+            rejected, ignored = reject.delay(), ignore.delay()
+        wait_for(lambda: len(spans(sink, Kind.ENTRY, "celery/t.ignore")) == 1)
+        wait_for(lambda: len(spans(sink, Kind.ENTRY, "celery/t.reject")) == 1)
+        wait_for(lambda: rejected.state == "FAILURE")
+        assert ignored.state == "PENDING"  # Celery stores nothing for an ignored run
+    ((_, rej),) = spans(sink, Kind.ENTRY, "celery/t.reject")
+    ((_, ign),) = spans(sink, Kind.ENTRY, "celery/t.ignore")
+    assert rej[R.SPAN_IS_ERROR] and not ign[R.SPAN_IS_ERROR]
+    assert not ign[R.SPAN_LOGS]
