@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -208,3 +209,44 @@ def test_reject_is_an_error_ignore_is_not_and_both_keep_celerys_states(sink: _si
     ((_, ign),) = spans(sink, Kind.ENTRY, "celery/t.ignore")
     assert rej[R.SPAN_IS_ERROR] and not ign[R.SPAN_IS_ERROR]
     assert not ign[R.SPAN_LOGS]
+
+
+# -- a prefork worker --------------------------------------------------------------------------
+@pytest.mark.servers
+@pytest.mark.timeout(180)
+def test_terminate_with_the_default_signal_is_one_span_the_runs_own(
+    tmp_path: Path, redis_server: Any
+) -> None:
+    """``revoke(terminate=True)`` sends SIGTERM, which billiard's pool child turns into
+    ``SystemExit``: the run's own span ends with it (error flag, the exception logged), and the
+    main process adds no revoked span for that run (it once did: two entry spans, one publish).
+    SIGKILL, which leaves the run's span unfinished, is tests/test_prefork_celery.py's case."""
+    from swmp.instrument._patch import original
+    from tests.celery_support import celery_env, new_queue, run_celery, worker_command
+    from tests.servers import collector_process, entry_span, quiet_for, segments_of, sw8_header, wait_until
+
+    broker, queue = f"redis://127.0.0.1:{redis_server.port}/11", new_queue()
+    app = Celery(f"rv{uuid.uuid4().hex[:6]}", broker=broker, set_as_current=False)
+    app.conf.broker_connection_retry_on_startup = True
+    send = original(Celery, "send_task")  # this test process sends without the agent
+    marker, trace_id = tmp_path / "sleeper.pid", "e" * 32
+    with collector_process(tmp_path) as col:
+        env = celery_env(tmp_path, col.grpc_address, broker, queue)
+        with run_celery(tmp_path, env, worker_command("prefork", 2), children=2) as worker:
+            sent = send(
+                app, "examples.sleep", (60, str(marker)), queue=queue, headers={"sw8": sw8_header(trace_id)}
+            )
+            wait_until(lambda: marker.exists() and marker.read_text().strip().isdigit(), 30, "the sleeper")
+            app.control.revoke(sent.id, terminate=True)
+            wait_until(lambda: f"Terminating {sent.id}" in worker.proc.log(), 30, "the revoke")
+            # A later task's segment: the worker has handled what came before it.
+            send(app, "examples.work", (1,), queue=queue, headers={"sw8": sw8_header("c" * 32)})
+            wait_until(lambda: any(s["traceId"] == "c" * 32 for s in segments_of(col, "cel")), 30, "work")
+            quiet_for(col, 2.0)
+    app.close()
+    runs = [seg for seg in segments_of(col, "cel") if seg["traceId"] == trace_id]
+    assert len(runs) == 1, runs
+    span = entry_span(runs[0])
+    assert span["operationName"] == "celery/examples.sleep" and span["isError"]
+    fields = {kv["key"]: kv["value"] for log in span["logs"] for kv in log["data"]}
+    assert fields["error.kind"] == "SystemExit"

@@ -17,9 +17,11 @@ outcome comes from what Celery's tracer returns:
 * a retry requested by the task: error flag, the reason as tag ``retry`` (``Retry in 1s:
   ...``) and the underlying exception as a log; the run that is the N-th retry carries
   ``celery.retries`` = N;
-* revoked before it ran (revoked, expired, or terminated while running: the process that ran
-  it was killed, so its own span never finished): an entry span from the worker's consumer
-  with the error flag and an ``event=revoked`` log (``task_revoked`` signal).
+* revoked before it ran (revoked, expired, or terminated while running by a signal that
+  leaves its span unfinished, SIGKILL): an entry span from the worker's consumer with the
+  error flag and an ``event=revoked`` log (``task_revoked`` signal). Terminated by a signal
+  the pool child turns into ``SystemExit`` (SIGTERM, the default): the run's own span, ended
+  by that exception, is the one span.
 
 Eager runs (``task_always_eager``, ``Task.apply``) are local spans of the caller's trace. Task
 arguments are recorded (tag ``celery.parameters``) only when
@@ -418,6 +420,8 @@ def on_revoked(
     **_: Any,
 ) -> None:
     """``task_revoked``: the run that did not happen (or was killed) as a failed entry span."""
+    if terminated and _run_ends_itself(signum):
+        return
     try:
         name = getattr(sender, "name", None) or getattr(request, "task", None) or "?"
         carrier = carrier_from(request.get) if request is not None else None  # a Celery Context
@@ -436,6 +440,21 @@ def on_revoked(
             span.log(event="revoked", message=reason)
     except Exception:  # a signal receiver's failure must not reach the worker
         warn_once("celery-revoked", "swmp: recording a revoked Celery task failed")
+
+
+def _run_ends_itself(signum: Any) -> bool:
+    """Whether a run terminated with ``signum`` finishes its own span: billiard's pool children
+    turn the termination signals (SIGTERM, ``revoke(terminate=True)``'s default, SIGHUP,
+    SIGQUIT, SIGUSR1) into ``SystemExit``, which ends the run's span with that exception, so a
+    revoked span as well would be a second span for one run. SIGKILL ends the child with its
+    span unfinished: then the main process's span is the only one."""
+    try:
+        from billiard import common  # noqa: PLC0415 (Celery's own dependency; only on a terminate)
+
+        name = common.SIGMAP.get(int(signum))
+        return name in common.TERMSIGS_DEFAULT and name not in common.TERMSIGS_IGNORE
+    except Exception:
+        return False
 
 
 # -- install ---------------------------------------------------------------------------------
