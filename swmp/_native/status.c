@@ -9,8 +9,9 @@
  * code does; anything else (an odd status, tags not yet a list, a tag length limit below 3)
  * goes to that Python code (``slow(span, status)``, swmp/instrument/wsgi.py), which decides
  * as before. The server's ``start_response`` then gets (status, headers[, exc_info]), an
- * ``exc_info`` of None dropped, as from the Python wrapper; a call of another form
- * (keywords, a wrong number of arguments) is the Python wrapper's (``call(span,
+ * ``exc_info`` of None dropped, as from the Python wrapper; a call with an ``exc_info``
+ * (an error answer, which the server may refuse) or of another form (keywords, a wrong
+ * number of arguments) is the Python wrapper's (``call(span,
  * start_response, *args, **kwargs)``), errors included.
  *
  * status_sender(span, send): the same for an ASGI application's ``send``: a message of type
@@ -152,7 +153,9 @@ static PyObject *python_call(PyObject *fallback, StatusRecorder *self, PyObject 
 static PyObject *recorder_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     StatusRecorder *self = (StatusRecorder *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs < 2 || nargs > 3) {
+    if (kwnames != NULL || nargs < 2 || nargs > 3 || (nargs == 3 && args[2] != Py_None)) {
+        /* exc_info given: an error answer that replaces the status, or not, as the server
+         * decides; the Python code asks it first, then tags what it took */
         return python_call(py_call, self, args, nargs, kwnames);
     }
     int code = known_code(args[0]);

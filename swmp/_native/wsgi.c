@@ -149,7 +149,7 @@ static int tag_plain(PyObject *span, PyObject *environ, PyObject *method, PyObje
     }
     PyObject *scheme = text_else(field(environ, k_scheme), v_http);
     PyObject *script = scheme == NULL ? NULL : text_else(field(environ, k_script), empty_text);
-    if (script == NULL) {
+    if (script == NULL || !PyUnicode_IS_ASCII(script)) { /* (beyond ASCII: as the path) */
         return 0;
     }
     /* ``if remote:`` then ``f"{remote}:{port}" if port else remote`` */
@@ -354,7 +354,9 @@ PyObject *swmp_wsgi_call(PyObject *module, PyObject *const *args, size_t nargsf,
     int ignoring = swmp_methods_ignored(policy);
     PyObject *method = ignoring != 0 ? NULL : text_or(field(environ, k_method), v_get);
     PyObject *path = method == NULL ? NULL : text_or(field(environ, k_path), v_root);
-    if (path == NULL || PyErr_Occurred()) { /* not a plain request, or reading it failed */
+    /* A path beyond ASCII is the request's UTF-8 bytes as latin-1 characters (PEP 3333):
+     * the Python code gives the span the text they spell. */
+    if (path == NULL || PyErr_Occurred() || !PyUnicode_IS_ASCII(path)) { /* not a plain request, or reading it failed */
         PyErr_Clear();
         return python_trace(args, nargsf, kwnames);
     }
