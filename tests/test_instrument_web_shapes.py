@@ -165,3 +165,72 @@ def test_an_error_answer_under_wsgiref(sink: _sink.MemorySink) -> None:
         server.server_close()
     (span,) = [s for s in spans(sink) if s[R.SPAN_TYPE] == Kind.ENTRY]  # (urllib's exit too)
     assert [v for k, v in tags_of(span) if k == "http.status_code"] == ["500"]
+
+
+class _PyFile:
+    """A file-like object of Python's (it takes a ``close`` of the agent's)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _ClosedSlots:
+    __slots__ = ()
+
+    def read(self, n: int = -1) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> _ClosedSlots:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_uwsgi_file_wrapper_response_goes_back_as_it_is(
+    sink: _sink.MemorySink, form: str, tmp_path: Any
+) -> None:
+    """uWSGI's ``wsgi.file_wrapper`` is a function that gives back the file itself, and uWSGI
+    sends with ``sendfile`` only the very object it gave (by identity): the response goes
+    back unwrapped (wrapped, uWSGI iterated the file line by line: strace showed no
+    sendfile). The span ends when the server closes it, or at once for an object that takes
+    no ``close`` of the agent's."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"a\nb\n")
+
+    def uwsgi_sendfile(filelike: Any, chunk: int = 0) -> Any:
+        return filelike
+
+    def app_of(filelike: Any) -> Any:
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            start_response("200 OK", [])
+            return environ["wsgi.file_wrapper"](filelike, 8192)
+
+        return app
+
+    with open(path, "rb") as builtin:
+        env = _environ(**{"wsgi.file_wrapper": uwsgi_sendfile})
+        result = _run(form, app_of(builtin), env, lambda *a: None)
+        assert result is builtin and spans(sink) == []
+        result.close()
+        assert builtin.closed and len(spans(sink)) == 1
+    py_file = _PyFile()
+    result = _run(form, app_of(py_file), _environ(**{"wsgi.file_wrapper": uwsgi_sendfile}), lambda *a: None)
+    assert result is py_file and len(spans(sink)) == 1
+    result.close()
+    assert py_file.closed and len(spans(sink)) == 2
+    with _ClosedSlots() as slotted:  # takes no close of ours: back as it is, the span ended
+        result = _run(
+            form, app_of(slotted), _environ(**{"wsgi.file_wrapper": uwsgi_sendfile}), lambda *a: None
+        )
+        assert result is slotted and len(spans(sink)) == 3

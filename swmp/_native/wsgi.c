@@ -43,7 +43,7 @@ static PyObject *py_trace = NULL, *tag_request = NULL, *run_unrecorded = NULL, *
                 *layer = NULL, *tag_method = NULL, *tag_url = NULL, *no_tags = NULL, *current = NULL;
 static PyTypeObject *span_class = NULL;
 /* The Python ``_file_response(result, span)`` (swmp/instrument/wsgi.py), set by setup_wsgi_file(). */
-static PyObject *py_file_response = NULL, *k_file_wrapper = NULL;
+static PyObject *py_file_response = NULL, *k_file_wrapper = NULL, *s_read = NULL;
 static PyObject *k_method, *k_path, *k_sw8, *k_sw8_correlation, *k_sw8_x, *k_host, *k_server_name,
     *k_server_port, *k_scheme, *k_script, *k_remote, *k_remote_port, *s_peer,
     *s_max_elements, *s_max_length, *s_enter, *s_error, *s_finish, *v_get, *v_root, *v_http, *empty_text, *colon,
@@ -89,6 +89,7 @@ PyObject *swmp_setup_wsgi(PyObject *module, PyObject *const *args, Py_ssize_t na
         INTERN(empty_text, "");
         INTERN(colon, ":");
         INTERN(k_file_wrapper, "wsgi.file_wrapper");
+        INTERN(s_read, "read");
         INTERN(scheme_end, "://");
 #undef INTERN
     }
@@ -313,7 +314,9 @@ static PyObject *run_traced(PyObject *module, PyObject *span, PyObject *prev, Py
      * response into the body that finishes the span when the server closes it. */
     PyObject *wrapper = py_file_response == NULL ? NULL : PyDict_GetItemWithError(environ, k_file_wrapper);
     PyObject *made, *made_of[2] = {result, span};
-    if (wrapper != NULL && PyType_Check(wrapper) && PyObject_TypeCheck(result, (PyTypeObject *)wrapper)) {
+    /* (uWSGI's wsgi.file_wrapper is a function giving back the file-like itself) */
+    if (wrapper != NULL && (PyType_Check(wrapper) ? PyObject_TypeCheck(result, (PyTypeObject *)wrapper)
+                                                  : wrapper != Py_None && PyObject_HasAttr(result, s_read))) {
         made = PyObject_Vectorcall(py_file_response, made_of, 2, NULL);
     } else {
         PyErr_Clear(); /* (a failed look-up in an exact dict: not expected) */

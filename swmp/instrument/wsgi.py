@@ -114,12 +114,14 @@ def _py_status_recorder(span: Any, start_response: Callable[..., Any]) -> Callab
 
 
 def _file_response(result: Any, span: Span) -> Any:
-    """A server's own file wrapper (an instance of ``environ["wsgi.file_wrapper"]``: what
-    Flask's ``send_file``, Django's ``FileResponse``, Bottle's ``static_file`` return) handed
-    back as it is, its ``close`` made to finish the span: the server knows it by its type and
-    sends the file its own way (``sendfile``); wrapped, it would be iterated block by block.
-    PEP 3333 has the server call ``close()``. An object that takes no ``close`` of ours is
-    wrapped as any other response."""
+    """A server's own file response handed back as it is, its ``close`` made to finish the
+    span: an instance of ``environ["wsgi.file_wrapper"]`` (what Flask's ``send_file``,
+    Django's ``FileResponse``, Bottle's ``static_file`` return), or under uWSGI, whose
+    ``wsgi.file_wrapper`` is a function giving back the file itself, a file-like object. The
+    server knows it by its type (Gunicorn) or by identity (uWSGI) and sends the file its own
+    way (``sendfile``); wrapped, it would be iterated block by block (uWSGI: line by line).
+    PEP 3333 has the server call ``close()``. An object that takes no ``close`` of ours (a
+    built-in file) still goes back as it is, the span finished now, before the file is sent."""
     close = getattr(result, "close", None)
 
     def closed() -> None:
@@ -132,13 +134,16 @@ def _file_response(result: Any, span: Span) -> Any:
     try:
         result.close = closed
     except Exception:
-        return _make_body(result, span)
+        span.finish()
     return result
 
 
 def _is_file_response(environ: Any, result: Any) -> bool:
     wrapper = environ.get("wsgi.file_wrapper")
-    return isinstance(wrapper, type) and isinstance(result, wrapper)
+    if isinstance(wrapper, type):
+        return isinstance(result, wrapper)
+    # uWSGI's (a function): what it gave back is the file-like the application passed it.
+    return wrapper is not None and hasattr(result, "read")
 
 
 # The response iterable that finishes the span when closed: in C (swmp/_native/body.c) when
