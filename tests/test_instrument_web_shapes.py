@@ -234,3 +234,50 @@ def test_uwsgi_file_wrapper_response_goes_back_as_it_is(
             form, app_of(slotted), _environ(**{"wsgi.file_wrapper": uwsgi_sendfile}), lambda *a: None
         )
         assert result is slotted and len(spans(sink)) == 3
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_asgi_second_response_start_under_uvicorn(
+    sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch, pure: bool
+) -> None:
+    """An ASGI application that sends ``http.response.start`` twice: Uvicorn refuses the
+    second (its RuntimeError reaches the application, as without the agent) and the client
+    got the first status; the span has that one status, not the refused 500 beside it. With
+    the native status sender and the Python one (``pure``)."""
+    import socket
+
+    import uvicorn
+
+    from swmp.instrument import asgi
+
+    if pure:
+        monkeypatch.setattr(asgi, "_status_sender", asgi._py_status_sender)
+    refused: list[BaseException] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        try:
+            await send({"type": "http.response.start", "status": 500, "headers": []})
+        except RuntimeError as e:
+            refused.append(e)
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(asgi.ASGIMiddleware(app), log_level="critical", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait = threading.Event()
+        while not server.started and thread.is_alive():
+            wait.wait(0.01)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/twice", timeout=30) as resp:
+            assert resp.status == 200 and resp.read() == b"ok"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert len(refused) == 1
+    (span,) = [s for s in spans(sink) if s[R.SPAN_TYPE] == Kind.ENTRY]
+    assert [v for k, v in tags_of(span) if k == "http.status_code"] == ["200"]
+    assert span[R.SPAN_IS_ERROR] is False
