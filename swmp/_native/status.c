@@ -9,13 +9,14 @@
  * code does; anything else (an odd status, tags not yet a list, a tag length limit below 3)
  * goes to that Python code (``slow(span, status)``, swmp/instrument/wsgi.py), which decides
  * as before. The server's ``start_response`` then gets (status, headers[, exc_info]), an
- * ``exc_info`` of None dropped, as from the Python wrapper; a call of another form
- * (keywords, a wrong number of arguments) is the Python wrapper's (``call(span,
+ * ``exc_info`` of None dropped, as from the Python wrapper; a call with an ``exc_info``
+ * (an error answer, which the server may refuse) or of another form (keywords, a wrong
+ * number of arguments) is the Python wrapper's (``call(span,
  * start_response, *args, **kwargs)``), errors included.
  *
  * status_sender(span, send): the same for an ASGI application's ``send``: a message of type
- * ``http.response.start`` with a known integer status is tagged in C, any other start
- * message by the Python code (``send_slow(span, message)``), the others not at all; then
+ * ``http.response.start`` with a known integer status is tagged in C (only the first: the
+ * server refuses a second), any other start message by the Python code (``send_slow(span, message)``), the others not at all; then
  * the server's ``send`` gets the message and its awaitable goes back to the application. A
  * call of another form is the Python wrapper's (``send_call(span, send, *args, **kwargs)``).
  * For a span that records nothing the server's ``send`` itself is given. */
@@ -143,6 +144,26 @@ static int record_fast(PyObject *span, int code) {
     return done;
 }
 
+/* Whether the span has an ``http.status_code`` tag already: 1 yes, 0 no, -1 error. An ASGI
+ * response starts once: the server refuses a second start message (raises), so the status
+ * sent is the first one's, and only it is tagged. */
+static int has_status(PyObject *span) {
+    PyObject *key = pairs[200] != NULL ? PyTuple_GET_ITEM(pairs[200], 0) : NULL;
+    PyObject *tags = key == NULL ? NULL : PyObject_GetAttr(span, s_tags);
+    if (tags == NULL) {
+        return key == NULL ? 0 : -1;
+    }
+    int found = 0;
+    if (PyList_CheckExact(tags)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tags) && !found; i += 2) {
+            PyObject *k = PyList_GET_ITEM(tags, i);
+            found = k == key || (PyUnicode_CheckExact(k) && PyUnicode_Compare(k, key) == 0);
+        }
+    }
+    Py_DECREF(tags);
+    return found;
+}
+
 /* A call of another form than the plain one: the Python wrapper's (``fallback``). */
 static PyObject *python_call(PyObject *fallback, StatusRecorder *self, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames) {
@@ -152,7 +173,9 @@ static PyObject *python_call(PyObject *fallback, StatusRecorder *self, PyObject 
 static PyObject *recorder_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     StatusRecorder *self = (StatusRecorder *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs < 2 || nargs > 3) {
+    if (kwnames != NULL || nargs < 2 || nargs > 3 || (nargs == 3 && args[2] != Py_None)) {
+        /* exc_info given: an error answer that replaces the status, or not, as the server
+         * decides; the Python code asks it first, then tags what it took */
         return python_call(py_call, self, args, nargs, kwnames);
     }
     int code = known_code(args[0]);
@@ -208,8 +231,9 @@ static PyObject *sender_call(PyObject *callable, PyObject *const *args, size_t n
                 PyErr_Clear();
                 code = 0;
             }
-            r = code >= FIRST_CODE && code <= LAST_CODE && pairs[code] != NULL ? record_fast(self->span, (int)code)
-                : PyErr_Occurred()                                               ? -1
+            int again = PyErr_Occurred() ? -1 : has_status(self->span);
+            r = again != 0                                                       ? (again < 0 ? -1 : 1)
+                : code >= FIRST_CODE && code <= LAST_CODE && pairs[code] != NULL ? record_fast(self->span, (int)code)
                                                                                  : 0;
         }
     }

@@ -43,7 +43,7 @@ static PyObject *py_trace = NULL, *tag_request = NULL, *run_unrecorded = NULL, *
                 *layer = NULL, *tag_method = NULL, *tag_url = NULL, *no_tags = NULL, *current = NULL;
 static PyTypeObject *span_class = NULL;
 /* The Python ``_file_response(result, span)`` (swmp/instrument/wsgi.py), set by setup_wsgi_file(). */
-static PyObject *py_file_response = NULL, *k_file_wrapper = NULL;
+static PyObject *py_file_response = NULL, *k_file_wrapper = NULL, *s_read = NULL;
 static PyObject *k_method, *k_path, *k_sw8, *k_sw8_correlation, *k_sw8_x, *k_host, *k_server_name,
     *k_server_port, *k_scheme, *k_script, *k_remote, *k_remote_port, *s_peer,
     *s_max_elements, *s_max_length, *s_enter, *s_error, *s_finish, *v_get, *v_root, *v_http, *empty_text, *colon,
@@ -89,6 +89,7 @@ PyObject *swmp_setup_wsgi(PyObject *module, PyObject *const *args, Py_ssize_t na
         INTERN(empty_text, "");
         INTERN(colon, ":");
         INTERN(k_file_wrapper, "wsgi.file_wrapper");
+        INTERN(s_read, "read");
         INTERN(scheme_end, "://");
 #undef INTERN
     }
@@ -149,7 +150,7 @@ static int tag_plain(PyObject *span, PyObject *environ, PyObject *method, PyObje
     }
     PyObject *scheme = text_else(field(environ, k_scheme), v_http);
     PyObject *script = scheme == NULL ? NULL : text_else(field(environ, k_script), empty_text);
-    if (script == NULL) {
+    if (script == NULL || !PyUnicode_IS_ASCII(script)) { /* (beyond ASCII: as the path) */
         return 0;
     }
     /* ``if remote:`` then ``f"{remote}:{port}" if port else remote`` */
@@ -313,7 +314,9 @@ static PyObject *run_traced(PyObject *module, PyObject *span, PyObject *prev, Py
      * response into the body that finishes the span when the server closes it. */
     PyObject *wrapper = py_file_response == NULL ? NULL : PyDict_GetItemWithError(environ, k_file_wrapper);
     PyObject *made, *made_of[2] = {result, span};
-    if (wrapper != NULL && PyType_Check(wrapper) && PyObject_TypeCheck(result, (PyTypeObject *)wrapper)) {
+    /* (uWSGI's wsgi.file_wrapper is a function giving back the file-like itself) */
+    if (wrapper != NULL && (PyType_Check(wrapper) ? PyObject_TypeCheck(result, (PyTypeObject *)wrapper)
+                                                  : wrapper != Py_None && PyObject_HasAttr(result, s_read))) {
         made = PyObject_Vectorcall(py_file_response, made_of, 2, NULL);
     } else {
         PyErr_Clear(); /* (a failed look-up in an exact dict: not expected) */
@@ -354,7 +357,9 @@ PyObject *swmp_wsgi_call(PyObject *module, PyObject *const *args, size_t nargsf,
     int ignoring = swmp_methods_ignored(policy);
     PyObject *method = ignoring != 0 ? NULL : text_or(field(environ, k_method), v_get);
     PyObject *path = method == NULL ? NULL : text_or(field(environ, k_path), v_root);
-    if (path == NULL || PyErr_Occurred()) { /* not a plain request, or reading it failed */
+    /* A path beyond ASCII is the request's UTF-8 bytes as latin-1 characters (PEP 3333):
+     * the Python code gives the span the text they spell. */
+    if (path == NULL || PyErr_Occurred() || !PyUnicode_IS_ASCII(path)) { /* not a plain request, or reading it failed */
         PyErr_Clear();
         return python_trace(args, nargsf, kwnames);
     }

@@ -165,7 +165,9 @@ if native_core is not None and hasattr(native_core, "asgi_entry"):
 def _record_send_status(span: Any, message: Any) -> None:
     """Tag ``span`` with the status of a response start message."""
     try:
-        if message["type"] == "http.response.start":
+        # A response starts once: the server refuses a second start (raises), so the status
+        # it sent is the first one's.
+        if message["type"] == "http.response.start" and TAG_HTTP_STATUS not in span.tags[::2]:
             status = message.get("status", 0)
             record_status(span, status if status.__class__ is int else int(status))
     except Exception:  # not a message the server would take: its own error, unchanged

@@ -88,10 +88,25 @@ def _record_start_status(span: Any, status: Any) -> None:
 def _py_start_response(
     span: Any, start_response: Callable[..., Any], status: str, headers: Any, exc_info: Any = None
 ) -> Any:
-    _record_start_status(span, status)
     if exc_info is None:
+        _record_start_status(span, status)
         return start_response(status, headers)
-    return start_response(status, headers, exc_info)
+    # An error answer (PEP 3333's second call, after an exception): the server takes the new
+    # status only while no header was sent, else it re-raises exc_info and the first status
+    # stands. The span keeps one status, the one the server took: asked first, then tagged.
+    write = start_response(status, headers, exc_info)
+    _drop_status(span)
+    _record_start_status(span, status)
+    return write
+
+
+def _drop_status(span: Any) -> None:
+    """The ``http.status_code`` tag a first ``start_response`` left, taken off the span."""
+    tags = span.tags
+    if tags.__class__ is list and TAG_HTTP_STATUS in tags[::2]:
+        tags[:] = [
+            x for pair in zip(tags[::2], tags[1::2], strict=False) if pair[0] != TAG_HTTP_STATUS for x in pair
+        ]
 
 
 def _py_status_recorder(span: Any, start_response: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,12 +114,14 @@ def _py_status_recorder(span: Any, start_response: Callable[..., Any]) -> Callab
 
 
 def _file_response(result: Any, span: Span) -> Any:
-    """A server's own file wrapper (an instance of ``environ["wsgi.file_wrapper"]``: what
-    Flask's ``send_file``, Django's ``FileResponse``, Bottle's ``static_file`` return) handed
-    back as it is, its ``close`` made to finish the span: the server knows it by its type and
-    sends the file its own way (``sendfile``); wrapped, it would be iterated block by block.
-    PEP 3333 has the server call ``close()``. An object that takes no ``close`` of ours is
-    wrapped as any other response."""
+    """A server's own file response handed back as it is, its ``close`` made to finish the
+    span: an instance of ``environ["wsgi.file_wrapper"]`` (what Flask's ``send_file``,
+    Django's ``FileResponse``, Bottle's ``static_file`` return), or under uWSGI, whose
+    ``wsgi.file_wrapper`` is a function giving back the file itself, a file-like object. The
+    server knows it by its type (Gunicorn) or by identity (uWSGI) and sends the file its own
+    way (``sendfile``); wrapped, it would be iterated block by block (uWSGI: line by line).
+    PEP 3333 has the server call ``close()``. An object that takes no ``close`` of ours (a
+    built-in file) still goes back as it is, the span finished now, before the file is sent."""
     close = getattr(result, "close", None)
 
     def closed() -> None:
@@ -117,13 +134,16 @@ def _file_response(result: Any, span: Span) -> Any:
     try:
         result.close = closed
     except Exception:
-        return _make_body(result, span)
+        span.finish()
     return result
 
 
 def _is_file_response(environ: Any, result: Any) -> bool:
     wrapper = environ.get("wsgi.file_wrapper")
-    return isinstance(wrapper, type) and isinstance(result, wrapper)
+    if isinstance(wrapper, type):
+        return isinstance(result, wrapper)
+    # uWSGI's (a function): what it gave back is the file-like the application passed it.
+    return wrapper is not None and hasattr(result, "read")
 
 
 # The response iterable that finishes the span when closed: in C (swmp/_native/body.c) when
@@ -141,6 +161,16 @@ if native_core is not None:
     _status_recorder = native_core.status_recorder
 
 
+def _wsgi_text(text: str) -> str:
+    """A PEP 3333 native string (the request's bytes, one latin-1 character each) as the text
+    it spells, as ASGI's ``path`` and the frameworks' own ``request.path`` give it: the UTF-8
+    path ``/café`` arrives as ``/cafÃ©``. Left as it is when its bytes are not UTF-8."""
+    try:
+        return text.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return text
+
+
 def _tag_request(  # noqa: PLR0917
     span: Any, environ: dict[str, Any], method: Any, path: str, collect_params: bool, params_limit: int
 ) -> None:
@@ -149,7 +179,10 @@ def _tag_request(  # noqa: PLR0917
     get = environ.get
     try:
         host = get("HTTP_HOST") or f"{get('SERVER_NAME', '')}:{get('SERVER_PORT', '')}"
-        url = f"{get('wsgi.url_scheme', 'http')}://{host}{get('SCRIPT_NAME', '')}{path}"
+        script = get("SCRIPT_NAME", "")
+        if script.__class__ is str and not script.isascii():
+            script = _wsgi_text(script)
+        url = f"{get('wsgi.url_scheme', 'http')}://{host}{script}{path}"
         request_tags(span, method, url)
         remote = get("REMOTE_ADDR")
         if remote:
@@ -191,6 +224,8 @@ def _py_trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are che
     if getattr(rules, "_methods", True) and rules.ignore_method(method):
         return app(environ, start_response)
     path = get("PATH_INFO") or "/"
+    if path.__class__ is str and not path.isascii():
+        path = _wsgi_text(path)
     sw8 = get("HTTP_SW8")
     carrier = (
         from_headers(
