@@ -16,7 +16,8 @@
  *
  * status_sender(span, send): the same for an ASGI application's ``send``: a message of type
  * ``http.response.start`` with a known integer status is tagged in C (only the first: the
- * server refuses a second), any other start message by the Python code (``send_slow(span, message)``), the others not at all; then
+ * server refuses a second), any other start message by the Python code
+ * (``send_slow(span, message)``), the others not at all; then
  * the server's ``send`` gets the message and its awaitable goes back to the application. A
  * call of another form is the Python wrapper's (``send_call(span, send, *args, **kwargs)``).
  * For a span that records nothing the server's ``send`` itself is given. */

@@ -314,9 +314,13 @@ static PyObject *run_traced(PyObject *module, PyObject *span, PyObject *prev, Py
      * response into the body that finishes the span when the server closes it. */
     PyObject *wrapper = py_file_response == NULL ? NULL : PyDict_GetItemWithError(environ, k_file_wrapper);
     PyObject *made, *made_of[2] = {result, span};
-    /* (uWSGI's wsgi.file_wrapper is a function giving back the file-like itself) */
-    if (wrapper != NULL && (PyType_Check(wrapper) ? PyObject_TypeCheck(result, (PyTypeObject *)wrapper)
-                                                  : wrapper != Py_None && PyObject_HasAttr(result, s_read))) {
+    /* (uWSGI's wsgi.file_wrapper is a function giving back the file-like itself; a list,
+     * most responses, is never one: no failed attribute look-up for it) */
+    int file_like = wrapper != NULL && (PyType_Check(wrapper)
+                                            ? PyObject_TypeCheck(result, (PyTypeObject *)wrapper)
+                                            : wrapper != Py_None && !PyList_CheckExact(result) &&
+                                                  PyObject_HasAttr(result, s_read));
+    if (file_like) {
         made = PyObject_Vectorcall(py_file_response, made_of, 2, NULL);
     } else {
         PyErr_Clear(); /* (a failed look-up in an exact dict: not expected) */
