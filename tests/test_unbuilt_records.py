@@ -163,7 +163,7 @@ def test_structlog_event_that_cannot_be_encoded_is_counted(counting: CountingSin
 
 
 def test_a_loguru_message_the_sink_cannot_read_is_counted(counting: CountingSink) -> None:
-    sink = sw_loguru._make_sink(False)
+    sink = sw_loguru._Sink(False)
     errors = log_reporter.stats.errors
     sink(object())  # no .record: returned silently, uncounted, before
     assert counting.unbuilt == 1 and log_reporter.stats.errors == errors + 1
