@@ -3,14 +3,19 @@ behaves as without the agent, and what can be reported is."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
+from reporter_proc import records as R
+from swmp.instrument import log_reporter
 from swmp.instrument import loguru as sw_loguru
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,3 +84,74 @@ def test_the_loguru_sink_pickles_to_an_equal_one() -> None:
 
     sink = pickle.loads(pickle.dumps(sw_loguru._Sink(True)))
     assert isinstance(sink, sw_loguru._Sink) and sink.safe_mode is True
+
+
+SHAPES = (
+    INSTALL
+    + """
+import logging
+import sys
+
+logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s %(message)s")
+log = logging.getLogger("app")
+
+
+class Unprintable:
+    def __str__(self):
+        raise RuntimeError("no text")
+
+    def __repr__(self):
+        return "Unprintable()"
+
+
+log.warning("too few %s %s", 1)
+log.warning("a dict %(a)s", {"a": 1})
+log.warning("extra", extra={"field": 1})
+log.warning(Unprintable())
+log.warning("%s", Unprintable())
+log.error("no exception", exc_info=True)
+log.warning("%d", "not a number")
+log.warning("lone \\udce9")
+log.warning(None)
+if os.environ["AGENT"]:
+    for _, payload in _sink.get_sink().records:
+        print(__import__("orjson").loads(payload)[5], file=sys.stdout)
+"""
+)
+
+
+def test_log_calls_of_every_shape_print_as_without_the_agent(tmp_path: Path) -> None:
+    """The same stderr, "--- Logging error ---" blocks included: their call stack (printed from
+    the first frame outside the logging package) showed logging's frames and the hook's, and a
+    message whose ``__str__`` raises was dropped with a warning of the agent's added."""
+    without = _run(SHAPES, tmp_path, agent=False)
+    with_agent = _run(SHAPES, tmp_path, agent=True)
+    assert without.returncode == with_agent.returncode == 0, with_agent.stderr
+    assert without.stderr.count("--- Logging error ---") == 4
+    assert with_agent.stderr == without.stderr
+    reported = with_agent.stdout.splitlines()
+    assert reported[0] == "too few %s %s"  # (the raw message: its arguments do not fit)
+    assert reported[3:5] == ["Unprintable()", "%s"]
+    assert len(reported) == 9 + 1  # (the traceback text "NoneType: None" is a line of its own)
+
+
+def test_an_unprintable_message_or_argument_is_reported_by_its_repr(trace_sink: Any) -> None:
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+        def __repr__(self) -> str:
+            return "Unprintable()"
+
+    class Nothing(Unprintable):
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr either")
+
+    raw = log_reporter.LogReporter(formatted=False)
+    made = logging.LogRecord("app", logging.WARNING, __file__, 1, Unprintable(), (Nothing(),), None)
+    body, tags = raw.body_and_tags(made)
+    assert body == "Unprintable()" and tags[-2:] == ["argument.0", "<unprintable Nothing object>"]
+    errors = log_reporter.stats.errors
+    log_reporter.LogReporter(layout="%(message)s").report(made)
+    assert log_reporter.stats.errors == errors
+    assert [orjson.loads(p)[5] for t, p in trace_sink.records if t == R.LOG] == ["Unprintable()"]

@@ -201,6 +201,19 @@ def checked_formatter(layout: str | None) -> logging.Formatter:
 _ABSENT: Any = object()  # (an attribute the record did not have)
 
 
+def _text(value: object) -> str:
+    """``str(value)``, or its ``repr`` when ``__str__`` raises: a message or argument object
+    that cannot be printed still leaves a reported record (logging itself prints "--- Logging
+    error ---" for it and goes on; the record was dropped and a warning added to that)."""
+    try:
+        return str(value)
+    except Exception:
+        try:
+            return repr(value)
+        except Exception:
+            return f"<unprintable {type(value).__name__} object>"
+
+
 class LogReporter:
     """Turns stdlib log records into LOG records (see ``reporter_proc.records``)."""
 
@@ -241,11 +254,11 @@ class LogReporter:
             record.tid = current_tid()  # made here: report() leaves the others alone
         if self.formatted:
             return self._format(record), tags
-        body = str(record.msg)
+        body = _text(record.msg)
         args = record.args
         if isinstance(args, tuple):
             for i, a in enumerate(args):
-                tags += [f"argument.{i}", str(a)]
+                tags += [f"argument.{i}", _text(a)]
         ei = record.exc_info
         # exc_info=True outside an exception gives (None, None, None): no exception, no tag
         # (formatException would make it the text "NoneType: None").
@@ -267,7 +280,7 @@ class LogReporter:
             try:
                 return self._fallback.format(record)
             except Exception:  # the message itself cannot be formatted (bad args)
-                return str(record.msg)
+                return _text(record.msg)
         finally:
             d["exc_text"] = kept[0]
             for name, old in (("message", kept[1]), ("asctime", kept[2])):
@@ -298,6 +311,7 @@ class SkyWalkingLogHandler(logging.Handler):
 # -- the hook --------------------------------------------------------------------------------
 _reporter: LogReporter | None = None
 _hooked = ""  # "callHandlers" | "handle"
+_HOOK_FILE = os.path.join(getattr(logging, "__path__", [""])[0], "<swmp.instrument.log_reporter hook>")
 
 
 def _make_hook(reporter: LogReporter | None, check_disabled: bool) -> Any:
@@ -328,6 +342,12 @@ def _make_hook(reporter: LogReporter | None, check_disabled: bool) -> Any:
             finally:
                 _busy.on = before
 
+        # A handler that fails calls Handler.handleError, which prints the application's call
+        # stack from the first frame outside the logging package: the hook's frame stopped
+        # that walk, and every "--- Logging error ---" then showed logging's own frames and
+        # ours as the caller. Filed under logging's directory, the hook is walked past as
+        # logging's own frames are (the name says whose frame it is in any other traceback).
+        hook.__code__ = hook.__code__.replace(co_filename=_HOOK_FILE)
         return hook
 
     return make
