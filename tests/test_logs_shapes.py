@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import orjson
 import pytest
 
 from reporter_proc import records as R
+from swmp.config import load
 from swmp.instrument import log_reporter
 from swmp.instrument import loguru as sw_loguru
 
@@ -155,3 +157,40 @@ def test_an_unprintable_message_or_argument_is_reported_by_its_repr(trace_sink: 
     log_reporter.LogReporter(layout="%(message)s").report(made)
     assert log_reporter.stats.errors == errors
     assert [orjson.loads(p)[5] for t, p in trace_sink.records if t == R.LOG] == ["Unprintable()"]
+
+
+@pytest.fixture()
+def installed(trace_sink: Any) -> Iterator[None]:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    root.setLevel(logging.WARNING)
+    log_reporter.install(load({}, agent_log_reporter_layout="%(name)s %(message)s"))
+    try:
+        yield
+    finally:
+        log_reporter.uninstall()
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+
+
+def test_a_record_logged_inside_a_handler_is_reported(trace_sink: Any, installed: None) -> None:
+    """Records made while a handler runs (its own code logs, or a signal handler or finalizer
+    that runs inside it) were not reported: only the record being handled must not be again."""
+    forwarded = logging.getLogger("test.forwarded")
+    forwarded.propagate = False
+
+    class Shipping(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.name == "test.app":
+                logging.getLogger("test.shipper").warning("retrying the log shipper")
+                forwarded.handle(record)  # the same record: reported once
+
+    shipping = Shipping()
+    logging.getLogger().addHandler(shipping)
+    try:
+        logging.getLogger("test.app").warning("order failed")
+    finally:
+        logging.getLogger().removeHandler(shipping)
+    bodies = [orjson.loads(p)[5] for t, p in trace_sink.records if t == R.LOG]
+    assert bodies == ["test.app order failed", "test.shipper retrying the log shipper"]
+    assert not log_reporter.reporting()

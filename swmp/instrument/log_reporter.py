@@ -119,18 +119,21 @@ def current_tid() -> str:
 
 # While a record is being reported and handed to the application's handlers, a second
 # integration seeing the same message (a handler forwarding stdlib records to loguru) must
-# not report it again.
-_busy = threading.local()
+# not report it again, nor a logger the same record object is handed to again (a handler
+# calling ``other_logger.handle(record)``). Another stdlib record made meanwhile (a handler
+# whose own code logs, a signal handler or finalizer run inside a handler) is reported.
+_busy = threading.local()  # .records: the records this thread is handing to handlers
+
+
+def _handling() -> list[logging.LogRecord]:
+    records: list[logging.LogRecord] | None = getattr(_busy, "records", None)
+    if records is None:
+        records = _busy.records = []
+    return records
 
 
 def reporting() -> bool:
-    return getattr(_busy, "on", False)
-
-
-def _set_busy(on: bool) -> bool:
-    before = getattr(_busy, "on", False)
-    _busy.on = on
-    return before
+    return bool(getattr(_busy, "records", None))
 
 
 def build_failed(e: BaseException) -> None:
@@ -333,14 +336,17 @@ def _make_hook(reporter: LogReporter | None, check_disabled: bool) -> Any:
                     d["tid"] = cur.segment.trace_id
                 else:
                     d["tid"] = current_tid()
-            if record.levelno < level or (check_disabled and self.disabled) or getattr(_busy, "on", False):
+            if record.levelno < level or (check_disabled and self.disabled):
+                return orig(self, record)
+            handling = _handling()
+            if handling and any(r is record for r in handling):
                 return orig(self, record)
             report(record)  # type: ignore[misc]  # (level is out of reach without a reporter)
-            before = _set_busy(True)
+            handling.append(record)
             try:
                 return orig(self, record)
             finally:
-                _busy.on = before
+                handling.pop()
 
         # A handler that fails calls Handler.handleError, which prints the application's call
         # stack from the first frame outside the logging package: the hook's frame stopped
