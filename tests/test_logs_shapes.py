@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from reporter_proc import records as R
 from swmp.config import load
 from swmp.instrument import log_reporter
 from swmp.instrument import loguru as sw_loguru
+from swmp.instrument._incoming import REPORTER_THREAD_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,3 +196,21 @@ def test_a_record_logged_inside_a_handler_is_reported(trace_sink: Any, installed
     bodies = [orjson.loads(p)[5] for t, p in trace_sink.records if t == R.LOG]
     assert bodies == ["test.app order failed", "test.shipper retrying the log shipper"]
     assert not log_reporter.reporting()
+
+
+def test_the_reporters_own_records_are_not_reported(trace_sink: Any, installed: None) -> None:
+    """In thread mode the reporter's transport libraries log on its thread (aiokafka's
+    "Unable connect to ..." on every retry while the broker is down): those were reported as
+    the application's, one more record to send for each failure to send."""
+
+    def log_from(thread_name: str) -> None:
+        t = threading.Thread(
+            target=lambda: logging.getLogger("aiokafka").error("Unable connect to node"), name=thread_name
+        )
+        t.start()
+        t.join()
+
+    log_from(REPORTER_THREAD_NAME)
+    log_from("app-worker")
+    bodies = [orjson.loads(p)[5] for t, p in trace_sink.records if t == R.LOG]
+    assert bodies == ["aiokafka Unable connect to node"]

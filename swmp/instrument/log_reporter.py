@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import ipc
 from reporter_proc.records import LOG
 from swmp import _sink
+from swmp.instrument._incoming import reporter_is_calling
 from swmp.instrument._patch import patch, restore
 from swmp.tracing.context import trace_position
 from swmp.tracing.identity import identity
@@ -237,6 +238,11 @@ class LogReporter:
         """Report ``record`` unless it comes from the agent itself or from another process
         (:func:`made_elsewhere`). Never raises."""
         if made_elsewhere(record):
+            return
+        # The reporter's own records (its thread in thread mode, its process): the transport
+        # libraries' (aiokafka's "Unable connect to ...", asyncio's) were reported as the
+        # application's, one more record to send for every failure to send.
+        if reporter_is_calling():
             return
         name = record.name
         if name.startswith("swmp") and (len(name) == 4 or name[4] == "."):
