@@ -214,3 +214,41 @@ def test_the_reporters_own_records_are_not_reported(trace_sink: Any, installed: 
     log_from("app-worker")
     bodies = [orjson.loads(p)[5] for t, p in trace_sink.records if t == R.LOG]
     assert bodies == ["aiokafka Unable connect to node"]
+
+
+def test_a_record_logged_inside_the_first_claim_does_not_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal handler (or finalizer) that logs while this thread claims its ring slot, the
+    process's first record: the nested write waited for the claim lock, then for the arena's
+    lock, that the same thread held: the process hung for good. Now the nested record is
+    dropped and counted, and the claim completes."""
+    import ipc.arena as ipc_arena
+    from ipc import Arena, procinfo
+    from swmp._runtime import ArenaSink
+    from swmp.tracing.identity import identity
+
+    arena = Arena.create(str(tmp_path / "t.arena"), slots=2, ring_capacity=1 << 16)
+    sink = ArenaSink(arena, "svc", "base", owner_pid=os.getppid())
+    record = orjson.dumps([0, "svc", "i", "", "text", "nested", "", "", -1, [], ""])
+    nested: list[bool] = []
+    ticks = procinfo.process_start_ticks
+
+    def start_ticks(pid: int) -> int:  # runs inside claim_slot, under the arena's lock
+        if not nested:
+            nested.append(sink.write(R.LOG, record))  # what the signal handler's log call does
+        return ticks(pid)
+
+    monkeypatch.setattr(ipc_arena, "process_start_ticks", start_ticks)
+    before = (identity.service, identity.instance)
+    done: list[bool] = []
+    t = threading.Thread(target=lambda: done.append(sink.write(R.LOG, record)), daemon=True)
+    try:
+        t.start()
+        t.join(120)  # (a hang, not a timing: the write takes milliseconds)
+        assert done == [True] and nested == [False]
+        assert sink.slot == 0 and sink.role == "worker"
+    finally:
+        identity.set(*before)
+        if not t.is_alive():
+            arena.close()
