@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 from ipc import _layout as L
 
@@ -44,6 +45,40 @@ class UnseenDrops:
         self._unseen_pid = -1
         self._unseen_reported = False
         self._late_said = False  # the drop after the report said (once a process)
+        self._unpublished = no_counts()  # not yet in the shared arena
+        self._claiming = 0  # the thread claiming a ring slot now (0: none)
+        self._publishing = 0  # the thread publishing drop counts now (0: none)
+
+    def publish_drops(self) -> None:
+        """Move this process's unpublished drop counts to where ``swmp status`` reads them."""
+        if not any(self._unpublished.values()):
+            return
+        # Not re-entered by the thread publishing (a signal handler that logs, run inside):
+        # the arena's counter lock it holds would be waited for, for good. Left for the next.
+        me = threading.get_ident()
+        if me in (self._publishing, self._claiming):  # (claim_slot holds that lock too)
+            return
+        self._publishing = me
+        try:
+            self._publish_pending()
+        finally:
+            self._publishing = 0
+
+    def _publish_pending(self) -> None:
+        # Swapped, not copied and zeroed, to keep the window small: a drop that another
+        # thread of this process counts at the very same instant can still be missed.
+        pending, self._unpublished = self._unpublished, no_counts()
+        try:
+            published = self._publish(pending)
+        except Exception:
+            published = False
+            log.debug("swmp: drop counts not published", exc_info=True)
+        if not published:
+            self._keep_unseen(pending)
+
+    def _publish(self, counts: dict[str, int]) -> bool:
+        """Add ``counts`` to the shared arena; False when there is none that anyone reads."""
+        return False
 
     def _keep_unseen(self, counts: dict[str, int]) -> None:
         """Counts no file took (it was removed): kept for :meth:`report_unseen`."""

@@ -128,7 +128,9 @@ class ProcessSink(UnseenDrops):
         self._left_pid = -1
         # One claim lock per pid, created with setdefault (atomic under the GIL): a lock
         # inherited from a parent may have been held by one of its threads at fork time.
-        self._claim_locks: dict[int, threading.Lock] = {}
+        # Reentrant, with ``_claiming`` (:class:`UnseenDrops`): a signal handler or finalizer
+        # that logs while this thread claims (the first record) waited for it, for good.
+        self._claim_locks: dict[int, threading.RLock] = {}
         self._warned: set[str] = set()
 
     # -- writing ---------------------------------------------------------------------------
@@ -263,25 +265,6 @@ class ProcessSink(UnseenDrops):
         writer.forward_refused(self._count_stale)
         return writer
 
-    def publish_drops(self) -> None:
-        """Move this process's unpublished drop counts to where ``swmp status`` reads them."""
-        if not any(self._unpublished.values()):
-            return
-        # Swapped, not copied and zeroed, to keep the window small: a drop that another
-        # thread of this process counts at the very same instant can still be missed.
-        pending, self._unpublished = self._unpublished, no_counts()
-        try:
-            published = self._publish(pending)
-        except Exception:
-            published = False
-            log.debug("swmp: drop counts not published", exc_info=True)
-        if not published:
-            self._keep_unseen(pending)
-
-    def _publish(self, counts: dict[str, int]) -> bool:
-        """Add ``counts`` to the shared arena; False when there is none that anyone reads."""
-        return False
-
     def rebind(self, *, retry: bool = False) -> None:
         """Take this process's ring and name (after fork, or on first use). Idempotent.
 
@@ -300,8 +283,10 @@ class ProcessSink(UnseenDrops):
         pid = os.getpid()
         if pid == self._left_pid:
             return False  # it said goodbye: a claim now would start it all again in an exiting process
-        lock = self._claim_locks.setdefault(pid, threading.Lock())
+        lock = self._claim_locks.setdefault(pid, threading.RLock())
         with lock:
+            if self._claiming == threading.get_ident():
+                return False  # this thread, re-entered mid-claim: its record is dropped, counted
             if self._pid == pid:
                 again = retry and self.role == lifecycle.UNAVAILABLE and self._writer is None
                 promoted = self.role == lifecycle.HELPER and not lifecycle.is_helper()
@@ -313,6 +298,7 @@ class ProcessSink(UnseenDrops):
             was_unavailable = self._pid == pid and self.role == lifecycle.UNAVAILABLE
             self._writer = None
             self._slot = None
+            self._claiming = threading.get_ident()
             try:
                 if prefork_master(self.owner_pid):
                     self.role = lifecycle.MASTER
@@ -336,6 +322,7 @@ class ProcessSink(UnseenDrops):
                 self._claim_failed(was_unavailable)
             finally:
                 self._pid = pid
+                self._claiming = 0
             return True
 
     def _claim_failed(self, again: bool) -> None:

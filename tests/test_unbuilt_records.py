@@ -130,7 +130,10 @@ def test_a_log_record_that_cannot_be_built_is_counted(counting: CountingSink) ->
             raise RuntimeError("no text")
 
     reporter = log_reporter.LogReporter(formatted=False)
-    record = logging.LogRecord("app", logging.WARNING, __file__, 1, "x %s", (Unprintable(),), None)
+    # (an unprintable argument is reported by its repr: tests/test_logs_shapes.py; an
+    # exc_info that is no exception triple makes formatException raise)
+    bad_exc_info: Any = ("not", "an exception")
+    record = logging.LogRecord("app", logging.WARNING, __file__, 1, "x %s", (1,), bad_exc_info)
     errors = log_reporter.stats.errors
     reporter.report(record)  # build_failed
     assert counting.unbuilt == 1
@@ -163,7 +166,7 @@ def test_structlog_event_that_cannot_be_encoded_is_counted(counting: CountingSin
 
 
 def test_a_loguru_message_the_sink_cannot_read_is_counted(counting: CountingSink) -> None:
-    sink = sw_loguru._make_sink(False)
+    sink = sw_loguru._Sink(False)
     errors = log_reporter.stats.errors
     sink(object())  # no .record: returned silently, uncounted, before
     assert counting.unbuilt == 1 and log_reporter.stats.errors == errors + 1

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import ipc
 from reporter_proc.records import LOG
 from swmp import _sink
+from swmp.instrument._incoming import reporter_is_calling
 from swmp.instrument._patch import patch, restore
 from swmp.tracing.context import trace_position
 from swmp.tracing.identity import identity
@@ -119,18 +120,21 @@ def current_tid() -> str:
 
 # While a record is being reported and handed to the application's handlers, a second
 # integration seeing the same message (a handler forwarding stdlib records to loguru) must
-# not report it again.
-_busy = threading.local()
+# not report it again, nor a logger the same record object is handed to again (a handler
+# calling ``other_logger.handle(record)``). Another stdlib record made meanwhile (a handler
+# whose own code logs, a signal handler or finalizer run inside a handler) is reported.
+_busy = threading.local()  # .records: the records this thread is handing to handlers
+
+
+def _handling() -> list[logging.LogRecord]:
+    records: list[logging.LogRecord] | None = getattr(_busy, "records", None)
+    if records is None:
+        records = _busy.records = []
+    return records
 
 
 def reporting() -> bool:
-    return getattr(_busy, "on", False)
-
-
-def _set_busy(on: bool) -> bool:
-    before = getattr(_busy, "on", False)
-    _busy.on = on
-    return before
+    return bool(getattr(_busy, "records", None))
 
 
 def build_failed(e: BaseException) -> None:
@@ -201,6 +205,19 @@ def checked_formatter(layout: str | None) -> logging.Formatter:
 _ABSENT: Any = object()  # (an attribute the record did not have)
 
 
+def _text(value: object) -> str:
+    """``str(value)``, or its ``repr`` when ``__str__`` raises: a message or argument object
+    that cannot be printed still leaves a reported record (logging itself prints "--- Logging
+    error ---" for it and goes on; the record was dropped and a warning added to that)."""
+    try:
+        return str(value)
+    except Exception:
+        try:
+            return repr(value)
+        except Exception:
+            return f"<unprintable {type(value).__name__} object>"
+
+
 class LogReporter:
     """Turns stdlib log records into LOG records (see ``reporter_proc.records``)."""
 
@@ -222,6 +239,11 @@ class LogReporter:
         (:func:`made_elsewhere`). Never raises."""
         if made_elsewhere(record):
             return
+        # The reporter's own records (its thread in thread mode, its process): the transport
+        # libraries' (aiokafka's "Unable connect to ...", asyncio's) were reported as the
+        # application's, one more record to send for every failure to send.
+        if reporter_is_calling():
+            return
         name = record.name
         if name.startswith("swmp") and (len(name) == 4 or name[4] == "."):
             return
@@ -241,11 +263,11 @@ class LogReporter:
             record.tid = current_tid()  # made here: report() leaves the others alone
         if self.formatted:
             return self._format(record), tags
-        body = str(record.msg)
+        body = _text(record.msg)
         args = record.args
         if isinstance(args, tuple):
             for i, a in enumerate(args):
-                tags += [f"argument.{i}", str(a)]
+                tags += [f"argument.{i}", _text(a)]
         ei = record.exc_info
         # exc_info=True outside an exception gives (None, None, None): no exception, no tag
         # (formatException would make it the text "NoneType: None").
@@ -267,7 +289,7 @@ class LogReporter:
             try:
                 return self._fallback.format(record)
             except Exception:  # the message itself cannot be formatted (bad args)
-                return str(record.msg)
+                return _text(record.msg)
         finally:
             d["exc_text"] = kept[0]
             for name, old in (("message", kept[1]), ("asctime", kept[2])):
@@ -298,6 +320,7 @@ class SkyWalkingLogHandler(logging.Handler):
 # -- the hook --------------------------------------------------------------------------------
 _reporter: LogReporter | None = None
 _hooked = ""  # "callHandlers" | "handle"
+_HOOK_FILE = os.path.join(getattr(logging, "__path__", [""])[0], "<swmp.instrument.log_reporter hook>")
 
 
 def _make_hook(reporter: LogReporter | None, check_disabled: bool) -> Any:
@@ -319,15 +342,24 @@ def _make_hook(reporter: LogReporter | None, check_disabled: bool) -> Any:
                     d["tid"] = cur.segment.trace_id
                 else:
                     d["tid"] = current_tid()
-            if record.levelno < level or (check_disabled and self.disabled) or getattr(_busy, "on", False):
+            if record.levelno < level or (check_disabled and self.disabled):
+                return orig(self, record)
+            handling = _handling()
+            if handling and any(r is record for r in handling):
                 return orig(self, record)
             report(record)  # type: ignore[misc]  # (level is out of reach without a reporter)
-            before = _set_busy(True)
+            handling.append(record)
             try:
                 return orig(self, record)
             finally:
-                _busy.on = before
+                handling.pop()
 
+        # A handler that fails calls Handler.handleError, which prints the application's call
+        # stack from the first frame outside the logging package: the hook's frame stopped
+        # that walk, and every "--- Logging error ---" then showed logging's own frames and
+        # ours as the caller. Filed under logging's directory, the hook is walked past as
+        # logging's own frames are (the name says whose frame it is in any other traceback).
+        hook.__code__ = hook.__code__.replace(co_filename=_HOOK_FILE)
         return hook
 
     return make

@@ -58,8 +58,22 @@ def _keep_min_level(target: Any) -> None:
             )
 
 
-def _make_sink(safe_mode: bool) -> Any:
-    def sink(message: Any) -> None:
+class _Sink:
+    """The reporter's loguru sink. A class of this module, not a closure: loguru pickles a
+    logger's sinks with it (its documented way of handing the logger to a ``spawn``-started
+    process), and a local function cannot be pickled, so the application's ``Process(...,
+    args=(logger,))`` failed. Unpickled in the child, it reports there with the child's context
+    (or is counted as a record made before its agent started)."""
+
+    __slots__ = ("safe_mode",)
+
+    def __init__(self, safe_mode: bool) -> None:
+        self.safe_mode = safe_mode
+
+    def __reduce__(self) -> tuple[Any, tuple[bool]]:
+        return (_Sink, (self.safe_mode,))
+
+    def __call__(self, message: Any) -> None:
         if reporting():
             return
         try:
@@ -75,9 +89,7 @@ def _make_sink(safe_mode: bool) -> Any:
             # Not worth failing the application's log call: counted and said once.
             build_failed(e)
             return
-        write_log(ts, body, tags, safe_mode)
-
-    return sink
+        write_log(ts, body, tags, self.safe_mode)
 
 
 def install(config: Config) -> None:
@@ -87,7 +99,7 @@ def install(config: Config) -> None:
     from loguru._logger import Logger  # noqa: PLC0415
 
     level = level_number(config.agent_log_reporter_level)
-    sink = _make_sink(config.agent_log_reporter_safe_mode)
+    sink = _Sink(config.agent_log_reporter_safe_mode)
 
     def add(target: Any) -> int:
         return int(target.add(sink, level=level, format="{message}", catch=True, colorize=False))
