@@ -59,34 +59,33 @@ def read_info(path: str) -> ArenaInfo:
         return arena.info()
 
 
-def _name_pid(path: str, prefix: str) -> int:
-    """The owner pid in an arena file name (``<prefix>-<uid>-<pid>[-...].arena``), or 0."""
-    name = os.path.basename(path)[len(prefix) + 1 :]
-    parts = name.split("-")
+def _name_fields(path: str, prefix: str) -> tuple[int, str]:
+    """``(owner pid, what follows it)`` of an arena file name, ``<prefix>-<uid>-<pid>[-<rest>].arena``
+    (``rest``: the owner's start ticks for a process-mode arena, ``t<8 hex>`` for thread mode's
+    private ones, ``""`` for none); pid 0 when the name has none."""
+    parts = os.path.basename(path)[len(prefix) + 1 :].split("-")
     try:
-        return int(parts[1].split(".")[0])
+        pid = int(parts[1].split(".")[0])
     except (IndexError, ValueError):
-        return 0
+        return 0, ""
+    return pid, parts[2].split(".")[0] if len(parts) > 2 else ""
 
 
 def _name_owner_gone(path: str, prefix: str) -> bool:
     """Is the owner the file's name gives gone? Its pid is, or is another process's now: the
-    name's start ticks (``<prefix>-<uid>-<pid>-<ticks>...``, when it has them) are not those
-    of the process with that pid (pids are reused, a container's within minutes)."""
-    pid = _name_pid(path, prefix)
+    name's start ticks, when it has them, are not those of the process with that pid (pids
+    are reused, a container's within minutes)."""
+    pid, rest = _name_fields(path, prefix)
     now = process_start_ticks(pid) if pid > 0 else 0
     if now == 0:
         return True
-    parts = os.path.basename(path)[len(prefix) + 1 :].split("-")
-    try:
-        ticks = int(parts[2].split(".")[0])
-    except (IndexError, ValueError):
+    if not rest.isdigit():
         return False  # no ticks in the name (a thread-mode arena): the pid alone says
-    return ticks != now
+    return int(rest) != now
 
 
 # Thread mode's private arenas: ``<prefix>-<uid>-<pid>-t<8 hex>.arena`` (``swmp._thread_sink``).
-_PRIVATE_NAME = re.compile(r"-(\d+)-t[0-9a-f]{8}\.arena$")
+_PRIVATE_REST = re.compile(r"t[0-9a-f]{8}")
 
 
 def cleanup_dead_private(directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX) -> list[str]:
@@ -106,10 +105,9 @@ def cleanup_dead_private(directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAU
     me = os.getpid()
     for d in private.private_directories(directory, prefix):
         for path in _arena_files(d, prefix):
-            found = _PRIVATE_NAME.search(os.path.basename(path))
-            if found is None:
+            pid, rest = _name_fields(path, prefix)
+            if not pid or _PRIVATE_REST.fullmatch(rest) is None:
                 continue
-            pid = int(found.group(1))
             if pid == me or process_start_ticks(pid) != 0:
                 continue  # ours, or alive (a reused pid is checked again below)
             try:

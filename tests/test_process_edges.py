@@ -21,6 +21,7 @@ from ipc.private import private_directory
 from ipc.wakeup import Doorbell, DoorbellListener, create_fifo
 from tests.children import fork, reap
 from tests.collector import Collector
+from tests.test_agent_launcher import base_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,23 +77,7 @@ def collector() -> Iterator[Collector]:
 
 
 def _env(tmp_path: Path, collector: Collector, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SW_", "SWMP_", "UWSGI_"))}
-    (tmp_path / "shm").mkdir(exist_ok=True)
-    env.update(
-        {
-            "SW_AGENT_NAME": "edges",
-            "SW_AGENT_INSTANCE_NAME": "edges",
-            "SW_AGENT_COLLECTOR_BACKEND_SERVICES": collector.grpc_address,
-            "SW_AGENT_ARENA_DIR": str(tmp_path / "shm"),
-            "SW_AGENT_REPORTER_FLUSH_INTERVAL": "0.05",
-            "SW_AGENT_LOG_REPORTER_ACTIVE": "false",
-            "SW_AGENT_METER_REPORTER_ACTIVE": "false",
-            "SW_AGENT_PROFILE_ACTIVE": "false",
-            "PYTHONPATH": str(REPO),
-        }
-    )
-    env.update(extra)
-    return env
+    return base_env(tmp_path, collector, SW_AGENT_NAME="edges", SW_AGENT_INSTANCE_NAME="edges", **extra)
 
 
 def _swmp_run(*command: str) -> list[str]:

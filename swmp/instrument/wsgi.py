@@ -142,8 +142,9 @@ def _is_file_response(environ: Any, result: Any) -> bool:
     wrapper = environ.get("wsgi.file_wrapper")
     if isinstance(wrapper, type):
         return isinstance(result, wrapper)
-    # uWSGI's (a function): what it gave back is the file-like the application passed it.
-    return wrapper is not None and hasattr(result, "read")
+    # uWSGI's (a function): what it gave back is the file-like the application passed it (a
+    # list, most responses, never is: no failed look-up for it, as in the C form).
+    return wrapper is not None and result.__class__ is not list and hasattr(result, "read")
 
 
 # The response iterable that finishes the span when closed: in C (swmp/_native/body.c) when
