@@ -10,12 +10,15 @@ behaviour by inspecting it. The operation name is the full method name
 
 Unary responses finish the span when the behaviour returns. Streamed responses finish it
 when the stream ends, or, when the client cancels or the deadline passes and the server
-stops iterating, from the RPC's termination callback.
+stops iterating, from the RPC's termination callback. ``grpc.aio`` cancels the task of
+such an RPC instead: the ``CancelledError`` ends the span as ``StatusCode.CANCELLED`` as
+well (no stack: nothing failed in the application), unless the behaviour set a code.
 """
 
 from __future__ import annotations
 
 import inspect
+from asyncio import CancelledError
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -257,7 +260,7 @@ def _wrap_coroutine(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
     """grpc.aio: a coroutine (unary, or streaming through ``context.write()``)."""
     import grpc  # noqa: PLC0415
 
-    ok, unknown = grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN
+    ok, unknown, cancelled = grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED
 
     async def behaviour(request: Any, context: Any) -> Any:
         md = _take_metadata()
@@ -269,6 +272,10 @@ def _wrap_coroutine(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
         span.__enter__()  # finish() gives the context back
         try:
             result = await fn(request, context)
+        except CancelledError:  # the client cancelled or the deadline passed (docstring)
+            _status(span, context, cancelled)
+            span.finish()
+            raise
         except BaseException as e:
             _failed(span, context, e, unknown)
             raise
@@ -304,8 +311,8 @@ def _wrap_async_gen(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
                 finally:
                     deactivate(span, prev)
                 yield item
-        except GeneratorExit:
-            once.done(grpc.StatusCode.CANCELLED)  # the server stopped reading
+        except (GeneratorExit, CancelledError):  # the server stopped reading (docstring)
+            once.done(_code_of(context) or grpc.StatusCode.CANCELLED)
             raise
         except BaseException as e:
             once.done(_unknown(context), e)

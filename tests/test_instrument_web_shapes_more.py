@@ -1,0 +1,126 @@
+"""Entry spans of request shapes off the common path in the servers that are not WSGI/ASGI
+(gRPC, aiohttp, Tornado, Sanic) and the frameworks on top of WSGI (Falcon, Pyramid,
+Bottle): a request the client abandons, a response that fails half-way, what the
+application sees of the wrapped methods. Real servers in process, on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from reporter_proc import records as R
+from swmp import _sink
+from swmp.tracing import Kind
+from tests.instrumented import instrumented
+
+
+@pytest.fixture()
+def sink() -> Iterator[_sink.MemorySink]:
+    with instrumented() as (memory, _):
+        yield memory
+
+
+def entries(sink: _sink.MemorySink) -> list[list[Any]]:
+    return [
+        span
+        for kind, payload in sink.records
+        if kind == R.SEGMENT
+        for span in orjson.loads(payload)[R.SEG_SPANS]
+        if span[R.SPAN_TYPE] == Kind.ENTRY
+    ]
+
+
+def tags_of(span: list[Any]) -> dict[str, str]:
+    t = span[R.SPAN_TAGS]
+    return dict(zip(t[::2], t[1::2], strict=True))
+
+
+# -- gRPC (grpc.aio server) ------------------------------------------------------------------
+@pytest.mark.parametrize("interceptor", [False, True])
+def test_grpc_aio_rpc_the_client_abandons_ends_cancelled(sink: _sink.MemorySink, interceptor: bool) -> None:
+    """grpc.aio cancels the task of an RPC the client cancelled or whose deadline passed:
+    the entry span ends as ``StatusCode.CANCELLED``, as the sync server's does (and the
+    docs say), not ``UNKNOWN`` with the CancelledError's stack as if the application had
+    failed. An async-generator stream, a stream written with ``context.write()`` and a
+    unary coroutine; with and without an interceptor of the application's (ours goes first
+    then). The application sees the cancellation as without the agent."""
+    import grpc
+
+    stopped: list[str] = []
+
+    async def endless(req: bytes, ctx: Any) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b"x"
+                await asyncio.sleep(0.005)
+        except asyncio.CancelledError:
+            stopped.append("Endless")
+            raise
+
+    async def written(req: bytes, ctx: Any) -> None:
+        try:
+            while True:
+                await ctx.write(b"x")
+                await asyncio.sleep(0.005)
+        except asyncio.CancelledError:
+            stopped.append("Written")
+            raise
+
+    async def slow(req: bytes, ctx: Any) -> bytes:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            stopped.append("Slow")
+            raise
+        return b""
+
+    class Passing(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+        async def intercept_service(self, continuation: Any, details: Any) -> Any:
+            return await continuation(details)
+
+    async def main() -> list[Any]:
+        handler = grpc.method_handlers_generic_handler(
+            "t.S",
+            {
+                "Endless": grpc.unary_stream_rpc_method_handler(endless),
+                "Written": grpc.unary_stream_rpc_method_handler(written),
+                "Slow": grpc.unary_unary_rpc_method_handler(slow),
+            },
+        )
+        server = grpc.aio.server(interceptors=[Passing()] if interceptor else None)
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        codes = []
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                for name in ("Endless", "Written"):
+                    call = ch.unary_stream(f"/t.S/{name}")(b"")
+                    async for _ in call:
+                        break
+                    call.cancel()
+                    codes.append(await call.code())
+                    while name not in stopped:  # the server's side of the cancel is async
+                        await asyncio.sleep(0.005)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await ch.unary_unary("/t.S/Slow")(b"", timeout=0.3)
+                codes.append(err.value.code())
+                while "Slow" not in stopped:
+                    await asyncio.sleep(0.005)
+        finally:
+            await server.stop(None)
+        return codes
+
+    codes = asyncio.run(main())
+    assert codes == [grpc.StatusCode.CANCELLED, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED]
+    assert stopped == ["Endless", "Written", "Slow"]
+    got = {s[R.SPAN_OPERATION]: s for s in entries(sink)}
+    assert sorted(got) == ["/t.S/Endless", "/t.S/Slow", "/t.S/Written"]
+    for span in got.values():
+        assert tags_of(span)["grpc.status_code"] == "StatusCode.CANCELLED"
+        assert span[R.SPAN_IS_ERROR] is True
+        assert "CancelledError" not in orjson.dumps(span[R.SPAN_LOGS]).decode()
