@@ -124,3 +124,67 @@ def test_grpc_aio_rpc_the_client_abandons_ends_cancelled(sink: _sink.MemorySink,
         assert tags_of(span)["grpc.status_code"] == "StatusCode.CANCELLED"
         assert span[R.SPAN_IS_ERROR] is True
         assert "CancelledError" not in orjson.dumps(span[R.SPAN_LOGS]).decode()
+
+
+def test_grpc_sync_unary_the_client_abandons_ends_cancelled(sink: _sink.MemorySink) -> None:
+    """A sync server's unary behaviour that returns after its deadline passed (or the
+    client cancelled): gRPC drops the response, the client gets DEADLINE_EXCEEDED; the
+    entry span ends CANCELLED (failed), as a stream's does, not OK. Unary and
+    client-streaming responses; an RPC answered in time stays OK."""
+    import threading
+    from concurrent import futures
+
+    import grpc
+    from grpc import _server
+
+    assert _server._CANCELLED == "cancelled"  # the grpc state _grpc_server._abandoned reads
+
+    def wait_out(ctx: Any) -> bytes:
+        while ctx.is_active():
+            threading.Event().wait(0.005)
+        return b"late"
+
+    def unary(req: bytes, ctx: Any) -> bytes:
+        return req if req else wait_out(ctx)
+
+    def upload(reqs: Iterator[bytes], ctx: Any) -> bytes:
+        list(reqs)
+        return wait_out(ctx)
+
+    handler = grpc.method_handlers_generic_handler(
+        "t.S",
+        {
+            "Unary": grpc.unary_unary_rpc_method_handler(unary),
+            "Upload": grpc.stream_unary_rpc_method_handler(upload),
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    codes = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            assert ch.unary_unary("/t.S/Unary")(b"now") == b"now"
+            calls: list[tuple[Any, Any]] = [
+                (ch.unary_unary("/t.S/Unary"), b""),
+                (ch.stream_unary("/t.S/Upload"), iter([b"a"])),
+            ]
+            for call, arg in calls:
+                with pytest.raises(grpc.RpcError) as err:
+                    call(arg, timeout=0.3)
+                codes.append(err.value.code())
+        # The behaviours end (and their spans with them) once they see the RPC inactive.
+        for _ in range(3000):
+            if len(entries(sink)) >= 3:
+                break
+            threading.Event().wait(0.01)
+    finally:
+        server.stop(None).wait(30)
+    assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * 2
+    got = [(s[R.SPAN_OPERATION], tags_of(s)["grpc.status_code"], s[R.SPAN_IS_ERROR]) for s in entries(sink)]
+    assert sorted(got) == [
+        ("/t.S/Unary", "StatusCode.CANCELLED", True),
+        ("/t.S/Unary", "StatusCode.OK", False),
+        ("/t.S/Upload", "StatusCode.CANCELLED", True),
+    ]

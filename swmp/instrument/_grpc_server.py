@@ -204,6 +204,15 @@ def _unknown(context: Any) -> Any:
     return _code_of(context) or grpc.StatusCode.UNKNOWN
 
 
+def _abandoned(context: Any) -> bool:
+    """Whether the client of a sync server's RPC cancelled it or its deadline passed: the
+    response of a behaviour that returns then is never sent (the client gets CANCELLED or
+    DEADLINE_EXCEEDED), so its span ends CANCELLED, as a stream's does. grpc's own state,
+    read without ``is_active()``'s lock (once per call); False when it has another shape
+    (grpc.aio's context)."""
+    return getattr(getattr(context, "_state", None), "client", None) == "cancelled"
+
+
 def _failed(span: Any, context: Any, exc: BaseException, default: Any) -> None:
     span.error(exc)
     _status(span, context, default)
@@ -214,7 +223,7 @@ def _wrap_unary(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
     """A plain behaviour with one response: the span is current while it runs."""
     import grpc  # noqa: PLC0415
 
-    ok, unknown = grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN
+    ok, unknown, cancelled = grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED
 
     def behaviour(request: Any, context: Any) -> Any:
         span = _start(method, context)
@@ -226,7 +235,7 @@ def _wrap_unary(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
         except BaseException as e:
             _failed(span, context, e, unknown)
             raise
-        _status(span, context, ok)
+        _status(span, context, cancelled if _abandoned(context) else ok)
         span.finish()
         return result
 
