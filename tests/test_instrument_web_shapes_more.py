@@ -188,3 +188,63 @@ def test_grpc_sync_unary_the_client_abandons_ends_cancelled(sink: _sink.MemorySi
         ("/t.S/Unary", "StatusCode.OK", False),
         ("/t.S/Upload", "StatusCode.CANCELLED", True),
     ]
+
+
+def test_grpc_sync_stream_over_before_its_behaviour_runs_is_reported(sink: _sink.MemorySink) -> None:
+    """A bidirectional RPC whose deadline passes while it waits for a thread of the pool:
+    gRPC still calls its behaviour (with the request stream), takes one response and stops,
+    and the RPC's termination callback is refused (it ran already). Its entry span ends
+    then, as CANCELLED (before, it was left open: never reported). The behaviour runs
+    as without the agent; the next RPC on that thread gets a span of its own."""
+    import threading
+    from concurrent import futures
+
+    import grpc
+
+    blocking, release, chatted = threading.Event(), threading.Event(), threading.Event()
+
+    def block(req: bytes, ctx: Any) -> bytes:
+        blocking.set()
+        release.wait(30)
+        return b"b"
+
+    def chat(reqs: Iterator[bytes], ctx: Any) -> Iterator[bytes]:
+        chatted.set()
+        yield b"hello"
+        yield from reqs
+
+    handler = grpc.method_handlers_generic_handler(
+        "t.S",
+        {
+            "Block": grpc.unary_unary_rpc_method_handler(block),
+            "Chat": grpc.stream_stream_rpc_method_handler(chat),
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            first = ch.unary_unary("/t.S/Block").future(b"")
+            assert blocking.wait(30)  # the pool's only thread is taken
+            with pytest.raises(grpc.RpcError) as err:
+                list(ch.stream_stream("/t.S/Chat")(iter([b"a"]), timeout=0.3))
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            release.set()
+            assert first.result(timeout=30) == b"b"
+            assert chatted.wait(30)
+            assert ch.unary_unary("/t.S/Block")(b"", timeout=30) == b"b"
+        for _ in range(3000):  # the Chat span ends in the pool's thread
+            if len(entries(sink)) >= 3:
+                break
+            threading.Event().wait(0.01)
+    finally:
+        release.set()
+        server.stop(None).wait(30)
+    got = {s[R.SPAN_OPERATION]: s for s in entries(sink)}
+    chat_span = got["/t.S/Chat"]
+    assert tags_of(chat_span)["grpc.status_code"] == "StatusCode.CANCELLED"
+    assert chat_span[R.SPAN_IS_ERROR] is True
+    blocks = [s for s in entries(sink) if s[R.SPAN_OPERATION] == "/t.S/Block"]
+    assert len(blocks) == 2 and all(s[R.SPAN_PARENT_ID] == -1 for s in blocks)

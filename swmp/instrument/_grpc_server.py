@@ -126,9 +126,10 @@ def _status(span: Any, context: Any, default: Any) -> None:
         span.error()
 
 
-def _on_termination(context: Any, callback: Callable[[], None]) -> bool:
-    """Run ``callback`` when the RPC terminates (also cancelled); False if that cannot be
-    arranged (then the caller finishes the span itself)."""
+def _on_termination(context: Any, callback: Callable[[], None]) -> bool | None:
+    """Run ``callback`` when the RPC terminates (also cancelled): True. False: the RPC has
+    terminated already (grpc.server's ``add_callback`` refuses). None if that cannot be
+    arranged (then the span ends with the stream)."""
     try:
         add = getattr(context, "add_callback", None)  # grpc.server
         if add is not None:
@@ -136,7 +137,7 @@ def _on_termination(context: Any, callback: Callable[[], None]) -> bool:
         context.add_done_callback(lambda _ctx: callback())  # grpc.aio.server
         return True
     except Exception:
-        return False
+        return None
 
 
 class _Once:
@@ -251,7 +252,12 @@ def _wrap_streaming(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
         if span is NOOP:
             return fn(request, context)
         once = _Once(span, context)
-        _on_termination(context, once.terminated(grpc))
+        if _on_termination(context, once.terminated(grpc)) is False:
+            # Over before it started (its deadline passed while it waited for a thread of
+            # the pool; a request stream's behaviour is called even then): gRPC takes one
+            # response at most and stops, no callback will come. The span ends now.
+            once.done(grpc.StatusCode.CANCELLED)
+            return fn(request, context)
         prev = activate(span)
         try:
             result = _Responses(iter(fn(request, context)), once)
