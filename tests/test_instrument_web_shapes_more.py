@@ -190,12 +190,17 @@ def test_grpc_sync_unary_the_client_abandons_ends_cancelled(sink: _sink.MemorySi
     ]
 
 
-def test_grpc_sync_stream_over_before_its_behaviour_runs_is_reported(sink: _sink.MemorySink) -> None:
-    """A bidirectional RPC whose deadline passes while it waits for a thread of the pool:
-    gRPC still calls its behaviour (with the request stream), takes one response and stops,
-    and the RPC's termination callback is refused (it ran already). Its entry span ends
-    then, as CANCELLED (before, it was left open: never reported). The behaviour runs
-    as without the agent; the next RPC on that thread gets a span of its own."""
+@pytest.mark.parametrize("kind", ["stream_stream", "stream_unary"])
+def test_grpc_sync_stream_over_before_its_behaviour_runs_is_reported(
+    sink: _sink.MemorySink, kind: str
+) -> None:
+    """A request-streaming RPC whose deadline passes while it waits for a thread of the
+    pool: gRPC still calls its behaviour (with the request stream). Bidirectional: gRPC
+    takes one response and stops, and refuses the termination callback (it ran already);
+    the entry span ends then, as CANCELLED (before, it was left open: never reported).
+    Client-streaming: the request stream raises; the span ends CANCELLED (not UNKNOWN, an
+    error the client never got) with that exception logged. The behaviour runs as
+    without the agent; the next RPC on that thread gets a span of its own."""
     import threading
     from concurrent import futures
 
@@ -213,11 +218,16 @@ def test_grpc_sync_stream_over_before_its_behaviour_runs_is_reported(sink: _sink
         yield b"hello"
         yield from reqs
 
+    def upload(reqs: Iterator[bytes], ctx: Any) -> bytes:
+        chatted.set()
+        return b"+".join(reqs)
+
     handler = grpc.method_handlers_generic_handler(
         "t.S",
         {
             "Block": grpc.unary_unary_rpc_method_handler(block),
             "Chat": grpc.stream_stream_rpc_method_handler(chat),
+            "Upload": grpc.stream_unary_rpc_method_handler(upload),
         },
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
@@ -229,7 +239,10 @@ def test_grpc_sync_stream_over_before_its_behaviour_runs_is_reported(sink: _sink
             first = ch.unary_unary("/t.S/Block").future(b"")
             assert blocking.wait(30)  # the pool's only thread is taken
             with pytest.raises(grpc.RpcError) as err:
-                list(ch.stream_stream("/t.S/Chat")(iter([b"a"]), timeout=0.3))
+                if kind == "stream_stream":
+                    list(ch.stream_stream("/t.S/Chat")(iter([b"a"]), timeout=0.3))
+                else:
+                    ch.stream_unary("/t.S/Upload")(iter([b"a"]), timeout=0.3)
             assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             release.set()
             assert first.result(timeout=30) == b"b"
@@ -243,7 +256,7 @@ def test_grpc_sync_stream_over_before_its_behaviour_runs_is_reported(sink: _sink
         release.set()
         server.stop(None).wait(30)
     got = {s[R.SPAN_OPERATION]: s for s in entries(sink)}
-    chat_span = got["/t.S/Chat"]
+    chat_span = got["/t.S/Chat" if kind == "stream_stream" else "/t.S/Upload"]
     assert tags_of(chat_span)["grpc.status_code"] == "StatusCode.CANCELLED"
     assert chat_span[R.SPAN_IS_ERROR] is True
     blocks = [s for s in entries(sink) if s[R.SPAN_OPERATION] == "/t.S/Block"]

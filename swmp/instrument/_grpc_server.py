@@ -233,8 +233,8 @@ def _wrap_unary(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
         span.__enter__()  # finish() gives the context back
         try:
             result = fn(request, context)
-        except BaseException as e:
-            _failed(span, context, e, unknown)
+        except BaseException as e:  # (a request stream raises once the RPC is abandoned)
+            _failed(span, context, e, cancelled if _abandoned(context) else unknown)
             raise
         _status(span, context, cancelled if _abandoned(context) else ok)
         span.finish()
