@@ -12,7 +12,10 @@ Unary responses finish the span when the behaviour returns. Streamed responses f
 when the stream ends, or, when the client cancels or the deadline passes and the server
 stops iterating, from the RPC's termination callback. ``grpc.aio`` cancels the task of
 such an RPC instead: the ``CancelledError`` ends the span as ``StatusCode.CANCELLED`` as
-well (no stack: nothing failed in the application), unless the behaviour set a code.
+well (no stack: nothing failed in the application), unless the behaviour set a code. A
+sync unary behaviour that returns after its RPC was abandoned ends CANCELLED too (its
+response is never sent); a sync stream over before its behaviour ran (its deadline passed
+while it waited for a thread) ends at once, as no termination callback will come.
 """
 
 from __future__ import annotations
