@@ -261,3 +261,48 @@ def test_grpc_sync_stream_over_before_its_behaviour_runs_is_reported(
     assert chat_span[R.SPAN_IS_ERROR] is True
     blocks = [s for s in entries(sink) if s[R.SPAN_OPERATION] == "/t.S/Block"]
     assert len(blocks) == 2 and all(s[R.SPAN_PARENT_ID] == -1 for s in blocks)
+
+
+def test_grpc_aio_plain_streaming_behaviour_in_the_migration_pool_ends_ok(sink: _sink.MemorySink) -> None:
+    """grpc.aio runs a plain (threaded) behaviour in its ``migration_thread_pool``, with a
+    context whose ``add_callback`` returns None: a stream that ends normally ends its span
+    OK (None is no refusal of the termination callback), a unary one too."""
+    from concurrent import futures
+
+    import grpc
+
+    def echo(req: bytes, ctx: Any) -> bytes:
+        return req
+
+    def gen(req: bytes, ctx: Any) -> Iterator[bytes]:
+        yield b"a"
+        yield b"b"
+
+    async def main() -> list[Any]:
+        handler = grpc.method_handlers_generic_handler(
+            "t.S",
+            {
+                "Echo": grpc.unary_unary_rpc_method_handler(echo),
+                "Gen": grpc.unary_stream_rpc_method_handler(gen),
+            },
+        )
+        pool = futures.ThreadPoolExecutor(max_workers=2)
+        server = grpc.aio.server(migration_thread_pool=pool)
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                return [
+                    await ch.unary_unary("/t.S/Echo")(b"x"),
+                    [item async for item in ch.unary_stream("/t.S/Gen")(b"")],
+                ]
+        finally:
+            await server.stop(None)
+            pool.shutdown(wait=True)  # the behaviours (and their spans) are over
+
+    assert asyncio.run(main()) == [b"x", [b"a", b"b"]]
+    got = sorted(
+        (s[R.SPAN_OPERATION], tags_of(s)["grpc.status_code"], s[R.SPAN_IS_ERROR]) for s in entries(sink)
+    )
+    assert got == [("/t.S/Echo", "StatusCode.OK", False), ("/t.S/Gen", "StatusCode.OK", False)]

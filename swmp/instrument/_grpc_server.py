@@ -136,7 +136,9 @@ def _on_termination(context: Any, callback: Callable[[], None]) -> bool | None:
     try:
         add = getattr(context, "add_callback", None)  # grpc.server
         if add is not None:
-            return bool(add(callback))
+            # Only grpc.server's answers: grpc.aio's context of a plain behaviour (run in
+            # its migration thread pool) has an add_callback that returns None.
+            return add(callback) is not False
         context.add_done_callback(lambda _ctx: callback())  # grpc.aio.server
         return True
     except Exception:
