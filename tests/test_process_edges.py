@@ -236,3 +236,51 @@ def test_a_doorbell_whose_descriptor_was_closed_never_writes_into_its_successor(
     finally:
         bell.close()
         listener.close()
+
+
+# A hand-written prefork program: it forks its workers, then reaps every child it has until
+# there is none left (``os.wait()`` until ECHILD), the usual way to wait for "all of them".
+WAITS_FOR_ALL_CHILDREN = textwrap.dedent(
+    """
+    import os
+
+    import swmp
+
+    for i in range(3):
+        if os.fork() == 0:
+            with swmp.entry_span(f"worker-{i}"):
+                pass
+            os._exit(0)
+    reaped = 0
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
+        reaped += 1
+    print("reaped", reaped, flush=True)
+    """
+)
+
+
+def test_a_program_that_waits_for_all_its_children_is_not_held_by_the_reporter(
+    tmp_path: Path, collector: Collector
+) -> None:
+    """Before, the reporter's supervisor was a child of the program for the program's whole
+    life: ``os.wait()`` never ran out of children, and the program hung for good. Now the
+    supervisor is detached (as when a worker starts it): the program reaps its 3 workers and
+    exits, and their segments are delivered."""
+    script = tmp_path / "waits.py"
+    script.write_text(WAITS_FOR_ALL_CHILDREN)
+    done = subprocess.run(
+        _swmp_run(sys.executable, str(script)),
+        env=_env(tmp_path, collector),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,  # a hang: subprocess.TimeoutExpired
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "reaped 3"
+    assert collector.wait_for(lambda: len(collector.segments) >= 3, 30)
