@@ -32,7 +32,8 @@ life).
 
 Per variant, route and load (medians over rounds): requests/s, p50/p99 latency, CPU
 microseconds per request summed over every process of the application (master, workers,
-supervisor, reporter; psutil) and what it adds over no agent (``+us``, the median over rounds
+and the detached supervisor and reporter found through the arena: tests/agent_procs.py)
+and what it adds over no agent (``+us``, the median over rounds
 of the difference to no agent in the same round; ``+wrk`` is the
 workers' share of it, ``rep`` the reporter process's CPU per request), worker and reporter RSS
 (and the reporter's PSS), and requests served vs segments received (the
