@@ -32,7 +32,8 @@ life).
 
 Per variant, route and load (medians over rounds): requests/s, p50/p99 latency, CPU
 microseconds per request summed over every process of the application (master, workers,
-supervisor, reporter; psutil) and what it adds over no agent (``+us``, the median over rounds
+and the detached supervisor and reporter found through the arena: tests/agent_procs.py)
+and what it adds over no agent (``+us``, the median over rounds
 of the difference to no agent in the same round; ``+wrk`` is the
 workers' share of it, ``rep`` the reporter process's CPU per request), worker and reporter RSS
 (and the reporter's PSS), and requests served vs segments received (the
@@ -70,9 +71,9 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 
 from benchmarks.paced_load import paced  # noqa: E402
+from tests.agent_procs import application_processes  # noqa: E402
 from tests.collector import CollectorProcess, free_port  # noqa: E402
 from tests.servers import (  # noqa: E402
-    Proc,
     Server,
     agent_env,
     gunicorn_command,
@@ -169,8 +170,10 @@ def run_wrk(url: str, seconds: float, connections: int) -> dict[str, Any]:
 
 
 # -- processes ---------------------------------------------------------------------------------
-def app_processes(proc: Proc) -> list[psutil.Process]:
-    return [p for p in proc.family() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+def app_processes(srv: Server) -> list[psutil.Process]:
+    """The master, its workers and, through the arena, the agent's reporter and supervisor
+    (started detached, they descend from no process of the application)."""
+    return application_processes(srv.pid, srv.arena_path())
 
 
 def process_clock(pid: int) -> int:
@@ -336,7 +339,7 @@ def others(running: list[App], app: App | None) -> list[psutil.Process]:
     for other in running:
         if other is app:
             continue
-        procs += app_processes(other.srv.proc)
+        procs += app_processes(other.srv)
         with contextlib.suppress(psutil.Error, AssertionError):
             assert other.col.proc is not None
             procs.append(psutil.Process(other.col.proc.pid))
@@ -374,7 +377,7 @@ def sample(
     ``running`` applications quiet first, their CPU during it reported."""
     background = others(running or [], app)
     waited = settle(background)
-    procs = app_processes(app.srv.proc)
+    procs = app_processes(app.srv)
     t0 = time.monotonic()
     bg_before = cpu_seconds(background)
     before = cpu_seconds(procs)
@@ -442,8 +445,8 @@ def sample_together(
     one per application: loads started together have their requests due at the same
     instants, and which server's request met an idle CPU and which a warm one held for the
     whole run (20-35 us per request between two identical servers)."""
-    waited = settle([p for app in apps for p in app_processes(app.srv.proc)])
-    procs = [app_processes(app.srv.proc) for app in apps]
+    waited = settle([p for app in apps for p in app_processes(app.srv)])
+    procs = [app_processes(app.srv) for app in apps]
     before = [cpu_seconds(p) for p in procs]
     script = str(Path(__file__).resolve().parent / "paced_load.py")
     turns = _rotated(list(range(len(apps))), rnd)
@@ -623,7 +626,10 @@ def one():
 
 for _ in range(300):
     one()
-reporters = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("swmp-reporter")]
+reporters = []
+if variant == "swmp":  # found through the arena: started detached, it is no child of ours
+    from tests.agent_procs import owner_arena, wait_agent_pids
+    reporters = [psutil.Process(wait_agent_pids(owner_arena(os.getpid(), arena_dir), 60).reporter)]
 def reporter_cpu():
     return sum(sum(p.cpu_times()[:2]) for p in reporters)
 gap = float(os.environ.get("GAP_S", "0"))  # idle time between two requests

@@ -72,7 +72,7 @@ def measure_here(rates: list[float], secs: float) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="reporter-idle-"))
     rows = []
     with pb.application("swmp", "/io", work, args) as app:
-        reporter = next(p for p in pb.app_processes(app.srv.proc) if pb.is_reporter(p))
+        reporter = next(p for p in pb.app_processes(app.srv) if pb.is_reporter(p))
         time.sleep(1.0)  # let the start-up announcements finish: they are not the steady state
         for rate in rates:
             cpu0, wake0, t0 = _thread_cpu(reporter.pid), _wakeups(reporter.pid), time.monotonic()

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import psutil  # noqa: E402
 
+from tests.agent_procs import agent_pids  # noqa: E402
 from tests.faults.backend import FaultBackend, fault_backend  # noqa: E402
 from tests.faults.load import PacedLoad  # noqa: E402
 from tests.faults.scenario import App, settle, unique_service  # noqa: E402
@@ -87,21 +88,22 @@ def schedule(total_s: float, cycle_s: float, outage_s: float) -> list[Event]:
 
 
 def processes(app: App) -> dict[str, list[psutil.Process]]:
-    """The application's processes by role (the reporter and supervisor descend from the master)."""
+    """The application's processes by role: the master and its workers from the process tree;
+    the reporter and its supervisor from the arena (detached, they descend from no process of
+    the application)."""
     out: dict[str, list[psutil.Process]] = {role: [] for role in ROLES}
     with contextlib.suppress(psutil.Error):
         master = psutil.Process(app.proc.pid)
         out["master"].append(master)
-        for p in master.children(recursive=True):
+        for p in master.children():
             with contextlib.suppress(psutil.Error):
-                if p.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                if is_swmp(p, "swmp-reporter"):
-                    out["reporter"].append(p)
-                elif is_swmp(p, "swmp-supervisor"):
-                    out["supervisor"].append(p)
-                elif p.ppid() == master.pid:
+                if p.status() != psutil.STATUS_ZOMBIE and not is_swmp(p):
                     out["workers"].append(p)
+    found = agent_pids(app.server.arena_path())
+    for role, pid in (("reporter", found.reporter), ("supervisor", found.supervisor)):
+        with contextlib.suppress(psutil.Error):
+            if pid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out[role].append(psutil.Process(pid))
     return out
 
 

@@ -91,7 +91,7 @@ def measure(variant: str, args: argparse.Namespace, work: Path) -> list[dict[str
     rows: list[dict[str, Any]] = []
     with pb.application(variant, args.route, work, app_args) as app:
         pb.warm_up(app, app_args)
-        procs = pb.app_processes(app.srv.proc)
+        procs = pb.app_processes(app.srv)
         roles = {
             "workers": list(app.srv.worker_pids()),
             "reporter": [p.pid for p in procs if pb.is_reporter(p)],

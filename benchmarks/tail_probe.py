@@ -109,7 +109,7 @@ def sink_process(work: Path) -> Iterator[tuple[str, int]]:
 def paused_for(variant: str, app: pb.App) -> list[psutil.Process]:
     """The processes a variant stops for its sample."""
     if variant == "reporter-paused":
-        return [p for p in pb.app_processes(app.srv.proc) if pb.is_reporter(p)]
+        return [p for p in pb.app_processes(app.srv) if pb.is_reporter(p)]
     if variant == "backend-paused":
         assert app.col.proc is not None
         return [psutil.Process(app.col.proc.pid)]

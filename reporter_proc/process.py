@@ -243,8 +243,10 @@ def spawn_reporter(
     thread. Returns the pid of the forked process (the supervisor, or the reporter itself
     with ``settings.supervise=False``), or -1 if it could not be started (logged).
 
-    ``detach=True`` (uWSGI lazy-apps, where the calling worker may die) double-forks into a
-    new session, so the reporter belongs to no worker; the owner is watched by pidfd only.
+    ``detach=True`` double-forks into a new session, so the reporter belongs to no process of
+    the application (the agent always asks for it: a worker that started it may die, uWSGI
+    lazy-apps; a program that reaps every child until none is left would wait for it); the
+    owner is watched by pidfd only.
     """
     main_thread = threading.current_thread() is threading.main_thread()
     if not main_thread and not detach:

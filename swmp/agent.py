@@ -8,7 +8,8 @@ Order matters and is the point of this module. In the process that owns the appl
    re-exec the master with the same pid; ``lazy-apps`` and Gunicorn without ``--preload``
    import the app - and so start the agent - in every worker);
 3. fork the reporter - before this process has any thread, event loop or network client,
-   and only if no live reporter already holds the arena's reporter lock;
+   and only if no live reporter already holds the arena's reporter lock; detached (double
+   fork, own session), so it is no child of the application's;
 4. install the ring sink, instrumentation and fork hooks.
 
 Workers inherit the agent and take their own ring after fork (``swmp._runtime``).
@@ -253,7 +254,9 @@ def _start(config: Config) -> _Running:
         )
         run = _Running(config, arena, sink, mode, owner_pid, os.getpid(), arena_path=path)
         if _needs_reporter(arena):
-            pid = spawn_reporter(path, settings, owner_pid, detach=in_worker)
+            # Detached (no child of ours): a program reaping every child until ECHILD would
+            # wait for the supervisor, which waits for the program. Owner watched by pidfd.
+            pid = spawn_reporter(path, settings, owner_pid, detach=True)
             run.reporter_pid = pid if pid > 0 else None
         else:
             run.reporter_pid = arena.reporter_pid()

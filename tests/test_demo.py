@@ -57,8 +57,9 @@ def _demo(tmp_path: Path, requests: int, stdout: int) -> subprocess.Popen[str]:
 
 class _Family:
     """Every process the demo started, sampled while it runs: its process tree (collector,
-    Gunicorn masters and workers, the agents' supervisors and reporters), plus anything whose
-    command line names the test's directory (the agents' titles name their arena). Gunicorn
+    Gunicorn masters and workers), plus anything whose command line names the test's
+    directory (the agents' supervisors and reporters: detached, in no process's tree, but
+    their titles name their arena). Gunicorn
     and the agent write their titles over the environment block, so an environment marker
     would not find them."""
 

@@ -236,3 +236,121 @@ def test_a_doorbell_whose_descriptor_was_closed_never_writes_into_its_successor(
     finally:
         bell.close()
         listener.close()
+
+
+# A hand-written prefork program: it forks its workers, then reaps every child it has until
+# there is none left (``os.wait()`` until ECHILD), the usual way to wait for "all of them".
+WAITS_FOR_ALL_CHILDREN = textwrap.dedent(
+    """
+    import os
+
+    import swmp
+
+    for i in range(3):
+        if os.fork() == 0:
+            with swmp.entry_span(f"worker-{i}"):
+                pass
+            os._exit(0)
+    reaped = 0
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
+        reaped += 1
+    print("reaped", reaped, flush=True)
+    """
+)
+
+
+def test_a_program_that_waits_for_all_its_children_is_not_held_by_the_reporter(
+    tmp_path: Path, collector: Collector
+) -> None:
+    """Before, the reporter's supervisor was a child of the program for the program's whole
+    life: ``os.wait()`` never ran out of children, and the program hung for good. Now the
+    supervisor is detached (as when a worker starts it): the program reaps its 3 workers and
+    exits, and their segments are delivered."""
+    script = tmp_path / "waits.py"
+    script.write_text(WAITS_FOR_ALL_CHILDREN)
+    done = subprocess.run(
+        _swmp_run(sys.executable, str(script)),
+        env=_env(tmp_path, collector),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,  # a hang: subprocess.TimeoutExpired
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "reaped 3"
+    assert collector.wait_for(lambda: len(collector.segments) >= 3, 30)
+
+
+# The program names its agent processes as tests and benchmarks find them (through its arena),
+# traces one span, then ends: by returning, or by waiting for the test's SIGKILL.
+NAMES_ITS_REPORTER = textwrap.dedent(
+    """
+    import json, os, sys
+
+    import swmp
+    from tests.agent_procs import owner_arena, wait_agent_pids
+
+    found = wait_agent_pids(owner_arena(os.getpid(), os.environ["SW_AGENT_ARENA_DIR"]), 60)
+    with swmp.entry_span("named"):
+        pass
+    parents = {pid: int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+               for pid in found.pids()}
+    print(json.dumps({"pid": os.getpid(), "reporter": found.reporter, "supervisor": found.supervisor,
+                      "parents": parents, "sid": os.getsid(0), "sup_sid": os.getsid(found.supervisor)}),
+          flush=True)
+    if sys.argv[1] == "wait":
+        sys.stdin.read()  # until killed
+    """
+)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not reaped yet
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("end", ["exit", "sigkill"])
+def test_the_detached_supervisor_and_reporter_leave_with_the_program(
+    tmp_path: Path, collector: Collector, end: str
+) -> None:
+    """The supervisor is no child of the program (own session), yet it and the reporter end
+    with it: after a normal exit, and after a SIGKILL (noticed through a pidfd on the owner,
+    no parent-death signal); the segment is delivered and the arena removed."""
+    from tests.servers import wait_until
+
+    script = tmp_path / "named.py"
+    script.write_text(NAMES_ITS_REPORTER)
+    proc = subprocess.Popen(
+        _swmp_run(sys.executable, str(script), "wait" if end == "sigkill" else "exit"),
+        env=_env(tmp_path, collector),
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        named = json.loads(proc.stdout.readline())
+        assert named["reporter"] and named["supervisor"]
+        assert named["parents"][str(named["reporter"])] == named["supervisor"]
+        assert named["parents"][str(named["supervisor"])] != named["pid"]  # detached
+        assert named["sup_sid"] != named["sid"]
+        assert collector.wait_for(lambda: len(collector.segments) >= 1, 30)
+        if end == "sigkill":
+            proc.kill()
+        assert proc.wait(60) == (-9 if end == "sigkill" else 0)
+        agent = (named["reporter"], named["supervisor"])
+        wait_until(lambda: all(_gone(pid) for pid in agent), 60, "the reporter and supervisor to leave")
+        wait_until(lambda: not list((tmp_path / "shm").glob("*/*.arena")), 30, "the arena to be removed")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

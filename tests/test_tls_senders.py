@@ -310,30 +310,13 @@ def app(environ, start_response):
 """
 
 
-def _family(root: int) -> list[int]:
-    """``root`` and every process descending from it (workers, supervisor, reporter)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    family, grew = {root}, True
-    while grew:
-        more = {pid for pid, ppid in parents.items() if ppid in family} - family
-        family |= more
-        grew = bool(more)
-    return sorted(family)
-
-
 @pytest.mark.servers
 def test_token_stays_out_of_arguments_logs_and_status(pki: Pki, tmp_path: Path) -> None:
     """Gunicorn under the agent, gRPC over TLS with a token: the token reaches the collector
     and nowhere else: not in any process's arguments, the output (agent at DEBUG), or ``swmp status``."""
     import ipc
     from tests import test_cli_support as support
+    from tests.agent_procs import application_processes, wait_agent_pids
     from tests.collector import free_port
 
     (tmp_path / "app.py").write_text(APP)
@@ -373,8 +356,9 @@ def test_token_stays_out_of_arguments_logs_and_status(pki: Pki, tmp_path: Path) 
                 raise AssertionError(
                     f"{exc}; calls {dict(collector.calls)}; log:\n{log_file.read_text()[-4000:]}"
                 ) from None
-            family = _family(server.pid)
-            roles = {arena.reporter_pid(), *arena.live_slots().values()}
+            agent = wait_agent_pids(path, 60)  # the supervisor: once the reporter published
+            family = [p.pid for p in application_processes(server.pid, path)]
+            roles = {*agent.pids(), *arena.live_slots().values()}
             assert roles <= set(family)
             assert len(family) >= 5  # master, 2 workers, supervisor, reporter
             for pid in family:
