@@ -1,0 +1,131 @@
+"""Fixes found by reviews (one section each): bad input refused out loud, not silently."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reporter_proc import records as R
+from swmp import _sink, propagation
+from swmp._runtime import ArenaSink
+from swmp.tracing import span as span_module
+from tests import test_cli_support as S
+from tests.test_agent_runtime import segment
+
+GOOD_SW8 = "1-dHJhY2U=-c2VnbWVudA==-3-c2VydmljZQ==-aW5zdGFuY2U=-L2dldA==-aG9zdDo4MA=="
+
+
+# -- 1. malformed sw8 / sw8-correlation / sw8-x: counted and logged once ----------------------
+class BadInputSink(_sink.MemorySink):
+    """A memory sink that counts the bad input the agent refused (as ``ProcessSink`` does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bad_input = 0
+
+    def count_bad_input(self) -> None:
+        self.bad_input += 1
+
+
+@pytest.fixture(params=["native", "python"])
+def bad_sink(request: pytest.FixtureRequest, trace_sink: _sink.MemorySink) -> Iterator[BadInputSink]:
+    """A counting sink, with the carrier decoded by the native core's fast paths or by the
+    Python path only; the first refusal of the process not yet logged."""
+    if request.param == "native":
+        if span_module.native_core is None:
+            pytest.skip("the native span core is not built")
+        propagation.use_native(span_module.native_core)
+    else:
+        propagation.use_native(None)
+    sink = BadInputSink()
+    _sink.set_sink(sink)
+    propagation._refused_pid = 0
+    try:
+        yield sink
+    finally:
+        propagation.use_native(span_module.native_core)
+        _sink.set_sink(trace_sink)
+
+
+MALFORMED_SW8 = [
+    "garbage",
+    b"1-\xff-x-1-a-b-c-d",
+    "1-dHJhY2U=-c2VnbWVudA==-notanumber-c2VydmljZQ==-aW5zdGFuY2U=-L2dldA==-aG9zdDo4MA==",
+    "1-dHJhY2U=-c2VnbWVudA==-3-c2VydmljZQ==-aW5zdGFuY2U=-L2dldA==-",  # an empty address
+    "1-!!!-c2VnbWVudA==-3-c2VydmljZQ==-aW5zdGFuY2U=-L2dldA==-aG9zdDo4MA==",
+    42,
+]
+
+
+@pytest.mark.parametrize("value", MALFORMED_SW8)
+def test_a_malformed_sw8_is_counted_and_starts_a_new_trace(bad_sink: BadInputSink, value: Any) -> None:
+    assert propagation.from_headers(value) is None  # no carrier: the request's trace is new
+    assert bad_sink.bad_input == 1
+    assert propagation.from_headers(value) is None
+    assert bad_sink.bad_input == 2
+
+
+def test_absent_and_well_formed_headers_count_nothing(bad_sink: BadInputSink) -> None:
+    for _ in range(2):  # the second one from the native core's cache of callers
+        carrier = propagation.from_headers(GOOD_SW8, "a2V5:dmFsdWU=", "1-1700000000000")
+        assert carrier is not None and carrier.correlation == {"key": "value"} and carrier.skip_analysis
+    assert propagation.from_headers(None) is None
+    assert propagation.from_headers(GOOD_SW8, "", "0-") is not None  # the Java agent's forms
+    assert propagation.decode_correlation("a2V5:" + "dmFsdWU=" * 200) == {}  # over the limit: not bad
+    assert bad_sink.bad_input == 0
+
+
+@pytest.mark.parametrize("correlation", ["nocolon", "a2V5:!!!", "a2V5:dmFsdWU=,:dmFsdWU=", 7])
+def test_a_malformed_correlation_header_is_counted_once(bad_sink: BadInputSink, correlation: Any) -> None:
+    carrier = propagation.from_headers(GOOD_SW8, correlation)
+    assert carrier is not None  # the trace still continues: only the bad entries are dropped
+    assert bad_sink.bad_input == 1
+
+
+@pytest.mark.parametrize("sw8x", ["2", "x-1", "1-abc", "", 3.5])
+def test_a_malformed_sw8x_header_is_counted(bad_sink: BadInputSink, sw8x: Any) -> None:
+    carrier = propagation.from_headers(GOOD_SW8, None, sw8x)
+    assert carrier is not None and not carrier.skip_analysis
+    assert bad_sink.bad_input == 1
+
+
+def test_the_refusal_is_logged_once_a_process(
+    bad_sink: BadInputSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="swmp.agent"):
+        for _ in range(5):
+            propagation.from_headers("garbage\x1b[31m")
+            propagation.from_headers(GOOD_SW8, None, "junk")
+    said = [r for r in caplog.records if "malformed" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "sw8" in said[0].getMessage() and "\x1b" not in said[0].getMessage()  # repr: escaped
+    assert bad_sink.bad_input == 10
+
+
+def test_swmp_status_shows_the_count(tmp_path: Path, trace_sink: _sink.MemorySink) -> None:
+    arena = S.make_arena(tmp_path, slots=2)
+    try:
+        sink = ArenaSink(arena, "svc", "base", owner_pid=os.getppid())
+        assert sink.write(R.SEGMENT, segment("base"))  # claims slot 0
+        _sink.set_sink(sink)
+        try:
+            for _ in range(3):
+                assert propagation.from_headers("garbage") is None
+            assert propagation.from_headers(GOOD_SW8) is not None
+        finally:
+            _sink.set_sink(trace_sink)
+        assert arena.ring_stats(0).bad_input == 3
+        _rc, doc = S.cli_json("status", "--dir", str(tmp_path), "--interval", "0")
+        (agent,) = doc["agents"]
+        assert agent["totals"]["bad_input"] == 3
+        assert [sl["bad_input"] for sl in agent["slots"]] == [3]
+        text = S.cli("status", "--dir", str(tmp_path), "--interval", "0").stdout
+        assert "bad input 3 malformed sw8 headers refused" in text
+        sink.leave(for_good=True)
+    finally:
+        arena.close()
