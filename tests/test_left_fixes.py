@@ -13,6 +13,7 @@ import pytest
 from reporter_proc import records as R
 from swmp import _sink, propagation
 from swmp._runtime import ArenaSink
+from swmp.config import _load, load
 from swmp.tracing import span as span_module
 from tests import test_cli_support as S
 from tests.test_agent_runtime import segment
@@ -129,3 +130,42 @@ def test_swmp_status_shows_the_count(tmp_path: Path, trace_sink: _sink.MemorySin
         sink.leave(for_good=True)
     finally:
         arena.close()
+
+
+# -- 2. one bad backend address refuses that entry, not the list -------------------------------
+@pytest.mark.parametrize(
+    ("variable", "value", "kept", "bad"),
+    [
+        ("SW_AGENT_COLLECTOR_BACKEND_SERVICES", "good:11800,host:99999", "good:11800", ["host:99999"]),
+        ("SW_AGENT_COLLECTOR_BACKEND_SERVICES", " a:1, :2 ,b:3,c:", "a:1,b:3", [":2", "c:"]),
+        ("SW_KAFKA_BOOTSTRAP_SERVERS", "k1:9092,k2:0", "k1:9092", ["k2:0"]),
+    ],
+)
+def test_a_bad_backend_entry_is_refused_and_the_good_ones_kept(
+    variable: str, value: str, kept: str, bad: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    _load._reported.clear()
+    with caplog.at_level(logging.WARNING, logger="swmp.config"):
+        cfg = load({variable: value})
+        load({variable: value})  # a worker's reload: said once
+    got = (
+        cfg.agent_collector_backend_services
+        if variable.startswith("SW_AGENT")
+        else cfg.kafka_bootstrap_servers
+    )
+    assert got == kept
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == len(bad), lines
+    for entry, line in zip(bad, lines, strict=True):
+        assert (
+            line.startswith(f"swmp: {variable} entry {entry!r} is not host:port")
+            and f"using {kept!r}" in line
+        )
+
+
+def test_a_list_with_no_usable_entry_still_falls_back(caplog: pytest.LogCaptureFixture) -> None:
+    _load._reported.clear()
+    with caplog.at_level(logging.WARNING, logger="swmp.config"):
+        cfg = load({}, agent_collector_backend_services="host:99999, :1")
+    assert cfg.agent_collector_backend_services == "127.0.0.1:11800"
+    assert "is invalid ('host:99999' is not host:port" in caplog.text and "entry" not in caplog.text
