@@ -169,3 +169,16 @@ def test_a_list_with_no_usable_entry_still_falls_back(caplog: pytest.LogCaptureF
         cfg = load({}, agent_collector_backend_services="host:99999, :1")
     assert cfg.agent_collector_backend_services == "127.0.0.1:11800"
     assert "is invalid ('host:99999' is not host:port" in caplog.text and "entry" not in caplog.text
+
+
+# -- 3. swmp status --dir <a file> ---------------------------------------------------------------
+@pytest.mark.parametrize("command", ["status", "health"])
+def test_a_file_given_as_the_directory_is_named_as_such(tmp_path: Path, command: str) -> None:
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    proc = S.cli(command, "--dir", str(afile))
+    # It said "does not exist", of a file the user can see; 2: as for a directory that is missing.
+    said = " ".join(proc.stderr.split())  # (the line is wrapped)
+    assert proc.returncode == 2 and "is not a directory" in said and "does not exist" not in said
+    missing = S.cli(command, "--dir", str(tmp_path / "none"))
+    assert missing.returncode == 2 and "does not exist" in " ".join(missing.stderr.split())
