@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from reporter_proc import records as R
@@ -15,7 +18,9 @@ from swmp import _sink, propagation
 from swmp._runtime import ArenaSink
 from swmp.config import _load, load
 from swmp.tracing import span as span_module
+from swmp.tracing.context import new_entry_span
 from tests import test_cli_support as S
+from tests.instrumented import instrumented
 from tests.test_agent_runtime import segment
 
 GOOD_SW8 = "1-dHJhY2U=-c2VnbWVudA==-3-c2VydmljZQ==-aW5zdGFuY2U=-L2dldA==-aG9zdDo4MA=="
@@ -182,3 +187,62 @@ def test_a_file_given_as_the_directory_is_named_as_such(tmp_path: Path, command:
     assert proc.returncode == 2 and "is not a directory" in said and "does not exist" not in said
     missing = S.cli(command, "--dir", str(tmp_path / "none"))
     assert missing.returncode == 2 and "does not exist" in " ".join(missing.stderr.split())
+
+
+# -- 4. websockets: headers Headers() does not take leave no span open -----------------------------
+def _websocket_server(port: list[int], ready: threading.Event, stop: list[Any]) -> None:
+    from websockets.asyncio.server import serve
+
+    async def echo(ws: Any) -> None:
+        async for msg in ws:
+            await ws.send(msg)
+
+    async def main() -> None:
+        async with serve(echo, "127.0.0.1", 0) as server:
+            port.append(next(iter(server.sockets)).getsockname()[1])
+            done = asyncio.get_running_loop().create_future()
+            stop.append((asyncio.get_running_loop(), done))
+            ready.set()
+            await done
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("client", ["asyncio", "sync"])
+def test_websockets_bad_headers_finish_the_span(client: str) -> None:
+    port: list[int] = []
+    ready = threading.Event()
+    stop: list[Any] = []
+    t = threading.Thread(target=_websocket_server, args=(port, ready, stop))
+    t.start()
+    try:
+        assert ready.wait(10)
+        url = f"ws://127.0.0.1:{port[0]}/x"
+        with instrumented() as (memory, _):
+            import websockets.asyncio.client
+            import websockets.sync.client
+
+            async def connect_async() -> None:
+                async with websockets.asyncio.client.connect(url, additional_headers=42):
+                    pass
+
+            def connect() -> None:
+                if client == "sync":
+                    with websockets.sync.client.connect(url, additional_headers=42):  # type: ignore[arg-type]
+                        pass
+                else:
+                    asyncio.run(connect_async())
+
+            # TypeError: what the library raises, as without the agent.
+            with new_entry_span("/in"), pytest.raises(TypeError):
+                connect()
+            got = [orjson.loads(p) for kind, p in memory.records if kind == R.SEGMENT]
+        # The exit span stayed open: the whole segment was never reported.
+        assert len(got) == 1, got
+        ops = {s[R.SPAN_OPERATION]: s for s in got[0][R.SEG_SPANS]}
+        assert set(ops) == {"/x", "/in"} and ops["/x"][R.SPAN_IS_ERROR]
+    finally:
+        if stop:
+            loop, done = stop[0]
+            loop.call_soon_threadsafe(done.set_result, None)
+        t.join(10)
