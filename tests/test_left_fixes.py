@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from wsgiref.handlers import SimpleHandler
 
 import orjson
 import pytest
@@ -17,6 +19,7 @@ from reporter_proc import records as R
 from swmp import _sink, propagation
 from swmp._runtime import ArenaSink
 from swmp.config import _load, load
+from swmp.instrument import wsgi
 from swmp.tracing import span as span_module
 from swmp.tracing.context import new_entry_span
 from tests import test_cli_support as S
@@ -246,3 +249,52 @@ def test_websockets_bad_headers_finish_the_span(client: str) -> None:
             loop, done = stop[0]
             loop.call_soon_threadsafe(done.set_result, None)
         t.join(10)
+
+
+# -- 5. WSGI: a response that fails at its first item is a 500 -----------------------------------
+def _generator_app(when: str) -> Any:
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        def body() -> Iterator[bytes]:
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            if when == "first":
+                raise ValueError("at the first item")
+            yield b"sent"
+            raise ValueError("after the first item")
+
+        return body()
+
+    return app
+
+
+def _served(run: Any, when: str, sink: _sink.MemorySink) -> tuple[bytes, dict[str, str], bool]:
+    """The app served by wsgiref (a real server's error handling): its answer, and the tags
+    and error flag of the request's span."""
+    out, err = io.BytesIO(), io.StringIO()
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/gen", "SERVER_NAME": "h", "SERVER_PORT": "80"}
+    environ["SERVER_PROTOCOL"] = "HTTP/1.0"
+    handler = SimpleHandler(io.BytesIO(), out, err, environ)  # type: ignore[arg-type]
+    handler.run(lambda e, sr: run(_generator_app(when), e, sr, 7001, False, 0))
+    got = [orjson.loads(p) for kind, p in sink.records if kind == R.SEGMENT]
+    sink.clear()
+    (span,) = got[0][R.SEG_SPANS]
+    tags = span[R.SPAN_TAGS]
+    return out.getvalue(), dict(zip(tags[::2], tags[1::2], strict=True)), span[R.SPAN_IS_ERROR]
+
+
+@pytest.mark.parametrize("form", ["native", "python"])
+def test_a_response_failing_at_its_first_item_is_tagged_500(
+    form: str, trace_sink: _sink.MemorySink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if form == "native":
+        if span_module.native_core is None:
+            pytest.skip("the native span core is not built")
+        run = span_module.native_core.wsgi_call
+    else:
+        monkeypatch.setattr(wsgi, "_make_body", wsgi._Body)
+        run = wsgi._py_trace_wsgi
+    answer, tags, error = _served(run, "first", trace_sink)
+    assert answer.startswith(b"HTTP/1.0 500")  # the server's answer...
+    assert tags["http.status_code"] == "500" and error  # ...is the span's (it said 200)
+    # After the first item the status line has gone out: it stands, the span is an error.
+    answer, tags, error = _served(run, "later", trace_sink)
+    assert answer.startswith(b"HTTP/1.0 200") and tags["http.status_code"] == "200" and error
