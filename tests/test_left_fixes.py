@@ -19,7 +19,7 @@ from reporter_proc import records as R
 from swmp import _sink, propagation
 from swmp._runtime import ArenaSink
 from swmp.config import _load, load
-from swmp.instrument import wsgi
+from swmp.instrument import log_reporter, wsgi
 from swmp.tracing import span as span_module
 from swmp.tracing.context import new_entry_span
 from tests import test_cli_support as S
@@ -298,3 +298,28 @@ def test_a_response_failing_at_its_first_item_is_tagged_500(
     # After the first item the status line has gone out: it stands, the span is an error.
     answer, tags, error = _served(run, "later", trace_sink)
     assert answer.startswith(b"HTTP/1.0 200") and tags["http.status_code"] == "200" and error
+
+
+# -- 6. unformatted log reports: a single dict argument ------------------------------------------
+def test_a_single_dict_argument_gives_the_peer_agents_tags() -> None:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("tests.left_fixes.dict_args")
+    logger.propagate = False
+    keep = Keep()
+    logger.addHandler(keep)
+    try:
+        logger.warning("%(a)s and %(b)s", {"a": 1, "b": "two"})
+        logger.warning("%s and %s", 1, "two")
+    finally:
+        logger.removeHandler(keep)
+    reporter = log_reporter.LogReporter(formatted=False)
+    (body, tags), (_, tuple_tags) = (reporter.body_and_tags(r) for r in records)
+    assert body == "%(a)s and %(b)s"
+    # The SkyWalking Python agent enumerates record.args, a dict here: its keys (it gave none).
+    assert tags[6:] == ["argument.0", "a", "argument.1", "b"]
+    assert tuple_tags[6:] == ["argument.0", "1", "argument.1", "two"]
