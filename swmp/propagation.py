@@ -379,14 +379,15 @@ def encode_sw8x(skip_analysis: bool, timestamp_ms: int | None = None) -> str:
 def decode_sw8x(value: Any) -> bool:
     """True when the extension header asks to skip analysis (tracing mode 1). Anything but
     ``mode`` or ``mode-timestamp`` (the Java agent's form, its timestamp possibly empty) is
-    refused (:func:`_refuse`) and read as mode 0."""
+    refused (:func:`_refuse`); its first field still decides, as it always did."""
     try:
         if isinstance(value, (bytes, bytearray)):
             value = bytes(value).decode("ascii")
         if isinstance(value, str) and len(value) <= MAX_SW8X_LENGTH:
             mode, _, stamp = value.strip().partition("-")
-            if mode in _FLAGS and (not stamp or (stamp.isdigit() and stamp.isascii())):
-                return mode == "1"
+            if mode not in _FLAGS or (stamp and not (stamp.isdigit() and stamp.isascii())):
+                _refuse(SW8_X, value)
+            return mode == "1"
     except Exception:
         pass
     _refuse(SW8_X, value)
