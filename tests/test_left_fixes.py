@@ -104,6 +104,26 @@ def test_a_malformed_sw8x_header_is_counted(bad_sink: BadInputSink, sw8x: Any) -
     assert bad_sink.bad_input == 1
 
 
+@pytest.mark.parametrize("entry", ["wsgi_call", "python"])
+def test_a_request_with_a_malformed_sw8_is_counted(bad_sink: BadInputSink, entry: str) -> None:
+    """Through a whole request: the C WSGI entry (wsgi.c) and the Python one."""
+    native = span_module.native_core
+    if entry == "wsgi_call" and (native is None or not hasattr(native, "wsgi_call")):
+        pytest.skip("the native span core is not built")
+    run = native.wsgi_call if entry == "wsgi_call" else wsgi._py_trace_wsgi
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    for sw8 in ("garbage", GOOD_SW8):
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/in", "HTTP_SW8": sw8}
+        assert run(app, environ, lambda *a: None, 7001, False, 0) == [b"ok"]
+    refs = [orjson.loads(p)[R.SEG_SPANS][0][R.SPAN_REFS] for _, p in bad_sink.records]
+    assert not refs[0] and refs[1]  # the bad one: a new trace; the good one continues its own
+    assert bad_sink.bad_input == 1
+
+
 def test_the_refusal_is_logged_once_a_process(
     bad_sink: BadInputSink, caplog: pytest.LogCaptureFixture
 ) -> None:
