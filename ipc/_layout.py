@@ -123,6 +123,12 @@ C_HIGH_WATER: Final = 21  # most bytes the reader ever found waiting (tail - hea
 # Records lost to corruption recovery: well-formed records of a type the reader does not
 # take, plus an estimate of the records in bytes skipped to the tail (see RingReader).
 C_SKIPPED_RECORDS: Final = 22
+# Bad input the writer's process refused (an incoming ``sw8``, ``sw8-correlation`` or ``sw8-x``
+# header it could not decode: the request went on as a new trace). Not records: counted so that
+# ``swmp status`` shows a caller sending garbage. Stored by the writer's process alone, as
+# C_UNBUILT_RECORDS, on a line of its own (rare: never beside the hot words above). An arena
+# whose writers never stored it reads 0.
+C_BAD_INPUT: Final = 24
 
 # Record header, one little-endian u64 word: payload length (bits 0-31), type (bits 32-47),
 # check (bits 48-63). The writer stores it as one word; the reader loads it as one word.

@@ -31,6 +31,8 @@ class RingStats:
     # writer of that process refused (see _layout); never in the ring.
     prestart_records: int = 0
     stale_records: int = 0
+    # Incoming headers the writer's process refused as malformed (see _layout.C_BAD_INPUT).
+    bad_input: int = 0
 
     @property
     def written_bytes(self) -> int:
@@ -70,4 +72,5 @@ def read_stats(slot: int, control: memoryview, capacity: int) -> RingStats:
         unbuilt_records=control[L.C_UNBUILT_RECORDS],
         prestart_records=control[L.C_PRESTART_RECORDS],
         stale_records=control[L.C_STALE_RECORDS],
+        bad_input=control[L.C_BAD_INPUT],
     )

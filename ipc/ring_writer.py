@@ -155,6 +155,11 @@ class RingWriter:
         (``C_STALE_RECORDS``; see :meth:`forward_refused`); as :meth:`add_unbuilt`."""
         return self._add(L.C_STALE_RECORDS, n)
 
+    def add_bad_input(self, n: int = 1) -> bool:
+        """Count ``n`` pieces of bad input this process refused (``C_BAD_INPUT``: a malformed
+        incoming ``sw8`` header, for one); as :meth:`add_unbuilt`."""
+        return self._add(L.C_BAD_INPUT, n)
+
     def _add(self, word: int, n: int) -> bool:
         if n <= 0 or not self._live:
             return False

@@ -178,6 +178,21 @@ class ProcessSink(UnseenDrops):
         except Exception:
             pass
 
+    def count_bad_input(self) -> None:
+        """Bad input this process refused (a malformed incoming ``sw8`` header): counted in its
+        ring (``RingWriter.add_bad_input``), where ``swmp status`` shows it. A process without a
+        ring serves no requests worth counting (the master, a helper): not counted there, its
+        log line still says it. Never raises."""
+        try:
+            pid = lifecycle.current_pid()
+            if self._pid != pid:
+                self.rebind()
+            writer = self._writer or (self._master_writer if self._master_pid == pid else None)
+            if writer is not None:
+                writer.add_bad_input()
+        except Exception:
+            pass
+
     def _write_master_log(self, payload: bytes) -> bool:
         pid = os.getpid()
         if self._master_pid != pid:

@@ -107,6 +107,18 @@ def count_unbuilt() -> None:
             pass
 
 
+def count_bad_input() -> None:
+    """Bad input this process refused (a malformed incoming ``sw8`` header), counted by the
+    current sink where ``swmp status`` reads it (``ProcessSink.count_bad_input``: the ring's
+    ``bad_input`` word). Once per refusal; never raises."""
+    count = getattr(_sink, "count_bad_input", None)
+    if count is not None:
+        try:
+            count()
+        except Exception:
+            pass
+
+
 def report_unseen() -> None:
     """At exit, the last word of the current sink (``ProcessSink.report_unseen``): how many
     records this process dropped after the agent's goodbye where nothing can count them."""

@@ -12,15 +12,23 @@ Headers arrive from the network, so decoding treats them as hostile: anything ma
 non-negative integer, an empty field, as the Java and Python agents refuse one) yields
 ``None`` and the request simply starts a fresh trace. Nothing
 here raises into the application; work per header is bounded by the size caps below.
+
+Each malformed header present is refused out loud (:func:`_refuse`): counted in the process's
+ring (``bad_input`` in ``swmp status``) and logged once per process. That work is on the
+refusal's path only: an absent or well-formed header costs nothing more.
 """
 
 from __future__ import annotations
 
 import binascii
+import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from swmp import _sink
 
 SW8 = "sw8"
 SW8_CORRELATION = "sw8-correlation"
@@ -38,6 +46,28 @@ _a2b = binascii.a2b_base64
 # One C pass over the text instead of a set lookup per character (a trace id is ~70 of them).
 _is_b64 = re.compile("[A-Za-z0-9+/=]*").fullmatch
 _FLAGS = frozenset(("0", "1"))
+
+log = logging.getLogger("swmp.agent")
+_refused_pid = 0  # the process that logged its first refusal (a forked child logs its own)
+
+
+def _refuse(header: str, value: Any) -> None:
+    """A malformed incoming ``header``: counted where ``swmp status`` shows it, logged the first
+    time in this process (a caller sending garbage sends it on every request). Never raises."""
+    global _refused_pid
+    try:
+        _sink.count_bad_input()
+        pid = os.getpid()
+        if _refused_pid != pid:
+            _refused_pid = pid
+            log.warning(
+                "swmp: refused a malformed %s header %.120r: the request starts a new trace "
+                "(further ones are only counted: bad input in swmp status)",
+                header,
+                value,
+            )
+    except Exception:
+        pass
 
 
 def b64(s: str) -> str:
@@ -239,14 +269,20 @@ def use_native(core: Any) -> None:
     _split_native, _carrier_native = core.split_sw8, core.decode_carrier
 
 
+def _bad_sw8(value: Any) -> ContextCarrier | None:
+    """What :func:`decode_sw8` answers for a malformed value (None), refused out loud."""
+    _refuse(SW8, value)
+    return None
+
+
 def decode_sw8(value: Any) -> ContextCarrier | None:
-    """Parse an ``sw8`` value; None if it is malformed in any way."""
+    """Parse an ``sw8`` value; None if it is malformed in any way (refused: :func:`_refuse`)."""
     try:
         if value.__class__ is not str:
             if isinstance(value, (bytes, bytearray)):
                 value = bytes(value).decode("ascii")
             elif not isinstance(value, str):
-                return None
+                return _bad_sw8(value)
         if _carrier_native is not None:
             carrier = _carrier_native(value)
             if carrier is not None:
@@ -257,30 +293,30 @@ def decode_sw8(value: Any) -> ContextCarrier | None:
                 sampled, tid, sid, span_id, tail = fields
                 caller = _callers.get(tail) or _caller(tail)
                 if caller is None:
-                    return None
+                    return _bad_sw8(value)
                 return ContextCarrier(tid, sid, span_id, *caller, sampled)
         if len(value) > MAX_SW8_LENGTH:
-            return None
+            return _bad_sw8(value)
         # The sample flag, the trace and segment ids, the span id and the caller's four fields
         # as one text (see _caller, which splits and checks them once per distinct text).
         parts = value.strip().split("-", 4)
         if len(parts) != 5:
-            return None
+            return _bad_sw8(value)
         flag, tid, sid, span, tail = parts
         if flag not in _FLAGS or not (span.isdigit() and span.isascii() and len(span) <= 10):
-            return None
+            return _bad_sw8(value)
         span_id = int(span)
         if span_id > _MAX_SPAN_ID:
-            return None
+            return _bad_sw8(value)
         trace_id = _unb64_id(tid)
         segment_id = _unb64_id(sid)
         caller = _callers.get(tail) or _caller(tail)
         if not trace_id or not segment_id or caller is None:
-            return None
+            return _bad_sw8(value)
         return ContextCarrier(trace_id, segment_id, span_id, *caller, flag == "1")
     except Exception:
         # Defensive: decoding must never raise into the request, whatever the input type.
-        return None
+        return _bad_sw8(value)
 
 
 # -- sw8-correlation -----------------------------------------------------------------------
@@ -291,34 +327,43 @@ def encode_correlation(correlation: Mapping[str, str]) -> str:
 
 
 def decode_correlation(value: Any, max_elements: int = 3, max_value_length: int = 128) -> dict[str, str]:
-    """Parse ``sw8-correlation``; malformed entries are skipped, extra entries ignored."""
+    """Parse ``sw8-correlation``; malformed entries are skipped (the header refused once:
+    :func:`_refuse`), extra entries and values over the limit ignored."""
     out: dict[str, str] = {}
     try:
         if isinstance(value, (bytes, bytearray)):
             value = bytes(value).decode("ascii")
-        if (
-            not isinstance(value, str)
-            or not value
-            or len(value) > MAX_CORRELATION_HEADER
-            or max_elements <= 0
-        ):
+        if not isinstance(value, str) or len(value) > MAX_CORRELATION_HEADER:
+            _refuse(SW8_CORRELATION, value)
+            return out
+        if not value or max_elements <= 0:
             return out
         # The limit counts characters, and a character is up to 4 bytes of UTF-8: skip
         # entries whose encoded form is longer than any allowed value's before decoding them
         # (the exact check on the decoded text follows).
         max_encoded = (max_value_length * 4 + 2) // 3 * 4
+        malformed = False
         for entry in value.split(",", max_elements * 4)[: max_elements * 4]:
             if len(out) >= max_elements:
                 break
             kv = entry.strip().split(":")
-            if len(kv) != 2 or len(kv[1]) > max_encoded:
+            if len(kv) != 2:
+                malformed = True
+                continue
+            if len(kv[1]) > max_encoded:
                 continue
             k = unb64(kv[0])
             v = unb64(kv[1])
-            if not k or v is None or len(v) > max_value_length:
+            if not k or v is None:
+                malformed = True
+                continue
+            if len(v) > max_value_length:
                 continue
             out[k] = v
+        if malformed:
+            _refuse(SW8_CORRELATION, value)
     except Exception:
+        _refuse(SW8_CORRELATION, value)
         return {}
     return out
 
@@ -332,15 +377,21 @@ def encode_sw8x(skip_analysis: bool, timestamp_ms: int | None = None) -> str:
 
 
 def decode_sw8x(value: Any) -> bool:
-    """True when the extension header asks to skip analysis (tracing mode 1)."""
+    """True when the extension header asks to skip analysis (tracing mode 1). Anything but
+    ``mode`` or ``mode-timestamp`` (the Java agent's form, its timestamp possibly empty) is
+    refused (:func:`_refuse`); its first field still decides, as it always did."""
     try:
         if isinstance(value, (bytes, bytearray)):
             value = bytes(value).decode("ascii")
-        if not isinstance(value, str) or len(value) > MAX_SW8X_LENGTH:
-            return False
-        return value.strip().split("-", 1)[0] == "1"
+        if isinstance(value, str) and len(value) <= MAX_SW8X_LENGTH:
+            mode, _, stamp = value.strip().partition("-")
+            if mode not in _FLAGS or (stamp and not (stamp.isdigit() and stamp.isascii())):
+                _refuse(SW8_X, value)
+            return mode == "1"
     except Exception:
-        return False
+        pass
+    _refuse(SW8_X, value)
+    return False
 
 
 # -- carriers from request headers ---------------------------------------------------------

@@ -95,6 +95,7 @@ def test_status_json(shm: Path, running: dict[str, Any]) -> None:
         "unbuilt": 0,
         "stale": 0,
         "prestart": 0,
+        "bad_input": 0,
         "read": 60,
         "sent": 60,
         "retried": 4,

@@ -8,7 +8,12 @@
  * iterating marks the span with it, ``span.error(exc)``, and propagates unchanged);
  * ``close()`` calls ``result.close()`` if it has one and finishes the span whatever that
  * does. Unlike the generator, dropping an unfinished iteration does not close ``result`` a
- * second time nor log a GeneratorExit on the span. */
+ * second time nor log a GeneratorExit on the span.
+ *
+ * A response that fails before its first item (a generator raising at once) is answered by
+ * the server with a 500, its headers not sent yet: ``failed_first(span, exc)`` (the Python
+ * ``_failed_first``, set by setup_wsgi_body()) tags the span with that status, as the
+ * Python form does. */
 #include "body.h"
 
 typedef struct {
@@ -16,9 +21,20 @@ typedef struct {
     PyObject *result;
     PyObject *span;
     PyObject *inner; /* iter(result), from the last iter() of this object */
+    int sent;        /* an item was returned since the last iter() */
 } Body;
 
 static PyObject *s_error = NULL, *s_finish = NULL, *s_close = NULL;
+static PyObject *failed_first = NULL; /* setup_wsgi_body(): see above */
+
+PyObject *swmp_setup_wsgi_body(PyObject *module, PyObject *fn) {
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "setup_wsgi_body(failed_first: callable)");
+        return NULL;
+    }
+    Py_XSETREF(failed_first, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
 
 PyObject *swmp_wsgi_body(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
@@ -37,6 +53,7 @@ PyObject *swmp_wsgi_body(PyObject *module, PyObject *const *args, Py_ssize_t nar
     self->result = Py_NewRef(args[0]);
     self->span = Py_NewRef(args[1]);
     self->inner = NULL;
+    self->sent = 0;
     PyObject_GC_Track(self);
     return (PyObject *)self;
 }
@@ -45,10 +62,12 @@ PyObject *swmp_wsgi_body(PyObject *module, PyObject *const *args, Py_ssize_t nar
  * did), iter(result) taken at the first item so that its error is the span's too. */
 static PyObject *body_iter(Body *self) {
     Py_CLEAR(self->inner);
+    self->sent = 0;
     return Py_NewRef(self);
 }
 
-/* The exception being raised marks the span (span.error(exc)) and goes on unchanged. */
+/* The exception being raised marks the span (span.error(exc); before the first item, also
+ * failed_first(span, exc)) and goes on unchanged. */
 static void mark_failed(Body *self) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -61,6 +80,14 @@ static void mark_failed(Body *self) {
         PyErr_Clear(); /* the span's trouble is not the application's */
     }
     Py_XDECREF(r);
+    if (!self->sent && failed_first != NULL && value != NULL) {
+        PyObject *pair[2] = {self->span, value};
+        r = PyObject_Vectorcall(failed_first, pair, 2, NULL);
+        if (r == NULL) {
+            PyErr_Clear();
+        }
+        Py_XDECREF(r);
+    }
     PyErr_Restore(type, value, tb);
 }
 
@@ -73,7 +100,9 @@ static PyObject *body_next(Body *self) {
         }
     }
     PyObject *item = PyIter_Next(self->inner);
-    if (item == NULL && PyErr_Occurred()) {
+    if (item != NULL) {
+        self->sent = 1;
+    } else if (PyErr_Occurred()) {
         mark_failed(self); /* the response failed while being sent */
     }
     return item; /* NULL without an error: exhausted */

@@ -4,4 +4,5 @@
 #include <Python.h>
 extern PyTypeObject swmp_BodyType;
 PyObject *swmp_wsgi_body(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *swmp_setup_wsgi_body(PyObject *module, PyObject *fn);
 #endif

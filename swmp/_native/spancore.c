@@ -2139,6 +2139,8 @@ static PyMethodDef module_methods[] = {
      "status_recorder(span, start_response): a traced WSGI request's start_response."},
     {"wsgi_body", (PyCFunction)(void (*)(void))swmp_wsgi_body, METH_FASTCALL,
      "wsgi_body(result, span): a WSGI response that finishes span when closed."},
+    {"setup_wsgi_body", (PyCFunction)swmp_setup_wsgi_body, METH_O,
+     "setup_wsgi_body(failed_first): what wsgi_body() calls when the response fails before its first item."},
     {"status_sender", (PyCFunction)(void (*)(void))swmp_status_sender, METH_FASTCALL,
      "status_sender(span, send): a traced ASGI request's send."},
     {"sw8_header", (PyCFunction)(void (*)(void))sw8_header, METH_FASTCALL,

@@ -95,10 +95,20 @@ def _bad_address(entry: str) -> bool:
     return not host or not (port.isdigit() and port.isascii() and 1 <= int(port) <= 65535)
 
 
+ADDRESS_RULE = "not host:port with a port from 1 to 65535"
+
+
 def addresses(v: Any) -> str | None:
     """A comma-separated list of backend addresses (empty entries are skipped, as loading does)."""
     bad = [e for e in (p.strip() for p in str(v).split(",")) if e and _bad_address(e)]
-    return f"{bad[0]!r} is not host:port with a port from 1 to 65535" if bad else None
+    return f"{bad[0]!r} is {ADDRESS_RULE}" if bad else None
+
+
+def split_addresses(v: str) -> tuple[str, list[str]]:
+    """``(the usable entries joined again, the unusable ones)`` of an :func:`addresses` list:
+    loading keeps the good backends of a list with a bad one (refusing only that one)."""
+    entries = [p.strip() for p in v.split(",") if p.strip()]
+    return ",".join(e for e in entries if not _bad_address(e)), [e for e in entries if _bad_address(e)]
 
 
 def log_level(v: Any) -> str | None:

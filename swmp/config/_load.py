@@ -1,7 +1,9 @@
 """Loading: environment variables and keyword arguments -> :class:`Config`, never failing.
 
 A value that cannot be parsed or is out of range is reported once on the ``swmp.config``
-logger (which variable, what was wrong, what is used instead) and the default is used.
+logger (which variable, what was wrong, what is used instead) and the default is used. A
+list of backend addresses with some unusable entries keeps the usable ones (each bad entry is
+reported); only a list with none left falls back to the default.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from swmp.config._declare import KIB, MIB
+from swmp.config._declare import ADDRESS_RULE, KIB, MIB, addresses, split_addresses
 from swmp.config._model import Config, Setting, settings, split_list
 
 log = logging.getLogger("swmp.config")
@@ -102,12 +104,28 @@ def _validated(s: Setting, source: str, raw: Any) -> tuple[bool, Any]:
         value = value.strip().upper()
     if s.name == "agent_protocol":
         value = value.strip().lower()
+    if s.check is addresses:
+        value = _good_entries(source, value)
     if s.check is not None:
         why = s.check(value)
         if why is not None:
             _report(source, shown, why, s.default)
             return False, None
     return True, value
+
+
+def _good_entries(source: str, value: str) -> str:
+    """A list of addresses without its unusable entries, each refused (logged once, naming the
+    setting and the entry); unchanged when none is usable (refused whole, the default used)."""
+    kept, bad = split_addresses(value)
+    if not bad or not kept:
+        return value
+    for entry in bad:
+        key = (source, "entry " + repr(entry)[:200])
+        if key not in _reported:
+            _reported.add(key)
+            log.warning("swmp: %s entry %r is %s; left out, using %r", source, entry, ADDRESS_RULE, kept)
+    return kept
 
 
 def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:

@@ -30,6 +30,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import ipc
@@ -266,6 +267,12 @@ class LogReporter:
         body = _text(record.msg)
         args = record.args
         if isinstance(args, tuple):
+            for i, a in enumerate(args):
+                tags += [f"argument.{i}", _text(a)]
+        elif isinstance(args, Mapping):
+            # log.info("%(a)s", {"a": 1}): the record's args are that dict. The SkyWalking
+            # Python agent enumerates it as it does a tuple, so its keys are the arguments:
+            # the same tags here, for the queries and alarms written against its logs.
             for i, a in enumerate(args):
                 tags += [f"argument.{i}", _text(a)]
         ei = record.exc_info

@@ -51,25 +51,37 @@ def _start(conn: Any, headers: Any) -> tuple[Any, Any]:
     span = _ctx.new_exit_span(path, peer, Component.WEBSOCKETS, Layer.HTTP)
     if span.__class__ is not Span:
         return None, headers
-    span.tag(TAG_HTTP_METHOD, "websocket.connect")
-    span.tag(TAG_HTTP_URL, f"{scheme}://{peer}{path}")
-    merged = Headers(headers) if headers is not None else Headers()
-    for name, value in span.inject().items():
-        if name in merged:  # a forwarded sw8 replaced: Headers adds a second value otherwise
-            del merged[name]
-        merged[name] = value
+    try:
+        span.tag(TAG_HTTP_METHOD, "websocket.connect")
+        span.tag(TAG_HTTP_URL, f"{scheme}://{peer}{path}")
+        merged = Headers(headers) if headers is not None else Headers()
+        for name, value in span.inject().items():
+            if name in merged:  # a forwarded sw8 replaced: Headers adds a second value otherwise
+                del merged[name]
+            merged[name] = value
+    except Exception:
+        # Headers the caller gave that Headers() does not take (the library refuses them in
+        # its own way): the library gets them as given, and the span open now is finished
+        # by the caller (an open span would hold its whole segment back for good).
+        return span, headers
     return span, merged
 
 
 def _end(span: Any, conn: Any, exc: BaseException | None) -> None:
-    response = getattr(conn, "response", None) or getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    if status is not None:
-        span.tag(TAG_HTTP_STATUS, status)
-    span.tag(TAG_HTTP_STATUS_MSG, "invalid handshake" if exc is not None else "connection open")
-    if exc is not None:
-        span.error(exc)
-    span.finish()
+    """Tag and finish the span, once, whatever the response looks like; never raises (the
+    library's result or exception goes on as it was)."""
+    try:
+        response = getattr(conn, "response", None) or getattr(exc, "response", None)
+        status = getattr(response, "status_code", None)
+        if status is not None:
+            span.tag(TAG_HTTP_STATUS, status)
+        span.tag(TAG_HTTP_STATUS_MSG, "invalid handshake" if exc is not None else "connection open")
+        if exc is not None:
+            span.error(exc)
+    except Exception:
+        pass
+    finally:
+        span.finish()
 
 
 def _make_async(orig: Any) -> Any:

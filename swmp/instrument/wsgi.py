@@ -50,7 +50,17 @@ class _Body:
 
     def __iter__(self) -> Iterator[bytes]:
         try:
-            yield from self._it
+            it = iter(self._it)
+            first = next(it)
+        except StopIteration:
+            return
+        except BaseException as e:
+            self._span.error(e)
+            _failed_first(self._span, e)
+            raise
+        yield first
+        try:
+            yield from it
         except BaseException as e:
             self._span.error(e)
             raise
@@ -62,6 +72,19 @@ class _Body:
                 close()
         finally:
             self._span.finish()
+
+
+def _failed_first(span: Any, exc: BaseException) -> None:
+    """A response that failed before its first item: its headers not sent yet, the server
+    answers 500 (Gunicorn, Waitress, wsgiref), so the span's status is that one, not
+    what the application gave ``start_response``. Also the native body's (body.c)."""
+    if not isinstance(exc, Exception):  # an exit or an interrupt: the server answers nothing
+        return
+    try:
+        _drop_status(span)
+        record_status(span, 500)
+    except Exception:
+        pass
 
 
 # ``"200"`` -> ``(("http.status_code", "200"), 200)`` for every status code: the status tag
@@ -152,6 +175,8 @@ def _is_file_response(environ: Any, result: Any) -> bool:
 _make_body: Callable[[Iterable[bytes], Span], Iterable[bytes]] = (
     native_core.wsgi_body if native_core is not None else _Body
 )
+if native_core is not None and hasattr(native_core, "setup_wsgi_body"):
+    native_core.setup_wsgi_body(_failed_first)
 
 # status_recorder(span, start_response): what the application gets as its start_response.
 # Native (swmp/_native/status.c) when the span core is built: made and called in C, the

@@ -244,7 +244,9 @@ def select(
         return _filter(sel, service, pid, f"arena {arena_path}")
 
     if not os.path.isdir(directory):
-        sel.error = f"no agent found: arena directory {directory} does not exist"
+        # (a file there is not "missing": the user would look for it and find it)
+        what = "is not a directory" if os.path.exists(directory) else "does not exist"
+        sel.error = f"no agent found: arena directory {directory} {what}"
         return sel
     refused = private.refused_directory(directory)
     if refused:

@@ -180,6 +180,11 @@ def status_agent_text(a: dict[str, Any]) -> list[str]:
             slots = [sl for sl in a["slots"] if sl.get(key)]
             per_slot = ", ".join(f"slot {sl['slot']}: {fmt.count(sl[key])}" for sl in slots)
             out.append(_row(key, f"{fmt.count(t[key])} records {what} ({per_slot})"))
+    if t.get("bad_input"):  # only then: a caller sent headers that could not be decoded
+        slots = [sl for sl in a["slots"] if sl.get("bad_input")]
+        per_slot = ", ".join(f"slot {sl['slot']}: {fmt.count(sl['bad_input'])}" for sl in slots)
+        text = f"{fmt.count(t['bad_input'])} malformed sw8 headers refused ({per_slot}; see their log)"
+        out.append(_row("bad input", text))
     rates = a["rates"]
     sp = a["spool"]
     out.append(

@@ -142,6 +142,8 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
                 # they made before they had a ring (the agent not started: not reported).
                 "stale": st.stale_records,
                 "prestart": st.prestart_records,
+                # Incoming headers its workers refused as malformed (not records: not a loss).
+                "bad_input": st.bad_input,
                 "read": st.read_records,
                 "used_bytes": st.used,
                 "capacity": st.capacity,
@@ -159,6 +161,7 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
     unbuilt = sum(sl.stats.unbuilt_records for sl in s.slots)
     stale = sum(sl.stats.stale_records for sl in s.slots)
     prestart = sum(sl.stats.prestart_records for sl in s.slots)
+    bad_input = sum(sl.stats.bad_input for sl in s.slots)
     written_before = sum(sl.stats.written_records for sl in before.slots) if before is not None else 0
     rates = s.doc_dict("rates")
     ident = identity(s)
@@ -192,6 +195,7 @@ def status_agent(before: Sample | None, s: Sample) -> dict[str, Any]:
             "unbuilt": unbuilt,
             "stale": stale,
             "prestart": prestart,
+            "bad_input": bad_input,
             "read": counter_sum(doc.get("read")),
             "sent": counter_sum(doc.get("sent")),
             "retried": number(doc.get("retried")),
