@@ -286,14 +286,16 @@ class Collector:
             }
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-        """Block until ``predicate()`` holds (re-checked on every arrival) or the timeout."""
+        """Block until ``predicate()`` holds or the timeout. Re-checked on every arrival and
+        every 50 ms: a predicate may watch more than the arrivals (arena files removed,
+        processes gone), and waking on arrivals alone sat out the whole timeout for those."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while not predicate():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._lock.wait(left)
+                self._lock.wait(min(left, 0.05))
             return True
 
     # -- handler side ----------------------------------------------------------------------
