@@ -128,7 +128,7 @@ static PyTypeObject *span_class = NULL;
 static PyObject *exit_kind = NULL;
 static PyObject *limits = NULL;
 
-static PyObject *s_enter_method, *s_exit_method, *s_finished, *s_open, *s_token, *s_emit, *s_error, *s_profile, *s_stop, *s_end, *s_prev,
+static PyObject *s_enter_method, *s_exit_method, *s_finished, *s_open, *s_token, *s_emit, *s_error, *s_interrupted, *s_profile, *s_stop, *s_end, *s_prev,
     *s_ids, *s_span_limit, *s_op, *empty_op;
 static PyTypeObject SpanCoreType;
 
@@ -464,7 +464,12 @@ static PyObject *spancore_exit(SpanCore *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     if (args[1] != Py_None) {
-        PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, s_error, args[1]);
+        /* Only an Exception marks the span failed; a CancelledError, GeneratorExit,
+         * KeyboardInterrupt or SystemExit is recorded by Span.interrupted (its docstring says
+         * why), as PySpanCore.__exit__ does. */
+        PyObject *r = PyObject_CallMethodOneArg(
+            (PyObject *)self, PyObject_TypeCheck(args[1], (PyTypeObject *)PyExc_Exception) ? s_error : s_interrupted,
+            args[1]);
         if (r == NULL) {
             /* Recording the exception failed (a subclass's error(), an object of the
              * application's that cannot be read): the span still ends, and the with
@@ -2256,6 +2261,7 @@ PyMODINIT_FUNC PyInit__spancore(void) {
     INTERN(s_token, "_token");
     INTERN(s_emit, "emit");
     INTERN(s_error, "error");
+    INTERN(s_interrupted, "interrupted");
     INTERN(s_profile, "profile");
     INTERN(s_stop, "stop");
     INTERN(s_end, "end");

@@ -49,12 +49,14 @@ if native_core is not None and hasattr(native_core, "name_request"):
 
 def record_exception(exc: BaseException | None) -> None:
     """Mark the request's entry span failed with ``exc``'s kind, message and stack (a
-    framework is about to answer 500 for it). Never raises."""
+    framework is about to answer 500 for it). A ``BaseException`` that is no ``Exception``
+    (the request's task cancelled as its client went away) is logged on it without the
+    error flag (``Span.interrupted``). Never raises."""
     if exc is None:
         return
     s = request_span()
     if s is not None:
         try:
-            s.error(exc)
+            s.ended_by(exc)
         except Exception:
             pass

@@ -92,7 +92,7 @@ def _armed(orig: Any) -> Any:
             span = self._swmp_span
             self._swmp_span = None
             if span is not None and span is not _ARMED:
-                span.error(e)
+                span.ended_by(e)  # a KeyboardInterrupt stopping the server is no failed request
                 span.finish()
             raise
         span = self._swmp_span
