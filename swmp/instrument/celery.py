@@ -383,6 +383,13 @@ def _traced(trace: Any, name: str, task: Any, eager: bool) -> Any:
             warn_once("celery-run-tags", "swmp: tagging a Celery task run failed")
         try:
             result = trace(uuid, args, kwargs, request)
+        except SystemExit as e:
+            # The pool child ended mid-run (revoke(terminate=True), a hard time limit): the run
+            # failed, as Celery records it and the main process's revoked span says, though
+            # the span's __exit__ flags no BaseException that is no Exception.
+            span.error(e)
+            span.__exit__(None, None, None)
+            raise
         except BaseException as e:
             span.__exit__(type(e), e, e.__traceback__)
             raise

@@ -319,13 +319,11 @@ class Span(_CoreType):
         return self
 
     def interrupted(self, exc: BaseException) -> Span:
-        """Record that the span's work was stopped by ``exc``, a ``BaseException`` that is no
-        failure of it, without marking the span as failed (as the Python agent of SkyWalking,
-        which flags only ``Exception``): ``asyncio.CancelledError`` (the client went away, a
-        timeout of the caller's), ``KeyboardInterrupt`` / ``SystemExit`` (the process is
-        stopping) get a log ``event=interrupted`` with the kind, which the trace view shows and
-        the OAP counts in no success rate; ``GeneratorExit`` (the consumer stopped reading)
-        nothing. ``__exit__`` calls it for such an exception, ``error`` for any other."""
+        """The span's work was stopped by ``exc``, a ``BaseException`` that is no failure (as
+        in the SkyWalking Python agent, only an ``Exception`` flags a span): a log
+        ``event=interrupted`` with its kind for ``CancelledError`` (the client went away),
+        ``KeyboardInterrupt``, ``SystemExit``, which the OAP counts in no success rate;
+        nothing for ``GeneratorExit`` (the consumer stopped). ``__exit__``'s, for these."""
         if not isinstance(exc, GeneratorExit):
             try:
                 message = str(exc)
