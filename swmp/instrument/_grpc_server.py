@@ -21,7 +21,6 @@ while it waited for a thread) ends at once, as no termination callback will come
 from __future__ import annotations
 
 import inspect
-from asyncio import CancelledError
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -278,6 +277,10 @@ def _wrap_streaming(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
 
 def _wrap_coroutine(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
     """grpc.aio: a coroutine (unary, or streaming through ``context.write()``)."""
+    # Imported here, with grpc.aio's behaviours, not with this module: the agent loads every
+    # instrumentation module in every process, and asyncio is several MiB of modules.
+    from asyncio import CancelledError  # noqa: PLC0415
+
     import grpc  # noqa: PLC0415
 
     ok, unknown, cancelled = grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED
@@ -307,6 +310,8 @@ def _wrap_coroutine(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
 
 
 def _wrap_async_gen(fn: Callable[..., Any], method: str) -> Callable[..., Any]:
+    from asyncio import CancelledError  # noqa: PLC0415 (as in _wrap_coroutine)
+
     import grpc  # noqa: PLC0415
 
     async def behaviour(request: Any, context: Any) -> Any:
