@@ -169,10 +169,7 @@ class ProcessSink(UnseenDrops):
         (``RingWriter.add_unbuilt``), or where a process without one counts its records
         (they are lost for that reason anyway). Never raises."""
         try:
-            pid = lifecycle.current_pid()
-            if self._pid != pid:
-                self.rebind()
-            writer = self._writer or (self._master_writer if self._master_pid == pid else None)
+            writer = self._own_writer()
             if writer is None or not writer.add_unbuilt():
                 self._count_drop()
         except Exception:
@@ -184,14 +181,18 @@ class ProcessSink(UnseenDrops):
         ring serves no requests worth counting (the master, a helper): not counted there, its
         log line still says it. Never raises."""
         try:
-            pid = lifecycle.current_pid()
-            if self._pid != pid:
-                self.rebind()
-            writer = self._writer or (self._master_writer if self._master_pid == pid else None)
+            writer = self._own_writer()
             if writer is not None:
                 writer.add_bad_input()
         except Exception:
             pass
+
+    def _own_writer(self) -> RingWriter | None:
+        """This process's ring writer (bound first after a fork), the master's log ring's."""
+        pid = lifecycle.current_pid()
+        if self._pid != pid:
+            self.rebind()
+        return self._writer or (self._master_writer if self._master_pid == pid else None)
 
     def _write_master_log(self, payload: bytes) -> bool:
         pid = os.getpid()

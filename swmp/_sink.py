@@ -99,19 +99,20 @@ def count_unbuilt() -> None:
     """A record this process meant to write but could not encode (a value its encoder refuses
     even escaped): counted by the current sink where ``swmp status`` reads it
     (``ProcessSink.count_unbuilt``: the ring's ``unbuilt`` word). Once per record; never raises."""
-    count = getattr(_sink, "count_unbuilt", None)
-    if count is not None:
-        try:
-            count()
-        except Exception:
-            pass
+    _count("count_unbuilt")
 
 
 def count_bad_input() -> None:
     """Bad input this process refused (a malformed incoming ``sw8`` header), counted by the
     current sink where ``swmp status`` reads it (``ProcessSink.count_bad_input``: the ring's
     ``bad_input`` word). Once per refusal; never raises."""
-    count = getattr(_sink, "count_bad_input", None)
+    _count("count_bad_input")
+
+
+def _count(method: str) -> None:
+    """Call the current sink's ``method`` if it has one (the null and memory sinks count
+    nothing of the kind); never raises."""
+    count = getattr(_sink, method, None)
     if count is not None:
         try:
             count()

@@ -81,6 +81,9 @@ def test_the_writer_adds_to_its_rings_unbuilt_word() -> None:
 
 
 def test_the_sink_counts_in_its_ring_or_else_as_its_records(tmp_path: Path) -> None:
+    # The records are made as "base" (no worker bound yet in this process: another test's
+    # sink may have left this process named as its worker, and then nothing is re-stamped).
+    identity.set(service="svc", instance="base")
     arena = Arena.create(str(tmp_path / "a.arena"), slots=1, ring_capacity=1 << 16)
     try:
         sink = ArenaSink(arena, "svc", "base", owner_pid=os.getppid())

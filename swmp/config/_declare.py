@@ -107,8 +107,11 @@ def addresses(v: Any) -> str | None:
 def split_addresses(v: str) -> tuple[str, list[str]]:
     """``(the usable entries joined again, the unusable ones)`` of an :func:`addresses` list:
     loading keeps the good backends of a list with a bad one (refusing only that one)."""
-    entries = [p.strip() for p in v.split(",") if p.strip()]
-    return ",".join(e for e in entries if not _bad_address(e)), [e for e in entries if _bad_address(e)]
+    good: list[str] = []
+    bad: list[str] = []
+    for entry in filter(None, (p.strip() for p in v.split(","))):
+        (bad if _bad_address(entry) else good).append(entry)
+    return ",".join(good), bad
 
 
 def log_level(v: Any) -> str | None:
