@@ -80,15 +80,22 @@ static void mark_failed(Body *self) {
         PyErr_Clear(); /* the span's trouble is not the application's */
     }
     Py_XDECREF(r);
-    if (!self->sent && failed_first != NULL && value != NULL) {
-        PyObject *pair[2] = {self->span, value};
-        r = PyObject_Vectorcall(failed_first, pair, 2, NULL);
-        if (r == NULL) {
-            PyErr_Clear();
-        }
-        Py_XDECREF(r);
+    if (!self->sent && value != NULL) {
+        swmp_failed_first(self->span, value);
     }
     PyErr_Restore(type, value, tb);
+}
+
+void swmp_failed_first(PyObject *span, PyObject *exc) {
+    if (failed_first == NULL) {
+        return;
+    }
+    PyObject *pair[2] = {span, exc};
+    PyObject *r = PyObject_Vectorcall(failed_first, pair, 2, NULL);
+    if (r == NULL) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(r);
 }
 
 static PyObject *body_next(Body *self) {

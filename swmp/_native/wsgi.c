@@ -289,6 +289,11 @@ static PyObject *run_traced(PyObject *module, PyObject *span, PyObject *prev, Py
             PyException_SetTraceback(value, tb); /* what ``except ... as e`` sees */
         }
         quietly(span, s_error, value);
+        /* Nothing was sent (the headers go with the first body item): the server answers
+         * 500, whatever status start_response was given (_failed_first). */
+        if (value != NULL) {
+            swmp_failed_first(span, value);
+        }
         quietly(span, s_finish, NULL);
         PyErr_Restore(type, value, tb);
         return NULL;

@@ -75,9 +75,10 @@ class _Body:
 
 
 def _failed_first(span: Any, exc: BaseException) -> None:
-    """A response that failed before its first item: its headers not sent yet, the server
-    answers 500 (Gunicorn, Waitress, wsgiref), so the span's status is that one, not
-    what the application gave ``start_response``. Also the native body's (body.c)."""
+    """A response that failed before its first item, or an application that raised instead
+    of returning one: its headers not sent yet, the server answers 500 (Gunicorn, Waitress,
+    wsgiref), so the span's status is that one, not what the application gave
+    ``start_response``. Also the native body's and ``wsgi_call``'s (body.c, wsgi.c)."""
     if not isinstance(exc, Exception):  # an exit or an interrupt: the server answers nothing
         return
     try:
@@ -278,6 +279,9 @@ def _py_trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are che
         result = app(environ, _status_recorder(span, start_response))
     except BaseException as e:
         span.error(e)
+        # Nothing was sent (the headers go with the first body item): the server answers
+        # 500, whatever status start_response was given.
+        _failed_first(span, e)
         span.finish()
         raise
     # The body runs outside the application call: leave the span open until close(), but
