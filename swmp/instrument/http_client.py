@@ -119,7 +119,7 @@ def install(config: Config) -> None:
             except BaseException as e:
                 if span.__class__ is Span:
                     _pending(self)
-                    span.error(e)
+                    span.ended_by(e)  # an interrupt (KeyboardInterrupt...) is no failure
                     span.finish()
                 raise
 
@@ -135,7 +135,7 @@ def install(config: Config) -> None:
                 record_status(span, resp.status)
                 return resp
             except BaseException as e:
-                span.error(e)
+                span.ended_by(e)  # an interrupt (KeyboardInterrupt...) is no failure
                 raise
             finally:
                 span.finish()

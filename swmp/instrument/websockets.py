@@ -5,7 +5,9 @@
 Only the handshake is traced, as the SkyWalking Python agent does: messages exchanged on
 an open connection carry no headers to propagate a trace in. Tags: ``http.method`` is
 ``websocket.connect``, ``http.url``, ``http.status_code`` of the handshake response and
-``http.status_msg`` (``connection open`` / ``invalid handshake``). The legacy client
+``http.status_msg`` (``connection open`` / ``invalid handshake``); a handshake cancelled
+or interrupted (a ``BaseException`` that is no ``Exception``) has neither message and is
+logged as interrupted, not failed (``Span.interrupted``). The legacy client
 (``websockets.legacy``, deprecated upstream) is not instrumented.
 """
 
@@ -75,9 +77,13 @@ def _end(span: Any, conn: Any, exc: BaseException | None) -> None:
         status = getattr(response, "status_code", None)
         if status is not None:
             span.tag(TAG_HTTP_STATUS, status)
-        span.tag(TAG_HTTP_STATUS_MSG, "invalid handshake" if exc is not None else "connection open")
-        if exc is not None:
+        if exc is None:
+            span.tag(TAG_HTTP_STATUS_MSG, "connection open")
+        elif isinstance(exc, Exception):
+            span.tag(TAG_HTTP_STATUS_MSG, "invalid handshake")
             span.error(exc)
+        else:  # cancelled or interrupted, no answer judged: logged, not failed (Span.interrupted)
+            span.interrupted(exc)
     except Exception:
         pass
     finally:
