@@ -8,7 +8,9 @@ is covered. The operation name becomes the matched route's template (``/users/{i
 soon as the router resolved it (when it builds the ``UrlMappingMatchInfo``), before the
 handler runs, so ``sw8`` sent downstream names the template too; unmatched requests keep
 their path (``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``: always the path). An exception that
-aiohttp turns into a 500 is logged on the span with its stack.
+aiohttp turns into a 500 is logged on the span with its stack. A handler that raises after
+its response went out (a ``StreamResponse`` failing half-way: aiohttp drops the connection)
+leaves the span failed with the status that was sent (``_tag_sent``).
 
 Client: ``ClientSession._request``; the span ends when the response headers arrived (the
 body is read afterwards by the application); with ``raise_for_status`` the status of the
@@ -19,12 +21,13 @@ traced.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument._http import peer_of, record_status, request_tags
 from swmp.instrument._incoming import reporter_is_calling
 from swmp.instrument._patch import patch, restore
-from swmp.instrument._route import name_request, record_exception
+from swmp.instrument._route import name_request, record_exception, request_span
 from swmp.propagation import from_headers
 from swmp.tracing import context as _ctx
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_URL, Component, Kind, Layer
@@ -116,6 +119,13 @@ def _server(config: Config) -> None:
             self: Any, request: Any, status: int = 500, exc: Any = None, message: Any = None
         ) -> Any:
             record_exception(exc)
+            try:
+                # aiohttp's own test: with bytes of the response out it cannot answer 500
+                # (it raises, the connection dropped); the span keeps the status that went out.
+                if request.writer.output_size > 0:
+                    _tag_sent(request, exc if exc is not None else sys.exc_info()[1])
+            except Exception:
+                pass
             return orig(self, request, status, exc, message)
 
         return handle_error
@@ -154,6 +164,31 @@ def _server(config: Config) -> None:
     patch(RequestHandler, "handle_error", make_error)
     if config.plugin_http_route_templates:
         patch(UrlMappingMatchInfo, "__init__", make_match_info)
+
+
+def _tag_sent(request: Any, exc: BaseException | None) -> None:
+    """Tag the request's entry span with the status of the response its handler prepared
+    (headers sent) before ``exc`` ended it: a ``StreamResponse`` (a ``WebSocketResponse``'s
+    101 too) of this request held by a frame the exception went through (a local of the
+    handler, or of a function it called). aiohttp keeps no reference to it; looked for on
+    this error path only, nothing is added per response. Not found: no status, as before."""
+    from aiohttp.web_response import StreamResponse  # noqa: PLC0415
+
+    span = request_span()
+    tb = exc.__traceback__ if exc is not None else None
+    if span is None or tb is None:
+        return
+    tb = tb.tb_next  # the first frame is aiohttp's, where it caught exc (running still)
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            if (
+                isinstance(value, StreamResponse)
+                and getattr(value, "_req", None) is request
+                and value.prepared
+            ):
+                record_status(span, value.status)
+                return
+        tb = tb.tb_next
 
 
 def _client() -> None:
