@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from swmp.tracing.constants import TAG_HTTP_METHOD, TAG_HTTP_STATUS, TAG_HTTP_URL
 from swmp.tracing.limits import limits
@@ -43,6 +43,20 @@ _STATUS_TEXT = {code: str(code) for code in range(100, 600)}
 _STATUS_TAG = {code: (TAG_HTTP_STATUS, text) for code, text in _STATUS_TEXT.items()}
 if native_core is not None:  # the WSGI / ASGI status recorders append the same pairs (status.c)
     native_core.setup_status(_STATUS_TAG, limits)
+
+
+def path_text(path: str, latin1: bool = False) -> str:
+    """A request path as received, its percent-escapes decoded as UTF-8, as the text it
+    spells: ``/caf%C3%A9`` is ``/café``, as aiohttp, the ASGI servers and the WSGI entry
+    span give it, so a path no route matched is one endpoint however the client escaped
+    it. ``latin1``: the path's characters are the bytes of the request line (Tornado's
+    reading: the UTF-8 ``/café`` sent unescaped arrives as ``/cafÃ©``). A path that does
+    not spell UTF-8 text is kept as it is. Never raises; for a path with a ``%`` or beyond
+    ASCII (the caller asks: no call for the common path)."""
+    try:
+        return unquote_to_bytes(path.encode("latin-1" if latin1 else "utf-8")).decode("utf-8")
+    except (UnicodeError, TypeError, AttributeError):
+        return path
 
 
 def request_tags(span: Any, method: Any, url: str) -> None:

@@ -16,10 +16,13 @@ The operation name is the route's URI template (``/users/<id:int>``), looked up 
 the span starts (``app.router.get``, the call ``handle_request`` makes itself, cached by
 Sanic), so the ignore rules, the sampler and profile tasks see the template;
 ``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false`` keeps the path, and so do requests that match
-no route (404, 405). The span ends when ``handle_request`` returns (the response sent),
-with the status of the response it sent. An exception Sanic turns into a 5xx page is
-logged on the span with its stack (a ``SanicException`` with a 4xx status, such as the
-router's ``NotFound``, only marks the span failed through its status).
+no route (404, 405); the path, in the name and ``http.url``, is the text it spells
+(``/caf%C3%A9`` is ``/café``), as under aiohttp, ASGI and WSGI. The span ends when
+``handle_request`` returns (the response sent), with the status of the response it sent
+(101 for a websocket handler served by Sanic's own server: its upgrade is no response of
+Sanic's). An exception Sanic turns into a 5xx page is logged on the span with its stack (a
+``SanicException`` with a 4xx status, such as the router's ``NotFound``, only marks the
+span failed through its status).
 ``SW_PLUGIN_SANIC_COLLECT_HTTP_PARAMS`` adds the query string.
 """
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import record_status
+from swmp.instrument._http import path_text, record_status
 from swmp.instrument._incoming import http_entry_span
 from swmp.instrument._patch import is_patched, patch, restore
 from swmp.instrument._route import name_request, record_exception
@@ -50,15 +53,17 @@ _TOUCHED = ("handle_request", "handle_exception")  # recompiled by Sanic's touch
 def _makers(templates: bool, collect_params: bool, params_limit: int) -> dict[str, Any]:
     def start(app: Any, request: Any) -> Any:
         """The request's entry span (None: not traced), named and tagged."""
-        path: str = request.path  # a property that decodes the URL: read once
+        raw: str = request.path  # a property (the URL's bytes as text, escapes kept): read once
         method: str = request.method
         headers = request.headers
         host = headers.getone("host", None)
+        # The text it spells (_http.path_text), as aiohttp, ASGI and WSGI name a path.
+        path = path_text(raw) if "%" in raw else raw
         op = path
         routed = False
         if templates:
             try:
-                op = f"/{app.router.get(path, method, host)[0].path}"
+                op = f"/{app.router.get(raw, method, host)[0].path}"
                 routed = True
             except Exception:
                 pass  # no route (404/405): Sanic answers it, the span keeps the path
@@ -102,6 +107,14 @@ def _makers(templates: bool, collect_params: bool, params_limit: int) -> dict[st
                         response = stream.response if stream is not None else None
                         if response is not None:
                             record_status(span, int(response.status))
+                        elif (
+                            not self.asgi  # (there the upgrade is the ASGI server's)
+                            and getattr(request.transport.get_protocol(), "websocket", None) is not None
+                        ):
+                            # A websocket handler: the upgrade (its 101) went out through the
+                            # websockets library, not as a response of Sanic's (its refusal,
+                            # a 4xx page, would be one); tagged as aiohttp and Tornado do.
+                            record_status(span, 101)
                     except Exception:
                         pass
                 return result

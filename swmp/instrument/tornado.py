@@ -3,7 +3,9 @@
 ``RequestHandler._execute`` (routing is done, the handler instance exists; it runs prepare,
 the HTTP method and finish, and turns exceptions into error pages) is wrapped. The
 operation name is the pattern of the URL rule that matched (``/users/([0-9]+)``), so one
-rule is one endpoint (``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``: the path). An
+rule is one endpoint (``SW_PLUGIN_HTTP_ROUTE_TEMPLATES=false``: the path; a path no rule
+matched too). The path, in the name and ``http.url``, is the text it spells
+(``/caf%C3%A9`` is ``/café``, ``_http.path_text``), as under aiohttp, ASGI and WSGI. An
 uncaught exception (Tornado's ``log_exception``) is logged on the span with its stack. The
 peer is the client's ``ip:port`` (the ip alone when ``xheaders`` replaced the connection's).
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from swmp.instrument._http import record_status, request_tags
+from swmp.instrument._http import path_text, record_status, request_tags
 from swmp.instrument._patch import patch, restore
 from swmp.instrument._route import record_exception
 from swmp.propagation import from_headers
@@ -132,13 +134,16 @@ def install(config: Config) -> None:
                     routes = _routes(app)
                 entries = routes.by_class.get(self.__class__) if routes is not None else None
                 if entries is not None:
-                    path = request.path
+                    raw = request.path  # what Tornado's rules matched
                     for rx, pattern in entries:
-                        if rx is None or rx.match(path) is not None:
+                        if rx is None or rx.match(raw) is not None:
                             op = pattern
                             break
+            path = request.path or "/"
+            if "%" in path or not path.isascii():  # the text it spells (_http.path_text)
+                path = path_text(path, latin1=True)
             if op is None:
-                op = request.path or "/"
+                op = path
             headers = request.headers
             carrier = _carrier(headers) if "sw8" in headers else None
             span: Any = _ctx.new_entry_span(op, carrier, _TORNADO, _HTTP)
@@ -149,7 +154,7 @@ def install(config: Config) -> None:
                     return await orig(self, transforms, *args, **kwargs)
             with span:
                 try:
-                    url = f"{request.protocol}://{request.host}{request.path}"
+                    url = f"{request.protocol}://{request.host}{path}"
                     request_tags(span, method, url)
                     ip = request.remote_ip
                     if ip:
