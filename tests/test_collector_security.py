@@ -455,3 +455,24 @@ def test_swmp_traces_survives_a_hostile_answer(body: bytes, args: list[str], exp
         out = swmp_traces(*args, url, ok=False)
     assert out.returncode == 1 and expect in out.stderr, (out.returncode, out.stderr[-2000:])
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a link of another user needs root")
+def test_another_users_link_on_the_way_to_the_database_is_refused(tmp_path: Path) -> None:
+    """``--db /tmp/shared/x.db`` where someone else made ``/tmp/shared`` a link to a directory
+    of the user's: the link chooses where the database goes, so it is refused (as for the
+    arena directory), and nothing is created where it leads."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    planted = tmp_path / "shared"
+    planted.symlink_to(mine)
+    os.lchown(planted, 65534, 65534)
+    out = _run_collector(tmp_path, planted / "collector.db")
+    assert out.returncode == 1 and "symbolic link of uid 65534" in out.stderr, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr
+    assert list(mine.iterdir()) == []
+    # The user's own link is theirs to use.
+    os.lchown(planted, os.geteuid(), os.getegid())
+    out = _run_collector(tmp_path, planted / "collector.db")
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    assert (mine / "collector.db").exists()

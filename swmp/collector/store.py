@@ -49,7 +49,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ipc.private import make_directories
+from ipc.private import foreign_link, make_directories
 from swmp.collector.options import DEFAULT_MAX_BYTES, DEFAULT_RETENTION_S
 
 Doc = dict[str, Any]
@@ -98,6 +98,11 @@ class StoreWriteError(sqlite3.Error):
 
 
 def _create_private(path: Path) -> None:
+    # Another user's link on the way (``--db /tmp/shared/x.db`` with ``/tmp/shared`` planted
+    # as a link) would choose the directory our database goes to: refused, as for the arenas.
+    problem = foreign_link(str(path.parent))
+    if problem is not None:
+        raise StoreError(f"{path}: {problem}: refused (give a path without it)")
     if not path.parent.exists():
         make_directories(str(path.parent))  # each missing one 0700, whatever the umask
     try:  # O_NOFOLLOW: a link planted where the file goes is refused, not followed
