@@ -3,7 +3,10 @@
 The spool is on by default, so its directory must be private without anyone setting it up:
 ``$XDG_STATE_HOME/swmp/spool`` (``~/.local/state/swmp/spool`` when unset), or
 ``/var/tmp/swmp-<uid>/spool`` when the home directory cannot be used (service users often
-have none). Each service gets its own sub-directory.
+have none). Each service gets its own sub-directory. ``/var/tmp`` is shared: if another user
+took the name ``swmp-<uid>`` first (a directory or link of theirs), the spool goes to this
+user's randomly named private directory there (``swmp-<uid>.<random>``, as for the arenas),
+instead of being turned off by whoever got there first.
 
 "Safe" means another local user can neither read the spooled telemetry nor make this
 process write or replay files of their choosing:
@@ -33,8 +36,12 @@ AUTO = "auto"
 OFF_VALUES = frozenset({"", "off", "none", "false", "0"})
 
 
-def default_base(uid: int | None = None) -> str:
-    """The per-user base directory the spool uses when ``SW_AGENT_SPOOL_DIR`` is ``auto``."""
+SHARED_TMP = "/var/tmp"  # kept across reboots, unlike /tmp: spooled data must outlive one
+
+
+def default_base(uid: int | None = None, shared_tmp: str | None = None) -> str:
+    """The per-user base directory the spool uses when ``SW_AGENT_SPOOL_DIR`` is ``auto``
+    (by name; :func:`auto_base` is the one to write to)."""
     uid = os.geteuid() if uid is None else uid
     state = os.environ.get("XDG_STATE_HOME", "")
     if state and os.path.isabs(state):
@@ -42,7 +49,20 @@ def default_base(uid: int | None = None) -> str:
     home = os.path.expanduser("~")
     if home and home != "~" and os.path.isabs(home) and _usable_home(home, uid):
         return os.path.join(home, ".local", "state", "swmp", "spool")
-    return os.path.join("/var/tmp", f"swmp-{uid}", "spool")
+    return os.path.join(shared_tmp or SHARED_TMP, f"swmp-{uid}", "spool")
+
+
+def auto_base(shared_tmp: str | None = None) -> str:
+    """:func:`default_base` for this process, with the shared directory's entry made or
+    chosen as the arenas' is: ``swmp-<uid>`` if it is a private directory of ours, else our
+    randomly named one (the same for every process of the user, so a restarted reporter
+    finds what an earlier one spooled). Raises OSError (:class:`private.UnsafePathError`
+    included) when no private directory can be had there."""
+    shared_tmp = shared_tmp or SHARED_TMP
+    base = default_base(shared_tmp=shared_tmp)
+    if os.path.dirname(os.path.dirname(base)) != shared_tmp:
+        return base
+    return os.path.join(private.private_directory(shared_tmp), "spool")
 
 
 def _usable_home(home: str, uid: int) -> bool:

@@ -29,7 +29,7 @@ from reporter_proc.senders.base import (
     UnsupportedError,
 )
 from reporter_proc.spool import Spool, SpoolBusy, SpoolFile, SpoolShortWrite
-from reporter_proc.spooldir import AUTO, OFF_VALUES, SpoolUnsafe, default_base
+from reporter_proc.spooldir import AUTO, OFF_VALUES, SpoolUnsafe, auto_base
 from reporter_proc.ticks import IDLE_CHECK_S, until_next_tick
 
 log = logging.getLogger("swmp.reporter")
@@ -66,7 +66,11 @@ class SpoolWriter:
         if base.lower() in OFF_VALUES or s.spool_max_bytes <= 0:
             return None
         if base.lower() == AUTO:
-            base = default_base()
+            try:
+                base = auto_base()
+            except OSError as exc:
+                log.error("spool disabled, no private directory for it: %s", exc)
+                return None
         name = spool_name(s.service)
         spool: Spool | None = None
         # Several applications of one service on a host (same user) each need a directory of

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import pytest
 
 from ipc import Arena, arena_path, cleanup_stale, process_start_ticks
 from ipc.private import UnsafePathError, make_directories
+from reporter_proc import spooldir
 from reporter_proc.instances import Instances
 from reporter_proc.journal import Journal
 from reporter_proc.lifecycle import StopState
@@ -397,3 +399,36 @@ def test_spool_records_removed_or_cut_under_the_reporter_are_counted_as_dropped(
         assert f"{second.path}: 3 records could not be read back (cut short" in said, said
     finally:
         s.close()
+
+
+def test_another_users_squat_on_the_shared_spool_name_does_not_turn_the_spool_off(
+    other_user: OtherUser, shared_dir: Path, tmp_path: Path, monkeypatch: Any, caplog: Any
+) -> None:
+    """A user without a usable home spools to ``/var/tmp/swmp-<uid>/spool``: another user who
+    made ``swmp-<uid>`` first (a directory or a link of theirs) turned the spool off for good.
+    Now the spool goes to this user's randomly named private directory there, as the arenas
+    do; the squatted entry is never written to, and a later reporter finds the same place."""
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(shared_dir / "no-such-home"))
+    monkeypatch.setattr(spooldir, "SHARED_TMP", str(shared_dir))
+    squat = shared_dir / f"swmp-{os.getuid()}"
+    ours = tmp_path / "www"  # a directory of ours the link leads to (one a web server serves)
+    ours.mkdir(mode=0o755)
+    for how in (f"mkdir -m 777 {squat}", f"ln -s {ours} {squat}"):
+        other_user.sh(how)
+        with caplog.at_level(logging.ERROR, "swmp.reporter"):
+            first = SpoolWriter.open(Journal(ReporterSettings(service="svc", spool_dir="auto")))
+        assert first is not None, caplog.text
+        chosen = Path(first.spool.directory)  # <random dir>/spool/svc
+        private = chosen.parent.parent
+        assert private.parent == shared_dir and private.name.startswith(squat.name + "."), chosen
+        st = os.lstat(private)
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o700
+        first.write([(1, b"[1]")])
+        first.spool.close()
+        again = SpoolWriter.open(Journal(ReporterSettings(service="svc", spool_dir="auto")))
+        assert again is not None and again.spool.directory == str(chosen) and again.spool.total_records == 1
+        again.spool.close()
+        assert list(squat.iterdir()) == [] and list(ours.iterdir()) == []
+        other_user.sh(f"rm -rf {squat}")
+        shutil.rmtree(private)

@@ -99,8 +99,9 @@ class ReporterProcessSettings:
         "SW_AGENT_SPOOL_DIR",
         "Directory for spooling data during a long backend outage (one private sub-directory per "
         "service). `auto`: `$XDG_STATE_HOME/swmp/spool`, else `~/.local/state/swmp/spool`, else "
-        "`/var/tmp/swmp-<uid>/spool`; empty or `off` = no spool. A directory another user could "
-        "tamper with is refused (spool off, logged).",
+        "`/var/tmp/swmp-<uid>/spool` (`/var/tmp/swmp-<uid>.<random>/spool` if another user took that "
+        "name); empty or `off` = no spool. A directory another user could tamper with is refused "
+        "(spool off, logged).",
         REPORTER,
     )
     agent_spool_max_bytes: int = opt(
