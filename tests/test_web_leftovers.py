@@ -486,3 +486,60 @@ def test_wsgi_app_raising_after_start_response_under_wsgiref(
     assert statuses(span) == ["500"]
     assert span[R.SPAN_IS_ERROR] is True
     assert "after start_response" in orjson.dumps(span[R.SPAN_LOGS]).decode()
+
+
+# -- 6. WSGI: an interrupt is no failure ---------------------------------------------------
+def _start_then(raised: BaseException, where: str) -> Any:
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        if where == "app":
+            raise raised
+
+        def body() -> Iterator[bytes]:
+            if where == "later":
+                yield b"first"
+            raise raised
+
+        return body()
+
+    return app
+
+
+BODY_FORMS = ["python"] + (["native"] if native_core is not None else [])
+
+
+@pytest.mark.parametrize("body_form", BODY_FORMS)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("where", ["app", "first", "later"])
+@pytest.mark.parametrize(
+    "raised", [KeyboardInterrupt(), SystemExit(3)], ids=["KeyboardInterrupt", "SystemExit"]
+)
+def test_wsgi_request_ended_by_an_interrupt_is_not_an_error(
+    sink: _sink.MemorySink,
+    monkeypatch: pytest.MonkeyPatch,
+    form: str,
+    body_form: str,
+    where: str,
+    raised: BaseException,
+) -> None:
+    """A KeyboardInterrupt or SystemExit raised by the application (a worker told to stop
+    while it runs a request), or by its body before or after the first item, goes on to the
+    server unchanged and is logged on the span as an interruption, not flagged as its error:
+    as every other span of the agent (Span.ended_by). Both request forms, both bodies."""
+    if form == "python":
+        monkeypatch.setattr(wsgi, "trace_wsgi", wsgi._py_trace_wsgi)
+    if body_form == "python":
+        monkeypatch.setattr(wsgi, "_make_body", wsgi._Body)
+    app = wsgi.WSGIMiddleware(_start_then(raised, where))
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/stop", "SERVER_NAME": "h", "SERVER_PORT": "80"}
+    with pytest.raises(type(raised)):
+        result = app(environ, lambda status, headers, exc_info=None: None)
+        try:
+            for _ in result:
+                pass
+        finally:
+            result.close()
+    (span,) = spans(sink)
+    assert span[R.SPAN_IS_ERROR] is False
+    assert [(f["event"], f["kind"]) for f in log_fields(span)] == [("interrupted", type(raised).__name__)]
+    assert statuses(span) == ["200"]  # what start_response was given: no 500 for an exit

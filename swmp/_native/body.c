@@ -24,7 +24,7 @@ typedef struct {
     int sent;        /* an item was returned since the last iter() */
 } Body;
 
-static PyObject *s_error = NULL, *s_finish = NULL, *s_close = NULL;
+static PyObject *s_ended_by = NULL, *s_finish = NULL, *s_close = NULL;
 static PyObject *failed_first = NULL; /* setup_wsgi_body(): see above */
 
 PyObject *swmp_setup_wsgi_body(PyObject *module, PyObject *fn) {
@@ -41,7 +41,7 @@ PyObject *swmp_wsgi_body(PyObject *module, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "wsgi_body(result, span)");
         return NULL;
     }
-    if (s_error == NULL && ((s_error = PyUnicode_InternFromString("error")) == NULL ||
+    if (s_ended_by == NULL && ((s_ended_by = PyUnicode_InternFromString("ended_by")) == NULL ||
                             (s_finish = PyUnicode_InternFromString("finish")) == NULL ||
                             (s_close = PyUnicode_InternFromString("close")) == NULL)) {
         return NULL;
@@ -66,8 +66,8 @@ static PyObject *body_iter(Body *self) {
     return Py_NewRef(self);
 }
 
-/* The exception being raised marks the span (span.error(exc); before the first item, also
- * failed_first(span, exc)) and goes on unchanged. */
+/* The exception being raised marks the span (span.ended_by(exc): an error, or an interrupt
+ * logged as such; before the first item, also failed_first(span, exc)) and goes on unchanged. */
 static void mark_failed(Body *self) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -75,7 +75,7 @@ static void mark_failed(Body *self) {
     if (tb != NULL && value != NULL) {
         PyException_SetTraceback(value, tb);
     }
-    PyObject *r = value == NULL ? NULL : PyObject_CallMethodOneArg(self->span, s_error, value);
+    PyObject *r = value == NULL ? NULL : PyObject_CallMethodOneArg(self->span, s_ended_by, value);
     if (r == NULL) {
         PyErr_Clear(); /* the span's trouble is not the application's */
     }

@@ -46,7 +46,7 @@ static PyTypeObject *span_class = NULL;
 static PyObject *py_file_response = NULL, *k_file_wrapper = NULL, *s_read = NULL;
 static PyObject *k_method, *k_path, *k_sw8, *k_sw8_correlation, *k_sw8_x, *k_host, *k_server_name,
     *k_server_port, *k_scheme, *k_script, *k_remote, *k_remote_port, *s_peer,
-    *s_max_elements, *s_max_length, *s_enter, *s_error, *s_finish, *v_get, *v_root, *v_http, *empty_text, *colon,
+    *s_max_elements, *s_max_length, *s_enter, *s_ended_by, *s_finish, *v_get, *v_root, *v_http, *empty_text, *colon,
     *scheme_end;
 
 PyObject *swmp_setup_wsgi(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -81,7 +81,7 @@ PyObject *swmp_setup_wsgi(PyObject *module, PyObject *const *args, Py_ssize_t na
         INTERN(s_max_elements, "correlation_max_elements");
         INTERN(s_max_length, "correlation_max_value_length");
         INTERN(s_enter, "__enter__");
-        INTERN(s_error, "error");
+        INTERN(s_ended_by, "ended_by"); /* error, or interrupted for a BaseException */
         INTERN(s_finish, "finish");
         INTERN(v_get, "GET");
         INTERN(v_root, "/");
@@ -288,7 +288,7 @@ static PyObject *run_traced(PyObject *module, PyObject *span, PyObject *prev, Py
         if (tb != NULL) {
             PyException_SetTraceback(value, tb); /* what ``except ... as e`` sees */
         }
-        quietly(span, s_error, value);
+        quietly(span, s_ended_by, value);
         /* Nothing was sent (the headers go with the first body item): the server answers
          * 500, whatever status start_response was given (_failed_first). */
         if (value != NULL) {

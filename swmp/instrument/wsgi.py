@@ -55,14 +55,14 @@ class _Body:
         except StopIteration:
             return
         except BaseException as e:
-            self._span.error(e)
+            self._span.ended_by(e)  # an interrupt (KeyboardInterrupt...) is no failure
             _failed_first(self._span, e)
             raise
         yield first
         try:
             yield from it
         except BaseException as e:
-            self._span.error(e)
+            self._span.ended_by(e)
             raise
 
     def close(self) -> None:
@@ -278,7 +278,7 @@ def _py_trace_wsgi(  # noqa: PLR0917 (once per request: positional calls are che
     try:
         result = app(environ, _status_recorder(span, start_response))
     except BaseException as e:
-        span.error(e)
+        span.ended_by(e)  # an interrupt (KeyboardInterrupt, SystemExit) is no failure
         # Nothing was sent (the headers go with the first body item): the server answers
         # 500, whatever status start_response was given.
         _failed_first(span, e)
