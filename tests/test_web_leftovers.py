@@ -505,20 +505,20 @@ def _start_then(raised: BaseException, where: str) -> Any:
     return app
 
 
-BODY_FORMS = ["python"] + (["native"] if native_core is not None else [])
-
-
-@pytest.mark.parametrize("body_form", BODY_FORMS)
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("where", ["app", "first", "later"])
-@pytest.mark.parametrize(
-    "raised", [KeyboardInterrupt(), SystemExit(3)], ids=["KeyboardInterrupt", "SystemExit"]
+# (request form, body form): the native wsgi_call always makes the native body.
+INTERRUPT_FORMS = [("python", "python")] + (
+    [("python", "native"), ("native", "native")] if native_core is not None else []
 )
+INTERRUPTS = [KeyboardInterrupt(), SystemExit(3)]
+
+
+@pytest.mark.parametrize("forms", INTERRUPT_FORMS, ids="-".join)
+@pytest.mark.parametrize("where", ["app", "first", "later"])
+@pytest.mark.parametrize("raised", INTERRUPTS, ids=lambda e: type(e).__name__)
 def test_wsgi_request_ended_by_an_interrupt_is_not_an_error(
     sink: _sink.MemorySink,
     monkeypatch: pytest.MonkeyPatch,
-    form: str,
-    body_form: str,
+    forms: tuple[str, str],
     where: str,
     raised: BaseException,
 ) -> None:
@@ -526,6 +526,7 @@ def test_wsgi_request_ended_by_an_interrupt_is_not_an_error(
     while it runs a request), or by its body before or after the first item, goes on to the
     server unchanged and is logged on the span as an interruption, not flagged as its error:
     as every other span of the agent (Span.ended_by). Both request forms, both bodies."""
+    form, body_form = forms
     if form == "python":
         monkeypatch.setattr(wsgi, "trace_wsgi", wsgi._py_trace_wsgi)
     if body_form == "python":
