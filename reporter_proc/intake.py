@@ -31,12 +31,13 @@ from typing import Any
 
 from ipc import Arena, DoorbellListener, RingReader
 from ipc import _layout as L
+from ipc.ring_reader import moved
 from reporter_proc import records as R
 from reporter_proc.delivery import Delivery, decode
 from reporter_proc.journal import Journal
 from reporter_proc.ledger import Batch, Chunk, Ledger
 from reporter_proc.lifecycle import StopState
-from reporter_proc.ticks import next_tick
+from reporter_proc.ticks import forget_wake, next_tick, wake_at
 
 log = logging.getLogger("swmp.reporter")
 
@@ -117,22 +118,24 @@ class Intake:
         if w is not None and not w.done():
             w.set_result(None)
 
-    async def _sleep(self, timeout: float) -> None:
+    async def _sleep_until(self, when: float) -> None:
+        """Sleep until ``when`` (the loop's clock) or a :meth:`poke`, whichever comes first;
+        on the tick grid's shared timer, which the other periodic jobs wait for too."""
         loop = self._loop
         assert loop is not None
         fut: asyncio.Future[None] = loop.create_future()
         self._waiter = fut
-        handle = loop.call_later(max(0.0, timeout), _resolve, fut)
+        wake_at(when, fut)
         try:
             await fut
         finally:
-            handle.cancel()
+            forget_wake(when, fut)  # a poke came first: the timer may be armed for it still
             self._waiter = None
 
     def _filling(self) -> bool:
         """Is some ring past the doorbell threshold (or simply unread, when stopping)?"""
         fill = 1 if self.stop.stopping else self._wake_fill
-        return any(r.backlog() >= fill and r.pending() for r in self.readers)
+        return any(r.backlog() >= fill and r.pending() for r in moved(self.readers))
 
     # -- the loop --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -163,12 +166,12 @@ class Intake:
             if n and self._more:
                 await asyncio.sleep(0)  # let the senders run between passes
                 continue
-            timeout = min(flush_at, next_tick(now, read_period)) - now
+            wake = min(flush_at, next_tick(now, read_period))
             if stop.stopping:
-                timeout = min(timeout, _STOPPING_POLL_S)
+                wake = min(wake, now + _STOPPING_POLL_S)
             if self.memory_full():
                 # Waiting for sends, not for writers: do not make writers ring the bell.
-                await self._sleep(timeout)
+                await self._sleep_until(wake)
                 continue
             status.set_sleeping(True)
             # Re-check after announcing sleep: a writer that passed the threshold before it
@@ -176,7 +179,7 @@ class Intake:
             if self._filling():
                 status.set_sleeping(False)
                 continue
-            await self._sleep(timeout)
+            await self._sleep_until(wake)
             status.set_sleeping(False)
             if self._bell:
                 self._bell = False
@@ -192,7 +195,7 @@ class Intake:
         return self.ledger.pending_bytes >= self.journal.settings.max_pending_bytes and self._spill is None
 
     def pending(self) -> bool:
-        return any(r.pending() for r in self.readers)
+        return any(r.pending() for r in moved(self.readers))
 
     def drain_pass(self) -> int:
         limit = self.journal.settings.max_pending_bytes
@@ -204,11 +207,13 @@ class Intake:
                 return 0
             self.spill()
         total = 0
-        readers = self.readers
-        count = len(readers)
+        # Only the rings whose writer moved the tail past our cursor (ring_reader.moved):
+        # most of an arena's slots are never claimed, and an idle worker's ring is quiet.
+        ready = moved(self.readers)
         start = self._next_reader
-        for i in range(count):
-            reader = readers[(start + i) % count]
+        if start:  # round-robin: from the ring the last pass stopped at
+            ready = [r for r in ready if r.slot >= start] + [r for r in ready if r.slot < start]
+        for reader in ready:
             if not reader.pending():
                 continue
             if total >= _PASS_BUDGET:
@@ -293,8 +298,3 @@ class Intake:
 
     def abandoned_bytes(self) -> int:
         return sum(max(0, r.backlog()) for r in self.readers)
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
