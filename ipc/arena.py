@@ -37,7 +37,7 @@ import glob
 import mmap
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from ipc import _files, _locks, private, ring_room
@@ -310,11 +310,12 @@ class Arena:
         """Pid of the live process holding ``slot`` (None if free or held by this process)."""
         return _locks.holder(_descriptor(self), L.slot_lock_offset(slot))
 
-    def live_slots(self) -> dict[int, int]:
-        """``{slot: pid}`` for every slot held by a live process other than this one."""
+    def live_slots(self, slots: Iterable[int] | None = None) -> dict[int, int]:
+        """``{slot: pid}`` for every slot (of ``slots``, default all) held by a live process
+        other than this one."""
         out = {}
         fd = _descriptor(self)  # checked (an fstat) once for the whole scan
-        for slot in range(self.slots):
+        for slot in range(self.slots) if slots is None else slots:
             pid = _locks.holder(fd, L.slot_lock_offset(slot))
             if pid is not None:
                 out[slot] = pid

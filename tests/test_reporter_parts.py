@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -381,13 +382,15 @@ def test_the_keeper_asks_only_for_the_slots_of_its_instances(tmp_path: Path) -> 
     with 64 slots that was ~200 a second in an idle reporter)."""
     arena = Arena.create(str(tmp_path / "k.arena"), slots=64, ring_capacity=4096)
     asked: list[int] = []
-    real = arena.slot_owner
+    real = arena.live_slots
 
-    def counting_slot_owner(slot: int) -> int | None:
-        asked.append(slot)
-        return real(slot)
+    def counting_live_slots(slots: Iterable[int] | None = None) -> dict[int, int]:
+        assert slots is not None, "asked for every slot of the arena"
+        slots = list(slots)
+        asked.extend(slots)
+        return real(slots)
 
-    arena.slot_owner = counting_slot_owner  # type: ignore[method-assign]
+    arena.live_slots = counting_live_slots  # type: ignore[method-assign]
     sender = MemorySender()
     table = Instances(arena, journal(), sender, StopState(), own_process_slots=False, backoff=lambda n: 1.0)
     for slot in (3, 7):  # started, then gone before the first check (no process holds them)
