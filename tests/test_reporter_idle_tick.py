@@ -129,9 +129,10 @@ def test_a_slot_claimed_after_the_intake_started_is_read(arena: Arena) -> None:
     held = [arena.claim_slot() for _ in range(10)]  # a slot in the middle, never used before
     w = arena.claim_slot()
     assert w is not None and w.slot == 10
-    assert w.write(R.SEGMENT, segment("late"))
+    late = segment("late")  # (a segment's bytes hold the time it was made)
+    assert w.write(R.SEGMENT, late)
     assert intake.drain_pass() == 1
-    assert _segments_held(intake, d) == [segment("late")]
+    assert _segments_held(intake, d) == [late]
     assert all(h is not None for h in held)
     arena.release_slot()
 
