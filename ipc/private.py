@@ -106,6 +106,36 @@ def foreign_link(path: str, uid: int | None = None, max_links: int = 40) -> str 
     return None
 
 
+def ancestor_problem(path: str, uid: int | None = None) -> str | None:
+    """What makes the existing directories above ``path`` untrustworthy for files of ours,
+    or None: a symbolic link on the way that is neither root's nor ours
+    (:func:`foreign_link`), a directory owned by another user, or one that others may write
+    to without the sticky bit (``/tmp`` and ``/var/tmp`` have it): in such a directory
+    another user can rename an entry on our path away and put theirs in its place."""
+    me = os.geteuid() if uid is None else uid
+    problem = foreign_link(path, me)
+    if problem is not None:
+        return problem
+    parent = os.path.dirname(os.path.realpath(path))
+    chain = []
+    while True:
+        chain.append(parent)
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    for p in reversed(chain):  # from "/" down
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            return None  # the rest is created by us, 0700
+        if st.st_uid not in (0, me):
+            return f"{p} is owned by uid {st.st_uid}, not by root or uid {me}"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            return f"{p} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}, no sticky bit)"
+    return None
+
+
 def make_directories(path: str) -> None:
     """Create ``path`` and its missing parents, each 0700 whatever the umask.
 

@@ -75,27 +75,9 @@ def _usable_home(home: str, uid: int) -> bool:
 
 def check_ancestors(path: str, uid: int) -> None:
     """Raise :class:`SpoolUnsafe` when an existing ancestor of ``path`` is not trustworthy."""
-    problem = private.foreign_link(path, uid)
+    problem = private.ancestor_problem(path, uid)
     if problem is not None:
         raise SpoolUnsafe(problem)
-    parent = os.path.dirname(os.path.realpath(path))
-    chain = []
-    while True:
-        chain.append(parent)
-        up = os.path.dirname(parent)
-        if up == parent:
-            break
-        parent = up
-    for p in reversed(chain):  # from "/" down
-        try:
-            st = os.stat(p)
-        except FileNotFoundError:
-            return  # the rest is created by us, 0700
-        if st.st_uid not in (0, uid):
-            raise SpoolUnsafe(f"{p} is owned by uid {st.st_uid}, not by root or uid {uid}")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-            mode = stat.S_IMODE(st.st_mode)
-            raise SpoolUnsafe(f"{p} is writable by other users (mode {mode:o}, no sticky bit)")
 
 
 def make_private_dir(path: str) -> str:

@@ -476,3 +476,21 @@ def test_another_users_link_on_the_way_to_the_database_is_refused(tmp_path: Path
     out = _run_collector(tmp_path, planted / "collector.db")
     assert out.returncode == 0, (out.returncode, out.stderr)
     assert (mine / "collector.db").exists()
+
+
+def test_a_database_where_others_could_swap_it_is_refused(tmp_path: Path) -> None:
+    """``--db`` in a directory others may write to without the sticky bit (mode 0777): any
+    user could rename the database away and put a file of theirs in its place. Refused,
+    as the spool is; a sticky one (``/tmp``'s mode 1777) is fine."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    out = _run_collector(tmp_path, shared / "collector.db")
+    assert out.returncode == 1 and "writable by other users (mode 777, no sticky bit)" in out.stderr, (
+        out.stderr
+    )
+    assert "Traceback" not in out.stderr and list(shared.iterdir()) == []
+    shared.chmod(0o1777)
+    out = _run_collector(tmp_path, shared / "collector.db")
+    assert out.returncode == 0, out.stderr
+    assert (shared / "collector.db").exists()

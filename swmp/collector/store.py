@@ -49,7 +49,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ipc.private import foreign_link, make_directories
+from ipc.private import ancestor_problem, make_directories
 from swmp.collector.options import DEFAULT_MAX_BYTES, DEFAULT_RETENTION_S
 
 Doc = dict[str, Any]
@@ -99,8 +99,9 @@ class StoreWriteError(sqlite3.Error):
 
 def _create_private(path: Path) -> None:
     # Another user's link on the way (``--db /tmp/shared/x.db`` with ``/tmp/shared`` planted
-    # as a link) would choose the directory our database goes to: refused, as for the arenas.
-    problem = foreign_link(str(path.parent))
+    # as a link) would choose the directory our database goes to, and in a directory others
+    # may write to without the sticky bit they could swap the file: refused, as the spool is.
+    problem = ancestor_problem(str(path))
     if problem is not None:
         raise StoreError(f"{path}: {problem}: refused (give a path without it)")
     if not path.parent.exists():
