@@ -138,9 +138,10 @@ def make_pki(directory: Path) -> Pki:
 
 
 def start_reporter(
-    arena_path: str, settings: ReporterSettings, directory: Path, name: str
+    arena_path: str, settings: ReporterSettings, directory: Path, name: str, owner_pid: int = 0
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """The real reporter (``python -m reporter_proc``, no supervisor) draining ``arena_path``.
+    """The real reporter (``python -m reporter_proc``, no supervisor) draining ``arena_path``
+    for ``owner_pid`` (the master whose end it waits for at a stop; default: this process).
 
     Its settings, secrets included, go through a 0600 file (never the command line); its
     output (INFO and up) goes to the returned file, for tests that check what it says.
@@ -154,8 +155,9 @@ def start_reporter(
     output = directory / f"{name}.stderr"
     with open(output, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "reporter_proc", "--arena", arena_path, "--owner-pid", str(os.getpid()),
-             "--settings-file", str(settings_file), "--no-supervise", "--log-level", "INFO"],
+            [sys.executable, "-m", "reporter_proc", "--arena", arena_path,
+             "--owner-pid", str(owner_pid or os.getpid()), "--settings-file", str(settings_file),
+             "--no-supervise", "--log-level", "INFO"],
             cwd=support.REPO, env=support.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
         )  # fmt: skip
     return proc, output
