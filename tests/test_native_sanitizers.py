@@ -100,6 +100,11 @@ def test_native_tests_pass_under_address_and_undefined_behaviour_sanitizers(tmp_
         "ASAN_OPTIONS": f"detect_leaks=0:log_path={logs}/asan",
         "UBSAN_OPTIONS": f"print_stacktrace=1:log_path={logs}/ubsan",
         "PYTHONPATH": str(tree),
+        # test_encode_native compiles the encoder it tests (from the current sources, never a
+        # stale in-place build): with the sanitizer flags, like the tree's build above.
+        # (Without them it ran the whole fuzzing on an uninstrumented copy.)
+        "CFLAGS": flags,
+        "LDFLAGS": SANITIZE,
     }
     env.pop("PYTEST_ADDOPTS", None)
     deselect = [arg for test in PURE_ONLY for arg in ("--deselect", test)]
