@@ -248,6 +248,9 @@ def test_refusals_with_no_shared_file_left_are_reported_at_exit(
 
 
 # -- real processes, then ``swmp status`` --------------------------------------------------------
+# Nothing answers at 127.0.0.1:1: a stop spends its whole flushing deadline failing to deliver
+# (5 s by default, twice in "thread-restart"). What these tests read happens before any stop.
+NO_BACKEND = {"SW_AGENT_REPORTER_SHUTDOWN_TIMEOUT": "0.5"}
 SCRIPT = """
 import sys
 import swmp
@@ -289,7 +292,7 @@ def test_swmp_status_shows_records_before_the_agent_and_after_a_ring(
     shm = tmp_path / "shm"
     script, ready = tmp_path / "app.py", tmp_path / "ready"
     script.write_text(SCRIPT)
-    env = agent_env(tmp_path, "127.0.0.1:1", reporter_process=mode == "process")  # nothing answers
+    env = agent_env(tmp_path, "127.0.0.1:1", reporter_process=mode == "process", extra=NO_BACKEND)
     app = subprocess.Popen(
         [sys.executable, str(script), str(ready), "restart" if restart else "once"],
         env=env,
@@ -371,7 +374,7 @@ def test_gunicorn_records_before_the_agent_are_counted_per_process(tmp_path: Pat
     workers = 2
     config = tmp_path / "gunicorn_conf.py"
     config.write_text(textwrap.dedent(GUNICORN_CONFIGS[where]))
-    env = agent_env(tmp_path, "127.0.0.1:1", service="ps")
+    env = agent_env(tmp_path, "127.0.0.1:1", service="ps", extra=NO_BACKEND)
     port = free_port()
     cmd = gunicorn_command(port, workers=workers, config=str(config))
     with run_server("gunicorn", tmp_path, cmd, env, port=port, workers=workers, swmp_run=False) as srv:
