@@ -228,6 +228,8 @@ def test_swmp_status_shows_what_a_worker_could_not_encode(tmp_path: Path, proces
         {
             "PYTHONPATH": str(REPO),
             "SW_AGENT_COLLECTOR_BACKEND_SERVICES": "127.0.0.1:1",  # nothing answers; not needed
+            # ... so the exit would spend the whole flushing deadline (5 s) failing to deliver.
+            "SW_AGENT_REPORTER_SHUTDOWN_TIMEOUT": "0.5",
             "SW_AGENT_ARENA_DIR": str(shm),
             "SW_AGENT_METER_REPORTER_ACTIVE": "false",
             "SW_AGENT_LOG_REPORTER_ACTIVE": "false",
