@@ -37,10 +37,11 @@ from hypothesis import strategies as st
 from reporter_proc import encode
 from reporter_proc.encode import EncodeError
 from tests import pbref
+from tests.fuzz_budget import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 S = pbref.strategies()
-MANY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MANY = settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # setup.py run as is, but with only the encoder among its extensions: the same definition
 # (sources, flags, CFLAGS from the environment) without compiling the other two modules,
 # which took ~80% of the build's time (~9 of 11 s; 36 s in the sanitizer run's loaded shard).
@@ -120,7 +121,7 @@ def test_logs_are_byte_identical(native: ModuleType, rec: list[Any]) -> None:
     assert native.log(rec) == encode.log_py(rec)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.binary(max_size=300), max_size=20))
 def test_segment_collection_is_byte_identical(native: ModuleType, bodies: list[bytes]) -> None:
     assert native.segment_collection(bodies) == encode.segment_collection_py(bodies)
@@ -241,13 +242,13 @@ def _mutated(draw: st.DrawFn, records: st.SearchStrategy[list[Any]]) -> list[Any
         return rec
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_mutated(S.segment))
 def test_malformed_segments_fail_the_same_way(native: ModuleType, rec: list[Any]) -> None:
     assert _outcome(native.segment, rec) == _outcome(_pure(encode.segment_py), rec)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_mutated(S.log))
 def test_malformed_logs_fail_the_same_way(native: ModuleType, rec: list[Any]) -> None:
     assert _outcome(native.log, rec) == _outcome(_pure(encode.log_py), rec)
@@ -374,7 +375,7 @@ def test_segments_from_json_are_byte_identical(native: ModuleType, rec: list[Any
         assert native.segment_json(payload) == expected
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_mutated(S.segment))
 def test_malformed_json_records_decline_or_agree(native: ModuleType, rec: list[Any]) -> None:
     try:
@@ -384,7 +385,7 @@ def test_malformed_json_records_decline_or_agree(native: ModuleType, rec: list[A
     _check_json(native, payload)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(S.segment, st.data())
 def test_corrupted_json_bytes_decline_or_agree(
     native: ModuleType, rec: list[Any], data: st.DataObject

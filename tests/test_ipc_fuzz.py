@@ -14,10 +14,11 @@ from hypothesis import HealthCheck, assume, example, given, settings
 
 from ipc import _layout as L
 from ipc.ring import RingReader, RingWriter, anonymous_ring
+from tests.fuzz_budget import examples
 
 CAP = 4096
 U64 = st.integers(0, 2**64 - 1)
-FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def header_is_valid(word: int, position: int) -> bool:

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from ipc import _layout as L
 from ipc import ring_writer
 from ipc.ring_reader import RingReader
+from tests.fuzz_budget import examples
 from tests.native_build import HAVE_CC, assert_current
 
 CAP = 4096
@@ -88,7 +89,7 @@ OPS = st.lists(
 
 @native_only
 @settings(
-    max_examples=int(os.environ.get("SWMP_FUZZ_EXAMPLES", "300")),  # more for a longer search
+    max_examples=int(os.environ.get("SWMP_FUZZ_EXAMPLES", examples(300))),  # more for a longer search
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -15,7 +15,9 @@ out (their daemons would run with the sanitizer too, several times slower), and 
 tests that run other tests with the pure-Python forms (nothing native to watch there: the
 pure ring writer's run alone took 113 s of the 500 under the sanitizers). The files run in
 two shards at once, one per core of the 2-core CI machine: nothing else of the suite runs
-meanwhile. ~3-4 minutes.
+meanwhile. Property tests try a third of their examples here (``SWMP_FUZZ_SCALE``,
+tests/fuzz_budget.py): each costs several times more under the sanitizers, and the full
+searches ran without them earlier in the suite. ~4-5 minutes.
 """
 
 from __future__ import annotations
@@ -105,6 +107,9 @@ def test_native_tests_pass_under_address_and_undefined_behaviour_sanitizers(tmp_
         # (Without them it ran the whole fuzzing on an uninstrumented copy.)
         "CFLAGS": flags,
         "LDFLAGS": SANITIZE,
+        # A third of each property test's examples (tests/fuzz_budget.py): the full searches
+        # ran without the sanitizers in this suite already.
+        "SWMP_FUZZ_SCALE": "0.33",
     }
     env.pop("PYTEST_ADDOPTS", None)
     deselect = [arg for test in PURE_ONLY for arg in ("--deselect", test)]

@@ -12,11 +12,14 @@ from hypothesis import strategies as st
 
 from swmp import propagation as P
 from swmp.tracing import span as span_module  # loads the native core, which gives P its split_sw8
+from tests.fuzz_budget import examples
 
 # Hypothesis generates a few thousand structured inputs per test here (generation, not decoding,
 # is the slow part); each one is then decoded together with all of its prefixes, so every test
 # still feeds the decoders hundreds of thousands of related inputs in a few seconds.
-SETTINGS = settings(max_examples=2500, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+SETTINGS = settings(
+    max_examples=examples(2500), deadline=None, suppress_health_check=list(HealthCheck), database=None
+)
 
 printable = st.text(min_size=1, max_size=60)
 
@@ -66,7 +69,7 @@ def test_round_trip_sw8() -> None:
     st.text(min_size=1),
     st.text(min_size=1),
 )
-@settings(max_examples=1000, deadline=None, database=None)
+@settings(max_examples=examples(1000), deadline=None, database=None)
 def test_round_trip_sw8_property(  # noqa: PLR0917 (one argument per strategy)
     tid: str, sid: str, span: int, svc: str, inst: str, ep: str, addr: str
 ) -> None:
