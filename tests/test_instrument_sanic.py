@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import orjson
 import pytest
@@ -21,6 +21,8 @@ from swmp.instrument._patch import is_patched
 from swmp.tracing import Component, Kind
 from tests.instrumented import instrumented
 from tests.test_instrument_frameworks import segments, tags_of
+
+T = TypeVar("T")
 
 sanic = pytest.importorskip("sanic")
 
@@ -90,7 +92,13 @@ async def _get(port: int, paths: list[tuple[str, dict[str, str]]]) -> list[tuple
 
 
 def serve(app: Any, paths: list[tuple[str, dict[str, str]]]) -> list[tuple[int, bytes]]:
-    async def main() -> list[tuple[int, bytes]]:
+    return serve_with(app, lambda port: _get(port, paths))
+
+
+def serve_with(app: Any, client: Callable[[int], Awaitable[T]]) -> T:
+    """``client(port)`` run against ``app`` served by Sanic's own server on a free port."""
+
+    async def main() -> T:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         server = await app.create_server(sock=sock, return_asyncio_server=True)
@@ -99,7 +107,7 @@ def serve(app: Any, paths: list[tuple[str, dict[str, str]]]) -> list[tuple[int, 
         await server.before_start()
         await server.after_start()
         try:
-            return await _get(int(sock.getsockname()[1]), paths)
+            return await client(int(sock.getsockname()[1]))
         finally:
             await server.close()
 

@@ -32,6 +32,7 @@ from swmp.instrument import wsgi
 from swmp.tracing import Kind
 from swmp.tracing.span import native_core
 from tests.instrumented import instrumented
+from tests.test_instrument_sanic import serve_with
 
 _apps = 0
 
@@ -163,21 +164,7 @@ def _sanic_app() -> Any:
     return app
 
 
-def _serve_sanic(app: Any, client: Any) -> Any:
-    async def main() -> Any:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        server = await app.create_server(sock=sock, return_asyncio_server=True)
-        assert server is not None
-        await server.startup()
-        await server.before_start()
-        await server.after_start()
-        try:
-            return await client(int(sock.getsockname()[1]))
-        finally:
-            await server.close()
-
-    return asyncio.run(main())
+_serve_sanic = serve_with  # Sanic's own server on a free port (tests/test_instrument_sanic.py)
 
 
 @pytest.fixture()
