@@ -10,7 +10,7 @@ from ipc.arena import (
     arena_path,
     arena_unlink,
 )
-from ipc.arena_files import cleanup_dead_private, cleanup_stale, discover, read_info, still_linked
+from ipc.arena_files import cleanup_stale, discover, read_info, still_linked
 from ipc.board import Board, BoardTooLarge
 from ipc.procinfo import process_alive, process_start_ticks
 from ipc.ring import RingReader, RingStats, RingWriter
@@ -35,7 +35,6 @@ __all__ = [
     "StatusSnapshot",
     "arena_path",
     "arena_unlink",
-    "cleanup_dead_private",
     "cleanup_stale",
     "discover",
     "process_alive",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import stat
 import time
 from collections.abc import Iterator
@@ -82,45 +81,6 @@ def _name_owner_gone(path: str, prefix: str) -> bool:
     if not rest.isdigit():
         return False  # no ticks in the name (a thread-mode arena): the pid alone says
     return int(rest) != now
-
-
-# Thread mode's private arenas: ``<prefix>-<uid>-<pid>-t<8 hex>.arena`` (``swmp._thread_sink``).
-_PRIVATE_REST = re.compile(r"t[0-9a-f]{8}")
-
-
-def cleanup_dead_private(directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX) -> list[str]:
-    """Remove thread mode's private arenas of processes that are gone; returns their paths.
-
-    Each process that reports in thread mode removes its own at exit, but one ended by a
-    signal cannot: ``multiprocessing.Pool.terminate()`` (what ``with Pool(...)`` does at the
-    end of its block) SIGTERMs every pool process, and a server kills a stuck worker. Without
-    this, a long-running application leaked one file (at least 150 KiB of memory in
-    ``/dev/shm``, up to a whole ring) per such process until the next application started.
-
-    Safe in a running process that holds locks on arenas (unlike :func:`cleanup_stale`): it
-    only opens the private arenas of *other* pids that are no longer alive, on which this
-    process can hold no lock, so closing them drops none of its own.
-    """
-    removed = []
-    me = os.getpid()
-    for d in private.private_directories(directory, prefix):
-        for path in _arena_files(d, prefix):
-            pid, rest = _name_fields(path, prefix)
-            if not pid or _PRIVATE_REST.fullmatch(rest) is None:
-                continue
-            if pid == me or process_start_ticks(pid) != 0:
-                continue  # ours, or alive (a reused pid is checked again below)
-            try:
-                arena = Arena.open(path, wait_s=0)
-            except (ArenaError, OSError):
-                continue  # being created or removed right now; the next start looks again
-            try:
-                if arena._replaceable() and not arena.own_slots() and not arena.is_reporter:
-                    _unlink_if_same(path, arena)
-                    removed.append(path)
-            finally:
-                arena.close()
-    return removed
 
 
 def cleanup_stale(

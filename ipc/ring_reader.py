@@ -329,6 +329,12 @@ class RingReader:
     def stats(self) -> RingStats:
         return read_stats(self.slot, self._control, self._cap)
 
+    def release(self) -> None:
+        """Let go of the ring's memory, before its arena is closed (a view still out keeps
+        the mapping from being unmapped); the reader is unusable afterwards."""
+        self._control.release()
+        self._words.release()
+
 
 def moved(readers: Iterable[RingReader]) -> list[RingReader]:
     """The readers whose ring's tail word is not at their cursor, in the given order.

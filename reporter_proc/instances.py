@@ -104,6 +104,18 @@ class Instances:
         except (TypeError, ValueError, IndexError) as exc:
             self.journal.invalid(f"worker record {rec!r:.100}: {exc}")
 
+    def on_departed_record(self, rtype: int, rec: list[Any]) -> None:
+        """A worker record from the ring of a process that is gone (``reporter_proc.adoption``):
+        its WORKER_START still unread there, it is announced once with the departed and never
+        kept alive, nor let into the table, whose slots (the name registry's) live processes
+        hold now. A WORKER_STOP has nothing left to do."""
+        if rtype != R.WORKER_START:
+            return
+        try:
+            self.departed.append(self._instance(rec))
+        except (TypeError, ValueError, IndexError) as exc:
+            self.journal.invalid(f"worker record {rec!r:.100}: {exc}")
+
     def _pid_and_slot(self, rec: list[Any]) -> tuple[int, int]:
         """The record's pid and slot; ValueError for numbers no worker of this arena has.
 
@@ -122,6 +134,15 @@ class Instances:
         return pid, slot
 
     def _started(self, rec: list[Any], save: bool = True) -> None:
+        inst = self._instance(rec)
+        before = self.table.get(inst.slot)
+        if before is not None and before.pid != inst.pid and not before.props_sent:
+            self.departed.append(before)
+        self.table[inst.slot] = inst
+        if save:
+            self.save()
+
+    def _instance(self, rec: list[Any]) -> Instance:
         pid, slot = self._pid_and_slot(rec)
         service, instance, props, layer = (
             rec[R.WS_SERVICE],
@@ -131,10 +152,7 @@ class Instances:
         )
         if not isinstance(service, str) or not isinstance(instance, str) or not isinstance(props, list):
             raise TypeError("bad field types")
-        before = self.table.get(slot)
-        if before is not None and before.pid != pid and not before.props_sent:
-            self.departed.append(before)
-        self.table[slot] = Instance(
+        return Instance(
             record=rec,
             pid=pid,
             slot=slot,
@@ -143,8 +161,6 @@ class Instances:
             layer=layer if isinstance(layer, str) else "",
             properties=self._properties(rec),
         )
-        if save:
-            self.save()
 
     def _properties(self, rec: list[Any]) -> list[tuple[str, str]]:
         if self._host_props is None:

@@ -246,7 +246,15 @@ class Intake:
         self.seal_all()
         self._spill()
 
-    def dispatch(self, recs: list[tuple[int, bytes]], chunk: Chunk) -> None:
+    def dispatch(
+        self,
+        recs: list[tuple[int, bytes]],
+        chunk: Chunk,
+        on_worker: Callable[[int, list[Any]], None] | None = None,
+    ) -> None:
+        """``recs`` (read in ``chunk``) into the open batches; worker records to ``on_worker``
+        (default: the instance table; an adopted ring's go elsewhere, see ``adoption``)."""
+        on_worker = on_worker or self._on_worker_record
         counts = self.read_counts
         by_type = R.BY_TYPE
         shut = self.journal.shut
@@ -261,7 +269,8 @@ class Intake:
                 self.journal.invalid(f"unknown record type {rtype}")
                 continue
             if not kind.data:
-                self._worker_record(kind, payload)
+                for rec in decode(self.journal, kind, [payload]):
+                    on_worker(kind.rtype, rec)
                 continue
             reason = shut.get(kind.name)
             if reason is not None:
@@ -277,10 +286,6 @@ class Intake:
             hold(batch, chunk, payload)
             if len(batch.payloads) >= batch_max:
                 self.seal(kind.name)
-
-    def _worker_record(self, kind: R.Kind, payload: bytes) -> None:
-        for rec in decode(self.journal, kind, [payload]):
-            self._on_worker_record(kind.rtype, rec)
 
     # -- batches ---------------------------------------------------------------------------
     def seal(self, kind: str) -> None:

@@ -23,6 +23,10 @@ def _nothing() -> None:
     pass
 
 
+def _ignore(slot: int, position: int) -> None:
+    pass
+
+
 class Chunk:
     """The records one ``read()`` took from one ring; the ring head may pass ``end`` once
     every record in it is resolved."""
@@ -65,6 +69,8 @@ class Ledger:
         self.on_freed = on_freed
         self._chunks: dict[int, deque[Chunk]] = {}
         self.pending_bytes = 0
+        # Commits of negative keys: rings not of the arena (``reporter_proc.adoption``).
+        self.foreign: Callable[[int, int], None] = _ignore
 
     def open(self, slot: int, end: int) -> Chunk:
         """A new read from ``slot`` that ended at ring position ``end``."""
@@ -114,4 +120,8 @@ class Ledger:
         while dq and dq[0].left == 0:
             last = dq.popleft()
         if last is not None:
-            self._commit(slot, last.end)
+            (self._commit if slot >= 0 else self.foreign)(slot, last.end)
+
+    def forget(self, slot: int) -> None:
+        """``slot``'s ring is gone (an adopted one, read to the end): drop its empty queue."""
+        self._chunks.pop(slot, None)

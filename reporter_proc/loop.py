@@ -32,6 +32,7 @@ from collections.abc import Awaitable
 
 from ipc import Arena
 from reporter_proc import records as R
+from reporter_proc.adoption import Adoption
 from reporter_proc.delivery import Delivery, backoff
 from reporter_proc.exits import EXIT_CONFIG, EXIT_ERROR, EXIT_OK
 from reporter_proc.instances import Instance, Instances, host_properties
@@ -114,6 +115,7 @@ class Reporter:
         self.delivery: Delivery | None = None
         self._instances: Instances | None = None
         self.profile_tasks: ProfileTaskPoller | None = None
+        self.adoption: Adoption | None = None  # thread mode: dead processes' arenas
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._senders: list[asyncio.Task[None]] = []
@@ -281,6 +283,9 @@ class Reporter:
         self.owner.start(loop)
         self.supervision.start(loop)
         instances.restore()
+        if self.mode == "thread":  # adopt now, at the start of reporting, then on the tick
+            self.adoption = Adoption(os.path.dirname(self.arena.path), ledger, intake, instances)
+            self.adoption.poll(loop.time())
         for kind in R.DATA_KINDS:
             self._senders.append(self._spawn(delivery.run(kind.name), f"send-{kind.name}"))
         self._spawn(instances.run(), "instances")
@@ -297,6 +302,8 @@ class Reporter:
         """About once a second, from the status task: watches that need polling."""
         self.owner.poll()
         self.supervision.poll()
+        if self.adoption is not None and self._loop is not None and not self.stop.closing:
+            self.adoption.poll(self._loop.time())
 
     def _start_profile_tasks(self, sender: Sender, instances: Instances) -> None:
         unavailable = profiling_unavailable(self.journal, sender)
@@ -369,6 +376,8 @@ class Reporter:
 
     async def _flush_and_close(self) -> None:
         assert self.intake is not None and self.delivery is not None and self._instances is not None
+        if self.adoption is not None:
+            self.adoption.final()  # what dead processes left joins our last batches
         self.intake.seal_all()
         self.stop.closing = True
         self.delivery.wake_all()
@@ -430,6 +439,8 @@ class Reporter:
                 )
         self.owner.close()
         self.supervision.stop()
+        if self.adoption is not None:
+            self.adoption.close()
         arena = self.arena
         arena.status.set_sleeping(False)
         arena.release_reporter()

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ipc import Arena, RingWriter, cleanup_dead_private, still_linked
+from ipc import Arena, RingWriter, still_linked
 from ipc.private import private_directory
 from reporter_proc.settings import ReporterSettings
 from swmp._runtime import ProcessSink, header_counts
@@ -91,7 +91,6 @@ class ThreadSink(ProcessSink):
         return -1
 
     def _start_reporting(self, pid: int, slot: int) -> tuple[RingWriter, int] | None:
-        _remove_dead_private(self._arena_dir)
         # A fresh name per process: a pid can come back (uWSGI re-exec keeps the master's).
         name = f"swmp-{os.getuid()}-{pid}-t{uuid.uuid4().hex[:8]}.arena"
         base = os.path.join(private_directory(self._arena_dir), name)  # 0700, ours (ipc.private)
@@ -172,13 +171,3 @@ def _check_uwsgi_threads() -> None:
             "swmp: SW_AGENT_REPORTER_PROCESS=false runs a reporter thread, but this uWSGI has Python "
             "threads disabled: add --enable-threads (or use the reporter process, the default)"
         )
-
-
-def _remove_dead_private(arena_dir: str) -> None:
-    """What processes that reported before this one left behind when a signal ended them
-    (``Pool.terminate()``, a killed worker): their private arenas, removed as each new process
-    starts reporting, so a long-running application does not fill ``/dev/shm`` with them."""
-    try:
-        cleanup_dead_private(arena_dir)
-    except Exception:  # a clean-up that failed must not keep this process from reporting
-        log.debug("swmp: removing private arenas of dead processes failed", exc_info=True)

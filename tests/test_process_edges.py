@@ -16,10 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ipc import Arena, cleanup_dead_private
-from ipc.private import private_directory
 from ipc.wakeup import Doorbell, DoorbellListener, create_fifo
-from tests.children import fork, reap
 from tests.collector import Collector
 from tests.test_agent_launcher import base_env
 
@@ -92,7 +89,8 @@ def test_thread_mode_pool_processes_ended_by_terminate_leave_no_arena_behind(
     ``/dev/shm``); one SIGTERMed by ``Pool.terminate()`` cannot remove it. Before, each such
     file stayed until the next application started: a program opening a pool per batch
     filled ``/dev/shm`` (one file per pool process per batch). Now the next process that
-    starts reporting removes those of dead processes; the live ones stay."""
+    starts reporting (or the program's own reporter thread, on its tick) adopts those of
+    dead processes: delivers what they held, then removes them; the live ones stay."""
     script = tmp_path / "pool_rounds.py"
     script.write_text(POOL_ROUNDS)
     out = tmp_path / "out.json"
@@ -115,33 +113,6 @@ def test_thread_mode_pool_processes_ended_by_terminate_leave_no_arena_behind(
     left = info["left"]
     assert [n for n in left if f"-{main}-" not in n] == [], left
     assert len([n for n in left if n.endswith(".arena")]) == 2, left
-
-
-def test_cleanup_dead_private_removes_only_dead_processes_arenas(tmp_path: Path) -> None:
-    directory = private_directory(str(tmp_path))
-
-    def private_arena(pid: int) -> Arena:
-        path = os.path.join(directory, f"swmp-{os.getuid()}-{pid}-t{os.urandom(4).hex()}.arena")
-        return Arena.create(path, slots=1, ring_capacity=4096, owner_pid=pid)
-
-    def dies_with_its_arena() -> None:
-        arena = private_arena(os.getpid())
-        with open(os.path.join(directory, "dead.txt"), "w") as f:
-            f.write(arena.path)
-
-    reap(fork(dies_with_its_arena))  # (os._exit in the child: its atexit never runs)
-    dead = Path(directory, "dead.txt").read_text()
-    assert os.path.exists(dead) and os.path.exists(dead + ".wake")
-    mine = private_arena(os.getpid())
-    shared_path = os.path.join(directory, f"swmp-{os.getuid()}-1-99.arena")
-    shared = Arena.create(shared_path, slots=1, ring_capacity=4096)
-    try:
-        assert cleanup_dead_private(str(tmp_path)) == [dead]
-        assert not os.path.exists(dead) and not os.path.exists(dead + ".wake")
-        assert os.path.exists(mine.path) and os.path.exists(shared.path)  # ours; not a private one
-    finally:
-        mine.close()
-        shared.close()
 
 
 # A program that, once the agent holds its descriptors (the arena's; the doorbell, opened by

@@ -1,0 +1,171 @@
+"""Thread mode: delivering what processes ended by a signal left unsent in their rings.
+
+With ``SW_AGENT_REPORTER_PROCESS=false`` each process that reports drains a private one-slot
+arena on a thread of its own. A process SIGTERMed by ``multiprocessing.Pool.terminate()`` (the
+end of a ``with Pool(...)`` block) or killed by its server runs no exit handler, so what its
+ring still held was lost (18-19 of 20 segments arrived in a pool test). Every thread-mode
+reporter therefore looks for such arenas in its private directory (``ipc.adopt``): when it
+starts, every :data:`SCAN_EVERY_S` seconds on the tick grid (a long-running parent that opens
+pool after pool does not wait for a new process to start), and in its final flush. It adopts
+each (its reporter lock: one live process per arena), reads the ring from its committed head
+into its own open batches - the records carry their own service and instance names, so they
+are sent as the dead process's - and removes the file once the ledger committed all of it
+(sent, spooled or counted). One it could not finish (the shutdown deadline) is left, lock
+released, for the next adopter, which starts where this one committed.
+
+The dead process's WORKER_START, if still unread, announces its instance once (it is never
+kept alive: :meth:`Instances.on_departed_record`). Adopted rings use negative ledger keys,
+committed through :attr:`Ledger.foreign`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ipc import Arena, RingReader
+from ipc.adopt import adopt, dead_private_arenas, finish
+from reporter_proc.ticks import next_tick
+
+if TYPE_CHECKING:
+    from reporter_proc.instances import Instances
+    from reporter_proc.intake import Intake
+    from reporter_proc.ledger import Ledger
+
+log = logging.getLogger("swmp.reporter")
+
+__all__ = ["SCAN_EVERY_S", "Adoption"]
+
+# How often a running reporter lists its private directory for arenas of dead processes:
+# one listing (and a /proc read per other process's arena) every few seconds, nothing per
+# record. A multiple of the status tick (1 s), so it runs in the same turn of the loop.
+SCAN_EVERY_S = 5.0
+_READ_CHUNK = 256
+
+
+@dataclass
+class _Adopted:
+    arena: Arena
+    reader: RingReader
+
+    def done(self) -> bool:
+        """Read to the end and all of it committed: the file may go."""
+        return not self.reader.pending() and self.reader.head == self.reader.cursor
+
+
+class Adoption:
+    """The dead processes' arenas this reporter adopted, and when to look for more."""
+
+    def __init__(self, directory: str, ledger: Ledger, intake: Intake, instances: Instances) -> None:
+        self.directory = directory
+        self.ledger = ledger
+        self.intake = intake
+        self.instances = instances
+        self.held: dict[int, _Adopted] = {}  # ledger key (negative) -> the adopted ring
+        self.adopted = 0  # arenas adopted so far (tests, the status)
+        self._next_key = -1
+        self._next_scan = 0.0
+        ledger.foreign = self.commit
+
+    # -- when ------------------------------------------------------------------------------
+    def poll(self, now: float) -> None:
+        """From the reporter's ~1 s tick: scan when due, then read what the adopted rings hold."""
+        if now >= self._next_scan:
+            self._next_scan = next_tick(now, SCAN_EVERY_S)
+            self.scan()
+        if self.held:
+            self.read()
+
+    def final(self) -> None:
+        """In the final flush, before the last batches are sealed: adopt and read all there is."""
+        self.scan()
+        self.read()
+
+    # -- adopting --------------------------------------------------------------------------
+    def scan(self) -> int:
+        """Adopt the arenas of dead processes that no other process adopted; how many."""
+        try:
+            paths = dead_private_arenas(self.directory)
+        except OSError as exc:
+            self.intake.journal.log_once(
+                "adopt-scan", logging.WARNING, "cannot list %s: %s", self.directory, exc
+            )
+            return 0
+        held = {a.arena.path for a in self.held.values()}
+        n = 0
+        for path in paths:
+            if path in held:
+                continue
+            arena = adopt(path)
+            if arena is None:
+                continue
+            try:
+                reader = arena.reader(0)
+            except (IndexError, ValueError) as exc:  # a header that maps but makes no ring
+                log.debug("not adopting %s: %s", path, exc)
+                finish(arena, unlink=False)
+                continue
+            key = self._next_key
+            self._next_key -= 1
+            self.held[key] = _Adopted(arena, reader)
+            self.adopted += 1
+            n += 1
+            log.debug("adopted %s (%d bytes unread)", path, reader.backlog())
+            self._finish_if_done(key)  # nothing unread: removed now
+        return n
+
+    def read(self) -> int:
+        """Read the adopted rings into the intake's open batches, within the memory cap."""
+        intake, ledger = self.intake, self.ledger
+        limit = intake.journal.settings.max_pending_bytes
+        on_worker = self.instances.on_departed_record
+        total = 0
+        for key, adopted in list(self.held.items()):
+            reader = adopted.reader
+            empty = 0
+            # A bad header stops a read once and is skipped at the next (RingReader): twice
+            # empty while records are pending means the rest cannot be read.
+            while key in self.held and reader.pending() and empty < 2 and ledger.pending_bytes < limit:
+                recs = reader.read(_READ_CHUNK, limit - ledger.pending_bytes)
+                chunk = ledger.open(key, reader.cursor)
+                if recs:
+                    intake.dispatch(recs, chunk, on_worker=on_worker)
+                    total += len(recs)
+                else:
+                    empty += 1
+                ledger.close(chunk)  # may commit (and finish) the ring right now
+            if key in self.held:
+                self._finish_if_done(key)
+        return total
+
+    # -- committing and letting go ---------------------------------------------------------
+    def commit(self, key: int, position: int) -> None:
+        """The ledger resolved an adopted ring up to ``position`` (``Ledger.foreign``)."""
+        adopted = self.held.get(key)
+        if adopted is None:
+            return
+        adopted.reader.commit(position)
+        self._finish_if_done(key)
+
+    def _finish_if_done(self, key: int) -> None:
+        adopted = self.held[key]
+        if adopted.done():
+            del self.held[key]
+            self.ledger.forget(key)
+            _let_go(adopted, unlink=True)
+
+    def close(self) -> None:
+        """At teardown: remove the arenas read to the end, leave the rest (lock released) to
+        the next adopter. Records of theirs still unsent were counted by the shutdown."""
+        held, self.held = self.held, {}
+        for adopted in held.values():
+            _let_go(adopted, unlink=adopted.done())
+
+
+def _let_go(adopted: _Adopted, *, unlink: bool) -> None:
+    adopted.reader.release()  # its views first: the mapping can then be closed, not parked
+    try:
+        finish(adopted.arena, unlink=unlink)
+    except OSError as exc:
+        log.debug("letting go of %s: %s", adopted.arena.path, exc)
