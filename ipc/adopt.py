@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 
 from ipc.arena import DEFAULT_PREFIX, Arena, ArenaError, _unlink_if_same, arena_unlink
 from ipc.arena_files import _arena_files, _mtime, _name_fields, still_linked
@@ -46,18 +47,22 @@ def dead_private_arenas(directory: str, prefix: str = DEFAULT_PREFIX) -> list[st
     return out
 
 
-def adopt(path: str) -> Arena | None:
+def adopt(path: str, accept: Callable[[bytes], bool] | None = None) -> Arena | None:
     """Open the dead process's arena at ``path`` holding its reporter lock; None if it is not
-    (or no longer) one to adopt: another process holds the lock (it adopts it), the owner in
-    its header is alive, a process holds its slot, the file was removed or replaced, or it
-    cannot be read as an arena (being created, damaged: removed once old enough). Never raises
-    for what is in the file."""
+    (or no longer) one to adopt: ``accept(meta)`` refuses its header's meta bytes (the caller's
+    business: whose records they are), another process holds the lock (it adopts it), the
+    owner in its header is alive, a process holds its slot, the file was removed or replaced,
+    or it cannot be read as an arena (being created, damaged: removed once old enough). Never
+    raises for what is in the file."""
     try:
         arena = Arena.open(path, wait_s=0)
     except (ArenaError, ValueError, OSError):
         _remove_if_damaged(path)
         return None
     try:
+        if accept is not None and not accept(arena.info().meta):
+            arena.close()
+            return None
         if arena.own_slots() or not arena.try_become_reporter():
             arena.close()  # a live adopter has it (or this process holds a slot: never ours)
             return None

@@ -13,6 +13,11 @@ are sent as the dead process's - and removes the file once the ledger committed 
 (sent, spooled or counted). One it could not finish (the shutdown deadline) is left, lock
 released, for the next adopter, which starts where this one committed.
 
+Only arenas whose header names the same destination as this reporter's own (protocol,
+backends, whether there is an authentication: :func:`destination`) are adopted: another
+application of the same user may send elsewhere, and its records must not go to our backend.
+Such an arena is left to that application's processes (and to ``ipc.cleanup_stale``).
+
 The dead process's WORKER_START, if still unread, announces its instance once (it is never
 kept alive: :meth:`Instances.on_departed_record`). Adopted rings use negative ledger keys,
 committed through :attr:`Ledger.foreign`.
@@ -22,7 +27,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from ipc import Arena, RingReader
 from ipc.adopt import adopt, dead_private_arenas, finish
@@ -57,8 +64,12 @@ class _Adopted:
 class Adoption:
     """The dead processes' arenas this reporter adopted, and when to look for more."""
 
-    def __init__(self, directory: str, ledger: Ledger, intake: Intake, instances: Instances) -> None:
+    def __init__(
+        self, directory: str, ledger: Ledger, intake: Intake, instances: Instances, *, meta: bytes
+    ) -> None:
         self.directory = directory
+        self.destination = destination(meta)
+        self._foreign: set[str] = set()  # arenas of another destination: never opened again
         self.ledger = ledger
         self.intake = intake
         self.instances = instances
@@ -93,11 +104,19 @@ class Adoption:
             )
             return 0
         held = {a.arena.path for a in self.held.values()}
+        self._foreign &= set(paths)
         n = 0
         for path in paths:
-            if path in held:
+            if path in held or path in self._foreign:
                 continue
-            arena = adopt(path)
+
+            def accept(meta: bytes, path: str = path) -> bool:
+                if destination(meta) == self.destination:
+                    return True
+                self._foreign.add(path)
+                return False
+
+            arena = adopt(path, accept)
             if arena is None:
                 continue
             try:
@@ -161,6 +180,23 @@ class Adoption:
         held, self.held = self.held, {}
         for adopted in held.values():
             _let_go(adopted, unlink=adopted.done())
+
+
+def destination(meta: bytes) -> Any:
+    """Where the records of the arena with this header meta (``swmp._arena_meta``) go: equal
+    for every process of one application, and for applications that send to the same place."""
+    try:
+        doc = orjson.loads(meta) if meta else {}
+    except orjson.JSONDecodeError:
+        return ("unreadable",)
+    if not isinstance(doc, dict):
+        return ("unreadable",)
+    backends = doc.get("backends")
+    return (
+        doc.get("protocol"),
+        tuple(backends) if isinstance(backends, list) else backends,
+        doc.get("authentication"),
+    )
 
 
 def _let_go(adopted: _Adopted, *, unlink: bool) -> None:

@@ -284,7 +284,8 @@ class Reporter:
         self.supervision.start(loop)
         instances.restore()
         if self.mode == "thread":  # adopt now, at the start of reporting, then on the tick
-            self.adoption = Adoption(os.path.dirname(self.arena.path), ledger, intake, instances)
+            where, meta = os.path.dirname(self.arena.path), self.arena.info().meta
+            self.adoption = Adoption(where, ledger, intake, instances, meta=meta)
             self.adoption.poll(loop.time())
         for kind in R.DATA_KINDS:
             self._senders.append(self._spawn(delivery.run(kind.name), f"send-{kind.name}"))

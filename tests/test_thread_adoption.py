@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 from ipc import Arena, _files
@@ -35,14 +36,17 @@ def private_name(directory: str, pid: int) -> str:
     return os.path.join(directory, f"swmp-{os.getuid()}-{pid}-t{os.urandom(4).hex()}.arena")
 
 
-def dead_arena(directory: str, records: list[tuple[int, bytes]], *, read_first: int = 0) -> str:
+def dead_arena(
+    directory: str, records: list[tuple[int, bytes]], *, read_first: int = 0, meta: bytes = b""
+) -> str:
     """A private arena left by a process that wrote ``records`` and died; its own reader had
     committed the first ``read_first`` of them. Returns its path."""
     r, w = os.pipe()
 
     def child() -> None:
         os.close(r)
-        arena = Arena.create(private_name(directory, os.getpid()), slots=1, ring_capacity=CAPACITY)
+        path = private_name(directory, os.getpid())
+        arena = Arena.create(path, slots=1, ring_capacity=CAPACITY, meta=meta)
         writer = arena.claim_slot()
         assert writer is not None
         for rtype, payload in records:
@@ -223,3 +227,28 @@ def test_half_created_or_damaged_arenas_are_refused_without_crashing(directory: 
         os.utime(p, (old, old))
     assert handle.stop(10) and handle.exit_code == 0  # the final scan removes the old ones
     assert not any(os.path.exists(p) for p in damaged)
+
+
+def meta(*backends: str) -> bytes:
+    doc = {"service": "s", "protocol": "grpc", "backends": list(backends), "authentication": "", "pid": 1}
+    return orjson.dumps(doc)
+
+
+def test_only_arenas_sending_to_the_same_backend_are_adopted(directory: str) -> None:
+    """Another application of the same user (same private directory) may send elsewhere: its
+    records must not reach our backend."""
+    ours = dead_arena(directory, [(R.SEGMENT, segment("ours"))], meta=meta("oap:11800"))
+    theirs = dead_arena(directory, [(R.SEGMENT, segment("theirs"))], meta=meta("elsewhere:11800"))
+    own = Arena.create(
+        private_name(directory, os.getpid()), slots=1, ring_capacity=CAPACITY, meta=meta("oap:11800")
+    )
+    try:
+        sender = MemorySender()
+        handle = start(own, sender)
+        assert handle.stop(10)
+        assert [s[0] for s in sender.segments] == ["ours"]
+        assert not os.path.exists(ours) and os.path.exists(theirs)
+        with Arena.open(theirs) as arena:
+            assert arena.ring_stats(0).read_records == 0
+    finally:
+        own.close()
