@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from ipc.arena import DEFAULT_PREFIX, Arena, ArenaError, _unlink_if_same, arena_unlink
 from ipc.arena_files import _arena_files, _mtime, _name_fields, still_linked
-from ipc.procinfo import process_start_ticks
+from ipc.procinfo import process_exited
 
 __all__ = ["adopt", "dead_private_arenas", "finish"]
 
@@ -37,12 +37,12 @@ def dead_private_arenas(directory: str, prefix: str = DEFAULT_PREFIX) -> list[st
     """Private arenas in ``directory`` (a private directory itself, as ``private.private_directory``
     returns) whose owner, by the pid in the name, is no longer alive. One directory listing
     and, per arena of another process, one read of ``/proc/<pid>/stat``; this process's own
-    arenas are never listed."""
+    arenas are never listed. A zombie counts as gone (:func:`ipc.procinfo.process_exited`)."""
     me = os.getpid()
     out = []
     for path in _arena_files(directory, prefix):
         pid, rest = _name_fields(path, prefix)
-        if pid and pid != me and _PRIVATE_REST.fullmatch(rest) is not None and process_start_ticks(pid) == 0:
+        if pid and pid != me and _PRIVATE_REST.fullmatch(rest) is not None and process_exited(pid):
             out.append(path)
     return out
 
@@ -67,7 +67,9 @@ def adopt(path: str, accept: Callable[[bytes], bool] | None = None) -> Arena | N
             arena.close()  # a live adopter has it (or this process holds a slot: never ours)
             return None
         # Checked under the lock: what was true before it may not be now.
-        if not still_linked(arena) or arena.info().owner_alive or arena.live_slots():
+        info = arena.info()
+        owner_runs = info.owner_alive and not process_exited(info.owner_pid)
+        if not still_linked(arena) or owner_runs or arena.live_slots():
             arena.close()
             return None
     except (ArenaError, ValueError, OSError):

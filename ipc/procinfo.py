@@ -19,6 +19,18 @@ def process_start_ticks(pid: int) -> int:
         return 0
 
 
+def process_exited(pid: int) -> bool:
+    """Is ``pid`` no process, or one that exited and waits for its parent to reap it (a
+    zombie: its locks are gone and it runs no code)? A worker of a ``forkserver`` pool is
+    reaped by the fork server whenever it gets to it, after ``Pool.terminate()`` returned."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return True
+    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] in (b"Z", b"X")
+
+
 def process_alive(pid: int, start_ticks: int) -> bool:
     if pid <= 0:
         return False

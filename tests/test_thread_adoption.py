@@ -252,3 +252,38 @@ def test_only_arenas_sending_to_the_same_backend_are_adopted(directory: str) -> 
             assert arena.ring_stats(0).read_records == 0
     finally:
         own.close()
+
+
+def test_the_arena_of_a_process_not_reaped_yet_is_adopted(directory: str) -> None:
+    """A zombie exited (its locks are gone): a ``forkserver`` pool's workers are reaped by the
+    fork server when it gets to it, after ``Pool.terminate()`` returned, and the program's
+    final flush came first: their arenas were left unread."""
+    r, w = os.pipe()
+
+    def child() -> None:
+        arena = Arena.create(private_name(directory, os.getpid()), slots=1, ring_capacity=CAPACITY)
+        writer = arena.claim_slot()
+        assert writer is not None and writer.write(R.SEGMENT, segment("zombie"))
+        os.write(w, arena.path.encode())
+
+    pid = fork(child)
+    try:
+        path = os.read(r, 4096).decode()
+        wait_for(lambda: _state(pid) == "Z", 10, "the child is a zombie")
+        assert dead_private_arenas(directory) == [path]
+        arena = adopt(path)
+        assert arena is not None
+        reader = arena.reader(0)
+        assert [t for t, _p in reader.read()] == [R.SEGMENT]
+        reader.release()
+        finish(arena, unlink=False)
+    finally:
+        assert reap(pid) == 0
+        os.close(r)
+        os.close(w)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return data[data.rfind(b")") + 2 :].split()[0].decode()
