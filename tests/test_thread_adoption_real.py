@@ -1,10 +1,11 @@
 """Thread mode: what a pool process SIGTERMed by ``Pool.terminate()`` wrote but its reporter
 thread had not sent is delivered by a live process that adopts its private arena.
 
-A real program under ``swmp run`` reports to the in-process test collector over gRPC. The
-flush interval is long (30 s), so every pool process's segments are still in its ring (read
-into an unsent batch, never committed) when ``terminate()`` ends it: before adoption, none of
-them arrived.
+A real program under ``swmp run`` reports to the in-process test collector over gRPC. In the
+first test every pool process records, then stays busy in its task until ``terminate()``
+SIGTERMs it, and the flush interval is an hour: its segments are still in its ring (read into
+an unsent batch, never committed) when it dies, and no process but the program itself ever
+sends. Before adoption none of them arrived (0 of 6, the program's own one did).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import textwrap
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +28,7 @@ pytestmark = pytest.mark.timeout(180)
 
 POOL_TERMINATED = textwrap.dedent(
     """
-    import json, multiprocessing, os, sys
+    import json, multiprocessing, os, sys, time
 
     import swmp
 
@@ -37,16 +39,54 @@ POOL_TERMINATED = textwrap.dedent(
         return os.getpid()
 
 
+    def blocked(name, marks):  # records, says so, and is still busy when terminate() comes
+        traced(name)
+        with open(os.path.join(marks, name), "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(600)
+
+
+    def others(directory, me):  # private arenas of other processes than this one (the pool's)
+        return [
+            name
+            for sub in os.listdir(directory)
+            for name in os.listdir(os.path.join(directory, sub))
+            if name.endswith(".arena") and f"-{me}-t" not in name and "-t" in name
+        ]
+
+
+    def wait_until(done):
+        deadline = time.monotonic() + 60
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
     if __name__ == "__main__":
-        method, out, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        method, out, rounds, how = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
         ctx = multiprocessing.get_context(method)
         traced("main")
         pids = []
+        marks = out + ".marks"
+        os.mkdir(marks)
         for r in range(rounds):
             with ctx.Pool(2) as pool:  # the block's end is terminate(): SIGTERM, no atexit
-                pids += pool.map(traced, [f"task-{r}-{i}" for i in range(4)], chunksize=1)
+                if how == "block":  # each process busy in its task: no clean exit first
+                    names = [f"task-{r}-{i}" for i in range(2)]
+                    for name in names:
+                        pool.apply_async(blocked, (name, marks))
+                    wait_until(lambda: all(os.path.exists(os.path.join(marks, n)) for n in names))
+                    for name in names:
+                        with open(os.path.join(marks, name)) as f:
+                            pids.append(int(f.read()))
+                else:
+                    pids += pool.map(traced, [f"task-{r}-{i}" for i in range(4)], chunksize=1)
+        left = []
+        if how == "wait":  # a long-running parent: its reporter thread adopts them on its tick
+            directory = os.environ["SW_AGENT_ARENA_DIR"]
+            wait_until(lambda: not others(directory, os.getpid()))
+            left = others(directory, os.getpid())
         with open(out, "w") as f:
-            json.dump({"main": os.getpid(), "pids": pids}, f)
+            json.dump({"main": os.getpid(), "pids": pids, "left": left}, f)
     """
 )
 
@@ -57,35 +97,23 @@ def collector() -> Iterator[Collector]:
         yield c
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_segments_of_pool_processes_ended_by_terminate_arrive_exactly_once(
-    tmp_path: Path, collector: Collector, method: str
-) -> None:
+def run(
+    tmp_path: Path, collector: Collector, method: str, rounds: int, *, how: str, flush: str
+) -> dict[str, Any]:
     script = tmp_path / "prog.py"
     script.write_text(POOL_TERMINATED)
     out = tmp_path / "out.json"
-    rounds = 3
     env = base_env(
         tmp_path,
         collector,
         SW_AGENT_NAME="adopt",
         SW_AGENT_INSTANCE_NAME="adopt",
         SW_AGENT_REPORTER_PROCESS="false",
-        SW_AGENT_REPORTER_FLUSH_INTERVAL="30",
+        SW_AGENT_REPORTER_FLUSH_INTERVAL=flush,
     )
+    argv = [sys.executable, str(script), method, str(out), str(rounds), how]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "swmp.cli",
-            "run",
-            "--",
-            sys.executable,
-            str(script),
-            method,
-            str(out),
-            str(rounds),
-        ],
+        [sys.executable, "-m", "swmp.cli", "run", "--", *argv],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -94,10 +122,22 @@ def test_segments_of_pool_processes_ended_by_terminate_arrive_exactly_once(
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    info = json.loads(out.read_text())
+    info: dict[str, Any] = json.loads(out.read_text())
+    return info
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_segments_of_pool_processes_ended_by_terminate_arrive_exactly_once(
+    tmp_path: Path, collector: Collector, method: str
+) -> None:
+    # Only the program sends (at its exit): a process SIGTERMed between its own send and its
+    # commit would have those records sent again by its adopter (at-least-once), which the
+    # second test allows.
+    rounds = 3
+    info = run(tmp_path, collector, method, rounds, how="block", flush="3600")
     pool_pids = set(info["pids"])
     assert len(pool_pids) >= 2 and info["main"] not in pool_pids
-    wanted = {f"task-{r}-{i}" for r in range(rounds) for i in range(4)} | {"main"}
+    wanted = {f"task-{r}-{i}" for r in range(rounds) for i in range(2)} | {"main"}
     # The program's own final flush delivers what it adopted last: by the time it exited.
     names = Counter(s.spans[0].operationName for s in collector.segments)
     assert names == Counter(wanted), names
@@ -111,3 +151,17 @@ def test_segments_of_pool_processes_ended_by_terminate_arrive_exactly_once(
     }
     for name in wanted - {"main"}:
         assert announced.get(instance_of[name]) in {str(p) for p in pool_pids}, (name, announced)
+
+
+def test_a_long_running_parent_adopts_what_its_pools_left_while_it_runs(
+    tmp_path: Path, collector: Collector
+) -> None:
+    """The parent keeps running after its pools (no process starts reporting after them): its
+    own reporter thread adopts their arenas on its tick, delivers and removes them."""
+    info = run(tmp_path, collector, "spawn", 2, how="wait", flush="0.05")
+    assert info["left"] == []  # removed while the parent still ran
+    wanted = {f"task-{r}-{i}" for r in range(2) for i in range(4)} | {"main"}
+    names = {s.spans[0].operationName for s in collector.segments}
+    # At least once: a pool process SIGTERMed between its own send and its commit has those
+    # records sent again by its adopter.
+    assert names == wanted
