@@ -41,8 +41,9 @@ POOL_TERMINATED = textwrap.dedent(
 
     def blocked(name, marks):  # records, says so, and is still busy when terminate() comes
         traced(name)
-        with open(os.path.join(marks, name), "w") as f:
+        with open(os.path.join(marks, name + ".tmp"), "w") as f:
             f.write(str(os.getpid()))
+        os.rename(os.path.join(marks, name + ".tmp"), os.path.join(marks, name))  # whole or absent
         time.sleep(600)
 
 
