@@ -33,18 +33,32 @@ _PRIVATE_REST = re.compile(r"t[0-9a-f]{8}")
 DAMAGED_MIN_AGE_S = 10.0
 
 
-def dead_private_arenas(directory: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
+def dead_private_arenas(directory: str, prefix: str = DEFAULT_PREFIX, *, zombies: bool = False) -> list[str]:
     """Private arenas in ``directory`` (a private directory itself, as ``private.private_directory``
-    returns) whose owner, by the pid in the name, is no longer alive. One directory listing
-    and, per arena of another process, one read of ``/proc/<pid>/stat``; this process's own
-    arenas are never listed. A zombie counts as gone (:func:`ipc.procinfo.process_exited`)."""
+    returns) whose owner, by the pid in the name, is no longer alive; this process's own
+    arenas are never listed. One directory listing and a ``kill(pid, 0)`` per other process's
+    arena: cheap enough for every reporter every few seconds. With ``zombies``, a process that
+    exited but was not reaped yet counts as gone too (its locks are; a read of
+    ``/proc/<pid>/stat`` each instead: for a last look, :func:`ipc.procinfo.process_exited`)."""
     me = os.getpid()
     out = []
     for path in _arena_files(directory, prefix):
         pid, rest = _name_fields(path, prefix)
-        if pid and pid != me and _PRIVATE_REST.fullmatch(rest) is not None and process_exited(pid):
+        if not pid or pid == me or _PRIVATE_REST.fullmatch(rest) is None:
+            continue
+        if process_exited(pid) if zombies else not _exists(pid):
             out.append(path)
     return out
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: a process (another user's, under a reused pid) is there
+        return True
+    return True
 
 
 def adopt(path: str, accept: Callable[[bytes], bool] | None = None) -> Arena | None:

@@ -89,15 +89,17 @@ class Adoption:
             self.read()
 
     def final(self) -> None:
-        """In the final flush, before the last batches are sealed: adopt and read all there is."""
-        self.scan()
+        """In the final flush, before the last batches are sealed: adopt and read all there is,
+        also what processes not reaped yet left (a ``forkserver`` pool's workers are reaped by
+        the fork server after ``Pool.terminate()`` returned)."""
+        self.scan(zombies=True)
         self.read()
 
     # -- adopting --------------------------------------------------------------------------
-    def scan(self) -> int:
+    def scan(self, *, zombies: bool = False) -> int:
         """Adopt the arenas of dead processes that no other process adopted; how many."""
         try:
-            paths = dead_private_arenas(self.directory)
+            paths = dead_private_arenas(self.directory, zombies=zombies)
         except OSError as exc:
             self.intake.journal.log_once(
                 "adopt-scan", logging.WARNING, "cannot list %s: %s", self.directory, exc
