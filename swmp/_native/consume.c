@@ -97,8 +97,14 @@ static PyObject *carrier_of(PyObject *headers) {
     if (sw8 == NULL) {
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     }
-    PyObject *correlation = PyDict_GetItemWithError(headers, h_correlation);
-    PyObject *x = correlation == NULL && !PyErr_Occurred() ? PyDict_GetItemWithError(headers, h_x) : NULL;
+    /* A table holding sw8 alone (what a traced publisher sends) has neither of the other
+     * two: their look-ups (a miss each, the table's keys read again) are skipped. */
+    PyObject *only = NULL, *only_value;
+    Py_ssize_t pos = 0;
+    int alone = PyDict_GET_SIZE(headers) == 1 && PyDict_Next(headers, &pos, &only, &only_value) &&
+                (only == h_sw8 || (PyUnicode_CheckExact(only) && PyUnicode_Compare(only, h_sw8) == 0));
+    PyObject *correlation = alone ? NULL : PyDict_GetItemWithError(headers, h_correlation);
+    PyObject *x = alone || (correlation != NULL || PyErr_Occurred()) ? NULL : PyDict_GetItemWithError(headers, h_x);
     if (PyErr_Occurred() || correlation != NULL || x != NULL) {
         Py_DECREF(sw8);
         return PyErr_Occurred() ? NULL : PyObject_CallOneArg(table_carrier, headers);

@@ -99,14 +99,45 @@ static int put_text(Buf *b, PyObject *s) {
      * a byte below 0x20, or equal to '"' or '\\', sets its high bit in ``hit``. */
     Py_ssize_t i = 0;
     const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+#define SWMP_JSON_HIT(w)                                                                                          \
+    ((((w) - ones * 0x20) | (((w) ^ (ones * '"')) - ones) | (((w) ^ (ones * '\\')) - ones)) & ~(w) & highs)
     for (; i + 8 <= n; i += 8) {
         uint64_t w;
         memcpy(&w, u + i, 8);
-        uint64_t q = w ^ (ones * '"'), bs = w ^ (ones * '\\');
-        uint64_t hit = ((w - ones * 0x20) | (q - ones) | (bs - ones)) & ~w & highs;
-        if (hit) {
+        if (SWMP_JSON_HIT(w)) {
             break;
         }
+    }
+    /* No escape in the whole words: the last bytes checked as one word ending at the text's
+     * end (it overlaps bytes already checked, which have none), and the text copied at once.
+     * Most text (ids, names, tags) ends here. */
+    if (i + 8 > n && n >= 8) {
+        uint64_t w;
+        memcpy(&w, u + n - 8, 8);
+        if (!SWMP_JSON_HIT(w)) {
+            memcpy(o, u, (size_t)n);
+            o += n;
+            *o++ = '"';
+            b->len = o - b->data;
+            return 0;
+        }
+    }
+#undef SWMP_JSON_HIT
+    if (n >= 4 && n < 8) { /* short text (a tag key, a queue name): two words of four the same way */
+        const uint32_t ones4 = 0x01010101U, highs4 = 0x80808080U;
+        uint32_t a, z;
+        memcpy(&a, u, 4);
+        memcpy(&z, u + n - 4, 4);
+#define SWMP_JSON_HIT4(w)                                                                                         \
+    ((((w) - ones4 * 0x20) | (((w) ^ (ones4 * '"')) - ones4) | (((w) ^ (ones4 * '\\')) - ones4)) & ~(w) & highs4)
+        if (!(SWMP_JSON_HIT4(a) | SWMP_JSON_HIT4(z))) {
+            memcpy(o, u, (size_t)n);
+            o += n;
+            *o++ = '"';
+            b->len = o - b->data;
+            return 0;
+        }
+#undef SWMP_JSON_HIT4
     }
     Py_ssize_t run = i; /* bytes copied as they are, pending */
     for (; i < n; i++) {
@@ -171,6 +202,19 @@ static int put_digits(Buf *b, unsigned long long u, int negative) {
 }
 
 static int put_int(Buf *b, PyObject *v) {
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    /* An exact int of at most two digits (below 2**60: ids, kinds, millisecond times) read
+     * from its digits: PyLong_AsLongLongAndOverflow's checks cost more than the rest. */
+    if (Py_IS_TYPE(v, &PyLong_Type)) {
+        Py_ssize_t size = Py_SIZE(v);
+        const digit *d = ((PyLongObject *)v)->ob_digit;
+        if (size >= -2 && size <= 2) {
+            Py_ssize_t a = size < 0 ? -size : size;
+            unsigned long long u = a == 0 ? 0 : a == 1 ? d[0] : (unsigned long long)d[0] | (unsigned long long)d[1] << 30;
+            return put_digits(b, u, size < 0);
+        }
+    }
+#endif
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (x == -1 && PyErr_Occurred()) {

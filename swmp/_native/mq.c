@@ -30,7 +30,7 @@ static PyTypeObject *span_class = NULL;
 static PyObject *py_kafka_send = NULL, *py_amqp_send = NULL, *py_kafka_headers = NULL, *py_amqp_headers = NULL,
                 *py_tag_mq = NULL, *failed = NULL, *limits = NULL, *layer = NULL, *tag_broker = NULL, *tag_topic = NULL,
                 *tag_queue = NULL, *own_headers = NULL, *kafka_component = NULL, *amqp_component = NULL;
-static PyObject *s_kafka, *s_producer, *s_rabbitmq, *s_queue, *s_inject, *s_encode, *s_ascii;
+static PyObject *s_kafka, *s_producer, *s_rabbitmq, *s_queue, *s_inject, *s_encode, *s_ascii, *s_sw8;
 
 PyObject *swmp_setup_mq(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 15 || !PyType_Check(args[0]) || !PyFrozenSet_CheckExact(args[12])) {
@@ -40,13 +40,14 @@ PyObject *swmp_setup_mq(PyObject *module, PyObject *const *args, Py_ssize_t narg
                         "kafka_component, amqp_component)");
         return NULL;
     }
-    if (s_ascii == NULL && ((s_kafka = PyUnicode_InternFromString("Kafka/")) == NULL ||
+    if (s_sw8 == NULL && ((s_kafka = PyUnicode_InternFromString("Kafka/")) == NULL ||
                             (s_producer = PyUnicode_InternFromString("/Producer")) == NULL ||
                             (s_rabbitmq = PyUnicode_InternFromString("RabbitMQ/Topic/")) == NULL ||
                             (s_queue = PyUnicode_InternFromString("/Queue/")) == NULL ||
                             (s_inject = PyUnicode_InternFromString("inject")) == NULL ||
                             (s_encode = PyUnicode_InternFromString("encode")) == NULL ||
-                            (s_ascii = PyUnicode_InternFromString("ascii")) == NULL)) {
+                            (s_ascii = PyUnicode_InternFromString("ascii")) == NULL ||
+                            (s_sw8 = PyUnicode_InternFromString("sw8")) == NULL)) {
         return NULL;
     }
     PyObject **slots[] = {(PyObject **)&span_class, &py_kafka_send, &py_amqp_send, &py_kafka_headers, &py_amqp_headers,
@@ -151,6 +152,28 @@ static PyObject *kafka_merge(PyObject *span, PyObject *headers) {
         PyObject *h = PyList_GET_ITEM(headers, i);
         int own = PySet_Contains(own_headers, PyTuple_GET_ITEM(h, 0));
         if (own < 0 || (!own && PyList_Append(out, h) < 0)) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    if (Py_IS_TYPE(span, span_class)) {
+        /* The span core's plain sw8 value: the one item inject()'s dict would hold, without
+         * the dict. */
+        PyObject *sw8 = swmp_span_sw8(span);
+        if (sw8 != NULL) {
+            PyObject *b = PyUnicode_AsASCIIString(sw8);
+            PyObject *pair = b == NULL ? NULL : PyTuple_Pack(2, s_sw8, b);
+            int ok = pair != NULL && PyList_Append(out, pair) == 0;
+            Py_DECREF(sw8);
+            Py_XDECREF(b);
+            Py_XDECREF(pair);
+            if (!ok) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            return out;
+        }
+        if (PyErr_Occurred()) {
             Py_DECREF(out);
             return NULL;
         }

@@ -332,6 +332,21 @@ static int lost(void) {
     return 0;
 }
 
+/* ``lst.pop()`` of a non-empty list, the result dropped: the size lowered in place for an
+ * exact list (no resize: a segment's bookkeeping lists hold one or two items, and shrinking
+ * them meant a realloc of their item array at every span's end), else PyList_SetSlice. */
+static int pop_last(PyObject *lst) {
+    Py_ssize_t n = PyList_GET_SIZE(lst);
+    if (!PyList_CheckExact(lst)) {
+        return PyList_SetSlice(lst, n - 1, n, NULL);
+    }
+    PyObject *item = PyList_GET_ITEM(lst, n - 1);
+    PyList_SET_ITEM(lst, n - 1, NULL);
+    Py_SET_SIZE(lst, n - 1);
+    Py_DECREF(item); /* last: the list is whole again if this runs a finalizer */
+    return 0;
+}
+
 /* Segment.closed(span): record the span as finished, give back its open token, and emit the
  * segment if it was the last one open and the emit token is still there. */
 static int segment_closed(SpanCore *self) {
@@ -362,7 +377,7 @@ static int segment_closed(SpanCore *self) {
         Py_DECREF(open);
         return lost();
     }
-    r = PyList_SetSlice(open, n - 1, n, NULL); /* pop() */
+    r = pop_last(open);
     Py_ssize_t left = PyList_GET_SIZE(open);
     Py_DECREF(open);
     if (r < 0) {
@@ -386,7 +401,7 @@ static int segment_closed(SpanCore *self) {
         Py_DECREF(token);
         return lost();
     }
-    r = PyList_SetSlice(token, n - 1, n, NULL);
+    r = pop_last(token);
     Py_DECREF(token);
     if (r < 0) {
         return -1;
@@ -771,9 +786,10 @@ static PyObject *segcore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     /* A new trace reuses the segment's id as the trace id: both are unique ids. */
     self->trace_id = Py_NewRef(continues ? trace_id : sid);
     self->segment_id = sid;
-    self->finished = PyList_New(0);
+    self->finished = PyList_New(2); /* the item array made with the segment, not at its end */
     self->next_id = 1;
-    self->open = PyList_New(1);
+    /* Room for an exit span's token from the start (appended without a resize). */
+    self->open = PyList_New(2);
     self->token = PyList_New(1);
     self->first = Py_NewRef(Py_None);
     self->size_limited = Py_NewRef(Py_False);
@@ -787,6 +803,8 @@ static PyObject *segcore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     PyList_SET_ITEM(self->open, 0, Py_NewRef(Py_None)); /* the first span's token */
+    Py_SET_SIZE(self->open, 1);
+    Py_SET_SIZE(self->finished, 0);
     PyList_SET_ITEM(self->token, 0, Py_NewRef(Py_True));
     return (PyObject *)self;
 }
@@ -1729,6 +1747,35 @@ static PyObject *exit_root(PyObject *const *args) {
     return span;
 }
 
+/* The last text encoded and its base64, for the peer and for the endpoint: a client calls
+ * the same few peers over and over (often with the very same string object, e.g. a cached
+ * broker address), and a process's segments start at the same few endpoints. */
+typedef struct {
+    PyObject *text, *b64;
+} B64Memo;
+
+static B64Memo last_peer, last_endpoint;
+
+static PyObject *memo_b64(B64Memo *memo, PyObject *text) {
+    PyObject *last = memo->text;
+    if (last != NULL && (text == last || (PyUnicode_IS_COMPACT_ASCII(text) && PyUnicode_IS_COMPACT_ASCII(last) &&
+                                          PyUnicode_GET_LENGTH(text) == PyUnicode_GET_LENGTH(last) &&
+                                          memcmp(PyUnicode_1BYTE_DATA(text), PyUnicode_1BYTE_DATA(last),
+                                                 (size_t)PyUnicode_GET_LENGTH(text)) == 0))) {
+        return Py_NewRef(memo->b64);
+    }
+    PyObject *out = swmp_b64_text(text);
+    if (out != NULL) {
+        Py_XSETREF(memo->text, Py_NewRef(text));
+        Py_XSETREF(memo->b64, Py_NewRef(out));
+    }
+    return out;
+}
+
+static PyObject *peer_b64(PyObject *peer) {
+    return memo_b64(&last_peer, peer);
+}
+
 /* A segment's base64 trace id, segment id and endpoint (Segment.encode_ids: computed once,
  * kept in ``encoded``); NULL with no error set when the Python path must do it. */
 static PyObject *encoded_ids(SegmentCore *seg) {
@@ -1749,7 +1796,7 @@ static PyObject *encoded_ids(SegmentCore *seg) {
     PyObject *tid = sid == NULL                           ? NULL
                     : seg->trace_id == seg->segment_id    ? Py_NewRef(sid)
                                                           : swmp_b64_text(seg->trace_id);
-    PyObject *ep = tid == NULL ? NULL : PyUnicode_GET_LENGTH(op) ? swmp_b64_text(op) : Py_NewRef(empty_op);
+    PyObject *ep = tid == NULL ? NULL : PyUnicode_GET_LENGTH(op) ? memo_b64(&last_endpoint, op) : Py_NewRef(empty_op);
     Py_DECREF(op);
     if (ep == NULL) {
         Py_XDECREF(sid);
@@ -1764,26 +1811,6 @@ static PyObject *encoded_ids(SegmentCore *seg) {
         Py_SETREF(seg->encoded, Py_NewRef(enc));
     }
     return enc;
-}
-
-/* The last peer encoded and its base64: a client calls the same few peers over and over
- * (often with the very same string object, e.g. a cached broker address). */
-static PyObject *last_peer = NULL, *last_peer_b64 = NULL;
-
-static PyObject *peer_b64(PyObject *peer) {
-    PyObject *last = last_peer;
-    if (last != NULL && (peer == last || (PyUnicode_IS_COMPACT_ASCII(peer) && PyUnicode_IS_COMPACT_ASCII(last) &&
-                                          PyUnicode_GET_LENGTH(peer) == PyUnicode_GET_LENGTH(last) &&
-                                          memcmp(PyUnicode_1BYTE_DATA(peer), PyUnicode_1BYTE_DATA(last),
-                                                 (size_t)PyUnicode_GET_LENGTH(peer)) == 0))) {
-        return Py_NewRef(last_peer_b64);
-    }
-    PyObject *out = swmp_b64_text(peer);
-    if (out != NULL) {
-        Py_XSETREF(last_peer, Py_NewRef(peer));
-        Py_XSETREF(last_peer_b64, Py_NewRef(out));
-    }
-    return out;
 }
 
 /* The ``sw8`` value of ``span`` (a new reference), or NULL: with an error set, or without one
@@ -1848,34 +1875,50 @@ static PyObject *setup_inject(PyObject *module, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
+/* The ``sw8`` value inject() puts in its dict, built here for a native segment without
+ * correlation data or skip_analysis (a new reference); NULL with no error set for anything
+ * else (the caller goes to inject(), whose fallback decides), NULL with an error set on
+ * failure. */
+static PyObject *plain_sw8(PyObject *span) {
+    PyObject *seg = ((SpanCore *)span)->segment;
+    PyObject *corr = seg != NULL && PyObject_TypeCheck(seg, &SegmentCoreType) ? ((SegmentCore *)seg)->correlation : NULL;
+    if (seg_identity == NULL || corr == NULL || ((SegmentCore *)seg)->skip_analysis != Py_False ||
+        !(corr == no_correlation || (PyDict_CheckExact(corr) && PyDict_GET_SIZE(corr) == 0))) {
+        return NULL;
+    }
+    static swmp_AttrCache at_service_b64, at_instance_b64;
+    PyObject *service = swmp_slot_attr(seg_identity, s_service_b64, &at_service_b64);
+    PyObject *instance = service == NULL ? NULL : swmp_slot_attr(seg_identity, s_instance_b64, &at_instance_b64);
+    /* Texts swmp_sw8_join cannot copy (not ASCII str) make build_sw8 decline: Python's. */
+    PyObject *sw8 = instance == NULL ? NULL : build_sw8(span, service, instance);
+    Py_XDECREF(service);
+    Py_XDECREF(instance);
+    return sw8;
+}
+
+PyObject *swmp_span_sw8(PyObject *span) {
+    if (inject_fallback == NULL || !PyObject_TypeCheck(span, &SpanCoreType)) {
+        return NULL;
+    }
+    return plain_sw8(span);
+}
+
 static PyObject *spancore_inject(SpanCore *self, PyObject *unused) {
     if (inject_fallback == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "swmp._spancore.setup_inject() was not called");
         return NULL;
     }
-    PyObject *seg = self->segment;
-    PyObject *corr = seg != NULL && PyObject_TypeCheck(seg, &SegmentCoreType) ? ((SegmentCore *)seg)->correlation : NULL;
-    if (seg_identity != NULL && corr != NULL && ((SegmentCore *)seg)->skip_analysis == Py_False &&
-        (corr == no_correlation || (PyDict_CheckExact(corr) && PyDict_GET_SIZE(corr) == 0))) {
-        static swmp_AttrCache at_service_b64, at_instance_b64;
-        PyObject *service = swmp_slot_attr(seg_identity, s_service_b64, &at_service_b64);
-        PyObject *instance =
-            service == NULL ? NULL : swmp_slot_attr(seg_identity, s_instance_b64, &at_instance_b64);
-        /* Texts swmp_sw8_join cannot copy (not ASCII str) make build_sw8 decline: Python's. */
-        PyObject *sw8 = instance == NULL ? NULL : build_sw8((PyObject *)self, service, instance);
-        Py_XDECREF(service);
-        Py_XDECREF(instance);
-        if (sw8 != NULL) {
-            PyObject *headers = PyDict_New();
-            if (headers != NULL && PyDict_SetItem(headers, s_sw8, sw8) < 0) {
-                Py_CLEAR(headers);
-            }
-            Py_DECREF(sw8);
-            return headers;
+    PyObject *sw8 = plain_sw8((PyObject *)self);
+    if (sw8 != NULL) {
+        PyObject *headers = PyDict_New();
+        if (headers != NULL && PyDict_SetItem(headers, s_sw8, sw8) < 0) {
+            Py_CLEAR(headers);
         }
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
+        Py_DECREF(sw8);
+        return headers;
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
     }
     return PyObject_CallOneArg(inject_fallback, (PyObject *)self);
 }

@@ -20,6 +20,9 @@ int swmp_span_enter(PyObject *span);
  * for them (stolen). */
 int swmp_span_exit(PyObject *span, PyObject *exc);
 PyObject *swmp_span_inject(PyObject *span);
+/* The sw8 value of a recorded span's plain case (no correlation, no skip_analysis), or NULL:
+ * with an error set, or without one when inject() must decide. */
+PyObject *swmp_span_sw8(PyObject *span);
 PyObject *swmp_span_tags(PyObject *span);
 void swmp_span_set_tags(PyObject *span, PyObject *tags);
 /* ``limits.tag_value_max``: the value, or -1 with an error set. */

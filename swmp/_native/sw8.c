@@ -90,10 +90,14 @@ int swmp_sw8_parts(PyObject *value, int *sampled, PyObject **trace_id, PyObject 
     }
     Py_ssize_t dash[4];
     int found = 0;
-    for (Py_ssize_t i = 0; i < n && found < 4; i++) {
-        if (s[i] == '-') {
-            dash[found++] = i;
+    /* memchr for each dash: the ids between them are most of the header's length. */
+    for (const unsigned char *at = s, *end = s + n; found < 4 && at < end; found++) {
+        const unsigned char *d = memchr(at, '-', (size_t)(end - at));
+        if (d == NULL) {
+            break;
         }
+        dash[found] = d - s;
+        at = d + 1;
     }
     if (found < 4 || dash[0] != 1 || (s[0] != '0' && s[0] != '1')) {
         return 0;
