@@ -121,3 +121,24 @@ def test_a_value_the_writer_declines_goes_to_orjson(sink: _sink.MemorySink) -> N
     assert orjson.loads(first)[5][0][11] == ["ratio", 1.5]  # written, by orjson
     # orjson refuses the surrogate too: the Python emit sends it escaped (swmp.tracing.utf8).
     assert [s[4] for s in orjson.loads(second)[5]] == ["lone \\ud800", "/surrogate"]
+
+
+def test_text_with_an_escape_at_every_position_matches_orjson() -> None:
+    """The writer checks text by words of eight (the last one overlapping) and four (4-7
+    bytes) before copying it whole: one byte to escape (or one that needs none: DEL,
+    non-ASCII) at every position of every length around those words."""
+    for n in range(1, 26):
+        for pos in range(n):
+            for ch in ('"', "\\", "\n", "\x00", "\x1f", " ", "\x7f", "é", "😀"):
+                text = "a" * pos + ch + "b" * (n - pos - 1)
+                assert native.json_dumps([text]) == orjson.dumps([text]), repr(text)
+        assert native.json_dumps(["c" * n]) == orjson.dumps(["c" * n])
+
+
+@pytest.mark.parametrize("bits", [0, 1, 29, 30, 31, 59, 60, 61, 62, 63])
+def test_integers_around_the_digit_boundaries_match_orjson(bits: int) -> None:
+    """Exact ints of up to two 30-bit digits are read from their digits."""
+    for v in (2**bits - 1, 2**bits, 2**bits + 1):
+        for value in (v, -v):
+            if -(2**63) <= value < 2**64:
+                assert native.json_dumps([value]) == orjson.dumps([value]), value
