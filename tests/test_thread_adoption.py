@@ -8,9 +8,12 @@ leaving (``ipc.adopt``, ``reporter_proc.adoption``), with the in-memory sender.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -30,6 +33,7 @@ from tests.test_reporter_loop import settings
 pytestmark = pytest.mark.timeout(60)
 
 CAPACITY = 64 * 1024
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def private_name(directory: str, pid: int) -> str:
@@ -254,37 +258,65 @@ def test_only_arenas_sending_to_the_same_backend_are_adopted(directory: str) -> 
         own.close()
 
 
+# Run in a fresh interpreter: the parent role is an application's (a process whose child just
+# exited), not the pytest process's, which earlier tests leave with threads, at-fork hooks and
+# open arenas of their own (the same scenario once failed inside the whole suite only).
+ZOMBIE = """
+import os, sys, time
+from ipc import Arena
+from ipc.adopt import adopt, dead_private_arenas, finish
+from reporter_proc import records as R
+from tests.children import fork, reap
+from tests.test_reporter_helpers import segment
+
+directory, capacity = sys.argv[1], int(sys.argv[2])
+r, w = os.pipe()
+
+
+def child():
+    path = os.path.join(directory, f"swmp-{os.getuid()}-{os.getpid()}-t0123abcd.arena")
+    arena = Arena.create(path, slots=1, ring_capacity=capacity)
+    writer = arena.claim_slot()
+    assert writer is not None and writer.write(R.SEGMENT, segment("zombie"))
+    os.write(w, arena.path.encode())
+
+
+def state(pid):
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return data[data.rfind(b")") + 2 :].split()[0].decode()
+
+
+pid = fork(child)
+path = os.read(r, 4096).decode()
+deadline = time.monotonic() + 10
+while state(pid) != "Z":
+    assert time.monotonic() < deadline, "the child is no zombie"
+    time.sleep(0.005)
+assert dead_private_arenas(directory) == []  # the cheap look (kill 0) sees a process
+assert dead_private_arenas(directory, zombies=True) == [path]
+arena = adopt(path)
+assert arena is not None
+reader = arena.reader(0)
+assert [t for t, _p in reader.read()] == [R.SEGMENT]
+reader.release()
+finish(arena, unlink=False)
+assert reap(pid) == 0
+print("adopted")
+"""
+
+
 def test_the_arena_of_a_process_not_reaped_yet_is_adopted(directory: str) -> None:
     """A zombie exited (its locks are gone): a ``forkserver`` pool's workers are reaped by the
     fork server when it gets to it, after ``Pool.terminate()`` returned, and the program's
     final flush came first: their arenas were left unread."""
-    r, w = os.pipe()
-
-    def child() -> None:
-        arena = Arena.create(private_name(directory, os.getpid()), slots=1, ring_capacity=CAPACITY)
-        writer = arena.claim_slot()
-        assert writer is not None and writer.write(R.SEGMENT, segment("zombie"))
-        os.write(w, arena.path.encode())
-
-    pid = fork(child)
-    try:
-        path = os.read(r, 4096).decode()
-        wait_for(lambda: _state(pid) == "Z", 10, "the child is a zombie")
-        assert dead_private_arenas(directory) == []  # the cheap look (kill 0) sees a process
-        assert dead_private_arenas(directory, zombies=True) == [path]
-        arena = adopt(path)
-        assert arena is not None
-        reader = arena.reader(0)
-        assert [t for t, _p in reader.read()] == [R.SEGMENT]
-        reader.release()
-        finish(arena, unlink=False)
-    finally:
-        assert reap(pid) == 0
-        os.close(r)
-        os.close(w)
-
-
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    return data[data.rfind(b")") + 2 :].split()[0].decode()
+    done = subprocess.run(
+        [sys.executable, "-c", ZOMBIE, directory, str(CAPACITY)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "adopted", done.stderr[-3000:]
