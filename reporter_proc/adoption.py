@@ -45,10 +45,9 @@ log = logging.getLogger("swmp.reporter")
 __all__ = ["SCAN_EVERY_S", "Adoption"]
 
 # How often a running reporter lists its private directory for arenas of dead processes:
-# one listing (and a /proc read per other process's arena) every few seconds, nothing per
+# one listing (and a kill(pid, 0) per other process's arena) every few seconds, nothing per
 # record. A multiple of the status tick (1 s), so it runs in the same turn of the loop.
 SCAN_EVERY_S = 5.0
-_READ_CHUNK = 256
 
 
 @dataclass
@@ -148,14 +147,9 @@ class Adoption:
             # A bad header stops a read once and is skipped at the next (RingReader): twice
             # empty while records are pending means the rest cannot be read.
             while key in self.held and reader.pending() and empty < 2 and ledger.pending_bytes < limit:
-                recs = reader.read(_READ_CHUNK, limit - ledger.pending_bytes)
-                chunk = ledger.open(key, reader.cursor)
-                if recs:
-                    intake.dispatch(recs, chunk, on_worker=on_worker)
-                    total += len(recs)
-                else:
-                    empty += 1
-                ledger.close(chunk)  # may commit (and finish) the ring right now
+                n = intake.read_chunk(reader, key, on_worker)  # may commit and finish the ring
+                total += n
+                empty += not n
             if key in self.held:
                 self._finish_if_done(key)
         return total

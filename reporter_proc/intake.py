@@ -221,15 +221,10 @@ class Intake:
                 self._next_reader = reader.slot
                 self._more = True
                 break
-            # Bounded by bytes too, so the memory cap is overshot by one record at most.
-            recs = reader.read(_READ_CHUNK, limit - ledger.pending_bytes)
-            chunk = ledger.open(reader.slot, reader.cursor)
-            if recs:
-                total += len(recs)
-                if len(recs) >= _READ_CHUNK:
-                    self._more = True
-                self.dispatch(recs, chunk)
-            ledger.close(chunk)
+            n = self.read_chunk(reader, reader.slot)
+            total += n
+            if n >= _READ_CHUNK:
+                self._more = True
             if reader.cursor - reader.head >= self._pressure and self.delivery.failing():
                 self.seal_all()
                 self.delivery.relieve()
@@ -240,6 +235,20 @@ class Intake:
                     break
                 self.spill()
         return total
+
+    def read_chunk(
+        self, reader: RingReader, key: int, on_worker: Callable[[int, list[Any]], None] | None = None
+    ) -> int:
+        """Up to a chunk of ``reader``'s records into the open batches, as one ledger chunk
+        under ``key`` (its slot; an adopted ring's negative key); how many records."""
+        ledger = self.ledger
+        # Bounded by bytes too, so the memory cap is overshot by one record at most.
+        recs = reader.read(_READ_CHUNK, self.journal.settings.max_pending_bytes - ledger.pending_bytes)
+        chunk = ledger.open(key, reader.cursor)
+        if recs:
+            self.dispatch(recs, chunk, on_worker)
+        ledger.close(chunk)  # may commit (an adopted ring: and finish it) right now
+        return len(recs)
 
     def spill(self) -> None:
         assert self._spill is not None
