@@ -34,24 +34,28 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _default_sigint() -> None:
-    # A test run started in the background of a shell without job control (`pytest ... &`)
-    # inherits SIGINT ignored, and so would the demo: Python then installs no Ctrl-C handler,
-    # as it should for a background job. The demo is tested as a user runs it, in the
-    # foreground: SIGINT at its default.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# A test run started in the background of a shell without job control (`pytest ... &`)
+# inherits SIGINT ignored, and so would the demo: Python then installs no Ctrl-C handler, as
+# it should for a background job. The demo is tested as a user runs it, in the foreground:
+# this shim sets SIGINT to its default, then execs the demo (same pid). Not a preexec_fn: in
+# this process, where earlier tests used gRPC, a Python-level fork runs gRPC core's fork
+# handlers, which once left a child aborting in epoll_wait after subprocess closed its
+# descriptors (test_lifecycle, in a whole-suite run).
+_SIGINT_DEFAULT_THEN_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
 
 
 def _demo(tmp_path: Path, requests: int, stdout: int) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "swmp.cli", "demo", "--grpc-port", "0", "--http-port", "0"]
+    cmd = [sys.executable, "-c", _SIGINT_DEFAULT_THEN_EXEC, "-m", "swmp.cli", "demo"]
     return subprocess.Popen(
-        [*cmd, "--requests", str(requests)],
+        [*cmd, "--grpc-port", "0", "--http-port", "0", "--requests", str(requests)],
         env=_env(tmp_path),
         cwd=tmp_path,
         text=True,
         stdout=subprocess.PIPE,
         stderr=stdout,
-        preexec_fn=_default_sigint,  # noqa: PLW1509 (no threads of ours run between fork and exec here)
     )
 
 
