@@ -250,3 +250,68 @@ def test_terminate_with_the_default_signal_is_one_span_the_runs_own(
     assert span["operationName"] == "celery/examples.sleep" and span["isError"]
     fields = {kv["key"]: kv["value"] for log in span["logs"] for kv in log["data"]}
     assert fields["error.kind"] == "SystemExit"
+
+
+# -- gevent and eventlet pools ---------------------------------------------------------------------
+@pytest.mark.servers
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_a_green_pools_terminated_or_timed_out_run_is_one_failed_span(
+    tmp_path: Path, redis_server: Any, pool: str
+) -> None:
+    """A green pool runs its tasks in the worker's own process: ``revoke(terminate=True)``
+    kills the run's greenlet (``GreenletExit``), whatever the signal, and gevent's hard time
+    limit raises its ``Timeout`` in it. Each ends the run's own span, which must say the run
+    failed, as a prefork child's ``SystemExit`` does (before: logged as interrupted, no error
+    flag), and be the run's one span (before: SIGKILL added a revoked span beside it)."""
+    from swmp.instrument._patch import original
+    from tests.celery_support import celery_env, new_queue, run_celery, worker_command
+    from tests.servers import collector_process, entry_span, quiet_for, segments_of, sw8_header, wait_until
+
+    broker, queue = f"redis://127.0.0.1:{redis_server.port}/11", new_queue()
+    app = Celery(f"gr{uuid.uuid4().hex[:6]}", broker=broker, set_as_current=False)
+    app.conf.broker_connection_retry_on_startup = True
+    send = original(Celery, "send_task")  # this test process sends without the agent
+    expected = {"a" * 32: "GreenletExit", "b" * 32: "GreenletExit"}  # terminated: TERM, KILL
+    if pool == "gevent":
+        expected["d" * 32] = "Timeout"  # its hard time limit (eventlet's pool has none)
+    with collector_process(tmp_path) as col:
+        env = celery_env(tmp_path, col.grpc_address, broker, queue)
+        with run_celery(tmp_path, env, worker_command(pool, 4)) as worker:
+            for trace_id, signal in (("a" * 32, None), ("b" * 32, "SIGKILL")):
+                marker = tmp_path / f"{trace_id[0]}.pid"
+                sent = send(
+                    app,
+                    "examples.sleep",
+                    (60, str(marker)),
+                    queue=queue,
+                    headers={"sw8": sw8_header(trace_id)},
+                )
+                wait_until(lambda m=marker: m.exists() and m.read_text().strip().isdigit(), 30, "the sleeper")
+                app.control.revoke(sent.id, terminate=True, signal=signal)
+                wait_until(lambda s=sent: f"Terminating {s.id}" in worker.proc.log(), 30, "the revoke")
+            if pool == "gevent":
+                send(
+                    app,
+                    "examples.sleep",
+                    (60,),
+                    queue=queue,
+                    time_limit=1,
+                    headers={"sw8": sw8_header("d" * 32)},
+                )
+            # A later task's segment: the worker has handled what came before it.
+            send(app, "examples.work", (1,), queue=queue, headers={"sw8": sw8_header("c" * 32)})
+            wait_until(lambda: any(s["traceId"] == "c" * 32 for s in segments_of(col, "cel")), 30, "work")
+            if pool == "gevent":
+                wait_until(
+                    lambda: any(s["traceId"] == "d" * 32 for s in segments_of(col, "cel")), 30, "timeout"
+                )
+            quiet_for(col, 2.0)
+    app.close()
+    for trace_id, kind in expected.items():
+        runs = [seg for seg in segments_of(col, "cel") if seg["traceId"] == trace_id]
+        assert len(runs) == 1, (trace_id[0], runs)
+        span = entry_span(runs[0])
+        assert span["operationName"] == "celery/examples.sleep" and span.get("isError"), (trace_id[0], span)
+        fields = {kv["key"]: kv.get("value") for log in span["logs"] for kv in log["data"]}
+        assert fields["event"] == "error" and fields["error.kind"] == kind, (trace_id[0], fields)

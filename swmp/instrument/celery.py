@@ -20,8 +20,9 @@ outcome comes from what Celery's tracer returns:
 * revoked before it ran (revoked, expired, or terminated while running by a signal that
   leaves its span unfinished, SIGKILL): an entry span from the worker's consumer with the
   error flag and an ``event=revoked`` log (``task_revoked`` signal). Terminated by a signal
-  the pool child turns into ``SystemExit`` (SIGTERM, the default): the run's own span, ended
-  by that exception, is the one span.
+  the pool child turns into ``SystemExit`` (SIGTERM, the default), or in a gevent or eventlet
+  pool (its greenlet killed), or stopped by a hard time limit: the run's own span, ended by
+  that exception and flagged failed, is the one span (``_celery_stops``).
 
 Eager runs (``task_always_eager``, ``Task.apply``) are local spans of the caller's trace. Task
 arguments are recorded (tag ``celery.parameters``) only when
@@ -35,6 +36,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from swmp.instrument import _celery_message as _message
+from swmp.instrument import _celery_stops as _stops
 from swmp.instrument._mq import carrier_from, warn_once
 from swmp.instrument._patch import patch, restore
 from swmp.tracing import context as _ctx
@@ -383,15 +385,14 @@ def _traced(trace: Any, name: str, task: Any, eager: bool) -> Any:
             warn_once("celery-run-tags", "swmp: tagging a Celery task run failed")
         try:
             result = trace(uuid, args, kwargs, request)
-        except SystemExit as e:
-            # The pool child ended mid-run (revoke(terminate=True), a hard time limit): the run
-            # failed, as Celery records it and the main process's revoked span says, though
-            # the span's __exit__ flags no BaseException that is no Exception.
-            span.error(e)
-            span.__exit__(None, None, None)
-            raise
         except BaseException as e:
-            span.__exit__(type(e), e, e.__traceback__)
+            if _stops.stopped_by_the_pool(e):
+                # The run failed, as Celery records it, though the span's __exit__ flags no
+                # BaseException that is no Exception.
+                span.error(e)
+                span.__exit__(None, None, None)
+            else:
+                span.__exit__(type(e), e, e.__traceback__)
             raise
         try:
             # A successful first run (Celery's ``trace_ok_t`` with no info) has nothing to add.
@@ -427,7 +428,7 @@ def on_revoked(
     **_: Any,
 ) -> None:
     """``task_revoked``: the run that did not happen (or was killed) as a failed entry span."""
-    if terminated and _run_ends_itself(signum):
+    if terminated and _stops.terminated_run_ends_itself(signum):
         return
     try:
         name = getattr(sender, "name", None) or getattr(request, "task", None) or "?"
@@ -449,21 +450,6 @@ def on_revoked(
         warn_once("celery-revoked", "swmp: recording a revoked Celery task failed")
 
 
-def _run_ends_itself(signum: Any) -> bool:
-    """Whether a run terminated with ``signum`` finishes its own span: billiard's pool children
-    turn the termination signals (SIGTERM, ``revoke(terminate=True)``'s default, SIGHUP,
-    SIGQUIT, SIGUSR1) into ``SystemExit``, which ends the run's span with that exception, so a
-    revoked span as well would be a second span for one run. SIGKILL ends the child with its
-    span unfinished: then the main process's span is the only one."""
-    try:
-        from billiard import common  # noqa: PLC0415 (Celery's own dependency; only on a terminate)
-
-        name = common.SIGMAP.get(int(signum))
-        return name in common.TERMSIGS_DEFAULT and name not in common.TERMSIGS_IGNORE
-    except Exception:
-        return False
-
-
 # -- install ---------------------------------------------------------------------------------
 def install(config: Config) -> None:
     from celery import Celery, signals  # noqa: PLC0415 (only when the application has it)
@@ -478,6 +464,7 @@ def install(config: Config) -> None:
         if mod is not None and hasattr(mod, "build_tracer"):
             patch(mod, "build_tracer", _wrap_build_tracer)
     signals.task_revoked.connect(on_revoked, weak=False, dispatch_uid="swmp-celery-revoked")
+    signals.worker_ready.connect(_stops.on_worker_ready, weak=False, dispatch_uid="swmp-celery-ready")
 
 
 def uninstall() -> None:
@@ -492,3 +479,5 @@ def uninstall() -> None:
         if mod is not None:
             restore(mod, "build_tracer")
     signals.task_revoked.disconnect(on_revoked, dispatch_uid="swmp-celery-revoked")
+    signals.worker_ready.disconnect(_stops.on_worker_ready, dispatch_uid="swmp-celery-ready")
+    _stops.pool.green = False
