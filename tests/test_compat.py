@@ -338,3 +338,27 @@ def test_the_compat_surface_is_pinned_and_stays_out_of_swmps_own_api() -> None:
     assert swmp.compat.decorators.__all__ == ["runnable", "trace"]
     assert swmp.compat.trace.context.__all__ == ["Snapshot", "Span", "SpanContext", "get_context"]
     assert "compat" not in swmp.__all__  # swmp's curated API is unchanged (tests/test_public_api.py)
+
+
+def test_inject_from_a_span_without_a_peer_gives_an_empty_carrier(trace_sink: _sink.MemorySink) -> None:
+    """``sw8`` with an empty peer is refused by every receiver (swmp, the Java and the Python
+    agents): an entry or local span, or an exit span whose peer is empty, injects nothing, as
+    ``swmp.inject()`` does (before: a full ``sw8`` with an empty peer). The peer agent raised."""
+    from swmp.compat.trace.context import get_context
+    from swmp.propagation import decode_sw8
+
+    ctx = get_context()
+    with ctx.new_entry_span(op="/in") as entry, ctx.new_local_span(op="work") as local:
+        with ctx.new_exit_span(op="/out", peer="") as no_peer:
+            empty = [entry.inject(), local.inject(), no_peer.inject()]
+        with ctx.new_exit_span(op="/out", peer="b:80") as out:
+            full = out.inject()
+    for carrier in empty:
+        assert [(item.key, item.val) for item in carrier] == [
+            ("sw8", ""),
+            ("sw8-correlation", ""),
+            ("sw8-x", ""),
+        ]
+        assert not carrier.is_valid
+    headers = {item.key: item.val for item in full if item.val}
+    assert decode_sw8(headers["sw8"]) is not None  # a receiver takes the exit span's

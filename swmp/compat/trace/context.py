@@ -109,6 +109,13 @@ class Span:
         return self
 
     def inject(self) -> Carrier:
+        """The carrier of a call made from this (exit) span. A span without a peer (an entry or
+        local span, or an exit span whose peer is empty) gives an empty carrier, as
+        ``swmp.inject()`` gives no headers: ``sw8`` without the address used at the client is
+        refused by whoever receives it. (The peer agent raised ``RuntimeError`` for a span
+        that is not an exit span; the agent raises nothing into the application.)"""
+        if not getattr(self._span, "peer", ""):
+            return Carrier()
         return Carrier(self._span.inject())
 
     # -- life ------------------------------------------------------------------------------
