@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,36 @@ from tests.daemons import mariadb_server, memcached_server, postgres_server, red
 from tests.native_forms import recording
 from tests.realpeers import _oap_of_today, kafka4_broker, kafka_broker, oap_server, oap_with_kafka
 from tests.zombies import reap_adopted, unreaped_after
+
+
+def _grpc_fork_handlers_off_in_this_process() -> None:
+    """gRPC core's fork handlers off in the pytest process only, where many tests use gRPC
+    (in-process collectors, clients, senders) and others fork (``os.fork``, ``subprocess``
+    with ``preexec_fn``) for children that never use it. With the handlers on, a fork made
+    while any gRPC thread was busy left the child aborting (``Check failed:
+    next_worker->state == KICKED``; after ``preexec_fn``, ``epoll_wait`` on a descriptor
+    subprocess had closed) or hung: one CI run failed so (test_lifecycle), and a scratch loop
+    with a busy client thread saw 12 aborts in 300 ``preexec_fn`` forks and a hang in 300
+    plain ones; with them off, none in 600 and 300. gRPC reads the setting once, when it
+    initializes (at import): set before anything imports grpc, then removed, so the
+    processes the tests start (applications, servers, reporters) keep gRPC's default."""
+    if "grpc" in sys.modules:  # too late to matter; leave gRPC as it is
+        return
+    had = os.environ.get("GRPC_ENABLE_FORK_SUPPORT")
+    os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+    try:
+        import grpc  # after the setting, on purpose
+
+        grpc.insecure_channel("127.0.0.1:1").close()  # gRPC initialized with the setting
+    finally:
+        if had is None:
+            del os.environ["GRPC_ENABLE_FORK_SUPPORT"]
+        else:
+            os.environ["GRPC_ENABLE_FORK_SUPPORT"] = had
+
+
+_grpc_fork_handlers_off_in_this_process()
+
 
 # The agent spools by default into a per-user directory: tests must not leave data there for
 # each other (or for the developer's own runs). Off for the suite; a child that drops the SW_*
