@@ -12,13 +12,15 @@
  * The common case, every step as the Python form takes it: exact strs within the tag limit
  * (else the Python form, decided before anything changes); the span current around the call
  * set aside (a consumer loop inside a request is not the message's parent) and given back
- * on exit; the carrier of a plain dict table holding only ``sw8`` of the three headers,
- * decoded by the span core's ``decode_carrier`` (``decode_sw8`` for what that declines; the
- * Python ``table_carrier`` for a table with correlation or extension headers, or another
- * kind of table); the span (``entry_root``, else the Python ``decide_entry_span``) tagged
- * and entered. An ``Exception`` while setting up is the Python form's ``except``: logged
- * once by ``failed``; a span already made but not entered is finished, and the callback
- * runs untraced. The callback's exception marks the span and passes on unchanged. */
+ * on exit; from a plain dict table holding only ``sw8`` of the three headers, a plain header
+ * of a known caller read by the span core's ``swmp_sw8_read`` (``decode_carrier``'s steps)
+ * and the span made from its parts (``swmp_entry_sw8``: no ContextCarrier unless entry_root's
+ * way must decide), else ``decode_sw8``'s carrier (the Python ``table_carrier``'s for a table
+ * with correlation or extension headers, or another kind of table) and the span from
+ * ``entry_root``, else the Python ``decide_entry_span``; the span tagged and entered. An
+ * ``Exception`` while setting up is the Python form's ``except``: logged once by ``failed``;
+ * a span already made but not entered is finished, and the callback runs untraced. The
+ * callback's exception marks the span and passes on unchanged. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -30,6 +32,8 @@
 /* Set by setup_consume(): see its docstring in spancore.c's method table. The tags and the
  * tag limit are mq.c's (setup_mq() comes first). */
 static PyTypeObject *span_class = NULL;
+/* ``decode_carrier`` is the span core's own (swmp_sw8_read and swmp_sw8_carrier are its two
+ * steps, called directly): kept in setup_consume's arguments, not called. */
 static PyObject *py_consuming = NULL, *table_carrier = NULL, *decode_carrier = NULL, *decode_sw8 = NULL,
                 *decide_entry = NULL, *failed = NULL, *current = NULL, *layer = NULL, *component = NULL,
                 *h_sw8 = NULL, *h_correlation = NULL, *h_x = NULL;
@@ -83,19 +87,37 @@ static void consuming_dealloc(Consuming *c) {
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
-/* The producer's context from the headers table: table_carrier's steps. New reference. */
-static PyObject *carrier_of(PyObject *headers) {
+/* The producer's context from an ``sw8`` value: the parts of a plain header from a known
+ * caller into ``*parts`` (1: the span is made from them, a carrier only if entry_root's way
+ * must decide), else decode_sw8's carrier into ``*carrier`` (0), or -1 with an error: the
+ * steps of decode_carrier, then of decode_sw8. ``text`` is the value as an exact str, or
+ * NULL when it is not one; decode_sw8 is given ``value``. */
+static int context_of_value(PyObject *text, PyObject *value, SwmpSw8 *parts, PyObject **carrier) {
+    int r = text == NULL ? 0 : swmp_sw8_read(text, parts);
+    if (r != 0) {
+        return r;
+    }
+    *carrier = PyObject_CallOneArg(decode_sw8, value);
+    return *carrier == NULL ? -1 : 0;
+}
+
+/* The producer's context from the headers table, table_carrier's steps, as context_of_value
+ * answers (``*carrier`` None for a table without ``sw8``). */
+static int context_of(PyObject *headers, SwmpSw8 *parts, PyObject **carrier) {
     if (headers == Py_None) {
-        return Py_NewRef(Py_None);
+        *carrier = Py_NewRef(Py_None);
+        return 0;
     }
     if (!PyDict_CheckExact(headers)) {
-        return PyObject_CallOneArg(table_carrier, headers);
+        *carrier = PyObject_CallOneArg(table_carrier, headers);
+        return *carrier == NULL ? -1 : 0;
     }
     /* Held at once: the look-ups below may compare other keys with ``__eq__`` (Python code
      * that could change the table). */
     PyObject *sw8 = Py_XNewRef(PyDict_GetItemWithError(headers, h_sw8));
     if (sw8 == NULL) {
-        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        *carrier = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        return *carrier == NULL ? -1 : 0;
     }
     /* A table holding sw8 alone (what a traced publisher sends) has neither of the other
      * two: their look-ups (a miss each, the table's keys read again) are skipped. */
@@ -107,15 +129,12 @@ static PyObject *carrier_of(PyObject *headers) {
     PyObject *x = alone || (correlation != NULL || PyErr_Occurred()) ? NULL : PyDict_GetItemWithError(headers, h_x);
     if (PyErr_Occurred() || correlation != NULL || x != NULL) {
         Py_DECREF(sw8);
-        return PyErr_Occurred() ? NULL : PyObject_CallOneArg(table_carrier, headers);
+        *carrier = PyErr_Occurred() ? NULL : PyObject_CallOneArg(table_carrier, headers);
+        return *carrier == NULL ? -1 : 0;
     }
-    PyObject *carrier = PyUnicode_CheckExact(sw8) ? PyObject_CallOneArg(decode_carrier, sw8) : Py_NewRef(Py_None);
-    if (carrier == Py_None) {
-        Py_DECREF(carrier);
-        carrier = PyObject_CallOneArg(decode_sw8, sw8);
-    }
+    int r = context_of_value(PyUnicode_CheckExact(sw8) ? sw8 : NULL, sw8, parts, carrier);
     Py_DECREF(sw8);
-    return carrier;
+    return r;
 }
 
 /* A consumed message's entry span (entry_root, else the Python decide_entry_span) of
@@ -139,6 +158,21 @@ static PyObject *message_span(PyObject *op, PyObject *comp, PyObject *carrier) {
     return span;
 }
 
+/* message_span for the parts of a plain header (released here): the span made straight from
+ * them, else, where swmp_entry_sw8 declines, message_span with the carrier made of them. */
+static PyObject *message_span_sw8(PyObject *op, PyObject *comp, SwmpSw8 *parts) {
+    PyObject *args[3] = {op, comp, layer};
+    PyObject *span = swmp_entry_sw8(args, parts);
+    if (span == Py_None) {
+        Py_DECREF(span);
+        PyObject *carrier = swmp_sw8_carrier(parts);
+        span = carrier == NULL ? NULL : message_span(op, comp, carrier);
+        Py_XDECREF(carrier);
+    }
+    swmp_sw8_clear(parts);
+    return span;
+}
+
 /* ``span.finish()`` with the error set now kept (a span made and then given up on counts as
  * open in its segment until finished). Steals ``span``; returns -1. */
 static int finish_given_up(PyObject *span) {
@@ -155,12 +189,14 @@ static int finish_given_up(PyObject *span) {
 /* The message's span (entered, tagged) into ``c->span``: 0, or -1 with an error set. */
 static int open_span(Consuming *c, PyObject *op, PyObject *exchange, PyObject *routing_key, PyObject *headers,
                      PyObject *peer) {
-    PyObject *carrier = carrier_of(headers);
-    if (carrier == NULL) {
+    SwmpSw8 parts;
+    PyObject *carrier = NULL;
+    int plain = context_of(headers, &parts, &carrier);
+    if (plain < 0) {
         return -1;
     }
-    PyObject *span = message_span(op, component, carrier);
-    Py_DECREF(carrier);
+    PyObject *span = plain ? message_span_sw8(op, component, &parts) : message_span(op, component, carrier);
+    Py_XDECREF(carrier);
     if (span == NULL || span == Py_None) {
         Py_XDECREF(span);
         return span == NULL ? -1 : 0;
@@ -367,30 +403,31 @@ static int record_sw8(PyObject *headers, PyObject **sw8) {
     return 0;
 }
 
-/* The producer's context from an sw8 header value (bytes from a Kafka record): the span
- * core's decoder for ASCII text, decode_sw8 for whatever it declines. New reference. */
-static PyObject *carrier_of_value(PyObject *value) {
+/* The producer's context from an sw8 header value (bytes from a Kafka record), as
+ * context_of_value answers: the span core's decoder for ASCII text, decode_sw8 for whatever
+ * it declines (a record without the header: ``*carrier`` None). */
+static int record_context(PyObject *value, SwmpSw8 *parts, PyObject **carrier) {
     if (value == NULL) {
-        return Py_NewRef(Py_None);
+        *carrier = Py_NewRef(Py_None);
+        return 0;
     }
     PyObject *text = PyBytes_CheckExact(value) ? PyUnicode_DecodeASCII(PyBytes_AS_STRING(value),
                                                                        PyBytes_GET_SIZE(value), "strict")
                      : PyUnicode_CheckExact(value) ? Py_NewRef(value)
                                                    : NULL;
     PyErr_Clear(); /* not ASCII: decode_sw8 says what it is (None) */
-    PyObject *carrier = text == NULL ? Py_NewRef(Py_None) : PyObject_CallOneArg(decode_carrier, text);
+    int r = context_of_value(text, value, parts, carrier);
     Py_XDECREF(text);
-    if (carrier == Py_None) {
-        Py_DECREF(carrier);
-        carrier = PyObject_CallOneArg(decode_sw8, value);
-    }
-    return carrier;
+    return r;
 }
 
-/* The record's span: made, tagged and finished (0), or -1 with an error (a span made is
- * finished all the same). */
-static int record_delivery(PyObject *op, PyObject *carrier, PyObject *brokers, PyObject *topic) {
-    PyObject *span = message_span(op, kafka_component, carrier);
+/* The record's span (from the header's parts when ``plain``, else from ``carrier``): made,
+ * tagged and finished (0), or -1 with an error (a span made is finished all the same).
+ * Releases the parts. */
+static int record_delivery(PyObject *op, int plain, SwmpSw8 *parts, PyObject *carrier, PyObject *brokers,
+                           PyObject *topic) {
+    PyObject *span =
+        plain ? message_span_sw8(op, kafka_component, parts) : message_span(op, kafka_component, carrier);
     if (span == NULL || span == Py_None) {
         Py_XDECREF(span);
         return span == NULL ? -1 : 0;
@@ -421,9 +458,11 @@ PyObject *swmp_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_
         return fit < 0 ? NULL : PyObject_Vectorcall(py_kafka_consumed, args, nargs, NULL);
     }
     Py_XINCREF(sw8); /* the headers are the library's: keep the value while it is decoded */
-    PyObject *carrier = carrier_of_value(sw8);
+    SwmpSw8 sw8_parts;
+    PyObject *carrier = NULL;
+    int plain = record_context(sw8, &sw8_parts, &carrier);
     Py_XDECREF(sw8);
-    if (carrier == NULL) {
+    if (plain < 0) {
         if (!PyErr_ExceptionMatches(PyExc_Exception)) {
             return NULL;
         }
@@ -436,15 +475,26 @@ PyObject *swmp_kafka_consumed(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *cur = NULL;
     if (op == NULL || PyContextVar_Get(current, NULL, &cur) < 0) {
         Py_XDECREF(op);
-        Py_DECREF(carrier);
+        Py_XDECREF(carrier);
+        if (plain) {
+            swmp_sw8_clear(&sw8_parts);
+        }
         return NULL;
     }
     int inside = cur != NULL && cur != Py_None;
     Py_XDECREF(cur);
     PyObject *token = inside ? PyContextVar_Set(current, Py_None) : NULL; /* not the record's parent */
-    int r = inside && token == NULL ? -1 : record_delivery(op, carrier, brokers, topic);
+    int r;
+    if (inside && token == NULL) {
+        r = -1;
+        if (plain) {
+            swmp_sw8_clear(&sw8_parts);
+        }
+    } else {
+        r = record_delivery(op, plain, &sw8_parts, carrier, brokers, topic);
+    }
     Py_DECREF(op);
-    Py_DECREF(carrier);
+    Py_XDECREF(carrier);
     if (r < 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
         swmp_report_handled(delivery_failed, NULL, 0);
         r = 0;

@@ -2040,54 +2040,131 @@ static PyObject *last_caller_fields(PyObject *value, Py_ssize_t tail_at) {
     return Py_NewRef(caller);
 }
 
-static PyObject *decode_carrier(PyObject *module, PyObject *value) {
+int swmp_sw8_read(PyObject *value, SwmpSw8 *out) {
     if (carrier_class == NULL) {
-        Py_RETURN_NONE;
+        return 0;
     }
-    int sampled;
-    PyObject *trace_id, *segment_id;
-    long long span_id;
     Py_ssize_t tail_at;
-    if (!swmp_sw8_parts(value, &sampled, &trace_id, &segment_id, &span_id, &tail_at)) {
-        Py_RETURN_NONE;
+    if (!swmp_sw8_parts(value, &out->sampled, &out->trace_id, &out->segment_id, &out->span_id, &tail_at)) {
+        return 0;
     }
-    PyObject *caller = last_caller_fields(value, tail_at);
-    if (caller == NULL) {
-        Py_DECREF(trace_id);
-        Py_DECREF(segment_id);
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        Py_RETURN_NONE; /* not seen yet, or a bad caller: decode_sw8 decides */
+    out->caller = last_caller_fields(value, tail_at);
+    if (out->caller == NULL) {
+        Py_CLEAR(out->trace_id);
+        Py_CLEAR(out->segment_id);
+        return PyErr_Occurred() ? -1 : 0; /* not seen yet, or a bad caller: decode_sw8 decides */
     }
-    PyObject *span = PyLong_FromLongLong(span_id);
+    return 1;
+}
+
+void swmp_sw8_clear(SwmpSw8 *p) {
+    Py_CLEAR(p->trace_id);
+    Py_CLEAR(p->segment_id);
+    Py_CLEAR(p->caller);
+}
+
+PyObject *swmp_sw8_carrier(const SwmpSw8 *p) {
+    PyObject *span = PyLong_FromLongLong(p->span_id);
     PyObject *correlation = span == NULL ? NULL : PyDict_New();
     PyObject *obj = correlation == NULL ? NULL : carrier_class->tp_alloc(carrier_class, 0);
     if (obj == NULL) {
-        Py_DECREF(caller);
-        Py_DECREF(trace_id);
-        Py_DECREF(segment_id);
         Py_XDECREF(span);
         Py_XDECREF(correlation);
         return NULL;
     }
     PyObject *fields[CF_COUNT] = {
-        trace_id,
-        segment_id,
+        Py_NewRef(p->trace_id),
+        Py_NewRef(p->segment_id),
         span,
-        Py_NewRef(PyTuple_GET_ITEM(caller, 0)),
-        Py_NewRef(PyTuple_GET_ITEM(caller, 1)),
-        Py_NewRef(PyTuple_GET_ITEM(caller, 2)),
-        Py_NewRef(PyTuple_GET_ITEM(caller, 3)),
-        Py_NewRef(sampled ? Py_True : Py_False),
+        Py_NewRef(PyTuple_GET_ITEM(p->caller, 0)),
+        Py_NewRef(PyTuple_GET_ITEM(p->caller, 1)),
+        Py_NewRef(PyTuple_GET_ITEM(p->caller, 2)),
+        Py_NewRef(PyTuple_GET_ITEM(p->caller, 3)),
+        Py_NewRef(p->sampled ? Py_True : Py_False),
         correlation,
         Py_NewRef(Py_False),
     };
     for (int i = 0; i < CF_COUNT; i++) { /* the references move into the new object's slots */
         *(PyObject **)((char *)obj + carrier_offsets[i]) = fields[i];
     }
-    Py_DECREF(caller);
     return obj;
+}
+
+static PyObject *decode_carrier(PyObject *module, PyObject *value) {
+    SwmpSw8 p;
+    int r = swmp_sw8_read(value, &p);
+    if (r <= 0) {
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *carrier = swmp_sw8_carrier(&p);
+    swmp_sw8_clear(&p);
+    return carrier;
+}
+
+/* entry_root(op, component, layer, decode_carrier(value)) for a value swmp_sw8_read took,
+ * without the carrier: its steps in their order and with the same objects (the segment made
+ * with the caller's trace id, which its reference shares; a carrier of decode_carrier's
+ * has no correlation and no skip-analysis flag, so join_caller would set nothing), and the
+ * reference as caller_ref lists it. Why: the carrier's allocation, its ten slots, its empty
+ * correlation dict, the four slot reads entry_root made of it and its release were ~1,000
+ * instructions of every consumed message with a caller. None (nothing changed) wherever
+ * entry_root would answer None or ask Python, and also before caller_ref's first call (the
+ * reference's kind is not known yet) and for a carrier class other than entry_root's: the
+ * caller then makes the carrier (swmp_sw8_carrier) and goes entry_root's way. */
+PyObject *swmp_entry_sw8(PyObject *const *args, const SwmpSw8 *p) {
+    PyObject *op = args[0];
+    if (segment_class == NULL || span_class == NULL || ref_kind == NULL || carrier_type != (PyObject *)carrier_class ||
+        !PyUnicode_CheckExact(op)) {
+        Py_RETURN_NONE;
+    }
+    PyObject *cur = get_current();
+    if (cur == NULL) {
+        return NULL;
+    }
+    int outside = cur == Py_None;
+    Py_DECREF(cur);
+    if (!outside) {
+        Py_RETURN_NONE;
+    }
+    int r = plain_start(op, 0);
+    if (r > 0 && !p->sampled) {
+        r = 0; /* not sampled: Python counts it */
+    }
+    if (r <= 0) {
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *seg = PyObject_CallOneArg((PyObject *)segment_class, p->trace_id);
+    if (seg == NULL) {
+        return NULL;
+    }
+    PyObject *span =
+        make_span(span_class, seg, Py_NewRef(zero), minus_one, op, entry_kind, args[2], args[1], empty_op);
+    PyObject *span_id = span == NULL ? NULL : PyLong_FromLongLong(p->span_id);
+    PyObject *ref = span_id == NULL ? NULL : PyList_New(1 + CF_ADDRESS + 1);
+    PyObject *refs = ref == NULL ? NULL : PyList_New(1);
+    if (refs == NULL) {
+        Py_XDECREF(ref);
+        Py_XDECREF(span_id);
+        Py_XDECREF(span);
+        Py_DECREF(seg);
+        return NULL;
+    }
+    PyObject *items[1 + CF_ADDRESS + 1] = {ref_kind,
+                                           p->trace_id,
+                                           p->segment_id,
+                                           NULL, /* span_id, whose reference moves in */
+                                           PyTuple_GET_ITEM(p->caller, 0),
+                                           PyTuple_GET_ITEM(p->caller, 1),
+                                           PyTuple_GET_ITEM(p->caller, 2),
+                                           PyTuple_GET_ITEM(p->caller, 3)};
+    for (int i = 0; i < 1 + CF_ADDRESS + 1; i++) {
+        PyList_SET_ITEM(ref, i, items[i] == NULL ? span_id : Py_NewRef(items[i]));
+    }
+    PyList_SET_ITEM(refs, 0, ref);
+    Py_SETREF(((SpanCore *)span)->refs, refs);
+    Py_SETREF(((SegmentCore *)seg)->first, Py_NewRef(span)); /* start_first() */
+    Py_DECREF(seg);
+    return span;
 }
 
 /* setup_entry(segment_class, entry_kind, policy, rules_type, profile_gate, carrier_type,

@@ -4,6 +4,23 @@
 #include <Python.h>
 /* entry_root(op, component, layer, carrier): a new reference (a span or None). */
 PyObject *swmp_entry_root(PyObject *const *args);
+/* An incoming ``sw8`` header's plain case from a caller already known (what decode_carrier
+ * answers for), read without the ContextCarrier: the ids, the span id, the flag, and the
+ * caller's (service, instance, endpoint, address) tuple. */
+typedef struct {
+    PyObject *trace_id, *segment_id, *caller;
+    long long span_id;
+    int sampled;
+} SwmpSw8;
+/* 1 with new references in ``out`` (swmp_sw8_clear releases them), 0 when decode_carrier
+ * would answer None (nothing held), -1 with an error. */
+int swmp_sw8_read(PyObject *value, SwmpSw8 *out);
+void swmp_sw8_clear(SwmpSw8 *p);
+/* The ContextCarrier decode_carrier makes of ``p``: a new reference, or NULL with an error. */
+PyObject *swmp_sw8_carrier(const SwmpSw8 *p);
+/* entry_root(op, component, layer, swmp_sw8_carrier(p)) without the carrier (``args``:
+ * op, component, layer): a span, None (entry_root's way with the carrier decides), or NULL. */
+PyObject *swmp_entry_sw8(PyObject *const *args, const SwmpSw8 *p);
 /* new_exit_span(op, peer, component, layer): a new reference (a span or a span that is not
  * recorded), or NULL with an error. */
 PyObject *swmp_new_exit(PyObject *const *args);
