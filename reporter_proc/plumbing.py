@@ -162,20 +162,37 @@ def release_std_pipes(owner_pid: int, *, announce: bool) -> tuple[str, ...]:
 
 
 def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
-    """Run ``coro`` on a new plain selector loop (whatever policy the application set)."""
+    """Run ``coro`` on a new plain selector loop (whatever policy the application set).
+
+    The loop is closed only while its descriptors are its own (``loopguard``): an application
+    may close them and give their numbers to its own files. Then the loop is abandoned and
+    ``loopguard.DescriptorsLost`` raised.
+    """
     import asyncio  # noqa: PLC0415 (only where a reporter runs)
 
-    loop = asyncio.SelectorEventLoop()
+    from reporter_proc import loopguard  # noqa: PLC0415 (as asyncio)
+
+    loop = loopguard.new_loop()
+    intact: bool | None = None
     try:
         asyncio.set_event_loop(loop)
         return loop.run_until_complete(coro)
+    except OSError as exc:  # the selector's wait: EBADF, or EINVAL on another kind of file
+        intact = loopguard.release(loop)
+        if intact:
+            raise
+        raise loopguard.DescriptorsLost(exc.errno or 0, "the event loop's descriptors were closed") from exc
     finally:
-        with contextlib.suppress(Exception):
-            for task in asyncio.all_tasks(loop):
-                task.cancel()
-            loop.run_until_complete(loop.shutdown_asyncgens())
+        if intact is None:
+            intact = loopguard.release(loop)
+        if intact:
+            with contextlib.suppress(Exception):
+                for task in asyncio.all_tasks(loop):
+                    task.cancel()
+                loop.run_until_complete(loop.shutdown_asyncgens())
         asyncio.set_event_loop(None)
-        loop.close()
+        if intact:
+            loop.close()
 
 
 def tune_gc() -> None:

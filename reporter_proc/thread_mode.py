@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ipc import Arena
 from reporter_proc.exits import EXIT_ERROR
+from reporter_proc.loopguard import DescriptorsLost
 from reporter_proc.plumbing import _run_loop
 from reporter_proc.senders.base import Sender
 from reporter_proc.settings import ReporterSettings
@@ -69,6 +70,16 @@ class ReporterThread:
         self._created.set()
         try:
             self.exit_code = _run_loop(reporter.run())
+        except DescriptorsLost:
+            # Its loop is abandoned, not closed (loopguard). A new reporter cannot help when
+            # the sender is gRPC's (the default): gRPC keeps process-wide descriptors of its
+            # own, and a new channel failed on their numbers (docs/reporter.md, Thread mode).
+            log.error(
+                "the reporter thread stopped: the application closed its descriptors (as daemonizing "
+                "code does: os.closerange); what is recorded from now on is not delivered. Process "
+                "mode (SW_AGENT_REPORTER_PROCESS=true, the default) handles such programs"
+            )
+            self.exit_code = EXIT_ERROR
         except Exception:
             log.exception("reporter thread failed")
             self.exit_code = EXIT_ERROR

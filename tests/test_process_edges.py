@@ -119,7 +119,8 @@ def test_thread_mode_pool_processes_ended_by_terminate_leave_no_arena_behind(
 # a burst of records while the reporter sleeps), closes every descriptor it did not open
 # itself, as daemon libraries do (python-daemon's DaemonContext, also without detaching, as
 # under systemd), opens its own files (they take the freed numbers), and records bursts
-# again while writing to its first file.
+# again while writing to its first file. Optional third argument: how many files it opens
+# (4); at the end it checks that each descriptor still names its file.
 CLOSES_ITS_FDS = textwrap.dedent(
     """
     import os, sys, time
@@ -134,16 +135,20 @@ CLOSES_ITS_FDS = textwrap.dedent(
 
 
     out, n = sys.argv[1], int(sys.argv[2])
+    count = int(sys.argv[3]) if len(sys.argv) > 3 else 4
     time.sleep(1.0)  # the reporter goes to sleep on its doorbell
     burst("before", n)
     time.sleep(1.0)
     os.closerange(3, 65536)
-    files = [open(os.path.join(out, f"app{k}.log"), "wb", buffering=0) for k in range(4)]
+    files = [open(os.path.join(out, f"app{k}.log"), "wb", buffering=0) for k in range(count)]
     for i in range(5):
         time.sleep(0.5)
         burst(f"after-{i}", n)
         files[0].write(b"line %d\\n" % i)
-    for f in files:
+    for k, f in enumerate(files):
+        held, named = os.fstat(f.fileno()), os.stat(f.name)
+        if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+            sys.exit(f"app{k}.log: its descriptor names another file now")
         f.close()
     """
 )

@@ -1,0 +1,97 @@
+"""Thread mode (``SW_AGENT_REPORTER_PROCESS=false``) and a program that closes every descriptor
+it did not open, then opens files of its own: they take the numbers the reporter thread's
+event loop (its epoll and self-pipe) and gRPC had. Reuses the program of
+``tests/test_process_edges.py`` (where process mode is tested with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reporter_proc.loopguard import DescriptorsLost
+from reporter_proc.plumbing import _run_loop
+from tests import test_process_edges as edges
+from tests.collector import Collector
+from tests.test_process_edges import CLOSES_ITS_FDS, _env, _swmp_run
+
+pytestmark = pytest.mark.timeout(120)
+
+collector = edges.collector  # the fixture
+
+FILES = 64  # enough to take every number the agent had open in the program
+
+
+def test_the_reporter_thread_never_closes_a_file_of_the_program(
+    tmp_path: Path,
+    collector: Collector,
+) -> None:
+    """Before, the reporter thread's loop failed on its closed epoll descriptor and, closing
+    itself, closed its self-pipe's number: one of the program's files by then (the program's
+    write or its check failed). Now the loop closes only descriptors that still name its own
+    objects and abandons the others."""
+    script = tmp_path / "closes_fds.py"
+    script.write_text(CLOSES_ITS_FDS)
+    env = _env(tmp_path, collector, SW_AGENT_RING_SIZE="65536", SW_AGENT_REPORTER_PROCESS="false")
+    done = subprocess.run(
+        _swmp_run(sys.executable, str(script), str(tmp_path), "60", str(FILES)),
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    contents = [(tmp_path / f"app{k}.log").read_bytes() for k in range(FILES)]
+    assert contents == [b"".join(b"line %d\n" % i for i in range(5))] + [b""] * (FILES - 1)
+
+
+def _loop_numbers() -> list[int]:
+    """The descriptors of the running loop: its epoll, then its self-pipe's two ends."""
+    loop = asyncio.get_running_loop()
+    return [loop._selector._selector.fileno(), loop._ssock.fileno(), loop._csock.fileno()]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("taken_by", ["files", "an epoll"])
+def test_a_loop_whose_descriptors_name_other_files_never_touches_them(tmp_path: Path, taken_by: str) -> None:
+    """The application closes the loop's descriptors and its own files take their numbers (the
+    epoll's: a file, or an epoll of its own). Before, the loop waited on the number (or failed,
+    EINVAL) and closing it closed them; now it stops without using or closing any of them."""
+    held: list[tuple[int, tuple[int, int]]] = []
+    app_epoll = select.epoll()
+
+    async def app_closes_our_descriptors() -> int:
+        for k, number in enumerate(_loop_numbers()):
+            if k == 0 and taken_by == "an epoll":
+                mine = os.dup(app_epoll.fileno())
+            else:
+                mine = os.open(tmp_path / f"app{k}.log", os.O_WRONLY | os.O_CREAT, 0o600)
+            os.dup2(mine, number)  # closes ours, the number is the application's now
+            os.close(mine)
+            st = os.fstat(number)
+            held.append((number, (st.st_dev, st.st_ino)))
+        await asyncio.sleep(0.01)  # the loop's next wait
+        return 0
+
+    with pytest.raises(OSError) as failed:  # before: EINVAL for a file; nothing for an epoll
+        _run_loop(app_closes_our_descriptors())
+    try:
+        for number, key in held:
+            st = os.fstat(number)  # still open...
+            assert (st.st_dev, st.st_ino) == key  # ...and still the application's
+        for k in range(1 if taken_by == "an epoll" else 0, 3):
+            assert (tmp_path / f"app{k}.log").read_bytes() == b""
+    finally:
+        for number, _ in held:
+            with contextlib.suppress(OSError):
+                os.close(number)
+        app_epoll.close()
+    assert isinstance(failed.value, DescriptorsLost)  # what the reporter thread says it was
