@@ -21,6 +21,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swmp.reporter")
 
+# A reporter thread whose descriptors the application closed is replaced (new event loop, new
+# sender, the reporter lock taken again) at most this many times, with the process
+# supervisor's backoff. Only for senders measured to start again in such a process: gRPC
+# keeps process-wide descriptors of its own (its completion queue's wake-up socket, its
+# poller's epoll and eventfd) and a new channel failed on their numbers (docs/reporter.md,
+# Thread mode); Kafka's was not measured.
+RESTARTS_MAX = 5
+RESTARTABLE = frozenset({"http"})
+
 
 class ReporterThread:
     """Handle on a reporter running on a daemon thread of the application process."""
@@ -42,6 +51,7 @@ class ReporterThread:
         self._created = threading.Event()
         self._stop_reason = ""
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._main, name="swmp-reporter", daemon=True)
 
     def start(self) -> None:
@@ -55,34 +65,74 @@ class ReporterThread:
                 # Deliberately never closed: closing any descriptor of the arena file would
                 # drop this process's POSIX locks, including the ring slot its app holds.
                 arena = Arena.open(self.arena_path)
-            from reporter_proc.loop import Reporter  # noqa: PLC0415 (see the imports)
-
-            reporter = Reporter(arena, self.settings, sender=self._sender, mode="thread")
-            with self._lock:
-                self.reporter = reporter
-                if self._stop_reason:
-                    reporter.stop_threadsafe(self._stop_reason)
+            reporter = self._new_reporter(arena, 0)
         except Exception as exc:
             log.error("reporter thread cannot start: %s", exc)
             self.exit_code = EXIT_ERROR
             self._created.set()
             return
         self._created.set()
-        try:
-            self.exit_code = _run_loop(reporter.run())
-        except DescriptorsLost:
-            # Its loop is abandoned, not closed (loopguard). A new reporter cannot help when
-            # the sender is gRPC's (the default): gRPC keeps process-wide descriptors of its
-            # own, and a new channel failed on their numbers (docs/reporter.md, Thread mode).
+        delay = self.settings.restart_backoff_base_s
+        for restarts in range(1, RESTARTS_MAX + 2):
+            try:
+                self.exit_code = _run_loop(reporter.run())
+                return
+            except DescriptorsLost:
+                # The application closed them (loopguard): its loop is abandoned, not closed.
+                self.exit_code = EXIT_ERROR
+                if not self._may_restart(restarts):
+                    return
+            except Exception:
+                log.exception("reporter thread failed")
+                self.exit_code = EXIT_ERROR
+                return
+            self._stopping.wait(delay)  # a stop cuts it short: the new reporter flushes
+            delay = min(self.settings.restart_backoff_max_s, delay * 2)
+            try:
+                # Its reporter lock went with the closed descriptor: take it again.
+                arena.release_reporter()
+                reporter = self._new_reporter(arena, restarts)
+            except Exception as exc:
+                log.error("reporter thread cannot start again: %s", exc)
+                return
+
+    def _new_reporter(self, arena: Arena, restarts: int) -> Reporter:
+        from reporter_proc.loop import Reporter  # noqa: PLC0415 (see the imports)
+
+        reporter = Reporter(arena, self.settings, sender=self._sender, mode="thread", restarts=restarts)
+        with self._lock:
+            self.reporter = reporter
+            if self._stop_reason:
+                reporter.stop_threadsafe(self._stop_reason)
+        return reporter
+
+    def _may_restart(self, restarts: int) -> bool:
+        """After the application closed the thread's descriptors: start a new reporter (new
+        loop, new sender) where that works, and say so once either way."""
+        protocol = self.settings.protocol
+        works = self._sender is None and protocol in RESTARTABLE
+        if restarts > RESTARTS_MAX or not works:
+            why = (
+                f"gave up after {RESTARTS_MAX} restarts"
+                if works
+                else f"a new {protocol} sender cannot start in this process"
+                if protocol == "grpc"
+                else f"not restarted with the {protocol} sender"
+            )
             log.error(
                 "the reporter thread stopped: the application closed its descriptors (as daemonizing "
-                "code does: os.closerange); what is recorded from now on is not delivered. Process "
-                "mode (SW_AGENT_REPORTER_PROCESS=true, the default) handles such programs"
+                "code does: os.closerange), and %s; what is recorded from now on is not delivered. "
+                "Process mode (SW_AGENT_REPORTER_PROCESS=true, the default) handles such programs",
+                why,
             )
-            self.exit_code = EXIT_ERROR
-        except Exception:
-            log.exception("reporter thread failed")
-            self.exit_code = EXIT_ERROR
+            return False
+        if restarts == 1:
+            log.warning(
+                "the application closed the reporter thread's descriptors (as daemonizing code does: "
+                "os.closerange): starting a new reporter (at most %d times)",
+                RESTARTS_MAX,
+            )
+        return True
 
     @property
     def alive(self) -> bool:
@@ -93,6 +143,7 @@ class ReporterThread:
         shutdown deadline plus a second)."""
         with self._lock:
             self._stop_reason = "stop"
+            self._stopping.set()
             if self.reporter is not None:
                 self.reporter.stop_threadsafe("stop")
         if timeout is None:

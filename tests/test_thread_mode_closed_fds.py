@@ -12,6 +12,7 @@ import os
 import select
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,51 @@ def test_the_reporter_thread_never_closes_a_file_of_the_program(
     assert done.returncode == 0, done.stderr[-3000:]
     contents = [(tmp_path / f"app{k}.log").read_bytes() for k in range(FILES)]
     assert contents == [b"".join(b"line %d\n" % i for i in range(5))] + [b""] * (FILES - 1)
+    # gRPC's sender cannot start again in this process: said once, with the way out.
+    assert done.stderr.count("a new grpc sender cannot start in this process") == 1, done.stderr[-3000:]
+    assert "SW_AGENT_REPORTER_PROCESS=true" in done.stderr
+
+
+@pytest.fixture
+def http_collector() -> Iterator[Collector]:
+    with Collector() as c:
+        yield c
+
+
+@pytest.mark.parametrize(("ring", "burst"), [(65536, 60), (4 << 20, 400)], ids=["doorbell", "room"])
+def test_with_the_http_sender_a_new_reporter_delivers_what_is_recorded_after_the_close(
+    tmp_path: Path, http_collector: Collector, ring: int, burst: int
+) -> None:
+    """Before, the reporter thread died with its loop and the records made after the close
+    were never delivered (60 of 360, 400 of 2400). Now the handle starts a new reporter (new
+    loop, new sender) and every segment arrives; the program's files stay intact. (With gRPC
+    it cannot: see docs/reporter.md, Thread mode.)"""
+    script = tmp_path / "closes_fds.py"
+    script.write_text(CLOSES_ITS_FDS)
+    env = _env(
+        tmp_path,
+        http_collector,
+        SW_AGENT_RING_SIZE=str(ring),
+        SW_AGENT_REPORTER_PROCESS="false",
+        SW_AGENT_PROTOCOL="http",
+        SW_AGENT_COLLECTOR_BACKEND_SERVICES=http_collector.http_address,
+    )
+    done = subprocess.run(
+        _swmp_run(sys.executable, str(script), str(tmp_path), str(burst), str(FILES)),
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    contents = [(tmp_path / f"app{k}.log").read_bytes() for k in range(FILES)]
+    assert contents == [b"".join(b"line %d\n" % i for i in range(5))] + [b""] * (FILES - 1)
+    assert http_collector.wait_for(lambda: len(http_collector.segments) >= 6 * burst, 30), len(
+        http_collector.segments
+    )
+    assert "starting a new reporter" in done.stderr  # logged once
 
 
 def _loop_numbers() -> list[int]:
