@@ -119,10 +119,21 @@ class GuardedSelector(selectors.EpollSelector):
         self._selector = _Inert()
 
 
+class _GuardedLoop(asyncio.SelectorEventLoop):
+    def _write_to_self(self) -> None:
+        """The wake-up byte of ``call_soon_threadsafe`` (a stop from another thread): never
+        into a number that is not the loop's own socket any more (one of the program's)."""
+        selector, csock = getattr(self, "_selector", None), getattr(self, "_csock", None)
+        if isinstance(selector, GuardedSelector) and isinstance(csock, socket.socket):
+            if csock.fileno() < 0 or not selector.names_own(csock.fileno()):
+                return
+        super()._write_to_self()  # type: ignore[misc]
+
+
 def new_loop() -> asyncio.AbstractEventLoop:
     """A plain selector loop on a :class:`GuardedSelector` (whatever policy the application set)."""
     selector = GuardedSelector()
-    loop = asyncio.SelectorEventLoop(selector)
+    loop = _GuardedLoop(selector)
     reading, writing = getattr(loop, "_ssock", None), getattr(loop, "_csock", None)
     if isinstance(reading, socket.socket) and isinstance(writing, socket.socket):
         selector.watch(reading, writing)

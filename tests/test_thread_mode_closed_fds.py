@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import select
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -141,3 +142,32 @@ def test_a_loop_whose_descriptors_name_other_files_never_touches_them(tmp_path: 
                 os.close(number)
         app_epoll.close()
     assert isinstance(failed.value, DescriptorsLost)  # what the reporter thread says it was
+
+
+def test_a_stop_from_another_thread_never_writes_into_a_socket_of_the_program() -> None:
+    """``call_soon_threadsafe`` (how the handle's stop reaches the loop) writes a wake-up byte
+    into the loop's self-pipe. Before, after the program had closed the loop's descriptors, it
+    wrote that byte into whatever the number named: here one of the program's sockets, whose
+    peer read a stray NUL. Now it writes only into the loop's own socket."""
+    app, peer = socket.socketpair()
+    peer.setblocking(False)
+
+    async def app_takes_the_self_pipe_number() -> int:
+        number = _loop_numbers()[2]  # the writing end
+        os.dup2(app.fileno(), number)
+        try:
+            asyncio.get_running_loop().call_soon_threadsafe(lambda: None)  # a stop, say
+        finally:
+            os.dup2(_placeholder, number)
+        return 0
+
+    _placeholder = os.open(os.devnull, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):
+            _run_loop(app_takes_the_self_pipe_number())
+        with pytest.raises(BlockingIOError):
+            print(peer.recv(16))  # nothing was written to the program's socket
+    finally:
+        os.close(_placeholder)
+        app.close()
+        peer.close()
