@@ -40,6 +40,7 @@ from reporter_proc.intake import Intake
 from reporter_proc.journal import Journal
 from reporter_proc.ledger import Ledger
 from reporter_proc.lifecycle import OwnerWatch, StopState, SupervisorWatch
+from reporter_proc.loopguard import DescriptorsLost
 from reporter_proc.profile_tasks import ProfileTaskPoller, profiling_unavailable
 from reporter_proc.publisher import Parts, StatusPublisher
 from reporter_proc.senders.base import Sender
@@ -201,13 +202,18 @@ class Reporter:
             )
             self.finished = True
             return EXIT_OK
+        lost = False
         try:
             code = await self._run_as_reporter()
+        except DescriptorsLost:  # thread mode: no teardown, it would close the app's files
+            lost = True
+            raise
         except Exception:
             log.exception("reporter failed")
             code = EXIT_ERROR
         finally:
-            self._teardown()
+            if not lost:
+                self._teardown()
         self.finished = True
         return code
 

@@ -87,11 +87,24 @@ class GuardedSelector(selectors.EpollSelector):
     def names_own(self, fd: int) -> bool:
         return fd in self.owned and _key(fd) == self.owned[fd]
 
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+    def _check(self) -> None:
         if self._canary >= 0 and not self.names_own(self._canary):
             # closerange() closed everything: the self-pipe tells us first, and cheaply.
             self.abandon()
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self._check()
         return super().select(timeout)
+
+    # A registration (add_reader) raises DescriptorsLost too, not EINVAL from the program's
+    # file: the reporter then skips its teardown, which would close its other stale numbers.
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        self._check()
+        return super().register(fileobj, events, data)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        self._check()
+        return super().modify(fileobj, events, data)
 
     def owns_epoll(self) -> bool:
         """Does our epoll's number still name our epoll (listing our self-pipe as a target)?"""
@@ -124,9 +137,10 @@ class _GuardedLoop(asyncio.SelectorEventLoop):
         """The wake-up byte of ``call_soon_threadsafe`` (a stop from another thread): never
         into a number that is not the loop's own socket any more (one of the program's)."""
         selector, csock = getattr(self, "_selector", None), getattr(self, "_csock", None)
-        if isinstance(selector, GuardedSelector) and isinstance(csock, socket.socket):
-            if csock.fileno() < 0 or not selector.names_own(csock.fileno()):
-                return
+        if not isinstance(selector, GuardedSelector) or not isinstance(csock, socket.socket):
+            pass
+        elif not selector.names_own(csock.fileno()):  # -1 once detached: not ours either
+            return
         super()._write_to_self()  # type: ignore[misc]
 
 

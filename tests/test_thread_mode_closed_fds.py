@@ -18,8 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from ipc import Arena
+from reporter_proc.intake import Intake
+from reporter_proc.loop import Reporter
 from reporter_proc.loopguard import DescriptorsLost
 from reporter_proc.plumbing import _run_loop
+from reporter_proc.senders.memory import MemorySender
+from reporter_proc.settings import ReporterSettings
 from tests import test_process_edges as edges
 from tests.collector import Collector
 from tests.test_process_edges import CLOSES_ITS_FDS, _env, _swmp_run
@@ -171,3 +176,43 @@ def test_a_stop_from_another_thread_never_writes_into_a_socket_of_the_program() 
         os.close(_placeholder)
         app.close()
         peer.close()
+
+
+def test_a_reporter_whose_descriptors_are_closed_while_it_starts_never_closes_the_programs_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reporter thread still starting (its imports can take seconds on a busy machine) when
+    the program closes everything: its spool's lock is open, its intake not yet registered.
+    Before, registering the doorbell failed with EINVAL (the epoll's number named a file of
+    the program), the reporter took that for an ordinary failure and ran its teardown, which
+    closed the spool lock's number: one of the program's files by then. Now the registration
+    raises DescriptorsLost and the reporter leaves without a teardown."""
+    arena = Arena.create(str(tmp_path / "t.arena"), slots=2, ring_capacity=64 * 1024)
+    settings = ReporterSettings(spool_dir=str(tmp_path / "spool"), shutdown_deadline_s=1.0)
+    held: list[tuple[int, tuple[int, int]]] = []
+    real_start = Intake.start
+
+    def program_closes_everything(intake: Intake, loop: asyncio.AbstractEventLoop) -> None:
+        spool = reporters[0].spool
+        assert spool is not None
+        for k, number in enumerate([*_loop_numbers(), spool._lock_fd]):
+            mine = os.open(tmp_path / f"app{k}.log", os.O_WRONLY | os.O_CREAT, 0o600)
+            os.dup2(mine, number)  # ours closed, the number the program's now
+            os.close(mine)
+            st = os.fstat(number)
+            held.append((number, (st.st_dev, st.st_ino)))
+        real_start(intake, loop)
+
+    monkeypatch.setattr(Intake, "start", program_closes_everything)
+    reporters = [Reporter(arena, settings, sender=MemorySender(), mode="thread")]
+    try:
+        with pytest.raises(OSError):
+            _run_loop(reporters[0].run())
+        for number, key in held:
+            st = os.fstat(number)  # still open...
+            assert (st.st_dev, st.st_ino) == key  # ...and still the program's
+    finally:
+        for number, _ in held:
+            with contextlib.suppress(OSError):
+                os.close(number)
+        arena.close()
