@@ -6,11 +6,14 @@ without detaching, ``os.closerange(3, ...)``) and then opens files of its own ha
 of the loop's epoll and self-pipe sockets to those files. The loop's next wait then fails
 (EBADF, or EINVAL on a regular file), and ``loop.close()`` used to close the numbers it
 remembered: one of the program's files by then. So the loop is made with
-:class:`GuardedSelector`, which checks before every wait that the loop's self-pipe socket is
-still its own (one ``fstat``), and :func:`release` closes only what still names the loop's own
-objects: a socket that does not is detached, an epoll that does not is parked (never closed,
-never polled). An epoll cannot be recognized by ``fstat`` (every epoll shares one anonymous
-inode); it is ours when ``/proc/self/fdinfo`` lists our self-pipe socket among its targets.
+:class:`GuardedSelector`, which checks before every wait and every registration that the
+loop's self-pipe socket is still its own (one ``fstat``) and raises :class:`DescriptorsLost`
+if not (``Reporter.run`` then skips its teardown, which would close its other stale numbers),
+a stop from another thread writes its wake-up byte only into the loop's own socket, and
+:func:`release` closes only what still names the loop's own objects: a socket that does not
+is detached, an epoll that does not is parked (never closed, never polled). An epoll cannot
+be recognized by ``fstat`` (every epoll shares one anonymous inode); it is ours when
+``/proc/self/fdinfo`` lists our self-pipe socket among its targets.
 """
 
 from __future__ import annotations
