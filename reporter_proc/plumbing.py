@@ -161,38 +161,55 @@ def release_std_pipes(owner_pid: int, *, announce: bool) -> tuple[str, ...]:
     return names
 
 
-def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
+def _run_loop(coro: Coroutine[Any, Any, int], *, guarded: bool = False) -> int:
     """Run ``coro`` on a new plain selector loop (whatever policy the application set).
 
-    The loop is closed only while its descriptors are its own (``loopguard``): an application
-    may close them and give their numbers to its own files. Then the loop is abandoned and
-    ``loopguard.DescriptorsLost`` raised.
+    ``guarded`` (thread mode, in the application's process): the loop is closed only while
+    its descriptors are its own (``loopguard``): an application may close them and give their
+    numbers to its own files; then the loop is abandoned and ``loopguard.DescriptorsLost``
+    raised. The reporter's own process runs no application code after the fork: its loop is
+    a plain one, without the guard's ``fstat`` before every wait.
     """
     import asyncio  # noqa: PLC0415 (only where a reporter runs)
 
+    if not guarded:
+        loop = asyncio.SelectorEventLoop()
+        try:
+            asyncio.set_event_loop(loop)
+            return loop.run_until_complete(coro)
+        finally:
+            _close_loop(loop)
+
     from reporter_proc import loopguard  # noqa: PLC0415 (as asyncio)
 
-    loop = loopguard.new_loop()
+    guarded_loop = loopguard.new_loop()
     intact: bool | None = None
     try:
-        asyncio.set_event_loop(loop)
-        return loop.run_until_complete(coro)
+        asyncio.set_event_loop(guarded_loop)
+        return guarded_loop.run_until_complete(coro)
     except OSError as exc:  # the selector's wait: EBADF, or EINVAL on another kind of file
-        intact = loopguard.release(loop)
+        intact = loopguard.release(guarded_loop)
         if intact:
             raise
         raise loopguard.DescriptorsLost(exc.errno or 0, "the event loop's descriptors were closed") from exc
     finally:
         if intact is None:
-            intact = loopguard.release(loop)
+            intact = loopguard.release(guarded_loop)
         if intact:
-            with contextlib.suppress(Exception):
-                for task in asyncio.all_tasks(loop):
-                    task.cancel()
-                loop.run_until_complete(loop.shutdown_asyncgens())
-        asyncio.set_event_loop(None)
-        if intact:
-            loop.close()
+            _close_loop(guarded_loop)
+        else:
+            asyncio.set_event_loop(None)
+
+
+def _close_loop(loop: Any) -> None:
+    import asyncio  # noqa: PLC0415 (only where a reporter runs)
+
+    with contextlib.suppress(Exception):
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    asyncio.set_event_loop(None)
+    loop.close()
 
 
 def tune_gc() -> None:

@@ -75,7 +75,7 @@ class ReporterThread:
         delay = self.settings.restart_backoff_base_s
         for restarts in range(1, RESTARTS_MAX + 2):
             try:
-                self.exit_code = _run_loop(reporter.run())
+                self.exit_code = _run_loop(reporter.run(), guarded=True)
                 return
             except DescriptorsLost:
                 # The application closed them (loopguard): its loop is abandoned, not closed.

@@ -134,7 +134,7 @@ def test_a_loop_whose_descriptors_name_other_files_never_touches_them(tmp_path: 
         return 0
 
     with pytest.raises(OSError) as failed:  # before: EINVAL for a file; nothing for an epoll
-        _run_loop(app_closes_our_descriptors())
+        _run_loop(app_closes_our_descriptors(), guarded=True)
     try:
         for number, key in held:
             st = os.fstat(number)  # still open...
@@ -169,7 +169,7 @@ def test_a_stop_from_another_thread_never_writes_into_a_socket_of_the_program() 
     _placeholder = os.open(os.devnull, os.O_RDONLY)
     try:
         with contextlib.suppress(OSError):
-            _run_loop(app_takes_the_self_pipe_number())
+            _run_loop(app_takes_the_self_pipe_number(), guarded=True)
         with pytest.raises(BlockingIOError):
             print(peer.recv(16))  # nothing was written to the program's socket
     finally:
@@ -207,7 +207,7 @@ def test_a_reporter_whose_descriptors_are_closed_while_it_starts_never_closes_th
     reporters = [Reporter(arena, settings, sender=MemorySender(), mode="thread")]
     try:
         with pytest.raises(OSError):
-            _run_loop(reporters[0].run())
+            _run_loop(reporters[0].run(), guarded=True)
         for number, key in held:
             st = os.fstat(number)  # still open...
             assert (st.st_dev, st.st_ino) == key  # ...and still the program's
