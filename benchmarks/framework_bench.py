@@ -50,6 +50,9 @@ Serve = Callable[[int], None]
 
 REFERENCE = "wsgi-middleware"
 BATCHES = 6  # bare/traced alternations per case and round
+# An ``sw8`` value every request of the WSGI and ASGI drivers carries (a service called by
+# another traced one: framework_cachegrind.py --sw8), else None: no such header.
+INCOMING_SW8: str | None = None
 
 
 @dataclass
@@ -105,6 +108,8 @@ def wsgi_serve(app: Any, path: str = "/users/42") -> Serve:
         "wsgi.run_once": False,
         "wsgi.errors": sys.stderr,
     }
+    if INCOMING_SW8 is not None:
+        base["HTTP_SW8"] = INCOMING_SW8
 
     def start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
         return None
@@ -153,6 +158,8 @@ def asgi_serve(app: Any, path: str = "/users/42") -> Serve:
         "server": ("127.0.0.1", 8000),
         "client": ("127.0.0.1", 50000),
     }
+    if INCOMING_SW8 is not None:
+        base["headers"] = [(b"host", b"127.0.0.1:8000"), (b"sw8", INCOMING_SW8.encode())]
     request_msg = {"type": "http.request", "body": b"", "more_body": False}
 
     async def one() -> None:

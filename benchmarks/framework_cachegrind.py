@@ -12,7 +12,11 @@ within ~10 instructions. A code change still moves the interpreter's type-attrib
 collisions by up to ~1,500 instructions per request, so compare versions over several
 seeds (``--seeds 0 1 2``; the table shows their mean).
 
-    python benchmarks/framework_cachegrind.py [--case NAME ...] [--requests N] [--seeds S ...]
+With ``--sw8`` every request of the in-process WSGI and ASGI cases carries an incoming
+``sw8`` header of a sampled trace from a known caller (a service called by another traced
+one, the common case in production); the server cases (aiohttp, Tornado, ...) ignore it.
+
+    python benchmarks/framework_cachegrind.py [--case NAME ...] [--requests N] [--seeds S ...] [--sw8]
 
 Run the real interpreter binary, not a pyenv shim (``--python``; default: this one's
 ``sys.executable`` resolved). Slow: ~50x the normal run time per case and mode.
@@ -32,11 +36,29 @@ from benchmarks import _cachegrind as _cg
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _child(case: str, mode: str, n: int) -> None:
+def incoming_sw8() -> str:
+    """The ``sw8`` value of ``--sw8``: sampled, the caller's trace, segment and span 3."""
+    from swmp.propagation import b64
+
+    fields = (
+        "caller-trace.1.1",
+        "caller-segment.1.1",
+        "caller-svc",
+        "caller-inst",
+        "/checkout",
+        "caller:8080",
+    )
+    tid, sid, svc, inst, endpoint, address = (b64(f) for f in fields)
+    return "-".join(("1", tid, sid, "3", svc, inst, endpoint, address))
+
+
+def _child(case: str, mode: str, n: int, sw8: bool) -> None:
     """In the measured process: build ``case`` in ``mode``, warm up, serve ``n``."""
     sys.path.insert(0, str(ROOT))
     from benchmarks import framework_bench as fb
 
+    if sw8:
+        fb.INCOMING_SW8 = incoming_sw8()
     agent = fb.Agent()
     if mode == "traced":
         agent.install()
@@ -49,9 +71,10 @@ def _child(case: str, mode: str, n: int) -> None:
     agent.close()
 
 
-def per_request(python: str, case: str, mode: str, n: int, seed: int) -> float:
+def per_request(python: str, case: str, mode: str, n: int, seed: int, *, sw8: bool = False) -> float:
+    extra = ["--sw8"] if sw8 else []
     return _cg.per_op(
-        python, str(Path(__file__).resolve()), lambda k: ["--child", case, mode, str(k)], n, seed
+        python, str(Path(__file__).resolve()), lambda k: ["--child", case, mode, str(k), *extra], n, seed
     )
 
 
@@ -61,18 +84,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=1000, help="N (the runs serve N and 3N)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--python", default=os.path.realpath(sys.executable))
+    ap.add_argument("--sw8", action="store_true", help="each WSGI/ASGI request carries an incoming sw8")
     ap.add_argument("--child", nargs=3, metavar=("CASE", "MODE", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        _child(args.child[0], args.child[1], int(args.child[2]))
+        _child(args.child[0], args.child[1], int(args.child[2]), args.sw8)
         return 0
     cases = args.case or ["wsgi-middleware", "aiohttp", "tornado"]
-    print(f"instructions per request (N={args.requests}, seeds {args.seeds}; mean over seeds)")
+    sw8 = ", incoming sw8" if args.sw8 else ""
+    print(f"instructions per request (N={args.requests}, seeds {args.seeds}{sw8}; mean over seeds)")
     print(f"{'case':<18}{'bare':>12}{'traced':>12}{'added':>10}{'vs WSGI mw':>12}")
     ref = None
     for case in cases:
         got = {
-            m: statistics.mean(per_request(args.python, case, m, args.requests, s) for s in args.seeds)
+            m: statistics.mean(
+                per_request(args.python, case, m, args.requests, s, sw8=args.sw8) for s in args.seeds
+            )
             for m in ("bare", "traced")
         }
         added = got["traced"] - got["bare"]

@@ -1,12 +1,14 @@
 """What the tests comparing a native fast path with its Python reference share: the recorded
 segments without what differs from run to run, and one call made inside a trace, inside an
-exit span (where nothing is recorded) or outside any trace, with everything it left behind."""
+exit span (where nothing is recorded) or outside any trace, with everything it left behind;
+and the incoming ``sw8`` values the entries read from their parts are compared over."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import itertools
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -15,6 +17,7 @@ import orjson
 from swmp import _sink, tracing
 from swmp.config import load
 from swmp.instrument import _datastore as ds
+from swmp.propagation import b64
 from swmp.tracing.context import new_entry_span, new_exit_span
 from swmp.tracing.limits import limits
 from swmp.tracing.span import current_span
@@ -197,3 +200,35 @@ def producer_sw8() -> str:
         value = span.inject()["sw8"]
     _sink.set_sink(None)
     return str(value)
+
+
+def new_caller() -> str:
+    """The four caller fields of a caller never seen before (not in the decoder's cache)."""
+    name = uuid.uuid4().hex
+    return "-".join((b64(f"svc-{name}"), b64(f"inst-{name}"), b64(f"/ep-{name}"), b64(f"h-{name}:1")))
+
+
+def sw8_variants(plain: str) -> dict[str, str]:
+    """``plain`` (a valid sw8 value of a known caller) and values near it: each field changed
+    to the edge of what the decoders take and just past it (the consumers' and the web
+    entries' reads from the parts, spancore.c's swmp_sw8_read, against decode_sw8)."""
+    flag, tid, sid, span_id, tail = plain.split("-", 4)
+    other = b64("another-segment.7")
+    return {
+        "plain": plain,
+        "segment id of its own": "-".join((flag, tid, other, span_id, tail)),
+        "not sampled": "-".join(("0", tid, sid, span_id, tail)),
+        "span id 0": "-".join((flag, tid, sid, "0", tail)),
+        "largest span id": "-".join((flag, tid, sid, "2147483647", tail)),
+        "span id too large": "-".join((flag, tid, sid, "2147483648", tail)),
+        "span id of 11 digits": "-".join((flag, tid, sid, "00000000001", tail)),
+        "span id not digits": "-".join((flag, tid, sid, "1a", tail)),
+        "flag 2": "-".join(("2", tid, sid, span_id, tail)),
+        "unpadded trace id": "-".join((flag, tid.rstrip("="), sid, span_id, tail)),
+        "trace id not base64": "-".join((flag, "!" + tid[1:], sid, span_id, tail)),
+        "empty segment id": "-".join((flag, tid, "", span_id, tail)),
+        "a field missing": "-".join((flag, tid, sid, span_id)),
+        "an empty caller field": "-".join((flag, tid, sid, span_id, "-".join(["", *tail.split("-")[1:]]))),
+        "surrounding space": " " + plain,
+        "not ASCII": plain + "\u00e9",
+    }

@@ -12,7 +12,6 @@ import gc
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,12 @@ from swmp import _sink, tracing
 from swmp.config import load
 from swmp.instrument import _mq
 from swmp.profiling.gate import gate
-from swmp.propagation import b64, decode_sw8
+from swmp.propagation import decode_sw8
 from swmp.tracing import stats
 from swmp.tracing.context import new_entry_span, new_exit_span
 from swmp.tracing.segment import cross_process_ref
 from swmp.tracing.span import NATIVE, current_span, native_core
-from tests.native_forms import PLACES, producer_sw8, recording
+from tests.native_forms import PLACES, new_caller, producer_sw8, recording, sw8_variants
 
 pytestmark = pytest.mark.skipif(not NATIVE, reason="the native core is not built")
 
@@ -44,35 +43,7 @@ def sink() -> Iterator[_sink.MemorySink]:
         yield memory
 
 
-def _new_caller() -> str:
-    """The four caller fields of a caller never seen before (not in the decoder's cache)."""
-    name = uuid.uuid4().hex
-    return "-".join((b64(f"svc-{name}"), b64(f"inst-{name}"), b64(f"/ep-{name}"), b64(f"h-{name}:1")))
-
-
-def _variants() -> dict[str, str]:
-    other = b64("another-segment.7")
-    return {
-        "plain": PLAIN,
-        "segment id of its own": "-".join((FLAG, TID, other, SPAN_ID, TAIL)),
-        "not sampled": "-".join(("0", TID, SID, SPAN_ID, TAIL)),
-        "span id 0": "-".join((FLAG, TID, SID, "0", TAIL)),
-        "largest span id": "-".join((FLAG, TID, SID, "2147483647", TAIL)),
-        "span id too large": "-".join((FLAG, TID, SID, "2147483648", TAIL)),
-        "span id of 11 digits": "-".join((FLAG, TID, SID, "00000000001", TAIL)),
-        "span id not digits": "-".join((FLAG, TID, SID, "1a", TAIL)),
-        "flag 2": "-".join(("2", TID, SID, SPAN_ID, TAIL)),
-        "unpadded trace id": "-".join((FLAG, TID.rstrip("="), SID, SPAN_ID, TAIL)),
-        "trace id not base64": "-".join((FLAG, "!" + TID[1:], SID, SPAN_ID, TAIL)),
-        "empty segment id": "-".join((FLAG, TID, "", SPAN_ID, TAIL)),
-        "a field missing": "-".join((FLAG, TID, SID, SPAN_ID)),
-        "an empty caller field": "-".join((FLAG, TID, SID, SPAN_ID, "-".join(["", *TAIL.split("-")[1:]]))),
-        "surrounding space": " " + PLAIN,
-        "not ASCII": PLAIN + "é",
-    }
-
-
-VARIANTS = _variants()
+VARIANTS = sw8_variants(PLAIN)
 
 
 def _records(sink: _sink.MemorySink) -> list[Any]:
@@ -165,7 +136,7 @@ def test_a_caller_never_seen_before(sink: _sink.MemorySink, client: str) -> None
     """The first message of a new caller goes to decode_sw8 (which checks and caches its
     fields); the next one is made from its parts. Both as the Python form records them."""
     run, table, native, python = FORMS[client]
-    tail = _new_caller()
+    tail = new_caller()
     value = "-".join((FLAG, TID, SID, "3", tail))
     first = run(native, table(value), sink, "none")
     again = run(native, table(value), sink, "none")

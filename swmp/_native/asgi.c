@@ -8,9 +8,10 @@
  * What it does is exactly the Python entry's: a scope of another type than "http" passes
  * through (None); the header list is read for host, sw8, sw8-correlation and sw8-x
  * (ASCII case-insensitively, the last of a repeated name winning); an incoming sw8 is
- * decoded by the Python ``from_headers``; the span comes from entry_root (spancore.c) or
- * the Python decide_entry_span; a recorded span gets ``http.method`` / ``http.url`` and
- * the client as peer. Anything outside the plain shapes (a scope that is not a dict, a
+ * decoded by the Python ``from_headers`` (an sw8 alone from a known caller: read by the
+ * span core, the span made from its parts, swmp_sw8_span); the span comes from entry_root
+ * (spancore.c) or the Python decide_entry_span; a recorded span gets ``http.method`` /
+ * ``http.url`` and the client as peer. Anything outside the plain shapes (a scope that is not a dict, a
  * method or path that is not a non-empty str, a method ignore list, a header list that is
  * not a list or tuple of (bytes, value) pairs) goes to the Python entry (``py_entry``)
  * before any span is made, and a recorded span whose host, scheme or root path are not
@@ -381,6 +382,74 @@ static PyObject *carrier_of(PyObject *found[4]) {
     return carrier;
 }
 
+PyObject *swmp_carrier_span(PyObject *const *entry, PyObject *decide_entry, PyObject *carrier) {
+    PyObject *call[4] = {entry[0], entry[1], entry[2], carrier};
+    PyObject *span = swmp_entry_root(call);
+    if (span == Py_None) {
+        Py_DECREF(span);
+        PyObject *decide[4] = {entry[0], carrier, entry[1], entry[2]};
+        span = PyObject_Vectorcall(decide_entry, decide, 4, NULL);
+    }
+    return span;
+}
+
+int swmp_sw8_span(PyObject *const *entry, PyObject *decide_entry, PyObject *text, PyObject **span) {
+    SwmpSw8 parts;
+    int plain = swmp_sw8_read(text, &parts);
+    if (plain <= 0) {
+        return plain;
+    }
+    *span = swmp_entry_sw8(entry, &parts);
+    if (*span == Py_None) {
+        Py_DECREF(*span);
+        PyObject *carrier = swmp_sw8_carrier(&parts);
+        *span = carrier == NULL ? NULL : swmp_carrier_span(entry, decide_entry, carrier);
+        Py_XDECREF(carrier);
+    }
+    swmp_sw8_clear(&parts);
+    return *span == NULL ? -1 : 1;
+}
+
+/* An sw8 alone (``found``'s correlation and extension headers absent or None) as the str
+ * decode_sw8 reads (an exact str, or exact bytes decoded as ASCII): a new reference, or
+ * NULL (no error set) when from_headers must decide. */
+static PyObject *plain_sw8_text(PyObject *found[4]) {
+    PyObject *sw8 = found[1];
+    if (sw8 == NULL || (found[2] != NULL && found[2] != Py_None) || (found[3] != NULL && found[3] != Py_None)) {
+        return NULL;
+    }
+    if (PyUnicode_CheckExact(sw8)) {
+        return Py_NewRef(sw8);
+    }
+    if (!PyBytes_CheckExact(sw8)) {
+        return NULL;
+    }
+    PyObject *text = PyUnicode_DecodeASCII(PyBytes_AS_STRING(sw8), PyBytes_GET_SIZE(sw8), "strict");
+    if (text == NULL) {
+        PyErr_Clear(); /* not ASCII: decode_sw8 refuses it (and says so) */
+    }
+    return text;
+}
+
+/* The request's span (new reference, or NULL with an error): from an sw8 alone by
+ * swmp_sw8_span, else with from_headers' carrier by swmp_carrier_span. */
+static PyObject *make_span(PyObject *path, PyObject *component, PyObject *found[4]) {
+    PyObject *entry[3] = {path, component, layer};
+    PyObject *text = plain_sw8_text(found), *span = NULL;
+    int plain = text == NULL ? 0 : swmp_sw8_span(entry, decide_entry, text, &span);
+    Py_XDECREF(text);
+    if (plain != 0) {
+        return span;
+    }
+    PyObject *carrier = carrier_of(found);
+    if (carrier == NULL) {
+        return NULL;
+    }
+    span = swmp_carrier_span(entry, decide_entry, carrier);
+    Py_DECREF(carrier);
+    return span;
+}
+
 static PyObject *entry_of(PyObject *const *args) {
     PyObject *scope = args[0];
     if (!PyDict_CheckExact(scope)) {
@@ -415,18 +484,7 @@ static PyObject *entry_of(PyObject *const *args) {
     }
     Py_INCREF(method);
     Py_INCREF(path);
-    PyObject *span = NULL;
-    PyObject *carrier = carrier_of(found);
-    if (carrier != NULL) {
-        PyObject *call[4] = {path, args[1], layer, carrier};
-        span = swmp_entry_root(call);
-        if (span == Py_None) {
-            Py_DECREF(span);
-            PyObject *decide[4] = {path, carrier, args[1], layer};
-            span = PyObject_Vectorcall(decide_entry, decide, 4, NULL);
-        }
-        Py_DECREF(carrier);
-    }
+    PyObject *span = make_span(path, args[1], found);
     if (span == noop) {
         Py_SETREF(span, Py_NewRef(Py_None));
     } else if (span != NULL && Py_IS_TYPE(span, span_class)) {

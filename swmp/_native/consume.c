@@ -32,17 +32,15 @@
 /* Set by setup_consume(): see its docstring in spancore.c's method table. The tags and the
  * tag limit are mq.c's (setup_mq() comes first). */
 static PyTypeObject *span_class = NULL;
-/* ``decode_carrier`` is the span core's own (swmp_sw8_read and swmp_sw8_carrier are its two
- * steps, called directly): kept in setup_consume's arguments, not called. */
-static PyObject *py_consuming = NULL, *table_carrier = NULL, *decode_carrier = NULL, *decode_sw8 = NULL,
+static PyObject *py_consuming = NULL, *table_carrier = NULL, *decode_sw8 = NULL,
                 *decide_entry = NULL, *failed = NULL, *current = NULL, *layer = NULL, *component = NULL,
                 *h_sw8 = NULL, *h_correlation = NULL, *h_x = NULL;
 static PyObject *s_rabbitmq, *s_queue, *s_consumer, *s_exit, *s_finish;
 
 PyObject *swmp_setup_consume(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 13 || !PyType_Check(args[0]) || !PyContextVar_CheckExact(args[6])) {
+    if (nargs != 12 || !PyType_Check(args[0]) || !PyContextVar_CheckExact(args[5])) {
         PyErr_SetString(PyExc_TypeError,
-                        "setup_consume(span_class: type, amqp_consuming, table_carrier, decode_carrier, decode_sw8, "
+                        "setup_consume(span_class: type, amqp_consuming, table_carrier, decode_sw8, "
                         "decide_entry_span, current: ContextVar, failed, layer, component, sw8, sw8_correlation, "
                         "sw8_x)");
         return NULL;
@@ -54,7 +52,7 @@ PyObject *swmp_setup_consume(PyObject *module, PyObject *const *args, Py_ssize_t
                              (s_finish = PyUnicode_InternFromString("finish")) == NULL)) {
         return NULL;
     }
-    PyObject **slots[] = {(PyObject **)&span_class, &py_consuming, &table_carrier, &decode_carrier, &decode_sw8,
+    PyObject **slots[] = {(PyObject **)&span_class, &py_consuming, &table_carrier, &decode_sw8,
                           &decide_entry, &current, &failed, &layer, &component, &h_sw8, &h_correlation, &h_x};
     for (Py_ssize_t i = 0; i < nargs; i++) {
         Py_XSETREF(*slots[i], Py_NewRef(args[i]));

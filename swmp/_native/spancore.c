@@ -2326,7 +2326,7 @@ static PyMethodDef module_methods[] = {
     {"amqp_headers", (PyCFunction)(void (*)(void))swmp_amqp_headers, METH_FASTCALL,
      "amqp_headers(span, headers): a new AMQP headers table, the caller's without sw8 ones plus the span's."},
     {"setup_consume", (PyCFunction)(void (*)(void))swmp_setup_consume, METH_FASTCALL,
-     "setup_consume(span_class, amqp_consuming, table_carrier, decode_carrier, decode_sw8, decide_entry_span, current, "
+     "setup_consume(span_class, amqp_consuming, table_carrier, decode_sw8, decide_entry_span, current, "
      "failed, layer, component, sw8, sw8_correlation, sw8_x): the Python forms amqp_consuming() hands other cases to, "
      "and what it reads (after setup_mq())."},
     {"amqp_consuming", (PyCFunction)(void (*)(void))swmp_amqp_consuming, METH_FASTCALL,

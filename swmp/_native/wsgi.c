@@ -11,8 +11,9 @@
  *
  * What it does is exactly trace_wsgi's: the method (REQUEST_METHOD, else "GET") and path
  * (PATH_INFO, else "/"); an incoming sw8 (HTTP_SW8, with HTTP_SW8_CORRELATION and
- * HTTP_SW8_X) decoded by the Python ``from_headers``; the span from entry_root (spancore.c)
- * or the Python decide_entry_span; a recorded span entered, tagged ``http.method`` /
+ * HTTP_SW8_X) decoded by the Python ``from_headers`` (an sw8 alone from a known caller: read
+ * by the span core, the span made from its parts, swmp_sw8_span in asgi.c); the span from
+ * entry_root (spancore.c) or the Python decide_entry_span; a recorded span entered, tagged ``http.method`` /
  * ``http.url`` and given the client as peer; the application called with a status recorder
  * (status.c); on an exception the span marked with it and finished, the exception passed
  * on unchanged; the context given back once the application returned; the span finished
@@ -227,13 +228,26 @@ static PyObject *carrier_of(PyObject *sw8, PyObject *correlation, PyObject *x) {
 }
 
 /* The request's span (new reference; NULL with an error when the Python trace_wsgi must run
- * it, which is only when it was not made): entry_root, else decide_entry_span. */
+ * it, which is only when it was not made): from an sw8 alone (an exact str, no correlation
+ * or extension header) by swmp_sw8_span, else with from_headers' carrier by
+ * swmp_carrier_span (entry_root, else decide_entry_span). */
 static PyObject *make_span(PyObject *environ, PyObject *path, PyObject *component) {
     PyObject *sw8 = field(environ, k_sw8);
     PyObject *correlation = sw8 == NULL ? NULL : field(environ, k_sw8_correlation);
     PyObject *x = correlation == NULL && PyErr_Occurred() ? NULL : field(environ, k_sw8_x);
     if (PyErr_Occurred()) {
         return NULL;
+    }
+    PyObject *entry[3] = {path, component, layer};
+    if (sw8 != NULL && PyUnicode_CheckExact(sw8) && (correlation == NULL || correlation == Py_None) &&
+        (x == NULL || x == Py_None)) {
+        PyObject *span = NULL;
+        Py_INCREF(sw8); /* the environ's: read without Python code, held all the same */
+        int plain = swmp_sw8_span(entry, decide_entry, sw8, &span);
+        Py_DECREF(sw8);
+        if (plain != 0) {
+            return span;
+        }
     }
     Py_XINCREF(sw8); /* held: from_headers runs Python code */
     Py_XINCREF(correlation);
@@ -245,13 +259,7 @@ static PyObject *make_span(PyObject *environ, PyObject *path, PyObject *componen
     if (carrier == NULL) {
         return NULL;
     }
-    PyObject *call[4] = {path, component, layer, carrier};
-    PyObject *span = swmp_entry_root(call);
-    if (span == Py_None) {
-        Py_DECREF(span);
-        PyObject *decide[4] = {path, carrier, component, layer};
-        span = PyObject_Vectorcall(decide_entry, decide, 4, NULL);
-    }
+    PyObject *span = swmp_carrier_span(entry, decide_entry, carrier);
     Py_DECREF(carrier);
     return span;
 }

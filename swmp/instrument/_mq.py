@@ -412,7 +412,6 @@ if hasattr(native_core, "setup_consume"):
         Span,
         _py_amqp_consuming,
         table_carrier,
-        native_core.decode_carrier,
         decode_sw8,
         _decide_entry,
         current_span,
