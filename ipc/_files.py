@@ -23,20 +23,25 @@ that opened them), and the number may then name another file of the application.
 byte of that file would "claim" a slot another process holds (two writers on one ring),
 reserving ring room there would grow it, and closing it would close someone else's file. So
 every use checks the descriptor (:meth:`SharedFile.descriptor`) and opens the arena again
-when the number no longer names it. (The locks the process held went with the closed
-descriptor: the kernel dropped them.)
+when the number no longer names it. The locks the process held went with the closed
+descriptor (the kernel dropped them): its slot locks are taken again then, unless another
+process claimed the slot in between (its writer then stops: ``arena._descriptor``).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import threading
 from dataclasses import dataclass, field
 
+from ipc import _layout as L
+from ipc import _locks
 from ipc.private import UnsafePathError
 
+log = logging.getLogger("ipc")
 _lock = threading.Lock()
 _open: dict[tuple[int, int], SharedFile] = {}
 _parked: list[object] = []  # descriptors and mappings we must never close
@@ -78,7 +83,27 @@ class SharedFile:
                 os.close(new)
                 return -1
             self.fd = new
+            self._lock_held_slots_again(new)
             return new
+
+    def _lock_held_slots_again(self, fd: int) -> None:
+        """The slot locks this process held went with the closed descriptor: taken again, so
+        that no other process claims a ring this one still writes, and the reporter still
+        sees the slot held. One another process claimed in between is
+        not ours any more: left out of ``slots``, and said once. (The reporter lock of a
+        thread-mode reporter is taken again by that reporter when it restarts.)"""
+        if self.pid != os.getpid():
+            return  # a forked child: it held none (see held())
+        for slot in sorted(self.slots):
+            if not _locks.try_lock(fd, L.slot_lock_offset(slot)):
+                self.slots.discard(slot)
+                log.warning(
+                    "ring slot %d of %s: claimed by another process after this one "
+                    "(pid %d) closed its descriptor of the file; its records there may be refused",
+                    slot,
+                    self.path,
+                    os.getpid(),
+                )
 
     def _names_the_file(self, fd: int) -> bool:
         """Is ``fd`` still a descriptor of this file? Checked on every use (one ``fstat``;

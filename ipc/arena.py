@@ -482,5 +482,17 @@ def arena_unlink(path: str) -> None:
 
 def _descriptor(arena: Arena) -> int:
     """``arena``'s descriptor in this process (-1 once closed; see ``_files``: checked and opened
-    again in a forked child that closed it). A function: the class is at its size limit."""
-    return -1 if arena._detached else arena._shared.descriptor()
+    again when the process closed it, its slot locks taken again). A slot another process
+    claimed in between is not this process's any more: its writer stops (two writers on one
+    ring would corrupt it). A function: the class is at its size limit."""
+    if arena._detached:
+        return -1
+    shared = arena._shared
+    fd = shared.descriptor()
+    mine = arena._mine()
+    if mine and shared.pid == os.getpid():
+        for slot in [s for s in list(mine) if s not in shared.slots]:  # a snapshot: threads
+            writer = mine.pop(slot, None)
+            if writer is not None:
+                writer._disable("lost its slot to another process while the arena was closed")
+    return fd

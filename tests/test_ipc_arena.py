@@ -244,6 +244,63 @@ def test_a_child_that_closed_the_inherited_descriptor_claims_through_the_arena_a
         arena.close()
 
 
+def _close_the_arena_descriptor(arena: Arena, other: Path) -> None:
+    """What a program that closes every descriptor it did not open does to the arena's: the
+    number closed (the kernel drops the process's slot locks with it), then another file of
+    the program's takes it."""
+    fd = arena._shared.fd
+    os.close(fd)
+    new = os.open(str(other), os.O_RDWR | os.O_CREAT, 0o600)
+    if new != fd:
+        os.dup2(new, fd)
+        os.close(new)
+
+
+@pytest.mark.parametrize("taken_meanwhile", [False, True], ids=["free", "claimed-meanwhile"])
+def test_a_process_that_closed_the_arena_descriptor_holds_its_slot_again(
+    path: str, tmp_path: Path, pipes: Callable[[], Pipe], taken_meanwhile: bool
+) -> None:
+    """The slot lock went with the closed descriptor: the next use of the arena (which opens
+    it again) takes it again, so no other process claims the ring this one still writes and
+    readers see the slot held. Before, the slot showed free for good. If another process
+    claimed it in between, the slot is not this process's any more."""
+    arena = Arena.create(path, slots=4, ring_capacity=4096)
+    try:
+        closed, go_on, answer, hold = pipes(), pipes(), pipes(), pipes()
+
+        def child() -> None:
+            writer = arena.claim_slot()
+            assert writer is not None and writer.slot == 0
+            _close_the_arena_descriptor(arena, tmp_path / "app.log")
+            closed.send(b"1")
+            go_on.recv()
+            arena.slot_owner(3)  # any use of the arena opens it again
+            answer.send(json.dumps([sorted(arena.own_slots()), writer.write(1, b"z")]).encode())
+            hold.recv()
+            os.fstat(arena._shared.fd)
+            assert os.path.getsize(tmp_path / "app.log") == 0  # never touched
+
+        pid = fork(child)
+        try:
+            closed.recv()
+            assert arena.slot_owner(0) is None  # the lock went with the descriptor
+            if taken_meanwhile:
+                mine = arena.claim_slot()
+                assert mine is not None and mine.slot == 0
+            go_on.send(b"1")
+            held, wrote = json.loads(answer.recv())
+            if taken_meanwhile:  # the child's writer stops: the ring is this process's now
+                assert held == [] and not wrote
+                assert arena.slot_owner(0) is None and arena.own_slots() == {0}
+            else:
+                assert held == [0] and wrote and arena.slot_owner(0) == pid and arena.live_slots() == {0: pid}
+        finally:
+            hold.send(b"1")
+            assert reap(pid) == 0
+    finally:
+        arena.close()
+
+
 def test_reporter_lock_is_exclusive_across_processes(path: str, pipes: Callable[[], Pipe]) -> None:
     a = Arena.create(path, slots=1, ring_capacity=4096)
     try:
