@@ -21,7 +21,9 @@ class ReporterProcessSettings:
     agent_reporter_process: bool = opt(
         True,
         "SW_AGENT_REPORTER_PROCESS",
-        "Ship data from a dedicated reporter process; false: a background thread in the application.",
+        "Ship data from a dedicated reporter process; false: a background thread in the application. "
+        "Keep `true` for a program that closes every descriptor it did not open (a daemon): with gRPC "
+        "a reporter thread stops for good then ([reporter.md, Thread mode](reporter.md#thread-mode)).",
         REPORTER,
     )
     agent_arena_dir: str = opt(
