@@ -392,8 +392,10 @@ def _make_write(
             data[offset : offset + 8] = L.header_word(left - 8, pad, t, cap).to_bytes(8, "little")
             t += left
             offset = 0
-        data[offset : offset + 8] = L.header_word(n, rtype, t, cap).to_bytes(8, "little")
+        # The payload first (a payload of another type raises here, before a byte is
+        # written), then its header, as the native writer does.
         data[offset + 8 : offset + 8 + n] = payload
+        data[offset : offset + 8] = L.header_word(n, rtype, t, cap).to_bytes(8, "little")
         t += span
         control[C_TAIL] = t  # publish: one aligned 8-byte store, after the bytes
         st.tail = t
@@ -455,7 +457,10 @@ def _make_write(
             n = len(payload)
             t = st.tail
             end = t + ((n + 15) & -8)
-            if end < st.limit:
+            # Only bytes and bytearray take the fast path, as in the native writer: struct's
+            # pack_into writes the header before it refuses a payload of another type, which
+            # would leave it in the ring's unpublished bytes.
+            if end < st.limit and (payload.__class__ is bytes or payload.__class__ is bytearray):
                 # Header (u32 length, u16 type, u16 check) and payload in one call. A type
                 # outside 0..65535 makes it raise (handled below); types 0 and 65535 are not
                 # checked here: the reader skips and counts such records.

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from ipc import Arena
 from reporter_proc.exits import EXIT_ERROR
-from reporter_proc.loopguard import DescriptorsLost
 from reporter_proc.plumbing import _run_loop
 from reporter_proc.senders.base import Sender
 from reporter_proc.settings import ReporterSettings
@@ -59,6 +58,10 @@ class ReporterThread:
         self._created.wait(5.0)
 
     def _main(self) -> None:
+        # Here, not at the top: loopguard needs asyncio, which the application may never
+        # import (the agent imports this module in the application's processes).
+        from reporter_proc.loopguard import DescriptorsLost  # noqa: PLC0415
+
         try:
             arena = self._arena
             if arena is None:
