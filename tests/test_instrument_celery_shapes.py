@@ -266,7 +266,15 @@ def test_a_green_pools_terminated_or_timed_out_run_is_one_failed_span(
     flag), and be the run's one span (before: SIGKILL added a revoked span beside it)."""
     from swmp.instrument._patch import original
     from tests.celery_support import celery_env, new_queue, run_celery, worker_command
-    from tests.servers import collector_process, entry_span, quiet_for, segments_of, sw8_header, wait_until
+    from tests.servers import (
+        NotReady,
+        collector_process,
+        entry_span,
+        quiet_for,
+        segments_of,
+        sw8_header,
+        wait_until,
+    )
 
     broker, queue = f"redis://127.0.0.1:{redis_server.port}/11", new_queue()
     app = Celery(f"gr{uuid.uuid4().hex[:6]}", broker=broker, set_as_current=False)
@@ -288,8 +296,17 @@ def test_a_green_pools_terminated_or_timed_out_run_is_one_failed_span(
                     headers={"sw8": sw8_header(trace_id)},
                 )
                 wait_until(lambda m=marker: m.exists() and m.read_text().strip().isdigit(), 30, "the sleeper")
-                app.control.revoke(sent.id, terminate=True, signal=signal)
-                wait_until(lambda s=sent: f"Terminating {s.id}" in worker.proc.log(), 30, "the revoke")
+                # Sent again until the worker takes it: a broadcast published before the
+                # worker's control consumer listens is lost (Redis pub/sub; once in a whole-suite
+                # run on the loaded machine, a gevent worker's consumer was not there yet).
+                for attempt in range(12):
+                    app.control.revoke(sent.id, terminate=True, signal=signal)
+                    try:
+                        wait_until(lambda s=sent: f"Terminating {s.id}" in worker.proc.log(), 5, "the revoke")
+                        break
+                    except NotReady:
+                        if attempt == 11:
+                            raise
             if pool == "gevent":
                 send(
                     app,
