@@ -195,6 +195,7 @@ def _no_wake() -> None:
 
 _HEADER_PACK = L.RECORD_HEADER.pack_into
 _U64 = (1 << 64) - 1
+_FAST_PAYLOADS = (bytes, bytearray)  # what the native writer writes itself, too
 
 
 def _pack_generic(buf: memoryview, offset: int, *fields: Any) -> None:
@@ -460,7 +461,7 @@ def _make_write(
             # Only bytes and bytearray take the fast path, as in the native writer: struct's
             # pack_into writes the header before it refuses a payload of another type, which
             # would leave it in the ring's unpublished bytes.
-            if end < st.limit and (payload.__class__ is bytes or payload.__class__ is bytearray):
+            if end < st.limit and payload.__class__ in _FAST_PAYLOADS:
                 # Header (u32 length, u16 type, u16 check) and payload in one call. A type
                 # outside 0..65535 makes it raise (handled below); types 0 and 65535 are not
                 # checked here: the reader skips and counts such records.
