@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,19 +37,14 @@ collector = edges.collector  # the fixture
 FILES = 64  # enough to take every number the agent had open in the program
 
 
-def test_the_reporter_thread_never_closes_a_file_of_the_program(
-    tmp_path: Path,
-    collector: Collector,
-) -> None:
-    """Before, the reporter thread's loop failed on its closed epoll descriptor and, closing
-    itself, closed its self-pipe's number: one of the program's files by then (the program's
-    write or its check failed). Now the loop closes only descriptors that still name its own
-    objects and abandons the others."""
+def _run_the_program(tmp_path: Path, collector: Collector, ring: int, burst: int, **extra: str) -> Any:
+    """``CLOSES_ITS_FDS`` under ``swmp run`` in thread mode, ``FILES`` files of its own opened
+    after the close; checked: it exited cleanly and each of its files holds what it wrote."""
     script = tmp_path / "closes_fds.py"
     script.write_text(CLOSES_ITS_FDS)
-    env = _env(tmp_path, collector, SW_AGENT_RING_SIZE="65536", SW_AGENT_REPORTER_PROCESS="false")
+    env = _env(tmp_path, collector, SW_AGENT_RING_SIZE=str(ring), SW_AGENT_REPORTER_PROCESS="false", **extra)
     done = subprocess.run(
-        _swmp_run(sys.executable, str(script), str(tmp_path), "60", str(FILES)),
+        _swmp_run(sys.executable, str(script), str(tmp_path), str(burst), str(FILES)),
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -59,6 +55,18 @@ def test_the_reporter_thread_never_closes_a_file_of_the_program(
     assert done.returncode == 0, done.stderr[-3000:]
     contents = [(tmp_path / f"app{k}.log").read_bytes() for k in range(FILES)]
     assert contents == [b"".join(b"line %d\n" % i for i in range(5))] + [b""] * (FILES - 1)
+    return done
+
+
+def test_the_reporter_thread_never_closes_a_file_of_the_program(
+    tmp_path: Path,
+    collector: Collector,
+) -> None:
+    """Before, the reporter thread's loop failed on its closed epoll descriptor and, closing
+    itself, closed its self-pipe's number: one of the program's files by then (the program's
+    write or its check failed). Now the loop closes only descriptors that still name its own
+    objects and abandons the others."""
+    done = _run_the_program(tmp_path, collector, 65536, 60)
     # gRPC's sender cannot start again in this process: said once, with the way out.
     assert done.stderr.count("a new grpc sender cannot start in this process") == 1, done.stderr[-3000:]
     assert "SW_AGENT_REPORTER_PROCESS=true" in done.stderr
@@ -78,28 +86,14 @@ def test_with_the_http_sender_a_new_reporter_delivers_what_is_recorded_after_the
     were never delivered (60 of 360, 400 of 2400). Now the handle starts a new reporter (new
     loop, new sender) and every segment arrives; the program's files stay intact. (With gRPC
     it cannot: see docs/reporter.md, Thread mode.)"""
-    script = tmp_path / "closes_fds.py"
-    script.write_text(CLOSES_ITS_FDS)
-    env = _env(
+    done = _run_the_program(
         tmp_path,
         http_collector,
-        SW_AGENT_RING_SIZE=str(ring),
-        SW_AGENT_REPORTER_PROCESS="false",
+        ring,
+        burst,
         SW_AGENT_PROTOCOL="http",
         SW_AGENT_COLLECTOR_BACKEND_SERVICES=http_collector.http_address,
     )
-    done = subprocess.run(
-        _swmp_run(sys.executable, str(script), str(tmp_path), str(burst), str(FILES)),
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    contents = [(tmp_path / f"app{k}.log").read_bytes() for k in range(FILES)]
-    assert contents == [b"".join(b"line %d\n" % i for i in range(5))] + [b""] * (FILES - 1)
     assert http_collector.wait_for(lambda: len(http_collector.segments) >= 6 * burst, 30), len(
         http_collector.segments
     )
