@@ -108,6 +108,20 @@ def release_stdin() -> None:
             os.close(devnull)
 
 
+def release_std_streams() -> None:
+    """Point fds 1 and 2 at ``/dev/null``: a reporter started for a daemon (which gives up the
+    terminal or pipes it was started with) must not keep holding them: a shell's ``$(...)``,
+    an ``ssh`` session or ``subprocess.run(..., capture_output=True)`` would wait for it."""
+    _flush_std()
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            if devnull != fd:
+                os.dup2(devnull, fd)
+        if devnull > 2:
+            os.close(devnull)
+
+
 def _flush_std() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -44,6 +44,7 @@ from reporter_proc.plumbing import (
     _flush_std,
     _run_loop,
     lower_priority,
+    release_std_streams,
     release_stdin,
     reset_signals,
     set_pdeathsig,
@@ -235,7 +236,12 @@ def respawn_supervisor(arena_path: str, settings: ReporterSettings, owner_pid: i
 
 # -- spawning from the application -------------------------------------------------------------
 def spawn_reporter(
-    arena_path: str, settings: ReporterSettings, owner_pid: int, *, detach: bool = False
+    arena_path: str,
+    settings: ReporterSettings,
+    owner_pid: int,
+    *,
+    detach: bool = False,
+    stdio_to_devnull: bool = False,
 ) -> int:
     """Fork the reporter (through its supervisor) from the application's master.
 
@@ -246,7 +252,9 @@ def spawn_reporter(
     ``detach=True`` double-forks into a new session, so the reporter belongs to no process of
     the application (the agent always asks for it: a worker that started it may die, uWSGI
     lazy-apps; a program that reaps every child until none is left would wait for it); the
-    owner is watched by pidfd only.
+    owner is watched by pidfd only. ``stdio_to_devnull``: the supervisor and the reporter
+    write their standard output and error to ``/dev/null`` (started for a daemon, which lets
+    go of the streams it was started with).
     """
     main_thread = threading.current_thread() is threading.main_thread()
     if not main_thread and not detach:
@@ -274,6 +282,7 @@ def spawn_reporter(
             main_thread=main_thread,
             rfd=rfd,
             wfd=wfd,
+            stdio_to_devnull=stdio_to_devnull,
         )
     set_forking(False)
     if not detach:
@@ -302,6 +311,7 @@ def _child_main(
     main_thread: bool,
     rfd: int,
     wfd: int,
+    stdio_to_devnull: bool = False,
 ) -> NoReturn:
     """Never returns: the end of every code path is ``os._exit``."""
     code = EXIT_ERROR
@@ -328,6 +338,8 @@ def _child_main(
         # Never read here; held, the application's stdin pipe would keep its writer from
         # seeing the application's exit (EPIPE, EOF on a socket) until the final drain.
         release_stdin()
+        if stdio_to_devnull:
+            release_std_streams()
         if settings.supervise:
             code = run_supervisor(arena_path, settings, owner_pid)
         else:

@@ -38,6 +38,7 @@ from reporter_proc.process import in_reporter_process, spawn_reporter, start_rep
 from swmp import _own_logging, _sink, _spawned, lifecycle, tracing
 from swmp._arena_meta import arena_meta
 from swmp._runtime import ArenaSink, ProcessSink
+from swmp._server_position import server_position
 from swmp._thread_sink import ThreadSink
 from swmp.config import Config, parse_instance_properties
 from swmp.ops.locate import registry_path
@@ -76,91 +77,6 @@ def current() -> _Running | None:
     return _running
 
 
-# -- where are we ------------------------------------------------------------------------------
-def server_position() -> tuple[int, bool]:
-    """``(owner pid, started inside a worker)`` for the server we run in.
-
-    The owner is the process whose life bounds the application: the prefork master. When
-    the agent starts inside a worker (uWSGI ``lazy-apps``, Gunicorn without ``--preload``
-    and a start call in the application module), the owner is the master and the reporter
-    must be detached from the worker that happened to start it.
-    """
-    uwsgi = sys.modules.get("uwsgi")
-    if uwsgi is not None:
-        try:
-            worker_id = int(uwsgi.worker_id())
-            master = int(uwsgi.masterpid())
-            if master > 0 and master != os.getpid():
-                return master, True
-            return os.getpid(), worker_id > 0 and master <= 0
-        except Exception:
-            pass
-    master = _gunicorn_master_of_this_worker() or _sanic_main_of_this_worker()
-    if master:
-        return master, True
-    return os.getpid(), False
-
-
-def _gunicorn_master_of_this_worker() -> int:
-    """The arbiter's pid when this process is a Gunicorn worker (0 otherwise).
-
-    A worker runs its whole life inside ``Arbiter.spawn_worker`` (the post_fork hook, the
-    application import without ``--preload``, the request loop), and the arbiter object on
-    that frame still holds the master's pid.
-    """
-    if "gunicorn.arbiter" not in sys.modules:
-        return 0
-    frame: Any = sys._getframe()
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "spawn_worker" and code.co_filename.endswith(lifecycle.ARBITER_FILE):
-            pid = getattr(frame.f_locals.get("self"), "pid", 0)
-            if isinstance(pid, int) and pid > 0 and pid != os.getpid():
-                return pid
-            return os.getppid()
-        frame = frame.f_back
-    return 0
-
-
-def _sanic_main_of_this_worker() -> int:
-    """The Sanic main process's pid when this process is one of its server workers (0
-    otherwise).
-
-    Sanic's worker manager (``sanic app:app --workers N``) starts each worker with
-    multiprocessing's *spawn*: a new interpreter, which runs ``swmp run``'s loader and so
-    starts an agent of its own. The manager sets ``SANIC_WORKER_NAME`` (``Sanic-Server-0-0``)
-    in the environment the worker is started with, and is its parent: the worker then
-    joins the main process's arena and reporter and takes a slot of it (``-w0``,
-    ``-w1``, ...), as a Gunicorn worker does, instead of being slot 0 of an arena of its
-    own. Sanic's other processes (reloader, inspector) are no ``Server``.
-
-    Every interpreter a worker starts (a multiprocessing child, a Python subprocess)
-    inherits the variable too, and its parent is the worker, not the main process. The
-    manager sets the variable only while it starts a worker, so the main process was never
-    started with it: the parent must be the owner that the agent upstream published (the
-    main process's, or the worker's, which names the main process), or, when no agent
-    published one, a process whose own environment lacks the variable.
-    """
-    if "Server" not in os.environ.get("SANIC_WORKER_NAME", ""):
-        return 0
-    parent = os.getppid()
-    if parent <= 1:
-        return 0
-    published = _spawned.published_owner()
-    if published:
-        return parent if published == parent else 0
-    return 0 if _started_with(parent, b"SANIC_WORKER_NAME=") else parent
-
-
-def _started_with(pid: int, variable: bytes) -> bool:
-    """Was process ``pid`` started with ``variable`` in its environment (False: unknown)?"""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return any(entry.startswith(variable) for entry in f.read().split(b"\0"))
-    except OSError:
-        return False
-
-
 def _instance_base(config: Config, owner_pid: int) -> str:
     if config.agent_instance_name:
         return config.agent_instance_name
@@ -174,6 +90,10 @@ def _instance_base(config: Config, owner_pid: int) -> str:
 # -- start ---------------------------------------------------------------------------------
 def start(config: Config) -> None:
     """Start the agent in this process. Idempotent; never raises into the application."""
+    _start_guarded(config)
+
+
+def _start_guarded(config: Config, *, in_daemon: bool = False) -> None:
     global _running
     if in_reporter_process():
         return  # the reporter is forked from an application that runs the agent
@@ -188,7 +108,7 @@ def start(config: Config) -> None:
         # Before the reporter is forked or its thread started, so both inherit the level.
         _own_logging.apply(config)
         try:
-            _running = _start(config)
+            _running = _start(config, in_daemon=in_daemon)
         except _Unusable as exc:  # a setting's fault: said plainly, no traceback to report
             log.error("swmp: the agent could not start: %s; the application runs without it", exc)
             _running = None
@@ -203,7 +123,7 @@ class _Unusable(Exception):
     """A setting the agent cannot start with (the message names it)."""
 
 
-def _start(config: Config) -> _Running:
+def _start(config: Config, *, in_daemon: bool = False) -> _Running:
     tracing.configure(config)
     use_process = config.agent_reporter_process and hasattr(os, "fork")
     mode = "process" if use_process else "thread"
@@ -256,7 +176,8 @@ def _start(config: Config) -> _Running:
         if _needs_reporter(arena):
             # Detached (no child of ours): a program reaping every child until ECHILD would
             # wait for the supervisor, which waits for the program. Owner watched by pidfd.
-            pid = spawn_reporter(path, settings, owner_pid, detach=True)
+            # In a daemon: not the streams it was started with, which it lets go of.
+            pid = spawn_reporter(path, settings, owner_pid, detach=True, stdio_to_devnull=in_daemon)
             run.reporter_pid = pid if pid > 0 else None
         else:
             run.reporter_pid = arena.reporter_pid()
@@ -381,6 +302,9 @@ def _after_fork_in_child() -> None:
     global _state_lock
     _state_lock = threading.Lock()  # another thread of the parent may have held it
     run = _running
+    if run is not None and lifecycle.daemonized():
+        _start_anew_in_daemon(run)
+        return
     if run is not None:
         identity.set_binder(run.sink.rebind)  # re-armed: the child names itself on first use
     if run is None or lifecycle.is_helper() or not lifecycle.prefork_server():
@@ -394,6 +318,38 @@ def _after_fork_in_child() -> None:
         run.sink.rebind()
     except Exception:
         log.exception("swmp: after-fork setup failed in pid %d", os.getpid())
+
+
+def _start_anew_in_daemon(run: _Running) -> None:
+    """This process is the daemon a double fork made of the application (Gunicorn's
+    ``--daemon``, python-daemon's ``DaemonContext``; ``swmp._daemonized``). The owner it was
+    forked from exits, and its reporter drains what is left and leaves with it: the agent
+    starts here again as in a new application's owner (its own arena, reporter and instance
+    names). Nothing is written to the old arena: this process never reported there."""
+    global _running
+    _running = None
+    _spawned.withdraw(run.owner_pid, run.arena_path)
+    _sink.set_sink(None)
+    identity.set_binder(None)
+    _stop_meters()
+    _uninstall_profiling()
+    _sink.take_prestart()  # the owner's count, copied by the fork: the owner reports it
+    if run.arena is not None:
+        try:
+            if run.mode == "thread":
+                # The owner's name registry, which its exit hook would remove: daemonizing
+                # code ends the owner with os._exit. (Process mode: its reporter removes it.)
+                run.arena.unlink()
+            run.arena.close()  # our mapping only
+        except Exception:
+            log.debug("swmp: closing the owner's arena in its daemon failed", exc_info=True)
+    lifecycle.start_as_owner()
+    log.info(
+        "swmp: pid %d is the daemon of pid %d's application; the agent starts anew",
+        os.getpid(),
+        run.owner_pid,
+    )
+    _start_guarded(run.config, in_daemon=True)
 
 
 def _register_fork_hooks() -> None:

@@ -30,6 +30,10 @@ bound yet, and so is a fork of Gunicorn's master other than ``Arbiter.spawn_work
 fork that Python code makes in uWSGI's master (uWSGI forks its workers in C). A
 server hook that knows better (Celery's ``worker_process_init``) declares the process a worker
 with :func:`declare_server_worker`.
+
+**Daemons.** The grandchild of a double fork that left the owner's session (Gunicorn's
+``--daemon``, python-daemon) is no helper: the owner exits, and :func:`daemonized` tells the
+agent to start anew in it (``swmp._daemonized`` says how it is recognised).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from types import CodeType, FrameType
 # before ours announces the fork and the sink claims the child's own writer.
 import ipc.ring  # noqa: F401
 from reporter_proc.role import forking_reporter, in_reporter_process
+from swmp._daemonized import made_a_daemon, session_of
 
 log = logging.getLogger("swmp.agent")
 
@@ -68,12 +73,16 @@ _lock = threading.Lock()  # subscriptions only; never held while hooks run
 
 
 class _Process:
-    __slots__ = ("owner_pid", "pid", "role")
+    __slots__ = ("daemon", "owner_pid", "owner_sid", "pid", "role")
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.role = ""  # "" until the sink binds in this process
         self.owner_pid = 0  # the process whose life bounds the application (0: unknown)
+        self.owner_sid = 0  # the owner's session (0: unknown)
+        # The daemon a double fork made of the application (swmp._daemonized): the agent
+        # starts anew in it, as in a new application's owner.
+        self.daemon = False
 
 
 _here = _Process()
@@ -136,9 +145,12 @@ def _forked(by_python: bool = False) -> None:
     parent_role = _here.role  # still the parent's: memory is inherited, the hooks run first
     _here.pid = pid
     _here.role = ""
+    _here.daemon = False
     if forking_reporter() or in_reporter_process():
         return  # the reporter (or its supervisor) is not a process of the application
-    if parent_role in _HELPER_PARENTS or _forked_outside_the_master(_here.owner_pid, by_python):
+    if made_a_daemon(_here.owner_sid):
+        _here.daemon = True  # no helper of the owner, which is gone: see daemonized()
+    elif parent_role in _HELPER_PARENTS or _forked_outside_the_master(_here.owner_pid, by_python):
         _here.role = HELPER
     _run(_fork_hooks)
 
@@ -215,6 +227,24 @@ def check_fork() -> None:
 def announce_owner(owner_pid: int) -> None:
     """The agent started: ``owner_pid`` is the application's owner (prefork master)."""
     _here.owner_pid = owner_pid
+    _here.owner_sid = session_of(owner_pid) if owner_pid else 0
+    _here.daemon = False
+
+
+def daemonized() -> bool:
+    """Is this process the daemon that a double fork made of the application (Gunicorn's
+    ``--daemon``, python-daemon)? The owner it was forked from exits, and the owner's
+    reporter with it: the agent must start here anew (``swmp.agent``)."""
+    check_fork()
+    return _here.daemon
+
+
+def start_as_owner() -> None:
+    """The agent starts anew in this process (a daemon): no role yet, its owner announced next."""
+    _here.role = ""
+    _here.owner_pid = 0
+    _here.owner_sid = 0
+    _here.daemon = False
 
 
 def announce_bound(role: str) -> None:

@@ -23,7 +23,7 @@ from reporter_proc import records as R
 from reporter_proc.process import start_reporter_thread
 from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
-from swmp import _spawned, agent, lifecycle
+from swmp import _server_position, _spawned, agent, lifecycle
 from swmp._runtime import ArenaSink, prefork_master, worker_instance_name
 from swmp._thread_sink import ThreadSink
 from swmp.tracing.identity import identity
@@ -290,19 +290,19 @@ def test_the_children_of_a_sanic_worker_are_no_sanic_workers(monkeypatch: pytest
         started_with.append((pid, variable))
         return True
 
-    monkeypatch.setattr(agent, "_started_with", worker_parent)
+    monkeypatch.setattr(_server_position, "_started_with", worker_parent)
     assert agent.server_position() == me
     assert started_with == [(parent, b"SANIC_WORKER_NAME=")]
-    monkeypatch.setattr(agent, "_started_with", lambda pid, variable: False)
+    monkeypatch.setattr(_server_position, "_started_with", lambda pid, variable: False)
     assert agent.server_position() == (parent, True)
 
 
 def test_started_with_reads_the_environment_a_process_was_started_with() -> None:
     os.environ["SWMP_TEST_LATE"] = "1"  # set after the start: not in /proc/<pid>/environ
     try:
-        assert agent._started_with(os.getpid(), b"PATH=")
-        assert not agent._started_with(os.getpid(), b"SWMP_TEST_LATE=")
-        assert not agent._started_with(2**22 + 1, b"PATH=")  # no such process: unknown
+        assert _server_position._started_with(os.getpid(), b"PATH=")
+        assert not _server_position._started_with(os.getpid(), b"SWMP_TEST_LATE=")
+        assert not _server_position._started_with(2**22 + 1, b"PATH=")  # no such process: unknown
     finally:
         del os.environ["SWMP_TEST_LATE"]
 

@@ -1,0 +1,283 @@
+"""Applications that daemonize (double fork, ``setsid()``) after the agent started.
+
+The process the agent starts in exits at once, and its reporter with it. Before, a daemon
+kept writing into an arena nobody drained any more (all but its first second lost) and,
+under Gunicorn's ``--daemon``, counted as the owner's helper: nothing at all was reported.
+Now the daemon starts the agent anew (``swmp._daemonized``, ``swmp.agent``). Real forks,
+real Gunicorn under ``swmp run``, the real reporter, the in-test collector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from swmp import _daemonized
+from tests.agent_procs import agent_processes, owner_arena
+from tests.collector import Collector, free_port
+from tests.servers import SWMP_RUN, agent_env, gunicorn_command, port_open, request, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    with Collector(enable_http=False) as c:
+        yield c
+
+
+# -- the decision, in real forks -------------------------------------------------------------
+def _in_child(body: str, timeout: float = 20.0) -> dict[str, object]:
+    """Run ``body`` (which sets ``out``, a dict) in a fresh interpreter; its ``out``."""
+    program = (
+        textwrap.dedent(
+            """
+        import json, os, sys, time
+        from swmp import _daemonized
+        out = {}
+        """
+        )
+        + textwrap.dedent(body)
+        + "\nprint(json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+# The grandchild reports through a pipe to the program, which waits for it.
+DOUBLE_FORK = """
+owner_sid = os.getsid(0)
+r, w = os.pipe()
+if os.fork() == 0:                    # the middle process: a session of its own, then exits
+    os.setsid()
+    if os.fork():
+        {middle_exit}
+    os.write(w, json.dumps(_daemonized.made_a_daemon(owner_sid)).encode())
+    os._exit(0)
+os.close(w)
+with os.fdopen(r) as f:
+    out["daemon"] = json.loads(f.read())
+"""
+
+
+def test_the_grandchild_of_a_double_fork_is_a_daemon() -> None:
+    assert _in_child(DOUBLE_FORK.format(middle_exit="os._exit(0)")) == {"daemon": True}
+
+
+def test_a_grandchild_whose_middle_process_exited_before_its_hook_ran_is_a_daemon() -> None:
+    """The middle process gone (a zombie, or reaped) before the grandchild looks."""
+    body = DOUBLE_FORK.replace(
+        "    os.write(w, json.dumps(",
+        "    while os.getppid() == os.getsid(0):\n        time.sleep(0.002)\n    os.write(w, json.dumps(",
+    )
+    assert _in_child(body.format(middle_exit="os._exit(0)")) == {"daemon": True}
+
+
+def test_a_child_of_a_session_leader_that_lives_on_is_no_daemon() -> None:
+    """A server that called setsid() itself and forks its workers: the wait runs out."""
+    body = DOUBLE_FORK.format(middle_exit="os.waitpid(-1, 0); os._exit(0)")
+    body = "_daemonized.LEADER_EXIT_WAIT_S = 0.2\n" + body
+    assert _in_child(body) == {"daemon": False}
+
+
+def test_forks_in_the_applications_session_are_no_daemons() -> None:
+    body = """
+    r, w = os.pipe()
+    if os.fork() == 0:
+        seen = [_daemonized.made_a_daemon(os.getsid(0)), _daemonized.made_a_daemon(0)]
+        os.write(w, json.dumps(seen).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out["daemon"] = json.loads(f.read())
+    os.wait()
+    """
+    assert _in_child(body) == {"daemon": [False, False]}
+
+
+def test_without_pidfd_the_proc_state_decides(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exited process (a zombie here) counts as gone; a live one does not, once waited for."""
+    monkeypatch.delattr(os, "pidfd_open")
+    child = subprocess.Popen([sys.executable, "-S", "-c", "pass"])  # no fork of this process
+    try:
+        wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
+        assert _daemonized._exits_within(child.pid, 0.0)
+        assert not _daemonized._exits_within(os.getpid(), 0.05)
+    finally:
+        child.wait()
+    assert _daemonized._exits_within(child.pid, 0.0)  # reaped: no such process
+
+
+# -- a daemon program under swmp run ---------------------------------------------------------
+# Records before and after the process it was started as (the owner) is gone, and its first
+# reporter with it: the test says when (the go file), once that reporter has left.
+DAEMON = textwrap.dedent(
+    """
+    import os, sys, time
+
+    import swmp
+
+    info, go = sys.argv[1:3]
+    started_as = os.getpid()
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDWR)  # a daemon lets go of the streams it had
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    for i in range(5):
+        with swmp.entry_span(f"early-{i}"):
+            pass
+    with open(info + ".tmp", "w") as f:
+        f.write(f"{started_as} {os.getpid()}")
+    os.rename(info + ".tmp", info)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for i in range(5):
+        with swmp.entry_span(f"late-{i}"):
+            pass
+    """
+)
+
+
+def _live(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _marked(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions ``marker`` (the test's own directories)."""
+    return [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if p.pid != os.getpid() and marker in " ".join(p.info["cmdline"] or []) and _live(p.pid)
+    ]
+
+
+def _kill_marked(marker: str) -> None:
+    for p in _marked(marker):
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_double_forking_program_reports_before_and_long_after_its_first_process_exits(
+    tmp_path: Path, collector: Collector, mode: str
+) -> None:
+    script = tmp_path / "daemon.py"
+    script.write_text(DAEMON)
+    info, go = tmp_path / "info", tmp_path / "go"
+    env = agent_env(
+        tmp_path, collector.grpc_address, service="dmn", instance="dmn", reporter_process=mode == "process"
+    )
+    arena_dir = env["SW_AGENT_ARENA_DIR"]
+    daemon = 0
+    try:
+        # Returns once the first process exits: neither the daemon nor any reporter keeps the
+        # streams it was started with (captured here) open.
+        done = subprocess.run(
+            [*SWMP_RUN, sys.executable, str(script), str(info), str(go)],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        wait_until(info.exists, 30, "the daemon's info file")
+        started_as, daemon = (int(x) for x in info.read_text().split())
+        first_arena = owner_arena(started_as, arena_dir)
+        own_arena = owner_arena(daemon, arena_dir)
+        if mode == "process":
+            # The first process's reporter has drained and left with it; the daemon has its own.
+            wait_until(lambda: not os.path.exists(first_arena), 30, "the first arena removed")
+            wait_until(lambda: len(agent_processes(own_arena)) == 2, 30, "the daemon's own reporter")
+        go.write_text("")
+        wait_until(lambda: not _live(daemon), 30, "the daemon's exit")
+        assert collector.wait_for(lambda: len(collector.segments) >= 10, timeout=30), collector.summary()
+        wait_until(lambda: not list(Path(arena_dir).glob("*/*.arena")), 30, "no arena left")
+        assert agent_processes(own_arena) == []
+        ops = Counter(s.spans[0].operationName for s in collector.segments)
+        assert ops == Counter({f"{w}-{i}": 1 for w in ("early", "late") for i in range(5)})
+        assert {s.serviceInstance for s in collector.segments} == {"dmn-w0"}
+    finally:
+        if daemon and _live(daemon):
+            os.kill(daemon, signal.SIGKILL)
+        _kill_marked(arena_dir)
+
+
+# -- Gunicorn --daemon -----------------------------------------------------------------------
+@pytest.mark.servers
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_gunicorn_daemon_reports_from_its_workers(tmp_path: Path, collector: Collector, mode: str) -> None:
+    """``swmp run -- gunicorn --daemon``: the command returns, the daemonized master's workers
+    report (each its own instance), and stopping the master by its pid file leaves no agent
+    process and no arena behind."""
+    port = free_port()
+    pidfile = tmp_path / "gunicorn.pid"
+    env = agent_env(tmp_path, collector.grpc_address, service="gd", reporter_process=mode == "process")
+    arena_dir = env["SW_AGENT_ARENA_DIR"]
+    extra = ["--daemon", "--pid", str(pidfile), "--log-file", str(tmp_path / "gunicorn.log")]
+    master = 0
+    try:
+        done = subprocess.run(
+            [*SWMP_RUN, *gunicorn_command(port, workers=2, extra=extra)],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        wait_until(lambda: pidfile.exists() and pidfile.read_text().strip().isdigit(), 30, "the pid file")
+        master = int(pidfile.read_text())
+        wait_until(lambda: port_open(port), 30, f"port {port}")
+        workers = {p.pid for p in psutil.Process(master).children()}
+        results = [request(port, f"/cpu?i={i}") for i in range(40)]
+        assert all(r.status == 200 for r in results)
+        assert collector.wait_for(lambda: len(collector.segments) >= 40, timeout=30), collector.summary()
+        segments = list(collector.segments)
+        assert len({s.traceSegmentId for s in segments}) == len(segments) == 40
+        assert {s.spans[0].operationName for s in segments} == {"/cpu"}
+        instances = {s.serviceInstance for s in segments}
+        assert instances and all(i.startswith("gd-w") for i in instances), instances
+        if mode == "process":
+            arena = owner_arena(master, arena_dir)
+            assert len(agent_processes(arena)) == 2  # the daemon's own supervisor and reporter
+        assert workers, "no workers"
+        os.kill(master, signal.SIGTERM)
+        wait_until(lambda: not _live(master), 30, "the master's exit")
+        wait_until(lambda: not list(Path(arena_dir).glob("*/*.arena")), 30, "no arena left")
+        wait_until(lambda: not _marked(arena_dir), 30, "no agent process left")
+    finally:
+        if master and _live(master):
+            with contextlib.suppress(psutil.Error):
+                for p in psutil.Process(master).children(recursive=True):
+                    p.kill()
+            os.kill(master, signal.SIGKILL)
+        _kill_marked(arena_dir)
+        deadline = time.monotonic() + 10
+        while master and _live(master) and time.monotonic() < deadline:
+            time.sleep(0.02)
