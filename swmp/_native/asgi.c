@@ -21,7 +21,9 @@
 #include <Python.h>
 
 #include "asgi.h"
+#include "join.h"
 #include "spancore.h"
+#include "web_entry.h"
 
 /* Set by setup_asgi(): see its docstring in spancore.c's method table. */
 static PyObject *py_entry = NULL, *tag_request = NULL, *decide_entry = NULL, *from_headers = NULL,
@@ -29,7 +31,7 @@ static PyObject *py_entry = NULL, *tag_request = NULL, *decide_entry = NULL, *fr
                 *tag_method = NULL, *tag_url = NULL, *no_tags = NULL;
 static PyTypeObject *span_class = NULL;
 static PyObject *k_type, *k_method, *k_path, *k_headers, *k_scheme, *k_root_path, *k_server, *k_client, *v_http,
-    *s_rules, *s_methods, *s_tags, *s_peer, *s_max_elements, *s_max_length, *empty_text,
+    *s_peer, *s_max_elements, *s_max_length, *empty_text,
     *default_scheme, *empty_server, *colon, *scheme_end, *index_0, *index_1;
 
 PyObject *swmp_setup_asgi(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -74,26 +76,6 @@ PyObject *swmp_setup_asgi(PyObject *module, PyObject *const *args, Py_ssize_t na
         Py_XSETREF(*slots[i], Py_NewRef(args[i]));
     }
     Py_RETURN_NONE;
-}
-
-int swmp_methods_ignored(PyObject *policy) {
-    if (s_rules == NULL && ((s_rules = PyUnicode_InternFromString("rules")) == NULL ||
-                            (s_methods = PyUnicode_InternFromString("_methods")) == NULL)) {
-        return -1;
-    }
-    /* The agent's own plain objects: reading them runs no application code. */
-    PyObject *rules = PyObject_GetAttr(policy, s_rules);
-    if (rules == NULL) {
-        return -1;
-    }
-    PyObject *methods = swmp_optional_attr(rules, s_methods);
-    Py_DECREF(rules);
-    if (methods == NULL && PyErr_Occurred()) {
-        return -1;
-    }
-    int ignoring = methods == NULL ? 1 : PyObject_IsTrue(methods); /* getattr(rules, "_methods", True) */
-    Py_XDECREF(methods);
-    return ignoring;
 }
 
 /* The Python entry, with the caller's four arguments. */
@@ -152,99 +134,6 @@ static int scan_headers(PyObject *headers, PyObject *found[4]) {
         }
     }
     return 1;
-}
-
-/* The concatenation of ``n`` strs: what an f-string of them makes (PyUnicode_FromFormat
- * parses its format on every call: ~1,400 instructions a request for the URL and peer). */
-PyObject *swmp_join(PyObject *const *parts, int n) {
-    Py_ssize_t length = 0;
-    Py_UCS4 maxchar = 127;
-    for (int i = 0; i < n; i++) {
-        length += PyUnicode_GET_LENGTH(parts[i]);
-        Py_UCS4 m = PyUnicode_MAX_CHAR_VALUE(parts[i]);
-        maxchar = m > maxchar ? m : maxchar;
-    }
-    PyObject *out = PyUnicode_New(length, maxchar);
-    if (out == NULL) {
-        return NULL;
-    }
-    Py_ssize_t at = 0;
-    for (int i = 0; i < n; i++) {
-        Py_ssize_t k = PyUnicode_GET_LENGTH(parts[i]);
-        if (PyUnicode_CopyCharacters(out, at, parts[i], 0, k) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        at += k;
-    }
-    return out;
-}
-
-/* Equal parts, the same objects first (constants and a client's own exchange/topic strings
- * usually are): ~20 instructions against ~850 for a new join of five. */
-static int same_parts(const SwmpJoinMemo *memo, PyObject *const *parts, int n) {
-    if (memo->joined == NULL || memo->n != n) {
-        return 0;
-    }
-    for (int i = 0; i < n; i++) {
-        PyObject *a = memo->parts[i], *b = parts[i];
-        if (a != b && (PyUnicode_GET_LENGTH(a) != PyUnicode_GET_LENGTH(b) || PyUnicode_Compare(a, b) != 0)) {
-            return 0; /* exact strs: no comparison error is possible */
-        }
-    }
-    return 1;
-}
-
-PyObject *swmp_join_memo(SwmpJoinMemo *memo, PyObject *const *parts, int n) {
-    if (n > SWMP_JOIN_MEMO_PARTS) {
-        return swmp_join(parts, n);
-    }
-    if (same_parts(memo, parts, n)) {
-        return Py_NewRef(memo->joined);
-    }
-    PyObject *joined = swmp_join(parts, n);
-    if (joined == NULL) {
-        return NULL;
-    }
-    for (int i = 0; i < memo->n; i++) {
-        Py_CLEAR(memo->parts[i]);
-    }
-    for (int i = 0; i < n; i++) {
-        memo->parts[i] = Py_NewRef(parts[i]);
-    }
-    memo->n = n;
-    Py_XSETREF(memo->joined, Py_NewRef(joined));
-    return joined;
-}
-
-int swmp_request_tags(const SwmpRequestTags *parts, PyObject *span, PyObject *method, PyObject *url) {
-    if (s_tags == NULL && (s_tags = PyUnicode_InternFromString("tags")) == NULL) {
-        return -1;
-    }
-    Py_ssize_t lim = swmp_tag_limit(parts->limits);
-    PyObject *tags = lim < 0 && PyErr_Occurred() ? NULL : PyObject_GetAttr(span, s_tags);
-    if (tags == NULL) {
-        return -1;
-    }
-    int done = -1;
-    if (tags == parts->no_tags && PyUnicode_GET_LENGTH(method) <= lim && PyUnicode_GET_LENGTH(url) <= lim) {
-        PyObject *list = PyList_New(4);
-        if (list != NULL) {
-            PyList_SET_ITEM(list, 0, Py_NewRef(parts->tag_method));
-            PyList_SET_ITEM(list, 1, Py_NewRef(method));
-            PyList_SET_ITEM(list, 2, Py_NewRef(parts->tag_url));
-            PyList_SET_ITEM(list, 3, Py_NewRef(url));
-            done = PyObject_SetAttr(span, s_tags, list);
-            Py_DECREF(list);
-        }
-    } else {
-        PyObject *call[3] = {span, method, url};
-        PyObject *r = PyObject_Vectorcall(parts->request_tags, call, 3, NULL);
-        done = r == NULL ? -1 : 0;
-        Py_XDECREF(r);
-    }
-    Py_DECREF(tags);
-    return done;
 }
 
 /* f"{a}:{b}" */
@@ -380,34 +269,6 @@ static PyObject *carrier_of(PyObject *found[4]) {
     Py_XDECREF(max_elements);
     Py_XDECREF(max_length);
     return carrier;
-}
-
-PyObject *swmp_carrier_span(PyObject *const *entry, PyObject *decide_entry, PyObject *carrier) {
-    PyObject *call[4] = {entry[0], entry[1], entry[2], carrier};
-    PyObject *span = swmp_entry_root(call);
-    if (span == Py_None) {
-        Py_DECREF(span);
-        PyObject *decide[4] = {entry[0], carrier, entry[1], entry[2]};
-        span = PyObject_Vectorcall(decide_entry, decide, 4, NULL);
-    }
-    return span;
-}
-
-int swmp_sw8_span(PyObject *const *entry, PyObject *decide_entry, PyObject *text, PyObject **span) {
-    SwmpSw8 parts;
-    int plain = swmp_sw8_read(text, &parts);
-    if (plain <= 0) {
-        return plain;
-    }
-    *span = swmp_entry_sw8(entry, &parts);
-    if (*span == Py_None) {
-        Py_DECREF(*span);
-        PyObject *carrier = swmp_sw8_carrier(&parts);
-        *span = carrier == NULL ? NULL : swmp_carrier_span(entry, decide_entry, carrier);
-        Py_XDECREF(carrier);
-    }
-    swmp_sw8_clear(&parts);
-    return *span == NULL ? -1 : 1;
 }
 
 /* An sw8 alone (``found``'s correlation and extension headers absent or None) as the str

@@ -24,8 +24,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "asgi.h"
 #include "consume.h"
+#include "join.h"
 #include "mq.h"
 #include "spancore.h"
 

@@ -21,7 +21,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "asgi.h"
+#include "join.h"
 #include "mq.h"
 #include "spancore.h"
 
