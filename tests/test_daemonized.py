@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,8 +27,18 @@ import pytest
 
 from swmp import _daemonized
 from tests.agent_procs import agent_processes, owner_arena
+from tests.celery_support import REPO_ROOT, celery_env, new_queue, publish, worker_command
 from tests.collector import Collector, free_port
-from tests.servers import SWMP_RUN, agent_env, gunicorn_command, port_open, request, wait_until
+from tests.daemons import ServerInfo
+from tests.servers import (
+    SWMP_RUN,
+    agent_env,
+    gunicorn_command,
+    port_open,
+    request,
+    uwsgi_command,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -227,24 +238,21 @@ def test_a_double_forking_program_reports_before_and_long_after_its_first_proces
         _kill_marked(arena_dir)
 
 
-# -- Gunicorn --daemon -----------------------------------------------------------------------
-@pytest.mark.servers
-@pytest.mark.parametrize("mode", ["process", "thread"])
-def test_gunicorn_daemon_reports_from_its_workers(tmp_path: Path, collector: Collector, mode: str) -> None:
-    """``swmp run -- gunicorn --daemon``: the command returns, the daemonized master's workers
-    report (each its own instance), and stopping the master by its pid file leaves no agent
-    process and no arena behind."""
-    port = free_port()
-    pidfile = tmp_path / "gunicorn.pid"
-    env = agent_env(tmp_path, collector.grpc_address, service="gd", reporter_process=mode == "process")
+# -- servers' own daemon modes --------------------------------------------------------------
+@contextlib.contextmanager
+def _daemon_server(command: list[str], env: dict[str, str], pidfile: Path) -> Iterator[int]:
+    """``swmp run -- command`` (which daemonizes): returns once the command has, the daemon's
+    pid from its pid file; on the way out, the daemon and everything of the test's arena
+    directory are killed by pid if still there."""
     arena_dir = env["SW_AGENT_ARENA_DIR"]
-    extra = ["--daemon", "--pid", str(pidfile), "--log-file", str(tmp_path / "gunicorn.log")]
     master = 0
     try:
+        # Returns once the first process exits: neither the daemon nor any reporter keeps the
+        # streams it was started with (captured here) open.
         done = subprocess.run(
-            [*SWMP_RUN, *gunicorn_command(port, workers=2, extra=extra)],
+            [*SWMP_RUN, *command],
             env=env,
-            cwd=tmp_path,
+            cwd=REPO_ROOT,
             capture_output=True,
             text=True,
             timeout=60,
@@ -253,24 +261,7 @@ def test_gunicorn_daemon_reports_from_its_workers(tmp_path: Path, collector: Col
         assert done.returncode == 0, done.stderr[-3000:]
         wait_until(lambda: pidfile.exists() and pidfile.read_text().strip().isdigit(), 30, "the pid file")
         master = int(pidfile.read_text())
-        wait_until(lambda: port_open(port), 30, f"port {port}")
-        workers = {p.pid for p in psutil.Process(master).children()}
-        results = [request(port, f"/cpu?i={i}") for i in range(40)]
-        assert all(r.status == 200 for r in results)
-        assert collector.wait_for(lambda: len(collector.segments) >= 40, timeout=30), collector.summary()
-        segments = list(collector.segments)
-        assert len({s.traceSegmentId for s in segments}) == len(segments) == 40
-        assert {s.spans[0].operationName for s in segments} == {"/cpu"}
-        instances = {s.serviceInstance for s in segments}
-        assert instances and all(i.startswith("gd-w") for i in instances), instances
-        if mode == "process":
-            arena = owner_arena(master, arena_dir)
-            assert len(agent_processes(arena)) == 2  # the daemon's own supervisor and reporter
-        assert workers, "no workers"
-        os.kill(master, signal.SIGTERM)
-        wait_until(lambda: not _live(master), 30, "the master's exit")
-        wait_until(lambda: not list(Path(arena_dir).glob("*/*.arena")), 30, "no arena left")
-        wait_until(lambda: not _marked(arena_dir), 30, "no agent process left")
+        yield master
     finally:
         if master and _live(master):
             with contextlib.suppress(psutil.Error):
@@ -281,3 +272,80 @@ def test_gunicorn_daemon_reports_from_its_workers(tmp_path: Path, collector: Col
         deadline = time.monotonic() + 10
         while master and _live(master) and time.monotonic() < deadline:
             time.sleep(0.02)
+
+
+def _stopped_clean(master: int, sig: int, arena_dir: str) -> None:
+    """Stop the daemon with ``sig``: its reporter drains and leaves, no arena file is left."""
+    os.kill(master, sig)
+    wait_until(lambda: not _live(master), 60, "the daemon's exit")
+    wait_until(lambda: not list(Path(arena_dir).glob("*/*.arena")), 30, "no arena left")
+    wait_until(lambda: not _marked(arena_dir), 30, "no agent process left")
+
+
+def _check_web_segments(collector: Collector, n: int, service: str) -> None:
+    assert collector.wait_for(lambda: len(collector.segments) >= n, timeout=30), collector.summary()
+    segments = list(collector.segments)
+    assert len({s.traceSegmentId for s in segments}) == len(segments) == n
+    assert {s.spans[0].operationName for s in segments} == {"/cpu"}
+    instances = {s.serviceInstance for s in segments}
+    assert instances and all(i.startswith(f"{service}-w") for i in instances), instances
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_gunicorn_daemon_reports_from_its_workers(tmp_path: Path, collector: Collector, mode: str) -> None:
+    """``swmp run -- gunicorn --daemon``: the command returns, the daemonized master's workers
+    report (each its own instance), and stopping the master by its pid file leaves no agent
+    process and no arena behind."""
+    port = free_port()
+    pidfile = tmp_path / "gunicorn.pid"
+    env = agent_env(tmp_path, collector.grpc_address, service="gd", reporter_process=mode == "process")
+    extra = ["--daemon", "--pid", str(pidfile), "--log-file", str(tmp_path / "gunicorn.log")]
+    with _daemon_server(gunicorn_command(port, workers=2, extra=extra), env, pidfile) as master:
+        wait_until(lambda: port_open(port), 30, f"port {port}")
+        assert all(request(port, f"/cpu?i={i}").status == 200 for i in range(40))
+        _check_web_segments(collector, 40, "gd")
+        if mode == "process":
+            arena = owner_arena(master, env["SW_AGENT_ARENA_DIR"])
+            assert len(agent_processes(arena)) == 2  # the daemon's own supervisor and reporter
+        _stopped_clean(master, signal.SIGTERM, env["SW_AGENT_ARENA_DIR"])
+
+
+@pytest.mark.servers
+def test_uwsgi_daemonize_reports_from_its_workers(tmp_path: Path, collector: Collector) -> None:
+    """uWSGI daemonizes in C before Python starts: the agent starts in the daemon itself."""
+    port = free_port()
+    pidfile = tmp_path / "uwsgi.pid"
+    env = agent_env(tmp_path, collector.grpc_address, service="ud")
+    extra = ["--daemonize", str(tmp_path / "uwsgi.log"), "--pidfile", str(pidfile)]
+    with _daemon_server(uwsgi_command(port, workers=2, extra=extra), env, pidfile) as master:
+        wait_until(lambda: port_open(port), 30, f"port {port}")
+        assert all(request(port, f"/cpu?i={i}").status == 200 for i in range(40))
+        _check_web_segments(collector, 40, "ud")
+        _stopped_clean(master, signal.SIGINT, env["SW_AGENT_ARENA_DIR"])
+
+
+@pytest.mark.servers
+def test_celery_detach_reports_from_its_pool(
+    tmp_path: Path, collector: Collector, redis_server: ServerInfo
+) -> None:
+    """``celery worker --detach`` daemonizes and then execs a new worker: its pool children
+    report each task once, continuing the publisher's trace."""
+    broker = f"redis://127.0.0.1:{redis_server.port}/6"
+    queue = new_queue()
+    pidfile = tmp_path / "celery.pid"
+    env = celery_env(tmp_path, collector.grpc_address, broker, queue, service="cd")
+    log = tmp_path / "celery.log"
+    extra = ["--detach", "--pidfile", str(pidfile), "--logfile", str(log)]
+    with _daemon_server(worker_command(concurrency=2, extra=extra), env, pidfile) as master:
+        wait_until(
+            lambda: log.exists() and re.search(r"\S+@\S+ ready\.", log.read_text()) is not None, 60, "ready"
+        )
+        traces = publish(broker, [queue], 20, tmp_path)[queue]
+        assert collector.wait_for(lambda: len(collector.segments) >= 20, timeout=30), collector.summary()
+        segments = list(collector.segments)
+        assert len(segments) == 20
+        assert sorted(s.traceId for s in segments) == sorted(traces.values())
+        assert {s.spans[0].operationName for s in segments} == {"celery/examples.work"}
+        assert all(s.serviceInstance.startswith("cd-w") for s in segments)
+        _stopped_clean(master, signal.SIGTERM, env["SW_AGENT_ARENA_DIR"])
