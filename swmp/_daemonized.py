@@ -8,10 +8,13 @@ owner, whose life bounds the arena and the reporter) is gone. Left as it was, th
 wrote into an arena whose reporter had left with the owner (everything after the first
 second lost) or, under a prefork server, counted as the owner's helper and reported nothing.
 
-The facts used are the kernel's, seen from the grandchild's at-fork hook: its session is not
-the owner's, its parent leads that session (the middle process of the double fork) and exits
-at once. A session leader that lives on (a server that called ``setsid()`` itself and forks
-its own workers) is not taken for one: its children stay what they were. Nothing here raises.
+The facts used, seen from the grandchild's at-fork hook: the middle process was forked by the
+owner itself; the grandchild's session is not the owner's; its parent leads that session and
+exits at once. And when the owner was reporting (a single-process application that recorded
+before it daemonized), the owner has exited too. So a job that a worker, or a reporting
+application that lives on, detaches with the same double fork stays what it was (an inert
+helper of the application), and so do the children of a session leader that lives on (a
+server that called ``setsid()`` itself and forks its own workers). Nothing here raises.
 """
 
 from __future__ import annotations
@@ -36,11 +39,21 @@ def session_of(pid: int) -> int:
         return 0
 
 
-def made_a_daemon(owner_sid: int) -> bool:
+def made_a_daemon(owner_pid: int, owner_sid: int, *, middle_forked_by: int, owner_reported: bool) -> bool:
     """In a new process (the at-fork hook): True when it is the grandchild of a double fork
-    that took the application out of the owner's session ``owner_sid`` (0: unknown, False)."""
-    if not owner_sid:
+    that took the application out of the session ``owner_sid`` of its owner ``owner_pid`` (0:
+    unknown, False). ``middle_forked_by``: the pid of the process that forked this one's
+    parent; ``owner_reported``: the owner had a ring of its own when it forked."""
+    if not owner_sid or not owner_pid or middle_forked_by != owner_pid:
         return False
+    if not _left_the_session(owner_sid):
+        return False
+    return not owner_reported or _exits_within(owner_pid, 0.0)
+
+
+def _left_the_session(owner_sid: int) -> bool:
+    """Is this new process in a session other than ``owner_sid``, led by its parent (or by a
+    process gone already), which exits: the middle process of a double fork?"""
     try:
         sid = os.getsid(0)
         if sid in (owner_sid, os.getpid()):

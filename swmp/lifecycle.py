@@ -62,6 +62,7 @@ UNAVAILABLE = "unavailable"
 HELPER = "helper"
 # Roles of a process whose children are helpers: it reports (or tries to), or is a helper.
 _HELPER_PARENTS = frozenset((WORKER, UNAVAILABLE, HELPER))
+_REPORTING = frozenset((WORKER, UNAVAILABLE))
 
 Hook = Callable[[], None]
 RoleHook = Callable[[str], None]
@@ -73,11 +74,15 @@ _lock = threading.Lock()  # subscriptions only; never held while hooks run
 
 
 class _Process:
-    __slots__ = ("daemon", "owner_pid", "owner_sid", "pid", "role")
+    __slots__ = ("daemon", "owner_pid", "owner_sid", "parent_pid", "parent_role", "pid", "role")
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.role = ""  # "" until the sink binds in this process
+        # Who forked this process, and that one's role then (0, "": not forked since the
+        # agent's import). A child reads its parent's values: who forked its parent.
+        self.parent_pid = 0
+        self.parent_role = ""
         self.owner_pid = 0  # the process whose life bounds the application (0: unknown)
         self.owner_sid = 0  # the owner's session (0: unknown)
         # The daemon a double fork made of the application (swmp._daemonized): the agent
@@ -143,12 +148,15 @@ def _forked(by_python: bool = False) -> None:
     if _here.pid == pid:
         return
     parent_role = _here.role  # still the parent's: memory is inherited, the hooks run first
+    middle_forked_by, owner_role = _here.parent_pid, _here.parent_role  # (who forked our parent)
+    _here.parent_pid, _here.parent_role = _here.pid, parent_role
     _here.pid = pid
     _here.role = ""
     _here.daemon = False
     if forking_reporter() or in_reporter_process():
         return  # the reporter (or its supervisor) is not a process of the application
-    if made_a_daemon(_here.owner_sid):
+    owner, sid = _here.owner_pid, _here.owner_sid
+    if made_a_daemon(owner, sid, middle_forked_by=middle_forked_by, owner_reported=owner_role in _REPORTING):
         _here.daemon = True  # no helper of the owner, which is gone: see daemonized()
     elif parent_role in _HELPER_PARENTS or _forked_outside_the_master(_here.owner_pid, by_python):
         _here.role = HELPER

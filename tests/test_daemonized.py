@@ -70,15 +70,16 @@ def _in_child(body: str, timeout: float = 20.0) -> dict[str, object]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-# The grandchild reports through a pipe to the program, which waits for it.
+# The grandchild reports through a pipe to the program (the owner), which waits for it.
 DOUBLE_FORK = """
-owner_sid = os.getsid(0)
+owner, owner_sid = os.getpid(), os.getsid(0)
 r, w = os.pipe()
 if os.fork() == 0:                    # the middle process: a session of its own, then exits
     os.setsid()
     if os.fork():
         {middle_exit}
-    os.write(w, json.dumps(_daemonized.made_a_daemon(owner_sid)).encode())
+    seen = _daemonized.made_a_daemon(owner, owner_sid, middle_forked_by={forked_by}, owner_reported=False)
+    os.write(w, json.dumps(seen).encode())
     os._exit(0)
 os.close(w)
 with os.fdopen(r) as f:
@@ -86,31 +87,81 @@ with os.fdopen(r) as f:
 """
 
 
+def _double_fork(middle_exit: str = "os._exit(0)", forked_by: str = "owner") -> str:
+    return DOUBLE_FORK.format(middle_exit=middle_exit, forked_by=forked_by)
+
+
 def test_the_grandchild_of_a_double_fork_is_a_daemon() -> None:
-    assert _in_child(DOUBLE_FORK.format(middle_exit="os._exit(0)")) == {"daemon": True}
+    assert _in_child(_double_fork()) == {"daemon": True}
 
 
 def test_a_grandchild_whose_middle_process_exited_before_its_hook_ran_is_a_daemon() -> None:
     """The middle process gone (a zombie, or reaped) before the grandchild looks."""
-    body = DOUBLE_FORK.replace(
-        "    os.write(w, json.dumps(",
-        "    while os.getppid() == os.getsid(0):\n        time.sleep(0.002)\n    os.write(w, json.dumps(",
+    body = _double_fork().replace(
+        "    seen = ",
+        "    while os.getppid() == os.getsid(0):\n        time.sleep(0.002)\n    seen = ",
     )
-    assert _in_child(body.format(middle_exit="os._exit(0)")) == {"daemon": True}
+    assert _in_child(body) == {"daemon": True}
 
 
 def test_a_child_of_a_session_leader_that_lives_on_is_no_daemon() -> None:
     """A server that called setsid() itself and forks its workers: the wait runs out."""
-    body = DOUBLE_FORK.format(middle_exit="os.waitpid(-1, 0); os._exit(0)")
-    body = "_daemonized.LEADER_EXIT_WAIT_S = 0.2\n" + body
+    body = "_daemonized.LEADER_EXIT_WAIT_S = 0.2\n" + _double_fork("os.waitpid(-1, 0); os._exit(0)")
     assert _in_child(body) == {"daemon": False}
+
+
+def test_a_job_that_a_worker_detaches_is_no_daemon() -> None:
+    """The same double fork made by a worker (not the owner): a job, which stays a helper."""
+    assert _in_child(_double_fork(forked_by="owner + 1")) == {"daemon": False}
+
+
+# An owner that reported before it forked: its grandchild is a daemon only once the owner is
+# gone. The program forks the owner, then either reaps it before the grandchild looks
+# (``gone``) or keeps it alive until the grandchild has answered.
+REPORTING_OWNER = """
+r, w = os.pipe()
+go_r, go_w = os.pipe()
+done_r, done_w = os.pipe()
+owner = os.fork()
+if owner == 0:
+    owner, owner_sid = os.getpid(), os.getsid(0)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        os.read(go_r, 1)              # the program has dealt with the owner
+        seen = _daemonized.made_a_daemon(owner, owner_sid, middle_forked_by=owner, owner_reported=True)
+        os.write(w, json.dumps(seen).encode())
+        os._exit(0)
+    {owner_then}
+os.close(w)
+{gone}
+os.write(go_w, b"x")
+with os.fdopen(r) as f:
+    out["daemon"] = json.loads(f.read())
+os.write(done_w, b"x")
+os.waitpid(owner, 0) if {keep} else None
+"""
+
+
+def test_a_reporting_owner_makes_a_daemon_only_once_it_has_exited() -> None:
+    gone = REPORTING_OWNER.format(owner_then="os._exit(0)", gone="os.waitpid(owner, 0)", keep=False)
+    assert _in_child(gone) == {"daemon": True}
+    lives = REPORTING_OWNER.format(
+        owner_then="os.close(w); os.read(done_r, 1); os._exit(0)", gone="", keep=True
+    )
+    assert _in_child(lives) == {"daemon": False}
 
 
 def test_forks_in_the_applications_session_are_no_daemons() -> None:
     body = """
     r, w = os.pipe()
     if os.fork() == 0:
-        seen = [_daemonized.made_a_daemon(os.getsid(0)), _daemonized.made_a_daemon(0)]
+        owner = os.getppid()
+        seen = [
+            _daemonized.made_a_daemon(owner, os.getsid(0), middle_forked_by=owner, owner_reported=False),
+            _daemonized.made_a_daemon(owner, 0, middle_forked_by=owner, owner_reported=False),
+        ]
         os.write(w, json.dumps(seen).encode())
         os._exit(0)
     os.close(w)
@@ -235,6 +286,75 @@ def test_a_double_forking_program_reports_before_and_long_after_its_first_proces
     finally:
         if daemon and _live(daemon):
             os.kill(daemon, signal.SIGKILL)
+        _kill_marked(arena_dir)
+
+
+# A reporting program that detaches a job with the same double fork and lives on: the job is
+# no daemon (no arena or reporter of its own); it stays the program's inert helper.
+DETACHES_A_JOB = textwrap.dedent(
+    """
+    import json, os, sys, time
+
+    import swmp
+    from swmp import agent, lifecycle
+
+    info, go = sys.argv[1:3]
+    with swmp.entry_span("before"):
+        pass
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        with swmp.entry_span("job"):
+            pass
+        run = agent.current()
+        facts = {"owner": run.owner_pid if run else 0, "role": lifecycle.role(), "pid": os.getpid()}
+        with open(info + ".tmp", "w") as f:
+            json.dump(facts, f)
+        os.rename(info + ".tmp", info)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os._exit(0)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with swmp.entry_span("after"):
+        pass
+    """
+)
+
+
+def test_a_job_detached_by_a_reporting_program_stays_its_helper(tmp_path: Path, collector: Collector) -> None:
+    script = tmp_path / "detaches.py"
+    script.write_text(DETACHES_A_JOB)
+    info, go = tmp_path / "info", tmp_path / "go"
+    env = agent_env(tmp_path, collector.grpc_address, service="job", instance="job")
+    arena_dir = env["SW_AGENT_ARENA_DIR"]
+    proc = subprocess.Popen(
+        [*SWMP_RUN, sys.executable, str(script), str(info), str(go)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    job = 0
+    try:
+        wait_until(info.exists, 30, "the job's info file")
+        facts = json.loads(info.read_text())
+        job = facts["pid"]
+        assert facts["owner"] == proc.pid and facts["role"] == "helper", facts
+        assert len(list(Path(arena_dir).glob("*/*.arena"))) == 1  # the program's only
+        go.write_text("")
+        assert proc.wait(60) == 0
+        assert collector.wait_for(lambda: len(collector.segments) >= 2, timeout=30), collector.summary()
+        wait_until(lambda: not list(Path(arena_dir).glob("*/*.arena")), 30, "no arena left")
+        assert sorted(s.spans[0].operationName for s in collector.segments) == ["after", "before"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if job and _live(job):
+            os.kill(job, signal.SIGKILL)
         _kill_marked(arena_dir)
 
 
