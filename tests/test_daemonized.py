@@ -185,6 +185,15 @@ def test_without_pidfd_the_proc_state_decides(monkeypatch: pytest.MonkeyPatch) -
     assert _daemonized._exits_within(child.pid, 0.0)  # reaped: no such process
 
 
+def _swmp_run_returns(command: list[str], env: dict[str, str]) -> None:
+    """``swmp run -- command``, which daemonizes: it returns once the first process exits, as
+    neither the daemon nor any reporter keeps the streams it was started with (captured here)."""
+    done = subprocess.run(
+        [*SWMP_RUN, *command], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 # -- a daemon program under swmp run ---------------------------------------------------------
 # Records before and after the process it was started as (the owner) is gone, and its first
 # reporter with it: the test says when (the go file), once that reporter has left.
@@ -255,18 +264,7 @@ def test_a_double_forking_program_reports_before_and_long_after_its_first_proces
     arena_dir = env["SW_AGENT_ARENA_DIR"]
     daemon = 0
     try:
-        # Returns once the first process exits: neither the daemon nor any reporter keeps the
-        # streams it was started with (captured here) open.
-        done = subprocess.run(
-            [*SWMP_RUN, sys.executable, str(script), str(info), str(go)],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        _swmp_run_returns([sys.executable, str(script), str(info), str(go)], env)
         wait_until(info.exists, 30, "the daemon's info file")
         started_as, daemon = (int(x) for x in info.read_text().split())
         first_arena = owner_arena(started_as, arena_dir)
@@ -367,18 +365,7 @@ def _daemon_server(command: list[str], env: dict[str, str], pidfile: Path) -> It
     arena_dir = env["SW_AGENT_ARENA_DIR"]
     master = 0
     try:
-        # Returns once the first process exits: neither the daemon nor any reporter keeps the
-        # streams it was started with (captured here) open.
-        done = subprocess.run(
-            [*SWMP_RUN, *command],
-            env=env,
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        _swmp_run_returns(command, env)
         wait_until(lambda: pidfile.exists() and pidfile.read_text().strip().isdigit(), 30, "the pid file")
         master = int(pidfile.read_text())
         yield master
