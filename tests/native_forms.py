@@ -211,7 +211,7 @@ def new_caller() -> str:
 def sw8_variants(plain: str) -> dict[str, str]:
     """``plain`` (a valid sw8 value of a known caller) and values near it: each field changed
     to the edge of what the decoders take and just past it (the consumers' and the web
-    entries' reads from the parts, spancore.c's swmp_sw8_read, against decode_sw8)."""
+    entries' reads from the parts, carrier.c's swmp_sw8_read, against decode_sw8)."""
     flag, tid, sid, span_id, tail = plain.split("-", 4)
     other = b64("another-segment.7")
     return {

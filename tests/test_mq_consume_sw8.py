@@ -1,10 +1,10 @@
 """A consumed message's entry span made straight from its ``sw8`` parts (consume.c with
-spancore.c's ``swmp_sw8_read`` / ``swmp_entry_sw8``: no ContextCarrier for a plain header
-from a known caller) records what the Python forms record: the trace continued with the same
-trace id, the same cross-process reference field by field, and the same decisions for the
-headers the shortcut declines (not sampled, an unknown caller, malformed, correlation or
-extension headers, ignored names, a profiling board), for RabbitMQ and Kafka alike. The
-broad shapes of tables and records: test_mq_consume_native.py."""
+carrier.c's ``swmp_sw8_read`` and start.c's ``swmp_entry_sw8``: no ContextCarrier for a
+plain header from a known caller) records what the Python forms record: the trace
+continued with the same trace id, the same cross-process reference field by field, and the
+same decisions for the headers the shortcut declines (not sampled, an unknown caller,
+malformed, correlation or extension headers, ignored names, a profiling board), for
+RabbitMQ and Kafka alike. The broad shapes of tables and records: test_mq_consume_native.py."""
 
 from __future__ import annotations
 

@@ -360,7 +360,7 @@ def _compare_mutations(rng: random.Random, seeds: list[str], alphabet: str) -> N
 
 
 def test_the_native_carrier_is_the_one_python_builds() -> None:
-    """``decode_carrier`` (spancore.c) answers once the caller's fields are known, with a
+    """``decode_carrier`` (carrier.c) answers once the caller's fields are known, with a
     ContextCarrier equal to the Python path's: each its own correlation dict, writable
     fields, collected like any other object; the Python path still answers the rest."""
     if P._carrier_native is None:
@@ -430,7 +430,7 @@ def test_the_native_split_answers_for_plain_headers_only() -> None:
 
 
 def test_the_native_sw8_header_is_the_python_one() -> None:
-    """``sw8_header`` (swmp/_native/sw8.c, spancore.c) builds what Span.inject's Python path
+    """``sw8_header`` (swmp/_native/sw8.c, inject.c) builds what Span.inject's Python path
     builds, byte for byte: ASCII and other text in the endpoint and the peer, an empty peer
     or endpoint, a trace continued from a caller (its own trace id) or new (one id for both),
     any span id; it leaves text it would encode differently (a lone surrogate) and
@@ -491,7 +491,7 @@ def test_the_native_sw8_header_is_the_python_one() -> None:
 
 
 def test_the_native_inject_gives_the_python_headers() -> None:
-    """``span.inject()`` of the native core (spancore.c) returns what the Python reference
+    """``span.inject()`` of the native core (inject.c) returns what the Python reference
     (``span._inject`` without the native sw8) returns: for peers that come back as the same
     string object, as another object with the same text, or alternate with others (the
     native core remembers the last peer's base64); for any span id; and, through the

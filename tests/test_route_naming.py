@@ -1,4 +1,4 @@
-"""``name_request``: the native rename (swmp/_native/spancore.c) does what the Python one
+"""``name_request``: the native rename (swmp/_native/route.c) does what the Python one
 (``swmp.instrument._route._py_name_request``) does, in every state the request can be in."""
 
 from __future__ import annotations

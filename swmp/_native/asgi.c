@@ -10,7 +10,7 @@
  * (ASCII case-insensitively, the last of a repeated name winning); an incoming sw8 is
  * decoded by the Python ``from_headers`` (an sw8 alone from a known caller: read by the
  * span core, the span made from its parts, swmp_sw8_span); the span comes from entry_root
- * (spancore.c) or the Python decide_entry_span; a recorded span gets ``http.method`` /
+ * (start.c) or the Python decide_entry_span; a recorded span gets ``http.method`` /
  * ``http.url`` and the client as peer. Anything outside the plain shapes (a scope that is not a dict, a
  * method or path that is not a non-empty str, a method ignore list, a header list that is
  * not a list or tuple of (bytes, value) pairs) goes to the Python entry (``py_entry``)

@@ -12,7 +12,7 @@
  * else (another type, a class with its own ``__getattribute__`` or ``__setattr__``, a name
  * that is not a plain writable object slot, a slot never set) goes through
  * ``PyObject_GetAttr`` as before. ``swmp_slot_ref`` gives the slot itself, for a caller that
- * also sets it (spancore.c's counters). */
+ * also sets it (emit.c's counters). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>

@@ -11,7 +11,7 @@
  *
  * What it does is exactly the Python wrapper's: ``celery/<name>`` as the exit span's
  * operation, the peer and ``mq.broker`` tag of the app's broker, the span from
- * new_exit_span (spancore.c); a recorded span entered, tagged (one list when the tag is its
+ * new_exit_span (start.c); a recorded span entered, tagged (one list when the tag is its
  * first and fits the tag limit, else ``Span.tag``), its ``inject()`` headers armed for the
  * task message Celery builds (swmp/instrument/_celery_message.py: the same ContextVar and
  * box), the original called with the caller's arguments unchanged, the span finished with

@@ -1,4 +1,4 @@
-/* The SEGMENT record's JSON, written here instead of by orjson (spancore.c emit_fast).
+/* The SEGMENT record's JSON, written here instead of by orjson (emit.c emit_fast).
  *
  * Why: every traced request and consumed message ends in one segment record, and
  * ``orjson.dumps`` of it was ~5,700 instructions of the ~33,000 a traced WSGI request costs

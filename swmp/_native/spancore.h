@@ -1,4 +1,6 @@
-/* What spancore.c offers the module's other sources (asgi.c, wsgi.c, sql.c, cache.c, celery.c). */
+/* What the span core (spancore.c and the sources it lists: start.c, finish.c, carrier.c,
+ * inject.c, helpers.c) offers the module's other sources (asgi.c, wsgi.c, sql.c, cache.c,
+ * celery.c, ...). */
 #ifndef SWMP_SPANCORE_H
 #define SWMP_SPANCORE_H
 #include <Python.h>

@@ -9,7 +9,7 @@
  * gap comes from").
  *
  * The same steps as the Python function, with the same results: the span from
- * new_exit_span (spancore.c); a recorded span (of the Span class itself) gets the statement
+ * new_exit_span (start.c); a recorded span (of the Span class itself) gets the statement
  * as text (the Python ``text`` for anything but a str), the three tags as one list when
  * they are its first tags and the statement needs no clipping, else through ``Span.tag``;
  * the parameters through ``params_text`` and ``Span.tag`` when the setting asks for them,

@@ -1,5 +1,5 @@
 /* The ``sw8`` header's text: split_sw8 for an incoming one, swmp_b64_text and
- * swmp_sw8_join for the one an exit span sends (spancore.c's sw8_header).
+ * swmp_sw8_join for the one an exit span sends (inject.c's sw8_header).
  *
  * split_sw8(value): the plain case of an incoming ``sw8`` header, parsed in one C pass.
  *

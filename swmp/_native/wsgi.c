@@ -13,7 +13,7 @@
  * (PATH_INFO, else "/"); an incoming sw8 (HTTP_SW8, with HTTP_SW8_CORRELATION and
  * HTTP_SW8_X) decoded by the Python ``from_headers`` (an sw8 alone from a known caller: read
  * by the span core, the span made from its parts, swmp_sw8_span in web_entry.c); the span from
- * entry_root (spancore.c) or the Python decide_entry_span; a recorded span entered, tagged ``http.method`` /
+ * entry_root (start.c) or the Python decide_entry_span; a recorded span entered, tagged ``http.method`` /
  * ``http.url`` and given the client as peer; the application called with a status recorder
  * (status.c); on an exception the span marked with it and finished, the exception passed
  * on unchanged; the context given back once the application returned; the span finished
