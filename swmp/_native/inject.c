@@ -60,7 +60,9 @@ static PyObject *encoded_ids(SegmentCore *seg) {
     PyObject *tid = sid == NULL                           ? NULL
                     : seg->trace_id == seg->segment_id    ? Py_NewRef(sid)
                                                           : swmp_b64_text(seg->trace_id);
-    PyObject *ep = tid == NULL ? NULL : PyUnicode_GET_LENGTH(op) ? memo_b64(&last_endpoint, op) : Py_NewRef(swmp_empty_op);
+    PyObject *ep = tid == NULL                ? NULL
+                   : PyUnicode_GET_LENGTH(op) ? memo_b64(&last_endpoint, op)
+                                              : Py_NewRef(swmp_empty_op);
     Py_DECREF(op);
     if (ep == NULL) {
         Py_XDECREF(sid);
@@ -152,7 +154,8 @@ PyObject *swmp_setup_inject(PyObject *module, PyObject *const *args, Py_ssize_t 
  * failure. */
 static PyObject *plain_sw8(PyObject *span) {
     PyObject *seg = ((SpanCore *)span)->segment;
-    PyObject *corr = seg != NULL && PyObject_TypeCheck(seg, &swmp_SegmentCoreType) ? ((SegmentCore *)seg)->correlation : NULL;
+    PyObject *corr =
+        seg != NULL && PyObject_TypeCheck(seg, &swmp_SegmentCoreType) ? ((SegmentCore *)seg)->correlation : NULL;
     if (swmp_seg_identity == NULL || corr == NULL || ((SegmentCore *)seg)->skip_analysis != Py_False ||
         !(corr == swmp_no_correlation || (PyDict_CheckExact(corr) && PyDict_GET_SIZE(corr) == 0))) {
         return NULL;

@@ -126,7 +126,8 @@ PyObject *swmp_exit_child(PyObject *module, PyObject *const *args, Py_ssize_t na
         Py_DECREF(cur);
         return NULL;
     }
-    PyObject *span = swmp_make_span(swmp_span_class, seg, n, parent->span_id, args[0], exit_kind, args[3], args[2], args[1]);
+    PyObject *span =
+        swmp_make_span(swmp_span_class, seg, n, parent->span_id, args[0], exit_kind, args[3], args[2], args[1]);
     if (span == NULL) {
         /* No span will finish and give the token back: left there, it would keep the segment
          * open (never emitted) for good. The tokens are all None: one off the end is ours. */
@@ -335,7 +336,8 @@ PyObject *swmp_entry_root_py(PyObject *module, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     PyObject *span =
-        swmp_make_span(swmp_span_class, seg, Py_NewRef(swmp_zero), minus_one, args[0], swmp_entry_kind, args[2], args[1], swmp_empty_op);
+        swmp_make_span(swmp_span_class, seg, Py_NewRef(swmp_zero), minus_one, args[0], swmp_entry_kind, args[2],
+                       args[1], swmp_empty_op);
     if (span != NULL && carrier != Py_None && add_caller_ref((SpanCore *)span, carrier) < 0) {
         Py_CLEAR(span);
     }
@@ -372,7 +374,8 @@ static PyObject *exit_root(PyObject *const *args) {
         return NULL;
     }
     PyObject *span =
-        swmp_make_span(swmp_span_class, seg, Py_NewRef(swmp_zero), minus_one, args[0], exit_kind, args[3], args[2], args[1]);
+        swmp_make_span(swmp_span_class, seg, Py_NewRef(swmp_zero), minus_one, args[0], exit_kind, args[3], args[2],
+                       args[1]);
     if (span != NULL) {
         Py_SETREF(((SegmentCore *)seg)->first, Py_NewRef(span)); /* start_first() */
     }
@@ -411,7 +414,8 @@ PyObject *swmp_entry_sw8(PyObject *const *args, const SwmpSw8 *p) {
         return NULL;
     }
     PyObject *span =
-        swmp_make_span(swmp_span_class, seg, Py_NewRef(swmp_zero), minus_one, op, swmp_entry_kind, args[2], args[1], swmp_empty_op);
+        swmp_make_span(swmp_span_class, seg, Py_NewRef(swmp_zero), minus_one, op, swmp_entry_kind, args[2], args[1],
+                       swmp_empty_op);
     PyObject *span_id = span == NULL ? NULL : PyLong_FromLongLong(p->span_id);
     PyObject *ref = span_id == NULL ? NULL : PyList_New(1 + CF_ADDRESS + 1);
     PyObject *refs = ref == NULL ? NULL : PyList_New(1);
