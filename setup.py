@@ -62,6 +62,7 @@ setup(
                     "threads.c",
                     "asgi.c",
                     "within.c",
+                    "awaiting.c",
                     "wsgi.c",
                     "wsgi_method.c",
                     "web_entry.c",

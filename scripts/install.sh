@@ -9,7 +9,7 @@
 # scripts/test.sh runs first.
 #
 # pip also compiles the optional native modules, the reporter's encoder
-# (reporter_proc/_native/*.c) and the workers' span core (swmp/_native/spancore.c), when a C
+# (reporter_proc/_native/*.c) and the workers' span core (swmp/_native/*.c), when a C
 # compiler and the Python headers are present (Debian/Ubuntu: gcc python3-dev); without
 # them the install still succeeds and both run in pure Python.
 #

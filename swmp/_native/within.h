@@ -1,4 +1,5 @@
-/* swmp._spancore.within (within.c), registered by the module in spancore.c. */
+/* swmp._spancore.within (within.c) and AwaitingCall, the lazy form as a callable (awaiting.c),
+ * registered by the module in spancore.c. */
 #ifndef SWMP_WITHIN_H
 #define SWMP_WITHIN_H
 #include <Python.h>
