@@ -99,13 +99,27 @@ def reset_signals() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
+def _to_devnull(fds: tuple[int, ...], flags: int) -> bool:
+    """Point each of ``fds`` at ``/dev/null`` (opened with ``flags``); False if it cannot be
+    opened. A closed one of them may be the number the open takes: it is then kept."""
+    try:
+        devnull = os.open(os.devnull, flags)
+    except OSError:
+        return False
+    try:
+        for fd in fds:
+            if fd != devnull:
+                with contextlib.suppress(OSError):
+                    os.dup2(devnull, fd)
+    finally:
+        if devnull not in fds:
+            os.close(devnull)
+    return True
+
+
 def release_stdin() -> None:
     """Point fd 0 at ``/dev/null``: a process forked to report never reads its stdin."""
-    with contextlib.suppress(OSError):
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        if devnull != 0:
-            os.dup2(devnull, 0)
-            os.close(devnull)
+    _to_devnull((0,), os.O_RDONLY)
 
 
 def release_std_streams() -> None:
@@ -113,13 +127,7 @@ def release_std_streams() -> None:
     terminal or pipes it was started with) must not keep holding them: a shell's ``$(...)``,
     an ``ssh`` session or ``subprocess.run(..., capture_output=True)`` would wait for it."""
     _flush_std()
-    with contextlib.suppress(OSError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        for fd in (1, 2):
-            if devnull != fd:
-                os.dup2(devnull, fd)
-        if devnull > 2:
-            os.close(devnull)
+    _to_devnull((1, 2), os.O_WRONLY)
 
 
 def _flush_std() -> None:
@@ -162,17 +170,7 @@ def release_std_pipes(owner_pid: int, *, announce: bool) -> tuple[str, ...]:
             " and ".join(names),
         )
     _flush_std()
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-    except OSError:
-        return ()
-    try:
-        for fd, _ in held:
-            with contextlib.suppress(OSError):
-                os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
-    return names
+    return names if _to_devnull(tuple(fd for fd, _ in held), os.O_WRONLY) else ()
 
 
 def _run_loop(coro: Coroutine[Any, Any, int], *, guarded: bool = False) -> int:

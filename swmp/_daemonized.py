@@ -23,6 +23,8 @@ import os
 import select
 import time
 
+from ipc.procinfo import process_exited
+
 # How long a new process waits for the session leader that forked it to exit. Daemonizing
 # code exits it right after the fork (milliseconds, more on a loaded machine); only a child of
 # a session leader outside the application's session ever waits, and that leader is either
@@ -71,12 +73,16 @@ def _left_the_session(owner_sid: int) -> bool:
 
 def _exits_within(pid: int, timeout: float) -> bool:
     """Has process ``pid`` exited, or does it within ``timeout`` seconds (a zombie counts)?"""
+    if process_exited(pid):
+        return True
+    if timeout <= 0:
+        return False
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return True  # gone (and reaped) already
+        return True  # gone (and reaped) since
     except (AttributeError, OSError):
-        return _exits_within_by_proc(pid, timeout)  # no pidfd (old kernel, seccomp)
+        return _polled_exit(pid, timeout)  # no pidfd (old kernel, seccomp)
     try:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
@@ -87,18 +93,10 @@ def _exits_within(pid: int, timeout: float) -> bool:
         os.close(fd)
 
 
-def _exits_within_by_proc(pid: int, timeout: float) -> bool:
+def _polled_exit(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rpartition(b")")[2].split()[0]
-        except FileNotFoundError:
-            return True  # no such process
-        except (OSError, IndexError):
-            return False  # nothing we can read: not taken for gone
-        if state in (b"Z", b"X"):
-            return True
-        if time.monotonic() >= deadline:
-            return False
+    while time.monotonic() < deadline:
         time.sleep(0.002)
+        if process_exited(pid):
+            return True
+    return False

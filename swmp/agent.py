@@ -328,11 +328,7 @@ def _start_anew_in_daemon(run: _Running) -> None:
     names). Nothing is written to the old arena: this process never reported there."""
     global _running
     _running = None
-    _spawned.withdraw(run.owner_pid, run.arena_path)
-    _sink.set_sink(None)
-    identity.set_binder(None)
-    _stop_meters()
-    _uninstall_profiling()
+    _switch_off(run)
     _sink.take_prestart()  # the owner's count, copied by the fork: the owner reports it
     if run.arena is not None:
         try:
@@ -417,6 +413,16 @@ def _stop_meters() -> None:
             log.debug("swmp: stopping the meters failed", exc_info=True)
 
 
+def _switch_off(run: _Running) -> None:
+    """The agent's parts in this process off: the arena no longer published to the interpreters
+    it starts, meters, the sink (records counted, not written), naming, profiling."""
+    _spawned.withdraw(run.owner_pid, run.arena_path)
+    _stop_meters()
+    _sink.set_sink(None)
+    identity.set_binder(None)
+    _uninstall_profiling()
+
+
 def _uninstall_profiling() -> None:
     profiling = sys.modules.get("swmp.profiling")
     if profiling is not None:
@@ -436,15 +442,11 @@ def stop() -> None:
         if run is None:
             return
         _running = None
-        _spawned.withdraw(run.owner_pid, run.arena_path)
         try:
             lifecycle.announce_leaving()  # as at exit: meters write their last report, first
         except Exception:
             log.debug("swmp: stop failed", exc_info=True)
-        _stop_meters()
-        _sink.set_sink(None)
-        identity.set_binder(None)
-        _uninstall_profiling()
+        _switch_off(run)
         try:
             run.sink.leave(run.config.agent_reporter_shutdown_timeout)
         except Exception:

@@ -155,10 +155,12 @@ def _forked(by_python: bool = False) -> None:
     _here.daemon = False
     if forking_reporter() or in_reporter_process():
         return  # the reporter (or its supervisor) is not a process of the application
-    owner, sid = _here.owner_pid, _here.owner_sid
-    if made_a_daemon(owner, sid, middle_forked_by=middle_forked_by, owner_reported=owner_role in _REPORTING):
+    owner = _here.owner_pid
+    if made_a_daemon(
+        owner, _here.owner_sid, middle_forked_by=middle_forked_by, owner_reported=owner_role in _REPORTING
+    ):
         _here.daemon = True  # no helper of the owner, which is gone: see daemonized()
-    elif parent_role in _HELPER_PARENTS or _forked_outside_the_master(_here.owner_pid, by_python):
+    elif parent_role in _HELPER_PARENTS or _forked_outside_the_master(owner, by_python):
         _here.role = HELPER
     _run(_fork_hooks)
 

@@ -33,12 +33,14 @@ from tests.daemons import ServerInfo
 from tests.servers import (
     SWMP_RUN,
     agent_env,
+    belongs,
     gunicorn_command,
     port_open,
     request,
     uwsgi_command,
     wait_until,
 )
+from tests.test_reporter_helpers import pid_alive
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -229,19 +231,10 @@ DAEMON = textwrap.dedent(
 )
 
 
-def _live(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def _marked(marker: str) -> list[psutil.Process]:
-    """Live processes whose command line mentions ``marker`` (the test's own directories)."""
+    """Live processes of the test's own arena directory ``marker`` (command line or environment)."""
     return [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if p.pid != os.getpid() and marker in " ".join(p.info["cmdline"] or []) and _live(p.pid)
+        p for p in psutil.process_iter() if p.pid != os.getpid() and belongs(p, marker) and pid_alive(p.pid)
     ]
 
 
@@ -274,7 +267,7 @@ def test_a_double_forking_program_reports_before_and_long_after_its_first_proces
             wait_until(lambda: not os.path.exists(first_arena), 30, "the first arena removed")
             wait_until(lambda: len(agent_processes(own_arena)) == 2, 30, "the daemon's own reporter")
         go.write_text("")
-        wait_until(lambda: not _live(daemon), 30, "the daemon's exit")
+        wait_until(lambda: not pid_alive(daemon), 30, "the daemon's exit")
         assert collector.wait_for(lambda: len(collector.segments) >= 10, timeout=30), collector.summary()
         wait_until(lambda: not list(Path(arena_dir).glob("*/*.arena")), 30, "no arena left")
         assert agent_processes(own_arena) == []
@@ -282,7 +275,7 @@ def test_a_double_forking_program_reports_before_and_long_after_its_first_proces
         assert ops == Counter({f"{w}-{i}": 1 for w in ("early", "late") for i in range(5)})
         assert {s.serviceInstance for s in collector.segments} == {"dmn-w0"}
     finally:
-        if daemon and _live(daemon):
+        if daemon and pid_alive(daemon):
             os.kill(daemon, signal.SIGKILL)
         _kill_marked(arena_dir)
 
@@ -351,7 +344,7 @@ def test_a_job_detached_by_a_reporting_program_stays_its_helper(tmp_path: Path, 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        if job and _live(job):
+        if job and pid_alive(job):
             os.kill(job, signal.SIGKILL)
         _kill_marked(arena_dir)
 
@@ -370,21 +363,21 @@ def _daemon_server(command: list[str], env: dict[str, str], pidfile: Path) -> It
         master = int(pidfile.read_text())
         yield master
     finally:
-        if master and _live(master):
+        if master and pid_alive(master):
             with contextlib.suppress(psutil.Error):
                 for p in psutil.Process(master).children(recursive=True):
                     p.kill()
             os.kill(master, signal.SIGKILL)
         _kill_marked(arena_dir)
         deadline = time.monotonic() + 10
-        while master and _live(master) and time.monotonic() < deadline:
+        while master and pid_alive(master) and time.monotonic() < deadline:
             time.sleep(0.02)
 
 
 def _stopped_clean(master: int, sig: int, arena_dir: str) -> None:
     """Stop the daemon with ``sig``: its reporter drains and leaves, no arena file is left."""
     os.kill(master, sig)
-    wait_until(lambda: not _live(master), 60, "the daemon's exit")
+    wait_until(lambda: not pid_alive(master), 60, "the daemon's exit")
     wait_until(lambda: not list(Path(arena_dir).glob("*/*.arena")), 30, "no arena left")
     wait_until(lambda: not _marked(arena_dir), 30, "no agent process left")
 
