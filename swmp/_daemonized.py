@@ -32,21 +32,27 @@ from ipc.procinfo import process_exited
 # once, in each child it forks).
 LEADER_EXIT_WAIT_S = 0.5
 
+# A session id that no process has. Not 0: that is a real session, the one of every process
+# whose ancestors never called setsid() (the children of a VM's or container's init, a CI
+# runner's jobs).
+UNKNOWN_SESSION = -1
+
 
 def session_of(pid: int) -> int:
-    """The session id of process ``pid`` (0 if it cannot be read)."""
+    """The session id of process ``pid`` (UNKNOWN_SESSION if it cannot be read)."""
     try:
         return os.getsid(pid)
     except OSError:
-        return 0
+        return UNKNOWN_SESSION
 
 
 def made_a_daemon(owner_pid: int, owner_sid: int, *, middle_forked_by: int, owner_reported: bool) -> bool:
     """In a new process (the at-fork hook): True when it is the grandchild of a double fork
-    that took the application out of the session ``owner_sid`` of its owner ``owner_pid`` (0:
-    unknown, False). ``middle_forked_by``: the pid of the process that forked this one's
-    parent; ``owner_reported``: the owner had a ring of its own when it forked."""
-    if not owner_sid or not owner_pid or middle_forked_by != owner_pid:
+    that took the application out of the session ``owner_sid`` of its owner ``owner_pid``
+    (UNKNOWN_SESSION or pid 0: unknown, False). ``middle_forked_by``: the pid of the process
+    that forked this one's parent; ``owner_reported``: the owner had a ring of its own when it
+    forked."""
+    if owner_sid == UNKNOWN_SESSION or not owner_pid or middle_forked_by != owner_pid:
         return False
     if not _left_the_session(owner_sid):
         return False

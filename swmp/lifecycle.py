@@ -52,7 +52,7 @@ from types import CodeType, FrameType
 # before ours announces the fork and the sink claims the child's own writer.
 import ipc.ring  # noqa: F401
 from reporter_proc.role import forking_reporter, in_reporter_process
-from swmp._daemonized import made_a_daemon, session_of
+from swmp._daemonized import UNKNOWN_SESSION, made_a_daemon, session_of
 
 log = logging.getLogger("swmp.agent")
 
@@ -84,7 +84,7 @@ class _Process:
         self.parent_pid = 0
         self.parent_role = ""
         self.owner_pid = 0  # the process whose life bounds the application (0: unknown)
-        self.owner_sid = 0  # the owner's session (0: unknown)
+        self.owner_sid = UNKNOWN_SESSION  # the owner's session (0 is a real one)
         # The daemon a double fork made of the application (swmp._daemonized): the agent
         # starts anew in it, as in a new application's owner.
         self.daemon = False
@@ -237,7 +237,7 @@ def check_fork() -> None:
 def announce_owner(owner_pid: int) -> None:
     """The agent started: ``owner_pid`` is the application's owner (prefork master)."""
     _here.owner_pid = owner_pid
-    _here.owner_sid = session_of(owner_pid) if owner_pid else 0
+    _here.owner_sid = session_of(owner_pid) if owner_pid else UNKNOWN_SESSION
     _here.daemon = False
 
 
@@ -253,7 +253,7 @@ def start_as_owner() -> None:
     """The agent starts anew in this process (a daemon): no role yet, its owner announced next."""
     _here.role = ""
     _here.owner_pid = 0
-    _here.owner_sid = 0
+    _here.owner_sid = UNKNOWN_SESSION
     _here.daemon = False
 
 

@@ -359,14 +359,21 @@ def kafka4_broker(
 def _oap_fixture(
     request: pytest.FixtureRequest, run_dir: Path, kafka: KafkaBroker | None, label: str
 ) -> OapServer:
+    """A session's OAP: stopped when ``request`` (the session's) ends, or at exit."""
     request.addfinalizer(lambda: stop_pid_file(run_dir / "oap.pid"))
+    server = _started_oap(request.config, run_dir, kafka, label)
+    if server.run_dir != run_dir:
+        request.addfinalizer(server.stop)
+    return server
+
+
+def _started_oap(config: pytest.Config, run_dir: Path, kafka: KafkaBroker | None, label: str) -> OapServer:
     _track(run_dir / "oap.pid")
     server = start_oap(run_dir, kafka_bootstrap=kafka.bootstrap if kafka else None)
     if server.run_dir != run_dir:
-        request.addfinalizer(server.stop)
         _track(server.run_dir / "oap.pid")
     _report(
-        request.config,
+        config,
         f"[realpeers] {label} grpc={server.grpc} rest={server.rest} pid={server.pid} "
         f"ready in {server.startup_s:.1f}s",
     )
@@ -393,7 +400,11 @@ def _oap_of_today(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
             continue
         server.stop()
         broker = request.getfixturevalue("kafka_broker") if kafka else None
-        fresh = _oap_fixture(request, tmp_path_factory.mktemp("oap-next-day"), broker, f"{name} (new day)")
+        # Not stopped with this test's request (the tests after it use it too): the session
+        # fixture's own stop() reaches it through take_over(), and exit does otherwise.
+        fresh = _started_oap(
+            request.config, tmp_path_factory.mktemp("oap-next-day"), broker, f"{name} (new day)"
+        )
         server.take_over(fresh)
 
 

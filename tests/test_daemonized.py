@@ -74,7 +74,7 @@ def _in_child(body: str, timeout: float = 20.0) -> dict[str, object]:
 
 # The grandchild reports through a pipe to the program (the owner), which waits for it.
 DOUBLE_FORK = """
-owner, owner_sid = os.getpid(), os.getsid(0)
+owner, owner_sid = os.getpid(), {owner_sid}
 r, w = os.pipe()
 if os.fork() == 0:                    # the middle process: a session of its own, then exits
     os.setsid()
@@ -89,12 +89,22 @@ with os.fdopen(r) as f:
 """
 
 
-def _double_fork(middle_exit: str = "os._exit(0)", forked_by: str = "owner") -> str:
-    return DOUBLE_FORK.format(middle_exit=middle_exit, forked_by=forked_by)
+def _double_fork(
+    middle_exit: str = "os._exit(0)", forked_by: str = "owner", owner_sid: str = "os.getsid(0)"
+) -> str:
+    return DOUBLE_FORK.format(middle_exit=middle_exit, forked_by=forked_by, owner_sid=owner_sid)
 
 
 def test_the_grandchild_of_a_double_fork_is_a_daemon() -> None:
     assert _in_child(_double_fork()) == {"daemon": True}
+
+
+def test_an_owner_in_session_zero_is_followed_into_its_daemon() -> None:
+    """Session 0 is real: every process whose ancestors never called setsid() is in it (the
+    jobs of a CI runner that init started, a container's processes). CI's run of this file
+    had all its daemons missed, 0 having meant "unknown". (The owner here pretends to be in
+    session 0: a process cannot join it.)"""
+    assert _in_child(_double_fork(owner_sid="0")) == {"daemon": True}
 
 
 def test_a_grandchild_whose_middle_process_exited_before_its_hook_ran_is_a_daemon() -> None:
@@ -162,7 +172,9 @@ def test_forks_in_the_applications_session_are_no_daemons() -> None:
         owner = os.getppid()
         seen = [
             _daemonized.made_a_daemon(owner, os.getsid(0), middle_forked_by=owner, owner_reported=False),
-            _daemonized.made_a_daemon(owner, 0, middle_forked_by=owner, owner_reported=False),
+            _daemonized.made_a_daemon(
+                owner, _daemonized.UNKNOWN_SESSION, middle_forked_by=owner, owner_reported=False
+            ),
         ]
         os.write(w, json.dumps(seen).encode())
         os._exit(0)
