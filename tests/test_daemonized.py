@@ -52,8 +52,9 @@ def collector() -> Iterator[Collector]:
 
 
 # -- the decision, in real forks -------------------------------------------------------------
-def _in_child(body: str, timeout: float = 20.0) -> dict[str, object]:
-    """Run ``body`` (which sets ``out``, a dict) in a fresh interpreter; its ``out``."""
+def _in_child(body: str, timeout: float = 20.0, wrap: tuple[str, ...] = ()) -> dict[str, object]:
+    """Run ``body`` (which sets ``out``, a dict) in a fresh interpreter (started by the command
+    ``wrap`` if given); its ``out``."""
     program = (
         textwrap.dedent(
             """
@@ -66,7 +67,7 @@ def _in_child(body: str, timeout: float = 20.0) -> dict[str, object]:
         + "\nprint(json.dumps(out))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=timeout, check=False
+        [*wrap, sys.executable, "-c", program], capture_output=True, text=True, timeout=timeout, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -105,6 +106,22 @@ def test_an_owner_in_session_zero_is_followed_into_its_daemon() -> None:
     had all its daemons missed, 0 having meant "unknown". (The owner here pretends to be in
     session 0: a process cannot join it.)"""
     assert _in_child(_double_fork(owner_sid="0")) == {"daemon": True}
+
+
+# A new PID namespace's processes see the session they inherited as 0 (its leader is outside).
+IN_SESSION_ZERO = ("unshare", "--pid", "--fork", "--mount-proc")
+
+
+def test_an_owner_in_session_zero_for_real() -> None:
+    probe = subprocess.run(
+        [*IN_SESSION_ZERO, sys.executable, "-c", "import os; print(os.getsid(0))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0 or probe.stdout.strip() != "0":
+        pytest.skip(f"no PID namespace here (unshare: {probe.stderr.strip()[-200:]})")
+    assert _in_child("assert os.getsid(0) == 0\n" + _double_fork(), wrap=IN_SESSION_ZERO) == {"daemon": True}
 
 
 def test_a_grandchild_whose_middle_process_exited_before_its_hook_ran_is_a_daemon() -> None:
