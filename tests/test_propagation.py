@@ -429,6 +429,45 @@ def test_the_native_split_answers_for_plain_headers_only() -> None:
     assert _spancore.split_sw8(b"bytes") is None  # decode_sw8 turns bytes into text first
 
 
+def test_the_native_split_decodes_every_id_as_base64_does() -> None:
+    """The ids' base64 (decoded four characters a step): every last character of a padded
+    quad (stray bits or not), a byte with its high bit at every position of ids of 1-9
+    bytes, and random ASCII ids of 1-60 bytes; the answer is the text strict base64 gives
+    back, or None where that is not canonical ASCII."""
+    if not span_module.NATIVE:
+        return
+    from swmp import _spancore
+
+    tail = "-".join([b("svc"), b("i"), b("/ep"), b("h:80")])
+
+    def native_id(encoded: str) -> str | None:
+        out = _spancore.split_sw8("-".join(["1", encoded, b("s.1"), "3", tail]))
+        return None if out is None else str(out[1])
+
+    def strict(encoded: str) -> str | None:
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except ValueError:
+            return None
+        canonical = raw and base64.b64encode(raw).decode() == encoded and raw.isascii()
+        return raw.decode() if canonical else None
+
+    alphabet = string.ascii_uppercase + string.ascii_lowercase + string.digits + "+/"
+    cases = [f"QU{c}=" for c in alphabet] + [f"Q{c}==" for c in alphabet] + [f"QUJD{c}A==" for c in alphabet]
+    for size in range(1, 10):
+        for at in range(size):
+            raw = bytearray(b"abcdefghi"[:size])
+            raw[at] |= 0x80
+            cases.append(base64.b64encode(bytes(raw)).decode())
+    rng = random.Random(3)
+    for _ in range(2000):
+        text = "".join(rng.choice(string.printable) for _ in range(rng.randrange(1, 61)))
+        cases.append(base64.b64encode(text.encode()).decode())
+    for encoded in cases:
+        assert native_id(encoded) == strict(encoded), encoded
+    assert sum(strict(c) is not None for c in cases) > 2000  # most decode; the rest are refused
+
+
 def test_the_native_sw8_header_is_the_python_one() -> None:
     """``sw8_header`` (swmp/_native/sw8.c, inject.c) builds what Span.inject's Python path
     builds, byte for byte: ASCII and other text in the endpoint and the peer, an empty peer

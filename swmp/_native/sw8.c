@@ -36,42 +36,49 @@ void swmp_sw8_init(void) {
 }
 
 /* The text of a base64 id, or NULL (no error set) when it is not plain: empty, unpadded,
- * outside the alphabet, padding within, stray bits in the last character, or not ASCII. */
+ * outside the alphabet, padding within, stray bits in the last character, or not ASCII.
+ * Four characters (three bytes) a step: a byte at a time cost ~660 instructions an id. */
 static PyObject *decode_id(const unsigned char *s, Py_ssize_t n) {
     if (n == 0 || n % 4 != 0) {
         return NULL;
     }
     Py_ssize_t pad = s[n - 1] == '=' ? (s[n - 2] == '=' ? 2 : 1) : 0;
-    Py_ssize_t body = n - pad;
     Py_ssize_t out_len = n / 4 * 3 - pad;
-    if (out_len == 0) {
-        return NULL;
-    }
     PyObject *text = PyUnicode_New(out_len, 127);
     if (text == NULL) {
         PyErr_Clear(); /* no memory: the Python path will say so */
         return NULL;
     }
     unsigned char *out = PyUnicode_1BYTE_DATA(text);
-    Py_ssize_t o = 0;
-    unsigned int acc = 0, bits = 0, or_all = 0;
-    for (Py_ssize_t i = 0; i < body; i++) {
-        int v = b64[s[i]];
-        if (v < 0) {
-            Py_DECREF(text);
-            return NULL;
-        }
-        acc = (acc << 6) | (unsigned int)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            unsigned char byte = (unsigned char)(acc >> bits);
-            or_all |= byte;
-            out[o++] = byte;
-            acc &= (1u << bits) - 1;
+    Py_ssize_t whole = pad ? n - 4 : n; /* the quads without padding */
+    int outside = 0;                    /* negative once any character is outside the alphabet */
+    unsigned int high = 0;              /* the bytes' high bits: not ASCII */
+    for (Py_ssize_t i = 0; i < whole; i += 4, out += 3) {
+        int a = b64[s[i]], b = b64[s[i + 1]], c = b64[s[i + 2]], d = b64[s[i + 3]];
+        outside |= a | b | c | d;
+        unsigned int v = (unsigned int)a << 18 | (unsigned int)b << 12 | (unsigned int)c << 6 | (unsigned int)d;
+        high |= v & 0x808080u;
+        out[0] = (unsigned char)(v >> 16);
+        out[1] = (unsigned char)(v >> 8);
+        out[2] = (unsigned char)v;
+    }
+    unsigned int stray = 0; /* bits after the last byte, in the padded quad */
+    if (pad) {
+        const unsigned char *q = s + n - 4;
+        int a = b64[q[0]], b = b64[q[1]], c = pad == 1 ? b64[q[2]] : 0;
+        outside |= a | b | c;
+        unsigned int v = (unsigned int)a << 12 | (unsigned int)b << 6 | (unsigned int)c; /* 18 bits */
+        out[0] = (unsigned char)(v >> 10);
+        if (pad == 1) {
+            out[1] = (unsigned char)(v >> 2);
+            high |= v & 0x20200u; /* bit 7 of each byte: v's bits 17 and 9 */
+            stray = v & 3u;
+        } else {
+            high |= v & 0x20000u;
+            stray = v & 0x3ffu; /* b's low 4 bits (c is 0) */
         }
     }
-    if (acc != 0 || (or_all & 0x80) != 0) { /* stray bits after the last byte, or not ASCII */
+    if (outside < 0 || high != 0 || stray != 0) {
         Py_DECREF(text);
         return NULL;
     }
