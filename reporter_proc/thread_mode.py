@@ -69,6 +69,8 @@ class ReporterThread:
                 # drop this process's POSIX locks, including the ring slot its app holds.
                 arena = Arena.open(self.arena_path)
             reporter = self._new_reporter(arena, 0)
+            if self._sender is None:
+                _import_what_reporting_imports(self.settings)
         except Exception as exc:
             log.error("reporter thread cannot start: %s", exc)
             self.exit_code = EXIT_ERROR
@@ -158,6 +160,25 @@ class ReporterThread:
     def _at_exit(self) -> None:
         if self._thread.is_alive():
             self.stop(self.settings.shutdown_deadline_s + 1.0)
+
+
+def _import_what_reporting_imports(settings: ReporterSettings) -> None:
+    """Import the modules the reporter imports as it starts (its sender's client library, the
+    instance properties' psutil) before start() returns, while the application waits for it.
+
+    Why: a module this thread is still importing when the application forks stays locked in
+    the child for good (importlib's per-module locks are not reset at fork), and the child
+    hangs at its first import of that module. Seen: an application that recorded and then
+    daemonized at once; its daemon hung importing grpc, which this thread was importing.
+    tests/test_thread_mode_imports.py checks that nothing is left for later."""
+    from reporter_proc.instances import host_properties  # noqa: PLC0415
+    from reporter_proc.senders import import_sender  # noqa: PLC0415
+
+    try:
+        import_sender(settings.protocol)
+    except Exception:
+        pass  # the reporter says why when it makes the sender
+    host_properties()
 
 
 def start_reporter_thread(

@@ -14,7 +14,11 @@ exits at once. And when the owner was reporting (a single-process application th
 before it daemonized), the owner has exited too. So a job that a worker, or a reporting
 application that lives on, detaches with the same double fork stays what it was (an inert
 helper of the application), and so do the children of a session leader that lives on (a
-server that called ``setsid()`` itself and forks its own workers). Nothing here raises.
+server that called ``setsid()`` itself and forks its own workers).
+
+Daemonizing with one fork (the ``daemonize`` package: the child calls ``setsid()`` after the
+fork, so no at-fork hook sees it) is recognised later, by the sink on its first use in the
+child or on a dropped record (``detached_by_a_single_fork``). Nothing here raises.
 """
 
 from __future__ import annotations
@@ -57,6 +61,23 @@ def made_a_daemon(owner_pid: int, owner_sid: int, *, middle_forked_by: int, owne
     if not _left_the_session(owner_sid):
         return False
     return not owner_reported or _exits_within(owner_pid, 0.0)
+
+
+def detached_by_a_single_fork(owner_pid: int, owner_sid: int, *, forked_by: int, wait: float) -> bool:
+    """In a process that the owner ``owner_pid`` forked itself (``forked_by``), later: True when
+    it daemonized with one fork (the ``daemonize`` package: fork, the parent exits, the child
+    calls ``setsid()`` and carries on): it leads a session of its own now, and the owner has
+    exited or does within ``wait`` seconds. A child that called ``setsid()`` while the owner
+    lives on (a detached job) is no daemon."""
+    if owner_sid == UNKNOWN_SESSION or not owner_pid or forked_by != owner_pid:
+        return False
+    try:
+        pid = os.getpid()
+        if os.getsid(0) != pid or owner_sid == pid:
+            return False  # no setsid() here (yet)
+    except OSError:
+        return False
+    return _exits_within(owner_pid, wait)
 
 
 def _left_the_session(owner_sid: int) -> bool:

@@ -19,7 +19,7 @@ name; it is re-stamped with this worker's instance before it is written.
 
 Two sinks, one per reporter mode:
 
-* :class:`ArenaSink` (``SW_AGENT_REPORTER_PROCESS=true``): the slot's ring *is* the
+* ``ArenaSink`` (``SW_AGENT_REPORTER_PROCESS=true``, in ``swmp._arena_sink``): the slot's ring *is* the
   transport; the reporter process drains every slot of the shared arena.
 * ``ThreadSink`` (``false``, in ``swmp._thread_sink``): a slot of the shared arena is claimed
   for the name only; records go into a private one-slot arena drained by a reporter thread
@@ -67,14 +67,14 @@ import os
 import threading
 import time
 
-from ipc import Arena, RingWriter, still_linked
+from ipc import RingWriter
 from reporter_proc import records as R
 from swmp import _sink, lifecycle
 from swmp._drops import UnseenDrops, header_counts, no_counts
 from swmp.lifecycle import prefork_master
 from swmp.tracing.identity import identity
 
-__all__ = ["ArenaSink", "ProcessSink", "header_counts", "prefork_master", "worker_instance_name"]
+__all__ = ["ProcessSink", "header_counts", "prefork_master", "worker_instance_name"]
 
 log = logging.getLogger("swmp.agent")
 
@@ -126,6 +126,7 @@ class ProcessSink(UnseenDrops):
         # The process that left for good (it exits): its later records are dropped, never a
         # new claim. By pid, so that a child it forks is a new process that may claim.
         self._left_pid = -1
+        self._handed_over = -1  # the pid whose records go to the agent started anew there
         # One claim lock per pid, created with setdefault (atomic under the GIL): a lock
         # inherited from a parent may have been held by one of its threads at fork time.
         # Reentrant, with ``_claiming`` (:class:`UnseenDrops`): a signal handler or finalizer
@@ -143,6 +144,8 @@ class ProcessSink(UnseenDrops):
             if self._pid != lifecycle.current_pid():
                 stale_instance = identity.instance
                 self.rebind()
+                if self._handed_over == lifecycle.current_pid():
+                    return _sink.get_sink().write(rtype, payload)
                 if identity.instance != stale_instance:
                     payload = R.restamp_instance(rtype, payload, identity.instance)
             writer = self._writer
@@ -155,6 +158,8 @@ class ProcessSink(UnseenDrops):
                 if self.role == lifecycle.UNAVAILABLE and time.monotonic() >= self._retry_at:
                     writer = self._retry_claim()
                 if writer is None:
+                    if self.role == lifecycle.HELPER and self._hand_over():
+                        return _sink.get_sink().write(rtype, payload)
                     self._count_drop()
                     return False
                 payload = R.restamp_instance(rtype, payload, identity.instance)
@@ -289,10 +294,20 @@ class ProcessSink(UnseenDrops):
         ``retry``: this process found no free slot before; try the claim again.
         """
         lifecycle.check_fork()
+        if self._pid != os.getpid() and self._hand_over():
+            return
         if self._bind(retry):
             # What this process made before (``swmp._sink.NullSink``) where status shows it.
             self._count_elsewhere(_sink.take_prestart())
             lifecycle.announce_bound(self.role)
+
+    def _hand_over(self) -> bool:
+        """Is this process the daemon of a single fork (``swmp.lifecycle``)? Then the agent
+        has started anew here and this sink stays unbound: its records go to the new one."""
+        pid = lifecycle.current_pid()
+        if self._handed_over != pid and lifecycle.notice_single_fork_daemon():
+            self._handed_over = pid
+        return self._handed_over == pid
 
     def _bind(self, retry: bool = False) -> bool:
         """Claim under the per-pid lock; True when this call did the claim."""
@@ -433,67 +448,3 @@ def _write_around_the_sink() -> None:
 
 
 _write_around_the_sink()
-
-
-class ArenaSink(ProcessSink):
-    """Process mode: writes into the slot this process claimed in the shared arena."""
-
-    def __init__(
-        self,
-        arena: Arena,
-        service: str,
-        instance_base: str,
-        *,
-        namespace: str = "",
-        properties: dict[str, str] | None = None,
-        owner_pid: int = 0,
-    ) -> None:
-        super().__init__(
-            service, instance_base, namespace=namespace, properties=properties, owner_pid=owner_pid
-        )
-        self.arena = arena
-
-    def _attach(self, pid: int) -> tuple[RingWriter, int] | None:
-        writer = self.arena.claim_slot()
-        if writer is None:
-            self._warn_once(
-                "full",
-                "swmp: all %d ring slots of %s are taken; telemetry of process %d is dropped "
-                "and counted until a slot frees up (raise SW_AGENT_ARENA_SLOTS)",
-                self.arena.slots,
-                self.arena.path,
-                pid,
-            )
-            return None
-        try:
-            self._name_and_announce(writer, pid, writer.slot)
-        except BaseException:
-            self.arena.release_slot(writer.slot)  # the next attempt claims it again
-            raise
-        return writer, writer.slot
-
-    def _release(self, timeout: float) -> None:
-        self.arena.release_slot()
-
-    def _publish(self, counts: dict[str, int]) -> bool:
-        if not still_linked(self.arena):  # the last reporter out removed it
-            return False
-        self.arena.add_counts(header_counts(counts))
-        return True
-
-    def _attach_master(self, pid: int) -> RingWriter | None:
-        writer = self.arena.claim_slot(highest=True)
-        if writer is None:
-            self._warn_once(
-                "full-master", "swmp: no free ring slot for the master's logs in %s", self.arena.path
-            )
-            return None
-        self._name_and_announce(writer, pid, writer.slot, master_instance_name(self.instance_base))
-        return writer
-
-    def _release_master(self, writer: RingWriter) -> None:
-        self.arena.release_slot(writer.slot)
-
-    def report_arena(self) -> Arena | None:
-        """The arena whose reporter serves this process (its board carries profile tasks)."""
-        return self.arena

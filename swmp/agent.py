@@ -37,7 +37,8 @@ from ipc.private import make_directories
 from reporter_proc.process import in_reporter_process, spawn_reporter, start_reporter_thread
 from swmp import _own_logging, _sink, _spawned, lifecycle, tracing
 from swmp._arena_meta import arena_meta
-from swmp._runtime import ArenaSink, ProcessSink
+from swmp._arena_sink import ArenaSink
+from swmp._runtime import ProcessSink
 from swmp._server_position import server_position
 from swmp._thread_sink import ThreadSink
 from swmp.config import Config, parse_instance_properties
@@ -322,10 +323,11 @@ def _after_fork_in_child() -> None:
 
 def _start_anew_in_daemon(run: _Running) -> None:
     """This process is the daemon a double fork made of the application (Gunicorn's
-    ``--daemon``, python-daemon's ``DaemonContext``; ``swmp._daemonized``). The owner it was
-    forked from exits, and its reporter drains what is left and leaves with it: the agent
-    starts here again as in a new application's owner (its own arena, reporter and instance
-    names). Nothing is written to the old arena: this process never reported there."""
+    ``--daemon``, python-daemon's ``DaemonContext``) or a single one (the ``daemonize``
+    package; ``swmp._daemonized``). The owner it was forked from exits, and its reporter
+    drains what is left and leaves with it: the agent starts here again as in a new
+    application's owner (its own arena, reporter and instance names). Nothing is written to
+    the old arena: this process never reported there."""
     global _running
     _running = None
     _switch_off(run)
@@ -348,8 +350,16 @@ def _start_anew_in_daemon(run: _Running) -> None:
     _start_guarded(run.config, in_daemon=True)
 
 
+def _start_anew_after_a_single_fork() -> None:
+    """The sink found this process to be the daemon of a single fork (``swmp.lifecycle``)."""
+    run = _running
+    if run is not None:
+        _start_anew_in_daemon(run)
+
+
 def _register_fork_hooks() -> None:
     lifecycle.on_fork(_after_fork_in_child)
+    lifecycle.on_daemonized(_start_anew_after_a_single_fork)
     _register_celery_worker_hooks()
 
 

@@ -33,7 +33,9 @@ with :func:`declare_server_worker`.
 
 **Daemons.** The grandchild of a double fork that left the owner's session (Gunicorn's
 ``--daemon``, python-daemon) is no helper: the owner exits, and :func:`daemonized` tells the
-agent to start anew in it (``swmp._daemonized`` says how it is recognised).
+agent to start anew in it (``swmp._daemonized`` says how it is recognised). The child of a
+single fork that called ``setsid()`` (the ``daemonize`` package) is found later, by the sink
+(:func:`notice_single_fork_daemon`), which announces it to the agent the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import CodeType, FrameType
 
@@ -52,7 +55,8 @@ from types import CodeType, FrameType
 # before ours announces the fork and the sink claims the child's own writer.
 import ipc.ring  # noqa: F401
 from reporter_proc.role import forking_reporter, in_reporter_process
-from swmp._daemonized import UNKNOWN_SESSION, made_a_daemon, session_of
+from swmp import _daemonized
+from swmp._daemonized import UNKNOWN_SESSION, detached_by_a_single_fork, made_a_daemon, session_of
 
 log = logging.getLogger("swmp.agent")
 
@@ -70,11 +74,21 @@ RoleHook = Callable[[str], None]
 _fork_hooks: list[Hook] = []
 _bound_hooks: list[RoleHook] = []
 _leave_hooks: list[Hook] = []
+_daemon_hooks: list[Hook] = []
 _lock = threading.Lock()  # subscriptions only; never held while hooks run
 
 
 class _Process:
-    __slots__ = ("daemon", "owner_pid", "owner_sid", "parent_pid", "parent_role", "pid", "role")
+    __slots__ = (
+        "daemon",
+        "next_single_fork_check",
+        "owner_pid",
+        "owner_sid",
+        "parent_pid",
+        "parent_role",
+        "pid",
+        "role",
+    )
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -88,6 +102,8 @@ class _Process:
         # The daemon a double fork made of the application (swmp._daemonized): the agent
         # starts anew in it, as in a new application's owner.
         self.daemon = False
+        # When notice_single_fork_daemon() may look again (monotonic; 0: at its first call).
+        self.next_single_fork_check = 0.0
 
 
 _here = _Process()
@@ -121,8 +137,14 @@ def on_leave(fn: Hook) -> None:
     _add(_leave_hooks, fn)
 
 
+def on_daemonized(fn: Hook) -> None:
+    """Call ``fn()`` when this process turns out to be the daemon of a single fork
+    (:func:`notice_single_fork_daemon`): the agent starts anew in it."""
+    _add(_daemon_hooks, fn)
+
+
 def unsubscribe(fn: Callable[..., None]) -> None:
-    for hooks in (_fork_hooks, _bound_hooks, _leave_hooks):
+    for hooks in (_fork_hooks, _bound_hooks, _leave_hooks, _daemon_hooks):
         _remove(hooks, fn)
 
 
@@ -153,6 +175,7 @@ def _forked(by_python: bool = False) -> None:
     _here.pid = pid
     _here.role = ""
     _here.daemon = False
+    _here.next_single_fork_check = 0.0
     if forking_reporter() or in_reporter_process():
         return  # the reporter (or its supervisor) is not a process of the application
     owner = _here.owner_pid
@@ -239,6 +262,34 @@ def announce_owner(owner_pid: int) -> None:
     _here.owner_pid = owner_pid
     _here.owner_sid = session_of(owner_pid) if owner_pid else UNKNOWN_SESSION
     _here.daemon = False
+
+
+# A helper forked by a reporting owner asks again this often (its records are dropped until
+# then): the owner may exit after the helper's first look.
+SINGLE_FORK_RECHECK_S = 1.0
+
+
+def notice_single_fork_daemon() -> bool:
+    """Is this process the daemon of a single fork, found only now (``swmp._daemonized``:
+    forked by the owner, ``setsid()`` since, the owner gone)? Asked by the sink on its slow
+    paths (its first use in a new process, a helper's dropped records). When it is, the moment
+    is announced (the agent starts anew here, with a sink of its own) and True returned: the
+    caller hands its record to that sink. Cheap for every other process: two comparisons."""
+    check_fork()
+    if _here.parent_pid != _here.owner_pid or not _here.owner_pid or _here.daemon:
+        return False  # not forked by the owner itself (or already known)
+    now = time.monotonic()
+    if now < _here.next_single_fork_check:
+        return False
+    # The first look waits a moment for the owner's exit (the child's first record may come
+    # before its parent is gone); later ones only look.
+    wait = _daemonized.LEADER_EXIT_WAIT_S if not _here.next_single_fork_check else 0.0
+    _here.next_single_fork_check = now + SINGLE_FORK_RECHECK_S
+    if not detached_by_a_single_fork(_here.owner_pid, _here.owner_sid, forked_by=_here.parent_pid, wait=wait):
+        return False
+    _here.daemon = True
+    _run(_daemon_hooks)
+    return True
 
 
 def daemonized() -> bool:

@@ -24,7 +24,8 @@ from reporter_proc.process import start_reporter_thread
 from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
 from swmp import _server_position, _spawned, agent, lifecycle
-from swmp._runtime import ArenaSink, prefork_master, worker_instance_name
+from swmp._arena_sink import ArenaSink
+from swmp._runtime import prefork_master, worker_instance_name
 from swmp._thread_sink import ThreadSink
 from swmp.tracing.identity import identity
 from tests.slot_holder import SlotHolder

@@ -345,9 +345,16 @@ DETACHES_A_JOB = textwrap.dedent(
 )
 
 
-def test_a_job_detached_by_a_reporting_program_stays_its_helper(tmp_path: Path, collector: Collector) -> None:
+@pytest.mark.parametrize("forks", ["double", "single"])
+def test_a_job_detached_by_a_reporting_program_stays_its_helper(
+    tmp_path: Path, collector: Collector, forks: str
+) -> None:
+    """With one fork (``setsid()`` in the child, no second fork) the job is a daemon only once
+    the program has exited (tests/test_daemonized_single_fork.py): here it lives on."""
     script = tmp_path / "detaches.py"
-    script.write_text(DETACHES_A_JOB)
+    single = DETACHES_A_JOB.replace("    if os.fork():\n        os._exit(0)\n", "", 1)
+    assert single != DETACHES_A_JOB
+    script.write_text(single if forks == "single" else DETACHES_A_JOB)
     info, go = tmp_path / "info", tmp_path / "go"
     env = agent_env(tmp_path, collector.grpc_address, service="job", instance="job")
     arena_dir = env["SW_AGENT_ARENA_DIR"]

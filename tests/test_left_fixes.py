@@ -17,7 +17,7 @@ import pytest
 
 from reporter_proc import records as R
 from swmp import _sink, propagation
-from swmp._runtime import ArenaSink
+from swmp._arena_sink import ArenaSink
 from swmp.config import _load, load
 from swmp.instrument import log_reporter, wsgi
 from swmp.tracing import span as span_module

@@ -225,7 +225,7 @@ def test_a_record_logged_inside_the_first_claim_does_not_hang(
     dropped and counted, and the claim completes."""
     import ipc.arena as ipc_arena
     from ipc import Arena, procinfo
-    from swmp._runtime import ArenaSink
+    from swmp._arena_sink import ArenaSink
     from swmp.tracing.identity import identity
 
     arena = Arena.create(str(tmp_path / "t.arena"), slots=2, ring_capacity=1 << 16)

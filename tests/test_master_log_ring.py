@@ -18,7 +18,7 @@ import pytest
 from ipc import Arena
 from reporter_proc import records as R
 from swmp import lifecycle
-from swmp._runtime import ArenaSink
+from swmp._arena_sink import ArenaSink
 from swmp.tracing.identity import identity
 
 

@@ -415,7 +415,8 @@ def test_pvm_meters_are_plausible(meter_sink: _sink.MemorySink) -> None:
 # -- the agent's sink: the ring claim starts reporting ---------------------------------------
 def test_claiming_a_ring_starts_the_reporter_and_the_record_lands_there(tmp_path: Any) -> None:
     import ipc
-    from swmp._runtime import ArenaSink, worker_instance_name
+    from swmp._arena_sink import ArenaSink
+    from swmp._runtime import worker_instance_name
 
     meters.stop_meter_reporter()
     meters.registry.clear()

@@ -30,7 +30,7 @@ from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
 from swmp import _sink as swmp_sink
 from swmp import lifecycle
-from swmp._runtime import ArenaSink
+from swmp._arena_sink import ArenaSink
 from swmp._thread_sink import ThreadSink
 from swmp.tracing.identity import identity
 from tests.e2e_apps.exit_app import HELPER_LINES, OWNER_LATE_LINES

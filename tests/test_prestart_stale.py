@@ -33,7 +33,7 @@ from reporter_proc.process import start_reporter_thread
 from reporter_proc.senders.memory import MemorySender
 from reporter_proc.settings import ReporterSettings
 from swmp import _sink
-from swmp._runtime import ArenaSink
+from swmp._arena_sink import ArenaSink
 from swmp._thread_sink import ThreadSink
 from swmp.tracing.identity import identity
 from tests.collector import free_port

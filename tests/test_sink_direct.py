@@ -22,7 +22,7 @@ import pytest
 from ipc import Arena
 from reporter_proc import records as R
 from swmp import _runtime, _sink, lifecycle, tracing
-from swmp._runtime import ArenaSink
+from swmp._arena_sink import ArenaSink
 from swmp.config import load
 from swmp.tracing.context import new_entry_span
 from swmp.tracing.identity import identity

@@ -25,7 +25,7 @@ from reporter_proc import records as R
 from reporter_proc.loop import ring_losses
 from reporter_proc.status import exit_summary
 from swmp import _sink, meters, tracing
-from swmp._runtime import ArenaSink
+from swmp._arena_sink import ArenaSink
 from swmp.config import Config, load
 from swmp.instrument import log_reporter
 from swmp.instrument import loguru as sw_loguru

@@ -6,6 +6,9 @@ reporter after fork: importing this package costs nothing.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+
 from reporter_proc.senders.base import (
     KINDS,
     FatalSendError,
@@ -16,25 +19,44 @@ from reporter_proc.senders.base import (
 )
 from reporter_proc.settings import ReporterSettings
 
-__all__ = ["KINDS", "FatalSendError", "Record", "SendError", "Sender", "UnsupportedError", "create_sender"]
+__all__ = [
+    "KINDS",
+    "FatalSendError",
+    "Record",
+    "SendError",
+    "Sender",
+    "UnsupportedError",
+    "create_sender",
+    "import_sender",
+]
+
+
+# The network senders: protocol -> (module, class). Imported by name, on demand.
+_NETWORK = {
+    "grpc": ("reporter_proc.senders.grpc_sender", "GrpcSender"),
+    "http": ("reporter_proc.senders.http_sender", "HttpSender"),
+    "kafka": ("reporter_proc.senders.kafka_sender", "KafkaSender"),
+}
+
+
+def import_sender(protocol: str) -> Callable[[ReporterSettings], Sender] | None:
+    """The sender class for ``protocol``, its client library imported (None: not a network
+    protocol). Thread mode calls it before its reporter thread counts as started (see
+    ``reporter_proc.thread_mode``)."""
+    entry = _NETWORK.get(protocol.strip().lower())
+    if entry is None:
+        return None
+    module, name = entry
+    cls: Callable[[ReporterSettings], Sender] = getattr(importlib.import_module(module), name)
+    return cls
 
 
 def create_sender(settings: ReporterSettings) -> Sender:
     """The sender for ``settings.protocol`` (grpc, http, kafka or memory)."""
-    protocol = settings.protocol.strip().lower()
-    if protocol == "grpc":
-        from reporter_proc.senders.grpc_sender import GrpcSender  # noqa: PLC0415
-
-        return GrpcSender(settings)
-    if protocol == "http":
-        from reporter_proc.senders.http_sender import HttpSender  # noqa: PLC0415
-
-        return HttpSender(settings)
-    if protocol == "kafka":
-        from reporter_proc.senders.kafka_sender import KafkaSender  # noqa: PLC0415
-
-        return KafkaSender(settings)
-    if protocol == "memory":
+    network = import_sender(settings.protocol)
+    if network is not None:
+        return network(settings)
+    if settings.protocol.strip().lower() == "memory":
         from reporter_proc.senders.memory import MemorySender  # noqa: PLC0415
 
         return MemorySender(
