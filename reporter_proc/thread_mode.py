@@ -48,16 +48,25 @@ class ReporterThread:
         self._arena = arena
         self._sender = sender
         self._created = threading.Event()
+        self._settled = threading.Event()  # set once the thread imports nothing more
         self._stop_reason = ""
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._main, name="swmp-reporter", daemon=True)
 
     def start(self) -> None:
+        _importing.add(self)
         self._thread.start()
         self._created.wait(5.0)
 
     def _main(self) -> None:
+        try:
+            self._start_up_and_run()
+        finally:
+            self._settled.set()
+            _importing.discard(self)
+
+    def _start_up_and_run(self) -> None:
         # Here, not at the top: loopguard needs asyncio, which the application may never
         # import (the agent imports this module in the application's processes).
         from reporter_proc.loopguard import DescriptorsLost  # noqa: PLC0415
@@ -69,14 +78,16 @@ class ReporterThread:
                 # drop this process's POSIX locks, including the ring slot its app holds.
                 arena = Arena.open(self.arena_path)
             reporter = self._new_reporter(arena, 0)
-            if self._sender is None:
-                _import_what_reporting_imports(self.settings)
         except Exception as exc:
             log.error("reporter thread cannot start: %s", exc)
             self.exit_code = EXIT_ERROR
             self._created.set()
             return
         self._created.set()
+        if self._sender is None:
+            _import_what_reporting_imports(self.settings)
+        self._settled.set()
+        _importing.discard(self)
         delay = self.settings.restart_backoff_base_s
         for restarts in range(1, RESTARTS_MAX + 2):
             try:
@@ -162,15 +173,33 @@ class ReporterThread:
             self.stop(self.settings.shutdown_deadline_s + 1.0)
 
 
+# Reporter threads still importing what they need: a fork in the application waits for them.
+# Why: a module such a thread is still importing when the application forks stays locked in
+# the child for good (importlib's per-module locks are not reset at fork), and the child hangs
+# at its first import of it. Seen: a program that recorded and then daemonized at once, its
+# daemon hanging on ``import grpc`` as the agent started there anew; and any child importing
+# grpc within ~0.1 s of its parent's first record.
+_importing: set[ReporterThread] = set()
+SETTLE_WAIT_S = 5.0  # at most this long, once: the imports take ~0.1 s (seconds when busy)
+
+
+def _wait_for_imports_before_fork() -> None:
+    try:
+        for handle in list(_importing):
+            if handle._thread is not threading.current_thread():
+                handle._settled.wait(SETTLE_WAIT_S)
+    except Exception:
+        pass  # never into the application's fork
+
+
+os.register_at_fork(before=_wait_for_imports_before_fork, after_in_child=_importing.clear)
+
+
 def _import_what_reporting_imports(settings: ReporterSettings) -> None:
     """Import the modules the reporter imports as it starts (its sender's client library, the
-    instance properties' psutil) before start() returns, while the application waits for it.
-
-    Why: a module this thread is still importing when the application forks stays locked in
-    the child for good (importlib's per-module locks are not reset at fork), and the child
-    hangs at its first import of that module. Seen: an application that recorded and then
-    daemonized at once; its daemon hung importing grpc, which this thread was importing.
-    tests/test_thread_mode_imports.py checks that nothing is left for later."""
+    instance properties' psutil) at once, so that the thread imports nothing afterwards and a
+    fork waits only this long (see ``_importing``). tests/test_thread_mode_imports.py checks
+    that nothing is left for later."""
     from reporter_proc.instances import host_properties  # noqa: PLC0415
     from reporter_proc.senders import import_sender  # noqa: PLC0415
 

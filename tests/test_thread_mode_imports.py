@@ -1,13 +1,13 @@
-"""Thread mode's reporter imports what it needs before the application goes on.
+"""Thread mode's reporter thread and the application's forks.
 
 A module the reporter thread is still importing when the application forks stays locked in
 the child for good (importlib's per-module locks are not reset at fork): the child hangs at
 its first import of it. Seen with an application that recorded and then daemonized at once
-(its daemon hung importing grpc, which the thread was importing). So the thread imports its
-sender's client library and the instance properties' modules before ``start()`` returns
-(``reporter_proc.thread_mode``); here a real application reports through the real senders to
-the in-test collector, and every module present later was already there when the
-application's first record returned.
+(its daemon hung importing grpc, which the thread was importing). So the thread imports all
+it needs at its start, and a fork waits for that (``reporter_proc.thread_mode``). Here real
+applications report through the real senders to the in-test collector: children forked at
+every moment of the thread's start import what it imports, and the thread imports nothing
+after the first fork returned.
 """
 
 from __future__ import annotations
@@ -33,16 +33,21 @@ def collector() -> Iterator[Collector]:
         yield c
 
 
-# Records once (the reporter thread starts), notes the modules, records more, waits until the
-# collector has them all and the instance was announced, notes the modules again.
+# Records once (the reporter thread starts), forks (which waits for the thread's imports),
+# notes the modules, records more, waits until the collector has them all and the instance was
+# announced, notes the modules again.
 PROGRAM = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
 
     import swmp
 
     with swmp.entry_span("first"):
         pass
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
     at_start = set(sys.modules)
     for i in range(20):
         with swmp.entry_span(f"more-{i}"):
@@ -56,7 +61,7 @@ PROGRAM = textwrap.dedent(
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_the_reporter_thread_imports_nothing_after_it_started(
+def test_the_reporter_thread_imports_nothing_after_a_fork_returned(
     tmp_path: Path, collector: Collector, protocol: str
 ) -> None:
     script, done = tmp_path / "app.py", tmp_path / "done"
@@ -90,3 +95,61 @@ def test_the_reporter_thread_imports_nothing_after_it_started(
     assert delivered, collector.summary()
     assert proc.returncode == 0, err[-3000:]
     assert json.loads(out.strip().splitlines()[-1]) == [], err[-2000:]
+
+
+# Children forked 0-300 ms after the first record (the thread's start, its imports), each
+# importing what the thread imports; the program says how many finished.
+FORKS = textwrap.dedent(
+    """
+    import os, sys, time
+
+    import swmp
+
+    modules = sys.argv[1].split(",")
+    with swmp.entry_span("first"):
+        pass
+    start, children = time.monotonic(), []
+    for step in range(16):
+        while time.monotonic() < start + step * 0.02:
+            time.sleep(0.002)
+        pid = os.fork()
+        if pid == 0:
+            for name in modules:
+                __import__(name)
+            os._exit(0)
+        children.append(pid)
+    deadline, finished = time.monotonic() + 20, 0
+    while children and time.monotonic() < deadline:
+        for pid in list(children):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                children.remove(pid)
+                finished += 1
+        time.sleep(0.01)
+    for pid in children:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    print(finished)
+    """
+)
+
+
+@pytest.mark.parametrize(("protocol", "modules"), [("grpc", "grpc,psutil"), ("http", "aiohttp,psutil")])
+def test_children_forked_while_the_reporter_thread_starts_import_freely(
+    tmp_path: Path, collector: Collector, protocol: str, modules: str
+) -> None:
+    script = tmp_path / "forks.py"
+    script.write_text(FORKS)
+    backend = collector.grpc_address if protocol == "grpc" else collector.http_address
+    env = agent_env(
+        tmp_path, backend, service="forks", reporter_process=False, extra={"SW_AGENT_PROTOCOL": protocol}
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "swmp.cli", "run", "--", sys.executable, str(script), modules],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "16", done.stderr[-2000:]
