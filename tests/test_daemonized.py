@@ -226,37 +226,46 @@ def _swmp_run_returns(command: list[str], env: dict[str, str]) -> None:
 
 
 # -- a daemon program under swmp run ---------------------------------------------------------
-# Records before and after the process it was started as (the owner) is gone, and its first
-# reporter with it: the test says when (the go file), once that reporter has left.
-DAEMON = textwrap.dedent(
-    """
-    import os, sys, time
+# What a daemon program does once daemonized (``info``, ``go``, ``started_as`` set): records,
+# writes both pids into ``info``, waits for the test's word (the ``go`` file, once the first
+# process's reporter has left) and records again.
+DAEMON_WORK = """
+for i in range(5):
+    with swmp.entry_span(f"early-{i}"):
+        pass
+with open(info + ".tmp", "w") as f:
+    f.write(f"{started_as} {os.getpid()}")
+os.rename(info + ".tmp", info)
+deadline = time.monotonic() + 60
+while not os.path.exists(go) and time.monotonic() < deadline:
+    time.sleep(0.02)
+for i in range(5):
+    with swmp.entry_span(f"late-{i}"):
+        pass
+"""
+DAEMON_RECORDS = Counter({f"{w}-{i}": 1 for w in ("early", "late") for i in range(5)})
 
-    import swmp
+# The classic recipe, then DAEMON_WORK.
+DAEMON = (
+    textwrap.dedent(
+        """
+        import os, sys, time
 
-    info, go = sys.argv[1:3]
-    started_as = os.getpid()
-    if os.fork():
-        os._exit(0)
-    os.setsid()
-    if os.fork():
-        os._exit(0)
-    devnull = os.open(os.devnull, os.O_RDWR)  # a daemon lets go of the streams it had
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    for i in range(5):
-        with swmp.entry_span(f"early-{i}"):
-            pass
-    with open(info + ".tmp", "w") as f:
-        f.write(f"{started_as} {os.getpid()}")
-    os.rename(info + ".tmp", info)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(go) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    for i in range(5):
-        with swmp.entry_span(f"late-{i}"):
-            pass
-    """
+        import swmp
+
+        info, go = sys.argv[1:3]
+        started_as = os.getpid()
+        if os.fork():
+            os._exit(0)
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)  # a daemon lets go of the streams it had
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        """
+    )
+    + DAEMON_WORK
 )
 
 
@@ -273,40 +282,55 @@ def _kill_marked(marker: str) -> None:
             p.kill()
 
 
-@pytest.mark.parametrize("mode", ["process", "thread"])
-def test_a_double_forking_program_reports_before_and_long_after_its_first_process_exits(
-    tmp_path: Path, collector: Collector, mode: str
+def check_a_daemon_program(
+    tmp_path: Path,
+    collector: Collector,
+    env: dict[str, str],
+    program: str,
+    *args: str,
+    expected: Counter[str] = DAEMON_RECORDS,
 ) -> None:
+    """``swmp run`` of ``program`` (which daemonizes and does DAEMON_WORK; its arguments: the
+    info and go files, then ``args``): the command returns, the daemon records before and long
+    after the first process's reporter left, every record arrives once, nothing is left."""
     script = tmp_path / "daemon.py"
-    script.write_text(DAEMON)
+    script.write_text(program)
     info, go = tmp_path / "info", tmp_path / "go"
-    env = agent_env(
-        tmp_path, collector.grpc_address, service="dmn", instance="dmn", reporter_process=mode == "process"
-    )
     arena_dir = env["SW_AGENT_ARENA_DIR"]
     daemon = 0
     try:
-        _swmp_run_returns([sys.executable, str(script), str(info), str(go)], env)
+        _swmp_run_returns([sys.executable, str(script), str(info), str(go), *args], env)
         wait_until(info.exists, 30, "the daemon's info file")
         started_as, daemon = (int(x) for x in info.read_text().split())
-        first_arena = owner_arena(started_as, arena_dir)
         own_arena = owner_arena(daemon, arena_dir)
-        if mode == "process":
+        if env["SW_AGENT_REPORTER_PROCESS"] == "true":
             # The first process's reporter has drained and left with it; the daemon has its own.
-            wait_until(lambda: not os.path.exists(first_arena), 30, "the first arena removed")
+            wait_until(
+                lambda: not os.path.exists(owner_arena(started_as, arena_dir)), 30, "the first arena gone"
+            )
             wait_until(lambda: len(agent_processes(own_arena)) == 2, 30, "the daemon's own reporter")
         go.write_text("")
         wait_until(lambda: not pid_alive(daemon), 30, "the daemon's exit")
-        assert collector.wait_for(lambda: len(collector.segments) >= 10, timeout=30), collector.summary()
+        n = sum(expected.values())
+        assert collector.wait_for(lambda: len(collector.segments) >= n, timeout=30), collector.summary()
         wait_until(lambda: not list(Path(arena_dir).glob("*/*.arena")), 30, "no arena left")
         assert agent_processes(own_arena) == []
-        ops = Counter(s.spans[0].operationName for s in collector.segments)
-        assert ops == Counter({f"{w}-{i}": 1 for w in ("early", "late") for i in range(5)})
-        assert {s.serviceInstance for s in collector.segments} == {"dmn-w0"}
+        assert Counter(s.spans[0].operationName for s in collector.segments) == expected
     finally:
         if daemon and pid_alive(daemon):
             os.kill(daemon, signal.SIGKILL)
         _kill_marked(arena_dir)
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_double_forking_program_reports_before_and_long_after_its_first_process_exits(
+    tmp_path: Path, collector: Collector, mode: str
+) -> None:
+    env = agent_env(
+        tmp_path, collector.grpc_address, service="dmn", instance="dmn", reporter_process=mode == "process"
+    )
+    check_a_daemon_program(tmp_path, collector, env, DAEMON)
+    assert {s.serviceInstance for s in collector.segments} == {"dmn-w0"}
 
 
 # A reporting program that detaches a job with the same double fork and lives on: the job is

@@ -10,9 +10,6 @@ package under ``swmp run``, the real reporter, the in-test collector.
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
 import textwrap
 from collections import Counter
 from collections.abc import Iterator
@@ -20,11 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_procs import agent_processes, owner_arena
 from tests.collector import Collector
-from tests.servers import agent_env, wait_until
-from tests.test_daemonized import _in_child, _kill_marked, _swmp_run_returns
-from tests.test_reporter_helpers import pid_alive
+from tests.servers import agent_env
+from tests.test_daemonized import DAEMON_RECORDS, DAEMON_WORK, _in_child, check_a_daemon_program
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -108,10 +103,10 @@ def test_a_process_not_forked_by_the_owner_is_no_daemon() -> None:
 
 
 # -- the daemonize package under swmp run ----------------------------------------------------
-# Records (``report_first``) or not before it daemonizes; the daemon records before and after
-# the process it was started as (the owner) is gone, and its first reporter with it.
-DAEMONIZE = textwrap.dedent(
-    """
+# Records (``report_first``) or not before it daemonizes, then does DAEMON_WORK as the daemon.
+DAEMONIZE = (
+    textwrap.dedent(
+        """
     import os, sys, time
 
     from daemonize import Daemonize
@@ -127,22 +122,15 @@ DAEMONIZE = textwrap.dedent(
 
 
     def main():
-        for i in range(5):
-            with swmp.entry_span(f"early-{i}"):
-                pass
-        with open(info + ".tmp", "w") as f:
-            f.write(f"{started_as} {os.getpid()}")
-        os.rename(info + ".tmp", info)
-        deadline = time.monotonic() + 60
-        while not os.path.exists(go) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        for i in range(5):
-            with swmp.entry_span(f"late-{i}"):
-                pass
-
+    """
+    )
+    + textwrap.indent(DAEMON_WORK, "    ")
+    + textwrap.dedent(
+        """
 
     Daemonize(app="swmp-single-fork", pid=pidfile, action=main).start()
     """
+    )
 )
 
 
@@ -151,9 +139,6 @@ DAEMONIZE = textwrap.dedent(
 def test_a_daemonize_program_reports_before_and_long_after_its_first_process_exits(
     tmp_path: Path, collector: Collector, mode: str, report_first: bool
 ) -> None:
-    script = tmp_path / "daemonized.py"
-    script.write_text(DAEMONIZE)
-    info, go, pidfile = tmp_path / "info", tmp_path / "go", tmp_path / "daemon.pid"
     # Thread mode's gRPC cannot start again in a process that closed every descriptor after
     # its parent had used gRPC (daemonize closes them; docs/reporter.md): HTTP there.
     http = mode == "thread" and report_first
@@ -165,31 +150,10 @@ def test_a_daemonize_program_reports_before_and_long_after_its_first_process_exi
         reporter_process=mode == "process",
         extra={"SW_AGENT_PROTOCOL": "http"} if http else None,
     )
-    arena_dir = env["SW_AGENT_ARENA_DIR"]
-    daemon = 0
-    try:
-        argv = [sys.executable, str(script), str(info), str(go), str(pidfile), "1" if report_first else "0"]
-        _swmp_run_returns(argv, env)
-        wait_until(info.exists, 30, "the daemon's info file")
-        started_as, daemon = (int(x) for x in info.read_text().split())
-        own_arena = owner_arena(daemon, arena_dir)
-        if mode == "process":
-            # The first process's reporter has drained and left with it; the daemon has its own.
-            wait_until(
-                lambda: not os.path.exists(owner_arena(started_as, arena_dir)), 30, "the first arena gone"
-            )
-            wait_until(lambda: len(agent_processes(own_arena)) == 2, 30, "the daemon's own reporter")
-        go.write_text("")
-        wait_until(lambda: not pid_alive(daemon), 30, "the daemon's exit")
-        expected = Counter({f"{w}-{i}": 1 for w in ("early", "late") for i in range(5)})
-        if report_first:
-            expected.update({f"before-{i}": 1 for i in range(3)})
-        total = sum(expected.values())
-        assert collector.wait_for(lambda: len(collector.segments) >= total, timeout=30), collector.summary()
-        wait_until(lambda: not list(Path(arena_dir).glob("*/*.arena")), 30, "no arena left")
-        assert agent_processes(own_arena) == []
-        assert Counter(s.spans[0].operationName for s in collector.segments) == expected
-    finally:
-        if daemon and pid_alive(daemon):
-            os.kill(daemon, signal.SIGKILL)
-        _kill_marked(arena_dir)
+    expected = Counter(DAEMON_RECORDS)
+    if report_first:
+        expected.update({f"before-{i}": 1 for i in range(3)})
+    pidfile = str(tmp_path / "daemon.pid")
+    check_a_daemon_program(
+        tmp_path, collector, env, DAEMONIZE, pidfile, "1" if report_first else "0", expected=expected
+    )
