@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from ipc.procinfo import process_exited
 from swmp import _spawned, lifecycle
 
 
@@ -34,6 +35,21 @@ def server_position() -> tuple[int, bool]:
     if master:
         return master, True
     return os.getpid(), False
+
+
+def uwsgi_daemonized_since(owner_pid: int) -> bool:
+    """In a uWSGI worker: did uWSGI daemonize after the agent started in ``owner_pid``
+    (``--daemonize2``: it loads the application, then forks twice in C, where no Python
+    hook runs, and the daemon forks the workers)? Then the owner has exited, its reporter
+    with it, and the worker's master is a process the agent never started in."""
+    uwsgi = sys.modules.get("uwsgi")
+    if uwsgi is None or not owner_pid:
+        return False
+    try:
+        master = int(uwsgi.masterpid())
+    except Exception:
+        return False
+    return 0 < master != owner_pid and master != os.getpid() and process_exited(owner_pid)
 
 
 def _gunicorn_master_of_this_worker() -> int:

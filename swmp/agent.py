@@ -39,7 +39,7 @@ from swmp import _own_logging, _sink, _spawned, lifecycle, tracing
 from swmp._arena_meta import arena_meta
 from swmp._arena_sink import ArenaSink
 from swmp._runtime import ProcessSink
-from swmp._server_position import server_position
+from swmp._server_position import server_position, uwsgi_daemonized_since
 from swmp._thread_sink import ThreadSink
 from swmp.config import Config, parse_instance_properties
 from swmp.ops.locate import registry_path
@@ -306,6 +306,11 @@ def _after_fork_in_child() -> None:
     if run is not None and lifecycle.daemonized():
         _start_anew_in_daemon(run)
         return
+    if run is not None and uwsgi_daemonized_since(run.owner_pid):
+        # A worker of uWSGI's daemonized master: it joins (or makes) the master's arena and
+        # reporter, as under lazy-apps; its streams are uWSGI's log, the reporter keeps them.
+        _start_anew_in_daemon(run, streams_released=False)
+        return
     if run is not None:
         identity.set_binder(run.sink.rebind)  # re-armed: the child names itself on first use
     if run is None or lifecycle.is_helper() or not lifecycle.prefork_server():
@@ -321,7 +326,7 @@ def _after_fork_in_child() -> None:
         log.exception("swmp: after-fork setup failed in pid %d", os.getpid())
 
 
-def _start_anew_in_daemon(run: _Running) -> None:
+def _start_anew_in_daemon(run: _Running, *, streams_released: bool = True) -> None:
     """This process is the daemon a double fork made of the application (Gunicorn's
     ``--daemon``, python-daemon's ``DaemonContext``) or a single one (the ``daemonize``
     package; ``swmp._daemonized``). The owner it was forked from exits, and its reporter
@@ -347,7 +352,7 @@ def _start_anew_in_daemon(run: _Running) -> None:
         os.getpid(),
         run.owner_pid,
     )
-    _start_guarded(run.config, in_daemon=True)
+    _start_guarded(run.config, in_daemon=streams_released)
 
 
 def _start_anew_after_a_single_fork() -> None:

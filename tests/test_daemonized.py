@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from swmp import _daemonized
+from swmp.ops.locate import registry_path
 from tests.agent_procs import agent_processes, owner_arena
 from tests.celery_support import REPO_ROOT, celery_env, new_queue, publish, worker_command
 from tests.collector import Collector, free_port
@@ -483,6 +484,36 @@ def test_uwsgi_daemonize_reports_from_its_workers(tmp_path: Path, collector: Col
         assert all(request(port, f"/cpu?i={i}").status == 200 for i in range(40))
         _check_web_segments(collector, 40, "ud")
         _stopped_clean(master, signal.SIGINT, env["SW_AGENT_ARENA_DIR"])
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_uwsgi_daemonize2_reports_from_its_workers(tmp_path: Path, collector: Collector, mode: str) -> None:
+    """``--daemonize2`` loads the application (and so starts the agent) first, then
+    daemonizes in C (no Python hook runs) and the daemon forks the workers: they find the
+    process the agent started in gone and join their daemonized master's arena."""
+    port = free_port()
+    pidfile = tmp_path / "uwsgi.pid"
+    env = agent_env(tmp_path, collector.grpc_address, service="ud2", reporter_process=mode == "process")
+    extra = ["--daemonize2", str(tmp_path / "uwsgi.log"), "--pidfile", str(pidfile)]
+    with _daemon_server(uwsgi_command(port, workers=2, extra=extra), env, pidfile) as master:
+        wait_until(lambda: port_open(port), 30, f"port {port}")
+        assert all(request(port, f"/cpu?i={i}").status == 200 for i in range(40))
+        _check_web_segments(collector, 40, "ud2")
+        if mode == "process":
+            arena = owner_arena(master, env["SW_AGENT_ARENA_DIR"])
+            assert len(agent_processes(arena)) == 2  # the daemon's own supervisor and reporter
+            _stopped_clean(master, signal.SIGINT, env["SW_AGENT_ARENA_DIR"])
+        else:
+            # uWSGI's master runs no Python exit hook, so in thread mode the name registry its
+            # workers made stays (as under any uWSGI in thread mode; the next start's stale
+            # clean-up removes it); the workers' own arenas go.
+            registry = Path(registry_path(owner_arena(master, env["SW_AGENT_ARENA_DIR"])))
+            assert registry.exists()
+            os.kill(master, signal.SIGINT)
+            wait_until(lambda: not pid_alive(master), 60, "the daemon's exit")
+            wait_until(lambda: not _marked(env["SW_AGENT_ARENA_DIR"]), 30, "no agent process left")
+            assert set(Path(env["SW_AGENT_ARENA_DIR"]).glob("*/*.arena")) == {registry}
 
 
 @pytest.mark.servers
