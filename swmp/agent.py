@@ -329,10 +329,13 @@ def _after_fork_in_child() -> None:
 def _start_anew_in_daemon(run: _Running, *, streams_released: bool = True) -> None:
     """This process is the daemon a double fork made of the application (Gunicorn's
     ``--daemon``, python-daemon's ``DaemonContext``) or a single one (the ``daemonize``
-    package; ``swmp._daemonized``). The owner it was forked from exits, and its reporter
-    drains what is left and leaves with it: the agent starts here again as in a new
-    application's owner (its own arena, reporter and instance names). Nothing is written to
-    the old arena: this process never reported there."""
+    package; ``swmp._daemonized``), or a worker of such a daemon that no Python hook saw
+    being made (uWSGI's ``--daemonize2``). The owner it was forked from exits, and its
+    reporter drains what is left and leaves with it: the agent starts here again as in a new
+    application (its own arena, reporter and instance names; a uWSGI worker's are its
+    master's, as under lazy-apps). Nothing is written to the old arena: this process never
+    reported there. ``streams_released``: the daemon let go of the standard streams it was
+    started with, so its reporter must not keep them (a uWSGI worker's are uWSGI's log)."""
     global _running
     _running = None
     _switch_off(run)
@@ -348,8 +351,9 @@ def _start_anew_in_daemon(run: _Running, *, streams_released: bool = True) -> No
             log.debug("swmp: closing the owner's arena in its daemon failed", exc_info=True)
     lifecycle.start_as_owner()
     log.info(
-        "swmp: pid %d is the daemon of pid %d's application; the agent starts anew",
+        "swmp: pid %d is %s of pid %d's application; the agent starts anew",
         os.getpid(),
+        "the daemon" if streams_released else "a worker of the daemon",
         run.owner_pid,
     )
     _start_guarded(run.config, in_daemon=streams_released)

@@ -41,8 +41,8 @@ _NETWORK = {
 
 def import_sender(protocol: str) -> Callable[[ReporterSettings], Sender] | None:
     """The sender class for ``protocol``, its client library imported (None: not a network
-    protocol). Thread mode calls it before its reporter thread counts as started (see
-    ``reporter_proc.thread_mode``)."""
+    protocol). Thread mode's reporter thread calls it as it starts, to make all its imports
+    at once (see ``reporter_proc.thread_mode``)."""
     entry = _NETWORK.get(protocol.strip().lower())
     if entry is None:
         return None
