@@ -303,10 +303,14 @@ class ProcessSink(UnseenDrops):
 
     def _hand_over(self) -> bool:
         """Is this process the daemon of a single fork (``swmp.lifecycle``)? Then the agent
-        has started anew here and this sink stays unbound: its records go to the new one."""
+        has started anew here and this sink stays unbound: its records go to the new one.
+        Asked under the claim lock, so that another thread's first record waits for the
+        answer (up to half a second) and follows it instead of binding here meanwhile."""
         pid = lifecycle.current_pid()
-        if self._handed_over != pid and lifecycle.notice_single_fork_daemon():
-            self._handed_over = pid
+        if self._handed_over != pid:
+            with self._claim_locks.setdefault(pid, threading.RLock()):
+                if self._handed_over != pid and lifecycle.notice_single_fork_daemon():
+                    self._handed_over = pid
         return self._handed_over == pid
 
     def _bind(self, retry: bool = False) -> bool:

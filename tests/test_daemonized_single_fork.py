@@ -11,12 +11,18 @@ package under ``swmp run``, the real reporter, the in-test collector.
 from __future__ import annotations
 
 import textwrap
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from reporter_proc import records as R
+from swmp import _sink, lifecycle
+from swmp._runtime import ProcessSink
+from swmp._sink import MemorySink
 from tests.collector import Collector
 from tests.servers import agent_env
 from tests.test_daemonized import DAEMON_RECORDS, DAEMON_WORK, _in_child, check_a_daemon_program
@@ -157,3 +163,44 @@ def test_a_daemonize_program_reports_before_and_long_after_its_first_process_exi
     check_a_daemon_program(
         tmp_path, collector, env, DAEMONIZE, pidfile, "1" if report_first else "0", expected=expected
     )
+
+
+# -- two threads at the daemon's first use -----------------------------------------------------
+class _Unbindable(ProcessSink):
+    """A sink whose claim is recorded (it must not happen: the process is a daemon)."""
+
+    attached: list[int]
+
+    def _attach(self, pid: int) -> None:
+        self.attached.append(pid)
+
+
+def test_a_second_threads_first_record_follows_the_hand_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one thread's first record waits for the answer (the owner's exit), another's
+    waits for it too and goes to the agent started anew, rather than binding in the old
+    arena meanwhile."""
+    new = MemorySink()
+    answers = iter([True])
+
+    def notice() -> bool:  # the first asker learns it after a while; nobody later
+        answer = next(answers, False)
+        if answer:
+            time.sleep(0.3)
+            _sink.set_sink(new)  # as the agent's start anew does
+        return answer
+
+    monkeypatch.setattr(lifecycle, "notice_single_fork_daemon", notice)
+    saved = _sink.get_sink()
+    old = _Unbindable("svc", "inst")
+    old.attached = []
+    try:
+        threads = [threading.Thread(target=old.write, args=(R.SEGMENT, b"[]")) for _ in range(2)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join(10)
+    finally:
+        _sink.set_sink(saved)
+    assert old.attached == []
+    assert len(new.records) == 2
