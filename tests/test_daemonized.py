@@ -443,6 +443,19 @@ def _stopped_clean(master: int, sig: int, arena_dir: str) -> None:
     wait_until(lambda: not _marked(arena_dir), 30, "no agent process left")
 
 
+def _serves_and_reports(
+    port: int, collector: Collector, service: str, env: dict[str, str], *, master: int, mode: str
+) -> None:
+    """The daemonized server answers 40 requests, each reported once by its workers; in
+    process mode the daemon has a supervisor and a reporter of its own."""
+    wait_until(lambda: port_open(port), 30, f"port {port}")
+    assert all(request(port, f"/cpu?i={i}").status == 200 for i in range(40))
+    _check_web_segments(collector, 40, service)
+    if mode == "process":
+        arena = owner_arena(master, env["SW_AGENT_ARENA_DIR"])
+        assert len(agent_processes(arena)) == 2  # the daemon's own supervisor and reporter
+
+
 def _check_web_segments(collector: Collector, n: int, service: str) -> None:
     assert collector.wait_for(lambda: len(collector.segments) >= n, timeout=30), collector.summary()
     segments = list(collector.segments)
@@ -463,12 +476,7 @@ def test_gunicorn_daemon_reports_from_its_workers(tmp_path: Path, collector: Col
     env = agent_env(tmp_path, collector.grpc_address, service="gd", reporter_process=mode == "process")
     extra = ["--daemon", "--pid", str(pidfile), "--log-file", str(tmp_path / "gunicorn.log")]
     with _daemon_server(gunicorn_command(port, workers=2, extra=extra), env, pidfile) as master:
-        wait_until(lambda: port_open(port), 30, f"port {port}")
-        assert all(request(port, f"/cpu?i={i}").status == 200 for i in range(40))
-        _check_web_segments(collector, 40, "gd")
-        if mode == "process":
-            arena = owner_arena(master, env["SW_AGENT_ARENA_DIR"])
-            assert len(agent_processes(arena)) == 2  # the daemon's own supervisor and reporter
+        _serves_and_reports(port, collector, "gd", env, master=master, mode=mode)
         _stopped_clean(master, signal.SIGTERM, env["SW_AGENT_ARENA_DIR"])
 
 
@@ -480,9 +488,7 @@ def test_uwsgi_daemonize_reports_from_its_workers(tmp_path: Path, collector: Col
     env = agent_env(tmp_path, collector.grpc_address, service="ud")
     extra = ["--daemonize", str(tmp_path / "uwsgi.log"), "--pidfile", str(pidfile)]
     with _daemon_server(uwsgi_command(port, workers=2, extra=extra), env, pidfile) as master:
-        wait_until(lambda: port_open(port), 30, f"port {port}")
-        assert all(request(port, f"/cpu?i={i}").status == 200 for i in range(40))
-        _check_web_segments(collector, 40, "ud")
+        _serves_and_reports(port, collector, "ud", env, master=master, mode="process")
         _stopped_clean(master, signal.SIGINT, env["SW_AGENT_ARENA_DIR"])
 
 
@@ -497,12 +503,8 @@ def test_uwsgi_daemonize2_reports_from_its_workers(tmp_path: Path, collector: Co
     env = agent_env(tmp_path, collector.grpc_address, service="ud2", reporter_process=mode == "process")
     extra = ["--daemonize2", str(tmp_path / "uwsgi.log"), "--pidfile", str(pidfile)]
     with _daemon_server(uwsgi_command(port, workers=2, extra=extra), env, pidfile) as master:
-        wait_until(lambda: port_open(port), 30, f"port {port}")
-        assert all(request(port, f"/cpu?i={i}").status == 200 for i in range(40))
-        _check_web_segments(collector, 40, "ud2")
+        _serves_and_reports(port, collector, "ud2", env, master=master, mode=mode)
         if mode == "process":
-            arena = owner_arena(master, env["SW_AGENT_ARENA_DIR"])
-            assert len(agent_processes(arena)) == 2  # the daemon's own supervisor and reporter
             _stopped_clean(master, signal.SIGINT, env["SW_AGENT_ARENA_DIR"])
         else:
             # uWSGI's master runs no Python exit hook, so in thread mode the name registry its
