@@ -63,8 +63,12 @@ class ReporterThread:
         try:
             self._start_up_and_run()
         finally:
-            self._settled.set()
-            _importing.discard(self)
+            self._settle()  # (a start-up that failed)
+
+    def _settle(self) -> None:
+        """This thread imports nothing more: the application's forks need not wait for it."""
+        self._settled.set()
+        _importing.discard(self)
 
     def _start_up_and_run(self) -> None:
         # Here, not at the top: loopguard needs asyncio, which the application may never
@@ -86,8 +90,7 @@ class ReporterThread:
         self._created.set()
         if self._sender is None:
             _import_what_reporting_imports(self.settings)
-        self._settled.set()
-        _importing.discard(self)
+        self._settle()
         delay = self.settings.restart_backoff_base_s
         for restarts in range(1, RESTARTS_MAX + 2):
             try:

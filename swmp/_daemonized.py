@@ -72,8 +72,7 @@ def detached_by_a_single_fork(owner_pid: int, owner_sid: int, *, forked_by: int,
     if owner_sid == UNKNOWN_SESSION or not owner_pid or forked_by != owner_pid:
         return False
     try:
-        pid = os.getpid()
-        if os.getsid(0) != pid or owner_sid == pid:
+        if os.getsid(0) != os.getpid():
             return False  # no setsid() here (yet)
     except OSError:
         return False

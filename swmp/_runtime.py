@@ -19,8 +19,8 @@ name; it is re-stamped with this worker's instance before it is written.
 
 Two sinks, one per reporter mode:
 
-* ``ArenaSink`` (``SW_AGENT_REPORTER_PROCESS=true``, in ``swmp._arena_sink``): the slot's ring *is* the
-  transport; the reporter process drains every slot of the shared arena.
+* ``ArenaSink`` (``SW_AGENT_REPORTER_PROCESS=true``, in ``swmp._arena_sink``): the slot's
+  ring *is* the transport; the reporter process drains every slot of the shared arena.
 * ``ThreadSink`` (``false``, in ``swmp._thread_sink``): a slot of the shared arena is claimed
   for the name only; records go into a private one-slot arena drained by a reporter thread
   this process starts for itself (no thread, event loop or channel ever crosses a fork).
