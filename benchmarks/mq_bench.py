@@ -495,8 +495,9 @@ def in_process_cases() -> dict[str, tuple[Callable[[], None], Callable[[], None]
     * ``consumer-pika``: the same through the callback the pika instrumentation makes of a
       BlockingChannel consumer's (the message's facts read from pika's objects first);
     * ``consumer-aiormq``: a delivery as aiormq runs it (``awaitable()`` of the registered
-      callback called, the result run as a task on a running loop) through the callback the
-      aiormq instrumentation registers, against the callback alone;
+      callback called with a ``DeliveredMessage`` of pamqp's frames, the result run as a task
+      on a running loop) through the callback the aiormq instrumentation registers, against
+      the callback alone;
     * ``producer-aiormq``: inside an entry span, an aiormq ``basic_publish`` through the
       instrumentation's wrapper (the span, the properties' copy with the headers, the call),
       the channel's own method doing nothing, against the entry span and that method alone;
@@ -715,7 +716,9 @@ def _aiormq_callback_case(table: dict[str, Any]) -> tuple[Callable[[], None], Ca
     ``awaitable(callback)`` called with the message, made a task, run to its end), the
     callback registered through the aiormq instrumentation's wrapper or as it is."""
     try:
+        from aiormq.abc import DeliveredMessage
         from aiormq.tools import awaitable
+        from pamqp import commands, header
         from yarl import URL
     except ImportError:  # pragma: no cover - aio-pika not installed
         return None
@@ -723,7 +726,11 @@ def _aiormq_callback_case(table: dict[str, Any]) -> tuple[Callable[[], None], Ca
 
     ns = types.SimpleNamespace
     channel = ns(connection=ns(url=URL("amqp://guest:guest@127.0.0.1:5672/")))
-    message = ns(delivery=ns(exchange="", routing_key="orders"), header=ns(properties=ns(headers=table)))
+    # The message as aiormq delivers it: pamqp's frames (whose fields are slots) in aiormq's
+    # DeliveredMessage (before 2026-12-01: SimpleNamespaces of the same fields).
+    deliver = commands.Basic.Deliver(consumer_tag="c", delivery_tag=1, exchange="", routing_key="orders")
+    props = commands.Basic.Properties(headers=table)
+    message = DeliveredMessage(deliver, header.ContentHeader(0, 5, props), b"hello", channel)  # type: ignore[arg-type]
 
     async def on_message(m: Any) -> None:
         pass

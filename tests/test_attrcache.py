@@ -106,11 +106,15 @@ def test_other_types_and_kinds_of_attribute() -> None:
 
 def test_the_tracing_settings_are_read_through_it() -> None:
     """The objects the C paths read are __slots__ classes, so the cache applies to them."""
+    from swmp.profiling.gate import gate
     from swmp.tracing.context import policy
     from swmp.tracing.identity import identity
+    from swmp.tracing.ignore import IgnoreRules
     from swmp.tracing.limits import limits, stats
 
     for obj, name in [
+        (gate, "board"),
+        (IgnoreRules(), "_cache"),
         (limits, "tag_value_max"),
         (limits, "span_limit"),
         (policy, "rules"),

@@ -84,7 +84,7 @@ def test_pika_consuming(sink: _sink.MemorySink, place: str, outcome: str, case: 
     args = _pika_cases()[case]
     mine = consume_in(native_core.pika_consuming, args, outcome, sink, place)
     assert mine == consume_in(pika._py_consuming, args, outcome, sink, place)
-    if case == "plain":
+    if case in {"plain", "pamqp"}:
         assert mine[0][0][0] == "RabbitMQ/Topic/ex/Queue/q/Consumer"
         assert mine[0][0][2][0:2] == ["mq.broker", "mq:5672"]
 
@@ -116,8 +116,22 @@ def _message(delivery: Any = None, header: Any = None) -> Any:
     )
 
 
+def _pamqp_message(*, headers: Any = None, unset: str = "") -> Any:
+    """A message made of pamqp's own frames as aiormq delivers them (their fields are
+    __slots__, which the native form reads where they lie); ``unset``: a field deleted."""
+    from pamqp import commands, header
+
+    deliver = commands.Basic.Deliver(consumer_tag="c", delivery_tag=1, exchange="ex", routing_key="q")
+    props = commands.Basic.Properties(headers={"sw8": SW8} if headers is None else headers)
+    for frame in (deliver, props):
+        if hasattr(frame, unset):
+            delattr(frame, unset)  # a slot never set: getattr raises AttributeError
+    return NS(delivery=deliver, header=header.ContentHeader(0, 1, props))
+
+
 def _aiormq_cases() -> dict[str, tuple[Any, Any]]:
-    """``{name: (channel, message)}``, each channel with a URL of its own."""
+    """``{name: (channel, message)}``, each channel with a URL of its own; the cases made
+    of pamqp's frames come between others, so one call site sees both kinds in turn."""
     from yarl import URL
 
     def ch(url: str = "amqp://guest:guest@mq:5672/") -> Any:
@@ -125,7 +139,9 @@ def _aiormq_cases() -> dict[str, tuple[Any, Any]]:
 
     return {
         "plain": (ch(), _message()),
+        "pamqp": (ch(), _pamqp_message()),
         "no port": (ch("amqp://mq/"), _message()),
+        "pamqp no sw8": (ch(), _pamqp_message(headers={"other": "x"})),
         "fake url": (_aiormq_channel(NS(host="h", port=0)), _message()),
         "fake url port": (_aiormq_channel(NS(host=Text("h"), port="9")), _message()),
         "no sw8": (ch(), _message(header=NS(properties=NS(headers={})))),
@@ -133,6 +149,8 @@ def _aiormq_cases() -> dict[str, tuple[Any, Any]]:
         "properties None": (ch(), _message(header=NS(properties=None))),
         "no names": (ch(), _message(delivery=NS())),
         "exchange None": (ch(), _message(delivery=NS(exchange=None, routing_key="q"))),
+        "pamqp exchange unset": (ch(), _pamqp_message(unset="exchange")),
+        "pamqp headers unset": (ch(), _pamqp_message(unset="headers")),
         "names not str": (ch(), _message(delivery=NS(exchange=Text("e"), routing_key=1))),
         "no connection": (NS(), _message()),
         "url fails": (_aiormq_channel(Raising({"host": RuntimeError("no")})), _message()),
@@ -151,7 +169,7 @@ def test_aiormq_consuming(sink: _sink.MemorySink, place: str, outcome: str, case
     aiormq._last_peer = (None, "")  # the Python form's own memo, emptied for each case
     mine = consume_in(native_core.aiormq_consuming, args, outcome, sink, place)
     assert mine == consume_in(aiormq._py_message_consuming, args, outcome, sink, place)
-    if case == "plain":
+    if case in {"plain", "pamqp"}:
         assert mine[0][0][0] == "RabbitMQ/Topic/ex/Queue/q/Consumer"
         assert mine[0][0][2][0:2] == ["mq.broker", "mq:5672"]
 

@@ -142,3 +142,15 @@ def test_integers_around_the_digit_boundaries_match_orjson(bits: int) -> None:
         for value in (v, -v):
             if -(2**63) <= value < 2**64:
                 assert native.json_dumps([value]) == orjson.dumps([value]), value
+
+
+@pytest.mark.parametrize("k", range(20))
+def test_integers_of_every_decimal_length_match_orjson(k: int) -> None:
+    """The writer counts an integer's digits before writing them in place: around every
+    power of ten, each sign, alone and between other values."""
+    for v in (10**k - 1, 10**k, 10**k + 1, 2 * 10**k, 10 ** (k + 1) - 1):
+        for value in (v, -v):
+            if -(2**63) <= value < 2**64:
+                row = ["a", value, value, "b"]
+                assert native.json_dumps([value]) == orjson.dumps([value]), value
+                assert native.json_dumps(row) == orjson.dumps(row), value

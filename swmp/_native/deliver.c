@@ -23,6 +23,7 @@
 #include <Python.h>
 #include <stddef.h>
 
+#include "attrcache.h"
 #include "consume.h"
 #include "deliver.h"
 #include "spancore.h"
@@ -47,15 +48,21 @@ static int interned(void) {
 }
 
 /* getattr(obj, name, fallback): a new reference, or NULL with an error that is not an
- * AttributeError. */
-static PyObject *attr_or(PyObject *obj, PyObject *name, PyObject *fallback) {
+ * AttributeError. With a call site's ``cache`` (not NULL), a __slots__ attribute (pamqp's
+ * frames and properties) is read where it lies (attrcache.c), which is what getattr gives;
+ * pika's objects have no slots, so its call sites pass NULL and skip the cache's check. */
+static PyObject *attr_or(PyObject *obj, PyObject *name, PyObject *fallback, swmp_AttrCache *cache) {
+    PyObject **slot = cache == NULL ? NULL : swmp_slot_ref(obj, name, cache);
+    if (slot != NULL && *slot != NULL) {
+        return Py_NewRef(*slot);
+    }
     PyObject *v = swmp_optional_attr(obj, name);
     return v != NULL || PyErr_Occurred() ? v : Py_NewRef(fallback);
 }
 
 /* ``getattr(obj, name, None) or ""``: a new reference or NULL. */
-static PyObject *text_or_empty(PyObject *obj, PyObject *name) {
-    PyObject *v = attr_or(obj, name, Py_None);
+static PyObject *text_or_empty(PyObject *obj, PyObject *name, swmp_AttrCache *cache) {
+    PyObject *v = attr_or(obj, name, Py_None, cache);
     if (v == NULL) {
         return NULL;
     }
@@ -167,9 +174,9 @@ static PyObject *pika_consuming_of(PyObject *channel, PyObject *method, PyObject
     if (interned() < 0) {
         return NULL;
     }
-    PyObject *exchange = text_or_empty(method, s_exchange);
-    PyObject *routing_key = exchange == NULL ? NULL : text_or_empty(method, s_routing_key);
-    PyObject *headers = routing_key == NULL ? NULL : attr_or(properties, s_headers, Py_None);
+    PyObject *exchange = text_or_empty(method, s_exchange, NULL);
+    PyObject *routing_key = exchange == NULL ? NULL : text_or_empty(method, s_routing_key, NULL);
+    PyObject *headers = routing_key == NULL ? NULL : attr_or(properties, s_headers, Py_None, NULL);
     PyObject *peer = headers == NULL ? NULL : pika_peer(channel);
     return consuming_of(exchange, routing_key, headers, peer);
 }
@@ -190,19 +197,21 @@ PyObject *swmp_aiormq_consuming(PyObject *module, PyObject *const *args, Py_ssiz
     if (interned() < 0) {
         return NULL;
     }
+    /* pamqp's Basic.Deliver and Basic.Properties keep their fields in slots */
+    static swmp_AttrCache at_exchange, at_routing_key, at_headers;
     PyObject *exchange = NULL, *routing_key = NULL, *headers = NULL, *peer = NULL;
     PyObject *delivery = PyObject_GetAttr(args[1], s_delivery);
     if (delivery != NULL) {
-        exchange = text_or_empty(delivery, s_exchange);
-        routing_key = exchange == NULL ? NULL : text_or_empty(delivery, s_routing_key);
+        exchange = text_or_empty(delivery, s_exchange, &at_exchange);
+        routing_key = exchange == NULL ? NULL : text_or_empty(delivery, s_routing_key, &at_routing_key);
         Py_DECREF(delivery);
     }
     if (routing_key != NULL) {
         /* getattr(getattr(message.header, "properties", None), "headers", None) */
         PyObject *header = PyObject_GetAttr(args[1], s_header);
-        PyObject *props = header == NULL ? NULL : attr_or(header, s_properties, Py_None);
+        PyObject *props = header == NULL ? NULL : attr_or(header, s_properties, Py_None, NULL);
         Py_XDECREF(header);
-        headers = props == NULL ? NULL : attr_or(props, s_headers, Py_None);
+        headers = props == NULL ? NULL : attr_or(props, s_headers, Py_None, &at_headers);
         Py_XDECREF(props);
     }
     peer = headers == NULL ? NULL : aiormq_peer(args[0]);
@@ -296,7 +305,7 @@ static PyObject *pcb_vectorcall(PikaCallback *self, PyObject *const *args, size_
     if (interned() < 0) {
         return NULL;
     }
-    PyObject *impl = self->via_impl ? attr_or(args[0], s_impl, args[0]) : Py_NewRef(args[0]);
+    PyObject *impl = self->via_impl ? attr_or(args[0], s_impl, args[0], NULL) : Py_NewRef(args[0]);
     if (impl == NULL) {
         return NULL;
     }

@@ -76,70 +76,11 @@ static const unsigned char ESCAPED[256] = {
     ['"'] = 1, ['\\'] = 1,
 };
 
-static int put_text(Buf *b, PyObject *s) {
-    Py_ssize_t n;
-    const char *u;
-    if (PyUnicode_IS_COMPACT_ASCII(s)) { /* the common case: its bytes are its UTF-8 */
-        u = (const char *)PyUnicode_DATA(s);
-        n = PyUnicode_GET_LENGTH(s);
-    } else {
-        u = PyUnicode_AsUTF8AndSize(s, &n);
-        if (u == NULL) {
-            PyErr_Clear(); /* a lone surrogate: orjson refuses it with its own error */
-            return DECLINED;
-        }
-    }
-    /* At most 6 bytes a byte, plus the quotes: reserve once, then write without checks. */
-    if (b->len + 6 * n + 2 > b->cap && grow(b, 6 * n + 2) < 0) {
-        return -1;
-    }
-    char *o = b->data + b->len;
-    *o++ = '"';
-    /* Eight bytes at a time past the ones that need no escape (most text has none):
-     * a byte below 0x20, or equal to '"' or '\\', sets its high bit in ``hit``. */
-    Py_ssize_t i = 0;
-    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
-#define SWMP_JSON_HIT(w)                                                                                          \
-    ((((w) - ones * 0x20) | (((w) ^ (ones * '"')) - ones) | (((w) ^ (ones * '\\')) - ones)) & ~(w) & highs)
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, u + i, 8);
-        if (SWMP_JSON_HIT(w)) {
-            break;
-        }
-    }
-    /* No escape in the whole words: the last bytes checked as one word ending at the text's
-     * end (it overlaps bytes already checked, which have none), and the text copied at once.
-     * Most text (ids, names, tags) ends here. */
-    if (i + 8 > n && n >= 8) {
-        uint64_t w;
-        memcpy(&w, u + n - 8, 8);
-        if (!SWMP_JSON_HIT(w)) {
-            memcpy(o, u, (size_t)n);
-            o += n;
-            *o++ = '"';
-            b->len = o - b->data;
-            return 0;
-        }
-    }
-#undef SWMP_JSON_HIT
-    if (n >= 4 && n < 8) { /* short text (a tag key, a queue name): two words of four the same way */
-        const uint32_t ones4 = 0x01010101U, highs4 = 0x80808080U;
-        uint32_t a, z;
-        memcpy(&a, u, 4);
-        memcpy(&z, u + n - 4, 4);
-#define SWMP_JSON_HIT4(w)                                                                                         \
-    ((((w) - ones4 * 0x20) | (((w) ^ (ones4 * '"')) - ones4) | (((w) ^ (ones4 * '\\')) - ones4)) & ~(w) & highs4)
-        if (!(SWMP_JSON_HIT4(a) | SWMP_JSON_HIT4(z))) {
-            memcpy(o, u, (size_t)n);
-            o += n;
-            *o++ = '"';
-            b->len = o - b->data;
-            return 0;
-        }
-#undef SWMP_JSON_HIT4
-    }
-    Py_ssize_t run = i; /* bytes copied as they are, pending */
+/* The bytes of ``u`` from ``i`` on, with escapes (the slow path: text holding a byte to
+ * escape); the bytes before ``i`` are already at ``o``. Returns the end of what it wrote. */
+static char *put_escaped(char *o, const char *u, Py_ssize_t i, Py_ssize_t n) {
+    o += i;
+    Py_ssize_t run = 0; /* bytes copied as they are, pending */
     for (; i < n; i++) {
         unsigned char c = (unsigned char)u[i];
         if (!ESCAPED[c]) {
@@ -167,22 +108,123 @@ static int put_text(Buf *b, PyObject *s) {
         }
     }
     memcpy(o, u + n - run, (size_t)run);
-    o += run;
+    return o + run;
+}
+
+/* A word's bytes below 0x20, or equal to '"' or '\\', set their high bit in the result. */
+static inline uint64_t hit8(uint64_t w) {
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    return ((w - ones * 0x20) | ((w ^ (ones * '"')) - ones) | ((w ^ (ones * '\\')) - ones)) & ~w & highs;
+}
+
+static inline uint32_t hit4(uint32_t w) {
+    const uint32_t ones = 0x01010101U, highs = 0x80808080U;
+    return ((w - ones * 0x20) | ((w ^ (ones * '"')) - ones) | ((w ^ (ones * '\\')) - ones)) & ~w & highs;
+}
+
+static int put_text(Buf *b, PyObject *s) {
+    Py_ssize_t n;
+    const char *u;
+    if (PyUnicode_IS_COMPACT_ASCII(s)) { /* the common case: its bytes are its UTF-8 */
+        u = (const char *)PyUnicode_DATA(s);
+        n = PyUnicode_GET_LENGTH(s);
+    } else {
+        u = PyUnicode_AsUTF8AndSize(s, &n);
+        if (u == NULL) {
+            PyErr_Clear(); /* a lone surrogate: orjson refuses it with its own error */
+            return DECLINED;
+        }
+    }
+    /* At most 6 bytes a byte, plus the quotes: reserve once, then write without checks. */
+    if (b->len + 6 * n + 2 > b->cap && grow(b, 6 * n + 2) < 0) {
+        return -1;
+    }
+    char *o = b->data + b->len + 1;
+    o[-1] = '"';
+    /* Most text (ids, names, tags) has nothing to escape: it is checked and copied a word at
+     * a time (fixed-size copies, single moves: no call to memcpy per text). The last 1-7
+     * bytes of a longer text are checked and copied as one more word ending at the text's
+     * end (overlapping bytes already checked, which hold no escape); text of 4-7 bytes as
+     * two words of four the same way. From the first word holding a byte to escape, the
+     * text goes the slow way (put_escaped) after the words before it. */
+    Py_ssize_t i = 0;
+    if (n >= 8) {
+        uint64_t w;
+        for (; i + 8 <= n; i += 8) {
+            memcpy(&w, u + i, 8);
+            if (hit8(w)) {
+                goto escaped;
+            }
+            memcpy(o + i, &w, 8);
+        }
+        if (i < n) {
+            memcpy(&w, u + n - 8, 8);
+            if (hit8(w)) {
+                goto escaped;
+            }
+            memcpy(o + n - 8, &w, 8);
+        }
+    } else if (n >= 4) {
+        uint32_t a, z;
+        memcpy(&a, u, 4);
+        memcpy(&z, u + n - 4, 4);
+        if (hit4(a) | hit4(z)) {
+            goto escaped;
+        }
+        memcpy(o, &a, 4);
+        memcpy(o + n - 4, &z, 4);
+    } else {
+        for (; i < n; i++) {
+            if (ESCAPED[(unsigned char)u[i]]) {
+                goto escaped;
+            }
+            o[i] = u[i];
+        }
+    }
+    o[n] = '"';
+    b->len = o + n + 1 - b->data;
+    return 0;
+escaped:
+    o = put_escaped(o, u, i, n);
     *o++ = '"';
     b->len = o - b->data;
     return 0;
 }
 
-/* Decimal digits of ``u`` (and a minus sign), written backwards from the end of a 24-byte
- * scratch, two at a time: snprintf's locale and format parsing cost more than the rest of a
- * record. */
+/* Decimal digits of ``u`` (and a minus sign), written straight into the buffer backwards
+ * from their end, two at a time: snprintf's locale and format parsing cost more than the
+ * rest of a record. The digits are counted first so that they land in place (no scratch
+ * and no call to memcpy per number: a record holds 9 or more). */
 static const char PAIRS[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
                             "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
                             "8081828384858687888990919293949596979899";
 
+static const unsigned long long POW10[20] = { /* 10**k */
+    1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL,
+    100000ULL, 1000000ULL, 10000000ULL, 100000000ULL, 1000000000ULL,
+    10000000000ULL, 100000000000ULL, 1000000000000ULL, 10000000000000ULL, 100000000000000ULL,
+    1000000000000000ULL, 10000000000000000ULL, 100000000000000000ULL, 1000000000000000000ULL, 10000000000000000000ULL,
+};
+
 static int put_digits(Buf *b, unsigned long long u, int negative) {
-    char tmp[24];
-    char *end = tmp + sizeof tmp, *p = end;
+    if (b->len + 21 > b->cap && grow(b, 21) < 0) { /* 20 digits and a sign at most */
+        return -1;
+    }
+    char *o = b->data + b->len;
+    if (negative) {
+        *o++ = '-';
+    }
+    if (u < 10) { /* ids, kinds, flags: most numbers of a record */
+        *o++ = (char)('0' + u);
+        b->len = o - b->data;
+        return 0;
+    }
+    /* How many digits: millisecond times have 13, so the count starts at 11 for those. */
+    int digits = u >= POW10[10] ? 11 : 2;
+    while (digits < 20 && u >= POW10[digits]) {
+        digits++;
+    }
+    char *end = o + digits, *p = end;
     while (u >= 100) {
         unsigned r = (unsigned)(u % 100) * 2;
         u /= 100;
@@ -195,10 +237,8 @@ static int put_digits(Buf *b, unsigned long long u, int negative) {
     } else {
         *--p = (char)('0' + u);
     }
-    if (negative) {
-        *--p = '-';
-    }
-    return put(b, p, end - p);
+    b->len = end - b->data;
+    return 0;
 }
 
 static int put_int(Buf *b, PyObject *v) {

@@ -46,6 +46,12 @@ class Gate:
     so whatever the interleaving a detached gate ends with no table (a lock there could be
     taken again by a stop called from a signal handler, and block)."""
 
+    # ``board`` in a slot: the native entry span reads it on every request and consumed
+    # message through a slot cache (attrcache.c), which reads a slot where it lies; from the
+    # instance's dict it took a full attribute look-up (~300 instructions). The rest stays
+    # in the dict (tests put methods of their own on the instance).
+    __slots__ = ("__dict__", "board")
+
     def __init__(self) -> None:
         self.board: Board | None = None  # None: nothing to check (no agent, master, stopped)
         self.seen = -1  # the generation last read
