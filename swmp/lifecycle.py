@@ -162,7 +162,27 @@ def _forked_python_hook() -> None:
     forked in C (``--py-call-osafterfork``, ``--py-call-uwsgi-fork-hooks``): with no Python
     frame below it then, where a fork made by Python code (``os.fork``, ``subprocess`` with
     ``preexec_fn``, ``multiprocessing``) has the frame that called it."""
-    _forked(by_python=sys._getframe(0).f_back is not None)
+    try:
+        _forked(by_python=sys._getframe(0).f_back is not None)
+    except KeyboardInterrupt:
+        _end_as_interrupted()
+
+
+def _end_as_interrupted() -> None:
+    """SIGINT came while the agent worked in the at-fork hook (a daemon's worker starting the
+    agent anew takes a while): Python's handler raised KeyboardInterrupt there, and Python
+    ignores what an at-fork hook raises, so the interrupt would be lost and the process would
+    go on. A uWSGI worker then outlived its master's stop by the worker mercy (60 s) before
+    being killed. The process ends as an uncaught KeyboardInterrupt ends a Python program: by
+    SIGINT, with its default action."""
+    import signal  # noqa: PLC0415 (only on this path)
+
+    log.warning("swmp: interrupted while starting in pid %d: ending the process", os.getpid())
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    except (ValueError, OSError):  # not the main thread: the same end without the signal
+        os._exit(128 + signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def _forked(by_python: bool = False) -> None:

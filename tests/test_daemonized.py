@@ -20,6 +20,7 @@ import textwrap
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -451,9 +452,25 @@ def _serves_and_reports(
     wait_until(lambda: port_open(port), 30, f"port {port}")
     assert all(request(port, f"/cpu?i={i}").status == 200 for i in range(40))
     _check_web_segments(collector, 40, service)
+    _every_worker_answers(port, 2)
     if mode == "process":
         arena = owner_arena(master, env["SW_AGENT_ARENA_DIR"])
         assert len(agent_processes(arena)) == 2  # the daemon's own supervisor and reporter
+
+
+def _every_worker_answers(port: int, workers: int) -> None:
+    """Each worker has finished starting (the agent with it) before the test stops the server:
+    requests that hold a worker for a moment, ``workers`` at a time, until as many workers
+    answered. (A stop that reaches a worker still starting: test_lifecycle's interrupt test.)"""
+    seen: set[int] = set()
+
+    def all_answered() -> bool:
+        with ThreadPoolExecutor(workers) as pool:
+            answers = list(pool.map(lambda _: request(port, "/sleep?s=0.3"), range(workers)))
+        seen.update(r.worker_pid for r in answers if r.status == 200)
+        return len(seen) >= workers
+
+    wait_until(all_answered, 60, f"{workers} workers answering")
 
 
 def _check_web_segments(collector: Collector, n: int, service: str) -> None:

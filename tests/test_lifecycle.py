@@ -184,3 +184,40 @@ def test_only_uwsgis_own_forks_are_uwsgi_workers(monkeypatch: pytest.MonkeyPatch
         return lifecycle.role()
 
     assert in_child(c_fork) == ""  # a worker: the sink's bind names it
+
+
+# A fork hook interrupted by SIGINT (Python's handler raises KeyboardInterrupt in it), in a
+# fresh interpreter: the child ends by SIGINT, as an uncaught KeyboardInterrupt ends Python;
+# with ``keep`` the hook catches nothing and the child goes on (what Python's at-fork
+# machinery alone does with the interrupt: it is ignored).
+_INTERRUPTED_HOOK = r"""
+import os, signal, sys
+from swmp import lifecycle
+
+def interrupted():
+    signal.raise_signal(signal.SIGINT)  # Python's handler: KeyboardInterrupt raised here
+
+if sys.argv[1] == "keep":
+    os.register_at_fork(after_in_child=interrupted)
+else:
+    lifecycle.on_fork(interrupted)
+    lifecycle._register_fork_hooks()
+pid = os.fork()
+if pid == 0:
+    os._exit(7)  # the child went on past the fork
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize(("how", "exit_code"), [("agent", -2), ("keep", 7)])
+def test_an_interrupt_in_the_fork_hook_ends_the_child(how: str, exit_code: int) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_HOOK, how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert int(done.stdout.split()[-1]) == exit_code, done.stderr
