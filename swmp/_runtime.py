@@ -98,6 +98,11 @@ class ProcessSink(UnseenDrops):
     unavailable slot drops the record and counts it (a full ring counts its own drops).
     """
 
+    # Slots (the rest stays in the instance dict): the native emit reads both for every
+    # segment (emit.c ``direct_writer``) through slot caches, a full attribute look-up each
+    # from the dict.
+    __slots__ = ("_pid", "_writer")
+
     def __init__(
         self,
         service: str,

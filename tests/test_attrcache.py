@@ -125,3 +125,8 @@ def test_the_tracing_settings_are_read_through_it() -> None:
     ]:
         assert type(obj).__dict__[name].__class__.__name__ == "member_descriptor"
         _same(obj, name)
+    # The sink's claim, read for every emitted segment (emit.c's direct_writer).
+    from swmp._runtime import ProcessSink
+
+    for name in ("_pid", "_writer"):
+        assert ProcessSink.__dict__[name].__class__.__name__ == "member_descriptor"

@@ -58,6 +58,18 @@ PyObject *swmp_slot_attr(PyObject *obj, PyObject *name, swmp_AttrCache *cache) {
     return PyObject_GetAttr(obj, name); /* anything else, a slot never set included: as always */
 }
 
+PyObject *swmp_slot_attr_optional(PyObject *obj, PyObject *name, swmp_AttrCache *cache) {
+    PyObject **slot = swmp_slot_ref(obj, name, cache);
+    if (slot != NULL && *slot != NULL) {
+        return Py_NewRef(*slot);
+    }
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+    }
+    return v;
+}
+
 /* slot_attr(obj, name): swmp_slot_attr through one cache of its own (for the tests). */
 PyObject *swmp_slot_attr_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     static swmp_AttrCache cache;

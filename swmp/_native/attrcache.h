@@ -17,5 +17,8 @@ typedef struct {
  * to that slot (its value there may be NULL: never set), else NULL (no error). */
 PyObject **swmp_slot_ref(PyObject *obj, PyObject *name, swmp_AttrCache *cache);
 PyObject *swmp_slot_attr(PyObject *obj, PyObject *name, swmp_AttrCache *cache);
+/* ``getattr(obj, name)`` the same way, but NULL without an error set when ``obj`` has no
+ * such attribute (an AttributeError: the caller's default applies). */
+PyObject *swmp_slot_attr_optional(PyObject *obj, PyObject *name, swmp_AttrCache *cache);
 PyObject *swmp_slot_attr_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 #endif

@@ -52,11 +52,7 @@ static int interned(void) {
  * frames and properties) is read where it lies (attrcache.c), which is what getattr gives;
  * pika's objects have no slots, so its call sites pass NULL and skip the cache's check. */
 static PyObject *attr_or(PyObject *obj, PyObject *name, PyObject *fallback, swmp_AttrCache *cache) {
-    PyObject **slot = cache == NULL ? NULL : swmp_slot_ref(obj, name, cache);
-    if (slot != NULL && *slot != NULL) {
-        return Py_NewRef(*slot);
-    }
-    PyObject *v = swmp_optional_attr(obj, name);
+    PyObject *v = cache == NULL ? swmp_optional_attr(obj, name) : swmp_slot_attr_optional(obj, name, cache);
     return v != NULL || PyErr_Occurred() ? v : Py_NewRef(fallback);
 }
 

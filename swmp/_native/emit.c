@@ -112,15 +112,15 @@ int swmp_emit_init(void) {
  * no error) when write() must decide: another class, another pid (a fork to notice, a first
  * claim), no ring (a master, a process without a slot), anything unexpected. */
 static PyObject *direct_writer(PyObject *sink) {
-    static swmp_AttrCache at_pid;
+    static swmp_AttrCache at_pid, at_sink_pid, at_sink_writer; /* ProcessSink's slots */
     if (d_write == NULL || _PyType_Lookup(Py_TYPE(sink), s_write) != d_write) {
         return NULL;
     }
-    PyObject *bound = PyObject_GetAttr(sink, s_sink_pid);
+    PyObject *bound = swmp_slot_attr(sink, s_sink_pid, &at_sink_pid);
     long long pid = bound == NULL ? -1 : PyLong_AsLongLong(bound); /* -1: not bound yet */
     Py_XDECREF(bound);
     int same = pid != -1 && pid == swmp_pid_of(d_holder, d_pid_fn, &at_pid);
-    PyObject *writer = same ? PyObject_GetAttr(sink, s_sink_writer) : NULL;
+    PyObject *writer = same ? swmp_slot_attr(sink, s_sink_writer, &at_sink_writer) : NULL;
     if (writer == Py_None) {
         Py_CLEAR(writer);
     }

@@ -21,8 +21,10 @@
  * the server's ``send`` gets the message and its awaitable goes back to the application. A
  * call of another form is the Python wrapper's (``send_call(span, send, *args, **kwargs)``).
  * For a span that records nothing the server's ``send`` itself is given. */
-#include "status.h"
+#include "attrcache.h"
+#include "span.h"
 #include "spancore.h"
+#include "status.h"
 
 #include <stddef.h>
 
@@ -109,9 +111,17 @@ static int known_code(PyObject *status) {
     return code >= FIRST_CODE && code <= LAST_CODE && pairs[code] != NULL ? code : 0;
 }
 
+/* ``span.tags`` (a new reference, or NULL with an error): a SpanCore's from its struct (its
+ * fields cannot be deleted), another span's by attribute. */
+static PyObject *span_tags(PyObject *span) {
+    return PyObject_TypeCheck(span, &swmp_SpanCoreType) ? Py_NewRef(swmp_span_tags(span))
+                                                        : PyObject_GetAttr(span, s_tags);
+}
+
 /* Tags the span: 1 done here, 0 leave it to ``slow``, -1 error. */
 static int record_fast(PyObject *span, int code) {
-    PyObject *max = PyObject_GetAttr(limits, s_tag_value_max);
+    static swmp_AttrCache at_max; /* Limits: a __slots__ class (attrcache.c) */
+    PyObject *max = swmp_slot_attr(limits, s_tag_value_max, &at_max);
     if (max == NULL) {
         return -1;
     }
@@ -123,7 +133,7 @@ static int record_fast(PyObject *span, int code) {
     if (lim < 3) {
         return 0;
     }
-    PyObject *tags = PyObject_GetAttr(span, s_tags);
+    PyObject *tags = span_tags(span);
     if (tags == NULL) {
         return -1;
     }
@@ -150,7 +160,7 @@ static int record_fast(PyObject *span, int code) {
  * sent is the first one's, and only it is tagged. */
 static int has_status(PyObject *span) {
     PyObject *key = pairs[200] != NULL ? PyTuple_GET_ITEM(pairs[200], 0) : NULL;
-    PyObject *tags = key == NULL ? NULL : PyObject_GetAttr(span, s_tags);
+    PyObject *tags = key == NULL ? NULL : span_tags(span);
     if (tags == NULL) {
         return key == NULL ? 0 : -1;
     }

@@ -4,6 +4,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "attrcache.h"
+#include "span.h"
 #include "spancore.h"
 #include "web_entry.h"
 
@@ -14,12 +16,14 @@ int swmp_methods_ignored(PyObject *policy) {
                             (s_methods = PyUnicode_InternFromString("_methods")) == NULL)) {
         return -1;
     }
-    /* The agent's own plain objects: reading them runs no application code. */
-    PyObject *rules = PyObject_GetAttr(policy, s_rules);
+    /* The agent's own plain objects (__slots__ classes: read through slot caches, see
+     * attrcache.c): reading them runs no application code. */
+    static swmp_AttrCache at_rules, at_methods;
+    PyObject *rules = swmp_slot_attr(policy, s_rules, &at_rules);
     if (rules == NULL) {
         return -1;
     }
-    PyObject *methods = swmp_optional_attr(rules, s_methods);
+    PyObject *methods = swmp_slot_attr_optional(rules, s_methods, &at_methods);
     Py_DECREF(rules);
     if (methods == NULL && PyErr_Occurred()) {
         return -1;
@@ -34,7 +38,13 @@ int swmp_request_tags(const SwmpRequestTags *parts, PyObject *span, PyObject *me
         return -1;
     }
     Py_ssize_t lim = swmp_tag_limit(parts->limits);
-    PyObject *tags = lim < 0 && PyErr_Occurred() ? NULL : PyObject_GetAttr(span, s_tags);
+    if (lim < 0 && PyErr_Occurred()) {
+        return -1;
+    }
+    /* A SpanCore's ``tags`` read and set in its struct (as emit.c reads its fields: they
+     * cannot be deleted, so never NULL); another kind of span by attribute. */
+    int core = PyObject_TypeCheck(span, &swmp_SpanCoreType);
+    PyObject *tags = core ? Py_NewRef(swmp_span_tags(span)) : PyObject_GetAttr(span, s_tags);
     if (tags == NULL) {
         return -1;
     }
@@ -46,8 +56,13 @@ int swmp_request_tags(const SwmpRequestTags *parts, PyObject *span, PyObject *me
             PyList_SET_ITEM(list, 1, Py_NewRef(method));
             PyList_SET_ITEM(list, 2, Py_NewRef(parts->tag_url));
             PyList_SET_ITEM(list, 3, Py_NewRef(url));
-            done = PyObject_SetAttr(span, s_tags, list);
-            Py_DECREF(list);
+            if (core) {
+                swmp_span_set_tags(span, list);
+                done = 0;
+            } else {
+                done = PyObject_SetAttr(span, s_tags, list);
+                Py_DECREF(list);
+            }
         }
     } else {
         PyObject *call[3] = {span, method, url};
