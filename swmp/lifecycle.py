@@ -44,6 +44,7 @@ import dis
 import functools
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -175,8 +176,6 @@ def _end_as_interrupted() -> None:
     go on. A uWSGI worker then outlived its master's stop by the worker mercy (60 s) before
     being killed. The process ends as an uncaught KeyboardInterrupt ends a Python program: by
     SIGINT, with its default action."""
-    import signal  # noqa: PLC0415 (only on this path)
-
     log.warning("swmp: interrupted while starting in pid %d: ending the process", os.getpid())
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -14,14 +14,14 @@
 #include "start.h"
 
 static PyObject *s_enter_method, *s_exit_method, *s_finished, *s_error, *s_interrupted, *s_profile, *s_stop, *s_end,
-    *s_prev;
+    *s_prev, *s_tags;
 
 int swmp_finish_init(void) {
     return swmp_intern(&s_finished, "finished") < 0 || swmp_intern(&s_enter_method, "__enter__") < 0 ||
                    swmp_intern(&s_exit_method, "__exit__") < 0 || swmp_intern(&s_error, "error") < 0 ||
                    swmp_intern(&s_interrupted, "interrupted") < 0 || swmp_intern(&s_profile, "profile") < 0 ||
                    swmp_intern(&s_stop, "stop") < 0 || swmp_intern(&s_end, "end") < 0 ||
-                   swmp_intern(&s_prev, "_prev") < 0
+                   swmp_intern(&s_prev, "_prev") < 0 || swmp_intern(&s_tags, "tags") < 0
                ? -1
                : 0;
 }
@@ -315,6 +315,23 @@ PyObject *swmp_span_tags(PyObject *span) {
 
 void swmp_span_set_tags(PyObject *span, PyObject *tags) {
     Py_SETREF(((SpanCore *)span)->tags, tags);
+}
+
+/* Any span's: a span core's in its struct (its fields cannot be deleted, so never NULL: the
+ * member descriptor's answer), another kind by attribute. */
+PyObject *swmp_tags_of(PyObject *span) {
+    return PyObject_TypeCheck(span, &swmp_SpanCoreType) ? Py_NewRef(swmp_span_tags(span))
+                                                        : PyObject_GetAttr(span, s_tags);
+}
+
+int swmp_set_tags_of(PyObject *span, PyObject *tags) {
+    if (PyObject_TypeCheck(span, &swmp_SpanCoreType)) {
+        swmp_span_set_tags(span, tags);
+        return 0;
+    }
+    int r = PyObject_SetAttr(span, s_tags, tags);
+    Py_DECREF(tags);
+    return r;
 }
 
 PyObject *swmp_span_leave(PyObject *span, PyObject *result) {

@@ -44,6 +44,10 @@ PyObject *swmp_span_inject(PyObject *span);
 PyObject *swmp_span_sw8(PyObject *span);
 PyObject *swmp_span_tags(PyObject *span);
 void swmp_span_set_tags(PyObject *span, PyObject *tags);
+/* ``span.tags`` of any span (a new reference, or NULL with an error), and setting them
+ * (``tags`` stolen; 0 or -1): a span core's in its struct, another kind by attribute. */
+PyObject *swmp_tags_of(PyObject *span);
+int swmp_set_tags_of(PyObject *span, PyObject *tags);
 /* ``limits.tag_value_max``: the value, or -1 with an error set. */
 Py_ssize_t swmp_tag_limit(PyObject *limits);
 /* The error set now (an Exception) logged by ``logger(*args)`` as the exception being handled

@@ -22,7 +22,6 @@
  * call of another form is the Python wrapper's (``send_call(span, send, *args, **kwargs)``).
  * For a span that records nothing the server's ``send`` itself is given. */
 #include "attrcache.h"
-#include "span.h"
 #include "spancore.h"
 #include "status.h"
 
@@ -42,7 +41,7 @@ typedef struct {
 static PyObject *pairs[LAST_CODE + 1]; /* code -> (TAG_HTTP_STATUS, "200"), borrowed from ``tag_table`` */
 static PyObject *span_class = NULL, *send_slow = NULL, *send_call = NULL, *s_type = NULL, *s_status = NULL,
                 *start_type = NULL;
-static PyObject *tag_table = NULL, *slow = NULL, *py_call = NULL, *limits = NULL, *s_tags = NULL, *s_error = NULL,
+static PyObject *tag_table = NULL, *slow = NULL, *py_call = NULL, *limits = NULL, *s_error = NULL,
                 *s_tag_value_max = NULL;
 
 /* setup_status(tags, limits): the tag pairs by code and the limits, from swmp/instrument/_http.py. */
@@ -51,8 +50,7 @@ PyObject *swmp_setup_status(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "setup_status(tags: dict[int, tuple[str, str]], limits)");
         return NULL;
     }
-    if (s_tags == NULL && ((s_tags = PyUnicode_InternFromString("tags")) == NULL ||
-                           (s_error = PyUnicode_InternFromString("error")) == NULL ||
+    if (s_error == NULL && ((s_error = PyUnicode_InternFromString("error")) == NULL ||
                            (s_tag_value_max = PyUnicode_InternFromString("tag_value_max")) == NULL ||
                            (s_type = PyUnicode_InternFromString("type")) == NULL ||
                            (s_status = PyUnicode_InternFromString("status")) == NULL ||
@@ -111,13 +109,6 @@ static int known_code(PyObject *status) {
     return code >= FIRST_CODE && code <= LAST_CODE && pairs[code] != NULL ? code : 0;
 }
 
-/* ``span.tags`` (a new reference, or NULL with an error): a SpanCore's from its struct (its
- * fields cannot be deleted), another span's by attribute. */
-static PyObject *span_tags(PyObject *span) {
-    return PyObject_TypeCheck(span, &swmp_SpanCoreType) ? Py_NewRef(swmp_span_tags(span))
-                                                        : PyObject_GetAttr(span, s_tags);
-}
-
 /* Tags the span: 1 done here, 0 leave it to ``slow``, -1 error. */
 static int record_fast(PyObject *span, int code) {
     static swmp_AttrCache at_max; /* Limits: a __slots__ class (attrcache.c) */
@@ -133,7 +124,7 @@ static int record_fast(PyObject *span, int code) {
     if (lim < 3) {
         return 0;
     }
-    PyObject *tags = span_tags(span);
+    PyObject *tags = swmp_tags_of(span);
     if (tags == NULL) {
         return -1;
     }
@@ -160,7 +151,7 @@ static int record_fast(PyObject *span, int code) {
  * sent is the first one's, and only it is tagged. */
 static int has_status(PyObject *span) {
     PyObject *key = pairs[200] != NULL ? PyTuple_GET_ITEM(pairs[200], 0) : NULL;
-    PyObject *tags = key == NULL ? NULL : span_tags(span);
+    PyObject *tags = key == NULL ? NULL : swmp_tags_of(span);
     if (tags == NULL) {
         return key == NULL ? 0 : -1;
     }

@@ -5,11 +5,10 @@
 #include <Python.h>
 
 #include "attrcache.h"
-#include "span.h"
 #include "spancore.h"
 #include "web_entry.h"
 
-static PyObject *s_rules, *s_methods, *s_tags;
+static PyObject *s_rules, *s_methods;
 
 int swmp_methods_ignored(PyObject *policy) {
     if (s_rules == NULL && ((s_rules = PyUnicode_InternFromString("rules")) == NULL ||
@@ -34,17 +33,11 @@ int swmp_methods_ignored(PyObject *policy) {
 }
 
 int swmp_request_tags(const SwmpRequestTags *parts, PyObject *span, PyObject *method, PyObject *url) {
-    if (s_tags == NULL && (s_tags = PyUnicode_InternFromString("tags")) == NULL) {
-        return -1;
-    }
     Py_ssize_t lim = swmp_tag_limit(parts->limits);
     if (lim < 0 && PyErr_Occurred()) {
         return -1;
     }
-    /* A SpanCore's ``tags`` read and set in its struct (as emit.c reads its fields: they
-     * cannot be deleted, so never NULL); another kind of span by attribute. */
-    int core = PyObject_TypeCheck(span, &swmp_SpanCoreType);
-    PyObject *tags = core ? Py_NewRef(swmp_span_tags(span)) : PyObject_GetAttr(span, s_tags);
+    PyObject *tags = swmp_tags_of(span);
     if (tags == NULL) {
         return -1;
     }
@@ -56,13 +49,7 @@ int swmp_request_tags(const SwmpRequestTags *parts, PyObject *span, PyObject *me
             PyList_SET_ITEM(list, 1, Py_NewRef(method));
             PyList_SET_ITEM(list, 2, Py_NewRef(parts->tag_url));
             PyList_SET_ITEM(list, 3, Py_NewRef(url));
-            if (core) {
-                swmp_span_set_tags(span, list);
-                done = 0;
-            } else {
-                done = PyObject_SetAttr(span, s_tags, list);
-                Py_DECREF(list);
-            }
+            done = swmp_set_tags_of(span, list);
         }
     } else {
         PyObject *call[3] = {span, method, url};
