@@ -79,6 +79,26 @@ def detached_by_a_single_fork(owner_pid: int, owner_sid: int, *, forked_by: int,
     return _exits_within(owner_pid, wait)
 
 
+def owner_left_behind(owner_pid: int, owner_sid: int) -> bool:
+    """In a worker of a daemon that the owner ``owner_pid`` became where no Python hook saw it
+    (uWSGI's ``--daemonize2`` forks twice in C, then forks the workers): has the owner exited?
+    It calls ``_exit()`` right after its fork, but on a loaded machine the daemon can fork this
+    worker, and the worker reach this question, before the owner has run again. So when this
+    process is in a session other than the owner's (the daemonizing code called ``setsid()``),
+    the owner's exit is waited for, up to LEADER_EXIT_WAIT_S; in the owner's own session
+    (UNKNOWN_SESSION: unknown), only the present counts."""
+    if process_exited(owner_pid):
+        return True
+    if owner_sid == UNKNOWN_SESSION:
+        return False
+    try:
+        if os.getsid(0) == owner_sid:
+            return False
+    except OSError:
+        return False
+    return _exits_within(owner_pid, LEADER_EXIT_WAIT_S)
+
+
 def _left_the_session(owner_sid: int) -> bool:
     """Is this new process in a session other than ``owner_sid``, led by its parent (or by a
     process gone already), which exits: the middle process of a double fork?"""

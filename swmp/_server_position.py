@@ -9,8 +9,8 @@ import os
 import sys
 from typing import Any
 
-from ipc.procinfo import process_exited
 from swmp import _spawned, lifecycle
+from swmp._daemonized import owner_left_behind
 
 
 def server_position() -> tuple[int, bool]:
@@ -37,11 +37,12 @@ def server_position() -> tuple[int, bool]:
     return os.getpid(), False
 
 
-def uwsgi_daemonized_since(owner_pid: int) -> bool:
-    """In a uWSGI worker: did uWSGI daemonize after the agent started in ``owner_pid``
-    (``--daemonize2``: it loads the application, then forks twice in C, where no Python
-    hook runs, and the daemon forks the workers)? Then the owner has exited, its reporter
-    with it, and the worker's master is a process the agent never started in."""
+def uwsgi_daemonized_since(owner_pid: int, owner_sid: int) -> bool:
+    """In a uWSGI worker: did uWSGI daemonize after the agent started in ``owner_pid`` (of
+    session ``owner_sid``; ``--daemonize2``: it loads the application, then forks twice in C,
+    where no Python hook runs, and the daemon forks the workers)? Then the owner exits (or
+    has), its reporter with it, and the worker's master is a process the agent never
+    started in."""
     uwsgi = sys.modules.get("uwsgi")
     if uwsgi is None or not owner_pid:
         return False
@@ -49,7 +50,7 @@ def uwsgi_daemonized_since(owner_pid: int) -> bool:
         master = int(uwsgi.masterpid())
     except Exception:
         return False
-    return 0 < master != owner_pid and master != os.getpid() and process_exited(owner_pid)
+    return 0 < master != owner_pid and master != os.getpid() and owner_left_behind(owner_pid, owner_sid)
 
 
 def _gunicorn_master_of_this_worker() -> int:

@@ -306,7 +306,7 @@ def _after_fork_in_child() -> None:
     if run is not None and lifecycle.daemonized():
         _start_anew_in_daemon(run)
         return
-    if run is not None and uwsgi_daemonized_since(run.owner_pid):
+    if run is not None and uwsgi_daemonized_since(run.owner_pid, lifecycle.owner_session()):
         # A worker of uWSGI's daemonized master: it joins (or makes) the master's arena and
         # reporter, as under lazy-apps; its streams are uWSGI's log, the reporter keeps them.
         _start_anew_in_daemon(run, streams_released=False)

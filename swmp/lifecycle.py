@@ -283,6 +283,11 @@ def announce_owner(owner_pid: int) -> None:
     _here.daemon = False
 
 
+def owner_session() -> int:
+    """The session of the owner announced last (UNKNOWN_SESSION: none, or unknown)."""
+    return _here.owner_sid
+
+
 # A helper forked by a reporting owner asks again this often (its records are dropped until
 # then): the owner may exit after the helper's first look.
 SINGLE_FORK_RECHECK_S = 1.0
