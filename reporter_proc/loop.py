@@ -9,8 +9,7 @@ job is a part (docs/reporter.md follows a record through them):
 * :class:`~reporter_proc.ledger.Ledger` knows which ring bytes may be committed;
 * :class:`~reporter_proc.delivery.Delivery` sends each kind's batches in order, with
   retry, backoff, isolation of bad records, and the spool as the last resort;
-* :class:`~reporter_proc.spooling.SpoolWriter` / ``Replayer`` keep and replay records
-  across long outages;
+* :class:`~reporter_proc.spooling.SpoolWriter` / ``Replayer`` keep and replay records across outages;
 * :class:`~reporter_proc.instances.Instances` announces every worker and keeps it alive;
 * :class:`~reporter_proc.publisher.StatusPublisher` heartbeats and publishes the status;
 * :class:`~reporter_proc.profile_tasks.ProfileTaskPoller` polls the OAP's profile tasks and
@@ -34,6 +33,7 @@ from ipc import Arena
 from reporter_proc import records as R
 from reporter_proc.adoption import Adoption
 from reporter_proc.delivery import Delivery, backoff
+from reporter_proc.exit_threads import sender_refused_at_exit
 from reporter_proc.exits import EXIT_CONFIG, EXIT_ERROR, EXIT_OK
 from reporter_proc.instances import Instance, Instances, host_properties
 from reporter_proc.intake import Intake
@@ -218,6 +218,8 @@ class Reporter:
         return code
 
     async def _start_sender(self) -> Sender | int:
+        if self.mode == "thread" and sender_refused_at_exit(self.settings.protocol):
+            return EXIT_ERROR
         if self.sender is None:
             try:
                 self.sender = make_sender(self.settings)

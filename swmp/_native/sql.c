@@ -188,8 +188,20 @@ typedef struct {
  * session ended, psycopg's ``pgconn``) as without the agent, not kept by this memo. */
 static int memo_matches(PyObject *last, PyObject *conn, PyObject *key) {
     PyObject *held = PyTuple_GET_ITEM(last, 0);
-    PyObject *was = PyWeakref_CheckRef(held) ? PyWeakref_GET_OBJECT(held) : held; /* borrowed */
-    return was == conn && PyLong_AsVoidPtr(PyTuple_GET_ITEM(last, 1)) == (void *)key;
+    int same = held == conn;
+    if (PyWeakref_CheckRef(held)) {
+#if PY_VERSION_HEX >= 0x030D0000 /* PyWeakref_GET_OBJECT is deprecated from 3.13 on */
+        PyObject *was = NULL;
+        if (PyWeakref_GetRef(held, &was) < 0) {
+            PyErr_Clear();
+        }
+        same = was == conn;
+        Py_XDECREF(was);
+#else
+        same = PyWeakref_GET_OBJECT(held) == conn; /* borrowed, compared only */
+#endif
+    }
+    return same && PyLong_AsVoidPtr(PyTuple_GET_ITEM(last, 1)) == (void *)key;
 }
 
 static PyObject *where_remembered(SqlCall *c, PyObject *conn) {
