@@ -8,7 +8,8 @@
 #      (load generator for benchmarks), the real servers the instrumentation tests start
 #      (PostgreSQL, MariaDB, Redis, memcached, RabbitMQ), Chromium (web page tests) and what
 #      building mysqlclient needs; apt-get runs only if something is missing;
-#   2. Python packages: swmp in editable mode with its dev and bench extras;
+#   2. Python packages: swmp in editable mode with its dev and bench extras; a virtual
+#      environment for each other Python release the tests run on (scripts/other_pythons.sh);
 #   3. the Kafka and SkyWalking OAP jars, fetched once from Maven Central into
 #      ~/.cache/realpeers so that test runs never download anything.
 #
@@ -67,6 +68,8 @@ if [ -z "$PYTHON" ] || ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (
 fi
 log "pip install -e '.[dev,bench]' with $("$PYTHON" --version) ($PYTHON)"
 "$PYTHON" -m pip install --disable-pip-version-check --progress-bar off -q -e "${ROOT}[dev,bench]"
+# The other Python releases the tests also run on (Django 6 needs >= 3.12), where present.
+PYTHON="$PYTHON" bash "$ROOT/scripts/other_pythons.sh" setup
 
 # ---------------------------------------------------------------------------- 3. jars for the e2e tests
 if [ "${SKIP_JARS:-}" = 1 ]; then

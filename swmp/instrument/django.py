@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 NAME = "django"
 PEER_NAMES = ("sw_django",)  # the SkyWalking Python agent's plugin module(s)
 PACKAGE = "django"
-SUPPORTED = ("3.2", "6")
+SUPPORTED = ("3.2", "7")  # 6.x: tested on Python 3.12+ (scripts/other_pythons.sh)
 # The package alone (cheap: settings, version checks); the handler modules are hooked from
 # install(), each when it is imported.
 TRIGGER = "django"
