@@ -25,7 +25,7 @@ def _nothing() -> None:
 
 def threads_refused() -> bool:
     """True when this interpreter refuses new threads now (only ever on REFUSING_RELEASES)."""
-    if tuple(sys.version_info[:3]) not in REFUSING_RELEASES:
+    if sys.version_info[:3] not in REFUSING_RELEASES:
         return False
     probe = threading.Thread(target=_nothing, name="swmp-thread-probe", daemon=True)
     try:

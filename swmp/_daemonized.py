@@ -87,16 +87,15 @@ def owner_left_behind(owner_pid: int, owner_sid: int) -> bool:
     process is in a session other than the owner's (the daemonizing code called ``setsid()``),
     the owner's exit is waited for, up to LEADER_EXIT_WAIT_S; in the owner's own session
     (UNKNOWN_SESSION: unknown), only the present counts."""
-    if process_exited(owner_pid):
-        return True
-    if owner_sid == UNKNOWN_SESSION:
-        return False
+    return _exits_within(owner_pid, LEADER_EXIT_WAIT_S if _outside_the_session(owner_sid) else 0.0)
+
+
+def _outside_the_session(owner_sid: int) -> bool:
+    """Is this process in a session other than the known session ``owner_sid``?"""
     try:
-        if os.getsid(0) == owner_sid:
-            return False
+        return owner_sid != UNKNOWN_SESSION and os.getsid(0) != owner_sid
     except OSError:
         return False
-    return _exits_within(owner_pid, LEADER_EXIT_WAIT_S)
 
 
 def _left_the_session(owner_sid: int) -> bool:

@@ -225,7 +225,7 @@ os.waitpid(owner, 0)
 def test_a_daemonized_masters_worker_waits_for_the_owners_exit() -> None:
     """Seen by the worker before the owner has exited: with ``process_exited`` alone the worker
     took the daemon for the owner's helper and reported nothing (the uWSGI ``--daemonize2``
-    tests lost every record, about 1 run in 25 on a loaded machine)."""
+    tests lost a worker's records in 3 of 54 runs on a loaded machine)."""
     out = _in_child(LEFT_BEHIND.format(setsid=True, owner_lives=0.1))
     assert out["gone"] is True and out["waited"] < 0.9, out
 
