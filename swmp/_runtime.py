@@ -9,7 +9,7 @@ ways, cheapest first to fire:
 
 * ``os.register_at_fork(after_in_child=...)`` (Gunicorn, multiprocessing, plain fork);
 * ``uwsgidecorators.postfork`` under uWSGI, which skips Python's at-fork hooks unless
-  ``--py-call-osafterfork`` is set (``swmp run`` sets it; see docs/servers.md);
+  ``--py-call-uwsgi-fork-hooks`` is set (``swmp run`` sets it; see docs/servers.md);
 * a pid comparison on every write, the backstop that needs no cooperation from the server
   (``swmp.lifecycle.current_pid``: kept by the fork hooks where they are reliable, so a
   write makes no system call; ``os.getpid()`` under uWSGI without ``uwsgidecorators``).

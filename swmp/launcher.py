@@ -11,10 +11,16 @@ What passes to the child through the environment:
 * ``PYTHONPATH``: the loader, then what was there, then the directory swmp is imported
   from (so a source checkout works without installation);
 * ``SWMP_RUN_ACTIVE=1``: the loader starts the agent only when this is set;
-* ``UWSGI_PY_CALL_OSAFTERFORK=1`` (unless the command line or the environment already
+* ``UWSGI_PY_CALL_UWSGI_FORK_HOOKS=1`` (unless the command line or the environment already
   chose): uWSGI reads its options from ``UWSGI_*`` variables too, so this reaches a uWSGI
-  started by a wrapper script; it makes uWSGI run Python's at-fork hooks in its workers,
-  which then take their ring slot at fork rather than on their first record;
+  started by a wrapper script; it makes uWSGI run Python's at-fork hooks around its forks,
+  so workers take their ring slot at fork rather than on their first record. Not
+  ``--py-call-osafterfork``: that runs only the child's half (``PyOS_AfterFork_Child``
+  without ``PyOS_BeforeFork``), which releases an import lock the parent never took; Python
+  3.13 treats that as fatal and every worker aborts at start
+  (``_PyRecursiveMutex_Unlock``, measured with uWSGI 2.0.31 and no agent at all). uWSGI
+  releases without the option (before 2.0.20) ignore the variable and the agent falls back
+  to its pid checks;
 * every ``SW_*`` setting, untouched.
 
 Interpreter check: when the command is a Python interpreter, or a script whose ``#!``
@@ -51,7 +57,7 @@ def child_environment(environ: Mapping[str, str] | None = None, argv: Sequence[s
         f"UWSGI_{opt.upper().replace('-', '_')}" in env for opt in UWSGI_FORK_OPTIONS
     )
     if not chosen:
-        env["UWSGI_PY_CALL_OSAFTERFORK"] = "1"
+        env["UWSGI_PY_CALL_UWSGI_FORK_HOOKS"] = "1"
     return env
 
 

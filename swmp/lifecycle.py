@@ -6,7 +6,7 @@ one order, whatever the server. This module is where those moments are *announce
 *subscribed to*; no part looks another up or rewires it:
 
 * **forked** - a new process, announced by ``os.register_at_fork`` and, under uWSGI
-  (which skips Python's at-fork hooks unless ``--py-call-osafterfork``),
+  (which skips Python's at-fork hooks unless ``--py-call-uwsgi-fork-hooks``),
   ``uwsgidecorators.postfork``; or late, by :func:`check_fork` from a part whose own pid
   check noticed first. Subscribers drop what the parent had. Never announced in the
   reporter or its supervisor (forked from the application, but not part of it).

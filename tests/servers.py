@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from tests.collector import CollectorProcess, read_dump
 
@@ -396,6 +397,14 @@ def gunicorn_command(
     if config:
         cmd += ["-c", config]
     return [*cmd, *extra, app]
+
+
+# uWSGI's --py-call-osafterfork runs PyOS_AfterFork_Child without PyOS_BeforeFork; on
+# Python 3.13 that releases an import lock nobody holds, and every worker aborts at start
+# (uWSGI 2.0.31, with no agent loaded at all). swmp run uses --py-call-uwsgi-fork-hooks.
+OSAFTERFORK_ABORTS = pytest.mark.skipif(
+    sys.version_info >= (3, 13), reason="uWSGI's --py-call-osafterfork aborts workers on Python 3.13"
+)
 
 
 def uwsgi_command(

@@ -217,15 +217,17 @@ def test_child_environment() -> None:
     assert env["PYTHONPATH"].split(os.pathsep) == [launcher.LOADER_DIR, "/a", "/b", launcher.PACKAGE_ROOT]
     assert env["SWMP_RUN_ACTIVE"] == "1"
     assert env["SW_AGENT_NAME"] == "x"
-    assert env["UWSGI_PY_CALL_OSAFTERFORK"] == "1"
+    assert env["UWSGI_PY_CALL_UWSGI_FORK_HOOKS"] == "1"
+    assert "UWSGI_PY_CALL_OSAFTERFORK" not in env  # fatal in uWSGI's workers on Python 3.13
     # Running it twice (swmp run inside swmp run) does not stack the loader.
     again = launcher.child_environment(env)
     assert again["PYTHONPATH"].split(os.pathsep).count(launcher.LOADER_DIR) == 1
     # The user's own choice about uWSGI's fork hooks wins.
-    assert "UWSGI_PY_CALL_OSAFTERFORK" not in launcher.child_environment(
-        {}, ["uwsgi", "--py-call-uwsgi-fork-hooks"]
+    assert "UWSGI_PY_CALL_UWSGI_FORK_HOOKS" not in launcher.child_environment(
+        {}, ["uwsgi", "--py-call-osafterfork"]
     )
-    assert launcher.child_environment({"UWSGI_PY_CALL_OSAFTERFORK": "0"})["UWSGI_PY_CALL_OSAFTERFORK"] == "0"
+    chosen = launcher.child_environment({"UWSGI_PY_CALL_OSAFTERFORK": "0"})
+    assert chosen["UWSGI_PY_CALL_OSAFTERFORK"] == "0" and "UWSGI_PY_CALL_UWSGI_FORK_HOOKS" not in chosen
 
 
 def test_python_interpreter_of(tmp_path: Path) -> None:

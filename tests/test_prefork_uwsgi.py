@@ -10,6 +10,7 @@ import pytest
 
 from tests.collector import free_port
 from tests.servers import (
+    OSAFTERFORK_ABORTS,
     agent_env,
     check_announced,
     check_two_apps,
@@ -61,7 +62,7 @@ def test_two_apps_every_request_has_its_segment(
     [
         pytest.param(False, False, id="master-import-no-hooks"),
         pytest.param(True, False, id="lazy-apps-no-hooks"),
-        pytest.param(True, True, id="lazy-apps-osafterfork"),
+        pytest.param(True, True, id="lazy-apps-osafterfork", marks=OSAFTERFORK_ABORTS),
     ],
 )
 def test_explicit_start_in_the_module(tmp_path: Path, lazy_apps: bool, osafterfork: bool) -> None:

@@ -19,6 +19,7 @@ import pytest
 from ipc import Arena
 from tests.collector import free_port
 from tests.servers import (
+    OSAFTERFORK_ABORTS,
     Server,
     agent_env,
     announced,
@@ -49,10 +50,11 @@ def _claims(server: Server) -> tuple[int, set[int]]:
 @pytest.mark.parametrize(
     ("reporter_process", "fork_hooks"),
     [
-        pytest.param(True, "", id="process-osafterfork"),  # swmp run's default
-        pytest.param(False, "", id="thread-osafterfork"),
-        # Python's at-fork hooks run right after uWSGI's fork, before it numbers the worker.
-        pytest.param(True, "--py-call-uwsgi-fork-hooks", id="process-uwsgi-fork-hooks"),
+        # swmp run's default, --py-call-uwsgi-fork-hooks: Python's at-fork hooks run around
+        # uWSGI's fork, before it numbers the worker.
+        pytest.param(True, "", id="process-uwsgi-fork-hooks"),
+        pytest.param(False, "", id="thread-uwsgi-fork-hooks"),
+        pytest.param(True, "--py-call-osafterfork", id="process-osafterfork", marks=OSAFTERFORK_ABORTS),
     ],
 )
 def test_master_python_forks_stay_helpers(tmp_path: Path, reporter_process: bool, fork_hooks: str) -> None:

@@ -8,7 +8,7 @@ GIL: ``itertools.count`` is implemented in C) makes ids unique within a process.
 
 The prefix is re-drawn after fork twice over: ``os.register_at_fork`` covers servers that
 run at-fork hooks (Gunicorn), and a pid check on every id covers uWSGI, which does not
-(unless ``--py-call-osafterfork``). The check compares with ``swmp.lifecycle.current_pid``:
+(unless ``--py-call-uwsgi-fork-hooks``). The check compares with ``swmp.lifecycle.current_pid``:
 where the fork hooks are reliable (everywhere but uWSGI without ``uwsgidecorators``) that is
 the pid the hooks keep, so drawing an id makes no system call; elsewhere it is ``getpid``.
 (A system call per request is not only its own cost: in a VM it leaves the request's later
