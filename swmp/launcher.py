@@ -19,8 +19,8 @@ What passes to the child through the environment:
   without ``PyOS_BeforeFork``), which releases an import lock the parent never took; Python
   3.13 treats that as fatal and every worker aborts at start
   (``_PyRecursiveMutex_Unlock``, measured with uWSGI 2.0.31 and no agent at all). uWSGI
-  releases without the option (before 2.0.20) ignore the variable and the agent falls back
-  to its pid checks;
+  ignores ``UWSGI_*`` variables it does not know (2.0.31 checked), so a release without
+  the option starts as before and the agent falls back to its pid checks;
 * every ``SW_*`` setting, untouched.
 
 Interpreter check: when the command is a Python interpreter, or a script whose ``#!``

@@ -399,9 +399,7 @@ def gunicorn_command(
     return [*cmd, *extra, app]
 
 
-# uWSGI's --py-call-osafterfork runs PyOS_AfterFork_Child without PyOS_BeforeFork; on
-# Python 3.13 that releases an import lock nobody holds, and every worker aborts at start
-# (uWSGI 2.0.31, with no agent loaded at all). swmp run uses --py-call-uwsgi-fork-hooks.
+# Why uWSGI's --py-call-osafterfork cannot run on Python 3.13: swmp/launcher.py's docstring.
 OSAFTERFORK_ABORTS = pytest.mark.skipif(
     sys.version_info >= (3, 13), reason="uWSGI's --py-call-osafterfork aborts workers on Python 3.13"
 )
