@@ -6,17 +6,18 @@
 #
 # The suite runs on python3 (3.11 on Debian 12). pyproject.toml declares Python >= 3.10, and
 # some libraries' current releases need a newer Python (Django 6: >= 3.12), so for each
-# release in OTHER_PYTHONS (default: 3.13) found on the machine (pyenv's versions, or
-# pythonX.Y on PATH) this keeps a virtual environment in ~/.cache/swmp-pythons/X.Y with the
+# release in OTHER_PYTHONS (default: 3.10 3.12 3.13) found on the machine (pyenv's versions,
+# or pythonX.Y on PATH) this keeps a virtual environment in ~/.cache/swmp-pythons/X.Y with the
 # project's runtime and dev dependencies (not swmp itself: the tests run this checkout, its
 # native modules built in place for that interpreter) and runs the tests below with it: the
 # native core against orjson byte for byte, `swmp run` in both reporter modes, the thread
-# reporter at exit, the web frameworks in process. A release not on the machine is reported
-# and skipped.
+# reporter at exit, the web frameworks in process, a uWSGI master's forks under `swmp run`
+# (uWSGI built for that interpreter: each release's fork protocol differs, see
+# swmp/launcher.py). A release not on the machine is reported and skipped.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-OTHER_PYTHONS=${OTHER_PYTHONS:-3.13}
+OTHER_PYTHONS=${OTHER_PYTHONS:-3.10 3.12 3.13}
 CACHE=${SWMP_PYTHONS_DIR:-$HOME/.cache/swmp-pythons}
 TESTS=(
   tests/test_native_json.py
@@ -25,6 +26,7 @@ TESTS=(
   tests/test_exit_threads.py
   tests/test_instrument_frameworks.py
   tests/test_instrument_web.py
+  tests/test_uwsgi_master_forks.py
 )
 log() { echo "[other-pythons] $*"; }
 

@@ -6,7 +6,7 @@
 #   2. the complete pytest suite, end-to-end tests included: they start a real Kafka broker
 #      and real SkyWalking OAP servers on 127.0.0.1 (jars pre-fetched by test_setup.sh);
 #   3. after a whole run, a part of the suite on the other Python releases present
-#      (scripts/other_pythons.sh: Python 3.13 by default, with Django 6).
+#      (scripts/other_pythons.sh: Python 3.10, 3.12 and 3.13 by default; Django 6 on 3.12+).
 #
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k kafka -x`).
 # PYTHON selects the interpreter (python3 by default).

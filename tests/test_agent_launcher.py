@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from reporter_proc import exit_threads
 from swmp import _own_logging, launcher
 from swmp.config import Config
 from tests.collector import Collector
@@ -103,6 +104,11 @@ def test_a_program_reports_every_span(
     assert done.returncode == 0, done.stderr
     mode = "process" if reporter_process == "true" else "thread"
     assert f"agent running: True mode: {mode}" in done.stdout
+    if "the reporter thread cannot start its grpc sender" in done.stderr:
+        # Only where exit_threads.py says: the program ends within ~0.1 s of its first record,
+        # and these releases refuse the thread its sender would start at exit.
+        assert mode == "thread" and sys.version_info[:3] in exit_threads.REFUSING_RELEASES
+        return
     instances = delivered(collector, 25)
     assert len(collector.segments) == 25
     assert set(instances) == {"prog-w0"}

@@ -178,7 +178,7 @@ def test_redis_asyncio(traced: Traced, redis_server: ServerInfo) -> None:
                     assert await pipe.execute() == [1, 0]
                 with pytest.raises(aredis.ResponseError):
                     await client.incr("rk:a")
-                with pytest.raises(TimeoutError):  # cancellation reaches the app as it would
+                with pytest.raises(asyncio.TimeoutError):  # cancellation reaches the app as it would
                     await asyncio.wait_for(client.blpop(["rk:empty"], timeout=5), 0.3)
             ops = [e.op for e in got.exits]
             assert ops == ["Redis/SET", "Redis/GET", "Redis/MULTI", "Redis/INCRBY", "Redis/BLPOP"]
@@ -220,7 +220,7 @@ def test_redis_asyncio_commands_seen_before_run_in_c(traced: Traced, redis_serve
                 assert await task is True
                 assert await asyncio.gather(client.get("rk:c"), client.get("rk:c")) == [b"2", b"2"]
                 await client.blpop(["rk:none"], timeout=1)  # the name, then a cancelled wait
-                with pytest.raises(TimeoutError):
+                with pytest.raises(asyncio.TimeoutError):  # (not the built-in one before Python 3.11)
                     await asyncio.wait_for(client.blpop(["rk:none"], timeout=5), 0.3)
             ops = [e.op for e in got.exits]
             assert (
@@ -455,7 +455,7 @@ def test_redis_cluster_asyncio_transaction_watch(traced: Traced, redis_cluster: 
                         await pipe.execute()
                 async with arc.pipeline(transaction=True) as pipe:  # cancelled as it would be
                     await pipe.watch("{act}a")
-                    with pytest.raises(TimeoutError):
+                    with pytest.raises(asyncio.TimeoutError):
                         await asyncio.wait_for(pipe.blpop(["{act}empty"], timeout=5), 0.3)
             assert type(raised.value) is redis.WatchError
             assert str(raised.value) == "Watched variable changed."

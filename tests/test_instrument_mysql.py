@@ -205,7 +205,7 @@ def test_aiomysql_calls_errors_and_outside(traced: Traced, mariadb_server: Serve
                     with pytest.raises(pymysql.err.ProgrammingError):
                         await cur.execute("SELECT * FROM no_such_table")
                 async with conn.cursor(aiomysql.DictCursor) as cur:
-                    with pytest.raises(TimeoutError):  # cancellation reaches the app as it would
+                    with pytest.raises(asyncio.TimeoutError):  # cancellation reaches the app as it would
                         await asyncio.wait_for(cur.execute("SELECT SLEEP(5)"), 0.3)
             ops = [e.op for e in got.exits]
             assert (

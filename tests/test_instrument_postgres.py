@@ -408,7 +408,7 @@ def test_psycopg_async(traced: Traced, postgres_server: ServerInfo) -> None:
                     assert rows == [(1,), (2,), (3,)]
                 with pytest.raises(psycopg.errors.UndefinedTable):
                     await conn.execute("SELECT * FROM no_such_table")
-                with pytest.raises(TimeoutError):  # cancellation reaches the app as it would
+                with pytest.raises(asyncio.TimeoutError):  # cancellation reaches the app as it would
                     await asyncio.wait_for(conn.execute("SELECT pg_sleep(10)"), 0.3)
             assert [e.op.rsplit("/", 1)[1] for e in got.exits] == [
                 "execute", "executemany", "stream", "execute", "execute"
