@@ -17,6 +17,7 @@ NATIVE = "reporter_proc/_native/"
 SPAN = "swmp/_native/"
 FLAGS = [
     "-O2",
+    "-fno-plt",
     "-std=c11",
     "-fvisibility=hidden",
     "-Wall",

@@ -24,7 +24,7 @@ from ipc.arena import DEFAULT_PREFIX, Arena, ArenaError, _unlink_if_same, arena_
 from ipc.arena_files import _arena_files, _mtime, _name_fields, still_linked
 from ipc.procinfo import process_exited
 
-__all__ = ["adopt", "dead_private_arenas", "finish"]
+__all__ = ["adopt", "dead_private_arenas", "finish", "holds_unread"]
 
 # Thread mode's private arenas: ``<prefix>-<uid>-<pid>-t<8 hex>.arena`` (``swmp._thread_sink``).
 _PRIVATE_REST = re.compile(r"t[0-9a-f]{8}")
@@ -49,6 +49,23 @@ def dead_private_arenas(directory: str, prefix: str = DEFAULT_PREFIX, *, zombies
         if process_exited(pid) if zombies else not _exists(pid):
             out.append(path)
     return out
+
+
+def holds_unread(arena: Arena, prefix: str = DEFAULT_PREFIX) -> bool:
+    """Is ``arena`` a private arena whose ring holds records no reader committed: what
+    :func:`adopt` would take and deliver? For ``cleanup_stale(keep=...)``, in a process about
+    to start adopting: removing such a file at start-up lost what a killed process of the same
+    application left. Never raises."""
+    if _PRIVATE_REST.fullmatch(_name_fields(arena.path, prefix)[1]) is None:
+        return False
+    try:
+        reader = arena.reader(0)
+    except (IndexError, ValueError, OSError):  # a header that maps but makes no ring
+        return False
+    try:
+        return reader.backlog() > 0
+    finally:
+        reader.release()
 
 
 def _exists(pid: int) -> bool:

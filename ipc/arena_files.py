@@ -9,7 +9,7 @@ import glob
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ipc import private
 from ipc.arena import (
@@ -53,6 +53,15 @@ def still_linked(arena: Arena) -> bool:
     return (st.st_dev, st.st_ino) == arena._shared.key
 
 
+def _kept(keep: Callable[[Arena], bool] | None, arena: Arena) -> bool:
+    if keep is None:
+        return False
+    try:
+        return bool(keep(arena))
+    except Exception:  # the caller's predicate: when it cannot say, the records stay
+        return True
+
+
 def read_info(path: str) -> ArenaInfo:
     with Arena.open(path, wait_s=0) as arena:
         return arena.info()
@@ -84,15 +93,22 @@ def _name_owner_gone(path: str, prefix: str) -> bool:
 
 
 def cleanup_stale(
-    directory: str = DEFAULT_DIRECTORY, prefix: str = DEFAULT_PREFIX, min_age_s: float = 10.0
+    directory: str = DEFAULT_DIRECTORY,
+    prefix: str = DEFAULT_PREFIX,
+    min_age_s: float = 10.0,
+    *,
+    keep: Callable[[Arena], bool] | None = None,
 ) -> list[str]:
     """Remove arenas whose owner is dead and that nobody holds a lock on.
 
     "Nobody" means no reporter and no worker slot: an orphaned reporter still draining, or
-    a worker that outlived its master, keeps the file alive. Files that cannot be read as
-    arenas are removed only if older than ``min_age_s`` (a creator may be mid-way) and the
-    owner their name gives is gone (its pid, or the start time of the process with that pid
-    differs). Doorbell FIFOs whose arena is gone are removed too.
+    a worker that outlived its master, keeps the file alive. ``keep(arena)``, asked of each
+    arena about to be removed, keeps those the caller will read instead (``ipc.adopt``: a
+    dead process's private arena with records still unread); a ``keep`` that raises keeps
+    the arena too. Files that cannot be read as arenas are removed only if older than
+    ``min_age_s`` (a creator may be mid-way) and the owner their name gives is gone (its
+    pid, or the start time of the process with that pid differs). Doorbell FIFOs whose
+    arena is gone are removed too.
     Returns the removed arena paths.
     """
     removed = []
@@ -109,7 +125,8 @@ def cleanup_stale(
                 pass
             continue
         try:
-            if arena._replaceable() and not arena.own_slots() and not arena.is_reporter:
+            dead = arena._replaceable() and not arena.own_slots() and not arena.is_reporter
+            if dead and not _kept(keep, arena):
                 _unlink_if_same(path, arena)
                 removed.append(path)
         finally:

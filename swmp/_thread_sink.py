@@ -26,6 +26,11 @@ __all__ = ["ThreadSink", "ThreadStarter"]
 
 log = logging.getLogger("swmp.agent")
 
+# How long past its shutdown deadline a reporter thread is waited for at a process's exit
+# (ReporterThread.stop's own default wait is the deadline plus the same): one that is not
+# done by then leaves its private arena for the next process (see _release).
+STOP_GRACE_S = 1.0
+
 ThreadStarter = Callable[[str, ReporterSettings, Arena], Any]
 
 
@@ -137,13 +142,27 @@ class ThreadSink(ProcessSink):
             # after the flush below, so a record written there later (a thread that took the
             # writer just before) would be lost uncounted.
             arena.release_slot()
+        stopped = True
         if handle is not None and self._private_pid == os.getpid():
             try:
-                handle.stop(timeout)  # flushes what is in the ring, WORKER_STOP included
+                # Flushes what is in the ring, WORKER_STOP included. ``timeout`` is the thread's
+                # own deadline too: its loop's last turn and its exit take a little longer.
+                stopped = bool(handle.stop(timeout + STOP_GRACE_S))
             except Exception:
+                stopped = False
                 log.debug("reporter thread stop failed", exc_info=True)
-        if arena is not None:
+        if arena is not None and stopped:
             arena.unlink()
+        elif arena is not None:
+            # A thread still sending past the deadline has not committed the rest: the file
+            # stays, and the next process of this application to report adopts and delivers
+            # what is unread (ipc.adopt; at least once: some of it may arrive twice).
+            log.warning(
+                "swmp: the reporter thread did not finish within %.1f s; %s is left for the next "
+                "process to deliver",
+                timeout + STOP_GRACE_S,
+                arena.path,
+            )
         if self.registry is not None:
             self.registry.release_slot()
 

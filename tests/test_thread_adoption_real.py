@@ -166,3 +166,51 @@ def test_a_long_running_parent_adopts_what_its_pools_left_while_it_runs(
     # At least once: a pool process SIGTERMed between its own send and its commit has those
     # records sent again by its adopter.
     assert names == wanted
+
+
+KILLED_THEN_STARTED = textwrap.dedent(
+    """
+    import os, signal, sys
+
+    import swmp
+
+    with swmp.entry_span(sys.argv[1]):
+        pass
+    if sys.argv[2] == "kill":  # no exit handler, no final flush: the segment stays in the ring
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_what_a_killed_program_left_is_delivered_by_its_next_start(
+    tmp_path: Path, collector: Collector
+) -> None:
+    """A thread-mode program SIGKILLed (the OOM killer, a container's kill) before its reporter
+    thread sent anything, then started again: the second start's clean-up of dead arenas used
+    to remove the first one's private arena, records and all (``ipc.cleanup_stale`` ran before
+    the new reporter thread could adopt it). It is left for the adopter now."""
+    script = tmp_path / "prog.py"
+    script.write_text(KILLED_THEN_STARTED)
+    env = base_env(
+        tmp_path,
+        collector,
+        SW_AGENT_NAME="restart",
+        SW_AGENT_REPORTER_PROCESS="false",
+        SW_AGENT_REPORTER_FLUSH_INTERVAL="3600",  # nothing is sent before the kill
+    )
+
+    def start(name: str, how: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "swmp.cli", "run", "--", sys.executable, str(script), name, how]
+        return subprocess.run(
+            argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+        )
+
+    first = start("first", "kill")
+    assert first.returncode == -9, first.stderr[-3000:]
+    assert not collector.segments
+    second = start("second", "exit")
+    assert second.returncode == 0, second.stderr[-3000:]
+    names = Counter(s.spans[0].operationName for s in collector.segments)
+    assert names == Counter({"first": 1, "second": 1}), names
+    shm = tmp_path / "shm"
+    assert not [p for p in shm.rglob("*.arena") if "-t" in p.name]  # adopted, delivered, removed

@@ -506,14 +506,19 @@ PyTypeObject swmp_WithinType = {
     .tp_methods = within_methods,
 };
 
-static int init_names(void) {
-    if (s_close == NULL && ((s_enter = PyUnicode_InternFromString("__enter__")) == NULL ||
-                            (s_exit = PyUnicode_InternFromString("__exit__")) == NULL ||
-                            (s_throw = PyUnicode_InternFromString("throw")) == NULL ||
-                            (s_close = PyUnicode_InternFromString("close")) == NULL)) {
+/* The names, made at the first call (out of line: later calls only test a pointer). */
+__attribute__((noinline, cold)) static int make_names(void) {
+    if ((s_enter = PyUnicode_InternFromString("__enter__")) == NULL ||
+        (s_exit = PyUnicode_InternFromString("__exit__")) == NULL ||
+        (s_throw = PyUnicode_InternFromString("throw")) == NULL ||
+        (s_close = PyUnicode_InternFromString("close")) == NULL) {
         return -1;
     }
     return 0;
+}
+
+static inline int init_names(void) {
+    return s_close != NULL ? 0 : make_names();
 }
 
 static Within *new_within(void) {
