@@ -28,6 +28,8 @@ COMMANDS = [
     ["gc_bench.py", "--quick"],
     ["hotpath_bench.py", "--quick"],
     ["cold_cache_bench.py", "--quick"],
+    ["cold_cachegrind.py", "--child", "consumer-aiormq", "traced", "20", "0.25"],
+    ["cold_cachegrind.py", "--child", "wsgi-request", "base", "20", "0.25"],
     ["wake_cost.py", "--seconds", "0.2"],
     # Servers, a sink and SIGSTOP/SIGCONT of the paused parts (~20 s).
     ["tail_probe.py", "--rounds", "1", "--duration", "1", "--warmup", "1"],
