@@ -19,20 +19,35 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
-def instructions(python: str, script: str, child_args: Sequence[str], seed: int) -> int:
-    """Instructions of one run of ``python script *child_args`` under cachegrind."""
+def events(
+    python: str,
+    script: str,
+    child_args: Sequence[str],
+    seed: int,
+    options: Sequence[str] = ("--cache-sim=no",),
+) -> dict[str, int]:
+    """The events (``Ir``; with a cache simulation in ``options`` its misses too) of one run
+    of ``python script *child_args`` under cachegrind."""
     with tempfile.TemporaryDirectory(prefix="swmp-cg-") as tmp:
         out = Path(tmp) / "cg.out"
-        argv = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
+        argv = ["valgrind", "--tool=cachegrind", *options, f"--cachegrind-out-file={out}"]
         argv += [python, script, *child_args]
         if shutil.which("setarch"):
             argv = ["setarch", os.uname().machine, "-R", *argv]
         env = dict(os.environ, PYTHONHASHSEED=str(seed))
         subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        names: list[str] = []
         for line in out.read_text().splitlines():
-            if line.startswith("summary:"):
-                return int(line.split()[1])
+            if line.startswith("events:"):
+                names = line.split()[1:]
+            elif line.startswith("summary:"):
+                return dict(zip(names, map(int, line.split()[1:]), strict=True))
     raise RuntimeError("no summary line in the cachegrind output")
+
+
+def instructions(python: str, script: str, child_args: Sequence[str], seed: int) -> int:
+    """Instructions of one run of ``python script *child_args`` under cachegrind."""
+    return events(python, script, child_args, seed)["Ir"]
 
 
 def per_op(python: str, script: str, child_args: Callable[[int], Sequence[str]], n: int, seed: int) -> float:

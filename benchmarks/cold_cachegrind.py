@@ -38,15 +38,13 @@ import concurrent.futures
 import ctypes
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository
+from benchmarks import _cachegrind as _cg
 
 # This machine's caches per core (lscpu: 64 KiB L1i and 96 KiB L1d over 2 cores, 4 MiB of
 # L2 over 2): cachegrind simulates a level 1 and a last level, which stands for the L2.
@@ -102,28 +100,15 @@ def _child(case: str, which: str, n: int, thrash_mib: float) -> None:
         raise SystemExit(f"the ring dropped {dropped} records: counts would be wrong")
 
 
-def _events(python: str, args: list[str], seed: int) -> dict[str, int]:
-    """The simulated events of one child run."""
-    with tempfile.TemporaryDirectory(prefix="swmp-coldcg-") as tmp:
-        out = Path(tmp) / "cg.out"
-        argv = ["valgrind", "--tool=cachegrind", *CACHES, f"--cachegrind-out-file={out}"]
-        argv += [python, str(Path(__file__).resolve()), "--child", *args]
-        if shutil.which("setarch"):
-            argv = ["setarch", os.uname().machine, "-R", *argv]
-        env = dict(os.environ, PYTHONHASHSEED=str(seed))
-        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        names: list[str] = []
-        for line in out.read_text().splitlines():
-            if line.startswith("events:"):
-                names = line.split()[1:]
-            elif line.startswith("summary:"):
-                return dict(zip(names, map(int, line.split()[1:]), strict=True))
-    raise RuntimeError("no summary line in the cachegrind output")
-
-
-def per_call(python: str, child: list[str], n: int, seed: int, pool: Any) -> dict[str, float]:
-    """Events per call of the child ``[case, which, _, mib]``: (run of 3N - run of N) / 2N."""
-    jobs = [pool.submit(_events, python, [child[0], child[1], str(k * n), child[3]], seed) for k in (1, 3)]
+def per_call(
+    python: str, case: str, which: str, *, mib: float, n: int, seed: int, pool: Any
+) -> dict[str, float]:
+    """Events per call of ``which``: (run of 3N - run of N) / 2N."""
+    script = str(Path(__file__).resolve())
+    jobs = [
+        pool.submit(_cg.events, python, script, ["--child", case, which, str(k * n), str(mib)], seed, CACHES)
+        for k in (1, 3)
+    ]
     once, thrice = (j.result() for j in jobs)
     return {e: (thrice[e] - once[e]) / (2 * n) for e in EVENTS}
 
@@ -150,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             for mib in args.thrash:
                 added = dict.fromkeys(EVENTS, 0.0)
                 for seed in args.seeds:
-                    base = per_call(args.python, [case, "base", "", str(mib)], args.calls, seed, pool)
-                    traced = per_call(args.python, [case, "traced", "", str(mib)], args.calls, seed, pool)
+                    at = {"mib": mib, "n": args.calls, "seed": seed, "pool": pool}
+                    base = per_call(args.python, case, "base", **at)
+                    traced = per_call(args.python, case, "traced", **at)
                     for e in EVENTS:
                         added[e] += (traced[e] - base[e]) / len(args.seeds)
                 row = {"case": case, "thrash_mib": mib, **{e: round(v, 1) for e, v in added.items()}}

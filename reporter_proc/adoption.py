@@ -26,13 +26,14 @@ committed through :attr:`Ledger.foreign`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ipc import Arena, RingReader
-from ipc.adopt import adopt, dead_private_arenas, finish
+from ipc.adopt import adopt, dead_private_arenas, finish, holds_unread
 from reporter_proc.ticks import next_tick
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swmp.reporter")
 
-__all__ = ["SCAN_EVERY_S", "Adoption"]
+__all__ = ["SCAN_EVERY_S", "Adoption", "kept_for_adoption"]
 
 # How often a running reporter lists its private directory for arenas of dead processes:
 # one listing (and a kill(pid, 0) per other process's arena) every few seconds, nothing per
@@ -176,6 +177,19 @@ class Adoption:
         held, self.held = self.held, {}
         for adopted in held.values():
             _let_go(adopted, unlink=adopted.done())
+
+
+def kept_for_adoption(meta: bytes) -> Callable[[Arena], bool]:
+    """``ipc.cleanup_stale``'s ``keep`` for a thread-mode process whose reporter will adopt
+    with this header ``meta``: a dead private arena with unread records bound for the same
+    destination, which its :class:`Adoption` then delivers. One bound elsewhere is not kept:
+    no reporter of this application would send it."""
+    ours = destination(meta)
+
+    def keep(arena: Arena) -> bool:
+        return holds_unread(arena) and destination(arena.info().meta) == ours
+
+    return keep
 
 
 def destination(meta: bytes) -> Any:

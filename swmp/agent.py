@@ -29,14 +29,12 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import ipc
-from ipc.adopt import holds_unread
 from ipc.private import make_directories
-from reporter_proc.adoption import destination
+from reporter_proc.adoption import kept_for_adoption
 from reporter_proc.process import in_reporter_process, spawn_reporter, start_reporter_thread
 from swmp import _own_logging, _sink, _spawned, lifecycle, tracing
 from swmp._arena_meta import arena_meta
@@ -155,7 +153,7 @@ def _start(config: Config, *, in_daemon: bool = False) -> _Running:
         # arena files, and closing a descriptor drops the process's locks on that file.
         # In thread mode a killed process's private arena with records still unread is kept
         # for this process's reporter thread, which adopts and delivers it (ipc.adopt).
-        keep = None if use_process else _leftovers_to_adopt(arena_meta(config, owner_pid, base, mode))
+        keep = None if use_process else kept_for_adoption(arena_meta(config, owner_pid, base, mode))
         try:
             ipc.cleanup_stale(directory, keep=keep)
         except OSError:
@@ -240,19 +238,6 @@ def _start(config: Config, *, in_daemon: bool = False) -> _Running:
         path,
     )
     return run
-
-
-def _leftovers_to_adopt(meta: bytes) -> Callable[[ipc.Arena], bool]:
-    """``cleanup_stale``'s ``keep`` for a thread-mode start: a dead process's private arena
-    with unread records that go where ours go (``meta``: our arenas' header), which this
-    process's reporter thread adopts and delivers. One that goes elsewhere is removed, as
-    before: no reporter of ours would ever send it (reporter_proc.adoption)."""
-    ours = destination(meta)
-
-    def keep(arena: ipc.Arena) -> bool:
-        return holds_unread(arena) and destination(arena.info().meta) == ours
-
-    return keep
 
 
 def _arena_file(owner_pid: int, directory: str, use_process: bool) -> str:

@@ -18,10 +18,10 @@ import ipc
 from ipc import Arena
 from ipc.adopt import holds_unread
 from reporter_proc import records as R
+from reporter_proc.adoption import kept_for_adoption
 from reporter_proc.settings import ReporterSettings
 from swmp import lifecycle
 from swmp._thread_sink import STOP_GRACE_S, ThreadSink
-from swmp.agent import _leftovers_to_adopt
 from swmp.tracing.identity import identity
 from tests.test_thread_adoption import dead_arena, dead_process_records, private_name
 
@@ -65,7 +65,7 @@ def test_cleanup_keeps_what_keep_asks_for_and_removes_the_rest(tmp_path: Path) -
     ours = dead_arena(d, dead_process_records(1, "ours", 2), meta=meta("oap:11800"))
     other = dead_arena(d, dead_process_records(2, "other", 2), meta=meta("elsewhere:11800"))
     done = dead_arena(d, dead_process_records(3, "done", 1), read_first=2, meta=meta("oap:11800"))
-    removed = ipc.cleanup_stale(str(tmp_path), keep=_leftovers_to_adopt(meta("oap:11800")))
+    removed = ipc.cleanup_stale(str(tmp_path), keep=kept_for_adoption(meta("oap:11800")))
     # Unread and going where this application's records go: left for its reporter thread.
     assert os.path.exists(ours)
     # Another destination's, and one read to the end: removed as before.
