@@ -159,6 +159,43 @@ def test_threads_writing_at_once_lose_nothing() -> None:
     assert sorted(got) == sorted(f"{k}:{i}".encode() for k in range(threads) for i in range(per_thread))
 
 
+@native_only
+def test_no_fast_write_goes_in_while_another_thread_is_in_the_slow_path() -> None:
+    """The fast path takes no lock (the GIL keeps it whole); a thread in the slow path, whose
+    Python code may let the GIL go, must still keep every other writer out until it is done.
+    Here the slow path sleeps (the GIL let go) while another thread writes bytes payloads
+    (the fast path's kind) as fast as it can: none of them goes in during the sleep."""
+    ring = Ring(native=True)
+    assert ring.write(1, b"first")  # the first write sets the write limit (the slow path)
+    assert [p for _, p in ring.reader.read(10)] == [b"first"]
+    writer = ring.write.__self__  # type: ignore[attr-defined]
+    inside, done = threading.Event(), threading.Event()
+    tails: list[int] = []
+
+    def sleeping_slow(rtype: int, payload: Any) -> bool:
+        tails.append(int(ring.control[L.C_TAIL]))
+        inside.set()
+        done.wait(0.2)  # the GIL let go for 0.2 s: the other thread runs, and waits
+        tails.append(int(ring.control[L.C_TAIL]))
+        return False
+
+    writer.set_slow(sleeping_slow)
+    results: list[bool] = []
+
+    def hammer() -> None:
+        inside.wait(10)
+        results.extend(ring.write(1, b"fast") for _ in range(20))
+        done.set()
+
+    other = threading.Thread(target=hammer)
+    other.start()
+    assert ring.write(1, memoryview(b"slow")) is False  # not bytes: the slow path
+    other.join(10)
+    assert tails[0] == tails[1], "a fast write went in while the slow path held the writer"
+    assert results == [True] * 20  # and they all went in after it
+    assert [p for _, p in ring.reader.read(100)] == [b"fast"] * 20
+
+
 @pytest.mark.parametrize("kind", ["pure", pytest.param("native", marks=native_only)])
 def test_a_write_from_inside_a_write_of_the_same_thread_is_dropped_not_waited_for(kind: str) -> None:
     """A signal handler that logs (log reporter on) while its thread is inside a ring write:

@@ -134,3 +134,43 @@ def test_a_forked_child_is_noticed_by_write_then_goes_straight(arena: Arena) -> 
     assert operations(arena, 1) == ["/c1", "/c2", "/c3"]
     assert python_writes(["/parent again"]) == 0  # the parent is still bound to slot 0
     assert operations(arena, 0) == ["/parent", "/parent again"]
+
+
+def test_a_writer_whose_write_was_replaced_is_called_as_it_is_now(arena: Arena) -> None:
+    """The direct path calls the ring writer's ``write`` slot as it is at each segment: the
+    native Writer's method while the slot is the process's, the refusing function once the
+    writer was disabled (its slot released), whose drop is counted as the span core's."""
+    sink = sink_for(arena)
+    _sink.set_sink(sink)
+    python_writes(["/claim"])
+    writer = sink._writer
+    assert writer is not None
+    before = tracing.stats.segments_dropped
+    assert python_writes(["/kept"]) == 0 and operations(arena, 0) == ["/claim", "/kept"]
+    writer._disable("released its slot")
+    refuse, asked = writer.write, []
+
+    def counted(rtype: int, payload: bytes) -> bool:
+        asked.append(rtype)
+        return refuse(rtype, payload)
+
+    writer.write = counted
+    python_writes(["/refused"])
+    assert asked == [R.SEGMENT]
+    assert operations(arena, 0) == ["/claim", "/kept"]  # nothing more went in
+    assert tracing.stats.segments_dropped == before + 1
+
+
+def test_a_full_ring_drops_through_the_direct_path_and_counts(arena: Arena) -> None:
+    """The native writer's answer (False: the ring is full) is taken as a drop."""
+    sink = sink_for(arena)
+    _sink.set_sink(sink)
+    python_writes(["/claim"])
+    before = tracing.stats.segments_dropped
+    written = 0
+    while tracing.stats.segments_dropped == before:
+        python_writes([f"/fill{written}"])
+        written += 1
+        assert written < 10_000, "a 64 KiB ring never filled"
+    assert arena.ring_stats(0).dropped_records >= 1
+    assert len(operations(arena, 0)) == written  # the claim and all but the dropped one

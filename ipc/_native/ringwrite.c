@@ -12,8 +12,9 @@
  * order: payload and header, then the tail with one aligned store, then the written count)
  * and hands everything else (wrap, full ring, bad input, garbage words) to the Python
  * ``slow(rtype, payload)`` given at construction, which reads and writes the same state
- * through the attributes. Writers of one process are serialized by this object's lock
- * (the pure version's threading.RLock); ``slow`` runs with it held. A write that the same
+ * through the attributes. Writers of one process are serialized by the GIL while the fast
+ * path is taken and by this object's lock (the pure version's threading.RLock) around
+ * ``slow``, which runs with it held; see writer_write. A write that the same
  * thread starts from inside the slow path (a signal handler that logs) is dropped and counted
  * (``reentered``), as in the pure version. tests/test_ipc_ring_native.py compares the ring's
  * bytes and words after the same writes with both.
@@ -261,6 +262,24 @@ static int wake_due(Writer *self, uint64_t head) {
     return due;
 }
 
+/* After a record went in: ring the reader's doorbell if it sleeps and the ring is due; True. */
+static PyObject *written(Writer *self) {
+    /* The tail store must be visible before the sleeping flag is loaded (the pure version
+     * gets this from its lock's release). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&self->st[S_SLEEPING], __ATOMIC_RELAXED) != 0) {
+        uint64_t head = __atomic_load_n(&self->ctl[C_HEAD], __ATOMIC_RELAXED);
+        if (wake_due(self, head)) {
+            PyObject *r = PyObject_CallNoArgs(self->wake);
+            if (r == NULL) {
+                PyErr_Clear(); /* the reader's timer still comes */
+            }
+            Py_XDECREF(r);
+        }
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyObject *writer_write(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "write(rtype, payload)");
@@ -270,6 +289,18 @@ static PyObject *writer_write(Writer *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_RuntimeError, "Writer not initialized");
         return NULL;
     }
+#ifndef Py_GIL_DISABLED
+    /* Nobody inside write(): the fast path runs whole under the GIL (it calls no Python code
+     * and never lets the GIL go), so no other thread of this process can be between two of
+     * its stores, and it needs no lock. ``busy`` is set only while a thread is in the slow
+     * path, whose Python code may let the GIL go: then everyone takes the lock below. A thread
+     * that has just won the lock but not yet the GIL back has not set ``busy``; writing before
+     * it is the same as writing before it won. Why: the lock's acquire and release were ~10
+     * lines of libpython and libc code per record, each a miss when a request starts cold. */
+    if (!self->busy && fast(self, args[0], args[1])) {
+        return written(self);
+    }
+#endif
     unsigned long me = PyThread_get_thread_ident();
     if (self->busy && self->owner == me) {
         /* This thread is already inside write(), in the slow path's Python code: a signal
@@ -300,20 +331,7 @@ static PyObject *writer_write(Writer *self, PyObject *const *args, Py_ssize_t na
     PyThread_release_lock(self->lock);
     if (outcome == NULL || outcome == Py_True) {
         Py_XDECREF(outcome);
-        /* The tail store must be visible before the sleeping flag is loaded (the pure
-         * version gets this from its lock's release). */
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&self->st[S_SLEEPING], __ATOMIC_RELAXED) != 0) {
-            uint64_t head = __atomic_load_n(&self->ctl[C_HEAD], __ATOMIC_RELAXED);
-            if (wake_due(self, head)) {
-                PyObject *r = PyObject_CallNoArgs(self->wake);
-                if (r == NULL) {
-                    PyErr_Clear(); /* the reader's timer still comes */
-                }
-                Py_XDECREF(r);
-            }
-        }
-        Py_RETURN_TRUE;
+        return written(self);
     }
     if (outcome != Py_False && !self->problem_logged) {
         self->problem_logged = 1;

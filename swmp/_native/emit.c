@@ -130,6 +130,30 @@ static PyObject *direct_writer(PyObject *sink) {
     return writer;
 }
 
+/* ``writer.write(e_rtype, payload)``: the result, or NULL with an error. The ring writer keeps
+ * its ``write`` in a slot (the native Writer's bound method, or the pure fallback's
+ * function); read where it lies and, when it is a builtin taking fast calls, called through
+ * its C function as vectorcall would, without the method look-up (the type's member
+ * descriptor, its ``__get__``) and the call's dispatch: ~20 lines of libpython code per
+ * segment, each a miss when a request or a message starts with cold caches. */
+static PyObject *ring_write(PyObject *writer, PyObject *payload) {
+    static swmp_AttrCache at_write;
+    PyObject *write = swmp_slot_attr(writer, s_write, &at_write);
+    if (write == NULL) {
+        return NULL;
+    }
+    PyObject *res;
+    PyObject *args[2] = {e_rtype, payload};
+    if (PyCFunction_CheckExact(write) && PyCFunction_GET_FLAGS(write) == METH_FASTCALL) {
+        _PyCFunctionFast fn = (_PyCFunctionFast)(void (*)(void))PyCFunction_GET_FUNCTION(write);
+        res = fn(PyCFunction_GET_SELF(write), args, 2);
+    } else {
+        res = PyObject_Vectorcall(write, args, 2, NULL);
+    }
+    Py_DECREF(write);
+    return res;
+}
+
 /* ``stats.<name> += 1`` (``segments_written`` or ``segments_dropped``). For the tracing
  * core's Stats (a __slots__ class) the slot is updated where it lies, as the member
  * descriptor would, instead of two attribute look-ups on every emitted segment. */
@@ -263,8 +287,7 @@ static int emit_fast(SegmentCore *seg) {
     PyObject *res = NULL;
     PyObject *writer = direct_writer(sink);
     if (writer != NULL) {
-        PyObject *call[3] = {writer, e_rtype, payload};
-        res = PyObject_VectorcallMethod(s_write, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        res = ring_write(writer, payload);
         Py_DECREF(writer);
         if (res == NULL) {
             PyErr_Clear(); /* refused before writing anything: write() decides, and counts */
@@ -280,7 +303,7 @@ static int emit_fast(SegmentCore *seg) {
         PyErr_Clear(); /* a sink that raised wrote nothing (sinks never raise: see _sink.py) */
         return 0;
     }
-    int ok = PyObject_IsTrue(res);
+    int ok = res == Py_True ? 1 : res == Py_False ? 0 : PyObject_IsTrue(res);
     Py_DECREF(res);
     release_spans(seg);
     if (ok < 0) {
