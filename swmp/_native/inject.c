@@ -69,10 +69,16 @@ static PyObject *encoded_ids(SegmentCore *seg) {
         Py_XDECREF(tid);
         return NULL;
     }
-    enc = PyTuple_Pack(3, tid, sid, ep);
-    Py_DECREF(tid);
-    Py_DECREF(sid);
-    Py_DECREF(ep);
+    enc = PyTuple_New(3); /* made once per segment that sends a header: no PyTuple_Pack call */
+    if (enc != NULL) {
+        PyTuple_SET_ITEM(enc, 0, tid); /* the references given to the tuple */
+        PyTuple_SET_ITEM(enc, 1, sid);
+        PyTuple_SET_ITEM(enc, 2, ep);
+    } else {
+        Py_DECREF(tid);
+        Py_DECREF(sid);
+        Py_DECREF(ep);
+    }
     if (enc != NULL) {
         Py_SETREF(seg->encoded, Py_NewRef(enc));
     }

@@ -95,7 +95,7 @@ int swmp_mq_tags(PyObject *span, PyObject *broker, PyObject *topic, PyObject *qu
 }
 
 static PyObject *none_pair(void) {
-    return PyTuple_Pack(2, Py_None, Py_None);
+    return swmp_pair(Py_None, Py_None);
 }
 
 /* The ``except Exception`` of the Python form: the error set now logged once by ``failed``
@@ -267,11 +267,12 @@ static PyObject *send_span(PyObject *op, PyObject *peer, PyObject *component, Py
     if (swmp_mq_tags(span, peer, topic, queue) < 0) {
         goto broken;
     }
-    PyObject *headers = attach != NULL ? PyObject_CallFunctionObjArgs(attach, span, arg, NULL) : kafka_merge(span, arg);
+    PyObject *attach_args[2] = {span, arg};
+    PyObject *headers = attach != NULL ? PyObject_Vectorcall(attach, attach_args, 2, NULL) : kafka_merge(span, arg);
     if (headers == NULL) {
         goto broken;
     }
-    PyObject *out = PyTuple_Pack(2, span, headers);
+    PyObject *out = swmp_pair(span, headers);
     Py_DECREF(headers);
     if (out == NULL) {
         goto broken;

@@ -149,7 +149,7 @@ static PyObject *publish_open(PyObject *owner, PyObject **argv, PyObject **kwnam
     if (span != Py_None && properties != Py_None && traced != properties) {
         /* Taken before the call's arguments are replaced: ``properties`` is borrowed from
          * them, and they may be its only owner (aio-pika builds them for each publish). */
-        after->state = PyTuple_Pack(2, properties, traced);
+        after->state = swmp_pair(properties, traced);
         if (after->state == NULL) {
             PyErr_Clear(); /* no memory: the message goes out, the caller's message_id unset */
         } else {

@@ -4,6 +4,17 @@
 #ifndef SWMP_SPANCORE_H
 #define SWMP_SPANCORE_H
 #include <Python.h>
+/* ``(a, b)`` with new references: PyTuple_Pack's work without its variadic walk, a function
+ * of its own whose code lines a message starting with cold caches pays for (the per-message
+ * paths use this; tuples made once keep PyTuple_Pack). */
+static inline PyObject *swmp_pair(PyObject *a, PyObject *b) {
+    PyObject *t = PyTuple_New(2);
+    if (t != NULL) {
+        PyTuple_SET_ITEM(t, 0, Py_NewRef(a));
+        PyTuple_SET_ITEM(t, 1, Py_NewRef(b));
+    }
+    return t;
+}
 /* entry_root(op, component, layer, carrier): a new reference (a span or None). */
 PyObject *swmp_entry_root(PyObject *const *args);
 /* An incoming ``sw8`` header's plain case from a caller already known (what decode_carrier
