@@ -174,3 +174,19 @@ def test_a_full_ring_drops_through_the_direct_path_and_counts(arena: Arena) -> N
         assert written < 10_000, "a 64 KiB ring never filled"
     assert arena.ring_stats(0).dropped_records >= 1
     assert len(operations(arena, 0)) == written  # the claim and all but the dropped one
+
+
+@pytest.mark.parametrize("before", [0, 41, 2**30, 2**63 - 2, 2**63 - 1, 2**64, -1])
+def test_the_written_count_goes_up_by_one_from_any_int(arena: Arena, before: int) -> None:
+    """The native emit adds one to ``stats.segments_written`` in C while it fits a C integer
+    and as Python adds otherwise: the same ints either way."""
+    _sink.set_sink(sink_for(arena))
+    python_writes(["/claim"])
+    kept = tracing.stats.segments_written
+    tracing.stats.segments_written = before
+    try:
+        python_writes(["/counted"])
+        assert tracing.stats.segments_written == before + 1
+        assert type(tracing.stats.segments_written) is int
+    finally:
+        tracing.stats.segments_written = kept

@@ -13,6 +13,8 @@
 PyObject *swmp_current_var = NULL;
 static PyObject *empty = NULL;
 PyObject *swmp_count_lost = NULL;
+long long swmp_last_ms = -1;
+PyObject *swmp_last_ms_int = NULL;
 
 static int check_setup(void) {
     if (swmp_current_var == NULL) {

@@ -36,11 +36,32 @@ PyObject *swmp_make_span(PyTypeObject *type, PyObject *segment, PyObject *span_i
                          PyObject *op, PyObject *kind, PyObject *layer, PyObject *component, PyObject *peer);
 PyObject *swmp_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
+/* The last millisecond swmp_now_ms() made an int of, and that int (span.c). */
+extern long long swmp_last_ms;
+extern PyObject *swmp_last_ms_int;
+
 /* Inline: each is on the path of every span (its start, its end, the context's switch). */
 static inline PyObject *swmp_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts); /* the clock of time.time_ns() */
-    return PyLong_FromLongLong((long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    long long ms = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+#ifndef Py_GIL_DISABLED
+    /* The same millisecond gives the same (immutable) int back: a short span's start and
+     * end, and the spans of a busy worker, share one instead of each allocating, filling
+     * and freeing its own (a time in ms does not fit the small ints CPython keeps). The
+     * GIL keeps the two statics consistent. */
+    if (ms == swmp_last_ms && swmp_last_ms_int != NULL) {
+        return Py_NewRef(swmp_last_ms_int);
+    }
+    PyObject *v = PyLong_FromLongLong(ms);
+    if (v != NULL) {
+        Py_XSETREF(swmp_last_ms_int, Py_NewRef(v));
+        swmp_last_ms = ms;
+    }
+    return v;
+#else
+    return PyLong_FromLongLong(ms);
+#endif
 }
 
 /* -- the context: the current span, as a new reference; made current, 0 or -1 -- */
