@@ -334,6 +334,10 @@ static PyObject *consuming_exit(Consuming *c, PyObject *const *args, Py_ssize_t 
     Py_RETURN_FALSE;
 }
 
+PyObject *swmp_consuming_exit(PyObject *c, PyObject *const *args) {
+    return consuming_exit((Consuming *)c, args, 3);
+}
+
 static PyMethodDef consuming_methods[] = {
     {"__enter__", (PyCFunction)consuming_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)(void (*)(void))consuming_exit, METH_FASTCALL, NULL},

@@ -44,6 +44,7 @@
 #include <string.h>
 #include <structmember.h>
 
+#include "consume.h"
 #include "spancore.h"
 #include "within.h"
 
@@ -116,7 +117,9 @@ static int exit_span(Within *self, int with_error) {
         }
     }
     PyObject *args[4] = {self->span, type ? type : Py_None, value ? value : Py_None, tb ? tb : Py_None};
-    PyObject *r = PyObject_VectorcallMethod(s_exit, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *r = Py_IS_TYPE(self->span, &swmp_ConsumingType)
+                      ? swmp_consuming_exit(self->span, args + 1) /* a consumed message's: no look-up */
+                      : PyObject_VectorcallMethod(s_exit, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     if (r == NULL) {
         Py_XDECREF(type);
         Py_XDECREF(value);
@@ -237,7 +240,10 @@ static PySendResult within_send(PyObject *obj, PyObject *arg, PyObject **result)
                 return started > 0 ? PYGEN_RETURN : PYGEN_ERROR;
             }
         } else {
-            PyObject *entered = PyObject_CallMethodNoArgs(self->span, s_enter);
+            /* A consumed message's Consuming enters as itself (its __enter__): no look-up. */
+            PyObject *entered = Py_IS_TYPE(self->span, &swmp_ConsumingType)
+                                    ? Py_NewRef(self->span)
+                                    : PyObject_CallMethodNoArgs(self->span, s_enter);
             if (entered == NULL) {
                 self->state = DONE;
                 return PYGEN_ERROR;
