@@ -162,7 +162,7 @@ static PyObject *kafka_merge(PyObject *span, PyObject *headers) {
         PyObject *sw8 = swmp_span_sw8(span);
         if (sw8 != NULL) {
             PyObject *b = PyUnicode_AsASCIIString(sw8);
-            PyObject *pair = b == NULL ? NULL : PyTuple_Pack(2, s_sw8, b);
+            PyObject *pair = b == NULL ? NULL : swmp_pair(s_sw8, b);
             int ok = pair != NULL && PyList_Append(out, pair) == 0;
             Py_DECREF(sw8);
             Py_XDECREF(b);
@@ -193,7 +193,7 @@ static PyObject *kafka_merge(PyObject *span, PyObject *headers) {
     while (ok && PyDict_Next(injected, &pos, &k, &v)) {
         PyObject *b = PyUnicode_CheckExact(v) ? PyUnicode_AsASCIIString(v)
                                                : PyObject_CallMethodOneArg(v, s_encode, s_ascii);
-        PyObject *pair = b == NULL ? NULL : PyTuple_Pack(2, k, b);
+        PyObject *pair = b == NULL ? NULL : swmp_pair(k, b);
         ok = pair != NULL && PyList_Append(out, pair) == 0;
         Py_XDECREF(b);
         Py_XDECREF(pair);
