@@ -334,8 +334,15 @@ static PyObject *consuming_exit(Consuming *c, PyObject *const *args, Py_ssize_t 
     Py_RETURN_FALSE;
 }
 
-PyObject *swmp_consuming_exit(PyObject *c, PyObject *const *args) {
-    return consuming_exit((Consuming *)c, args, 3);
+PyObject *swmp_cm_enter(PyObject *cm, PyObject *name) {
+    return Py_IS_TYPE(cm, &swmp_ConsumingType) ? consuming_enter((Consuming *)cm, NULL)
+                                               : PyObject_CallMethodNoArgs(cm, name);
+}
+
+PyObject *swmp_cm_exit(PyObject *const *args, PyObject *name) {
+    return Py_IS_TYPE(args[0], &swmp_ConsumingType)
+               ? consuming_exit((Consuming *)args[0], args + 1, 3)
+               : PyObject_VectorcallMethod(name, (PyObject **)args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
 static PyMethodDef consuming_methods[] = {

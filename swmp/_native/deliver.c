@@ -249,10 +249,7 @@ static void pcb_dealloc(PikaCallback *self) {
 /* ``with cm: return callable(*args)``: the result, or NULL with the callable's error (or
  * the context manager's own, which replaces it as ``with`` does). Consumes ``cm``. */
 static PyObject *call_within(PyObject *cm, PyObject *callable, PyObject *const *args, size_t nargsf) {
-    /* A consumed message's Consuming (the usual ``cm``) enters as itself and exits through its
-     * C function: no method look-ups. */
-    int consuming = Py_IS_TYPE(cm, &swmp_ConsumingType);
-    PyObject *entered = consuming ? Py_NewRef(cm) : PyObject_CallMethodNoArgs(cm, s_enter);
+    PyObject *entered = swmp_cm_enter(cm, s_enter);
     if (entered == NULL) {
         Py_DECREF(cm);
         return NULL;
@@ -268,8 +265,7 @@ static PyObject *call_within(PyObject *cm, PyObject *callable, PyObject *const *
         }
     }
     PyObject *call[4] = {cm, type ? type : Py_None, value ? value : Py_None, tb ? tb : Py_None};
-    PyObject *r = consuming ? swmp_consuming_exit(cm, call + 1)
-                            : PyObject_VectorcallMethod(s_exit, call, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *r = swmp_cm_exit(call, s_exit);
     Py_DECREF(cm);
     if (r == NULL) { /* the exit's own error */
         Py_XDECREF(result);

@@ -70,18 +70,16 @@ static PyObject *encoded_ids(SegmentCore *seg) {
         return NULL;
     }
     enc = PyTuple_New(3); /* made once per segment that sends a header: no PyTuple_Pack call */
-    if (enc != NULL) {
-        PyTuple_SET_ITEM(enc, 0, tid); /* the references given to the tuple */
-        PyTuple_SET_ITEM(enc, 1, sid);
-        PyTuple_SET_ITEM(enc, 2, ep);
-    } else {
+    if (enc == NULL) {
         Py_DECREF(tid);
         Py_DECREF(sid);
         Py_DECREF(ep);
+        return NULL;
     }
-    if (enc != NULL) {
-        Py_SETREF(seg->encoded, Py_NewRef(enc));
-    }
+    PyTuple_SET_ITEM(enc, 0, tid); /* the references given to the tuple */
+    PyTuple_SET_ITEM(enc, 1, sid);
+    PyTuple_SET_ITEM(enc, 2, ep);
+    Py_SETREF(seg->encoded, Py_NewRef(enc));
     return enc;
 }
 

@@ -117,9 +117,7 @@ static int exit_span(Within *self, int with_error) {
         }
     }
     PyObject *args[4] = {self->span, type ? type : Py_None, value ? value : Py_None, tb ? tb : Py_None};
-    PyObject *r = Py_IS_TYPE(self->span, &swmp_ConsumingType)
-                      ? swmp_consuming_exit(self->span, args + 1) /* a consumed message's: no look-up */
-                      : PyObject_VectorcallMethod(s_exit, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *r = swmp_cm_exit(args, s_exit);
     if (r == NULL) {
         Py_XDECREF(type);
         Py_XDECREF(value);
@@ -240,10 +238,7 @@ static PySendResult within_send(PyObject *obj, PyObject *arg, PyObject **result)
                 return started > 0 ? PYGEN_RETURN : PYGEN_ERROR;
             }
         } else {
-            /* A consumed message's Consuming enters as itself (its __enter__): no look-up. */
-            PyObject *entered = Py_IS_TYPE(self->span, &swmp_ConsumingType)
-                                    ? Py_NewRef(self->span)
-                                    : PyObject_CallMethodNoArgs(self->span, s_enter);
+            PyObject *entered = swmp_cm_enter(self->span, s_enter);
             if (entered == NULL) {
                 self->state = DONE;
                 return PYGEN_ERROR;
